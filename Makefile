@@ -1,0 +1,61 @@
+# The README's commands. `make setup` then `make test` on a fresh clone must just work.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PY     := $(BIN)/python
+# CPU machines get this torch (on this project's CI machines it is a CPU build on local disk).
+# On a Linux laptop without a GPU add TORCH_INDEX=https://download.pytorch.org/whl/cpu to avoid the CUDA wheel.
+TORCH_CPU   ?= torch==2.13.0
+TRITON_CPU  ?= triton==3.6.0
+TORCH_INDEX ?=
+JOBS   ?= 2
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+
+.PHONY: setup test test-fast lab lectures assignments grade selftest bench bench-cpu gradescope clean
+
+setup:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+ifeq ($(HAS_GPU),0)
+	$(BIN)/pip install $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX) --extra-index-url https://pypi.org/simple) "$(TORCH_CPU)"
+	if [ "$$(uname -s)" = Linux ]; then $(BIN)/pip install "$(TRITON_CPU)"; fi
+endif
+	$(BIN)/pip install -r requirements.txt
+	$(BIN)/pip install --no-deps -e .
+	$(PY) -c "import numpy, torch, matplotlib, nbclient; print('torch', torch.__version__, '| cuda:', torch.cuda.is_available())"
+
+test:
+	$(PY) -m pytest -n $(JOBS) -q
+
+# everything but the notebooks and the grader's self-test
+test-fast:
+	$(PY) -m pytest -n $(JOBS) -q -m "not notebooks and not selftest and not slow"
+
+lab:
+	$(BIN)/jupyter lab
+
+lectures:
+	$(PY) -m lectures.build
+
+assignments:
+	$(PY) -m assignments.generate
+
+grade:
+	$(PY) -m autograder grade $(if $(ASSIGNMENT),$(ASSIGNMENT) $(SUBMISSION),--example)
+
+selftest:
+	$(PY) -m autograder selftest
+
+bench-cpu:
+	$(PY) benchmarks/cpu_numpy.py
+
+bench:
+	$(PY) benchmarks/bench_attention.py
+	$(PY) benchmarks/bench_decode.py
+
+gradescope:
+	$(PY) -m autograder gradescope $(or $(ASSIGNMENT),a1_attention) -o build/gradescope_$(or $(ASSIGNMENT),a1_attention).zip
+
+clean:
+	rm -rf build dist grades .pytest_cache .hypothesis *.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

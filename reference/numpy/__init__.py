@@ -1,0 +1,41 @@
+"""NumPy reference implementations (SPEC section 4, ``reference.numpy``).
+
+Modules: ``softmax``, ``attention``, ``flash``, ``merge``, ``decoding``, ``paged``. The public names of each
+module are also importable from this package (``from reference.numpy import flash_attention_forward``); they
+are loaded lazily so that importing one stage never needs the others.
+"""
+from importlib import import_module
+
+_EXPORTS = {
+    "naive_softmax": "softmax",
+    "safe_softmax": "softmax",
+    "online_softmax": "softmax",
+    "softmax_stats": "softmax",
+    "merge_softmax_stats": "softmax",
+    "attention_backward": "attention",
+    "causal_mask": "attention",
+    "multi_head_attention": "attention",
+    "flash_attention_forward": "flash",
+    "flash_attention_backward": "flash",
+    "merge_states": "merge",
+    "merge_many": "merge",
+    "KVCache": "decoding",
+    "flash_decoding": "decoding",
+    "BlockAllocator": "paged",
+    "PagedKVCache": "paged",
+    "paged_attention": "paged",
+}
+# Note: the function ``attention`` lives in the module ``reference.numpy.attention`` (same name), so it is
+# reached as ``reference.numpy.attention.attention``.
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,75 @@
+"""An independent float64 oracle for every test: plain torch on CPU, autograd for gradients.
+
+It shares no code with ``reference`` so a bug there cannot hide here. Conventions are SPEC section 3:
+bottom-right causal mask, GQA (query head h reads kv head h // group), natural-log lse, fully masked
+rows give output 0 and lse -inf.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+
+def _t(x) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to("cpu", torch.float64)
+    return torch.from_numpy(np.asarray(x, dtype=np.float64))
+
+
+def _expand_kv(x: torch.Tensor, hq: int) -> torch.Tensor:
+    if x.dim() < 3 or x.shape[-3] == hq:
+        return x
+    return x.repeat_interleave(hq // x.shape[-3], dim=-3)
+
+
+def allowed_mask(nq: int, nk: int) -> torch.Tensor:
+    """Boolean (nq, nk): True where query i may attend key j, i.e. j <= i + (nk - nq)."""
+    i = torch.arange(nq).unsqueeze(1)
+    j = torch.arange(nk).unsqueeze(0)
+    return j <= i + (nk - nq)
+
+
+def attention_ref(q, k, v, causal=False, scale=None, requires_grad=False):
+    """Return ``(o, lse, (q, k, v) float64 leaves)`` computed in float64."""
+    q, k, v = _t(q), _t(k), _t(v)
+    if requires_grad:
+        q.requires_grad_(True), k.requires_grad_(True), v.requires_grad_(True)
+    d = q.shape[-1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    hq = q.shape[-3] if q.dim() >= 3 else None
+    ke = _expand_kv(k, hq) if hq else k
+    ve = _expand_kv(v, hq) if hq else v
+    s = (q @ ke.transpose(-1, -2)) * scale
+    nq, nk = q.shape[-2], k.shape[-2]
+    if causal:
+        s = s.masked_fill(~allowed_mask(nq, nk), float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    finite = torch.isfinite(lse)
+    p = torch.where(finite.unsqueeze(-1), torch.exp(s - torch.where(finite, lse, 0).unsqueeze(-1)), 0.0)
+    o = p @ ve
+    return o, lse, (q, k, v)
+
+
+def attention_grads(q, k, v, do, causal=False, scale=None):
+    """float64 autograd gradients ``(dq, dk, dv)`` of ``sum(o * do)``; GQA grads summed over the group."""
+    o, _, (qq, kk, vv) = attention_ref(q, k, v, causal=causal, scale=scale, requires_grad=True)
+    (o * _t(do)).sum().backward()
+    return qq.grad, kk.grad, vv.grad
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| over the whole tensor (float64); inf when out has NaN where ref does not."""
+    a = _t(out)
+    b = _t(ref)
+    if a.shape != b.shape:
+        raise AssertionError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
+    if torch.isnan(a).any() and not torch.isnan(b).any():
+        return float("inf")
+    fin = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), fin):
+        return float("inf")
+    diff = torch.linalg.vector_norm(torch.where(fin, a - b, 0))
+    den = torch.linalg.vector_norm(torch.where(fin, b, 0))
+    return float(diff / den) if den > 0 else float(diff)
