@@ -1,0 +1,24 @@
+"""Student assignments (SPEC section 5).
+
+Each ``assignments/<aid>/`` folder holds the instructor's solution source ``<aid>_solution.py`` (jupytext
+"percent" format with ``### BEGIN SOLUTION`` / ``### END SOLUTION`` regions), the generated student notebook
+``<aid>.ipynb`` and a README. ``python -m assignments.generate`` rebuilds the student notebooks.
+"""
+
+#: assignment id -> short id used in task ids ("a2.flash_attention_forward")
+ASSIGNMENTS = {
+    "a1_attention": "a1",
+    "a2_flash_numpy": "a2",
+    "a3_triton": "a3",
+    "a4_decoding": "a4",
+    "a5_paged": "a5",
+}
+
+#: the graded names of each assignment (the shared grading contract; same signatures as SPEC 4)
+GRADED = {
+    "a1_attention": ("safe_softmax", "online_softmax", "merge_states", "attention"),
+    "a2_flash_numpy": ("flash_attention_forward", "flash_attention_backward"),
+    "a3_triton": ("softmax", "flash_attention_forward", "flash_attention"),
+    "a4_decoding": ("flash_decoding", "flash_decode"),
+    "a5_paged": ("BlockAllocator", "paged_attention", "paged_decode"),
+}

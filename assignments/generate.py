@@ -1,0 +1,210 @@
+"""Generate the student notebooks from the instructor's solution sources.
+
+    python -m assignments.generate                 # write assignments/<aid>/<aid>.ipynb for all five
+    python -m assignments.generate --check         # exit 1 if a committed notebook is not what would be written
+    python -m assignments.generate --solutions DIR # also write DIR/<aid>_solution.ipynb (outputs cleared)
+    python -m assignments.generate a1_attention    # only some assignments
+
+A solution source is a jupytext "percent" file: ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown
+cell whose lines carry a ``# `` prefix, and ``tags=["check"]`` after the marker sets the cell's tags. Inside a
+code cell, each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region (nbgrader/otter convention) is replaced in
+the student version by ``raise NotImplementedError("Implement <function>")`` at the marker's indentation; code
+before and after the region is kept. Output is deterministic (cell ids are positions), so regenerating is
+byte-identical.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nbformat
+
+from . import ASSIGNMENTS
+
+ROOT = Path(__file__).resolve().parent
+BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+
+_HEADER = re.compile(r"^# %%(?:\s+\[(?P<kind>markdown|md|raw)\])?(?P<meta>.*)$")
+_TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
+_DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?P<what>def|class)\s+(?P<name>\w+)")
+
+KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+
+
+@dataclass
+class Cell:
+    kind: str                      # "code" or "markdown"
+    source: str
+    tags: list[str] = field(default_factory=list)
+
+
+def parse_percent(text: str, where: str = "<source>") -> list[Cell]:
+    """Split a percent-format file into cells. Lines before the first ``# %%`` must be blank."""
+    cells: list[Cell] = []
+    current: Cell | None = None
+    lines: list[str] = []
+
+    def close():
+        if current is not None:
+            cells.append(Cell(current.kind, _body(current.kind, lines), current.tags))
+
+    for number, line in enumerate(text.splitlines(), 1):
+        m = _HEADER.match(line)
+        if m:
+            close()
+            kind = "code" if m["kind"] is None else "markdown" if m["kind"] in ("markdown", "md") else "raw"
+            tags = []
+            t = _TAGS.search(m["meta"])
+            if t:
+                tags = json.loads(t.group(1))
+            current, lines = Cell(kind, "", tags), []
+        elif current is None:
+            if line.strip():
+                raise ValueError(f"{where}:{number}: text before the first '# %%' cell marker")
+        else:
+            lines.append(line)
+    close()
+    return cells
+
+
+def _body(kind: str, lines: list[str]) -> str:
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    if kind == "markdown":
+        out = []
+        for line in lines:
+            if line.startswith("# "):
+                out.append(line[2:])
+            elif line.rstrip() == "#":
+                out.append("")
+            else:
+                raise ValueError(f"markdown line without a '# ' prefix: {line!r}")
+        lines = out
+    return "\n".join(lines)
+
+
+def _enclosing_name(lines: list[str], index: int, indent: int) -> str | None:
+    """Name of the function holding line ``index`` (``Class.method`` for methods), by indentation."""
+    names: list[str] = []
+    limit = indent
+    for line in reversed(lines[:index]):
+        m = _DEF.match(line)
+        if m and len(m["indent"]) < limit:
+            if not names and m["what"] == "class":
+                return None  # a region directly in a class body is not inside a function
+            if names and m["what"] == "def":
+                continue  # nested function: keep the innermost name, skip to the class level
+            names.append(m["name"])
+            limit = len(m["indent"])
+            if m["what"] == "class" or limit == 0:
+                break
+    return ".".join(reversed(names)) if names else None
+
+
+def strip_solutions(source: str, where: str = "<cell>") -> str:
+    """Replace every SOLUTION region by ``raise NotImplementedError("Implement <name>")``."""
+    lines = source.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() == BEGIN:
+            indent = len(line) - len(line.lstrip())
+            name = _enclosing_name(lines, i, indent)
+            if name is None:
+                raise ValueError(f"{where}: a SOLUTION region must be inside a function body (line {i + 1})")
+            j = i + 1
+            while j < len(lines) and lines[j].strip() != END:
+                if lines[j].strip() == BEGIN:
+                    raise ValueError(f"{where}: nested {BEGIN} (line {j + 1})")
+                j += 1
+            if j == len(lines):
+                raise ValueError(f"{where}: {BEGIN} without {END} (line {i + 1})")
+            out.append(" " * indent + f'raise NotImplementedError("Implement {name}")')
+            i = j + 1
+        elif line.strip() == END:
+            raise ValueError(f"{where}: {END} without {BEGIN} (line {i + 1})")
+        else:
+            out.append(line)
+            i += 1
+    return "\n".join(out)
+
+
+def solution_lines(source: str) -> list[str]:
+    """The non-blank lines inside SOLUTION regions (tests use them to look for leaked solutions)."""
+    inside, found = False, []
+    for line in source.splitlines():
+        if line.strip() == BEGIN:
+            inside = True
+        elif line.strip() == END:
+            inside = False
+        elif inside and line.strip():
+            found.append(line.strip())
+    return found
+
+
+def to_notebook(cells: list[Cell], student: bool, where: str = "<source>") -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    for n, cell in enumerate(cells):
+        meta = {"tags": list(cell.tags)} if cell.tags else {}
+        cid = f"cell-{n:03d}"
+        if cell.kind == "markdown":
+            nb.cells.append(nbformat.v4.new_markdown_cell(cell.source, id=cid, metadata=meta))
+        elif cell.kind == "raw":
+            nb.cells.append(nbformat.v4.new_raw_cell(cell.source, id=cid, metadata=meta))
+        else:
+            src = strip_solutions(cell.source, f"{where} cell {n}") if student else cell.source
+            nb.cells.append(nbformat.v4.new_code_cell(src, id=cid, metadata=meta))
+    nbformat.validate(nb)
+    return nb
+
+
+def render(aid: str, student: bool = True) -> str:
+    """The notebook text for assignment ``aid`` (student version unless ``student=False``)."""
+    src = ROOT / aid / f"{aid}_solution.py"
+    cells = parse_percent(src.read_text(encoding="utf-8"), str(src))
+    return nbformat.writes(to_notebook(cells, student, str(src))) + "\n"
+
+
+def student_path(aid: str) -> Path:
+    return ROOT / aid / f"{aid}.ipynb"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m assignments.generate", description=__doc__.split("\n\n")[0])
+    ap.add_argument("aids", nargs="*", help=f"assignment ids (default: all of {', '.join(ASSIGNMENTS)})")
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a student notebook is stale")
+    ap.add_argument("--solutions", metavar="DIR", type=Path, help="also write solution notebooks into DIR")
+    args = ap.parse_args(argv)
+    unknown = [a for a in args.aids if a not in ASSIGNMENTS]
+    if unknown:
+        ap.error(f"unknown assignment id(s) {unknown}; expected some of {list(ASSIGNMENTS)}")
+    stale = []
+    for aid in args.aids or list(ASSIGNMENTS):
+        text, path = render(aid), student_path(aid)
+        if args.check:
+            if not path.exists() or path.read_text(encoding="utf-8") != text:
+                stale.append(str(path.relative_to(ROOT.parent)))
+        else:
+            path.write_text(text, encoding="utf-8")
+            print(f"wrote {path.relative_to(ROOT.parent)}")
+        if args.solutions is not None:
+            args.solutions.mkdir(parents=True, exist_ok=True)
+            out = args.solutions / f"{aid}_solution.ipynb"
+            out.write_text(render(aid, student=False), encoding="utf-8")
+            print(f"wrote {out}")
+    if stale:
+        print("stale (run `python -m assignments.generate`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
