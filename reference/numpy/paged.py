@@ -20,7 +20,7 @@ import numpy as np
 from ._validate import as_float_array, check_positive_int, check_scale, compute_dtype
 from .decoding import _check_dtype, check_seq_lens
 
-__all__ = ["OutOfBlocksError", "BlockAllocator", "PagedKVCache", "paged_attention", "check_block_tables"]
+__all__ = ["OutOfBlocksError", "UnknownSequenceError", "BlockAllocator", "PagedKVCache", "paged_attention", "check_block_tables"]
 
 
 class OutOfBlocksError(RuntimeError):
@@ -30,6 +30,13 @@ class OutOfBlocksError(RuntimeError):
         self.requested, self.free = requested, free
         extra = f" ({what})" if what else ""
         super().__init__(f"out of KV cache blocks: {requested} requested, {free} free{extra}")
+
+
+class UnknownSequenceError(KeyError, ValueError):
+    """A sequence id that the cache does not hold (a KeyError, and a ValueError as SPEC 3 asks of bad input)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 def _check_index(value, name: str) -> int:
@@ -143,7 +150,7 @@ class PagedKVCache:
         try:
             return self._tables[seq_id]
         except KeyError:
-            raise KeyError(f"{name} {seq_id!r} is not a sequence in this cache") from None
+            raise UnknownSequenceError(f"{name} {seq_id!r} is not a sequence in this cache") from None
         except TypeError:
             raise TypeError(f"{name} must be hashable, got {type(seq_id).__name__}") from None
 
