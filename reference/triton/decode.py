@@ -1,0 +1,311 @@
+"""Flash-Decoding in Triton: split-KV attention for one query token per sequence, with GQA packing.
+
+Decode attention has one query row per head, so FlashAttention's parallelism over query blocks leaves the GPU
+almost empty at small batch (B x H programs for 132 SMs). Flash-Decoding (seed slides "Flash-Decoding
+Parallelizes Across Keys/Values") splits the keys and values into chunks and runs:
+
+1. *stage 1* (``_split_kv_kernel``): one program per (batch, kv head, split). It attends the query heads of
+   one GQA group to the split's keys with FlashAttention's online softmax (FA2 Algorithm 1, lines 8-10, in
+   base 2) and writes a partial output ``o_s`` and its log-sum-exp ``lse_s``;
+2. *stage 2* (``_merge_kernel``): one program per (batch, query head) merges the splits with the
+   log-sum-exp rule ``lse = log sum_s exp(lse_s)``, ``o = sum_s exp(lse_s - lse) o_s`` (the same merge as
+   ``reference.numpy.merge.merge_states``).
+
+GQA packing (FlashAttention-3 talk, "GQA Packing: compute for multiple query heads per KV head"): the
+``G = Hq / Hkv`` query heads that share a kv head are the M rows of one tile, padded to at least 16 rows for
+``tl.dot``, so each K/V block is read from memory once per kv head instead of once per query head.
+
+The same kernel reads K/V either from a contiguous cache ``(B, Hkv, Nmax, d)`` or, with ``PAGED``, through a
+block table from a vLLM-style paged cache ``(num_blocks, block_size, Hkv, d)``; ``reference.triton.paged`` is
+the paged front end.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._runtime import INTERPRET, num_sms
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+#: keys per inner-loop step (the N of the QK^T tile)
+BLOCK_N = 64
+#: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
+MIN_BLOCKS_PER_SPLIT = 4
+#: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
+PROGRAMS_PER_SM = 2
+#: splits merged per step of stage 2's loop
+MERGE_CHUNK = 32
+
+
+@triton.jit
+def _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
+                  stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb, qk_scale,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+                  IEEE_DOT: tl.constexpr):
+    """One key block of the online softmax (FA2 Algorithm 1, lines 8-10, base 2): update (m_i, l_i, acc)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    key_ok = offs_n < end
+    if PAGED:
+        phys = tl.load(BlockTables + b64 * stride_tb + offs_n // PAGE_SIZE, mask=key_ok, other=0)
+        key_ok = key_ok & (phys >= 0)
+        phys = tl.maximum(phys, 0).to(tl.int64)
+        k_rows = phys * stride_kb + kvh * stride_kh + (offs_n % PAGE_SIZE) * stride_kn
+        v_rows = phys * stride_vb + kvh * stride_vh + (offs_n % PAGE_SIZE) * stride_vn
+    else:
+        k_rows = b64 * stride_kb + kvh * stride_kh + offs_n.to(tl.int64) * stride_kn
+        v_rows = b64 * stride_vb + kvh * stride_vh + offs_n.to(tl.int64) * stride_vn
+    kt = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0.0)  # (d, BLOCK_N)
+    vb = tl.load(V + v_rows[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)  # (BLOCK_N, d)
+
+    if IEEE_DOT:
+        s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
+    else:
+        s = tl.dot(q, kt)
+    s = tl.where(key_ok[None, :], s * qk_scale, float("-inf"))  # qk_scale includes log2(e): exp2 below
+    m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block holds >= 1 valid key
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p, vb.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+    m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _split_kv_kernel(
+    Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart,
+    stride_qb, stride_qh,
+    stride_kb, stride_kh, stride_kn,  # contiguous: (batch, head, token); paged: (block, head, token-in-block)
+    stride_vb, stride_vh, stride_vn,
+    stride_tb,  # block table row stride
+    stride_ob, stride_oh,
+    n_kv_heads, group, n_max, num_splits, qk_scale,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr, LOOP_WHILE: tl.constexpr,
+):
+    # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
+    # multiplies bf16 operands as their raw uint16 bits).
+    """Stage 1: partial attention of one GQA group over one split of the keys (FA2 Alg. 1 lines 8-10)."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    kvh = pid_bh % n_kv_heads
+    b64 = b.to(tl.int64)
+
+    if HAS_SEQLENS:
+        seq_len = tl.load(SeqLens + b).to(tl.int32)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), n_max)  # memory safety; the wrapper validates values
+    else:
+        seq_len = n_max
+    # Each sequence divides its own key blocks evenly over the splits; surplus splits get none.
+    n_blocks = tl.cdiv(seq_len, BLOCK_N)
+    blocks_per_split = tl.cdiv(n_blocks, num_splits)
+    start = pid_s * blocks_per_split * BLOCK_N
+    end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
+
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < group
+    heads = kvh * group + offs_m  # the query heads of this kv head's group: GQA packing
+    q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # The interpreter (Triton 3.6 with NumPy >= 2.4) cannot take a tensor as a range() bound, so it runs the
+    # same loop as a while loop; compiled, the for loop is kept because only it is software-pipelined.
+    if LOOP_WHILE:
+        start_n = start
+        while start_n < end:
+            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
+                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
+                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
+
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
+    if DIRECT_OUT:  # one split: this is the final output, no merge needed
+        tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))  # base 2; -inf: the split saw no key
+        row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
+        tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LsePart + row, lse2, mask=row_ok)
+
+
+@triton.jit
+def _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+    """Fold CHUNK splits into the running (max, denominator, numerator) of the log-sum-exp merge."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = s0 + tl.arange(0, CHUNK)
+    ok = offs_s < num_splits
+    lse = tl.load(LsePart + base + offs_s, mask=ok, other=float("-inf"))
+    o_s = tl.load(OPart + (base + offs_s)[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0)
+    m_new = tl.maximum(m, tl.max(lse, 0))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: keep weights 0, not NaN
+    w = tl.exp2(lse - m_ref)
+    alpha = tl.exp2(m - m_ref)
+    den = den * alpha + tl.sum(w, 0)
+    acc = acc * alpha + tl.sum(w[:, None] * o_s, 0)
+    m = m_new
+    return m, den, acc
+
+
+@triton.jit
+def _merge_kernel(OPart, LsePart, Out, stride_ob, stride_oh, n_heads, num_splits,
+                  HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, LOOP_WHILE: tl.constexpr):
+    """Stage 2: o = sum_s exp(lse_s - lse) o_s over the splits, streamed CHUNK splits at a time (online merge)."""
+    pid = tl.program_id(0)  # = b * n_heads + h
+    b = pid // n_heads
+    h = pid % n_heads
+    offs_d = tl.arange(0, HEAD_DIM)
+    m = tl.full([1], float("-inf"), tl.float32)
+    den = tl.zeros([1], tl.float32)
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    base = pid.to(tl.int64) * num_splits
+    if LOOP_WHILE:  # see _split_kv_kernel
+        s0 = 0
+        while s0 < num_splits:
+            m, den, acc = _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM, CHUNK)
+            s0 += CHUNK
+    else:
+        for s0 in range(0, num_splits, CHUNK):
+            m, den, acc = _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM, CHUNK)
+    o = acc / tl.where(den > 0, den, 1.0)  # seq_len 0: every split empty, o = 0
+    tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(Out.dtype.element_ty))
+
+
+def choose_num_splits(batch: int, n_kv_heads: int, n_keys: int, sms: int | None = None,
+                      block_n: int = BLOCK_N) -> int:
+    """Heuristic number of splits: fill the GPU, but give every split >= MIN_BLOCKS_PER_SPLIT key blocks.
+
+    Stage 1 has ``batch * n_kv_heads * splits`` programs. We want about ``PROGRAMS_PER_SM * sms`` of them
+    (memory-bound: more resident programs keep more loads in flight), so ``splits = ceil(target / (batch *
+    n_kv_heads))``, capped so each split still streams ``MIN_BLOCKS_PER_SPLIT * block_n`` keys (splitting
+    finer only adds partial-result traffic and merge work). Batch 32 x 8 kv heads already fills an H100,
+    so it gets 1 or 2 splits; batch 1 at 64k keys gets ``ceil(264 / 8) = 33``.
+    """
+    sms = num_sms() if sms is None else sms
+    programs = max(1, batch * n_kv_heads)
+    want = math.ceil(PROGRAMS_PER_SM * sms / programs)
+    cap = max(1, math.ceil(n_keys / block_n) // MIN_BLOCKS_PER_SPLIT)
+    return max(1, min(want, cap))
+
+
+def _block_m(group: int) -> int:
+    return max(16, triton.next_power_of_2(group))
+
+
+def _check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: bool):
+    """seq_lens: an int32/int64 tensor of shape (batch,) on DEVICE with values in [0, limit]."""
+    _checks.check_tensor(seq_lens, "seq_lens", ndim=1, dtypes=_checks.INT_DTYPES)
+    if seq_lens.shape[0] != batch:
+        raise ValueError(f"seq_lens must have shape (B,) = ({batch},), got {tuple(seq_lens.shape)}")
+    if validate and batch > 0:
+        lo, hi = int(seq_lens.min()), int(seq_lens.max())  # one device sync; validate=False skips it
+        if lo < 0 or hi > limit:
+            raise ValueError(f"seq_lens must lie in [0, {limit}] ({limit_what}), got values in [{lo}, {hi}]")
+    return seq_lens.contiguous()
+
+
+def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size):
+    """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout."""
+    B, Hq, d = q.shape
+    group = Hq // n_kv_heads
+    out = torch.empty_like(q)
+    paged = block_tables is not None
+    if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
+        sk = (k.stride(0), k.stride(2), k.stride(1))
+        sv = (v.stride(0), v.stride(2), v.stride(1))
+        bt, stride_tb = block_tables, block_tables.stride(0)
+    else:  # (B, Hkv, Nmax, d): (batch, head, token)
+        sk = (k.stride(0), k.stride(1), k.stride(2))
+        sv = (v.stride(0), v.stride(1), v.stride(2))
+        bt, stride_tb = q, 0  # unused dummy pointer
+    if num_splits > 1:
+        o_part = torch.empty((B, Hq, num_splits, d), device=q.device, dtype=torch.float32)
+        lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
+    else:
+        o_part = lse_part = out  # unused
+    has_seq = seq_lens is not None
+    sl = seq_lens if has_seq else q
+    grid = (num_splits, B * n_kv_heads)
+    _split_kv_kernel[grid](
+        q, k, v, sl, bt, out, o_part, lse_part,
+        q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
+        n_kv_heads, group, n_max, num_splits, scale * LOG2E,
+        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=BLOCK_N,
+        HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
+        DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET, LOOP_WHILE=INTERPRET,
+        num_warps=4, num_stages=3,
+    )
+    if num_splits > 1:
+        _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
+                                 HEAD_DIM=d, CHUNK=MERGE_CHUNK, LOOP_WHILE=INTERPRET, num_warps=4)
+    return out
+
+
+def _check_q(q, name="q"):
+    _checks.check_tensor(q, name, ndim=3)
+    B, Hq, d = q.shape
+    if B == 0 or Hq == 0:
+        raise ValueError(f"{name} must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
+    _checks.check_head_dim(d, f"head dimension d ({name}.shape[-1])")
+    return B, Hq, d
+
+
+def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True):
+    """Split-KV decode attention (Flash-Decoding) with GQA packing; returns ``o (B, Hq, d)`` in q's dtype.
+
+    q: ``(B, Hq, d)`` (one new token per sequence); k, v: ``(B, Hkv, Nmax, d)``, ``Hq % Hkv == 0``;
+    seq_lens: ``(B,)`` int32/int64 tensor of valid key counts (None: all ``Nmax``); sequence ``b`` attends
+    keys ``0 .. seq_lens[b]-1`` (a length of 0 gives output 0). num_splits: None picks
+    ``choose_num_splits(B, Hkv, Nmax)``; any positive integer is accepted (surplus splits are empty).
+    scale defaults to ``1/sqrt(d)``. validate=False skips the one check that needs a device sync (seq_lens
+    values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
+    bounds.
+    """
+    B, Hq, d = _check_q(q)
+    for name, x in (("k", k), ("v", v)):
+        _checks.check_tensor(x, name, ndim=4)
+    _checks.check_same_dtype(q=q, k=k, v=v)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape (B, Hkv, Nmax, d), got k {tuple(k.shape)} "
+                         f"and v {tuple(v.shape)}")
+    Bk, Hkv, n_max, dk = k.shape
+    if Bk != B:
+        raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")
+    if dk != d:
+        raise ValueError(f"q and k must have the same head dimension d, got q d={d} and k d={dk}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
+    if n_max == 0:
+        raise ValueError(f"k and v must hold at least one key slot (Nmax >= 1), got k {tuple(k.shape)}")
+    if seq_lens is not None:
+        seq_lens = _check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, n_max)
+    num_splits = _checks.check_positive_int(num_splits, "num_splits")
+    scale = _checks.check_scale(scale, d)
+    q = q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    return _launch(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1)

@@ -1,0 +1,80 @@
+"""PagedAttention decode in Triton: Flash-Decoding that reads K/V through a block table.
+
+vLLM's PagedAttention (seed slides "PagedAttention") stores each sequence's keys and values in fixed-size
+blocks scattered through one pool, ``k_cache, v_cache (num_blocks, block_size, Hkv, d)``, and a per-sequence
+block table maps logical block ``j`` (tokens ``j*block_size .. (j+1)*block_size - 1``) to a physical block.
+This is the layout of ``reference.numpy.paged.PagedKVCache``.
+
+The kernel is ``reference.triton.decode``'s split-KV kernel with ``PAGED=True``: for key position ``n`` it
+looks up ``phys = block_tables[b, n // block_size]`` and reads row ``n % block_size`` of that block. Every row
+is ``d`` contiguous elements, as in the contiguous cache, so paging costs one small (cached) table load per
+key block, not bandwidth. Any block size works, including ones smaller than the kernel's key tile.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _checks
+from .decode import _check_q, _check_seq_lens, _launch, choose_num_splits
+
+
+def _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
+    """block_tables: (B, max_blocks) int32/int64 on DEVICE; the blocks a sequence uses lie in [0, num_blocks)."""
+    _checks.check_tensor(block_tables, "block_tables", ndim=2, dtypes=_checks.INT_DTYPES)
+    if block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables must have shape (B, max_blocks) with B={batch}, "
+                         f"got {tuple(block_tables.shape)}")
+    max_blocks = block_tables.shape[1]
+    if max_blocks == 0:
+        raise ValueError(f"block_tables must have at least one column (max_blocks >= 1), "
+                         f"got {tuple(block_tables.shape)}")
+    seq_lens = _check_seq_lens(seq_lens, batch, max_blocks * block_size,
+                               f"max_blocks * block_size = {max_blocks} * {block_size}", validate)
+    if validate:
+        used = torch.arange(max_blocks, device=block_tables.device)[None, :] < \
+            ((seq_lens.to(torch.int64) + block_size - 1) // block_size)[:, None]
+        bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
+        if bool(bad.any()):
+            b, j = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is not a block index in "
+                             f"[0, {num_blocks}) but sequence {b} (seq_lens {int(seq_lens[b])}) uses that block; "
+                             "only entries past a sequence's last block may be -1")
+    return block_tables if block_tables.stride(1) == 1 else block_tables.contiguous(), seq_lens
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True):
+    """Decode attention over a paged KV cache (PagedAttention + Flash-Decoding); returns ``o (B, Hq, d)``.
+
+    q: ``(B, Hq, d)``; k_cache, v_cache: ``(num_blocks, block_size, Hkv, d)``, ``Hq % Hkv == 0`` (GQA);
+    block_tables: ``(B, max_blocks)`` int32 (int64 accepted), padded with -1; seq_lens: ``(B,)`` int32/int64,
+    ``0 <= seq_lens[b] <= max_blocks * block_size`` (0 gives output 0). Sequence ``b``'s token ``n`` lives in
+    block ``block_tables[b, n // block_size]``, row ``n % block_size``. num_splits: None picks
+    ``choose_num_splits(B, Hkv, max_blocks * block_size)``. validate=False skips the value checks that need
+    a device sync (seq_lens range, block indices in range); bad values then give wrong output, and the
+    kernel still never reads through a negative index.
+    """
+    B, Hq, d = _check_q(q)
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _checks.check_tensor(x, name, ndim=4)
+    _checks.check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, d), "
+                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    num_blocks, block_size, Hkv, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
+    if num_blocks == 0 or block_size == 0:
+        raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {tuple(k_cache.shape)}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
+    block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    n_max = block_tables.shape[1] * block_size
+    if num_splits is None:
+        num_splits = choose_num_splits(B, Hkv, n_max)
+    num_splits = _checks.check_positive_int(num_splits, "num_splits")
+    scale = _checks.check_scale(scale, d)
+    q = q.contiguous()
+    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
+    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    return _launch(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits,
+                   page_size=block_size)

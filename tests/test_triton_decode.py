@@ -1,0 +1,177 @@
+"""reference.triton.flash_decode (split-KV decode, GQA packing) vs the float64 oracle and the NumPy reference.
+
+Runs on CUDA when there is one, else in the Triton interpreter on CPU (small shapes: the interpreter is slow).
+"""
+import numpy as np
+import pytest
+import torch
+
+from reference.triton import DEVICE, flash_decode
+from reference.triton.decode import choose_num_splits
+from tests.oracle import attention_ref, rel_err
+
+pytestmark = pytest.mark.triton_flash_decode
+
+# Relative-error tolerances against float64: fp32 dots run in true fp32; fp16/bf16 round P to the input dtype
+# before the P @ V dot, as FlashAttention does.
+TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def decode_ref(q, k, v, seq_lens=None, scale=None):
+    """float64 oracle: sequence b attends its first seq_lens[b] keys; a length of 0 gives 0."""
+    B, Hq, d = q.shape
+    n_max = k.shape[2]
+    lens = [n_max] * B if seq_lens is None else [int(x) for x in seq_lens]
+    out = torch.zeros(B, Hq, d, dtype=torch.float64)
+    for b, n in enumerate(lens):
+        if n > 0:
+            o, _, _ = attention_ref(q[b, :, None, :], k[b, :, :n], v[b, :, :n], scale=scale)
+            out[b] = o[:, 0]
+    return out
+
+
+def make(rng, B, Hq, Hkv, n, d, dtype, spread=1.0):
+    """Fresh non-uniform random inputs on DEVICE (never zeros)."""
+    def t(*shape):
+        x = rng.standard_normal(shape) * spread + rng.uniform(-0.5, 0.5)
+        return torch.tensor(x, dtype=dtype, device=DEVICE)
+    return t(B, Hq, d), t(B, Hkv, n, d), t(B, Hkv, n, d)
+
+
+def lens_tensor(values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hq,hkv", [(8, 2), (4, 1), (2, 2)])
+def test_ragged_gqa_vs_oracle_and_numpy(rng, dtype, hq, hkv):
+    n_max, d = 150, 64
+    q, k, v = make(rng, 4, hq, hkv, n_max, d, dtype)
+    lens = [n_max, 1, 0, int(rng.integers(2, n_max))]  # full, a single key, empty, ragged
+    sl = lens_tensor(lens)
+    o = flash_decode(q, k, v, seq_lens=sl)
+    assert o.dtype == dtype and o.shape == q.shape and o.device.type == DEVICE.type
+    ref = decode_ref(q, k, v, lens)
+    assert rel_err(o, ref) < TOL[dtype]
+    assert torch.all(o[2] == 0), "seq_len 0 must give output 0"
+    # A single key: the output is that key's value row, for every query head of the group.
+    group = hq // hkv
+    v1 = v[1, :, 0].double().repeat_interleave(group, dim=0)
+    assert rel_err(o[1], v1) < TOL[dtype]
+    # The NumPy reference (same algorithm, float32 here) agrees too.
+    from reference.numpy.decoding import flash_decoding
+    o_np, _ = flash_decoding(q.float().cpu().numpy(), k.float().cpu().numpy(), v.float().cpu().numpy(),
+                             num_splits=3, seq_lens=np.array(lens))
+    assert rel_err(o, torch.from_numpy(o_np)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 40])
+def test_num_splits_any(rng, num_splits):
+    # 200 keys = 4 key blocks of 64: 7 and 40 splits leave most splits empty (lse -inf, merged as weight 0).
+    q, k, v = make(rng, 2, 8, 2, 200, 32, torch.float32)
+    sl = lens_tensor([200, 67], dtype=torch.int64)
+    o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
+    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
+
+
+def test_splits_agree_with_one_split(rng):
+    q, k, v = make(rng, 1, 4, 2, 300, 64, torch.float32)
+    o1 = flash_decode(q, k, v, num_splits=1)
+    o5 = flash_decode(q, k, v, num_splits=5)
+    assert rel_err(o5, o1) < 1e-6
+
+
+@pytest.mark.parametrize("d", [16, 32, 128])
+def test_head_dims(rng, d):
+    q, k, v = make(rng, 2, 4, 2, 70, d, torch.float16)
+    o = flash_decode(q, k, v, num_splits=2)
+    assert rel_err(o, decode_ref(q, k, v)) < TOL[torch.float16]
+
+
+@pytest.mark.parametrize("hq,hkv", [(6, 2), (32, 1)])
+def test_group_not_power_of_two_or_wider_than_16(rng, hq, hkv):
+    # G = 3 pads to 16 rows; G = 32 (MQA) makes a 32-row tile.
+    q, k, v = make(rng, 2, hq, hkv, 90, 32, torch.float32)
+    o = flash_decode(q, k, v, num_splits=2)
+    assert rel_err(o, decode_ref(q, k, v)) < TOL[torch.float32]
+
+
+def test_large_logits_fp16_and_custom_scale(rng):
+    # Scores of several hundred: exp overflows fp16/fp32 without the running-max subtraction.
+    q, k, v = make(rng, 2, 4, 2, 130, 64, torch.float16, spread=6.0)
+    o = flash_decode(q, k, v, num_splits=3, scale=0.5)
+    ref = decode_ref(q, k, v, scale=0.5)
+    assert torch.isfinite(o).all()
+    assert rel_err(o, ref) < 5e-3
+
+
+def test_strided_kv_and_inputs_untouched(rng):
+    # k, v as (B, N, Hkv, d) buffers viewed as (B, Hkv, N, d): the kernel follows the strides.
+    q, k, v = make(rng, 2, 4, 2, 80, 32, torch.float32)
+    kb, vb = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    ks, vs = kb.transpose(1, 2), vb.transpose(1, 2)
+    assert not ks.is_contiguous()
+    snapshot = [x.clone() for x in (q, kb, vb)]
+    sl = lens_tensor([80, 33])
+    o = flash_decode(q, ks, vs, seq_lens=sl, num_splits=2)
+    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
+    for a, b in zip(snapshot, (q, kb, vb)):
+        assert torch.equal(a, b)
+
+
+def test_choose_num_splits_heuristic():
+    assert choose_num_splits(1, 8, 65536, sms=132) == 33  # ceil(2 * 132 / 8): batch 1 fills the GPU
+    assert choose_num_splits(32, 8, 65536, sms=132) == 2
+    assert choose_num_splits(64, 8, 65536, sms=132) == 1
+    assert choose_num_splits(1, 8, 1024, sms=132) == 4  # 16 key blocks / 4 per split
+    assert choose_num_splits(1, 8, 10, sms=132) == 1
+
+
+@pytest.mark.parametrize("bad,exc,match", [
+    (lambda q, k, v: (q[0], k, v), ValueError, "q must have 3 dimensions"),
+    (lambda q, k, v: (q, k[0], v), ValueError, "k must have 4 dimensions"),
+    (lambda q, k, v: (q, k, v[:, :, :5]), ValueError, "k and v must have the same shape"),
+    (lambda q, k, v: (q.half(), k, v), TypeError, "must have the same dtype"),
+    (lambda q, k, v: (q.to(torch.int32), k, v), TypeError, "q must have dtype"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "q must have dtype"),
+    (lambda q, k, v: (q[:, :3], k, v), ValueError, "multiple of the kv heads"),
+    (lambda q, k, v: (q[:1], k, v), ValueError, "batch size"),
+    (lambda q, k, v: (q[..., :16], k, v), ValueError, "same head dimension"),
+    (lambda q, k, v: (q[..., :24], k[..., :24], v[..., :24]), ValueError, "head dimension d"),
+    (lambda q, k, v: (q.numpy(), k, v), TypeError, "q must be a torch.Tensor"),
+])
+def test_bad_inputs_raise_before_launch(bad, exc, match):
+    q = torch.randn(2, 4, 32)
+    k = torch.randn(2, 2, 10, 32)
+    v = torch.randn(2, 2, 10, 32)
+    q, k, v = (x.to(DEVICE) for x in (q, k, v))
+    if "numpy" in match or "torch.Tensor" in match:
+        q = q.cpu()
+    with pytest.raises(exc, match=match):
+        flash_decode(*bad(q, k, v))
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(seq_lens=[10, 10]), TypeError, "seq_lens must be a torch.Tensor"),
+    (dict(seq_lens=torch.tensor([10.0, 10.0])), TypeError, "seq_lens must have dtype"),
+    (dict(seq_lens=torch.tensor([10, 10, 10])), ValueError, r"seq_lens must have shape \(B,\)"),
+    (dict(seq_lens=torch.tensor([10, 11])), ValueError, r"seq_lens must lie in \[0, 10\]"),
+    (dict(seq_lens=torch.tensor([-1, 3])), ValueError, r"seq_lens must lie in \[0, 10\]"),
+    (dict(num_splits=0), ValueError, "num_splits must be a positive integer"),
+    (dict(num_splits=2.0), TypeError, "num_splits must be a positive integer"),
+    (dict(scale=float("nan")), ValueError, "scale must be finite"),
+])
+def test_bad_options_raise(kwargs, exc, match):
+    q = torch.randn(2, 4, 32, device=DEVICE)
+    k = torch.randn(2, 2, 10, 32, device=DEVICE)
+    v = torch.randn(2, 2, 10, 32, device=DEVICE)
+    if isinstance(kwargs.get("seq_lens"), torch.Tensor):
+        kwargs = dict(kwargs, seq_lens=kwargs["seq_lens"].to(DEVICE))
+    with pytest.raises(exc, match=match):
+        flash_decode(q, k, v, **kwargs)
+
+
+def test_validate_false_clamps_instead_of_reading_out_of_bounds(rng):
+    q, k, v = make(rng, 2, 4, 2, 20, 32, torch.float32)
+    o = flash_decode(q, k, v, seq_lens=lens_tensor([25, 20]), validate=False)  # 25 > Nmax: clamped to 20
+    assert rel_err(o, decode_ref(q, k, v)) < TOL[torch.float32]
