@@ -1,0 +1,343 @@
+"""FlashAttention-2 forward in Triton (FA2 paper, Algorithm 1), with GQA, bottom-right causal and ragged N.
+
+``flash_attention_forward(q, k, v, causal=False, scale=None) -> (o, lse)`` with ``q (B, Hq, Nq, d)`` and
+``k, v (B, Hkv, Nk, d)`` (SPEC 3 and 4). One program owns one block of ``BLOCK_M`` query rows of one (batch,
+query head) pair: grid ``(cdiv(Nq, BLOCK_M), B * Hq)``, i.e. Algorithm 1's outer loop (line 3) is the grid and
+the inner loop (line 6) runs inside the program over ``BLOCK_N``-key blocks.
+
+Implementation choices a reader should know:
+
+* exp2 instead of exp: ``log2(e)`` is folded into the softmax scale (``qk_scale = scale * log2(e)``), so every
+  exponential is one ``ex2`` instruction. The running max ``m`` therefore lives in base-2 units; the returned
+  ``lse`` is converted back to natural log (``lse = (m + log2(l)) * ln 2``).
+* Causal masking is bottom-right aligned: row ``i`` sees key ``j`` iff ``j <= i + (Nk - Nq)``. Each program
+  runs two loops: key blocks that every row of its block fully sees (no mask arithmetic at all), then the few
+  blocks on the diagonal and the ragged tail with the mask. Key blocks above the diagonal are never loaded.
+  A row that sees no key (``Nq > Nk``) keeps ``l = 0`` and writes ``o = 0``, ``lse = -inf``: the masked loop
+  subtracts a "safe" max of 0 where the running max is still ``-inf``, so no ``inf - inf`` NaN appears.
+* GQA: query head ``h`` reads kv head ``h // group`` through its base pointer; K/V are never copied.
+* Loads: plain pointer loads with arbitrary strides, or (``USE_TMA``, Hopper and later) 4-D tensor
+  descriptors over ``(B, H, N, d)`` whose out-of-range rows are zero-filled by the copy engine.
+* float32 inputs are accepted; on a GPU ``tl.dot`` then runs in TF32 (about 1e-3 relative error).
+
+Module switches (set them before the first call):
+``PIN_CONFIG`` -- ``None`` autotunes (GPU default); a dict ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``
+pins one config (the interpreter default, and what the tests use, so they are fast and deterministic).
+``USE_TMA`` -- ``None`` picks tensor descriptors when the GPU is Hopper or newer and the strides allow it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from ._checks import check_attention_inputs, check_scale
+from ._runtime import INTERPRET
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+PIN_CONFIG: dict | None = (
+    {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1} if INTERPRET else None)
+USE_TMA: bool | None = None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# kernels
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _dot(a, b, INTERP: tl.constexpr):
+    """``a @ b`` in fp32. The Triton 3.6 interpreter's bf16 ``tl.dot`` is wrong, so there (``INTERP``) both
+    operands are widened to fp32 first (exact for fp16/bf16 values, like the GPU's fp32-accumulating MMA)."""
+    if INTERP:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32))
+    else:
+        c = tl.dot(a, b)
+    return c
+
+
+@triton.jit
+def _dot_acc(a, b, acc, INTERP: tl.constexpr):
+    """``acc + a @ b`` (the MMA's accumulate form); see ``_dot`` for ``INTERP``."""
+    if INTERP:
+        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows,
+               BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, BOUNDS: tl.constexpr):
+    """Load rows ``[start, start + BLOCK)`` of one head as a ``(BLOCK, HEAD_DIM)`` tile (zeros past ``n_rows``)."""
+    if USE_TMA:
+        x = desc.load([b, h, start, 0]).reshape(BLOCK, HEAD_DIM)
+    else:
+        ptrs = base + (start + offs)[:, None] * stride_n + offs_d[None, :] * stride_d
+        if BOUNDS:
+            x = tl.load(ptrs, mask=(start + offs)[:, None] < n_rows, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
+               offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+               MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
+    """FA2 Algorithm 1, lines 7-10, for the key block starting at ``start_n``."""
+    # line 7: load K_j (V_j is loaded just before its use, below)
+    k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K,
+                   BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
+    # line 8: S_ij = Q_i K_j^T, already scaled into base-2 units
+    s = _dot(q, tl.trans(k), INTERP) * qk_scale
+    if MASKED:
+        cols = start_n + offs_n
+        ok = cols[None, :] < N_K
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= offs_m[:, None] + OFFSET)
+        s = tl.where(ok, s, float("-inf"))
+        # line 9: new running max; rows that have seen no key yet keep -inf and subtract 0 instead
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # line 10: O_i = diag(alpha) O_i + P_ij V_j
+    v = _load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K,
+                   BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
+    acc = acc * alpha[:, None]
+    acc = _dot_acc(p.to(v.dtype), v, acc, INTERP)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo, hi,
+                    offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                    MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
+    """FA2 Algorithm 1, line 6: the inner loop over key blocks ``[lo, hi)``.
+
+    Compiled, it is a ``for`` loop (only those are software-pipelined). The interpreter of Triton 3.6 under
+    NumPy >= 2.4 cannot use a tensor as a ``range()`` bound, so there (``INTERP``) it is a ``while`` loop.
+    ``INTERP`` is a compile-time switch: the GPU build never sees the interpreter workarounds.
+    """
+    if INTERP:
+        start_n = lo
+        while start_n < hi:
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
+                                       offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                       N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
+                                       offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                       N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP)
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _causal_key_range(start_m, N_K, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      CAUSAL: tl.constexpr):
+    """Key ranges for query rows ``[start_m, start_m + BLOCK_M)``: ``[0, full_end)`` is visible to every row and
+    inside ``N_K`` (no mask needed); ``[full_end, hi)`` holds the diagonal and the ragged tail (masked);
+    keys ``>= hi`` are above the diagonal and are never loaded."""
+    if CAUSAL:
+        hi = tl.minimum(N_K, start_m + BLOCK_M + OFFSET)
+        full_end = tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N * BLOCK_N
+        full_end = tl.minimum(full_end, N_K // BLOCK_N * BLOCK_N)
+    else:
+        hi = N_K
+        full_end = N_K // BLOCK_N * BLOCK_N
+    return full_end, hi
+
+
+@triton.jit
+def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
+              stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_ob, stride_oh, stride_om, stride_od,
+              H_Q, GROUP, N_Q, N_K, qk_scale,
+              HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program = one query block Q_i of one (batch, query head): FA2 Algorithm 1, lines 4-15."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    hk = h // GROUP  # GQA: query head h reads kv head h // group
+    b64 = b.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
+    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
+    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+
+    # line 4: load Q_i (rows past N_Q read as zeros and are never stored)
+    q = _load_tile(q_base, desc_q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q,
+                   BLOCK_M, HEAD_DIM, USE_TMA, True)
+    # line 5: O_i = 0, l_i = 0, m_i = -inf
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+
+    OFFSET = N_K - N_Q  # bottom-right causal alignment
+    full_end, hi = _causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    # line 6: key blocks every row fully sees, then the diagonal / ragged tail with the mask
+    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, 0, full_end,
+                                    offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, False, USE_TMA, INTERP)
+    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, full_end, hi,
+                                    offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                    N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, USE_TMA, INTERP)
+
+    # lines 12-13: O_i = O_i / l_i, L_i = m_i + log l_i; a row with no visible key gives 0 and -inf
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    # lines 14-15: write O_i and L_i
+    row_ok = offs_m < N_Q
+    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
+    o = o.to(O.dtype.element_ty)
+    if USE_TMA:
+        desc_o.store([b, h, start_m, 0], o.reshape(1, 1, BLOCK_M, HEAD_DIM))
+    else:
+        o_ptrs = (O + b64 * stride_ob + h.to(tl.int64) * stride_oh
+                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+        tl.store(o_ptrs, o, mask=row_ok[:, None])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# configs and autotuning
+# --------------------------------------------------------------------------------------------------------------
+SMEM_LIMIT = 200 * 1024  # H100/H200 allow 227 KB per block; keep headroom for Triton's own scratch
+
+
+def _set_block_shapes(nargs):
+    """Autotune pre-hook: host tensor descriptors carry the block shape, which depends on the config."""
+    bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
+    for name, rows in (("desc_q", bm), ("desc_o", bm), ("desc_k", bn), ("desc_v", bn)):
+        if isinstance(nargs[name], TensorDescriptor):
+            nargs[name].block_shape = [1, 1, rows, d]
+
+
+def _fwd_configs():
+    out = []
+    for bm, bn, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 4),
+                         (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 4, 4)]:
+        out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s,
+                                 pre_hook=_set_block_shapes))
+    return out
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    """Drop configs whose K/V pipeline does not fit in shared memory, or whose blocks dwarf the sequence."""
+    d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+    es = named_args["Q"].element_size()
+    n_q, n_k = named_args["N_Q"], named_args["N_K"]
+    kept = []
+    for c in configs:
+        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        smem = (bm * d + 2 * max(c.num_stages - 1, 1) * bn * d) * es
+        if smem > SMEM_LIMIT:
+            continue
+        if bm > max(64, triton.next_power_of_2(n_q)) or bn > max(32, triton.next_power_of_2(n_k)):
+            continue
+        if d >= 128 and bn == 128 and c.num_warps < 8:
+            continue
+        kept.append(c)
+    return kept or configs[-1:]
+
+
+_attn_fwd_tuned = triton.autotune(
+    configs=_fwd_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "GROUP"],
+    prune_configs_by={"early_config_prune": _prune_fwd})(_attn_fwd)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------------------------
+def _tma_ok(*tensors) -> bool:
+    """Tensor descriptors need Hopper+, a contiguous last axis and 16-byte aligned base and strides."""
+    if USE_TMA is False:
+        return False
+    if USE_TMA is None:
+        if INTERPRET or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+            return False
+    for t in tensors:
+        es = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * es) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def _descriptor(t: torch.Tensor, rows: int, d: int):
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
+
+
+def check_causal(causal) -> bool:
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    return causal
+
+
+def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int) -> None:
+    """Launch the forward kernel on validated inputs, writing ``o`` and ``lse`` in place."""
+    B, Hq, Nq, d = q.shape
+    Nk = k.shape[2]
+    use_tma = _tma_ok(q, k, v, o)
+    pin = PIN_CONFIG
+    bm0 = pin["BLOCK_M"] if pin else 128
+    bn0 = pin["BLOCK_N"] if pin else 64
+    if use_tma:
+        dq, dk, dv, do_ = _descriptor(q, bm0, d), _descriptor(k, bn0, d), _descriptor(v, bn0, d), _descriptor(o, bm0, d)
+    else:
+        dq, dk, dv, do_ = q, k, v, o
+    args = (q, k, v, o, lse, dq, dk, dv, do_, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+            Hq, group, Nq, Nk, scale * LOG2E)
+    if pin:
+        grid = (triton.cdiv(Nq, pin["BLOCK_M"]), B * Hq)
+        _attn_fwd[grid](*args, HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET,
+                        BLOCK_M=pin["BLOCK_M"], BLOCK_N=pin["BLOCK_N"],
+                        num_warps=pin.get("num_warps", 4), num_stages=pin.get("num_stages", 2))
+    else:
+        grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # noqa: E731
+        _attn_fwd_tuned[grid](*args, HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET)
+
+
+def flash_attention_forward(q, k, v, causal=False, scale=None):
+    """FlashAttention-2 forward (Algorithm 1): return ``(o, lse)``.
+
+    ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` on ``reference.triton.DEVICE``, float16/bfloat16/float32,
+    ``d`` in {16, 32, 64, 128}, ``Hq % Hkv == 0``. ``o`` has q's dtype and shape (contiguous); ``lse`` is the
+    natural-log log-sum-exp of the scaled scores, float32 ``(B, Hq, Nq)``; rows that see no key (causal with
+    ``Nq > Nk``) give ``o = 0`` and ``lse = -inf``. Inputs may be strided (any strides; the tensor-descriptor
+    path needs a contiguous last axis and 16-byte aligned strides, else the pointer path is used).
+    """
+    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
+    causal = check_causal(causal)
+    scale = check_scale(scale, d)
+    o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    launch_forward(q, k, v, o, lse, causal, scale, group)
+    return o, lse
+
+
+def forward_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool) -> float:
+    """FLOPs of the forward (two matmuls, 2 flops per multiply-add), halved for causal (FA convention)."""
+    f = 4.0 * B * H * Nq * Nk * d
+    return f / 2 if causal else f
+
+
+__all__ = ["flash_attention_forward", "forward_flops", "PIN_CONFIG", "USE_TMA"]
