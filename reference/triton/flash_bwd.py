@@ -1,0 +1,383 @@
+"""FlashAttention-2 backward in Triton with recomputation (FA2 paper, Algorithm 2), GQA and bottom-right causal.
+
+``flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None) -> (dq, dk, dv)``. Nothing of size
+``Nq x Nk`` is stored: P is recomputed tile by tile from Q, K and the forward's ``lse``. Three kernels:
+
+1. ``_bwd_preprocess`` (Algorithm 2, line 4): ``D = rowsum(dO * O)`` and ``lse`` in base-2 units, with the
+   ``-inf`` of a row that saw no key turned into ``+inf`` so that its recomputed ``P = exp2(s - lse)`` is 0
+   (not ``exp2(s + inf) = inf``): such rows contribute nothing to any gradient and get ``dq = 0``.
+2. ``_bwd_dkdv``: one program per KEY block ``K_j, V_j`` (Algorithm 2, lines 5-19) looping over the query
+   blocks that can see it (lines 8-17), accumulating ``dK_j, dV_j`` on chip. The dQ update of line 15 is not
+   done here (it would need atomics across key blocks); it is the third kernel.
+3. ``_bwd_dq``: one program per QUERY block recomputing ``P`` and ``dS`` over its key blocks to form
+   ``dQ_i = scale * sum_j dS_ij K_j`` (line 15 of Algorithm 2, reorganised as in the FA2 implementation).
+
+GQA: the dK/dV program of kv head ``hk`` loops over the ``group`` query heads that read it and sums their
+contributions in registers, so no per-query-head dK/dV copy is ever allocated (the alternative -- per query
+head dK/dV, then a sum over the group -- costs ``group`` times the dK/dV memory). Causal key/query ranges are
+split, as in the forward, into unmasked blocks and masked diagonal/ragged blocks; blocks that cannot see each
+other are skipped. ``PIN_CONFIG`` pins one block configuration (interpreter default; the tests use it).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._checks import check_attention_inputs, check_same_dtype, check_scale, check_tensor
+from ._runtime import INTERPRET
+from .flash_fwd import LOG2E, SMEM_LIMIT, _causal_key_range, _dot, _dot_acc, check_causal
+
+#: ``{"dkdv": {...}, "dq": {...}}`` with ``BLOCK_M, BLOCK_N, num_warps, num_stages`` each, or ``None`` to autotune.
+PIN_CONFIG: dict | None = (
+    {"dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
+     "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}} if INTERPRET else None)
+PRE_BLOCK = 64
+
+
+# --------------------------------------------------------------------------------------------------------------
+# line 4: D = rowsum(dO * O)
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _bwd_preprocess(O, DO, LSE, DELTA, LSE2,
+                    stride_ob, stride_oh, stride_om, stride_od,
+                    stride_dob, stride_doh, stride_dom, stride_dod,
+                    H, N_Q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """FA2 Algorithm 2, line 4: ``D_i = rowsum(dO_i * O_i)``; also ``L_i`` in base 2 (``+inf`` if empty)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    ok = rows < N_Q
+    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                 mask=ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    lse = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + rows, mask=ok, other=0.0)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + rows, delta, mask=ok)
+    tl.store(LSE2 + pid_bh.to(tl.int64) * N_Q + rows, lse2, mask=ok)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# dK, dV: one program per key block (Algorithm 2, lines 5-19)
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, offs_m, offs_n, offs_d,
+                stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
+                MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, INTERP: tl.constexpr):
+    """Lines 9-16 of Algorithm 2 for query block ``i`` (starting at ``start_m``), computed transposed
+    (``P^T``, ``dS^T`` of shape ``BLOCK_N x BLOCK_M``) so the key block stays the row operand."""
+    rows = start_m + offs_m
+    q_ptrs = q_base + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd
+    do_ptrs = do_base + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod
+    # line 9: load Q_i, dO_i, L_i, D_i (rows past N_Q: zeros and L = +inf, so P = 0 there)
+    if MASK_ROWS:
+        rm = rows < N_Q
+        q = tl.load(q_ptrs, mask=rm[:, None], other=0.0)
+        do = tl.load(do_ptrs, mask=rm[:, None], other=0.0)
+        l2 = tl.load(lse2_base + rows, mask=rm, other=float("inf"))
+        di = tl.load(delta_base + rows, mask=rm, other=0.0)
+    else:
+        q = tl.load(q_ptrs)
+        do = tl.load(do_ptrs)
+        l2 = tl.load(lse2_base + rows)
+        di = tl.load(delta_base + rows)
+    # lines 10-11: S^T = K_j Q_i^T, P^T = exp(scale * S^T - L_i) (in base 2)
+    pT = tl.math.exp2(_dot(k, tl.trans(q), INTERP) * qk_scale - l2[None, :])
+    if MASK_CAUSAL:
+        pT = tl.where(offs_n[:, None] <= rows[None, :] + OFFSET, pT, 0.0)
+    # line 12: dV_j += P^T dO_i
+    dv = _dot_acc(pT.to(do.dtype), do, dv, INTERP)
+    # line 13: dP^T = V_j dO_i^T
+    dpT = _dot(v, tl.trans(do), INTERP)
+    # line 14: dS = P * (dP - D_i)
+    dsT = pT * (dpT - di[None, :])
+    # line 16: dK_j += dS^T Q_i (the softmax scale is applied once, at the end)
+    dk = _dot_acc(dsT.to(q.dtype), q, dk, INTERP)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, lo, hi, offs_m, offs_n, offs_d,
+                       stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
+                       BLOCK_M: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr,
+                       INTERP: tl.constexpr):
+    """Line 8: loop over query blocks ``[lo, hi)`` (a ``while`` loop under the interpreter, see flash_fwd)."""
+    if INTERP:
+        start_m = lo
+        while start_m < hi:
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, offs_m, offs_n,
+                                 offs_d, stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
+                                 MASK_CAUSAL, MASK_ROWS, INTERP)
+            start_m += BLOCK_M
+    else:
+        for start_m in range(lo, hi, BLOCK_M):
+            start_m = tl.multiple_of(start_m, BLOCK_M)
+            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, offs_m, offs_n,
+                                 offs_d, stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
+                                 MASK_CAUSAL, MASK_ROWS, INTERP)
+    return dk, dv
+
+
+@triton.jit
+def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA,
+              stride_qb, stride_qh, stride_qm, stride_qd,
+              stride_kb, stride_kh, stride_kn, stride_kd,
+              stride_vb, stride_vh, stride_vn, stride_vd,
+              stride_dob, stride_doh, stride_dom, stride_dod,
+              stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+              H_KV, N_Q, N_K, sm_scale, qk_scale,
+              GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program = key block ``j`` of one (batch, kv head): Algorithm 2, lines 6-18, summed over the GQA group."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // H_KV
+    hk = pid_bh % H_KV
+    b64 = b.to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    key_ok = offs_n[:, None] < N_K
+    # line 6: load K_j, V_j (key rows past N_K read zeros; their dK/dV rows are never stored)
+    k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=key_ok, other=0.0)
+    v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn
+                + offs_d[None, :] * stride_vd, mask=key_ok, other=0.0)
+    # line 7: dK_j = dV_j = 0
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+
+    # Query blocks that see this key block (bottom-right causal: row i sees key j iff i >= j - OFFSET):
+    # [q_lo, q_full) straddle the diagonal (masked), [q_full, q_even) see every key (no mask),
+    # [q_tail, N_Q) is the ragged last block (row mask only).
+    OFFSET = N_K - N_Q
+    if CAUSAL:
+        q_lo = tl.maximum(start_n - OFFSET, 0) // BLOCK_M * BLOCK_M
+        q_full = (tl.maximum(start_n + BLOCK_N - 1 - OFFSET, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        q_full = tl.minimum(q_full, (N_Q + BLOCK_M - 1) // BLOCK_M * BLOCK_M)
+    else:
+        q_lo = 0
+        q_full = 0
+    q_even = N_Q // BLOCK_M * BLOCK_M
+    q_tail = tl.maximum(q_full, q_even)
+
+    for g in range(GROUP):  # GQA: every query head of this kv head's group
+        h = (hk * GROUP + g).to(tl.int64)
+        bh_q = b64 * H_KV * GROUP + h
+        q_base = Q + b64 * stride_qb + h * stride_qh
+        do_base = DO + b64 * stride_dob + h * stride_doh
+        lse2_base = LSE2 + bh_q * N_Q
+        delta_base = DELTA + bh_q * N_Q
+        # line 8: for each query block i
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_lo, q_full,
+                                    offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
+                                    N_Q, OFFSET, qk_scale, BLOCK_M, CAUSAL, True, INTERP)
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_full, q_even,
+                                    offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
+                                    N_Q, OFFSET, qk_scale, BLOCK_M, False, False, INTERP)
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_tail, N_Q,
+                                    offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
+                                    N_Q, OFFSET, qk_scale, BLOCK_M, False, True, INTERP)
+
+    # line 18: write dK_j (times the softmax scale, since S = scale * Q K^T) and dV_j
+    dk_off = b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    tl.store(DK + dk_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=key_ok)
+    tl.store(DV + dk_off, dv.to(DV.dtype.element_ty), mask=key_ok)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# dQ: one program per query block (Algorithm 2, line 15)
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+              stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+              CAUSAL: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr):
+    """Recompute P_ij and dS_ij for key block ``j`` and add ``dS_ij K_j`` to dQ_i (lines 10-15)."""
+    cols = start_n + offs_n
+    k_ptrs = k_base + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd
+    v_ptrs = v_base + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+    if MASKED:
+        k = tl.load(k_ptrs, mask=cols[:, None] < N_K, other=0.0)
+        v = tl.load(v_ptrs, mask=cols[:, None] < N_K, other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
+    # lines 10-11: P_ij = exp(scale * Q_i K_j^T - L_i)
+    p = tl.math.exp2(_dot(q, tl.trans(k), INTERP) * qk_scale - l2[:, None])
+    if MASKED:
+        ok = cols[None, :] < N_K
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= offs_m[:, None] + OFFSET)
+        p = tl.where(ok, p, 0.0)
+    # line 13: dP_ij = dO_i V_j^T; line 14: dS_ij = P_ij * (dP_ij - D_i)
+    ds = p * (_dot(do, tl.trans(v), INTERP) - di[:, None])
+    # line 15: dQ_i += dS_ij K_j
+    dq = _dot_acc(ds.to(k.dtype), k, dq, INTERP)
+    return dq
+
+
+@triton.jit
+def _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
+                   stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                   BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr):
+    if INTERP:
+        start_n = lo
+        while start_n < hi:
+            dq = _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                           stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, CAUSAL, MASKED, INTERP)
+            start_n += BLOCK_N
+    else:
+        for start_n in range(lo, hi, BLOCK_N):
+            start_n = tl.multiple_of(start_n, BLOCK_N)
+            dq = _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                           stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, CAUSAL, MASKED, INTERP)
+    return dq
+
+
+@triton.jit
+def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA,
+            stride_qb, stride_qh, stride_qm, stride_qd,
+            stride_kb, stride_kh, stride_kn, stride_kd,
+            stride_vb, stride_vh, stride_vn, stride_vd,
+            stride_dob, stride_doh, stride_dom, stride_dod,
+            stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+            H_Q, GROUP, N_Q, N_K, sm_scale, qk_scale,
+            HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """One program = query block ``i`` of one (batch, query head): dQ_i over the key blocks it sees."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b64 = (pid_bh // H_Q).to(tl.int64)
+    h = pid_bh % H_Q
+    hk = (h // GROUP).to(tl.int64)
+    h = h.to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rm = offs_m < N_Q
+    # line 9: Q_i, dO_i, L_i, D_i (rows past N_Q: zeros and L = +inf, never stored)
+    q = tl.load(Q + b64 * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=rm[:, None], other=0.0)
+    do = tl.load(DO + b64 * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=rm[:, None], other=0.0)
+    l2 = tl.load(LSE2 + pid_bh.to(tl.int64) * N_Q + offs_m, mask=rm, other=float("inf"))
+    di = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=rm, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    k_base = K + b64 * stride_kb + hk * stride_kh
+    v_base = V + b64 * stride_vb + hk * stride_vh
+
+    OFFSET = N_K - N_Q
+    full_end, hi = _causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    dq = _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, 0, full_end, offs_m, offs_n, offs_d,
+                        stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                        BLOCK_N, CAUSAL, False, INTERP)
+    dq = _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, full_end, hi, offs_m, offs_n, offs_d,
+                        stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                        BLOCK_N, CAUSAL, True, INTERP)
+    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+             (dq * sm_scale).to(DQ.dtype.element_ty), mask=rm[:, None])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# configs and autotuning
+# --------------------------------------------------------------------------------------------------------------
+def _configs(table):
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in table]
+
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages); dK/dV keeps two BLOCK_N x d fp32 accumulators in registers
+DKDV_CONFIGS = [(32, 128, 8, 3), (64, 128, 8, 2), (32, 64, 4, 3), (64, 64, 4, 3)]
+DQ_CONFIGS = [(128, 64, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
+
+
+def _prune_bwd(configs, named_args, **kwargs):
+    d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+    es = named_args["Q"].element_size()
+    kept = []
+    for c in configs:
+        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
+        if (bm + bn) * d * es * 2 * max(c.num_stages - 1, 1) > SMEM_LIMIT:
+            continue
+        if d >= 128 and bn * d > 8192 and c.num_warps < 8:
+            continue
+        kept.append(c)
+    return kept or configs[-1:]
+
+
+_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"]
+_bwd_dkdv_tuned = triton.autotune(configs=_configs(DKDV_CONFIGS), key=_KEY,
+                                  prune_configs_by={"early_config_prune": _prune_bwd})(_bwd_dkdv)
+_bwd_dq_tuned = triton.autotune(configs=_configs(DQ_CONFIGS), key=_KEY,
+                                prune_configs_by={"early_config_prune": _prune_bwd})(_bwd_dq)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------------------------
+def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, group: int) -> None:
+    """Run the three backward kernels on validated inputs, writing ``dq, dk, dv`` in place."""
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    lse2 = torch.empty_like(delta)
+    _bwd_preprocess[(triton.cdiv(Nq, PRE_BLOCK), B * Hq)](
+        o, do, lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq, BLOCK_M=PRE_BLOCK, HEAD_DIM=d)
+
+    qk_scale = scale * LOG2E
+    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    pin = PIN_CONFIG
+    kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET)
+    dkdv_args = (q, k, v, do, dk, dv, lse2, delta, *common, *dk.stride(), Hkv, Nq, Nk, scale, qk_scale)
+    dq_args = (q, k, v, do, dq, lse2, delta, *common, *dq.stride(), Hq, group, Nq, Nk, scale, qk_scale)
+    if pin:
+        p1, p2 = pin["dkdv"], pin["dq"]
+        _bwd_dkdv[(triton.cdiv(Nk, p1["BLOCK_N"]), B * Hkv)](
+            *dkdv_args, GROUP=group, BLOCK_M=p1["BLOCK_M"], BLOCK_N=p1["BLOCK_N"],
+            num_warps=p1.get("num_warps", 4), num_stages=p1.get("num_stages", 2), **kw)
+        _bwd_dq[(triton.cdiv(Nq, p2["BLOCK_M"]), B * Hq)](
+            *dq_args, BLOCK_M=p2["BLOCK_M"], BLOCK_N=p2["BLOCK_N"],
+            num_warps=p2.get("num_warps", 4), num_stages=p2.get("num_stages", 2), **kw)
+    else:
+        _bwd_dkdv_tuned[lambda m: (triton.cdiv(Nk, m["BLOCK_N"]), B * Hkv)](*dkdv_args, GROUP=group, **kw)
+        _bwd_dq_tuned[lambda m: (triton.cdiv(Nq, m["BLOCK_M"]), B * Hq)](*dq_args, **kw)
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
+    """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` for ``o = attention(q, k, v)`` (FA2 Algorithm 2).
+
+    ``o, lse`` are the forward's outputs (``flash_attention_forward``); ``do`` has ``o``'s shape. ``dk, dv``
+    have ``k``'s shape: for GQA they are summed over the query heads of each kv head's group.
+    """
+    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
+    causal = check_causal(causal)
+    scale = check_scale(scale, d)
+    for name, t in (("o", o), ("do", do)):
+        check_tensor(t, name, ndim=4)
+        if t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    check_same_dtype(q=q, o=o, do=do)
+    check_tensor(lse, "lse", ndim=3, dtypes=(torch.float32,))
+    if lse.shape != q.shape[:3]:
+        raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
+    lse = lse.contiguous()
+    dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, Hkv, Nk, d), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, Hkv, Nk, d), dtype=v.dtype, device=v.device)
+    launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale, group)
+    return dq, dk, dv
+
+
+def backward_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool) -> float:
+    """FA convention: the backward counts 2.5x the forward's FLOPs (5 matmuls vs 2)."""
+    f = 2.5 * 4.0 * B * H * Nq * Nk * d
+    return f / 2 if causal else f
+
+
+__all__ = ["flash_attention_backward", "backward_flops", "PIN_CONFIG"]
