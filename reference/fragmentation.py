@@ -1,0 +1,353 @@
+"""KV-cache fragmentation simulator (vLLM paper section 3 and Figure 2; seeds: "only 20-40 % of KV cache is
+utilized to store actual token states", "# wasted tokens / seq < block size").
+
+A stream of requests (prompt length, output length) is served by a step-level scheduler over a fixed pool of KV
+slots (one slot = one token's keys and values for every layer). Policies:
+
+* ``"static"``  reserve ``max_seq_len`` contiguous slots per request (Orca "Max"): the output length is unknown,
+  so the worst case is reserved up front.
+* ``"pow2"``    reserve the next power of two >= the request's final length (Orca "Pow2").
+* ``"oracle"``  reserve exactly prompt + output (Orca "Oracle": the final length is known in advance). Still
+  over-reserved while the output is being generated, and the variable sizes fragment the pool.
+* ``"paged"``   PagedAttention: blocks of ``block_size`` slots allocated on demand as tokens are appended, from a
+  free list (any free block will do, so there is no external fragmentation). When a sequence needs a block and
+  none is free, the most recently admitted sequence is preempted (recomputation: it goes back to the head of
+  the queue with its generated tokens folded into its prompt).
+
+Contiguous policies allocate with first-fit over the pool (holes are merged on free), admit FCFS and never
+preempt (a request's reservation covers its whole life).
+
+Each step: admit from the head of the queue while the allocation succeeds; every running sequence appends one
+token (the step that admits a request is its prefill and yields its first output token); measure; retire the
+sequences that have produced all their output. Memory is classified per step as
+
+* token states        slots holding a real token's K/V,
+* reservation         slots reserved for tokens the request will still produce (contiguous only),
+* internal frag.      slots reserved that the request will never use (contiguous: reservation beyond the final
+                      length; paged: the unfilled tail of each sequence's last block),
+* external frag.      free slots while the queue's head is refused although the free total would hold it,
+* free                other free slots (too few for the head of the queue, or the pool remainder).
+
+Utilisation figures average the steps in which the queue was not empty, i.e. while memory was the limit (a
+serving system at high load); with no such step, every step.
+
+Default sizes: OPT-13B keeps 2 (K, V) x 40 layers x 5120 hidden x 2 bytes (fp16) = 819,200 B = 800 KiB per
+token (the vLLM paper's example); a 40 GB pool holds ``40e9 // 819200 = 48,828`` token slots. Requests follow a
+ShareGPT-like lognormal workload: mean prompt 161 and mean output 338 tokens (the vLLM paper's ShareGPT
+statistics), sigma 1 for both, total length capped at ``max_seq_len = 2048``.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+import numbers
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Request", "FragReport", "FirstFitAllocator", "make_requests", "simulate", "pool_tokens_for",
+           "KV_BYTES_PER_TOKEN_13B", "DEFAULT_POOL_TOKENS", "POLICIES"]
+
+KV_BYTES_PER_TOKEN_13B = 2 * 40 * 5120 * 2  # K and V, 40 layers, hidden 5120, fp16 = 819,200 B (800 KiB)
+POLICIES = ("static", "pow2", "oracle", "paged")
+CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
+
+
+def _pos_int(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    return int(value)
+
+
+def _pos_real(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {value!r}")
+    if not math.isfinite(float(value)) or value <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return float(value)
+
+
+def pool_tokens_for(gpu_bytes: float = 40e9, bytes_per_token: int = KV_BYTES_PER_TOKEN_13B) -> int:
+    """Token slots in a KV pool of ``gpu_bytes`` (40 GB and OPT-13B's 800 KiB/token: 48,828)."""
+    return int(_pos_real(gpu_bytes, "gpu_bytes") // _pos_int(bytes_per_token, "bytes_per_token"))
+
+
+DEFAULT_POOL_TOKENS = pool_tokens_for()
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: ``prompt_len`` tokens in, ``output_len`` tokens generated."""
+
+    prompt_len: int
+    output_len: int
+
+    def __post_init__(self):
+        _pos_int(self.prompt_len, "prompt_len")
+        _pos_int(self.output_len, "output_len")
+
+    @property
+    def total_len(self) -> int:
+        return self.prompt_len + self.output_len
+
+
+def make_requests(n: int, seed: int = 0, *, prompt_mean: float = 161.0, output_mean: float = 338.0,
+                  prompt_sigma: float = 1.0, output_sigma: float = 1.0, max_seq_len: int = 2048) -> tuple:
+    """``n`` requests with lognormal prompt and output lengths of the given means (ShareGPT-like defaults),
+    rounded, at least 1 token each, prompt + output <= ``max_seq_len``. Deterministic in ``seed``."""
+    n = _pos_int(n, "n")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise TypeError(f"seed must be a non-negative integer, got {seed!r}")
+    pm, om = _pos_real(prompt_mean, "prompt_mean"), _pos_real(output_mean, "output_mean")
+    ps, os_ = _pos_real(prompt_sigma, "prompt_sigma"), _pos_real(output_sigma, "output_sigma")
+    max_len = _pos_int(max_seq_len, "max_seq_len")
+    if max_len < 2:
+        raise ValueError(f"max_seq_len must be at least 2 (one prompt and one output token), got {max_len}")
+    rng = np.random.default_rng(seed)
+    # lognormal with mean m: mu = ln(m) - sigma^2 / 2
+    prompt = np.rint(rng.lognormal(math.log(pm) - ps * ps / 2, ps, size=n)).astype(np.int64)
+    output = np.rint(rng.lognormal(math.log(om) - os_ * os_ / 2, os_, size=n)).astype(np.int64)
+    prompt = np.clip(prompt, 1, max_len - 1)
+    output = np.clip(output, 1, max_len - prompt)
+    return tuple(Request(int(p), int(o)) for p, o in zip(prompt, output))
+
+
+class FirstFitAllocator:
+    """Contiguous allocation over ``[0, capacity)``: first hole large enough wins; freed ranges merge with their
+    neighbours."""
+
+    def __init__(self, capacity: int):
+        self.capacity = _pos_int(capacity, "capacity")
+        self._starts = [0]  # holes, sorted by start
+        self._sizes = [self.capacity]
+
+    @property
+    def free(self) -> int:
+        return sum(self._sizes)
+
+    @property
+    def largest_hole(self) -> int:
+        return max(self._sizes, default=0)
+
+    def allocate(self, size: int):
+        """Start of a block of ``size`` slots, or None if no hole is large enough."""
+        for i, s in enumerate(self._sizes):
+            if s >= size:
+                start = self._starts[i]
+                if s == size:
+                    del self._starts[i], self._sizes[i]
+                else:
+                    self._starts[i] += size
+                    self._sizes[i] -= size
+                return start
+        return None
+
+    def release(self, start: int, size: int) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        if (i < len(self._starts) and self._starts[i] < start + size) or \
+                (i > 0 and self._starts[i - 1] + self._sizes[i - 1] > start):
+            raise ValueError(f"release({start}, {size}) overlaps a free range")
+        self._starts.insert(i, start)
+        self._sizes.insert(i, size)
+        if i + 1 < len(self._starts) and start + size == self._starts[i + 1]:  # merge right
+            self._sizes[i] += self._sizes.pop(i + 1)
+            self._starts.pop(i + 1)
+        if i > 0 and self._starts[i - 1] + self._sizes[i - 1] == start:  # merge left
+            self._sizes[i - 1] += self._sizes.pop(i)
+            self._starts.pop(i)
+
+
+@dataclass
+class FragReport:
+    """What a simulation measured (fractions are of the whole pool unless said otherwise)."""
+
+    policy: str
+    block_size: int | None
+    pool_tokens: int
+    bytes_per_token: int
+    n_requests: int
+    steps: int
+    measured_steps: int
+    utilisation: float  # fraction of the pool holding real tokens (token states)
+    utilisation_of_allocated: float  # fraction of allocated slots holding real tokens
+    breakdown: dict  # CATEGORIES -> fraction of the pool, sums to 1
+    mean_concurrency: float
+    max_concurrency: int
+    mean_waste_per_seq: float  # allocated - stored slots per running sequence
+    max_waste_per_seq: int
+    preemptions: int
+    tokens_generated: int
+    trace: dict | None = field(default=None, repr=False)
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.pool_tokens * self.bytes_per_token
+
+    @property
+    def throughput(self) -> float:
+        """Output tokens per step."""
+        return self.tokens_generated / max(self.steps, 1)
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items() if k != "trace"}
+        d["pool_bytes"] = self.pool_bytes
+        d["throughput_tokens_per_step"] = self.throughput
+        return d
+
+
+def _reserve(policy: str, total: int, max_seq_len: int) -> int:
+    if policy == "static":
+        return max_seq_len
+    if policy == "pow2":
+        return min(1 << (total - 1).bit_length(), max_seq_len)
+    return total  # oracle
+
+
+def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, block_size=None, *,
+             max_seq_len: int = 2048, bytes_per_token: int = KV_BYTES_PER_TOKEN_13B, watermark: float = 0.01,
+             record_trace: bool = False) -> FragReport:
+    """Serve ``requests`` (all queued at step 0, FCFS) under ``policy`` with a pool of ``pool_tokens`` KV slots.
+
+    ``block_size`` is required for ``"paged"`` and must be None otherwise. ``watermark`` (paged only, vLLM's
+    default 1 %): a request is admitted only if that fraction of the blocks stays free afterwards, which
+    limits preemptions (waived when nothing runs). ``record_trace`` keeps per-step arrays (waiting, running,
+    stored, allocated, max_waste, measured) in ``report.trace``."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    pool = _pos_int(pool_tokens, "pool_tokens")
+    max_len = _pos_int(max_seq_len, "max_seq_len")
+    bpt = _pos_int(bytes_per_token, "bytes_per_token")
+    if policy == "paged":
+        if block_size is None:
+            raise ValueError("block_size is required for policy 'paged'")
+        bs = _pos_int(block_size, "block_size")
+    else:
+        if block_size is not None:
+            raise ValueError(f"block_size must be None for policy {policy!r}, got {block_size!r}")
+        bs = None
+    try:
+        reqs = list(requests)
+    except TypeError:
+        raise TypeError(f"requests must be an iterable of Request, got {type(requests).__name__}") from None
+    if not reqs:
+        raise ValueError("requests must not be empty")
+    for i, r in enumerate(reqs):
+        if not isinstance(r, Request):
+            raise TypeError(f"requests[{i}] must be a Request, got {type(r).__name__}")
+        if r.total_len > max_len:
+            raise ValueError(f"requests[{i}] has {r.total_len} tokens > max_seq_len={max_len}")
+    if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real) or not 0 <= watermark < 1:
+        raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
+    num_blocks = pool // bs if bs else 0
+    reserve_blocks = int(watermark * num_blocks)
+    usable = num_blocks * bs if bs else pool
+    if usable < (-(-max_len // bs) * bs if bs else max_len):
+        raise ValueError(f"pool_tokens={pool} (usable {usable}) must hold one max_seq_len={max_len} sequence")
+
+    queue = deque((i, r.prompt_len, r.total_len) for i, r in enumerate(reqs))  # (id, prompt_eff, final)
+    # running sequences in admission order: parallel lists
+    lens, finals, allocs, starts, ids = [], [], [], [], []
+    alloc = FirstFitAllocator(pool) if bs is None else None
+    free_blocks = num_blocks
+    steps = preemptions = generated = 0
+    # per step: waiting, running, stored, allocated, reservation, external, max waste per sequence
+    rows = []
+    max_steps = 4 * sum(r.total_len for r in reqs) + 10
+    while queue or lens:
+        steps += 1
+        if steps > max_steps:  # cannot happen; guards against livelock
+            raise RuntimeError("fragmentation simulator made no progress")
+        # 1. admit FCFS from the head of the queue
+        while queue:
+            rid, prompt, final = queue[0]
+            if bs is None:
+                size = _reserve(policy, final, max_len)
+                start = alloc.allocate(size)
+                if start is None:
+                    break
+                allocs.append(size)
+                starts.append(start)
+            else:
+                need = -(-(prompt + 1) // bs)  # the prompt and the token this step produces
+                if need + (reserve_blocks if lens else 0) > free_blocks:
+                    break
+                free_blocks -= -(-prompt // bs)
+                allocs.append(-(-prompt // bs) * bs)
+                starts.append(-1)
+            queue.popleft()
+            lens.append(prompt)
+            finals.append(final)
+            ids.append(rid)
+        # 2. every running sequence appends one token
+        if bs is not None:
+            need = sum(1 for ln, al in zip(lens, allocs) if ln == al)
+            while need > free_blocks:  # preempt the most recently admitted sequence (recomputation)
+                ln, fi, al, rid = lens.pop(), finals.pop(), allocs.pop(), ids.pop()
+                starts.pop()
+                need -= ln == al
+                free_blocks += al // bs
+                queue.appendleft((rid, ln, fi))
+                preemptions += 1
+            for k in range(len(lens)):
+                if lens[k] == allocs[k]:
+                    allocs[k] += bs
+                    free_blocks -= 1
+        lens = [ln + 1 for ln in lens]
+        generated += len(lens)
+        # 3. measure
+        stored, allocated = sum(lens), sum(allocs)
+        reserved_future = sum(f - ln for f, ln in zip(finals, lens)) if bs is None else 0
+        external = 0
+        if queue and bs is None and pool - allocated >= _reserve(policy, queue[0][2], max_len):
+            external = pool - allocated  # free in total, but no hole is large enough for the head
+        waste = max((a - ln for a, ln in zip(allocs, lens)), default=0)
+        rows.append((len(queue), len(lens), stored, allocated, reserved_future, external, waste))
+        # 4. retire finished sequences
+        if any(ln == f for ln, f in zip(lens, finals)):
+            keep = []
+            for k in range(len(lens)):
+                if lens[k] == finals[k]:
+                    if bs is None:
+                        alloc.release(starts[k], allocs[k])
+                    else:
+                        free_blocks += allocs[k] // bs
+                else:
+                    keep.append(k)
+            lens = [lens[k] for k in keep]
+            finals = [finals[k] for k in keep]
+            allocs = [allocs[k] for k in keep]
+            starts = [starts[k] for k in keep]
+            ids = [ids[k] for k in keep]
+
+    t = np.asarray(rows, dtype=np.float64)
+    waiting, running, stored, allocated, reserved, external, waste = t.T
+    sel = waiting > 0  # memory-bound steps
+    if not sel.any():  # the pool held the whole workload at once: average every step instead
+        sel = np.ones_like(sel)
+    measured = int(sel.sum())
+    denom = measured * pool
+    breakdown = {
+        "token_states": stored[sel].sum() / denom,
+        "reservation": reserved[sel].sum() / denom,
+        "internal_fragmentation": (allocated - stored - reserved)[sel].sum() / denom,
+        "external_fragmentation": external[sel].sum() / denom,
+        "free": (pool - allocated - external)[sel].sum() / denom,
+    }
+    breakdown = {k: float(v) for k, v in breakdown.items()}
+    n_seq = running[sel].sum()
+    trace = None
+    if record_trace:
+        trace = {"waiting": waiting.astype(np.int64), "running": running.astype(np.int64),
+                 "stored": stored.astype(np.int64), "allocated": allocated.astype(np.int64),
+                 "max_waste": waste.astype(np.int64), "measured": sel}
+    return FragReport(
+        policy=policy, block_size=bs, pool_tokens=pool, bytes_per_token=bpt, n_requests=len(reqs), steps=steps,
+        measured_steps=measured, utilisation=breakdown["token_states"],
+        utilisation_of_allocated=float(stored[sel].sum() / allocated[sel].sum()), breakdown=breakdown,
+        mean_concurrency=float(running[sel].mean()), max_concurrency=int(running[sel].max()),
+        mean_waste_per_seq=float((allocated - stored)[sel].sum() / n_seq) if n_seq else 0.0,
+        max_waste_per_seq=int(waste[sel].max()), preemptions=preemptions, tokens_generated=generated,
+        trace=trace)
