@@ -1,0 +1,85 @@
+"""Judging what a call returned (parent side, and in-process for ``check``): types, dtypes, shapes, NaN/inf
+positions, relative error, unchanged inputs, memory. Returns a verdict and the anti-cheat flags it raised.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import oracles
+from .compare import judge
+
+_WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+
+
+@dataclass
+class Verdict:
+    passed: bool
+    err: float = 0.0
+    message: str = ""
+    flags: list = field(default_factory=list)     # (threat id, explanation)
+
+
+def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verdict:
+    flags = []
+    if call.mode == "script":
+        ok, msg = oracles.check_allocator(call.script[0][1], call.script, result.get("script"))
+        return Verdict(ok, 0.0 if ok else float("inf"), msg)
+    for key, h in sent_hashes.items():
+        got = result.get("hashes", {}).get(key)
+        if got != h:
+            name = call_arg_name(call, key)
+            flags.append(("T6", f"the call modified its input {name} (inputs must be left unchanged)"))
+            return Verdict(False, float("inf"), f"input {name} was modified by the call", flags)
+    if result.get("threads", 0) > 0:
+        flags.append(("T13", f"{result['threads']} thread(s) were still running after the function returned "
+                             "(work hidden from the timer)"))
+        return Verdict(False, float("inf"), "left threads running after returning", flags)
+    if result.get("shape_error"):
+        return Verdict(False, float("inf"), result["shape_error"])
+    worst, msgs = 0.0, []
+    for out, info, arr, exp in zip(call.outs, result["outs"], result["arrays"], call.expected):
+        want = "numpy.ndarray" if out.framework == "numpy" else "torch.Tensor"
+        if info.get("exact") != out.framework:
+            if info.get("subclass"):
+                flags.append(("T14", f"{out.name} is a {info['type']}, a subclass of {want}; only exactly "
+                                     f"{want} is accepted (a subclass can run code when it is read)"))
+            return Verdict(False, float("inf"), f"{out.name}: returned {info['type']}, expected exactly {want}",
+                           flags)
+        if info["dtype"] not in out.dtypes:
+            if _WIDTH.get(info["dtype"], 99) < min(_WIDTH.get(d, 0) for d in out.dtypes):
+                flags.append(("T12", f"{out.name} returned in {info['dtype']}, lower precision than "
+                                     f"{'/'.join(out.dtypes)}"))
+            return Verdict(False, float("inf"), f"{out.name}: dtype {info['dtype']}, expected "
+                                                f"{' or '.join(out.dtypes)}", flags)
+        if out.framework == "torch" and info.get("device", "cpu").split(":")[0] != device.split(":")[0]:
+            return Verdict(False, float("inf"), f"{out.name}: on device {info['device']}, expected {device}")
+        if arr is None:
+            return Verdict(False, float("inf"), f"{out.name}: could not be read as an array")
+        ok, err, msg = judge(arr, exp, out.tol)
+        worst = max(worst, err)
+        if not ok:
+            msgs.append(f"{out.name}: {msg}")
+    if msgs:
+        return Verdict(False, worst, "; ".join(msgs), flags)
+    if memory_limit is not None:
+        peak = result.get("peak")
+        if peak is None or peak > memory_limit:
+            mib = (peak or 0) / 2 ** 20
+            return Verdict(False, worst, f"peak traced memory {mib:.1f} MiB > limit {memory_limit / 2 ** 20:.1f} "
+                                         "MiB: the N x N score matrix must not be materialised", flags)
+    return Verdict(True, worst, "", flags)
+
+
+def call_arg_name(call, key):
+    names = getattr(call, "arg_names", None)
+    if key.isdigit() and names and int(key) < len(names):
+        return names[int(key)]
+    return key if not key.isdigit() else f"#{key}"
+
+
+def fmt_err(err: float) -> str:
+    if err == float("inf"):
+        return "-"
+    return f"{err:.1e}" if np.isfinite(err) else str(err)

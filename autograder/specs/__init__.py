@@ -1,0 +1,31 @@
+"""Assignment specs (data): one module per assignment, ``SPEC`` in each. Look-ups by id or short name."""
+from __future__ import annotations
+
+from importlib import import_module
+
+ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a4_decoding", "a5_paged")
+SHORT = {aid.split("_")[0]: aid for aid in ASSIGNMENTS}
+
+
+def resolve(name: str) -> str:
+    """``"a1"``, ``"a1_attention"`` -> ``"a1_attention"``; ValueError naming the choices otherwise."""
+    if name in ASSIGNMENTS:
+        return name
+    if name in SHORT:
+        return SHORT[name]
+    raise ValueError(f"unknown assignment {name!r}; expected one of {', '.join(ASSIGNMENTS)}")
+
+
+def load(name: str):
+    return import_module(f"{__name__}.{resolve(name)}").SPEC
+
+
+def find_task(task_id: str):
+    """``"a2.flash_attention_forward"`` -> (spec, task)."""
+    if not isinstance(task_id, str) or "." not in task_id:
+        raise ValueError(f"task_id must look like 'a1.attention', got {task_id!r}")
+    short = task_id.split(".", 1)[0]
+    spec = load(short)
+    if task_id not in spec.tasks:
+        raise ValueError(f"unknown task {task_id!r}; {spec.id} has {', '.join(spec.tasks)}")
+    return spec, spec.tasks[task_id]

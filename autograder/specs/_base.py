@@ -1,0 +1,122 @@
+"""The data an assignment spec is made of (issue 5, item 2): tasks, tests, cases, tolerances, points.
+
+A *task* is one graded name (``"a1.attention"``): how to build a call from case parameters, the float64 oracle
+that gives the expected outputs, the output types it must return. A *test* is one line of the score table: a
+group of cases of one task that share a purpose ("causal, Nq != Nk"), all-or-nothing, worth ``points``. Visible
+cases (fixed, small) feed the in-notebook ``check``; hidden cases are drawn from a secret generator in the
+grading parent. Both come from the same test, so they exercise the same thing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+# Relative error on the whole tensor, by the dtype of the inputs (SPEC 6 "dtype-aware relative tolerances").
+# float64 is tight on purpose: computing a float64 case in float32 (T12) gives ~1e-7 and fails.
+TOL = {"float64": 1e-10, "float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
+# Triton kernels: fp32 tl.dot runs in TF32 on NVIDIA GPUs by default, and fp16/bf16 keep P in low precision.
+TOL_TRITON = {"float32": 5e-3, "float16": 5e-3, "bfloat16": 3e-2}
+TOL_TRITON_GRAD = {"float32": 1e-2, "float16": 2e-2, "bfloat16": 8e-2}
+
+
+@dataclass
+class Arg:
+    """One argument. Arrays travel as NumPy; ``torch_dtype`` set means "hand the function a torch tensor".
+
+    ``value`` for a torch bfloat16 argument is a float32 array holding bf16-representable values (``.npy``
+    has no bfloat16); it is cast exactly on the receiving side.
+    """
+    value: Any
+    torch_dtype: str | None = None
+    requires_grad: bool = False
+
+    @property
+    def is_array(self) -> bool:
+        return isinstance(self.value, np.ndarray)
+
+
+@dataclass
+class Out:
+    """One expected output: its name, the types and dtypes it may have, and its tolerance."""
+    name: str
+    dtypes: tuple            # allowed dtype names, e.g. ("float32",) or ("float32", "float64")
+    tol: float
+    framework: str = "numpy"  # "numpy": exactly np.ndarray; "torch": exactly torch.Tensor
+
+
+@dataclass
+class Call:
+    """A fully built case: arguments, expected outputs (float64 oracle, parent side only) and how to call.
+
+    ``mode``: ``"call"`` (``fn(*args, **kwargs)``), ``"autograd"`` (``o = fn(*args[:-1]); o.backward(args[-1])``,
+    outputs ``o`` and the gradients of the ``requires_grad`` args) or ``"script"`` (drive a class through the
+    JSON ``script``; see ``autograder.runner.run_script``).
+    """
+    args: list
+    kwargs: dict
+    outs: list
+    expected: list | None = None
+    mode: str = "call"
+    script: list | None = None
+    label: str = ""
+
+    def arrays(self):
+        """(key, Arg) for every array argument, in a fixed order (positional, then keyword)."""
+        items = [(str(i), a) for i, a in enumerate(self.args)]
+        items += [(k, a) for k, a in self.kwargs.items()]
+        return [(k, a) for k, a in items if isinstance(a, Arg) and a.is_array]
+
+
+@dataclass
+class Test:
+    """One graded line: ``points`` if every case passes (correctness, memory, behaviour), ramped for speed."""
+    name: str
+    task: str
+    points: float
+    visible: list = field(default_factory=list)
+    hidden: Callable[[np.random.Generator], list] | None = None
+    kind: str = "correctness"       # correctness | memory | speed | behaviour
+    gpu_only: bool = False
+    memory_limit: Callable[[dict], int] | None = None
+    # speed: ratio student/reference -> full points at <= full, linear to 0 at zero
+    speed_full: float = 1.25
+    speed_zero: float = 3.0
+    reps: int = 5
+
+    def hidden_cases(self, rng):
+        return list(self.hidden(rng)) if self.hidden else list(self.visible)
+
+
+@dataclass
+class Task:
+    """A graded name. ``build(params, rng) -> Call`` makes inputs; ``oracle(call) -> list of float64 arrays``."""
+    id: str
+    name: str
+    build: Callable[[dict, np.random.Generator], Call]
+    oracle: Callable[[Call], list]
+    framework: str = "numpy"        # numpy | torch | class
+    reference: str = ""            # "module:name" of the reference implementation (speed baseline only)
+    is_class: bool = False
+    case_timeout: float = 30.0
+
+
+@dataclass
+class Spec:
+    """An assignment: its tasks and tests plus the names a submission must not use."""
+    id: str
+    short: str
+    tasks: dict
+    tests: list
+    forbidden_imports: tuple = ()
+    needs_torch: bool = False
+    load_timeout: float = 60.0
+    total_timeout: float = 900.0
+
+    def tests_of(self, task_id):
+        return [t for t in self.tests if t.task == task_id]
+
+    @property
+    def max_points(self) -> float:
+        return float(sum(t.points for t in self.tests))

@@ -1,0 +1,84 @@
+"""Spec of assignment a2_flash_numpy: FlashAttention-2 in NumPy (tiled forward with lse, backward with
+recomputation). Points total 100: correctness per feature, an O(N d) memory test per function (tracemalloc
+peak during the call: materialising the N x N scores loses those points even when the numbers are right) and a
+CPU speed test of the forward against the reference tiled forward, timed alternately in the same run.
+"""
+from __future__ import annotations
+
+from ._attn import (build_flash_backward, build_flash_forward, oracle_flash_backward, oracle_flash_forward)
+from ._base import Spec, Task, Test
+from ._gen import ragged
+
+SHORT = "a2"
+FORBIDDEN = ("torch", "scipy", "jax", "tensorflow")
+
+
+def _att(rng, dtype="float32", nq=None, nk=None, hq=None, hkv=None, **extra):
+    hkv = hkv if hkv is not None else int(rng.integers(1, 3))
+    n = ragged(rng, 20, 160)
+    blocks = dict(block_q=int(rng.choice([16, 32, 64])), block_k=int(rng.choice([16, 32, 64])))
+    blocks.update({k: extra.pop(k) for k in ("block_q", "block_k") if k in extra})
+    return dict(B=int(rng.integers(1, 3)), Hq=hq or hkv, Hkv=hkv, Nq=nq or n, Nk=nk or n,
+                d=int(rng.choice([16, 32])), dtype=dtype, **blocks, **extra)
+
+
+def _small(**kw):
+    base = dict(B=1, Hq=1, Hkv=1, Nq=20, Nk=20, d=8, dtype="float32", block_q=8, block_k=8)
+    base.update(kw)
+    return base
+
+
+def _mem_limit(p):
+    """A quarter of one float32 N x N matrix plus 16 float64 N x d arrays: tiles of block_q x block_k (or even
+    block_q x N strips) and O(N d) accumulators fit; one N x N score or probability matrix does not."""
+    return p["Nq"] * p["Nk"] * 4 // 4 + 16 * max(p["Nq"], p["Nk"]) * p["d"] * 8
+
+
+MEM = dict(B=1, Hq=1, Hkv=1, Nq=2048, Nk=2048, d=16, dtype="float32", block_q=64, block_k=64)
+MEM_CAUSAL = dict(MEM, causal=True)
+SPEED = dict(B=1, Hq=2, Hkv=2, Nq=1024, Nk=1024, d=64, dtype="float32", block_q=64, block_k=64)
+
+
+def _tests(task, pts):
+    t = lambda name, p, vis, hid, **kw: Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", p, vis, hid, **kw)  # noqa
+    return [
+        t("basic (ragged N, block sizes)", pts[0], [_small(Nq=20, Nk=13)],
+          lambda r: [_att(r), _att(r, nq=ragged(r, 5, 60), nk=ragged(r, 70, 200)), _att(r, block_q=128, block_k=7)]),
+        t("causal (Nq == Nk)", pts[1], [_small(causal=True)],
+          lambda r: [_att(r, causal=True), _att(r, causal=True, block_q=16, block_k=32)]),
+        t("causal, Nq != Nk (bottom-right; fully masked rows)", pts[2],
+          [_small(Nq=6, Nk=19, causal=True), _small(Nq=19, Nk=6, causal=True)],
+          lambda r: [_att(r, causal=True, nq=ragged(r, 5, 40), nk=ragged(r, 50, 120)),
+                     _att(r, causal=True, nq=ragged(r, 50, 120), nk=ragged(r, 5, 40))]),
+        t("GQA / MQA", pts[3], [_small(Hq=4, Hkv=2)],
+          lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=1, causal=True)]),
+        t("dtypes float16/float64", pts[4], [_small(dtype="float64")],
+          lambda r: [_att(r, "float16"), _att(r, "float64", causal=True)]),
+    ] + ([
+        t("edge cases (N = 1, blocks larger than N)", pts[5], [_small(Nq=1, Nk=1)],
+          lambda r: [_att(r, nq=1, nk=1), _att(r, nq=1, nk=ragged(r, 10, 99), causal=True),
+                     _att(r, block_q=256, block_k=256)]),
+        t("large logits (running max)", pts[6], [_small(dtype="float64", shift=800.0)],
+          lambda r: [_att(r, "float64", shift=800.0), _att(r, "float32", shift=100.0)]),
+    ] if task == "flash_attention_forward" else []) + [
+        t("memory O(N d): no N x N matrix", pts[-1],
+          [dict(MEM, Nq=1024, Nk=1024)], lambda r: [MEM, MEM_CAUSAL], kind="memory", memory_limit=_mem_limit),
+    ]
+
+
+TESTS = _tests("flash_attention_forward", [8, 8, 8, 7, 5, 5, 4, 5]) + [
+    Test(f"{SHORT}.flash_attention_forward: speed vs reference tiled forward (CPU)",
+         f"{SHORT}.flash_attention_forward", 5, [], lambda r: [SPEED], kind="speed", speed_full=2.0,
+         speed_zero=6.0, reps=5),
+] + _tests("flash_attention_backward", [10, 8, 8, 8, 6, 5])
+
+TASKS = {
+    "a2.flash_attention_forward": Task("a2.flash_attention_forward", "flash_attention_forward",
+                                       build_flash_forward, oracle_flash_forward,
+                                       reference="reference.numpy.flash:flash_attention_forward"),
+    "a2.flash_attention_backward": Task("a2.flash_attention_backward", "flash_attention_backward",
+                                        build_flash_backward, oracle_flash_backward,
+                                        reference="reference.numpy.flash:flash_attention_backward"),
+}
+
+SPEC = Spec("a2_flash_numpy", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=400)

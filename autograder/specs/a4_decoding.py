@@ -1,0 +1,79 @@
+"""Spec of assignment a4_decoding: Flash-Decoding in NumPy (``flash_decoding``) and Triton (``flash_decode``).
+
+Points total 100 (90 without a GPU: the Triton speed test is "not run" there and excluded).
+"""
+from __future__ import annotations
+
+from ._base import Spec, Task, Test
+from ._decode import build_decoding, oracle_decoding
+from ._gen import ragged
+
+SHORT = "a4"
+FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn")
+
+
+def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_len=True, **extra):
+    hkv = hkv if hkv is not None else int(rng.integers(1, 3))
+    b = int(rng.integers(1, 4))
+    n = ragged(rng, 20, 150) if not torch else ragged(rng, 9, 80)
+    p = dict(B=b, Hq=hq or hkv, Hkv=hkv, N=n, d=int(rng.choice([16, 32])), dtype=dtype, **extra)
+    if lens:
+        ls = [int(x) for x in rng.integers(1, n + 1, size=b)]
+        ls[0] = n
+        if zero_len and b > 1:
+            ls[-1] = 0
+        p["lens"] = ls
+    if torch:
+        p["torch"] = True
+    return p
+
+
+def _v(**kw):
+    base = dict(B=2, Hq=2, Hkv=2, N=13, d=16, dtype="float32")
+    base.update(kw)
+    return base
+
+
+def _t(task, name, points, visible, hidden, **kw):
+    return Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", points, visible, hidden, **kw)
+
+
+TESTS = [
+    _t("flash_decoding", "basic", 10, [_v()], lambda r: [_dec(r), _dec(r, num_splits=int(r.integers(2, 6)))]),
+    _t("flash_decoding", "num_splits (1, not dividing N, more than N)", 10,
+       [_v(num_splits=3), _v(N=5, num_splits=8)],
+       lambda r: [_dec(r, num_splits=1), _dec(r, num_splits=int(r.choice([3, 7]))), _dec(r, num_splits=200)]),
+    _t("flash_decoding", "ragged seq_lens (incl. 0)", 10, [_v(lens=[13, 4])],
+       lambda r: [_dec(r, lens=True, num_splits=int(r.integers(1, 5))), _dec(r, lens=True, hq=4, hkv=2)]),
+    _t("flash_decoding", "GQA / MQA", 8, [_v(Hq=4, Hkv=2)],
+       lambda r: [_dec(r, hq=4, hkv=2), _dec(r, hq=8, hkv=1, num_splits=3)]),
+    _t("flash_decoding", "large logits", 6, [_v(dtype="float64", shift=800.0)],
+       lambda r: [_dec(r, "float64", shift=800.0, num_splits=3), _dec(r, "float32", shift=100.0)]),
+    _t("flash_decoding", "dtypes float16/float64", 6, [_v(dtype="float64")],
+       lambda r: [_dec(r, "float16", num_splits=2), _dec(r, "float64", num_splits=3)]),
+
+    _t("flash_decode", "basic (Triton)", 12, [_v(torch=True)],
+       lambda r: [_dec(r, torch=True), _dec(r, torch=True, num_splits=3)]),
+    _t("flash_decode", "ragged seq_lens", 12, [_v(torch=True, lens=[13, 6])],
+       lambda r: [_dec(r, torch=True, lens=True, zero_len=False), _dec(r, torch=True, lens=True, zero_len=False,
+                                                                       num_splits=2)]),
+    _t("flash_decode", "GQA / MQA", 10, [_v(torch=True, Hq=4, Hkv=2)],
+       lambda r: [_dec(r, torch=True, hq=4, hkv=2), _dec(r, torch=True, hq=4, hkv=1)]),
+    _t("flash_decode", "float16 / bfloat16", 6, [_v(torch=True, dtype="float16")],
+       lambda r: [_dec(r, "float16", torch=True), _dec(r, "bfloat16", torch=True, gpu=True)]),
+    _t("flash_decode", "speed vs reference split-KV decode (GPU)", 10, [],
+       lambda r: [dict(B=1, Hq=32, Hkv=8, N=32768, d=128, dtype="float16", torch=True),
+                  dict(B=4, Hq=32, Hkv=8, N=8191, d=128, dtype="bfloat16", torch=True,
+                       lens=[8191, 5000, 7000, 100])],
+       kind="speed", gpu_only=True, speed_full=1.25, speed_zero=3.0, reps=10),
+]
+
+TASKS = {
+    "a4.flash_decoding": Task("a4.flash_decoding", "flash_decoding", build_decoding, oracle_decoding,
+                              reference="reference.numpy.decoding:flash_decoding"),
+    "a4.flash_decode": Task("a4.flash_decode", "flash_decode", build_decoding, oracle_decoding, framework="torch",
+                            reference="reference.triton:flash_decode", case_timeout=120),
+}
+
+SPEC = Spec("a4_decoding", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+            load_timeout=120, total_timeout=900)
