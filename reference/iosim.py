@@ -85,7 +85,6 @@ Also here: :func:`matmul_io`, the IO of C = A B done naively, a row at a time, o
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import numbers
