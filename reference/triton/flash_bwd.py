@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ._checks import check_attention_inputs, check_same_dtype, check_scale, check_tensor
 from ._runtime import INTERPRET
-from .flash_fwd import LOG2E, SMEM_LIMIT, _causal_key_range, _dot, _dot_acc, check_causal
+from .flash_fwd import LOG2E, SMEM_LIMIT, _causal_key_range, _dot, _dot_acc, check_causal, tuning_bench
 
 #: ``{"dkdv": {...}, "dq": {...}}`` with ``BLOCK_M, BLOCK_N, num_warps, num_stages`` each, or ``None`` to autotune.
 PIN_CONFIG: dict | None = (
@@ -252,6 +252,8 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """One program = query block ``i`` of one (batch, query head): dQ_i over the key blocks it sees."""
     pid_m = tl.program_id(0)
+    if CAUSAL:  # heaviest query blocks first, as in the forward
+        pid_m = tl.num_programs(0) - 1 - pid_m
     pid_bh = tl.program_id(1)
     b64 = (pid_bh // H_Q).to(tl.int64)
     h = pid_bh % H_Q
@@ -313,9 +315,9 @@ def _prune_bwd(configs, named_args, **kwargs):
 
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"]
 _bwd_dkdv_tuned = triton.autotune(configs=_configs(DKDV_CONFIGS), key=_KEY,
-                                  prune_configs_by={"early_config_prune": _prune_bwd})(_bwd_dkdv)
+                                  prune_configs_by={"early_config_prune": _prune_bwd}, do_bench=tuning_bench)(_bwd_dkdv)
 _bwd_dq_tuned = triton.autotune(configs=_configs(DQ_CONFIGS), key=_KEY,
-                                prune_configs_by={"early_config_prune": _prune_bwd})(_bwd_dq)
+                                prune_configs_by={"early_config_prune": _prune_bwd}, do_bench=tuning_bench)(_bwd_dq)
 
 
 # --------------------------------------------------------------------------------------------------------------
