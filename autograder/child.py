@@ -1,0 +1,186 @@
+"""The sandboxed child: runs ONE submission's code and answers the parent's calls over the protocol pipe.
+
+Started by ``autograder.sandbox`` as ``python -I -c BOOT <repo> <rfd> <wfd>`` in its own session, temp dir,
+scrubbed environment and rlimits. It never sees expected outputs or the secret seed (T2): it gets inputs,
+calls the function, and sends back what came out (``.npy`` + JSON, T4). A *trusted* child (the reference
+implementation for speed baselines) runs the same code without traps.
+
+Messages (parent -> child): ``load`` (cells), ``call`` (task, case), ``go`` (start a timed call), ``exit``.
+Messages (child -> parent): ``hello``, ``loaded``, ``trap`` (at once, T11), ``armed``/``done`` (timed calls),
+``result``, ``error``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+import types
+
+import numpy as np
+
+from .protocol import ChildChannel
+from .runner import _clock, describe, execute, input_hashes, materialise, poison, sync
+
+NS_NAME = "__main__"
+
+
+class Child:
+    def __init__(self, chan: ChildChannel):
+        self.chan = chan
+        self.ns = {"__name__": NS_NAME, "__builtins__": __builtins__}
+        self.traps = None
+        self.device = "cpu"
+        self.flush_buf = None
+
+    def report(self, threat, what):
+        try:
+            self.chan.send({"t": "trap", "threat": threat, "what": what})
+        except OSError:
+            pass
+
+    def load(self, h):
+        self.device = h.get("device", "cpu")
+        if h.get("torch"):
+            import torch
+            import triton  # noqa: F401
+            import triton.language  # noqa: F401
+            if self.device.startswith("cuda"):
+                torch.cuda.init()
+                self.flush_buf = torch.empty(256 << 20, dtype=torch.int8, device=self.device)
+        stub = types.ModuleType("autograder.check")
+        stub.check = lambda *a, **k: True
+        sys.modules["autograder.check"] = stub
+        if not h.get("trusted"):
+            from .traps import Traps
+            self.traps = Traps(self.ns, self.report, h.get("forbidden", ()))
+            self.traps.install()
+            self.traps.take_snapshot()
+        cells = []
+        t0 = _clock()
+        for i, (index, src) in enumerate(h["cells"]):
+            ok, err = True, None
+            try:
+                code = compile(src, f"<cell {index}>", "exec")
+                self._active(True)
+                try:
+                    exec(code, self.ns)  # noqa: S102 -- running the submission is the point
+                finally:
+                    self._active(False)
+            except BaseException as exc:  # noqa: BLE001 -- a failing cell is recorded, the rest still runs
+                ok, err = False, _exc_line(exc)
+            cells.append({"index": index, "ok": ok, "error": err})
+        names = {}
+        for name in h.get("names", ()):
+            obj = self.ns.get(name)
+            names[name] = None if obj is None else ("class" if isinstance(obj, type) else
+                                                    "callable" if callable(obj) else type(obj).__name__)
+        self.chan.send({"t": "loaded", "cells": cells, "names": names, "load_time": _clock() - t0,
+                        "patched": self.traps.patched() if self.traps else [],
+                        "threads": threading.active_count() - 1})
+
+    def _active(self, on):
+        if self.traps is not None:
+            self.traps.active = on
+
+    def call(self, h, arrays):
+        fn = self.ns.get(h["name"])
+        header = h["header"]
+        if self.traps:
+            self.traps.launches = 0
+        try:
+            if h.get("timed"):
+                result = self._timed(fn, header, arrays)
+            else:
+                self._active(True)
+                try:
+                    result = execute(fn, header, arrays, self.device, trace_memory=h.get("trace_memory", False))
+                finally:
+                    self._active(False)
+        except BaseException as exc:  # noqa: BLE001 -- the student's exception is the answer
+            self._active(False)
+            self.chan.send({"t": "error", "exc": type(exc).__name__, "msg": str(exc)[:500],
+                            "tb": _student_tb(exc), "launches": self.traps.launches if self.traps else None,
+                            "patched": self.traps.patched() if self.traps else []})
+            return
+        arrs = {str(i): a for i, a in enumerate(result.pop("arrays"))}
+        result.update(t="result", launches=self.traps.launches if self.traps else None,
+                      patched=self.traps.patched() if self.traps else [])
+        self.chan.send(result, arrs)
+
+    def _timed(self, fn, header, arrays):
+        """A timed call: arguments ready, caches flushed, then the parent says go and its clock runs too."""
+        args, kwargs = materialise(header, arrays, self.device)
+        poison(arrays, self.device)
+        if self.flush_buf is not None:
+            self.flush_buf.zero_()               # flush L2 between timed runs
+        sync(self.device)
+        self.chan.send({"t": "armed"})
+        go, _ = self.chan.recv()
+        if go.get("t") != "go":
+            raise RuntimeError("protocol: expected go")
+        threads_before = threading.active_count()
+        self._active(True)
+        try:
+            t0 = _clock()
+            raw = fn(*args, **kwargs)
+            sync(self.device)                    # device-wide: side streams are waited for (T13)
+            elapsed = _clock() - t0
+        finally:
+            self._active(False)
+        self.chan.send({"t": "done", "elapsed": elapsed})
+        items = list(raw) if header["n_outs"] > 1 and type(raw) in (tuple, list) else [raw]
+        if len(items) != header["n_outs"]:
+            return {"outs": [], "arrays": [], "hashes": {}, "elapsed": elapsed, "peak": None, "script": None,
+                    "threads": 0, "shape_error": f"expected {header['n_outs']} outputs"}
+        described = [describe(x) for x in items]
+        return {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
+                "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed, "peak": None, "script": None,
+                "threads": threading.active_count() - threads_before}
+
+    def serve(self):
+        self.chan.send({"t": "hello", "pid": os.getpid(), "net": _netns(), "uid": os.getuid()})
+        while True:
+            h, arrays = self.chan.recv()
+            t = h.get("t")
+            if t == "load":
+                self.load(h)
+            elif t == "call":
+                self.call(h, arrays)
+            elif t == "exit":
+                return
+
+
+def _netns():
+    try:
+        return os.readlink("/proc/self/ns/net")
+    except OSError:
+        return None
+
+
+def _exc_line(exc) -> str:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = ""
+    for fr in reversed(tb):
+        if fr.filename.startswith("<cell"):
+            where = f" ({fr.filename[1:-1]}, line {fr.lineno})"
+            break
+    return f"{type(exc).__name__}: {str(exc)[:300]}{where}"
+
+
+def _student_tb(exc) -> str:
+    """The traceback lines inside the submission's cells (not the harness)."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell")]
+    return "\n".join(f"{f.filename[1:-1]}, line {f.lineno}, in {f.name}" for f in frames[-5:])
+
+
+def main(argv=None):
+    argv = sys.argv if argv is None else argv
+    rfd, wfd = int(argv[-2]), int(argv[-1])
+    np.seterr(all="ignore")
+    Child(ChildChannel(rfd, wfd)).serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,443 @@
+"""Grading one submission (issue 5): static scan, a sandboxed child for the submission, hidden cases from a
+secret seed judged in this (parent) process, speed against the reference in a separate sandboxed child, flags.
+
+The parent is the only writer of results (T1); expected outputs exist only here (T2); comparisons run here on
+raw arrays (T3, T4). Every call gets fresh inputs (T5, T16). A child that dies or hangs costs only the points of
+the function it was running: the rest of that function's tests are skipped, the child is restarted for the
+next function.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import specs as specs_mod
+from .compare import rel_error
+from .evaluate import Verdict, evaluate
+from .runner import array_hash, call_to_wire
+from .sandbox import Limits, Sandbox, SandboxDied
+from .scan import scan
+from .submission import SubmissionError, load_cells
+
+# flags that zero every test of the task they are attributed to (cheating, not just a wrong answer)
+ZEROING = {"T1", "T2", "T3", "T4", "T10", "T11", "T13", "T14", "T15", "T16", "T17", "T18"}
+EXPLAIN = {
+    "T1": "tried to write files or forge output", "T2": "tried to read files, hidden cases or expected outputs",
+    "T3": "tampered with libraries or the grader (monkeypatching, introspection)",
+    "T4": "used pickling hooks", "T5": "replayed cached answers", "T6": "modified its inputs",
+    "T10": "used a forbidden library function instead of implementing it",
+    "T11": "a forbidden call was caught by try/except (still recorded)",
+    "T12": "returned lower precision than asked", "T13": "hid work from the timer (threads/streams)",
+    "T14": "returned an array subclass or lazy object", "T15": "patched timers",
+    "T16": "timed calls returned wrong (cached) results", "T17": "denial of service / process tricks",
+    "T18": "network, environment or file-system escape",
+}
+MAX_RESTARTS = 4
+
+
+@dataclass
+class TestResult:
+    name: str
+    task: str
+    max_score: float
+    score: float = 0.0
+    status: str = "failed"          # passed | failed | partial | not run
+    output: str = ""
+    time: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def as_dict(self):
+        d = {"name": self.name, "task": self.task, "score": round(self.score, 4),
+             "max_score": self.max_score if self.status != "not run" else 0.0, "status": self.status,
+             "output": self.output, "time": round(self.time, 3)}
+        d.update(self.extra)
+        return d
+
+
+def detect_device(requested="auto") -> str:
+    if requested == "cpu":
+        return "cpu"
+    try:
+        import torch
+        has = torch.cuda.is_available()
+    except ImportError:
+        has = False
+    if requested == "cuda" and not has:
+        raise RuntimeError("--device cuda was asked for but no CUDA device is available")
+    return "cuda" if has else "cpu"
+
+
+class Grader:
+    def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None):
+        self.spec = specs_mod.load(assignment)
+        self.device = device
+        self.seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)
+        self.rng = np.random.default_rng(self.seed)
+        self.log = log or (lambda *a: None)
+        self.limits = limits or Limits(address_space=(8 << 30) if device == "cpu" else None)
+        self.flags = []
+        self.zeroed = {}                 # task id -> reason
+        self.sandbox = None
+        self.ref_sandbox = None
+        self.ref_state = None
+        self.restarts = 0
+        self.current_task = None
+        self.cells = []
+        self.names = {}
+        self.load_info = {}
+
+    # -- flags --------------------------------------------------------------------------------------------
+    def flag(self, threat, task_ids, message, source, where=""):
+        key = (threat, tuple(sorted(task_ids)), message)
+        if any(f["_key"] == key for f in self.flags):
+            return
+        self.flags.append({"_key": key, "id": threat, "tasks": sorted(task_ids), "message": message,
+                           "explanation": EXPLAIN.get(threat, ""), "source": source, "where": where})
+        if threat in ZEROING:
+            for t in task_ids:
+                self.zeroed.setdefault(t, f"{threat}: {message}")
+
+    def _on_trap(self, h):
+        task = self.current_task
+        tasks = [task] if task else list(self.spec.tasks)
+        self.flag(h.get("threat", "T10"), tasks, f"runtime trap: {h.get('what')}", "runtime")
+        if h.get("threat") == "T10" and task:
+            self.flag("T11", [task], f"forbidden call {h.get('what')} (recorded even if caught)", "runtime")
+
+    # -- child management ---------------------------------------------------------------------------------
+    def _graded_names(self):
+        return [t.name for t in self.spec.tasks.values()]
+
+    def _start_student(self):
+        sb = Sandbox(self.device, self.limits, "student")
+        sb.start(timeout=self.spec.load_timeout)
+        sb.send({"t": "load", "cells": [[c.index, c.source] for c in self.cells], "names": self._graded_names(),
+                 "device": self.device, "torch": self.spec.needs_torch,
+                 "forbidden": list(self.spec.forbidden_imports)})
+        h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
+        self.names = h.get("names", {})
+        self.load_info = {"cells": len(h.get("cells", [])), "load_time": round(h.get("load_time", 0.0), 3),
+                          "errors": [c["error"] for c in h.get("cells", []) if not c["ok"]][:10]}
+        for name in h.get("patched", []):
+            self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", list(self.spec.tasks),
+                      f"patched {name} while loading", "runtime")
+        if h.get("threads", 0) > 0:
+            self.flag("T13", list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading", "runtime")
+        return sb
+
+    def student(self):
+        if self.sandbox is None:
+            if self.restarts > MAX_RESTARTS:
+                raise SandboxDied("too many crashes; the sandbox gave up", "gave-up")
+            self.sandbox = self._start_student()
+        return self.sandbox
+
+    def drop_student(self):
+        if self.sandbox is not None:
+            self.sandbox.stop()
+            self.sandbox = None
+            self.restarts += 1
+
+    def reference(self, task):
+        """A trusted child running the reference implementation (speed baselines only, never the student's)."""
+        if self.ref_state == "broken":
+            return None
+        if self.ref_sandbox is None:
+            mod, _, name = task.reference.partition(":")
+            src = f"from {mod} import {name}\n"
+            try:
+                sb = Sandbox(self.device, Limits(address_space=None, network_off=True), "reference")
+                sb.start(timeout=self.spec.load_timeout)
+                sb.send({"t": "load", "cells": [[0, src]], "names": [name], "device": self.device,
+                         "torch": self.spec.needs_torch, "trusted": True})
+                h, _ = sb.recv(self.spec.load_timeout, expect="loaded")
+                if not h["cells"][0]["ok"]:
+                    sb.stop()
+                    self.ref_state = "broken"
+                    self.ref_error = h["cells"][0]["error"]
+                    return None
+                self.ref_sandbox, self.ref_task = sb, task.id
+            except SandboxDied as exc:
+                self.ref_state = "broken"
+                self.ref_error = exc.reason
+                return None
+        if self.ref_task != task.id:
+            mod, _, name = task.reference.partition(":")
+            self.ref_sandbox.send({"t": "load", "cells": [[0, f"from {mod} import {name}\n"]], "names": [name],
+                                   "device": self.device, "torch": self.spec.needs_torch, "trusted": True})
+            self.ref_sandbox.recv(self.spec.load_timeout, expect="loaded")
+            self.ref_task = task.id
+        return self.ref_sandbox
+
+    # -- one call -----------------------------------------------------------------------------------------
+    def run_call(self, sb, task, call, trace_memory=False, timeout=None, on_trap=None):
+        """Send one case, return the raw result header+arrays (or an error header)."""
+        header, arrays = call_to_wire(call)
+        sb.send({"t": "call", "name": task.name, "header": header, "trace_memory": trace_memory}, arrays)
+        h, arrs = sb.recv(timeout or task.case_timeout, expect=("result", "error"), on_trap=on_trap)
+        return h, arrs, {k: array_hash(a) for k, a in arrays.items()}
+
+    def judge(self, task, call, h, arrs, sent, memory_limit=None) -> Verdict:
+        if h["t"] == "error":
+            msg = "not implemented yet (NotImplementedError)" if h["exc"] == "NotImplementedError" else \
+                f"raised {h['exc']}: {h['msg']}" + (f" [{h['tb'].splitlines()[-1]}]" if h.get("tb") else "")
+            self._after_call(task, h)
+            return Verdict(False, float("inf"), msg)
+        h["arrays"] = [arrs.get(str(i)) for i in range(len(h.get("outs", [])))]
+        v = evaluate(call, h, sent, self.device, memory_limit)
+        for threat, msg in v.flags:
+            self.flag(threat, [task.id], msg, "runtime")
+        self._after_call(task, h)
+        if v.passed and task.framework == "torch" and h.get("launches") == 0:
+            self.flag("T10", [task.id], "no Triton kernel was launched (the work must be done in Triton)", "runtime")
+            return Verdict(False, v.err, "no Triton kernel was launched")
+        return v
+
+    def _after_call(self, task, h):
+        for name in h.get("patched", []) or []:
+            self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", [task.id],
+                      f"patched {name}", "runtime")
+
+    # -- tests --------------------------------------------------------------------------------------------
+    def cases_for(self, test):
+        cases = [p for p in test.hidden_cases(self.rng) if not (p.get("gpu") and self.device == "cpu")]
+        if test.kind in ("correctness",) and cases:
+            cases.append(dict(cases[0]))     # the same shape again with fresh values: defeats caching (T5)
+        return cases
+
+    def run_test(self, test, task) -> TestResult:
+        res = TestResult(test.name, test.task, float(test.points))
+        if test.gpu_only and self.device == "cpu":
+            res.status, res.output = "not run", "not run: no GPU (excluded from max_score)"
+            return res
+        if task.id in self.zeroed:
+            res.output = f"zeroed: {self.zeroed[task.id]}"
+            return res
+        if task.id in self.dead_tasks:
+            res.output = f"skipped: {self.dead_tasks[task.id]}"
+            return res
+        t0 = time.monotonic()
+        try:
+            sb = self.student()
+        except SandboxDied as exc:
+            res.output = f"could not run: {exc.reason}"
+            self.drop_student()
+            return res
+        kind = self.names.get(task.name)
+        if kind is None:
+            res.output = f"{task.name} is not defined in the submission"
+            return res
+        self.current_task = task.id
+        try:
+            if test.kind == "speed":
+                self._speed(test, task, res)
+            else:
+                self._correctness(test, task, res, sb)
+        except SandboxDied as exc:
+            res.score, res.status = 0.0, "failed"
+            res.output = exc.reason
+            if exc.kind in ("timeout", "crash"):
+                self.flag("T17", [task.id], f"{task.name}: {exc.reason}", "sandbox")
+            self.dead_tasks[task.id] = f"{task.name} crashed or hung the sandbox earlier ({exc.reason})"
+            self.drop_student()
+        finally:
+            self.current_task = None
+            res.time = time.monotonic() - t0
+        return res
+
+    def _correctness(self, test, task, res, sb):
+        worst, n = 0.0, 0
+        for params in self.cases_for(test):
+            call = task.build(params, self.rng)
+            if call.mode != "script":
+                call.expected = task.oracle(call)
+            limit = test.memory_limit(params) if test.memory_limit else None
+            h, arrs, sent = self.run_call(sb, task, call, trace_memory=limit is not None, on_trap=self._on_trap)
+            v = self.judge(task, call, h, arrs, sent, limit)
+            n += 1
+            if not v.passed:
+                res.output = f"case {n} ({_describe(params)}): {v.message}"
+                res.extra["rel_error"] = None if not np.isfinite(v.err) else v.err
+                return
+            worst = max(worst, v.err if np.isfinite(v.err) else 0.0)
+            if test.kind == "memory" and h.get("peak") is not None:
+                res.extra["peak_mib"] = round(h["peak"] / 2 ** 20, 2)
+        res.score, res.status = float(test.points), "passed"
+        res.extra["rel_error"] = worst
+        res.output = f"{n} case(s) passed, max relative error {worst:.1e}" + \
+            (f", peak {res.extra['peak_mib']} MiB" if "peak_mib" in res.extra else "")
+
+    def _timed(self, sb, task, call, on_trap=None):
+        header, arrays = call_to_wire(call)
+        sb.send({"t": "call", "name": task.name, "header": header, "timed": True}, arrays)
+        h, _ = sb.recv(task.case_timeout, expect=("armed", "error"), on_trap=on_trap)
+        if h["t"] == "error":
+            return h, {}, None, None
+        t0 = time.perf_counter()
+        sb.send({"t": "go"})
+        h, _ = sb.recv(task.case_timeout, expect=("done", "error"), on_trap=on_trap)
+        wall = time.perf_counter() - t0
+        if h["t"] == "error":
+            return h, {}, None, None
+        child_t = h.get("elapsed")
+        h, arrs = sb.recv(task.case_timeout, expect=("result", "error"), on_trap=on_trap)
+        return h, arrs, wall, child_t
+
+    def _speed(self, test, task, res):
+        ref = self.reference(task)
+        if ref is None:
+            res.status = "not run"
+            res.output = f"not run: reference implementation unavailable ({getattr(self, 'ref_error', '')[:200]})"
+            return
+        ratios, wrong = [], None
+        for params in self.cases_for(test):
+            st, rt = [], []
+            for rep in range(test.reps + 1):                       # rep 0 is a warm-up (checked, not timed)
+                call = task.build(params, self.rng)
+                order = (0, 1) if rep % 2 == 0 else (1, 0)       # alternate who goes first
+                out = {}
+                for who in order:
+                    sb = self.student() if who == 0 else ref
+                    out[who] = self._timed(sb, task, call, self._on_trap if who == 0 else None)
+                (hs, as_, ws, cs), (hr, ar, wr, cr) = out[0], out[1]
+                if hr["t"] != "result":
+                    res.status = "not run"
+                    res.output = f"not run: the reference failed ({hr.get('exc')}: {hr.get('msg')})"
+                    return
+                if hs["t"] != "result":
+                    res.output = f"timed call raised {hs.get('exc')}: {hs.get('msg', '')[:200]}"
+                    self._after_call(task, hs)
+                    return
+                # the timed output must be right (T5/T16): compare with the reference's output on these inputs
+                call.expected = [ar.get(str(i)) for i in range(len(call.outs))]
+                for o in call.outs:
+                    o.tol *= 2
+                hs["arrays"] = [as_.get(str(i)) for i in range(len(hs.get("outs", [])))]
+                v = evaluate(call, hs, {k: array_hash(a) for k, a in call_to_wire(call)[1].items()},
+                             self.device, None)
+                self._after_call(task, hs)
+                if not v.passed:
+                    wrong = v.message
+                    break
+                if rep == 0:
+                    continue
+                st.append(_pick(ws, cs))
+                rt.append(_pick(wr, cr))
+            if wrong:
+                break
+            ratios.append(statistics.median(st) / max(statistics.median(rt), 1e-9))
+            res.extra.setdefault("speed", []).append({"case": _describe(params), "student_s": statistics.median(st),
+                                                      "reference_s": statistics.median(rt)})
+        if wrong:
+            res.output = f"a timed call returned a wrong result: {wrong}"
+            if all(t.status == "passed" for t in self.results if t.task == task.id and t.name != test.name):
+                self.flag("T16", [task.id], "timed calls returned wrong results although the correctness "
+                                            "tests passed (cached or replayed answers)", "runtime")
+            return
+        ratio = float(np.exp(np.mean(np.log(ratios))))
+        frac = min(1.0, max(0.0, (test.speed_zero - ratio) / (test.speed_zero - test.speed_full)))
+        res.score = float(test.points) * frac
+        res.status = "passed" if frac >= 1.0 else ("partial" if frac > 0 else "failed")
+        res.extra["ratio"] = ratio
+        res.extra["speedup"] = 1.0 / ratio
+        res.output = (f"{ratio:.2f}x the reference time (full points at <= {test.speed_full}x, none at >= "
+                      f"{test.speed_zero}x)")
+
+    # -- the whole submission -----------------------------------------------------------------------------
+    def grade(self, path) -> dict:
+        t0 = time.monotonic()
+        self.results, self.dead_tasks = [], {}
+        error = None
+        try:
+            self.cells = load_cells(path)
+        except SubmissionError as exc:
+            self.cells, error = [], str(exc)
+        if not error:
+            findings, attribution = scan(self.cells, self._graded_names(), self.spec.forbidden_imports)
+            by_name = {t.name: t.id for t in self.spec.tasks.values()}
+            for f, names in zip(findings, attribution):
+                if names:
+                    self.flag(f.threat, [by_name[n] for n in names], f.message, "static",
+                              f"cell {f.cell}, line {f.line}" + (f", in {f.scope}" if f.scope else ""))
+        try:
+            for test in self.spec.tests:
+                task = self.spec.tasks[test.task]
+                if error:
+                    r = TestResult(test.name, test.task, float(test.points), output=f"submission unreadable: {error}")
+                    if test.gpu_only and self.device == "cpu":
+                        r.status, r.output = "not run", "not run: no GPU (excluded from max_score)"
+                elif time.monotonic() - t0 > self.spec.total_timeout:
+                    r = TestResult(test.name, test.task, float(test.points),
+                                   output=f"skipped: total time limit of {self.spec.total_timeout:.0f} s reached")
+                else:
+                    r = self.run_test(test, task)
+                self.log(r)
+                self.results.append(r)
+        finally:
+            for sb in (self.sandbox, self.ref_sandbox):
+                if sb is not None:
+                    sb.stop()
+        for r in self.results:                     # flags raised after a test ran still zero it
+            if r.task in self.zeroed and r.score > 0:
+                r.score, r.status = 0.0, "failed"
+                r.output = f"zeroed: {self.zeroed[r.task]}"
+        return self.report(path, time.monotonic() - t0, error)
+
+    def report(self, path, elapsed, error=None) -> dict:
+        tests = [r.as_dict() for r in self.results]
+        flags = [{k: v for k, v in f.items() if k != "_key"} for f in self.flags]
+        return {
+            "assignment": self.spec.id, "submission": str(path),
+            "score": round(sum(t["score"] for t in tests), 4),
+            "max_score": round(sum(t["max_score"] for t in tests), 4),
+            "device": self.device, "tests": tests, "flags": flags,
+            "submission_error": error, "load": self.load_info,
+            "sandbox": {"network": self.sandbox_network(), "restarts": max(0, self.restarts),
+                        "rlimits": {"cpu_s": self.limits.cpu_seconds, "file_bytes": self.limits.file_bytes,
+                                    "address_space": self.limits.address_space,
+                                    "rss_watchdog": self.limits.rss_bytes}},
+            "execution_time": round(elapsed, 3),
+        }
+
+    def sandbox_network(self):
+        return getattr(self, "_network", None) or _probe_network(self.device)
+
+
+_NET = {}
+
+
+def _probe_network(device):
+    if device not in _NET:
+        sb = Sandbox(device, Limits(address_space=None), "probe")
+        try:
+            sb.start(timeout=30)
+            _NET[device] = sb.network
+        except SandboxDied as exc:
+            _NET[device] = f"unknown ({exc.reason})"
+        finally:
+            sb.stop()
+    return _NET[device]
+
+
+def _pick(wall, child):
+    """The parent's clock is authoritative; the child's (synchronised) clock is used when consistent with it
+    (it excludes pipe latency, which matters for sub-millisecond GPU kernels). A child clock larger than the
+    parent's, or non-positive, means tampering (T15) and is ignored."""
+    if child is not None and 0 < child <= wall:
+        return child
+    return wall
+
+
+def _describe(p: dict) -> str:
+    keep = []
+    for k, v in p.items():
+        if k in ("torch", "gpu"):
+            continue
+        if isinstance(v, list) and len(v) > 6:
+            v = f"[{len(v)} items]"
+        keep.append(f"{k}={v}")
+    return ", ".join(keep)

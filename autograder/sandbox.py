@@ -1,0 +1,286 @@
+"""Starting, watching and killing one sandboxed child process (issue 5, item 3).
+
+Each child gets: its own session/process group (``start_new_session``), a fresh temp dir as cwd, HOME, TMPDIR
+and TRITON_CACHE_DIR (T18: nothing left for the next submission), a scrubbed environment (PATH, LANG and what
+numpy/torch/Triton need, plus a per-child token used to find escaped grandchildren), rlimits (CPU seconds,
+file size, core dumps, and address space when grading on CPU), no network where the OS allows (a new user +
+network namespace via ``unshare``), death when the parent dies (``PR_SET_PDEATHSIG``), and stdout/stderr
+captured to files that are read back truncated. The protocol runs on two dedicated pipes (``pass_fds``).
+
+Killing is thorough (T17): SIGKILL to the process group, then every process whose environment carries the
+token or whose cwd lies in the child's temp dir (a grandchild that called ``setsid`` escapes the group but not
+that scan). A parent-side watchdog kills the child when the resident memory of its processes passes a limit.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .protocol import ChannelClosed, ChannelTimeout, ParentChannel, ProtocolError
+
+REPO = str(Path(__file__).resolve().parent.parent)
+BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from autograder.child import main; main()"
+CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+PR_SET_PDEATHSIG = 1
+KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "TRITON_PTXAS_PATH",
+            "TRITON_LIBCUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "SYSTEMROOT")
+TOKEN_VAR = "AUTOGRADER_SANDBOX_TOKEN"
+_NET_PROBE = {}
+
+
+@dataclass
+class Limits:
+    cpu_seconds: int = 1800
+    file_bytes: int = 64 << 20
+    address_space: int | None = 8 << 30       # None: not set (CUDA maps huge virtual ranges)
+    rss_bytes: int = 6 << 30                  # parent watchdog on resident memory
+    stdout_keep: int = 8 << 10
+    network_off: bool = True
+
+
+class SandboxDied(Exception):
+    """The child exited, was killed, broke the protocol, or timed out. ``reason`` says which, plainly."""
+
+    def __init__(self, reason: str, kind: str = "crash"):
+        super().__init__(reason)
+        self.reason, self.kind = reason, kind
+
+
+def _preexec(limits: Limits):
+    def fn():
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+        if limits.address_space:
+            resource.setrlimit(resource.RLIMIT_AS, (limits.address_space, limits.address_space))
+        if limits.network_off:
+            libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)   # best effort; the parent checks whether it worked
+    return fn
+
+
+@dataclass
+class Sandbox:
+    device: str = "cpu"
+    limits: Limits = field(default_factory=Limits)
+    label: str = "student"
+    proc: subprocess.Popen | None = None
+    chan: ParentChannel | None = None
+    tmp: str | None = None
+    token: str = ""
+    network: str = "unknown"
+    pid: int | None = None
+    _last_watch: float = 0.0
+
+    def start(self, timeout=60.0):
+        self.tmp = tempfile.mkdtemp(prefix=f"autograder-{self.label}-")
+        for sub in ("home", "tmp", "triton"):
+            os.makedirs(os.path.join(self.tmp, sub))
+        self.token = secrets.token_hex(16)
+        env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+        env.update({
+            "HOME": os.path.join(self.tmp, "home"), "TMPDIR": os.path.join(self.tmp, "tmp"),
+            "TRITON_CACHE_DIR": os.path.join(self.tmp, "triton"), TOKEN_VAR: self.token,
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "LANG": env.get("LANG", "C.UTF-8"),
+            "MPLBACKEND": "Agg",
+        })
+        if self.device == "cpu":
+            env["TRITON_INTERPRET"] = "1"
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        r_req, w_req = os.pipe()
+        r_resp, w_resp = os.pipe()
+        self.out_path = os.path.join(self.tmp, "stdout.txt")
+        self.err_path = os.path.join(self.tmp, "stderr.txt")
+        with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", BOOT, REPO, str(r_req), str(w_resp)],
+                cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                pass_fds=(r_req, w_resp), start_new_session=True, preexec_fn=_preexec(self.limits),
+                close_fds=True)
+        os.close(r_req)
+        os.close(w_resp)
+        self.pid = self.proc.pid
+        self.chan = ParentChannel(r_resp, w_req)
+        self.chan.on_wait = self.watch
+        h, _ = self.recv(timeout, expect="hello")
+        mine = os.readlink("/proc/self/ns/net")
+        self.network = "off (separate network namespace)" if h.get("net") and h["net"] != mine else \
+            "on (could not create a network namespace here)"
+        return h
+
+    # -- messaging ----------------------------------------------------------------------------------------
+    def send(self, header, arrays=None, timeout=60.0):
+        try:
+            self.chan.send(header, arrays, timeout)
+        except (ChannelClosed, ChannelTimeout) as exc:
+            raise self._died(str(exc), "timeout" if isinstance(exc, ChannelTimeout) else "crash") from None
+
+    def recv(self, timeout, expect=None, on_trap=None):
+        """Next message that is not a trap report (traps go to ``on_trap`` as they arrive)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                h, arrays = self.chan.recv(max(0.0, deadline - time.monotonic()))
+            except ChannelTimeout:
+                raise self._died(f"timed out after {timeout:.0f} s (time limit per case)", "timeout") from None
+            except ChannelClosed:
+                raise self._died("the process exited", "crash") from None
+            except ProtocolError as exc:
+                raise self._died(f"broke the grading protocol ({exc})", "crash") from None
+            if h.get("t") == "trap":
+                if on_trap:
+                    on_trap(h)
+                continue
+            if expect and h.get("t") not in ((expect,) if isinstance(expect, str) else expect):
+                raise self._died(f"sent {h.get('t')!r} where {expect!r} was expected", "crash")
+            return h, arrays
+
+    def _died(self, why, kind):
+        status = self.kill()
+        detail = ""
+        if status is not None and status < 0:
+            sig = -status
+            name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+            if sig == signal.SIGXFSZ:
+                detail = " -- killed by SIGXFSZ: it wrote more than the file size limit (output or disk flood)"
+            elif sig == signal.SIGXCPU:
+                detail = " -- killed by SIGXCPU: CPU time limit"
+            elif getattr(self, "_rss_killed", False):
+                detail = f" -- killed: resident memory above {self.limits.rss_bytes >> 20} MiB"
+            elif kind != "timeout":
+                detail = f" -- killed by {name}"
+        elif status not in (None, 0):
+            detail = f" -- exit status {status}"
+        tail = self.stderr_tail(600)
+        if "MemoryError" in tail and not detail:
+            detail = " -- out of memory (address-space limit)"
+        return SandboxDied(f"the sandboxed process {why}{detail}", kind)
+
+    # -- watching and killing -----------------------------------------------------------------------------
+    def _members(self):
+        """PIDs of this child's processes: its group, plus anything with our token or cwd (escaped ones)."""
+        pids = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            pid = int(d)
+            if pid == os.getpid():
+                continue
+            try:
+                if os.getpgid(pid) == self.pid:
+                    pids.append(pid)
+                    continue
+            except OSError:
+                continue
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if self.token.encode() in f.read():
+                        pids.append(pid)
+                        continue
+            except OSError:
+                pass
+            try:
+                if self.tmp and os.readlink(f"/proc/{pid}/cwd").startswith(self.tmp):
+                    pids.append(pid)
+            except OSError:
+                pass
+        return pids
+
+    def rss(self) -> int:
+        total = 0
+        for pid in self._members():
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
+    def watch(self):
+        """Called while the parent waits: kill on resident memory above the limit (checked every 0.5 s)."""
+        now = time.monotonic()
+        if now - self._last_watch < 0.5 or self.proc is None:
+            return
+        self._last_watch = now
+        if self.rss() > self.limits.rss_bytes:
+            self._rss_killed = True
+            self.kill_all()
+
+    def kill_all(self):
+        for _ in range(3):
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, TypeError):
+                pass
+            members = self._members()
+            for pid in members:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            if not members:
+                break
+            time.sleep(0.05)
+
+    def kill(self):
+        """Kill everything of this child; return its exit status (negative: signal)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.kill_all()
+        else:
+            self.kill_all()
+        try:
+            status = self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            status = None
+        return status
+
+    def stop(self):
+        """Ask politely, then kill; remove the temp dir."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                self.chan.send({"t": "exit"}, timeout=2)
+                self.proc.wait(timeout=2)
+            except Exception:  # noqa: BLE001 -- we kill below anyway
+                pass
+        self.kill()
+        if self.chan:
+            self.chan.close()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def stderr_tail(self, n=2000) -> str:
+        return _tail(getattr(self, "err_path", None), n)
+
+    def stdout_head(self, n=2000) -> str:
+        return _tail(getattr(self, "out_path", None), n, head=True)
+
+
+def _tail(path, n, head=False) -> str:
+    if not path or not os.path.exists(path):
+        return ""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            if not head and size > n:
+                f.seek(size - n)
+            data = f.read(n)
+    except OSError:
+        return ""
+    text = data.decode("utf-8", "replace")
+    if size > n:
+        text = ("... " if not head else "") + text + (" ..." if head else "") + f" [{size} bytes in all, truncated]"
+    return text
