@@ -1,0 +1,408 @@
+# %% [markdown]
+# # Assignment 5 -- PagedAttention: a block allocator and attention through block tables
+#
+# A contiguous KV cache (assignment 4) reserves room for each request's *maximum* length. Output lengths are
+# unknown, so most of that room is never used (internal fragmentation), and requests of different maximum
+# lengths leave holes between them (external fragmentation): the vLLM authors measured only 20-40% of KV
+# cache memory holding actual token states.
+#
+# **PagedAttention** borrows virtual memory from operating systems. The cache is one pool of fixed-size
+# **blocks** (pages) of `block_size` tokens. A sequence owns a list of blocks -- its **block table** -- that
+# need not be contiguous; a new block is taken from the free list only when the last one is full, so at most
+# `block_size - 1` slots per sequence are wasted, and there is no external fragmentation. The attention kernel
+# (1) fetches the non-contiguous blocks through the block table and (2) attends on the fly -- correct because
+# attention does not care in which order or where the keys are stored.
+#
+# Blocks can be **shared**: when a sequence forks (parallel sampling, beam search), the child copies the
+# parent's block table and each shared block's **reference count** goes up; a block is written only by an owner
+# that holds it alone (copy-on-write), and returns to the free list when its last owner frees it.
+#
+# You will write `BlockAllocator`, `paged_attention` (NumPy) and `paged_decode` (Triton).
+#
+# **Layout** (same as the course's reference): `q (B, Hq, d)` one new token per sequence;
+# `k_cache, v_cache (num_blocks, block_size, Hkv, d)`; `block_tables (B, max_blocks)` int32, padded with `-1`;
+# `seq_lens (B,)` integers. Token `t` of sequence `b` lives in block `block_tables[b, t // block_size]` at slot
+# `t % block_size`. A sequence of length 0 gets `o = 0`. GQA: query head `h` reads kv head
+# `h // (Hq // Hkv)`. Forbidden: `scipy`, softmax/attention library calls, `vllm`, `flash_attn`, the `reference`
+# package; the NumPy parts must not use deep-learning frameworks.
+
+# %%
+import math
+import numbers
+import os
+
+import numpy as np
+
+
+def as_float(x, name):
+    """Given: ``x`` as a float16/32/64 ndarray, or a TypeError that names the argument."""
+    x = np.asarray(x)
+    if x.dtype not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"{name} must be a float16/float32/float64 array, got dtype {x.dtype}")
+    return x
+
+
+def positive_int(value, name):
+    """Given: a positive integer, or a TypeError/ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive integer, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value}")
+    return int(value)
+
+
+class OutOfBlocksError(RuntimeError):
+    """Given: raised by ``BlockAllocator.allocate`` when no block is free."""
+
+
+# %% [markdown]
+# ## Part 1 -- the block allocator
+#
+# `BlockAllocator(num_blocks)` manages the physical block indices `0 .. num_blocks - 1`:
+#
+# | member | behaviour |
+# |---|---|
+# | `allocate()` | take a free block, set its reference count to 1, return its index; raise `OutOfBlocksError` (a `RuntimeError`) when none is free |
+# | `incref(block)` | one more owner of an allocated block (a fork shares it); `ValueError` if the block is free |
+# | `free(block)` | one owner fewer; at count 0 the block returns to the free list; `ValueError` on a double free |
+# | `refcount(block)` | number of owners (0 when free) |
+# | `num_free` | property: number of free blocks |
+#
+# Any index that is not an integer in `[0, num_blocks)` raises (`TypeError` / `ValueError`); use the given
+# `_check`. Every operation should be O(1): keep a free *list* (a stack) and a count per block.
+
+# %%
+class BlockAllocator:
+    """Physical KV-cache blocks with reference counts (a block is free iff its count is 0)."""
+
+    def __init__(self, num_blocks):
+        self.num_blocks = positive_int(num_blocks, "num_blocks")
+        ### BEGIN SOLUTION
+        self._free = list(range(self.num_blocks - 1, -1, -1))  # a stack: hands out 0, 1, 2, ... first
+        self._refs = [0] * self.num_blocks
+        ### END SOLUTION
+
+    def _check(self, block):
+        """Given: ``block`` as a valid index, or TypeError/ValueError."""
+        if isinstance(block, bool) or not isinstance(block, numbers.Integral):
+            raise TypeError(f"block must be an integer block index, got {block!r}")
+        if not 0 <= block < self.num_blocks:
+            raise ValueError(f"block must be in [0, {self.num_blocks}), got {block}")
+        return int(block)
+
+    @property
+    def num_free(self):
+        """Number of free blocks."""
+        ### BEGIN SOLUTION
+        return len(self._free)
+        ### END SOLUTION
+
+    def allocate(self):
+        """Take one free block (reference count 1) and return its index."""
+        ### BEGIN SOLUTION
+        if not self._free:
+            raise OutOfBlocksError(f"out of KV cache blocks: all {self.num_blocks} are in use")
+        block = self._free.pop()
+        self._refs[block] = 1
+        return block
+        ### END SOLUTION
+
+    def incref(self, block):
+        """Add an owner to an allocated block (copy-on-write sharing after a fork)."""
+        block = self._check(block)
+        ### BEGIN SOLUTION
+        if self._refs[block] == 0:
+            raise ValueError(f"block {block} is free; incref needs an allocated block")
+        self._refs[block] += 1
+        ### END SOLUTION
+
+    def free(self, block):
+        """Drop one owner; the block returns to the free list when the last owner is gone."""
+        block = self._check(block)
+        ### BEGIN SOLUTION
+        if self._refs[block] == 0:
+            raise ValueError(f"double free: block {block} is already free")
+        self._refs[block] -= 1
+        if self._refs[block] == 0:
+            self._free.append(block)
+        ### END SOLUTION
+
+    def refcount(self, block):
+        """Number of owners of ``block`` (0 when free)."""
+        block = self._check(block)
+        ### BEGIN SOLUTION
+        return self._refs[block]
+        ### END SOLUTION
+
+
+# %% tags=["check"]
+from autograder.check import check
+
+check("a5.BlockAllocator", BlockAllocator)
+
+# %% [markdown]
+# ### Fork and copy-on-write (ungraded)
+#
+# The cell below builds two block tables by hand: a parent with 10 tokens in blocks of 4, and a child forked
+# from it. The child shares all three blocks; before appending its 11th token it must *copy* the shared last
+# block (refcount 2) into a fresh block of its own. Read it, run it, and check the counts.
+
+# %% tags=["skip"]
+try:
+    alloc = BlockAllocator(8)
+    parent = [alloc.allocate() for _ in range(3)]  # 10 tokens -> 3 blocks of 4 (last one half full)
+    child = list(parent)  # fork: share every block
+    for blk in child:
+        alloc.incref(blk)
+    print("after fork:   refcounts", [alloc.refcount(b) for b in parent], " free", alloc.num_free)
+    if alloc.refcount(child[-1]) > 1:  # the child writes into its last block: copy on write
+        alloc.free(child[-1])
+        child[-1] = alloc.allocate()  # (and copy the block's K/V contents into it)
+    print("after CoW:    parent", parent, "child", child, " free", alloc.num_free)
+    for blk in parent + child:
+        alloc.free(blk)
+    print("all freed:    free", alloc.num_free)
+except NotImplementedError as e:
+    print("not implemented yet:", e)
+
+# %% [markdown]
+# ## Part 2 -- paged attention in NumPy
+#
+# For each sequence `b`: take its first `ceil(seq_lens[b] / block_size)` block indices from the block table,
+# gather those blocks from the caches (`k_cache[table]` is one fancy-indexing read), flatten them to
+# `(tokens, Hkv, d)`, keep the first `seq_lens[b]` tokens and attend the query to them (softmax with the max
+# trick; GQA by reshaping `q[b]` to `(Hkv, group, d)`). Return `o (B, Hq, d)` in `q`'s dtype, computed in at
+# least float32. `check_paged_inputs` validates everything, including that every block a sequence needs is a
+# valid index.
+
+# %%
+def check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens):
+    """Given: validate the paged layout; return ``(q, k_cache, v_cache, tables, lens, group)`` as NumPy."""
+    q, k_cache, v_cache = as_float(q, "q"), as_float(k_cache, "k_cache"), as_float(v_cache, "v_cache")
+    if q.ndim != 3 or k_cache.ndim != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(f"expected q (B, Hq, d), k_cache, v_cache (num_blocks, block_size, Hkv, d), got "
+                         f"{q.shape}, {k_cache.shape}, {v_cache.shape}")
+    (B, Hq, d), (num_blocks, bs, Hkv, dk) = q.shape, k_cache.shape
+    if dk != d or Hkv == 0 or Hq % Hkv or bs == 0:
+        raise ValueError(f"q {q.shape} and k_cache {k_cache.shape} must share d, with Hq % Hkv == 0")
+    tables, lens = np.asarray(block_tables), np.asarray(seq_lens)
+    if tables.dtype.kind not in "iu" or tables.ndim != 2 or tables.shape[0] != B:
+        raise ValueError(f"block_tables must be integers of shape ({B}, max_blocks), got {tables.shape}")
+    if lens.dtype.kind not in "iu" or lens.shape != (B,) or (lens < 0).any():
+        raise ValueError(f"seq_lens must be {B} non-negative integers, got {seq_lens!r}")
+    for b in range(B):
+        need = (int(lens[b]) + bs - 1) // bs  # blocks holding seq_lens[b] tokens
+        used = tables[b, :need]
+        if used.size < need or (used < 0).any() or (used >= num_blocks).any():
+            raise ValueError(f"block_tables[{b}] must start with {need} valid block indices, got {used}")
+    return q, k_cache, v_cache, tables, lens, Hq // Hkv
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
+    """Decode attention reading K/V through block tables: gather each sequence's blocks, then attend."""
+    q, k_cache, v_cache, tables, lens, group = check_paged_inputs(q, k_cache, v_cache, block_tables, seq_lens)
+    B, Hq, d = q.shape
+    bs, Hkv = k_cache.shape[1], k_cache.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    acc = np.result_type(np.float32, q.dtype, k_cache.dtype, v_cache.dtype)
+    o = np.zeros((B, Hkv, group, d), dtype=acc)
+    ### BEGIN SOLUTION
+    for b in range(B):
+        n = int(lens[b])
+        if n == 0:
+            continue  # nothing to attend: o = 0
+        table = tables[b, :(n + bs - 1) // bs]
+        k = k_cache[table].reshape(-1, Hkv, d)[:n].astype(acc)  # (n, Hkv, d), step 1: fetch blocks
+        v = v_cache[table].reshape(-1, Hkv, d)[:n].astype(acc)
+        qg = q[b].astype(acc).reshape(Hkv, group, d)
+        s = scale * np.einsum("hgd,nhd->hgn", qg, k)  # step 2: attend
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        o[b] = np.einsum("hgn,nhd->hgd", p, v) / p.sum(axis=-1, keepdims=True)
+    ### END SOLUTION
+    return o.reshape(B, Hq, d).astype(q.dtype)
+
+
+# %% tags=["check"]
+from autograder.check import check
+
+check("a5.paged_attention", paged_attention)
+
+# %% [markdown]
+# ## Part 3 -- paged decode in Triton
+#
+# Take your split-KV decode kernel from assignment 4 and change only *where keys come from*: for a tile of
+# token positions `t`, load the physical block `block_tables[b, t // block_size]` (masked for `t >= seq_len`)
+# and address `k_cache[block, t % block_size, hk, :]`. Everything else -- the GQA tile, the online softmax,
+# the splits and the merge kernel -- is unchanged. The grid is `(B * Hkv, num_splits)`, then the merge kernel
+# over `(B * Hq,)`. Any `block_size` works this way (a tile may span several blocks); on a GPU, a
+# `BLOCK_N` that is a multiple of `block_size` keeps each block's rows contiguous in memory.
+
+# %%
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before any @triton.jit runs
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+LOG2E = tl.constexpr(1.4426950408889634)
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def fix_interpreter_range():
+    """Given: let the Triton 3.6 interpreter take a runtime value as a ``range()`` bound under NumPy >= 2.4."""
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    from triton.runtime import interpreter
+    if getattr(interpreter, "_range_fix", False):
+        return
+    original = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    interpreter._range_fix = True
+
+
+fix_interpreter_range()
+
+
+@triton.jit
+def dot(a, b):
+    """Given: ``tl.dot`` (fp32 accumulation); widened to fp32 under the interpreter, whose bf16 dot is wrong."""
+    if INTERPRET:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+    return tl.dot(a, b)
+
+
+def check_paged_tensors(q, k_cache, v_cache, block_tables, seq_lens):
+    """Given: validate the torch inputs of ``paged_decode``; return ``(B, Hq, Hkv, block_size, d)``."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"{name} must be a float16/bfloat16/float32 torch.Tensor")
+    for name, x in (("block_tables", block_tables), ("seq_lens", seq_lens)):
+        if not isinstance(x, torch.Tensor) or x.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"{name} must be an int32/int64 torch.Tensor")
+    if q.dtype != k_cache.dtype or k_cache.dtype != v_cache.dtype:
+        raise TypeError(f"q, k_cache, v_cache must share one dtype, got {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
+    if q.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError("expected q (B, Hq, d), k_cache, v_cache (num_blocks, block_size, Hkv, d)")
+    (B, Hq, d), (_, bs, Hkv, dk) = q.shape, k_cache.shape
+    if dk != d or Hkv == 0 or Hq % Hkv or d not in (16, 32, 64, 128):
+        raise ValueError(f"q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)} must share d in "
+                         "(16, 32, 64, 128), with Hq % Hkv == 0")
+    if block_tables.dim() != 2 or block_tables.shape[0] != B or tuple(seq_lens.shape) != (B,):
+        raise ValueError(f"block_tables must be ({B}, max_blocks) and seq_lens ({B},)")
+    if B and (int(seq_lens.min()) < 0 or int(seq_lens.max()) > block_tables.shape[1] * bs):
+        raise ValueError(f"seq_lens must lie in [0, max_blocks * block_size = {block_tables.shape[1] * bs}]")
+    return B, Hq, Hkv, bs, d
+
+
+# %%
+@triton.jit
+def _paged_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_part_ptr, lse_part_ptr,
+                        sqb, sqh, skblk, sks, skh, svblk, svs, svh, stb,
+                        Hkv, group, block_size, num_splits, chunk, qk_scale,
+                        D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Stage 1 of paged decode: one (sequence, kv head, split), keys fetched through the block table."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    b, hk = pid // Hkv, pid % Hkv
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    heads = hk * group + offs_g
+    row_ok = offs_g < group
+    seq_len = tl.load(lens_ptr + b).to(tl.int32)
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+    ### BEGIN SOLUTION
+    q = tl.load(q_ptr + b.to(tl.int64) * sqb + heads[:, None] * sqh + offs_d[None, :], mask=row_ok[:, None],
+                other=0.0)
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    for start_n in range(start, end, BLOCK_N):
+        t = start_n + offs_n  # token positions of this tile
+        ok = t < end
+        blk = tl.load(tables_ptr + b.to(tl.int64) * stb + t // block_size, mask=ok, other=0).to(tl.int64)
+        slot = t % block_size
+        k = tl.load(k_ptr + blk[:, None] * skblk + slot[:, None] * sks + hk * skh + offs_d[None, :],
+                    mask=ok[:, None], other=0.0)
+        v = tl.load(v_ptr + blk[:, None] * svblk + slot[:, None] * svs + hk * svh + offs_d[None, :],
+                    mask=ok[:, None], other=0.0)
+        s = tl.where(ok[None, :], dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - shift[:, None])
+        alpha = tl.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + dot(p.to(v.dtype), v)
+        m_i = m_new
+    seen = l_i > 0.0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]
+    lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    row = (b.to(tl.int64) * Hkv * group + heads) * num_splits + split
+    tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+    tl.store(lse_part_ptr + row, lse2, mask=row_ok)
+    ### END SOLUTION
+
+
+@triton.jit
+def _merge_kernel(o_part_ptr, lse_part_ptr, o_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Stage 2: merge the num_splits partial (o, lse) of one query head (lse in base 2)."""
+    bh = tl.program_id(0).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, D)
+    ### BEGIN SOLUTION
+    lse = tl.load(lse_part_ptr + bh * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    o_s = tl.load(o_part_ptr + (bh * num_splits + offs_s[:, None]) * D + offs_d[None, :],
+                  mask=offs_s[:, None] < num_splits, other=0.0)
+    m = tl.max(lse, axis=0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    total = tl.sum(w, axis=0)
+    o = tl.sum(w[:, None] * o_s, axis=0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(o_ptr + bh * D + offs_d, o.to(o_ptr.dtype.element_ty))
+    ### END SOLUTION
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
+    """PagedAttention decode in Triton: split-KV over each sequence's blocks, then a merge kernel."""
+    B, Hq, Hkv, bs, d = check_paged_tensors(q, k_cache, v_cache, block_tables, seq_lens)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    o = torch.empty((B, Hq, d), device=q.device, dtype=q.dtype)
+    ### BEGIN SOLUTION
+    BLOCK_N = 64
+    max_len = block_tables.shape[1] * bs
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    num_splits = max(1, min(triton.cdiv(2 * sms, B * Hkv), triton.cdiv(max_len, BLOCK_N), 128))
+    chunk = triton.cdiv(triton.cdiv(max_len, num_splits), BLOCK_N) * BLOCK_N
+    group = Hq // Hkv
+    q, tables, lens = q.contiguous(), block_tables.contiguous(), seq_lens.contiguous()
+    o_part = torch.empty((B, Hq, num_splits, d), device=q.device, dtype=torch.float32)
+    lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
+    _paged_split_kernel[(B * Hkv, num_splits)](
+        q, k_cache, v_cache, tables, lens, o_part, lse_part, q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+        v_cache.stride(2), tables.stride(0), Hkv, group, bs, num_splits, chunk, scale * LOG2E.value,
+        D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N)
+    _merge_kernel[(B * Hq,)](o_part, lse_part, o, num_splits, D=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    ### END SOLUTION
+    return o
+
+
+# %% tags=["check"]
+from autograder.check import check
+
+check("a5.paged_decode", paged_decode)
+
+# %% [markdown]
+# ## Going further (ungraded)
+#
+# * Simulate a serving workload (random prompt and output lengths) and compare the memory a contiguous cache
+#   reserves with the blocks a paged cache uses, for `block_size` in {1, 4, 16, 64}. Where does the waste go?
+# * On a GPU, time `paged_decode` against your `flash_decode` at the same lengths (`block_size = 16`). The
+#   indirection costs one extra small load per key tile.
