@@ -268,3 +268,16 @@ def test_decoder_layer_bad_input_and_full_cache(rng):
     layer.prefill(rng.standard_normal((3, 16)))
     with pytest.raises(KVCacheFullError, match="cannot append 1 token"):
         layer.decode_step(rng.standard_normal(16))
+
+
+@pytest.mark.kv_cache
+@pytest.mark.parametrize("use_fallback", [False, True])
+def test_decoder_causal_attention_matches_oracle(rng, monkeypatch, use_fallback):
+    import sys
+
+    from reference.numpy import decoder_layer
+    if use_fallback:                     # the layer's local masked attention, used if the stage-1 module is absent
+        monkeypatch.setitem(sys.modules, "reference.numpy.attention", None)
+    q, k, v = rng.standard_normal((6, 9, 8)), rng.standard_normal((3, 9, 8)), rng.standard_normal((3, 9, 8))
+    out = decoder_layer._causal_attention(q, k, v)
+    assert rel_err(out, attention_ref(q, k, v, causal=True)[0]) < 1e-13
