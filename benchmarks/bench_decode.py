@@ -71,6 +71,11 @@ def copy_bandwidth() -> float:
     return nbytes / (ms * 1e-3)
 
 
+def sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def empty_cache():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
@@ -110,120 +115,294 @@ def sdpa_fn(q, k, v, backend):
         return (lambda: call(ke, ve, False)), "expanded"
 
 
+def inputs(B, N):
+    """Fresh random bf16 decode inputs q (B, Hq, d), k, v (B, Hkv, N, d)."""
+    return (torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE), torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE),
+            torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE))
+
+
+def to_paged(k, v, bs):
+    """The same keys in a paged cache (num_blocks, bs, Hkv, d) with a random permutation of physical blocks."""
+    B, _, N, _ = k.shape
+    nb = N // bs
+    perm = torch.randperm(B * nb, device=k.device)  # logical block j of sequence b -> physical perm[b*nb + j]
+    kc = torch.empty(B * nb, bs, HKV, D, device=k.device, dtype=k.dtype)
+    vc = torch.empty_like(kc)
+    kc[perm] = k.view(B, HKV, nb, bs, D).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, HKV, D)
+    vc[perm] = v.view(B, HKV, nb, bs, D).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, HKV, D)
+    return kc, vc, perm.view(B, nb).to(torch.int32), torch.full((B,), N, dtype=torch.int32, device=k.device)
+
+
+def n_sets(kv_bytes) -> int:
+    """Input sets to rotate through in a graph so that one pass over them is >= 3x the L2 cache."""
+    if SMOKE:
+        return 1
+    l2 = getattr(torch.cuda.get_device_properties(DEVICE), "L2_cache_size", 64 << 20)
+    return int(min(32, max(1, math.ceil(3 * l2 / kv_bytes))))
+
+
+def graph_ms(fns, reps=20) -> float:
+    """GPU time per call (ms): capture all closures (one per input set) in one CUDA graph, median of replays.
+
+    No host launch overhead is included (as in a serving engine that replays its decode step as a graph) and
+    rotating over input sets larger than L2 keeps the K/V reads coming from HBM.
+    """
+    if SMOKE:
+        return bench(fns[0])
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / len(fns))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def sdpa_maker(q, k, v, backend):
+    """Return (maker, gqa_mode): maker(q, k, v) -> closure running SDPA with a length-1 query."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    def call(q, kk, vv, gqa):
+        if backend is None:
+            return F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, enable_gqa=gqa).squeeze(2)
+        with sdpa_kernel([getattr(SDPBackend, backend)]):
+            return F.scaled_dot_product_attention(q.unsqueeze(2), kk, vv, enable_gqa=gqa).squeeze(2)
+    try:
+        call(q, k, v, True)
+        return (lambda q, k, v: (lambda: call(q, k, v, True))), "enable_gqa"
+    except RuntimeError:
+        g = q.shape[1] // k.shape[1]
+
+        def maker(q, k, v):
+            ke, ve = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+            return lambda: call(q, ke, ve, False)
+        maker(q, k, v)()
+        return maker, "expanded"
+
+
+def timed(row, fns, kv_bytes, copy_bw, eager=True):
+    """Fill row with eager do_bench and graph times (ms) and the bandwidths they imply."""
+    if eager:
+        row["ms"] = bench(fns[0])
+        row["kv_gbps"] = kv_bytes / (row["ms"] * 1e-3) / 1e9
+    row["ms_graph"] = graph_ms(fns)
+    row["kv_gbps_graph"] = kv_bytes / (row["ms_graph"] * 1e-3) / 1e9
+    row["frac_copy_bw_graph"] = row["kv_gbps_graph"] * 1e9 / copy_bw
+    if eager:
+        row["frac_copy_bw"] = row["kv_gbps"] * 1e9 / copy_bw
+    return row
+
+
 def run_config(B, N, copy_bw, rows, log):
     scale = 1.0 / math.sqrt(D)
-    q = torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE)
-    k = torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE)
-    v = torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE)
-    kv_bytes = 2 * k.numel() * k.element_size()
+    kv_bytes = 2 * B * HKV * N * D * 2
+    sets = [inputs(B, N) for _ in range(n_sets(kv_bytes))]
+    q, k, v = sets[0]
     splits = choose_num_splits(B, HKV, N)
-    impls = {
-        "split_kv": lambda: flash_decode(q, k, v, validate=False),
-        "one_split": lambda: flash_decode(q, k, v, num_splits=1, validate=False),
-        "naive_torch": lambda: naive_decode(q, k, v, scale),
+    makers = {
+        "split_kv": lambda q, k, v: (lambda: flash_decode(q, k, v, validate=False)),
+        "one_split": lambda q, k, v: (lambda: flash_decode(q, k, v, num_splits=1, validate=False)),
+        "naive_torch": lambda q, k, v: (lambda: naive_decode(q, k, v, scale)),
     }
     gqa_modes = {}
     for name, backend in (("sdpa_default", None), ("sdpa_flash", "FLASH_ATTENTION")):
         try:
-            impls[name], gqa_modes[name] = sdpa_fn(q, k, v, backend)
+            makers[name], gqa_modes[name] = sdpa_maker(q, k, v, backend)
         except (RuntimeError, torch.OutOfMemoryError) as exc:
             log(f"  {name} unavailable at B={B} N={N}: {str(exc).splitlines()[0][:100]}")
-    ref = impls["sdpa_default"]() if "sdpa_default" in impls else naive_decode(q, k, v, scale)
-    for name, fn in impls.items():
-        row = dict(batch=B, context=N, impl=name, kv_bytes=kv_bytes,
+    ref = makers["sdpa_default"](q, k, v)() if "sdpa_default" in makers else naive_decode(q, k, v, scale)
+    for name, maker in makers.items():
+        row = dict(batch=B, context=N, impl=name, kv_bytes=kv_bytes, input_sets=len(sets),
                    num_splits=splits if name == "split_kv" else (1 if name == "one_split" else None),
                    gqa=gqa_modes.get(name))
         try:
-            out = fn()
-            row["rel_err_vs_sdpa"] = rel(out, ref)
+            fns = [maker(*s) for s in sets]
+            row["rel_err_vs_sdpa"] = rel(fns[0](), ref)
             if not (row["rel_err_vs_sdpa"] < 2e-2):
                 raise AssertionError(f"{name} B={B} N={N}: rel err {row['rel_err_vs_sdpa']:.3g} vs SDPA")
-            del out
-            ms = bench(fn)
-            row.update(ms=ms, kv_gbps=kv_bytes / (ms * 1e-3) / 1e9, frac_copy_bw=kv_bytes / (ms * 1e-3) / copy_bw)
+            timed(row, fns, kv_bytes, copy_bw)
+            del fns
         except torch.OutOfMemoryError:
             row["skipped"] = "out of memory"
             empty_cache()
         rows.append(row)
         if "ms" in row:
-            log(f"  B={B:3d} N={N:6d} {name:13s} {row['ms'] * 1e3:9.1f} us  {row['kv_gbps']:7.0f} GB/s "
-                f"({row['frac_copy_bw']:.2f} of copy)  err {row['rel_err_vs_sdpa']:.1e}")
-    del q, k, v, impls
+            log(f"  B={B:3d} N={N:6d} {name:13s} eager {row['ms'] * 1e3:8.1f} us | graph {row['ms_graph'] * 1e3:8.1f} us"
+                f" {row['kv_gbps_graph']:6.0f} GB/s ({row['frac_copy_bw_graph']:.2f} of copy)  "
+                f"err {row['rel_err_vs_sdpa']:.1e}")
+    del q, k, v, sets, makers, ref
     empty_cache()
 
 
 def split_sweep(B, N, counts, rows, log):
-    q = torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE)
-    k = torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE)
-    v = torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE)
-    kv_bytes = 2 * k.numel() * k.element_size()
-    ref = flash_decode(q, k, v, num_splits=1)
+    kv_bytes = 2 * B * HKV * N * D * 2
+    sets = [inputs(B, N) for _ in range(n_sets(kv_bytes))]
+    ref = flash_decode(*sets[0], num_splits=1)
     for s in counts:
-        out = flash_decode(q, k, v, num_splits=s, validate=False)
-        err = rel(out, ref)
+        err = rel(flash_decode(*sets[0], num_splits=s, validate=False), ref)
         assert err < 1e-2, f"num_splits={s}: {err}"
-        ms = bench(lambda: flash_decode(q, k, v, num_splits=s, validate=False), rep=50)
-        rows.append(dict(batch=B, context=N, num_splits=s, ms=ms, kv_gbps=kv_bytes / (ms * 1e-3) / 1e9))
-    best = min((r for r in rows if r["batch"] == B and r["context"] == N), key=lambda r: r["ms"])
+        ms = graph_ms([(lambda q, k, v: (lambda: flash_decode(q, k, v, num_splits=s, validate=False)))(*x)
+                       for x in sets])
+        rows.append(dict(batch=B, context=N, num_splits=s, ms_graph=ms, kv_gbps_graph=kv_bytes / (ms * 1e-3) / 1e9))
+    best = min((r for r in rows if r["batch"] == B and r["context"] == N), key=lambda r: r["ms_graph"])
     log(f"  sweep B={B} N={N}: heuristic {choose_num_splits(B, HKV, N)} splits, best {best['num_splits']} "
-        f"({best['ms'] * 1e3:.1f} us)")
-    del q, k, v
+        f"({best['ms_graph'] * 1e3:.1f} us graph)  " +
+        " ".join(f"{r['num_splits']}:{r['ms_graph'] * 1e3:.0f}" for r in rows if (r['batch'], r['context']) == (B, N)))
+    del sets
     empty_cache()
 
 
-def paged_config(B, N, block_sizes, rows, log):
-    q = torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE)
-    k = torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE)
-    v = torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE)
-    kv_bytes = 2 * k.numel() * k.element_size()
-    contig = flash_decode(q, k, v, validate=False)
-    t_contig = bench(lambda: flash_decode(q, k, v, validate=False))
-    rows.append(dict(batch=B, context=N, impl="contiguous", ms=t_contig, kv_gbps=kv_bytes / (t_contig * 1e-3) / 1e9))
+def paged_config(B, N, block_sizes, rows, copy_bw, log, eager=True):
+    kv_bytes = 2 * B * HKV * N * D * 2
+    sets = [inputs(B, N) for _ in range(n_sets(kv_bytes))]
+    contig = flash_decode(*sets[0], validate=False)
+    row_c = timed(dict(batch=B, context=N, impl="contiguous"),
+                  [(lambda q, k, v: (lambda: flash_decode(q, k, v, validate=False)))(*x) for x in sets],
+                  kv_bytes, copy_bw, eager)
+    rows.append(row_c)
     for bs in block_sizes:
-        nb = N // bs
-        perm = torch.randperm(B * nb, device=DEVICE)  # scattered: logical block j of b -> random physical block
-        tables = perm.view(B, nb).to(torch.int32)
-        kc = torch.empty(B * nb, bs, HKV, D, device=DEVICE, dtype=DTYPE)
-        vc = torch.empty_like(kc)
-        kc[perm] = k.view(B, HKV, nb, bs, D).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, HKV, D)
-        vc[perm] = v.view(B, HKV, nb, bs, D).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, HKV, D)
-        sl = torch.full((B,), N, dtype=torch.int32, device=DEVICE)
-        out = paged_decode(q, kc, vc, tables, sl)  # validated once
+        psets = [(x[0],) + to_paged(x[1], x[2], bs) for x in sets]
+        out = paged_decode(*psets[0])  # validated once
         err = rel(out, contig)
         assert err < 1e-3, f"paged bs={bs} B={B} N={N}: {err} vs contiguous"
-        ms = bench(lambda: paged_decode(q, kc, vc, tables, sl, validate=False))
-        ms_val = bench(lambda: paged_decode(q, kc, vc, tables, sl), rep=30)
-        rows.append(dict(batch=B, context=N, impl=f"paged_bs{bs}", block_size=bs, ms=ms, ms_validated=ms_val,
-                         kv_gbps=kv_bytes / (ms * 1e-3) / 1e9, vs_contiguous=t_contig / ms, rel_err=err))
-        log(f"  paged B={B:3d} N={N:6d} bs={bs:3d} {ms * 1e3:8.1f} us vs contiguous {t_contig * 1e3:8.1f} us "
-            f"({t_contig / ms:.2f}x); with validation {ms_val * 1e3:.1f} us")
-        del kc, vc, out
-    del q, k, v
+        fns = [(lambda q, kc, vc, t, sl: (lambda: paged_decode(q, kc, vc, t, sl, validate=False)))(*x)
+               for x in psets]
+        row = timed(dict(batch=B, context=N, impl=f"paged_bs{bs}", block_size=bs, rel_err=err), fns, kv_bytes,
+                    copy_bw, eager)
+        row["vs_contiguous_graph"] = row_c["ms_graph"] / row["ms_graph"]
+        msg = f"graph {row['ms_graph'] * 1e3:8.1f} us vs contiguous {row_c['ms_graph'] * 1e3:8.1f} us " \
+              f"({row['vs_contiguous_graph']:.2f}x)"
+        if eager:
+            row["vs_contiguous"] = row_c["ms"] / row["ms"]
+            row["ms_validated"] = bench(lambda: paged_decode(*psets[0]), rep=30)
+            msg += f"; eager {row['ms'] * 1e3:.1f} us ({row['vs_contiguous']:.2f}x), " \
+                   f"eager with validation {row['ms_validated'] * 1e3:.1f} us"
+        rows.append(row)
+        log(f"  paged B={B:3d} N={N:6d} bs={bs:3d} " + msg)
+        del psets, fns, out
+    del sets, contig
     empty_cache()
 
 
-def bars(rows, paged, copy_bw):
+def host_overhead(log):
+    """Host (CPU) microseconds per call, from back-to-back calls on a tiny problem (the GPU is never the limit)."""
+    q, k, v = inputs(1, 256)
+    kc, vc, t, sl = to_paged(k, v, 16)
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    cases = {"flash_decode (2 launches)": lambda: flash_decode(q, k, v, num_splits=2, validate=False),
+             "flash_decode (1 split, 1 launch)": lambda: flash_decode(q, k, v, num_splits=1, validate=False),
+             "flash_decode validate=True": lambda: flash_decode(q, k, v, seq_lens=sl, num_splits=2),
+             "paged_decode validate=False": lambda: paged_decode(q, kc, vc, t, sl, num_splits=2, validate=False),
+             "paged_decode validate=True": lambda: paged_decode(q, kc, vc, t, sl, num_splits=2),
+             "sdpa default": lambda: sdpa(q.unsqueeze(2), k, v, enable_gqa=True),
+             "torch.empty x3": lambda: [torch.empty(1, 32, 2, 128, device=DEVICE) for _ in range(3)]}
+    out = {}
+    n = 2 if SMOKE else 300
+    for name, f in cases.items():
+        for _ in range(1 if SMOKE else 20):
+            f()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            f()
+        sync()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+        log(f"  host overhead {name:34s} {out[name]:6.1f} us/call")
+    return out
+
+
+TUNE_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2),
+                (32, 4, 3), (32, 4, 4)]
+
+
+def tune(copy_bw, log):
+    """Stage-1 launch configurations (BLOCK_N, num_warps, num_stages), graph-timed on the cases that matter."""
+    from reference.triton import decode
+    default = dict(decode.CONFIG)
+    results = []
+    cases = [("contig", 1, 131072), ("contig", 1, 32768), ("contig", 32, 8192), ("paged16", 1, 131072),
+             ("paged128", 1, 131072), ("paged16", 8, 32768), ("bnhd", 1, 131072)]
+    configs = TUNE_CONFIGS
+    if SMOKE:
+        cases, configs = [("contig", 1, 256), ("paged16", 1, 256), ("paged128", 1, 256), ("bnhd", 1, 256)], \
+            TUNE_CONFIGS[:1] + TUNE_CONFIGS[4:5]
+    data = {}
+    for kind, B, N in cases:
+        q, k, v = inputs(B, N)
+        if kind.startswith("paged"):
+            data[(kind, B, N)] = (q,) + to_paged(k, v, int(kind[5:]))
+        elif kind == "bnhd":  # contiguous kernel on a (B, N, Hkv, d) buffer: the paged layout's row stride
+            data[(kind, B, N)] = (q, k.transpose(1, 2).contiguous().transpose(1, 2),
+                                  v.transpose(1, 2).contiguous().transpose(1, 2))
+        else:
+            data[(kind, B, N)] = (q, k, v)
+    for bn, w, st in configs:
+        decode.CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
+        res = dict(block_n=bn, num_warps=w, num_stages=st, us={})
+        for key, x in data.items():
+            if key[0].startswith("paged"):
+                f = (lambda x=x: paged_decode(*x, validate=False))
+            else:
+                f = (lambda x=x: flash_decode(*x, validate=False))
+            f()
+            res["us"]["%s B=%d N=%d" % key] = graph_ms([f], reps=10) * 1e3
+        results.append(res)
+        log(f"  tune BLOCK_N={bn:3d} warps={w} stages={st}: " +
+            " ".join(f"{k.split(' N=')[0]}/{int(k.split('N=')[1]) // 1024}k {t:6.1f}" for k, t in res["us"].items()))
+    base = results[0]["us"]
+    for r in results:
+        r["geomean_speedup_vs_default"] = math.exp(sum(math.log(base[k] / t) for k, t in r["us"].items())
+                                                   / len(base))
+    best = max(results, key=lambda r: r["geomean_speedup_vs_default"])
+    decode.CONFIG.update(default)
+    log(f"  tune: best BLOCK_N={best['block_n']} warps={best['num_warps']} stages={best['num_stages']} "
+        f"(geomean {best['geomean_speedup_vs_default']:.3f}x the default {default})")
+    del data
+    empty_cache()
+    return results, best
+
+
+def bars(rows, paged):
+    """SPEC 7 decode bars, each on graph-replayed GPU time (judged) and on eager do_bench time (shown)."""
     def get(B, N, impl):
         for r in rows:
-            if r["batch"] == B and r["context"] == N and r["impl"] == impl and "ms" in r:
+            if r["batch"] == B and r["context"] == N and r["impl"] == impl and "ms_graph" in r:
                 return r
         return None
     table = []
     for N in sorted({r["context"] for r in rows if r["batch"] == 1 and r["context"] >= 32768}):
         s, d, o = get(1, N, "split_kv"), get(1, N, "sdpa_default"), get(1, N, "one_split")
         if s:
-            table.append(("split-KV KV-bytes/time / copy BW", 1, N, s["frac_copy_bw"],
+            table.append(("split-KV KV-bytes/time / copy BW", 1, N, s["frac_copy_bw_graph"], s["frac_copy_bw"],
                           BARS["copy_bw_fraction_b1_ge32k"]))
         if s and d:
-            table.append(("split-KV speed / SDPA default", 1, N, d["ms"] / s["ms"], BARS["vs_sdpa_default_b1_ge32k"]))
+            table.append(("split-KV speed / SDPA default", 1, N, d["ms_graph"] / s["ms_graph"], d["ms"] / s["ms"],
+                          BARS["vs_sdpa_default_b1_ge32k"]))
         if s and o and N == 65536:
-            table.append(("split-KV speed / one split", 1, N, o["ms"] / s["ms"], BARS["vs_one_split_b1_64k"]))
+            table.append(("split-KV speed / one split", 1, N, o["ms_graph"] / s["ms_graph"], o["ms"] / s["ms"],
+                          BARS["vs_one_split_b1_64k"]))
     for r in paged:
         if r.get("block_size") == 16:
-            table.append(("paged bs16 speed / contiguous", r["batch"], r["context"], r["vs_contiguous"],
-                          BARS["paged16_vs_contiguous"]))
-    return [dict(what=w, batch=B, context=N, value=val, bar=bar, passed=bool(val >= bar))
-            for (w, B, N, val, bar) in table]
+            table.append(("paged bs16 speed / contiguous", r["batch"], r["context"], r["vs_contiguous_graph"],
+                          r.get("vs_contiguous", float("nan")), BARS["paged16_vs_contiguous"]))
+    return [dict(what=w, batch=B, context=N, value=val, value_eager=ve, bar=bar, passed=bool(val >= bar))
+            for (w, B, N, val, ve, bar) in table]
 
 
 def plots(rows, out_dir, slug, copy_bw):
@@ -235,14 +414,14 @@ def plots(rows, out_dir, slug, copy_bw):
     fig, axes = plt.subplots(1, len(batches), figsize=(5 * len(batches), 4), squeeze=False)
     for ax, B in zip(axes[0], batches):
         for impl in impls:
-            pts = sorted((r["context"], r["ms"] * 1e3) for r in rows if r["batch"] == B and r["impl"] == impl
-                         and "ms" in r)
+            pts = sorted((r["context"], r["ms_graph"] * 1e3) for r in rows if r["batch"] == B
+                         and r["impl"] == impl and "ms_graph" in r)
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=impl)
         ns = sorted({r["context"] for r in rows if r["batch"] == B})
         kvb = [2 * B * HKV * n * D * 2 for n in ns]
         ax.plot(ns, [b / copy_bw * 1e6 for b in kvb], "k--", label="KV bytes / copy BW")
-        ax.set(xscale="log", yscale="log", xlabel="context length", ylabel="time (us)",
+        ax.set(xscale="log", yscale="log", xlabel="context length", ylabel="GPU time per call (us, CUDA graph)",
                title=f"decode, B={B}, Hq={HQ}, Hkv={HKV}, d={D}, bf16")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].legend(fontsize=8)
@@ -256,15 +435,16 @@ def plots(rows, out_dir, slug, copy_bw):
         for base, style in (("one_split", "-o"), ("sdpa_flash", "--s")):
             pts = []
             for n in sorted({r["context"] for r in rows if r["batch"] == B}):
-                s = [r for r in rows if (r["batch"], r["context"], r["impl"]) == (B, n, "split_kv") and "ms" in r]
-                o = [r for r in rows if (r["batch"], r["context"], r["impl"]) == (B, n, base) and "ms" in r]
+                s = [r for r in rows if (r["batch"], r["context"], r["impl"]) == (B, n, "split_kv")
+                     and "ms_graph" in r]
+                o = [r for r in rows if (r["batch"], r["context"], r["impl"]) == (B, n, base) and "ms_graph" in r]
                 if s and o:
-                    pts.append((n, o[0]["ms"] / s[0]["ms"]))
+                    pts.append((n, o[0]["ms_graph"] / s[0]["ms_graph"]))
             if pts:
                 ax.plot(*zip(*pts), style, label=f"B={B}: split-KV vs {base}")
     ax.axhline(8, color="r", ls=":", label='seed slides: "up to 8x faster than prior work"')
     ax.axhline(1, color="gray", lw=0.8)
-    ax.set(xscale="log", xlabel="context length", ylabel="speedup (x)",
+    ax.set(xscale="log", yscale="log", xlabel="context length", ylabel="speedup (x, GPU time)",
            title="Flash-Decoding: measured speedup of splitting K/V")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
@@ -280,6 +460,8 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="a few configurations only")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
+    ap.add_argument("--tune", action="store_true", help="first time stage-1 launch configurations")
+    ap.add_argument("--apply-best", action="store_true", help="with --tune: run the benchmark with the best one")
     ap.add_argument("--max-kv-gb", type=float, default=18.0, help="skip configurations with more K/V than this")
     args = ap.parse_args(argv)
     global SMOKE
@@ -296,6 +478,16 @@ def main(argv=None):
     slug = gpu_slug()
     copy_bw = copy_bandwidth()
     log(f"{meta_name()} ({num_sms()} SMs): copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
+    from reference.triton import decode
+    tuning, overhead = None, None
+    if args.tune:
+        tune_rows, best = tune(copy_bw, log)
+        tuning = dict(configs=tune_rows, best=best, default=dict(decode.CONFIG), applied=False)
+        if args.apply_best:
+            decode.CONFIG.update(block_n=best["block_n"], num_warps=best["num_warps"], num_stages=best["num_stages"])
+            tuning["applied"] = True
+    log(f"stage-1 config for this run: {decode.CONFIG}")
+    overhead = host_overhead(log)
     if SMOKE:
         batches, contexts = [1, 2], [256, 512]
     elif args.quick:
@@ -310,10 +502,10 @@ def main(argv=None):
                 continue
             run_config(B, N, copy_bw, rows, log)
     sweep = []
-    sweep_cases = [(1, 65536, [1, 2, 4, 8, 16, 24, 33, 48, 64, 96, 128])]
+    sweep_cases = [(1, 65536, [1, 4, 8, 16, 24, 33, 48, 64, 96])]
     if not args.quick:
-        sweep_cases += [(1, 32768, [8, 16, 24, 33, 48, 64]), (8, 32768, [1, 2, 4, 5, 8, 16]),
-                        (32, 32768, [1, 2, 3, 4, 8])]
+        sweep_cases += [(1, 32768, [8, 16, 24, 33, 48, 64]), (1, 131072, [16, 33, 48, 66, 132]),
+                        (8, 32768, [1, 2, 3, 4, 5, 8, 16]), (32, 32768, [1, 2, 3, 4])]
     if SMOKE:
         sweep_cases = [(1, 512, [1, 2, 4])]
     for B, N, counts in sweep_cases:
@@ -323,35 +515,42 @@ def main(argv=None):
     if SMOKE:
         paged_cases = [(1, 512)]
     for B, N in paged_cases:
-        paged_config(B, N, [16, 32, 128], paged, log)
-    table = bars(rows, paged, copy_bw)
+        paged_config(B, N, [16, 32, 128], paged, copy_bw, log)
+    table = bars(rows, paged)
     meta = dict(gpu=meta_name(), slug=slug, sms=num_sms(), torch=torch.__version__,
                 triton=__import__("triton").__version__, copy_bw_bytes_per_s=copy_bw, dtype="bfloat16",
                 hq=HQ, hkv=HKV, d=D, quick=args.quick, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                timing="triton.testing.do_bench median (ms), L2 flushed per call; fresh randn inputs per config",
-                sdpa_gqa="enable_gqa=True where accepted, else K/V expanded (see rows' gqa field)")
+                stage1_config=dict(decode.CONFIG),
+                timing=("ms: triton.testing.do_bench median, eager calls (host launch overhead included where the "
+                        "GPU outruns the host), L2 flushed per call. ms_graph: median GPU time per call from "
+                        "CUDA-graph replays rotating over input sets >= 3x L2 (what a serving engine that captures "
+                        "its decode step sees); the bars are judged on ms_graph. Fresh randn inputs per config."),
+                sdpa_gqa="enable_gqa=True where accepted, else K/V expanded (see rows' gqa field)",
+                host_overhead_us=overhead)
     path = os.path.join(args.out, f"{slug}-decode.json")
     with open(path, "w") as f:
-        json.dump(dict(meta=meta, results=rows, split_sweep=sweep, paged=paged, bars=table), f, indent=1)
+        json.dump(dict(meta=meta, results=rows, split_sweep=sweep, paged=paged, bars=table, tuning=tuning), f,
+                  indent=1)
     figs = plots(rows, args.out, slug, copy_bw)
     log(f"wrote {path}, {', '.join(figs)}")
 
-    print("\nSPEC 7 decode bars (bf16, Hq=32, Hkv=8, d=128)")
-    print(f"{'what':36s} {'B':>3s} {'context':>8s} {'value':>7s} {'bar':>5s}  pass")
+    print("\nSPEC 7 decode bars (bf16, Hq=32, Hkv=8, d=128); judged on CUDA-graph GPU time, eager do_bench shown")
+    print(f"{'what':34s} {'B':>3s} {'context':>7s} {'graph':>6s} {'eager':>6s} {'bar':>5s}  pass")
     for r in table:
-        print(f"{r['what']:36s} {r['batch']:3d} {r['context']:8d} {r['value']:7.2f} {r['bar']:5.2f}  "
-              f"{'yes' if r['passed'] else 'NO'}")
-    print("\nspeedup of split-KV over: one split | SDPA default | SDPA flash | naive  (time split-KV us)")
+        print(f"{r['what']:34s} {r['batch']:3d} {r['context']:7d} {r['value']:6.2f} {r['value_eager']:6.2f} "
+              f"{r['bar']:5.2f}  {'yes' if r['passed'] else 'NO'}")
+    print("\nspeedup of split-KV (GPU time, graph) over: one split | SDPA default | SDPA flash | naive;"
+          " split-KV us graph / eager; fraction of copy BW (graph)")
     for B in batches:
         for N in contexts:
-            g = {r["impl"]: r for r in rows if r["batch"] == B and r["context"] == N and "ms" in r}
+            g = {r["impl"]: r for r in rows if r["batch"] == B and r["context"] == N and "ms_graph" in r}
             if "split_kv" not in g:
                 continue
-            s = g["split_kv"]["ms"]
-            cols = [f"{g[i]['ms'] / s:6.2f}" if i in g else "   n/a" for i in
+            s = g["split_kv"]
+            cols = [f"{g[i]['ms_graph'] / s['ms_graph']:6.2f}" if i in g else "   n/a" for i in
                     ("one_split", "sdpa_default", "sdpa_flash", "naive_torch")]
-            print(f"B={B:3d} N={N:6d}  " + "  ".join(cols) + f"   ({s * 1e3:.1f} us, "
-                  f"{g['split_kv']['frac_copy_bw']:.2f} of copy BW)")
+            print(f"B={B:3d} N={N:6d}  " + "  ".join(cols) + f"   {s['ms_graph'] * 1e3:7.1f} / {s['ms'] * 1e3:7.1f} us"
+                  f"  {s['frac_copy_bw_graph']:.2f}")
     return 0
 
 

@@ -120,10 +120,10 @@ def test_strided_kv_and_inputs_untouched(rng):
 
 
 def test_choose_num_splits_heuristic():
-    assert choose_num_splits(1, 8, 65536, sms=132) == 33  # ceil(2 * 132 / 8): batch 1 fills the GPU
-    assert choose_num_splits(32, 8, 65536, sms=132) == 2
-    assert choose_num_splits(64, 8, 65536, sms=132) == 1
-    assert choose_num_splits(1, 8, 1024, sms=132) == 4  # 16 key blocks / 4 per split
+    assert choose_num_splits(1, 8, 65536, sms=132) == 33  # round(2 * 132 / 8): batch 1 fills the GPU
+    assert choose_num_splits(8, 8, 65536, sms=132) == 4
+    assert choose_num_splits(32, 8, 65536, sms=132) == 1  # 256 programs already fill 132 SMs
+    assert choose_num_splits(1, 8, 1024, sms=132, block_n=64) == 4  # 16 key blocks / 4 per split
     assert choose_num_splits(1, 8, 10, sms=132) == 1
 
 

@@ -33,8 +33,9 @@ from ._runtime import INTERPRET, num_sms
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-#: keys per inner-loop step (the N of the QK^T tile)
-BLOCK_N = 64
+#: launch configuration of stage 1: keys per inner-loop step (the N of the QK^T tile), warps, pipeline depth.
+#: Module-level so benchmarks/bench_decode.py --tune can try others; see notes/triton_decode.md.
+CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
 #: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
 MIN_BLOCKS_PER_SPLIT = 4
 #: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
@@ -53,7 +54,10 @@ def _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
     offs_n = start_n + tl.arange(0, BLOCK_N)
     key_ok = offs_n < end
     if PAGED:
-        phys = tl.load(BlockTables + b64 * stride_tb + offs_n // PAGE_SIZE, mask=key_ok, other=0)
+        if PAGE_SIZE % BLOCK_N == 0:  # the tile lies inside one page: one table entry
+            phys = tl.load(BlockTables + b64 * stride_tb + start_n // PAGE_SIZE)
+        else:  # the tile spans several pages: one table entry per key (cached: neighbours share it)
+            phys = tl.load(BlockTables + b64 * stride_tb + offs_n // PAGE_SIZE, mask=key_ok, other=0)
         key_ok = key_ok & (phys >= 0)
         phys = tl.maximum(phys, 0).to(tl.int64)
         k_rows = phys * stride_kb + kvh * stride_kh + (offs_n % PAGE_SIZE) * stride_kn
@@ -194,18 +198,20 @@ def _merge_kernel(OPart, LsePart, Out, stride_ob, stride_oh, n_heads, num_splits
 
 
 def choose_num_splits(batch: int, n_kv_heads: int, n_keys: int, sms: int | None = None,
-                      block_n: int = BLOCK_N) -> int:
+                      block_n: int | None = None) -> int:
     """Heuristic number of splits: fill the GPU, but give every split >= MIN_BLOCKS_PER_SPLIT key blocks.
 
     Stage 1 has ``batch * n_kv_heads * splits`` programs. We want about ``PROGRAMS_PER_SM * sms`` of them
-    (memory-bound: more resident programs keep more loads in flight), so ``splits = ceil(target / (batch *
+    (memory-bound: more resident programs keep more loads in flight), so ``splits = round(target / (batch *
     n_kv_heads))``, capped so each split still streams ``MIN_BLOCKS_PER_SPLIT * block_n`` keys (splitting
-    finer only adds partial-result traffic and merge work). Batch 32 x 8 kv heads already fills an H100,
-    so it gets 1 or 2 splits; batch 1 at 64k keys gets ``ceil(264 / 8) = 33``.
+    finer only adds partial-result traffic and merge work). Rounding, not ceil: batch 32 x 8 kv heads = 256
+    programs already fill an H100/H200 (measured: 2 splits were 13% slower than 1), so it gets 1 split;
+    batch 8 gets ``round(264 / 64) = 4``; batch 1 at 64k keys gets ``round(264 / 8) = 33``.
     """
     sms = num_sms() if sms is None else sms
+    block_n = CONFIG["block_n"] if block_n is None else block_n
     programs = max(1, batch * n_kv_heads)
-    want = math.ceil(PROGRAMS_PER_SM * sms / programs)
+    want = round(PROGRAMS_PER_SM * sms / programs)
     cap = max(1, math.ceil(n_keys / block_n) // MIN_BLOCKS_PER_SPLIT)
     return max(1, min(want, cap))
 
@@ -252,10 +258,10 @@ def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_split
         q, k, v, sl, bt, out, o_part, lse_part,
         q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
         n_kv_heads, group, n_max, num_splits, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=BLOCK_N,
+        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=CONFIG["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET, LOOP_WHILE=INTERPRET,
-        num_warps=4, num_stages=3,
+        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
     )
     if num_splits > 1:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
