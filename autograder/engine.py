@@ -78,7 +78,8 @@ class Grader:
         self.seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)
         self.rng = np.random.default_rng(self.seed)
         self.log = log or (lambda *a: None)
-        self.limits = limits or Limits(address_space=(8 << 30) if device == "cpu" else None)
+        self.limits = limits or Limits(address_space=self.spec.address_space if device == "cpu" else None,
+                                       rss_bytes=self.spec.rss_limit)
         self.flags = []
         self.zeroed = {}                 # task id -> reason
         self.sandbox = None
@@ -260,7 +261,7 @@ class Grader:
             v = self.judge(task, call, h, arrs, sent, limit)
             n += 1
             if not v.passed:
-                res.output = f"case {n} ({_describe(params)}): {v.message}"
+                res.output = f"{v.message} [case {n}: {_describe(params)}]"
                 res.extra["rel_error"] = None if not np.isfinite(v.err) else v.err
                 return
             worst = max(worst, v.err if np.isfinite(v.err) else 0.0)

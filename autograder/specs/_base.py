@@ -99,7 +99,7 @@ class Task:
     framework: str = "numpy"        # numpy | torch | class
     reference: str = ""            # "module:name" of the reference implementation (speed baseline only)
     is_class: bool = False
-    case_timeout: float = 30.0
+    case_timeout: float = 20.0
 
 
 @dataclass
@@ -113,6 +113,8 @@ class Spec:
     needs_torch: bool = False
     load_timeout: float = 60.0
     total_timeout: float = 900.0
+    address_space: int = 4 << 30     # RLIMIT_AS of the child when grading on CPU (torch+Triton fit in 4 GiB)
+    rss_limit: int = 3 << 30         # the parent kills a child whose processes hold more resident memory
 
     def tests_of(self, task_id):
         return [t for t in self.tests if t.task == task_id]

@@ -88,6 +88,12 @@ def _rows(rng, dtype="float32", **extra):
     return dict(shape=(int(rng.integers(2, 9)), ragged(rng, 5, 300)), dtype=dtype, **extra)
 
 
+def _div(rng, dtype="float32", **extra):
+    """Rows whose length is a multiple of the block size (so only the ragged-tail test has a ragged tail)."""
+    b = int(rng.choice([4, 8, 16, 32]))
+    return dict(shape=(int(rng.integers(2, 9)), b * int(rng.integers(2, 12))), dtype=dtype, block_size=b, **extra)
+
+
 def _att(rng, dtype="float32", nq=None, nk=None, b=None, hq=None, hkv=None, d=None, **extra):
     hkv = hkv if hkv is not None else int(rng.integers(1, 3))
     n = ragged(rng, 9, 150)
@@ -112,21 +118,22 @@ TESTS = [
     _t("dtypes float16/float64", "safe_softmax", 4, [dict(shape=(3, 12), dtype="float64")],
        lambda r: [_rows(r, "float16"), _rows(r, "float64")]),
 
-    _t("basic (block sizes)", "online_softmax", 6, [dict(shape=(4, 64), dtype="float32", block_size=16)],
+    _t("basic (block sizes dividing N)", "online_softmax", 6, [dict(shape=(4, 64), dtype="float32", block_size=16)],
        lambda r: [dict(shape=(3, 256), dtype="float32", block_size=int(b)) for b in (1, 32, 128)]
-       + [dict(shape=(2, 100), dtype="float32", block_size=512)]),
-    _t("ragged tail (N not a multiple of block_size)", "online_softmax", 4,
-       [dict(shape=(3, 50), dtype="float32", block_size=16)],
+       + [dict(shape=(2, 7, 96), dtype="float32", block_size=48)]),
+    _t("ragged tail (N not a multiple of block_size, block > N)", "online_softmax", 4,
+       [dict(shape=(3, 50), dtype="float32", block_size=16), dict(shape=(2, 10), dtype="float32", block_size=64)],
        lambda r: [dict(shape=(int(r.integers(2, 6)), ragged(r, 40, 400)), dtype="float32",
-                       block_size=int(r.choice([7, 16, 33])))]),
+                       block_size=int(r.choice([7, 16, 33]))),
+                  dict(shape=(3, ragged(r, 5, 60)), dtype="float32", block_size=128)]),
     _t("large logits (running max)", "online_softmax", 4,
        [dict(shape=(3, 40), dtype="float64", shift=800.0, block_size=8)],
-       lambda r: [_rows(r, "float64", shift=800.0, block_size=16), _rows(r, "float32", shift=100.0, block_size=8)]),
+       lambda r: [_div(r, "float64", shift=800.0), _div(r, "float32", shift=100.0)]),
     _t("-inf entries and fully masked rows", "online_softmax", 3,
        [dict(shape=(6, 20), dtype="float32", masked=True, block_size=4)],
-       lambda r: [_rows(r, masked=True, block_size=8), _rows(r, "float64", masked=True, block_size=32)]),
-    _t("dtypes float16/float64", "online_softmax", 3, [dict(shape=(3, 12), dtype="float64", block_size=5)],
-       lambda r: [_rows(r, "float16", block_size=16), _rows(r, "float64", block_size=16)]),
+       lambda r: [_div(r, masked=True), _div(r, "float64", masked=True)]),
+    _t("dtypes float16/float64", "online_softmax", 3, [dict(shape=(3, 12), dtype="float64", block_size=4)],
+       lambda r: [_div(r, "float16"), _div(r, "float64")]),
 
     _t("basic", "merge_states", 8, [dict(shape=(2, 5, 8), dtype="float32")],
        lambda r: [dict(shape=(int(r.integers(1, 4)), ragged(r, 3, 70), 16), dtype="float32"),
@@ -158,7 +165,7 @@ TESTS = [
        lambda r: [_att(r, causal=True, nq=ragged(r, 5, 40), nk=ragged(r, 50, 120), lse=True),
                   _att(r, causal=True, nq=ragged(r, 50, 120), nk=ragged(r, 5, 40), lse=True)]),
     _t("GQA / MQA", "attention", 6, [dict(B=1, Hq=4, Hkv=2, Nq=5, Nk=5, d=8, dtype="float32")],
-       lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=1, causal=True), _att(r, hq=8, hkv=2, lse=True)]),
+       lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=1, causal=True), _att(r, hq=8, hkv=2)]),
     _t("edge cases (N = 1, decode Nq = 1)", "attention", 3, [dict(single=True, Nq=1, Nk=1, d=4, dtype="float32")],
        lambda r: [_att(r, nq=1, nk=1), _att(r, nq=1, nk=ragged(r, 10, 99), causal=True)]),
     _t("large logits (max trick)", "attention", 3,
@@ -168,13 +175,13 @@ TESTS = [
 
 TASKS = {
     "a1.safe_softmax": Task("a1.safe_softmax", "safe_softmax", build_softmax, oracle_softmax,
-                            reference="reference.numpy.softmax:safe_softmax"),
+                            reference="reference.numpy.softmax:safe_softmax", case_timeout=10),
     "a1.online_softmax": Task("a1.online_softmax", "online_softmax", build_online, oracle_online,
-                              reference="reference.numpy.softmax:online_softmax"),
+                              reference="reference.numpy.softmax:online_softmax", case_timeout=10),
     "a1.merge_states": Task("a1.merge_states", "merge_states", build_merge, oracle_merge,
-                            reference="reference.numpy.merge:merge_states"),
+                            reference="reference.numpy.merge:merge_states", case_timeout=10),
     "a1.attention": Task("a1.attention", "attention", build_attention, oracle_attention,
-                         reference="reference.numpy.attention:attention"),
+                         reference="reference.numpy.attention:attention", case_timeout=10),
 }
 
 SPEC = Spec("a1_attention", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=300)

@@ -31,11 +31,11 @@ def oracle_softmax(call):
     return [oracles.softmax(call.args[0].value)]
 
 
-def _att(rng, dtype="float32", nq=None, nk=None, hq=None, hkv=None, **extra):
+def _att(rng, dtype="float32", nq=None, nk=None, hq=None, hkv=None, d=None, **extra):
     hkv = hkv if hkv is not None else 1
     n = ragged(rng, 9, 70)
     return dict(B=1, Hq=hq or hkv * int(rng.integers(1, 3)), Hkv=hkv, Nq=nq or n, Nk=nk or n,
-                d=int(rng.choice([16, 32])), dtype=dtype, **extra)
+                d=d or int(rng.choice([16, 32])), dtype=dtype, **extra)
 
 
 def _v(**kw):
@@ -105,5 +105,5 @@ TASKS = {
                                reference="reference.triton:flash_attention", case_timeout=300),
 }
 
-SPEC = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+SPEC = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True, address_space=8 << 30,
             load_timeout=120, total_timeout=1200)

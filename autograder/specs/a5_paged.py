@@ -16,36 +16,42 @@ FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn", "vllm")
 # --- BlockAllocator scripts ------------------------------------------------------------------------------------
 
 def _script(p, rng):
-    """A random but valid-ish sequence of operations; ``kind`` picks what it stresses."""
-    n = p["num_blocks"]
+    """A random sequence of operations that stays valid except where ``kind == "errors"`` asks for errors.
+
+    The generator keeps its own model (allocation op index -> reference count) so it never asks for a block
+    that a failed allocation did not produce; the judge re-derives everything from the submission's answers.
+    """
+    n, kind = p["num_blocks"], p["kind"]
     ops = [["new", n]]
-    live = []                                     # op indices of allocations whose block is still owned
+    refs = {}                                     # op index of an allocate -> reference count (> 0: owned)
     for _ in range(p["steps"]):
         r = rng.random()
-        kind = p["kind"]
-        if kind == "errors" and r < 0.15:
-            ops.append(["free_raw", int(rng.choice([n, n + 7, -1]))])
-        elif kind == "errors" and r < 0.25:
-            ops.append(["incref_raw", n + 3])     # out of range must raise
-        elif r < 0.45 or not live:
+        owned = [j for j, c in refs.items() if c > 0]
+        if kind == "errors" and r < 0.12:
+            ops.append(["free_raw", int(rng.choice([n, n + 7, -1]))])       # out of range must raise
+        elif kind == "errors" and r < 0.2:
+            ops.append(["incref_raw", n + 3])
+        elif (r < 0.45 or not owned) and len(owned) < n:
             ops.append(["allocate"])
-            live.append(len(ops) - 1)
-        elif kind in ("refcount", "errors") and r < 0.6:
-            j = int(rng.choice(live))
+            refs[len(ops) - 1] = 1
+        elif owned and kind in ("refcount", "errors") and r < 0.65:
+            j = int(rng.choice(owned))
             ops.append(["incref", j])
-            live.append(j)
+            refs[j] += 1
             ops.append(["refcount", j])
-        else:
-            j = live.pop(int(rng.integers(0, len(live))))
+        elif owned:
+            j = int(rng.choice(owned))
             ops.append(["free", j])
-            if kind == "errors" and j not in live and rng.random() < 0.5:
-                ops.append(["free", j])           # double free must raise
+            refs[j] -= 1
             if kind != "basic":
                 ops.append(["refcount", j])
+            if kind == "errors" and refs[j] == 0 and rng.random() < 0.5:
+                ops.append(["free", j])           # double free must raise
         if rng.random() < 0.3:
             ops.append(["num_free"])
     if kind == "errors":                          # exhaust the pool, then one more must raise
-        ops += [["allocate"] for _ in range(n + 1)] + [["num_free"]]
+        free = n - sum(1 for c in refs.values() if c > 0)
+        ops += [["allocate"] for _ in range(free + 1)] + [["num_free"]]
     ops.append(["num_free"])
     return ops
 
@@ -127,5 +133,5 @@ TASKS = {
                             reference="reference.triton:paged_decode", case_timeout=120),
 }
 
-SPEC = Spec("a5_paged", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+SPEC = Spec("a5_paged", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True, address_space=8 << 30,
             load_timeout=120, total_timeout=900)

@@ -1,0 +1,124 @@
+"""``python -m autograder selftest``: grade every bundled submission and fail unless each lands in its band.
+
+Bundled: ``autograder/submissions/<aid>/{correct,wrong,cheat}/*`` with ``expected.json`` per folder (file name
+-> expectation), the assignments' solution sources (must score 100% of what the device can grade) and the
+generated student notebooks (all stubs: must score 0 without breaking the grader). Expectation keys:
+
+* ``score``: ``[lo, hi]`` percent of max_score;
+* ``fail``: substrings of test names that must score 0; ``others_pass``: every other test must pass in full;
+* ``flags``: threat ids that must be raised; ``zero_tasks``: task ids whose tests must all score 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from . import specs
+from .sandbox import REPO
+
+HERE = Path(__file__).resolve().parent
+SUB = HERE / "submissions"
+
+
+def collect(only=None):
+    """[(assignment, path, expectation, label)]"""
+    items = []
+    for aid in specs.ASSIGNMENTS:
+        if only and aid not in only and aid.split("_")[0] not in only:
+            continue
+        for kind in ("correct", "wrong", "cheat"):
+            folder = SUB / aid / kind
+            exp_file = folder / "expected.json"
+            exp = json.loads(exp_file.read_text()) if exp_file.exists() else {}
+            default = exp.get("_default", {"correct": {"score": [100, 100]}, "wrong": {},
+                                           "cheat": {"score": [0, 10]}}.get(kind, {}))
+            if folder.is_dir():
+                for p in sorted(folder.iterdir()):
+                    if p.suffix in (".py", ".ipynb") and not p.name.startswith("_"):
+                        items.append((aid, p, exp.get(p.name, default), f"{aid}/{kind}/{p.name}"))
+        sol = Path(REPO) / "assignments" / aid / f"{aid}_solution.py"
+        if sol.exists():
+            items.append((aid, sol, {"score": [100, 100], "others_pass": True}, f"{aid}/solution source"))
+        nb = Path(REPO) / "assignments" / aid / f"{aid}.ipynb"
+        if nb.exists():
+            items.append((aid, nb, {"score": [0, 0]}, f"{aid}/student notebook (stubs)"))
+    return items
+
+
+def check_expectation(result, exp):
+    """List of problems (empty: as expected)."""
+    problems = []
+    if result.get("grader_error"):
+        return [f"grader error: {result['grader_error'][:300]}"]
+    mx = result["max_score"] or 1.0
+    pct = 100.0 * result["score"] / mx
+    lo, hi = exp.get("score", [0, 100])
+    if not (lo - 1e-6 <= pct <= hi + 1e-6):
+        problems.append(f"score {pct:.1f}% outside [{lo}, {hi}]")
+    tests = [t for t in result["tests"] if t["status"] != "not run"]
+    must_fail = exp.get("fail", [])
+    for pat in must_fail:
+        hit = [t for t in tests if pat in t["name"]]
+        if not hit:
+            problems.append(f"no test matches {pat!r}")
+        for t in hit:
+            if t["score"] > 0:
+                problems.append(f"{t['name']} should fail but scored {t['score']}")
+    if exp.get("others_pass"):
+        for t in tests:
+            if not any(p in t["name"] for p in must_fail) and t["score"] < t["max_score"] - 1e-9:
+                problems.append(f"{t['name']} should pass: {t['output'][:160]}")
+    ids = {f["id"] for f in result.get("flags", [])}
+    for f in exp.get("flags", []):
+        if f not in ids:
+            problems.append(f"flag {f} not raised (got {sorted(ids) or 'none'})")
+    for task in exp.get("zero_tasks", []):
+        sc = sum(t["score"] for t in tests if t["task"] == task)
+        if sc > 0:
+            problems.append(f"{task} should score 0, got {sc}")
+    return problems
+
+
+def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True) -> int:
+    items = collect(only)
+    out_dir = out_dir or os.path.join(REPO, "build", "selftest")
+    t0 = time.monotonic()
+    by_aid = {}
+    for aid, p, exp, label in items:
+        by_aid.setdefault(aid, []).append((p, exp, label))
+    # one pool over everything keeps every worker busy; JSON names are unique per assignment and folder
+    results = {}
+    paths = [(aid, p) for aid, lst in by_aid.items() for p, _, _ in lst]
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+    from tqdm import tqdm
+    from .grade_all import grade_one
+    bar = tqdm(total=len(paths), desc="selftest", unit="sub", disable=not verbose)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futs = {}
+        for aid, p in paths:
+            name = f"{aid}__{p.parent.name}__{p.stem}"
+            futs[pool.submit(grade_one, aid, p, os.path.join(out_dir, name + ".json"), device)] = (aid, p)
+        for fut in as_completed(futs):
+            results[futs[fut]] = fut.result()
+            bar.update(1)
+    bar.close()
+    bad = 0
+    lines = []
+    for aid, lst in by_aid.items():
+        for p, exp, label in lst:
+            r = results[(aid, p)]
+            problems = check_expectation(r, exp)
+            pct = 100.0 * r["score"] / r["max_score"] if r.get("max_score") else 0.0
+            flags = ",".join(sorted({f["id"] for f in r.get("flags", [])}))
+            status = "ok  " if not problems else "FAIL"
+            bad += bool(problems)
+            lines.append(f"{status} {label:55s} {pct:6.1f}%  flags [{flags}]  {r.get('execution_time', 0):.1f}s")
+            for prob in problems:
+                lines.append(f"       - {prob}")
+    if verbose:
+        print("\n".join(lines))
+        print(f"selftest: {len(items) - bad}/{len(items)} as expected in {time.monotonic() - t0:.0f} s "
+              f"(device {device}, -j {jobs}); JSONs in {out_dir}")
+    return 1 if bad else 0
