@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = [
-    "Tile", "Schedule", "causal_tiles", "schedule", "makespan_lower_bound",
+    "tile_visits", "Tile", "Schedule", "causal_tiles", "schedule", "makespan_lower_bound",
     "sylvester_hadamard", "random_hadamard", "quantize_fp8", "outlier_qkv", "fp8_incoherent_experiment",
     "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
 ]
@@ -51,6 +51,28 @@ def _nonneg(value, name: str) -> float:
 # --------------------------------------------------------------------------------------------------------------
 # (a) LPT scheduling of causal attention tiles
 # --------------------------------------------------------------------------------------------------------------
+
+def tile_visits(nq, nk, block_q, block_k, causal=False):
+    """Order in which FA2 Algorithm 1 visits the ``(T_r, T_c)`` tiles of S; 0 marks a tile that is skipped.
+
+    Outer loop over query blocks ``i`` (line 3), inner over key blocks ``j`` (line 6). With the bottom-right
+    causal mask (query ``r`` sees key ``c`` iff ``c <= r + nk - nq``) a tile whose first key lies beyond its last
+    query's horizon is never loaded or computed. Returns an int array, visits numbered from 1.
+    """
+    nq, nk, block_q, block_k = (_pos_int(nq, "nq"), _pos_int(nk, "nk"), _pos_int(block_q, "block_q"),
+                                _pos_int(block_k, "block_k"))
+    t_r, t_c = -(-nq // block_q), -(-nk // block_k)
+    out = np.zeros((t_r, t_c), dtype=np.int64)
+    step = 0
+    for i in range(t_r):
+        last_row = min(nq, (i + 1) * block_q) - 1
+        for j in range(t_c):
+            if causal and j * block_k > last_row + nk - nq:
+                continue
+            step += 1
+            out[i, j] = step
+    return out
+
 
 @dataclass(frozen=True)
 class Tile:

@@ -74,6 +74,24 @@ def test_lpt_on_a_gpu_sized_config():
     assert lpt.efficiency > 0.99
 
 
+def test_tile_visits_match_the_mask(rng):
+    """A tile is visited iff some (query, key) pair in it is allowed by the bottom-right causal mask."""
+    from tests.oracle import allowed_mask
+
+    nq, nk = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    bq, bk = int(rng.integers(1, 9)), int(rng.integers(1, 9))
+    full = hp.tile_visits(nq, nk, bq, bk)
+    assert (full > 0).all() and sorted(full.ravel()) == list(range(1, full.size + 1))
+    vis = hp.tile_visits(nq, nk, bq, bk, causal=True)
+    allowed = allowed_mask(nq, nk).numpy()
+    for i in range(vis.shape[0]):
+        for j in range(vis.shape[1]):
+            assert (vis[i, j] > 0) == bool(allowed[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk].any())
+    # causal with equal blocks and N divisible: query block i visits i + 1 tiles, as causal_tiles assumes
+    tri = hp.tile_visits(64, 64, 16, 16, causal=True)
+    assert [(row > 0).sum() for row in tri] == [t.cost for t in hp.causal_tiles(1, 4)]
+
+
 def test_bottom_right_tiles_cost_more():
     tiles = hp.causal_tiles(1, 2, n_k_blocks=5)
     assert [t.cost for t in tiles] == [4, 5]
