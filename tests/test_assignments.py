@@ -1,0 +1,220 @@
+"""Assignments: the generator, the student notebooks it writes, and the solution sources.
+
+* ``assignments`` marker: the committed student notebooks are what ``python -m assignments.generate`` writes;
+  they contain no solution text; every graded name of the grading contract is defined in each solution source
+  with the SPEC 4 signature; the generator's parsing and stubbing rules.
+* ``notebooks`` marker: every solution source, run headless as a notebook, passes every visible ``check(...)``;
+  every student notebook runs top to bottom with its checks reporting failure instead of raising.
+"""
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from assignments import ASSIGNMENTS, GRADED
+from assignments import generate as gen
+
+ROOT = Path(__file__).resolve().parents[1]
+AIDS = list(ASSIGNMENTS)
+
+# SPEC 4 signatures of the graded names (the grading contract: same as the reference API).
+SIGNATURES = {
+    "safe_softmax": "(x, axis=-1)",
+    "online_softmax": "(x, block_size=128)",
+    "merge_states": "(o_a, lse_a, o_b, lse_b)",
+    "attention": "(q, k, v, causal=False, scale=None, return_lse=False)",
+    "flash_attention_forward": {
+        "a2_flash_numpy": "(q, k, v, causal=False, scale=None, block_q=64, block_k=64)",
+        "a3_triton": "(q, k, v, causal=False, scale=None)"},
+    "flash_attention_backward": "(q, k, v, o, lse, do, causal=False, scale=None, block_q=64, block_k=64)",
+    "softmax": "(x)",
+    "flash_attention": "(q, k, v, causal=False, scale=None)",
+    "flash_decoding": "(q, k, v, num_splits=4, seq_lens=None, scale=None)",
+    "flash_decode": "(q, k, v, seq_lens=None, num_splits=None, scale=None)",
+    "BlockAllocator": "(num_blocks)",
+    "paged_attention": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
+    "paged_decode": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
+}
+
+
+def _source(aid: str) -> str:
+    return (ROOT / "assignments" / aid / f"{aid}_solution.py").read_text(encoding="utf-8")
+
+
+def _load_solution(aid: str, tmp_path: Path):
+    """Import the graded cells (not 'check'/'skip') of a solution source from a real file (Triton needs one)."""
+    cells = gen.parse_percent(_source(aid))
+    code = "\n\n\n".join(c.source for c in cells
+                         if c.kind == "code" and not {"check", "skip"} & set(c.tags))
+    path = tmp_path / f"{aid}_graded.py"
+    path.write_text(code, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"_sol_{aid}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- generation --------------------------------------------------------------------------------------------
+
+@pytest.mark.assignments
+def test_generated_notebooks_are_up_to_date(capsys):
+    assert gen.main(["--check"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.assignments
+def test_generation_is_deterministic_and_valid():
+    for aid in AIDS:
+        text = gen.render(aid)
+        assert text == gen.render(aid)
+        nb = nbformat.reads(text, as_version=4)
+        nbformat.validate(nb)
+        assert nb.metadata.kernelspec.name == "python3"
+        assert len({c.id for c in nb.cells}) == len(nb.cells)
+        assert all(c.get("outputs", []) == [] for c in nb.cells if c.cell_type == "code")
+
+
+@pytest.mark.assignments
+@pytest.mark.parametrize("aid", AIDS)
+def test_student_notebook_has_no_solution_text(aid):
+    source = _source(aid)
+    nb = nbformat.read(gen.student_path(aid), as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert gen.BEGIN not in code and gen.END not in code
+    # lines that occur only inside SOLUTION regions must not reach the student
+    outside = set(line.strip() for line in gen.strip_solutions(source).splitlines())
+    secret = [line for line in gen.solution_lines(source) if line not in outside]
+    assert secret, "expected solution regions"
+    student_lines = set(line.strip() for line in code.splitlines())
+    leaked = [line for line in secret if line in student_lines]
+    assert not leaked, f"solution lines in the student notebook: {leaked[:5]}"
+    # every graded name is stubbed, and there is a check cell for it
+    short = ASSIGNMENTS[aid]
+    for name in GRADED[aid]:
+        assert f'NotImplementedError("Implement {name}' in code
+        assert any(f'check("{short}.{name}", {name})' in c.source and "check" in c.metadata.get("tags", [])
+                   for c in nb.cells if c.cell_type == "code"), f"no check cell for {name}"
+
+
+@pytest.mark.assignments
+@pytest.mark.parametrize("aid", AIDS)
+def test_solution_defines_graded_names_with_spec_signatures(aid, tmp_path):
+    module = _load_solution(aid, tmp_path)
+    for name in GRADED[aid]:
+        assert hasattr(module, name), f"{aid} does not define {name}"
+        want = SIGNATURES[name]
+        want = want[aid] if isinstance(want, dict) else want
+        assert str(inspect.signature(getattr(module, name))) == want, name
+    if aid == "a5_paged":
+        cls = module.BlockAllocator
+        for meth, sig in (("allocate", "(self)"), ("free", "(self, block)"), ("incref", "(self, block)"),
+                          ("refcount", "(self, block)")):
+            assert str(inspect.signature(getattr(cls, meth))) == sig
+        assert isinstance(inspect.getattr_static(cls, "num_free"), property)
+
+
+@pytest.mark.assignments
+def test_solution_sources_do_not_use_forbidden_names():
+    for aid in AIDS:
+        code = "\n".join(c.source for c in gen.parse_percent(_source(aid)) if c.kind == "code")
+        assert not re.search(r"(^|\s)(import|from)\s+reference|\breference\.", code), f"{aid} uses reference"
+        for bad in ("scaled_dot_product", ".softmax(", "F.softmax", "scipy", "importlib",
+                    "exec(", "eval("):
+            assert bad not in code, f"{aid} uses {bad!r}"
+        if aid in ("a1_attention", "a2_flash_numpy"):
+            assert "torch" not in code, f"{aid} is a NumPy assignment"
+
+
+# --- the generator's rules -----------------------------------------------------------------------------------
+
+@pytest.mark.assignments
+def test_parse_percent_cells_and_tags():
+    text = ('# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n# %% tags=["check", "skip"]\n'
+            'check(x)\n')
+    cells = gen.parse_percent(text)
+    assert [(c.kind, c.source, c.tags) for c in cells] == [
+        ("markdown", "# Title\n\ntext", []), ("code", "x = 1", []), ("code", "check(x)", ["check", "skip"])]
+    with pytest.raises(ValueError, match="before the first"):
+        gen.parse_percent("x = 1\n# %%\ny = 2\n")
+
+
+@pytest.mark.assignments
+def test_strip_solutions_keeps_code_around_regions():
+    src = ("class A:\n    def f(self, x):\n        y = x + 1\n        ### BEGIN SOLUTION\n        z = y * 2\n"
+           "        return z\n        ### END SOLUTION\n        return None\n\n\n"
+           "def g(x):\n    if x:\n        ### BEGIN SOLUTION\n        return 1\n        ### END SOLUTION\n"
+           "    return 0\n")
+    out = gen.strip_solutions(src)
+    assert out.splitlines() == [
+        "class A:", "    def f(self, x):", "        y = x + 1",
+        '        raise NotImplementedError("Implement A.f")', "        return None", "", "",
+        "def g(x):", "    if x:", '        raise NotImplementedError("Implement g")', "    return 0"]
+    assert gen.solution_lines(src) == ["z = y * 2", "return z", "return 1"]
+
+
+@pytest.mark.assignments
+@pytest.mark.parametrize("bad", [
+    "def f():\n    ### BEGIN SOLUTION\n    pass\n",                       # not closed
+    "def f():\n    pass\n    ### END SOLUTION\n",                          # not opened
+    "### BEGIN SOLUTION\nx = 1\n### END SOLUTION\n",                        # not in a function
+    "def f():\n    ### BEGIN SOLUTION\n    ### BEGIN SOLUTION\n    ### END SOLUTION\n",  # nested
+])
+def test_strip_solutions_rejects_malformed_regions(bad):
+    with pytest.raises(ValueError):
+        gen.strip_solutions(bad)
+
+
+@pytest.mark.assignments
+def test_solutions_dir_option(tmp_path):
+    assert gen.main(["a1_attention", "--check", "--solutions", str(tmp_path)]) == 0
+    nb = nbformat.read(tmp_path / "a1_attention_solution.ipynb", as_version=4)
+    code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+    assert "### BEGIN SOLUTION" in code
+
+
+# --- executed headless -----------------------------------------------------------------------------------------
+
+def _execute(nb_text: str, tmp_path: Path, timeout: int = 300):
+    from nbclient import NotebookClient
+
+    nb = nbformat.reads(nb_text, as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3",
+                   resources={"metadata": {"path": str(ROOT)}}).execute()
+    return nb
+
+
+def _check_results(nb) -> list:
+    """The value shown by each check cell (the return value of its last ``check(...)``)."""
+    out = []
+    for c in nb.cells:
+        if c.cell_type == "code" and "check" in c.metadata.get("tags", []):
+            shown = [o["data"]["text/plain"] for o in c.outputs if o.output_type == "execute_result"]
+            text = "".join(o.get("text", "") for o in c.outputs if o.output_type == "stream")
+            out.append((shown[-1] if shown else None, text))
+    return out
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("aid", AIDS)
+def test_solution_notebook_passes_visible_checks(aid, tmp_path):
+    nb = _execute(gen.render(aid, student=False), tmp_path)
+    results = _check_results(nb)
+    assert len(results) == len(GRADED[aid])
+    for shown, text in results:
+        assert shown == "True", text
+
+
+@pytest.mark.notebooks
+@pytest.mark.parametrize("aid", AIDS)
+def test_student_notebook_runs_with_checks_not_implemented(aid, tmp_path):
+    nb = _execute(gen.student_path(aid).read_text(encoding="utf-8"), tmp_path)
+    results = _check_results(nb)
+    assert len(results) == len(GRADED[aid])
+    for shown, text in results:
+        assert shown == "False" and ("not implemented" in text or "NotImplementedError" in text), text
