@@ -30,7 +30,8 @@ import numpy as np
 __all__ = [
     "tile_visits", "Tile", "Schedule", "causal_tiles", "schedule", "makespan_lower_bound",
     "sylvester_hadamard", "random_hadamard", "quantize_fp8", "outlier_qkv", "fp8_incoherent_experiment",
-    "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
+    "aligned_error", "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
+    "accumulator_registers", "decode_intensity",
 ]
 
 
@@ -243,6 +244,25 @@ def fp8_incoherent_experiment(rng, n=1024, d=128, n_heads=2, outlier_frac=1e-3, 
     return out
 
 
+def aligned_error(s_true, s_approx):
+    """Split the error ``E = s_approx - s_true`` of each score row into a part along the row itself and the rest.
+
+    Per row, ``beta = <E, S> / <S, S>`` is a relative "temperature" error (the row's logits all scaled by
+    ``1 + beta``); returns ``(rms of beta * S, rms of the remainder, max |beta|)``. Quantising an outlier
+    coordinate of ``q`` with relative error ``eps`` scales that coordinate's whole contribution to the row by
+    ``1 + eps``, which is mostly this aligned part; a rotation spreads the outlier over ``d`` coordinates whose
+    independent roundings largely cancel along the row.
+    """
+    s_true, s_approx = np.asarray(s_true, dtype=np.float64), np.asarray(s_approx, dtype=np.float64)
+    if s_true.shape != s_approx.shape or s_true.ndim < 1:
+        raise ValueError(f"s_approx must have the shape of s_true {s_true.shape}, got {s_approx.shape}")
+    e = s_approx - s_true
+    denom = np.sum(s_true * s_true, axis=-1, keepdims=True)
+    beta = np.sum(e * s_true, axis=-1, keepdims=True) / np.where(denom == 0, 1, denom)
+    along = beta * s_true
+    return _rms(along), _rms(e - along), float(np.abs(beta).max())
+
+
 # --------------------------------------------------------------------------------------------------------------
 # (c) cycle arithmetic: tensor cores vs the exponential unit
 # --------------------------------------------------------------------------------------------------------------
@@ -331,3 +351,29 @@ def gqa_packing(q_len, n_q_heads, n_kv_heads, tile_m=64):
             "tiles_unpacked": tiles_unpacked, "util_unpacked": rows / (tiles_unpacked * tile_m),
             "tiles_packed": tiles_packed, "util_packed": rows / (tiles_packed * tile_m),
             "kv_loads_unpacked": g, "kv_loads_packed": 1}
+
+
+def accumulator_registers(rows, cols, threads=128):
+    """32-bit registers per thread to hold a ``rows x cols`` fp32 accumulator spread over ``threads`` threads.
+
+    A warpgroup is 128 threads; a thread can address at most 255 registers. MLA (slide 52): O is 64 x 512, so
+    one warpgroup would need 256 per thread for O alone. Split the PV output between two warpgroups (256
+    columns each: 128 registers) and let WG1 also hold the 64 x 64 S accumulator of QK^T (32 more): 160.
+    """
+    rows, cols, threads = _pos_int(rows, "rows"), _pos_int(cols, "cols"), _pos_int(threads, "threads")
+    return rows * cols / threads
+
+
+def decode_intensity(q_len, n_q_heads, qk_dim, v_dim, kv_bytes_per_token):
+    """FLOPs per byte of KV cache read when ``q_len`` tokens of ``n_q_heads`` heads attend one KV head.
+
+    Per cached token: ``2 * q_len * n_q_heads * (qk_dim + v_dim)`` FLOPs (QK^T and PV) for
+    ``kv_bytes_per_token`` bytes. MHA/GQA decode reuses each byte for a handful of heads (memory-bound); MLA
+    shares one 576-wide latent among 128 heads, which is near an H100's ridge point even at ``q_len = 1``.
+    """
+    q_len, hq, dqk, dv = (_pos_int(q_len, "q_len"), _pos_int(n_q_heads, "n_q_heads"), _pos_int(qk_dim, "qk_dim"),
+                          _pos_int(v_dim, "v_dim"))
+    nbytes = _nonneg(kv_bytes_per_token, "kv_bytes_per_token")
+    if nbytes == 0:
+        raise ValueError("kv_bytes_per_token must be > 0")
+    return 2.0 * q_len * hq * (dqk + dv) / nbytes

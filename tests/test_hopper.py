@@ -152,6 +152,19 @@ def test_incoherent_processing_reduces_output_error(rng):
     assert r["rotation_err"] < 1e-9 * r["s_rms"] * 128
 
 
+def test_aligned_error_splits_the_error(rng):
+    s = rng.standard_normal((5, 7))
+    along, rest, beta = hp.aligned_error(s, 1.1 * s)
+    assert beta == pytest.approx(0.1) and rest == pytest.approx(0, abs=1e-12)
+    assert along == pytest.approx(0.1 * np.sqrt(np.mean(s ** 2)))
+    noise = rng.standard_normal((5, 7))
+    noise -= (noise * s).sum(1, keepdims=True) / (s * s).sum(1, keepdims=True) * s  # orthogonal to each row
+    along, rest, _ = hp.aligned_error(s, s + noise)
+    assert along == pytest.approx(0, abs=1e-12) and rest == pytest.approx(np.sqrt(np.mean(noise ** 2)))
+    with pytest.raises(ValueError, match="s_approx"):
+        hp.aligned_error(s, s[:, :3])
+
+
 # ---- (c) cycle arithmetic ----------------------------------------------------------------------------------------
 
 def test_talk_cycle_counts():
@@ -195,3 +208,19 @@ def test_gqa_packing_decode():
 def test_gqa_packing_rejects_bad_groups():
     with pytest.raises(ValueError, match="n_kv_heads"):
         hp.gqa_packing(1, 6, 4)
+
+
+def test_mla_register_arithmetic():
+    """Slide 52: 64 x 512 PV accumulator per warpgroup is 256 regs/thread (too many); split: 160 and 128."""
+    assert hp.accumulator_registers(64, 512) == 256
+    assert hp.accumulator_registers(64, 256) + hp.accumulator_registers(64, 64) == 160
+    assert hp.accumulator_registers(64, 256) == 128
+
+
+def test_decode_intensity():
+    # GQA decode, group 4, d=128, bf16 K and V: 2*4*256 FLOPs per 512 bytes = 4 FLOP/B (memory-bound)
+    assert hp.decode_intensity(1, 4, 128, 128, 2 * 128 * 2) == 4.0
+    # MLA: 128 heads share a 576-wide latent (bf16); V is its first 512 dims, so 1152 bytes per token
+    mla = hp.decode_intensity(1, 128, 576, 512, 576 * 2)
+    assert mla == pytest.approx(2 * 128 * 1088 / 1152)
+    assert hp.decode_intensity(2, 128, 576, 512, 576 * 2) == pytest.approx(2 * mla)

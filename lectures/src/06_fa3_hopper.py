@@ -1,0 +1,279 @@
+# %% [markdown]
+# # Lecture 6 — FlashAttention-3: optimizing attention for Hopper (and Blackwell)
+#
+# FlashAttention-2 reaches ~70% of peak on an A100 but only **35–40% on an H100**. Tri Dao's talk
+# ("Optimizing Attention for Modern Hardware"; Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao) explains why and
+# what FlashAttention-3 does about it:
+#
+# 1. **New instructions** on H100: WGMMA (a higher-throughput, asynchronous matrix multiply; the older
+#    `mma.sync` can only reach 2/3 of peak) and TMA (asynchronous bulk copies global ↔ shared memory that save
+#    registers).
+# 2. **Asynchrony**: overlap the softmax with the matmuls — between warpgroups (warp specialisation, pingpong
+#    scheduling) and within a warpgroup.
+# 3. **Low precision**: FP8, with incoherent processing to tame outliers.
+#
+# plus persistent kernels, LPT scheduling for causal attention, GQA packing and MLA. Upshot: 1.6–3x faster
+# on Hopper; the algorithmic ideas carry over to Blackwell. None of this can run on a CPU, so this lecture
+# turns each idea into arithmetic or a simulation from `reference.hopper` and reproduces the talk's numbers
+# where that is possible. Numbers marked *(talk)* are quoted, not measured here.
+#
+# **Reading path:** lecture 5 → this lecture → lecture 7.
+
+# %%
+import numpy as np
+
+from lectures._plots import gantt, load_results, setup
+from reference import hopper as hp
+
+plt = setup()
+
+# %% [markdown]
+# ## 1. Why overlap: the exponential is slow
+#
+# One attention tile of $128 \times 128$ with head dimension 128 does two GEMMs ($S = QK^\top$ and $O \mathrel{+}= PV$)
+# on the tensor cores and one `exp2` per score on the multi-function unit (MUFU). The talk's arithmetic, per
+# SM and per clock:
+
+# %%
+for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
+    c = hp.tile_cycles(128, 128, 128, gpu, dt)
+    print(f"{gpu} {dt:4s}: GEMMs {c['gemm_flops'] / 1e6:.1f} MFLOP / {hp.HARDWARE[gpu]['mma_flops_per_cycle'][dt]} "
+          f"FLOP/cycle = {c['mma_cycles']:5.0f} cycles ({c['mma_cycles_per_gemm']:.0f} per GEMM);  "
+          f"exp2: {c['exp_ops']} ops / 16 per cycle = {c['exp_cycles']:.0f} cycles  -> exp/GEMM = {c['exp_over_mma']:.2f}")
+
+# %% [markdown]
+# The special function units have very low throughput relative to tensor cores: on H100 in FP16 the
+# exponentials take **50% of the cycles of the GEMMs**; in FP8 (GEMMs twice as fast) or on Blackwell (UMMA at
+# 8192 FLOPs/cycle: 512 cycles per GEMM) they take **as long as** the GEMMs. Done one after the other, the
+# tensor cores idle a third to a half of the time. We want to be doing `exp2` while the tensor cores are busy.
+#
+# ## 2. Inter-warpgroup overlap: pingpong scheduling
+#
+# The easy solution is to leave it to the warp schedulers (several warpgroups in flight); it works reasonably
+# well. FlashAttention-3 does better with explicit **pingpong** scheduling: two warpgroups synchronise with
+# barriers (`bar.sync`) so that one does its softmax while the other's GEMMs run *(talk: 580 → 640 TFLOPS)*.
+# A timeline with the cycle counts above:
+
+# %%
+c = hp.tile_cycles(128, 128, 128, "H100", "fp16")
+g, e = c["mma_cycles"], c["exp_cycles"]
+fig, ax = plt.subplots(2, 1, figsize=(8, 3.4), sharex=True)
+t = 0
+for k in range(4):                                   # one warpgroup, no overlap
+    ax[0].barh(0, g, left=t, color="tab:blue"); ax[0].barh(0, e, left=t + g, color="tab:orange"); t += g + e
+ax[0].set_yticks([0]); ax[0].set_yticklabels(["WG1"]); ax[0].set_title(
+    f"no overlap: tensor cores busy {hp.pingpong_utilisation(g, e, overlap=False):.0%}")
+for wg in range(2):                                  # pingpong: WG2 starts its GEMMs while WG1 does softmax
+    t = wg * g
+    for k in range(2):
+        ax[1].barh(wg, g, left=t, color="tab:blue"); ax[1].barh(wg, e, left=t + g, color="tab:orange")
+        t += 2 * g
+ax[1].set_yticks([0, 1]); ax[1].set_yticklabels(["WG1", "WG2"]); ax[1].invert_yaxis()
+ax[1].set_title(f"pingpong: tensor cores busy {hp.pingpong_utilisation(g, e):.0%} (blue = GEMMs, orange = softmax)")
+ax[1].set_xlabel("cycles")
+plt.tight_layout()
+for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
+    c2 = hp.tile_cycles(128, 128, 128, gpu, dt)
+    print(f"{gpu} {dt}: tensor-core utilisation without overlap "
+          f"{hp.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles'], False):.0%}, with pingpong "
+          f"{hp.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles']):.0%}")
+
+# %% [markdown]
+# **Intra-warpgroup overlap.** Within one warpgroup, FA3 pipelines two stages: the `PV` GEMM of iteration $k$
+# runs (asynchronously, WGMMA) while the softmax of iteration $k+1$ is computed *(talk: 640 → 670 TFLOPS)*. The
+# cost is registers: the accumulator of the next $QK^\top$ and the operand of the current $PV$ are live at the
+# same time.
+#
+# **Blackwell** has the same problem, worse: UMMA takes 512 cycles per GEMM and MUFU.EX2 1024 cycles per tile,
+# so the CUTLASS Blackwell FMHA (example 77) runs two query tiles ($Q_H$, $Q_L$) in pingpong: while the tensor
+# cores compute $S^L = Q_L K^\top$ and $O^H \mathrel{+}= P^H V$, the MUFU exponentiates $S^H$, and vice versa.
+# A second Blackwell problem is *instruction issue*: an SM issues 4 instructions per cycle (one per scheduler, 32
+# lanes each) and the FP32 pipes do 128 FMA lane-ops per cycle, so to reach peak *every* instruction would have
+# to be an FMA. New SASS instructions halve the pressure: `FADD2`, `FMUL2`, `FFMA2` (2 ops per instruction;
+# PTX `add/mul/fma.f32x2`, intrinsics `__fadd2_rn`, `__fmul2_rn`, `__ffma2_rn`) and `FMNMX3` (3-input max, which
+# the compiler emits for `fmax(a, fmax(b, c))`).
+
+# %%
+row = 128
+print(f"row max over {row} scores: {row - 1} two-input FMNMX vs {int(np.ceil((row - 1) / 2))} three-input FMNMX3")
+print(f"scale-and-subtract x*log2e - m*log2e over {row} scores: {row} FFMA vs {row // 2} FFMA2 instructions")
+
+# %% [markdown]
+# ## 3. FP8 with incoherent processing
+#
+# FP8 tensor cores double WGMMA throughput but trade off accuracy: e4m3 keeps 3 mantissa bits, and LLM
+# activations have **outliers** — a few huge entries. FA3 multiplies $Q$ and $K$ by a random orthogonal matrix
+# $J$ before quantising, which "spreads out" the outliers; the scores do not change, because
+# $S = QK^\top = (QJ)(KJ)^\top$ when $JJ^\top = I$. $J$ is a Hadamard matrix times a random $\pm 1$ diagonal, so
+# applying it costs $O(d \log d)$ per row, and can be fused with the rotary embedding.
+#
+# The talk: *"reduces quantization error by 2.6x on normally distributed QKV data with 0.1% entries given large
+# magnitude"*. The FA3 paper (section 4.3) gives the setup: entries $\mathcal N(0,1)$ plus, for 0.1% of them, an
+# independent $\mathcal N(0, 10^2)$; RMSE of the attention output vs FP64: baseline FP8 (per-tensor scaling)
+# $2.4\cdot10^{-2}$, with incoherent processing $9.1\cdot10^{-3}$. `hp.fp8_incoherent_experiment` redoes this on
+# the CPU (e4m3 rounding by `torch.float8_e4m3fn`, per-tensor scale, $d = 128$, one head per length):
+
+# %%
+rng = np.random.default_rng(6)
+ns = [512, 1024, 2048, 4096]
+res = [hp.fp8_incoherent_experiment(rng, n=n, d=128, n_heads=1) for n in ns]
+print(f"{'N':>5} | {'S rmse plain':>12} {'S rmse J':>9} {'ratio':>6} | {'O rmse plain':>12} {'O rmse J':>9} {'ratio':>6}")
+for n, r in zip(ns, res):
+    print(f"{n:5d} | {r['s_plain']:12.3f} {r['s_hadamard']:9.3f} {r['s_ratio']:6.2f} | "
+          f"{r['o_plain']:12.2e} {r['o_hadamard']:9.2e} {r['o_ratio']:6.2f}")
+print("(QJ)(KJ)^T - QK^T in float64, largest |difference|:", max(r["rotation_err"] for r in res))
+
+fig, ax = plt.subplots(1, 2, figsize=(8.5, 3))
+ax[0].plot(ns, [r["o_plain"] for r in res], "s-", label="FP8, per-tensor scale")
+ax[0].plot(ns, [r["o_hadamard"] for r in res], "o-", label="FP8 + random Hadamard")
+ax[0].axhline(2.4e-2, color="tab:blue", ls=":", label="FA3 paper baseline 2.4e-2")
+ax[0].axhline(9.1e-3, color="tab:orange", ls=":", label="FA3 paper incoherent 9.1e-3")
+ax[0].set_xscale("log", base=2); ax[0].set_xlabel("sequence length N"); ax[0].set_ylabel("RMSE of O")
+ax[0].legend(fontsize=7)
+ax[1].plot(ns, [r["o_ratio"] for r in res], "o-", label="output O")
+ax[1].plot(ns, [r["s_ratio"] for r in res], "s--", label="scores S")
+ax[1].axhline(2.6, color="k", ls=":", label="talk: 2.6x")
+ax[1].set_xscale("log", base=2); ax[1].set_xlabel("sequence length N"); ax[1].set_ylabel("error reduction")
+ax[1].legend(fontsize=7)
+plt.tight_layout()
+
+# %% [markdown]
+# What we measure (see also `notes/lectures.md`): the output error with the rotation matches the paper's
+# $9.1\cdot10^{-3}$ closely, and the reduction grows with $N$ — about 1.3x at $N = 512$, 1.8x at 1024 and
+# **2.1–3.1x at $N = 4096$** (12 random draws, mean 2.35x), i.e. the talk's 2.6x at long sequences. (One draw per
+# length above; the test suite checks a 1.8–4x band at $N = 4096$.) Surprisingly, the **RMS error of $S$ itself does not improve at all** (ratio ≈ 1):
+# FP8 rounding is *relative* (3 mantissa bits at every magnitude), and a rotation preserves norms, so the total
+# rounding error of $q \cdot k$ is unchanged. What changes is its *direction*: an outlier coordinate of $q$
+# rounded with relative error $\varepsilon$ scales its whole contribution to the row's logits by $1+\varepsilon$,
+# an error aligned with the logits themselves (a wrong softmax "temperature" for that row). After rotation the
+# outlier is spread over 128 coordinates whose independent roundings largely cancel along the row:
+
+# %%
+q, k = hp.outlier_qkv(rng, (1024, 128)), hp.outlier_qkv(rng, (1024, 128))
+j = hp.random_hadamard(128, rng)
+s = q @ k.T
+for name, s8 in (("plain", hp.quantize_fp8(q) @ hp.quantize_fp8(k).T),
+                 ("Hadamard", hp.quantize_fp8(q @ j) @ hp.quantize_fp8(k @ j).T)):
+    along, rest, beta = hp.aligned_error(s, s8)
+    print(f"{name:8s}: error along the logits {along:.3f} (largest row 'temperature' error {beta:.3f}), "
+          f"remaining error {rest:.3f}")
+
+# %% [markdown]
+# FP8 has a second, purely mechanical problem the talk lists: **layout conformance** — the FP8 WGMMA wants its
+# second operand K-major, so $V$ must be transposed in the kernel (FA3 does it in shared memory) and the
+# register layout of $P$ after the first GEMM must be permuted to match the operand layout of the second.
+#
+# ## 4. Persistent kernels: hiding prologue and epilogue
+#
+# Tensor cores are so fast that a tile's *prologue* (load $Q$ and the first $K, V$) and *epilogue* (write $O$
+# and LSE) are no longer negligible. A persistent kernel launches a fixed number of CTAs (= number of SMs),
+# each looping over work tiles; with asynchronous TMA stores, one tile's epilogue and the next tile's prologue
+# overlap the mainloop *(talk: 670 → 700 TFLOPS)*:
+
+# %%
+for pro_epi in (1, 2, 4):
+    plain = hp.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi, persistent=False)
+    pers = hp.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi)
+    print(f"8 tiles per SM, mainloop 20, prologue = epilogue = {pro_epi}: one CTA per tile {plain:.0f}, "
+          f"persistent {pers:.0f}  ({plain / pers:.2f}x)")
+
+# %% [markdown]
+# ## 5. Load balancing causal attention: longest-processing-time-first
+#
+# With a causal mask, query block $i$ visits $i+1$ key blocks (lecture 3), so work tiles are unequal. The talk's
+# example: 2 batches × 4 query blocks (costs 1, 2, 3, 4) on 3 SMs. Handing tiles out in launch order — what the
+# hardware scheduler, or a persistent kernel's tile counter, does — leaves the longest tile for last: per-SM work
+# **[9, 5, 6]**. Sorting tiles longest-first (LPT, Graham 1969) gives **[7, 7, 6]**:
+
+# %%
+tiles = hp.causal_tiles(n_batches=2, n_q_blocks=4)
+naive, lpt = hp.schedule(tiles, 3, "naive"), hp.schedule(tiles, 3, "lpt")
+print("tile costs in launch order:", [t.cost for t in tiles])
+print("naive:", naive.loads, " LPT:", lpt.loads)
+fig, ax = plt.subplots(2, 1, figsize=(7, 3.6), sharex=True)
+gantt(ax[0], naive, "launch order:")
+gantt(ax[1], lpt, "LPT:")
+plt.tight_layout()
+
+# %% [markdown]
+# At GPU scale (132 SMs, 16 heads, $N = 8192$ in 128-row blocks, so 64 query blocks per head) the naive order
+# leaves a ragged tail; LPT lands on the lower bound $\max(\text{longest tile}, \lceil\text{total}/W\rceil)$.
+# The talk measured causal attention going from 670 to 730 TFLOPS. The caveat: reordering tiles changes which
+# $K, V$ blocks are hot at the same time, so care is needed not to spill the L2 cache (L2 swizzling).
+
+# %%
+print(f"{'batch':>5} {'q blocks':>8} | {'naive makespan':>14} {'LPT':>6} {'bound':>6} | {'naive eff':>9} {'LPT eff':>8}")
+for b, nb in ((1, 16), (2, 32), (4, 64), (8, 64)):
+    tl = hp.causal_tiles(b, nb, n_heads=16)
+    n_, l_ = hp.schedule(tl, 132, "naive"), hp.schedule(tl, 132, "lpt")
+    print(f"{b:5d} {nb:8d} | {n_.makespan:14d} {l_.makespan:6d} {hp.makespan_lower_bound(tl, 132):6d} | "
+          f"{n_.efficiency:9.1%} {l_.efficiency:8.1%}")
+
+# %% [markdown]
+# ## 6. Decoding: split-KV and GQA packing
+#
+# For decoding, the query length is a few tokens while the context is long (e.g. 128k). FA2 already had
+# Flash-Decoding (split along the KV length; lecture 7). FA3 adds **GQA packing**: a WGMMA tile is 64 rows tall
+# (M = 64), which is mostly wasted for one query token — unless the query heads that share a KV head are stacked
+# into the same tile. That also means each K/V block is loaded once per group instead of once per query head.
+# FA2 did this for one query token (a reshape); FA3 extends it to any query length, which also helps some
+# compute-bound cases with tile-quantisation effects.
+
+# %%
+print(f"{'q_len':>5} {'Hq/Hkv':>7} | {'unpacked: tiles, util':>22} | {'packed: tiles, util':>20} | K/V loads")
+for q_len, hq, hkv in ((1, 32, 8), (1, 64, 8), (1, 64, 1), (4, 32, 8), (16, 64, 1)):
+    r = hp.gqa_packing(q_len, hq, hkv)
+    print(f"{q_len:5d} {f'{hq}/{hkv}':>7} | {r['tiles_unpacked']:10d}, {r['util_unpacked']:9.1%} | "
+          f"{r['tiles_packed']:8d}, {r['util_packed']:9.1%} | {r['kv_loads_unpacked']} -> {r['kv_loads_packed']}")
+
+# %% [markdown]
+# ## 7. Multi-head latent attention (MLA)
+#
+# DeepSeek's MLA caches one compressed latent per token (head dim 576 for $QK^\top$, 512 for $PV$) shared by all
+# 128 query heads. Two consequences:
+#
+# * **Registers.** The $64 \times 512$ fp32 output accumulator of one warpgroup (128 threads) would need 256
+#   registers per thread — more than a thread can have. FA3 splits with warp specialisation: WG1 does the
+#   $QK^\top$ matmul *and* half of $PV$, WG2 only the other half of $PV$:
+
+# %%
+print("one WG, O 64x512:", hp.accumulator_registers(64, 512), "registers/thread (limit 255)")
+print("WG1: S 64x64 + O 64x256:", hp.accumulator_registers(64, 64) + hp.accumulator_registers(64, 256),
+      "| WG2: O 64x256:", hp.accumulator_registers(64, 256))
+
+# %% [markdown]
+# * **Compute-bound decoding.** Each cached byte is reused by all 128 heads, so even a single query token does
+#   enough FLOPs per byte to approach the compute-bound regime — unlike GQA decoding:
+
+# %%
+ridge = 989e12 / 3.35e12     # H100 SXM: dense bf16 FLOP/s over HBM bytes/s
+for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 128 * 2)),
+                   ("MLA decode, 1 token", (1, 128, 576, 512, 576 * 2)),
+                   ("MLA decode, 2 tokens (speculative)", (2, 128, 576, 512, 576 * 2))):
+    ai = hp.decode_intensity(*args)
+    print(f"{name:36s}: {ai:6.1f} FLOP per KV byte  ({ai / ridge:.2f}x the H100 ridge point {ridge:.0f})")
+
+# %% [markdown]
+# ## 8. The talk's benchmarks, and ours
+#
+# *(talk, H100, CUDA 12.8, Triton 3.1, cuDNN 9.6)*: BF16 FA3 is 1.8–2.2x faster than FA2 and reaches up to
+# 840 TFLOPS; causal attention 730–750 TFLOPS, about matmul speed; FP8 up to 1.3 PFLOPS. This course's Triton
+# kernels are FlashAttention-2-style (no warp specialisation, no explicit pingpong); if the GPU benchmark has been
+# run, here is how far they get on the same kind of GPU:
+
+# %%
+gpu = [(p, r) for p, r in load_results("*.json") if "-decode" not in p.name
+       and p.name not in ("cpu.json", "iosim.json", "fragmentation.json")]
+if not gpu:
+    print("GPU benchmark results (benchmarks/results/<gpu>.json) are not there yet -- `make bench` has not "
+          "been run on a GPU for this checkout, so no GPU numbers are shown (none are invented).")
+for path, r in gpu:
+    rows = r.get("results") or r.get("rows") or []
+    best = {}
+    for row in rows:
+        for key, val in row.items():
+            if isinstance(val, (int, float)) and "tflops" in key.lower():
+                best[key] = max(best.get(key, 0.0), float(val))
+    meta = r.get("meta", {})
+    print(f"benchmarks/results/{path.name} ({meta.get('gpu') or meta.get('device') or path.stem}): "
+          + (", ".join(f"best {k} = {v:.0f}" for k, v in sorted(best.items())) or "no TFLOPS fields found"))
