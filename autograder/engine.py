@@ -138,6 +138,7 @@ class Grader:
         return self.sandbox
 
     def drop_student(self):
+        self._flooded = set()
         if self.sandbox is not None:
             self.sandbox.stop()
             self.sandbox = None
@@ -215,9 +216,8 @@ class Grader:
         if test.gpu_only and self.device == "cpu":
             res.status, res.output = "not run", "not run: no GPU (excluded from max_score)"
             return res
-        if task.id in self.zeroed:
-            res.output = f"zeroed: {self.zeroed[task.id]}"
-            return res
+        # a task already flagged still runs (its traps and limits are exercised, the student sees what
+        # happened); it is zeroed at the end
         if task.id in self.dead_tasks:
             res.output = f"skipped: {self.dead_tasks[task.id]}"
             return res
@@ -248,6 +248,11 @@ class Grader:
         finally:
             self.current_task = None
             res.time = time.monotonic() - t0
+        if self.sandbox is not None:
+            for f in set(self.sandbox.floods()) - self._flooded:
+                self._flooded.add(f)
+                self.flag("T17", [task.id], f"{task.name} filled {f} up to the file-size limit "
+                                            f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
         return res
 
     def _correctness(self, test, task, res, sb):
@@ -351,7 +356,7 @@ class Grader:
     # -- the whole submission -----------------------------------------------------------------------------
     def grade(self, path) -> dict:
         t0 = time.monotonic()
-        self.results, self.dead_tasks = [], {}
+        self.results, self.dead_tasks, self._flooded = [], {}, set()
         error = None
         try:
             self.cells = load_cells(path)

@@ -47,6 +47,10 @@ def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verd
                                      f"{want} is accepted (a subclass can run code when it is read)"))
             return Verdict(False, float("inf"), f"{out.name}: returned {info['type']}, expected exactly {want}",
                            flags)
+        if info.get("dtype") == "object":
+            flags.append(("T4", f"{out.name} is an array of Python objects (only numbers travel; nothing is "
+                                "unpickled)"))
+            return Verdict(False, float("inf"), f"{out.name}: array of Python objects", flags)
         if info["dtype"] not in out.dtypes:
             if _WIDTH.get(info["dtype"], 99) < min(_WIDTH.get(d, 0) for d in out.dtypes):
                 flags.append(("T12", f"{out.name} returned in {info['dtype']}, lower precision than "

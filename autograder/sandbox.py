@@ -262,6 +262,20 @@ class Sandbox:
         if self.tmp:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
+    def floods(self):
+        """Files of this child that reached the file-size limit (output or disk flood, T17)."""
+        hits = []
+        for base in (self.tmp,):
+            for dirpath, _, files in os.walk(base or "/nonexistent"):
+                for f in files:
+                    p = os.path.join(dirpath, f)
+                    try:
+                        if os.path.getsize(p) >= self.limits.file_bytes:
+                            hits.append(os.path.relpath(p, self.tmp))
+                    except OSError:
+                        pass
+        return hits
+
     def stderr_tail(self, n=2000) -> str:
         return _tail(getattr(self, "err_path", None), n)
 

@@ -88,6 +88,9 @@ class _Scan(ast.NodeVisitor):
 
     # -- scopes -------------------------------------------------------------------------------------------
     def _top(self, node):
+        if node.name in DUNDER and not isinstance(node, ast.ClassDef):
+            self.add(node, DUNDER[node.name], f"defines {node.name} (a hook that runs code when the object is "
+                                              "read, copied or pickled)")
         outer = self.scope
         if outer is None:
             self.scope = node.name

@@ -113,8 +113,8 @@ class Spec:
     needs_torch: bool = False
     load_timeout: float = 60.0
     total_timeout: float = 900.0
-    address_space: int = 4 << 30     # RLIMIT_AS of the child when grading on CPU (torch+Triton fit in 4 GiB)
-    rss_limit: int = 3 << 30         # the parent kills a child whose processes hold more resident memory
+    address_space: int = 3 << 30     # RLIMIT_AS of the child when grading on CPU (NumPy children)
+    rss_limit: int = 3 << 29         # the parent kills a child whose processes hold more resident memory
 
     def tests_of(self, task_id):
         return [t for t in self.tests if t.task == task_id]

@@ -105,5 +105,6 @@ TASKS = {
                                reference="reference.triton:flash_attention", case_timeout=300),
 }
 
-SPEC = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True, address_space=8 << 30,
+SPEC = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+            address_space=8 << 30, rss_limit=4 << 30,
             load_timeout=120, total_timeout=1200)
