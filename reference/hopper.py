@@ -31,7 +31,7 @@ __all__ = [
     "tile_visits", "Tile", "Schedule", "causal_tiles", "schedule", "makespan_lower_bound",
     "sylvester_hadamard", "random_hadamard", "quantize_fp8", "outlier_qkv", "fp8_incoherent_experiment",
     "aligned_error", "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
-    "accumulator_registers", "decode_intensity",
+    "accumulator_registers", "decode_intensity", "split_kv_time",
 ]
 
 
@@ -377,3 +377,22 @@ def decode_intensity(q_len, n_q_heads, qk_dim, v_dim, kv_bytes_per_token):
     if nbytes == 0:
         raise ValueError("kv_bytes_per_token must be > 0")
     return 2.0 * q_len * hq * (dqk + dv) / nbytes
+
+
+def split_kv_time(batch, heads, n_keys, num_splits=1, n_sms=132, merge_cost=0.0):
+    """Occupancy model of one decode step: ``batch * heads * num_splits`` thread blocks on ``n_sms`` SMs.
+
+    Each thread block streams its ``ceil(n_keys / num_splits)`` keys at one key per time unit (an SM's share of
+    the memory system; decode is memory-bound), blocks run in waves of ``n_sms``, and with more than one split a
+    reduction (merge_states) costs ``merge_cost`` per split. ``num_splits = 1`` is FlashAttention-2 on a decode
+    step: one thread block per (sequence, head), most SMs idle when ``batch * heads < n_sms``.
+    Returns ``{"time", "blocks", "waves", "sm_utilisation"}``.
+    """
+    batch, heads, n_keys = _pos_int(batch, "batch"), _pos_int(heads, "heads"), _pos_int(n_keys, "n_keys")
+    num_splits, n_sms = _pos_int(num_splits, "num_splits"), _pos_int(n_sms, "n_sms")
+    merge_cost = _nonneg(merge_cost, "merge_cost")
+    blocks = batch * heads * num_splits
+    waves = -(-blocks // n_sms)
+    per_block = -(-n_keys // num_splits)
+    time = waves * per_block + (merge_cost * num_splits if num_splits > 1 else 0.0)
+    return {"time": float(time), "blocks": blocks, "waves": waves, "sm_utilisation": blocks / (waves * n_sms)}

@@ -224,3 +224,17 @@ def test_decode_intensity():
     mla = hp.decode_intensity(1, 128, 576, 512, 576 * 2)
     assert mla == pytest.approx(2 * 128 * 1088 / 1152)
     assert hp.decode_intensity(2, 128, 576, 512, 576 * 2) == pytest.approx(2 * mla)
+
+
+def test_split_kv_time_model():
+    one = hp.split_kv_time(1, 32, 65536, 1)
+    assert one["blocks"] == 32 and one["sm_utilisation"] == pytest.approx(32 / 132) and one["time"] == 65536
+    four = hp.split_kv_time(1, 32, 65536, 4)
+    assert four["waves"] == 1 and four["time"] == 16384
+    five = hp.split_kv_time(1, 32, 65536, 5)  # 160 blocks: two waves, slower than 4 splits
+    assert five["waves"] == 2 and five["time"] > four["time"]
+    assert hp.split_kv_time(1, 32, 100, 4, merge_cost=2)["time"] == 25 + 8
+    big = hp.split_kv_time(64, 32, 4096, 1)  # a large batch already fills the GPU
+    assert big["sm_utilisation"] > 0.95  # 2048 blocks in 16 waves of 132
+    with pytest.raises(ValueError, match="num_splits"):
+        hp.split_kv_time(1, 1, 1, 0)

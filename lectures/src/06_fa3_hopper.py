@@ -141,8 +141,8 @@ plt.tight_layout()
 # What we measure (see also `notes/lectures.md`): the output error with the rotation matches the paper's
 # $9.1\cdot10^{-3}$ closely, and the reduction grows with $N$ — about 1.3x at $N = 512$, 1.8x at 1024 and
 # **2.1–3.1x at $N = 4096$** (12 random draws, mean 2.35x), i.e. the talk's 2.6x at long sequences. (One draw per
-# length above; the test suite checks a 1.8–4x band at $N = 4096$.) Surprisingly, the **RMS error of $S$ itself does not improve at all** (ratio ≈ 1):
-# FP8 rounding is *relative* (3 mantissa bits at every magnitude), and a rotation preserves norms, so the total
+# length above; the test suite checks a 1.8–4x band at $N = 4096$.) Surprisingly, the **RMS error of $S$
+# itself does not improve at all** (ratio ≈ 1): FP8 rounding is *relative* (3 mantissa bits at every magnitude), and a rotation preserves norms, so the total
 # rounding error of $q \cdot k$ is unchanged. What changes is its *direction*: an outlier coordinate of $q$
 # rounded with relative error $\varepsilon$ scales its whole contribution to the row's logits by $1+\varepsilon$,
 # an error aligned with the logits themselves (a wrong softmax "temperature" for that row). After rotation the
