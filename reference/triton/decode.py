@@ -33,9 +33,12 @@ from ._runtime import INTERPRET, num_sms
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
-#: launch configuration of stage 1: keys per inner-loop step (the N of the QK^T tile), warps, pipeline depth.
-#: Module-level so benchmarks/bench_decode.py --tune can try others; see notes/triton_decode.md.
-CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
+#: launch configuration of stage 1 for fp16/bf16: keys per inner-loop step (the N of the QK^T tile), warps,
+#: pipeline depth. Chosen by ``benchmarks/bench_decode.py --tune`` on an H200 (notes/triton_decode.md): 128-key
+#: tiles, 8 warps, 2 stages was 1.11x the geometric mean of (64, 4, 3), mostly from paged block size 16.
+CONFIG = dict(block_n=128, num_warps=8, num_stages=2)
+#: fp32 inputs: half the tile, so two stages of K and V tiles (d=128) stay well inside shared memory.
+FP32_CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
 #: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
 MIN_BLOCKS_PER_SPLIT = 4
 #: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
@@ -202,8 +205,9 @@ def choose_num_splits(batch: int, n_kv_heads: int, n_keys: int, sms: int | None 
     """Heuristic number of splits: fill the GPU, but give every split >= MIN_BLOCKS_PER_SPLIT key blocks.
 
     Stage 1 has ``batch * n_kv_heads * splits`` programs. We want about ``PROGRAMS_PER_SM * sms`` of them
-    (memory-bound: more resident programs keep more loads in flight), so ``splits = round(target / (batch *
-    n_kv_heads))``, capped so each split still streams ``MIN_BLOCKS_PER_SPLIT * block_n`` keys (splitting
+    (two waves with the default config's one resident program per SM: splitting finer shortens each program
+    so the second wave balances the first; measured on an H200 at batch 1, 33 splits beat 16, 24, 48, 64 and
+    96 at 32k, 64k and 128k keys), so ``splits = round(target / (batch * n_kv_heads))``, capped so each split still streams ``MIN_BLOCKS_PER_SPLIT * block_n`` keys (splitting
     finer only adds partial-result traffic and merge work). Rounding, not ceil: batch 32 x 8 kv heads = 256
     programs already fill an H100/H200 (measured: 2 splits were 13% slower than 1), so it gets 1 split;
     batch 8 gets ``round(264 / 64) = 4``; batch 1 at 64k keys gets ``round(264 / 8) = 33``.
@@ -232,9 +236,14 @@ def _check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate:
     return seq_lens.contiguous()
 
 
+def _config(dtype):
+    return FP32_CONFIG if dtype == torch.float32 else CONFIG
+
+
 def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size):
     """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout."""
     B, Hq, d = q.shape
+    cfg = _config(q.dtype)
     group = Hq // n_kv_heads
     out = torch.empty_like(q)
     paged = block_tables is not None
@@ -258,10 +267,10 @@ def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_split
         q, k, v, sl, bt, out, o_part, lse_part,
         q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
         n_kv_heads, group, n_max, num_splits, scale * LOG2E,
-        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=CONFIG["block_n"],
+        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET, LOOP_WHILE=INTERPRET,
-        num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
@@ -308,7 +317,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     if seq_lens is not None:
         seq_lens = _check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, n_max)
+        num_splits = choose_num_splits(B, Hkv, n_max, block_n=_config(q.dtype)["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     q = q.contiguous()
