@@ -154,10 +154,16 @@ def time_softmax(rows, n, reps_bytes=256 << 20):
     xs = [torch.randn(rows, n, device="cuda", dtype=DTYPE) * 4 for _ in range(nbuf)]
     err = rel_err(softmax(xs[0]), torch.softmax(xs[0].float(), -1))
     res = {"rel_err_vs_torch_fp32": err}
-    for name, fn in (("ours", softmax), ("torch", lambda x: torch.softmax(x, -1))):
+    ys = [torch.empty_like(x) for x in xs]
+    for name, fn in (("ours", lambda i: softmax(xs[i])), ("torch", lambda i: torch.softmax(xs[i], -1)),
+                     ("copy_same_size", lambda i: ys[i].copy_(xs[i]))):
         it = iter(range(1 << 62))
-        ms = bench(lambda: fn(xs[next(it) % nbuf]))
+        ms = bench(lambda: fn(next(it) % nbuf))
         res[name] = 2 * rows * n * 2 / ms / 1e6
+        # the same calls replayed from a CUDA graph: kernel time alone, without the host's launch cost
+        it = iter(range(1 << 62))
+        ms = triton.testing.do_bench_cudagraph(lambda: fn(next(it) % nbuf), rep=50, return_mode="median")
+        res[name + "_graph"] = 2 * rows * n * 2 / ms / 1e6
     return res
 
 
@@ -191,9 +197,10 @@ def plot(results, path):
                 ax.legend(fontsize=8)
     ax = fig.add_subplot(gs[len(ds), :2])
     sm = results["softmax"]
-    for impl, st in (("ours", "o-"), ("torch", "s--")):
-        ax.plot([r["N"] for r in sm], [r[impl] for r in sm], st, label=impl)
-    ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls=":", label="device copy")
+    for impl, st in (("ours", "o-"), ("torch", "s--"), ("copy_same_size", "k.:"), ("ours_graph", "o-"),
+                     ("torch_graph", "s--"), ("copy_same_size_graph", "k.:")):
+        ax.plot([r["N"] for r in sm], [r[impl] for r in sm], st, label=impl, alpha=0.45 if "graph" in impl else 1)
+    ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls="-.", label="device copy, 1 GiB")
     ax.set_xscale("log", base=2)
     ax.set_title(f"softmax, {sm[0]['rows'] if sm else 0} rows, bf16")
     ax.set_xlabel("row length N")
@@ -221,10 +228,13 @@ def ratio_table(results) -> str:
                      f"{ratio(o, f, 'bwd_tflops')} {ratio(o, c, 'bwd_tflops')}")
     cp = results["ceilings"]["copy_GBps"]
     lines.append("")
-    lines.append(f"{'softmax N':>10} | {'ours GB/s':>9} {'torch':>7} {'ours/torch':>10} {'ours/copy':>9}")
+    lines.append("softmax GB/s: do_bench (host launch included) | CUDA-graph replay (kernel alone)")
+    lines.append(f"{'N':>6} | {'ours':>5} {'torch':>5} {'/torch':>6} {'/copy1G':>7} {'/copyN':>6} | "
+                 f"{'ours':>5} {'torch':>5} {'/torch':>6} {'/copy1G':>7} {'/copyN':>6}")
     for r in results["softmax"]:
-        lines.append(f"{r['N']:>10} | {r['ours']:9.0f} {r['torch']:7.0f} {r['ours'] / r['torch']:10.2f} "
-                     f"{r['ours'] / cp:9.2f}")
+        a = [r[f"{k}{g}"] for g in ("", "_graph") for k in ("ours", "torch", "copy_same_size")]
+        lines.append(f"{r['N']:>6} | {a[0]:5.0f} {a[1]:5.0f} {a[0] / a[1]:6.2f} {a[0] / cp:7.2f} {a[0] / a[2]:6.2f} | "
+                     f"{a[3]:5.0f} {a[4]:5.0f} {a[3] / a[4]:6.2f} {a[3] / cp:7.2f} {a[3] / a[5]:6.2f}")
     return "\n".join(lines)
 
 
@@ -234,6 +244,11 @@ def tuned_configs():
                         ("bwd_dq", flash_bwd._bwd_dq_tuned)):
         out[name] = {str(k): str(v) for k, v in getattr(tuner, "cache", {}).items()}
     return out
+
+
+def _dump(out, tag, results):
+    with open(os.path.join(out, f"{tag}.json"), "w") as f:
+        json.dump(results, f, indent=1)
 
 
 def main(argv=None):
@@ -254,6 +269,8 @@ def main(argv=None):
     print(f"{gpu}: matmul {results['ceilings']['matmul_TFLOPs']:.0f} TFLOP/s, "
           f"copy {results['ceilings']['copy_GBps']:.0f} GB/s", flush=True)
 
+    tag = gpu_tag() + ("_quick" if args.quick else "")
+    os.makedirs(args.out, exist_ok=True)
     seqlens = [2048, 8192] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     impls = implementations(args.quick)
     att = []
@@ -299,22 +316,22 @@ def main(argv=None):
                       + (f" | ptr fwd {row['ours_pointer_fwd_tflops']:6.1f}" if "ours_pointer_fwd_tflops" in row
                          else ""), flush=True)
                 att.append(row)
+                _dump(args.out, tag, {**results, "attention": att, "partial": True})
     results["attention"] = att
 
     sm = []
     for n in ([1024, 8192, 32768] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768]):
         r = {"rows": 4096, "N": n, **time_softmax(4096, n)}
         sm.append(r)
-        print(f"softmax N={n}: ours {r['ours']:.0f} GB/s, torch {r['torch']:.0f} GB/s", flush=True)
+        print(f"softmax N={n}: ours {r['ours']:.0f} GB/s, torch {r['torch']:.0f}, same-size copy "
+              f"{r['copy_same_size']:.0f} | graph: ours {r['ours_graph']:.0f}, torch {r['torch_graph']:.0f}, "
+              f"copy {r['copy_same_size_graph']:.0f}", flush=True)
     results["softmax"] = sm
     results["tma_used"] = flash_fwd.USE_TMA is not False
     results["tuned_configs"] = tuned_configs()
     results["seconds"] = time.time() - t0
 
-    os.makedirs(args.out, exist_ok=True)
-    tag = gpu_tag() + ("_quick" if args.quick else "")
-    with open(os.path.join(args.out, f"{tag}.json"), "w") as f:
-        json.dump(results, f, indent=1)
+    _dump(args.out, tag, results)
     plot(results, os.path.join(args.out, f"{tag}.png"))
     table = ratio_table(results)
     print(table)
