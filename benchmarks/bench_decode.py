@@ -327,6 +327,30 @@ def host_overhead(log):
     return out
 
 
+def kernel_breakdown(log):
+    """Per-kernel GPU time (torch.profiler) of split-KV and SDPA at batch 1: where the microseconds go."""
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for N in (32768, 131072):
+        q, k, v = inputs(1, N)
+        for name, f in (("split_kv", lambda: flash_decode(q, k, v, validate=False)),
+                        ("sdpa_default", lambda: sdpa(q.unsqueeze(2), k, v, enable_gqa=True))):
+            f()
+            sync()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(20):
+                    f()
+                sync()
+            ev = {e.key: round(e.device_time_total / e.count, 2) for e in prof.key_averages()
+                  if e.device_time_total > 0}
+            out[f"{name} B=1 N={N}"] = ev
+            log(f"  kernels {name} B=1 N={N}: " + ", ".join(f"{k[:40]} {t:.1f} us" for k, t in ev.items()))
+        del q, k, v
+    empty_cache()
+    return out
+
+
 TUNE_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2),
                 (32, 4, 3), (32, 4, 4)]
 
@@ -488,6 +512,7 @@ def main(argv=None):
             tuning["applied"] = True
     log(f"stage-1 config for this run: {decode.CONFIG}")
     overhead = host_overhead(log)
+    breakdown = None if SMOKE else kernel_breakdown(log)
     if SMOKE:
         batches, contexts = [1, 2], [256, 512]
     elif args.quick:
@@ -526,7 +551,7 @@ def main(argv=None):
                         "CUDA-graph replays rotating over input sets >= 3x L2 (what a serving engine that captures "
                         "its decode step sees); the bars are judged on ms_graph. Fresh randn inputs per config."),
                 sdpa_gqa="enable_gqa=True where accepted, else K/V expanded (see rows' gqa field)",
-                host_overhead_us=overhead)
+                host_overhead_us=overhead, kernel_breakdown_us=breakdown)
     path = os.path.join(args.out, f"{slug}-decode.json")
     with open(path, "w") as f:
         json.dump(dict(meta=meta, results=rows, split_sweep=sweep, paged=paged, bars=table, tuning=tuning), f,
