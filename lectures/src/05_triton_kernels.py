@@ -1,0 +1,199 @@
+# %% [markdown]
+# # Lecture 5 — From the algorithm to a GPU kernel: parallelism and Triton
+#
+# Algorithm 1 (lecture 3) is two nested loops. On a GPU the question is *which loop runs in parallel, and at
+# which level*: the GPU has many streaming multiprocessors (SMs: 108 on an A100, 132 on an H100), each runs
+# **thread blocks** (CTAs), and each thread block is made of **warps** of 32 threads. Thread blocks cannot talk
+# to each other during a kernel; warps in one block can, through shared memory, at a cost. This lecture follows
+# the seeds' two steps — thread-block-level and warp-level parallelism — then runs the course's Triton kernels
+# (`reference.triton`) on tiny shapes in Triton's CPU interpreter, and shows GPU results when they exist.
+#
+# **Reading path:** lecture 4 → this lecture → assignment `a3_triton` → lecture 6.
+
+# %%
+import inspect
+import math
+
+import numpy as np
+import torch
+
+from lectures._plots import gantt, load_results, not_run, setup
+from reference import hopper as hp
+from reference.numpy.attention import attention
+from reference.numpy.merge import merge_many
+
+plt = setup()
+rng = np.random.default_rng(5)
+
+# %% [markdown]
+# ## 1. Thread-block-level parallelism
+#
+# How to partition FlashAttention across thread blocks (an A100 has 108 SMs, so we want at least ~108 blocks)?
+#
+# * **Step 1: different heads to different thread blocks.** Batch × heads gives independent problems — but
+#   typically 16–64 heads, and with a small batch that is not enough blocks.
+# * **Step 2: different *queries* to different thread blocks.** Each query block's rows are independent (FA2's
+#   outer loop, line 3). Why not split the *keys/values* across thread blocks? Because **thread blocks cannot
+#   communicate**, and the softmax of a row needs all of its keys: a split over keys would need a second kernel
+#   to combine the pieces (which is exactly what Flash-Decoding does when it has no other choice — lecture 7).
+#
+# The Triton forward kernel's grid is `(cdiv(N, BLOCK_M), B * H)`: one program per (query block, batch × head).
+
+# %%
+for B, H, N, bm in ((1, 16, 2048, 128), (8, 16, 2048, 128), (1, 32, 512, 128), (2, 16, 16384, 128)):
+    heads_only = B * H
+    with_q = B * H * math.ceil(N / bm)
+    print(f"B={B:2d} H={H:2d} N={N:5d}: heads only -> {heads_only:4d} thread blocks "
+          f"({heads_only / 108:4.2f} per A100 SM); heads x query blocks -> {with_q:5d} ({with_q / 108:5.2f} per SM)")
+
+# %% [markdown]
+# **Do we need to handle workload imbalance?** The seeds' answer: no — the GPU scheduler automatically loads the
+# next thread block onto an SM as soon as one finishes. With causal masking query blocks have unequal cost
+# (block $i$ visits $i+1$ key blocks), and the dynamic scheduler absorbs most of it when there are many blocks
+# per SM. It cannot fix the *tail* when there are few; that is the FA3 refinement (LPT ordering, lecture 6).
+# The same greedy scheduler, simulated with `reference.hopper.schedule` on a small "GPU" of 6 SMs:
+
+# %%
+tiles = hp.causal_tiles(n_batches=2, n_q_blocks=8, n_heads=2)
+sched = hp.schedule(tiles, 6, "naive")
+fig, ax = plt.subplots(figsize=(8, 2.8))
+gantt(ax, sched, "dynamic scheduling, causal, 32 blocks on 6 SMs:", label=lambda t: f"{t.q_block}")
+plt.tight_layout()
+print(f"busy fraction {sched.efficiency:.1%}; lower bound on the finish time {hp.makespan_lower_bound(tiles, 6)}, "
+      f"achieved {sched.makespan}")
+
+# %% [markdown]
+# ## 2. Warp-level parallelism: split-K (FA1) vs split-Q (FA2)
+#
+# Inside one thread block, how are the 4–8 warps given work?
+#
+# * **FlashAttention-1: split K/V across warps** ("split-K"). Every warp sees all of $Q_i$ but a slice of the
+#   keys, so each produces a *partial* output and partial softmax statistics; the warps must write them to shared
+#   memory, synchronise, and add them up with rescaling. **Splitting across K/V requires communication.**
+# * **FlashAttention-2: split Q across warps** ("split-Q"). Every warp owns some query rows and sees all of
+#   $K_j, V_j$ (shared memory, read-only); each warp's rows are finished on their own. **Splitting across Q
+#   avoids communication.**
+#
+# The split-K combine is the merge of lecture 1/7; the data it moves through shared memory is the price:
+
+# %%
+Br, d, warps = 128, 128, 4
+q = rng.standard_normal((Br, d)); K = rng.standard_normal((512, d)); V = rng.standard_normal((512, d))
+# split-K: each warp attends the whole query block over its quarter of the keys -> partial (o, lse) per warp
+parts = [attention(q, K[w::warps], V[w::warps], return_lse=True) for w in range(warps)]
+o_splitk, _ = merge_many([p[0] for p in parts], [p[1] for p in parts])
+# split-Q: each warp attends its quarter of the query rows over all keys -> disjoint rows, just concatenated
+o_splitq = np.concatenate([attention(q[w * Br // warps:(w + 1) * Br // warps], K, V) for w in range(warps)])
+print("split-K (with merge) and split-Q both exact:", np.allclose(o_splitk, attention(q, K, V)),
+      np.allclose(o_splitq, attention(q, K, V)))
+smem = warps * Br * (d + 2) * 4       # every warp's fp32 partial O plus (m, l), written then read back
+print(f"split-K exchanges {smem / 1024:.0f} KiB of partial results through shared memory per query block "
+      f"(+ a barrier); split-Q exchanges 0 bytes")
+
+# %% [markdown]
+# ## 3. Triton: one program per thread block
+#
+# Triton programs are written per *thread block*: a program loads blocks of data (`tl.load` of a
+# `BLOCK_M × d` tile), computes on whole blocks (`tl.dot` runs on tensor cores; `tl.max`, `tl.exp2`, `tl.sum`
+# along rows), and stores blocks; the compiler assigns the work to warps and threads (split-Q style), stages the
+# loads through shared memory and pipelines them. The heart of the course's forward kernel is lines 7–10 of
+# Algorithm 1 — compare it with lecture 3's NumPy loop:
+
+# %%
+from reference.triton import DEVICE, INTERPRET  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU)
+from reference.triton import flash_attention, flash_attention_forward, flash_decode, paged_decode, softmax  # noqa: E402
+from reference.triton import flash_fwd  # noqa: E402
+
+print("Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU", "| device:", DEVICE)
+src = inspect.getsource(flash_fwd._fwd_block.fn if hasattr(flash_fwd._fwd_block, "fn") else flash_fwd._fwd_block)
+lines = src.splitlines()
+print("\n".join(lines[next(i for i, ln in enumerate(lines) if '"""' in ln):]))
+
+# %% [markdown]
+# Details worth noticing: `exp2` with $\log_2 e$ folded into the scale (one MUFU instruction per score; the
+# returned LSE is converted back to natural log), masks only on the tiles that need them (ragged tails and the
+# causal diagonal), and the running max guarded so fully masked rows give 0, not NaN.
+#
+# ## 4. The kernels, run in the interpreter on tiny shapes
+#
+# The interpreter executes the same kernels with NumPy on the CPU — slow, but exact enough to check every kernel
+# against the float64 formulas (this is how the assignments test Triton code on a laptop):
+
+# %%
+def f64(x):
+    return x.detach().to(torch.float64).cpu().numpy()
+
+x = torch.randn(6, 300, device=DEVICE) * 5
+print("softmax            : max |err| vs torch.softmax =", (softmax(x) - torch.softmax(x, -1)).abs().max().item())
+
+q = torch.randn(1, 4, 75, 32, device=DEVICE); k = torch.randn(1, 2, 75, 32, device=DEVICE)
+v = torch.randn(1, 2, 75, 32, device=DEVICE)
+for causal in (False, True):
+    o, lse = flash_attention_forward(q, k, v, causal=causal)
+    o_ref, lse_ref = attention(f64(q), f64(k), f64(v), causal=causal, return_lse=True)
+    print(f"flash forward      : causal={causal!s:5} GQA 4/2 heads, N=75 (ragged): max |err| O "
+          f"{np.abs(f64(o) - o_ref).max():.1e}, LSE {np.abs(f64(lse) - lse_ref).max():.1e}")
+
+qg = q.clone().requires_grad_(True); kg = k.clone().requires_grad_(True); vg = v.clone().requires_grad_(True)
+do = torch.randn_like(q)
+flash_attention(qg, kg, vg, causal=True).backward(do)
+q64, k64, v64 = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+s = q64 @ k64.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(32)
+s = s.masked_fill(torch.ones(75, 75, dtype=torch.bool).triu(1), float("-inf"))
+(torch.softmax(s, -1) @ v64.repeat_interleave(2, 1)).backward(do.double())
+print("flash backward     : max rel err dQ, dK, dV vs autograd =",
+      [f"{((a.grad.double() - b.grad).abs().max() / b.grad.abs().max()).item():.1e}" for a, b in
+       ((qg, q64), (kg, k64), (vg, v64))])
+
+qd = torch.randn(2, 8, 32, device=DEVICE); kd = torch.randn(2, 2, 200, 32, device=DEVICE)
+vd = torch.randn(2, 2, 200, 32, device=DEVICE)
+lens = torch.tensor([200, 57], device=DEVICE, dtype=torch.int32)
+od = flash_decode(qd, kd, vd, seq_lens=lens, num_splits=3)
+ref = [attention(f64(qd[b])[:, None], f64(kd[b, :, :int(lens[b])]), f64(vd[b, :, :int(lens[b])]))[:, 0] for b in range(2)]
+print("flash_decode       : 3 splits, ragged lengths: max |err| =", max(np.abs(f64(od[b]) - ref[b]).max() for b in range(2)))
+
+bs = 16                                   # the same K/V, scattered into 16-token pages in a shuffled order
+nblk = math.ceil(200 / bs)
+perm = torch.randperm(2 * nblk)
+k_cache = torch.zeros(2 * nblk, bs, 2, 32, device=DEVICE); v_cache = torch.zeros_like(k_cache)
+tables = perm.view(2, nblk).to(torch.int32)
+for b in range(2):
+    for j in range(nblk):
+        n = min(bs, 200 - j * bs)
+        k_cache[tables[b, j], :n] = kd[b, :, j * bs:j * bs + n].transpose(0, 1)
+        v_cache[tables[b, j], :n] = vd[b, :, j * bs:j * bs + n].transpose(0, 1)
+op = paged_decode(qd, k_cache, v_cache, tables.to(DEVICE), lens)
+print("paged_decode       : block size 16, shuffled pages: max |diff| vs flash_decode =", (op - od).abs().max().item())
+
+# %% [markdown]
+# ## 5. On a GPU
+#
+# `benchmarks/bench_attention.py` times the same kernels against PyTorch's SDPA backends (FLASH_ATTENTION is
+# FlashAttention-2; cuDNN) in the FlashAttention convention (batch × seqlen = 16k, hidden 2048, bf16). SPEC 7 asks
+# for ≥ 1.0x SDPA-flash in the forward and ≥ 0.9x in the backward. If a result file is present:
+
+# %%
+gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]
+if not gpu:
+    not_run("GPU attention benchmark", "<gpu>.json")
+for path, r in gpu:
+    rows = r["attention"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
+    for ax, pas in zip(axes, ("fwd", "bwd")):
+        for (d, causal), st in zip(((64, False), (64, True), (128, False), (128, True)), ("-", "--", "-", "--")):
+            sel = [x for x in rows if x["d"] == d and x["causal"] == causal]
+            for impl, mk in (("ours", "o"), ("sdpa_flash", "s"), ("sdpa_cudnn", "^")):
+                pts = [(x["N"], x[impl][f"{pas}_tflops"]) for x in sel if x.get(impl, {}).get(f"{pas}_tflops")]
+                if pts and d == 128:
+                    ax.plot(*zip(*pts), mk + st, label=f"{impl} d={d} {'causal' if causal else ''}", ms=4)
+        ax.set_xscale("log", base=2); ax.set_xlabel("sequence length N"); ax.set_title(f"{pas}, d=128")
+    axes[0].set_ylabel("TFLOP/s"); axes[1].legend(fontsize=7)
+    fig.suptitle(f"benchmarks/results/{path.name}: {r.get('gpu')}, {r.get('dtype')}")
+    plt.tight_layout()
+    for pas in ("fwd", "bwd"):
+        ratios = [x["ours"][f"{pas}_tflops"] / x["sdpa_flash"][f"{pas}_tflops"] for x in rows
+                  if x.get("ours", {}).get(f"{pas}_tflops") and x.get("sdpa_flash", {}).get(f"{pas}_tflops")]
+        best = max((x["ours"][f"{pas}_tflops"] or 0) for x in rows)
+        if ratios:
+            print(f"{r.get('gpu')}: {pas} ours / SDPA-flash: min {min(ratios):.2f}x, median "
+                  f"{float(np.median(ratios)):.2f}x, max {max(ratios):.2f}x; best ours {best:.0f} TFLOP/s")

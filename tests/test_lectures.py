@@ -1,0 +1,50 @@
+"""The lectures: every source runs headless without error, and the committed notebooks are built from it."""
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from lectures import build
+
+pytestmark = pytest.mark.notebooks
+
+SOURCES = sorted(build.SRC.glob("[0-9][0-9]_*.py"))
+IDS = [p.stem for p in SOURCES]
+
+
+def test_there_are_lectures():
+    assert len(SOURCES) >= 9, [p.name for p in SOURCES]
+
+
+def test_parse_percent_format():
+    text = "# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n\n# %%\n\n# %%\ny = 2\n"
+    assert build.parse_percent(text) == [("markdown", "# Title\n\ntext"), ("code", "x = 1"), ("code", "y = 2")]
+    with pytest.raises(ValueError, match="before the first"):
+        build.parse_percent("x = 1\n# %%\n")
+    with pytest.raises(ValueError, match="unknown cell header"):
+        build.parse_percent("# %% [raw]\n")
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=IDS)
+def test_lecture_executes(src, tmp_path):
+    """Execute the SOURCE in a fresh kernel (output to a temporary folder); any cell error fails the test."""
+    out = build.build(src, tmp_path, timeout=300)
+    nb = nbformat.read(str(out), as_version=4)
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
+    assert not errors
+    assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs), \
+        "every lecture has at least one embedded figure"
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=IDS)
+def test_committed_notebook_matches_source(src):
+    """``lectures/NN_topic.ipynb`` must be the executed build of ``src/NN_topic.py`` (edit the source, rebuild)."""
+    ipynb = build.LECTURES / (src.stem + ".ipynb")
+    assert ipynb.exists(), f"{ipynb.name} not built: run `python -m lectures.build {src.stem[:2]}`"
+    nb = nbformat.read(str(ipynb), as_version=4)
+    want = [(c.cell_type, c.source) for c in build.to_notebook(src).cells]
+    have = [(c.cell_type, c.source) for c in nb.cells]
+    assert have == want, f"{ipynb.name} differs from {src.name}: rebuild it"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code), f"{ipynb.name} is not fully executed"
+    assert not any(o.output_type == "error" for c in code for o in c.outputs)
