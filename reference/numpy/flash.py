@@ -20,8 +20,7 @@ import math
 
 import numpy as np
 
-from ._validate import (as_float_array, check_positive_int, check_qkv, check_scale, compute_dtype, lse_dtype)
-from .attention import _check_causal
+from ._validate import as_float_array, check_positive_int, check_qkv, check_scale, compute_dtype, lse_dtype
 
 __all__ = ["flash_attention_forward", "flash_attention_backward"]
 
@@ -65,6 +64,12 @@ def _tile_mask(r0, r1, c0, c1, offset, group):
     """Allowed-mask of a tile in packed rows: packed row p is query position r0 + p // group."""
     rows = np.repeat(np.arange(r0, r1), group) + offset
     return np.arange(c0, c1)[None, :] <= rows[:, None]
+
+
+def _check_causal(causal) -> bool:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    return bool(causal)
 
 
 def _validate(q, k, v, causal, scale, block_q, block_k):
