@@ -1,0 +1,165 @@
+"""Unit tests of the autograder's parts: oracle, comparison rules, protocol, static scan, submission reading,
+the in-notebook check, and the sandbox's kill/timeout/network behaviour."""
+import io
+import json
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from autograder import oracles
+from autograder.check import check
+from autograder.compare import judge, rel_error
+from autograder.protocol import ProtocolError, decode_array, pack
+from autograder.scan import scan
+from autograder.submission import Cell, load_cells
+from tests.oracle import attention_grads, attention_ref
+
+pytestmark = pytest.mark.autograder
+
+
+def _qkv(rng, b=2, hq=4, hkv=2, nq=13, nk=29, d=8):
+    return (rng.standard_normal((b, hq, nq, d)), rng.standard_normal((b, hkv, nk, d)),
+            rng.standard_normal((b, hkv, nk, d)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("nq,nk", [(13, 29), (29, 13), (1, 17), (1, 1)])
+def test_oracle_matches_torch_autograd(rng, causal, nq, nk):
+    q, k, v = _qkv(rng, nq=nq, nk=nk)
+    do = rng.standard_normal(q.shape)
+    o, lse = oracles.attention(q, k, v, causal)
+    o_t, lse_t, _ = attention_ref(q, k, v, causal)
+    np.testing.assert_allclose(o, o_t.numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_t.numpy()))
+    fin = np.isfinite(lse)
+    np.testing.assert_allclose(lse[fin], lse_t.numpy()[fin], rtol=1e-12)
+    for mine, ref in zip(oracles.attention_grads(q, k, v, do, causal), attention_grads(q, k, v, do, causal)):
+        np.testing.assert_allclose(mine, ref.numpy(), rtol=1e-10, atol=1e-10)
+
+
+def test_oracle_decode_and_paged_agree(rng):
+    b, hq, hkv, n, d, bs = 3, 4, 2, 37, 8, 5
+    q = rng.standard_normal((b, hq, d))
+    k, v = rng.standard_normal((b, hkv, n, d)), rng.standard_normal((b, hkv, n, d))
+    lens = np.array([37, 11, 0])
+    o, lse = oracles.decode(q, k, v, lens)
+    assert np.all(o[2] == 0) and np.all(np.isneginf(lse[2]))
+    o1, _, _ = attention_ref(q[1][:, None, :], k[1][:, :11], v[1][:, :11])
+    np.testing.assert_allclose(o[1], o1.numpy()[:, 0], rtol=1e-12)
+    # the same keys scattered over a paged cache
+    nblk = -(-n // bs)
+    perm = rng.permutation(b * nblk)
+    kc = np.zeros((b * nblk, bs, hkv, d))
+    vc = np.zeros_like(kc)
+    tables = np.full((b, nblk), -1)
+    for i in range(b):
+        for j in range(-(-lens[i] // bs)):
+            blk = perm[i * nblk + j]
+            tables[i, j] = blk
+            sl = slice(j * bs, min((j + 1) * bs, lens[i]))
+            kc[blk, : sl.stop - sl.start] = np.moveaxis(k[i, :, sl], 0, 1)
+            vc[blk, : sl.stop - sl.start] = np.moveaxis(v[i, :, sl], 0, 1)
+    np.testing.assert_allclose(oracles.paged(q, kc, vc, tables, lens), o, rtol=1e-12)
+
+
+def test_compare_rules():
+    ref = np.array([1.0, -np.inf, 2.0])
+    assert judge(np.array([1.0, -np.inf, 2.0]), ref, 1e-12)[0]
+    assert not judge(np.array([1.0, np.nan, 2.0]), ref, 1e-12)[0]          # NaN where the reference has none
+    assert not judge(np.array([1.0, 0.0, 2.0]), ref, 1e-12)[0]             # -inf positions must match
+    assert not judge(np.array([1.0, np.inf, 2.0]), ref, 1e-12)[0]          # and their sign
+    assert not judge(np.ones((2, 3)), np.ones((3, 2)), 1.0)[0]              # shapes exactly
+    err, _ = rel_error(np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-3]))
+    assert err == pytest.approx(1e-3 / np.sqrt(5 + 4e-3), rel=1e-6)
+
+
+def test_protocol_roundtrip_and_no_pickles():
+    a = np.arange(12, dtype=np.float16).reshape(3, 4)
+    frame = pack({"t": "x"}, {"a": a})
+    n = int.from_bytes(frame[:4], "big")
+    h = json.loads(frame[4:4 + n])
+    np.testing.assert_array_equal(decode_array(frame[4 + n:]), a)
+    assert h["_payload"] == [["a", len(frame) - 4 - n]]
+    buf = io.BytesIO()
+    np.save(buf, np.array([object()], dtype=object), allow_pickle=True)
+    with pytest.raises(ProtocolError):
+        decode_array(buf.getvalue())
+
+
+def _findings(src, names=("attention",), extra=("torch",)):
+    f, attr = scan([Cell(0, textwrap.dedent(src))], list(names), extra)
+    return [(x.threat, x.message, sorted(a)) for x, a in zip(f, attr)]
+
+
+def test_scan_flags_and_attribution():
+    found = _findings('''
+        """Docstrings may say reference, softmax( and importlib freely."""
+        import numpy as np
+
+        def helper(x):
+            return getattr(np, "soft" + "max")(x)
+
+        def attention(q, k, v):
+            return helper(q)
+
+        def safe_softmax(x):
+            return x
+    ''', names=("attention", "safe_softmax"))
+    assert found == [("T10", "getattr() with a computed attribute name", ["attention"])]
+    found = _findings("import torch\nimport numpy as np\nnp.allclose = lambda *a: True\n", extra=("torch",))
+    assert ("T10", "imports torch, which this assignment does not allow", ["attention"]) in found
+    assert any(t == "T3" and "numpy.allclose" in m for t, m, _ in found)
+    found = _findings("import time\ntime.perf_counter = lambda: 0.0\n")
+    assert [t for t, _, _ in found] == ["T15"]
+    found = _findings("def attention(q):\n    return q.softmax(-1)\n")
+    assert found[0][0] == "T10"
+    # the given Triton-interpreter helper of a3 (patching a triton module) is not monkeypatching a protected one
+    assert _findings("from triton.runtime import interpreter\ninterpreter._patch_lang_tensor = None\n") == []
+
+
+def test_submission_cells(tmp_path):
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# hi"), nbformat.v4.new_code_cell("!pip install x\nx = 1\n%time y = 2"),
+                nbformat.v4.new_code_cell("%%timeit\nz = 3"), nbformat.v4.new_code_cell("check('a1.attention', f)")]
+    nb.cells[-1].metadata["tags"] = ["check"]
+    p = tmp_path / "s.ipynb"
+    nbformat.write(nb, p)
+    cells = load_cells(p)
+    assert [c.source for c in cells] == ["\nx = 1\n"]
+    py = tmp_path / "s.py"
+    py.write_text('# %% [markdown]\n# text\n# %%\na = 1\n# %% tags=["skip"]\nb = 2\n# %% tags=["check"]\nc = 3\n')
+    assert [c.source.strip() for c in load_cells(py)] == ["a = 1"]
+
+
+def test_check_pass_fail_and_stub(capsys):
+    from reference.numpy.attention import attention
+
+    def stub(*a, **k):
+        raise NotImplementedError
+
+    assert check("a1.attention", attention) is True
+    assert check("a1.attention", stub) is False
+    assert "not implemented yet" in capsys.readouterr().out
+    assert check("a1.nope", attention) is False
+
+
+def test_sandbox_kills_escaped_grandchildren_and_times_out():
+    from autograder.sandbox import Limits, Sandbox, SandboxDied
+    sb = Sandbox("cpu", Limits(address_space=2 << 30))
+    sb.start()
+    try:
+        src = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(120)\n    os._exit(0)\n"
+               "while True:\n    pass\n")
+        sb.send({"t": "load", "cells": [[0, src]], "names": [], "trusted": True})
+        t0 = time.monotonic()
+        with pytest.raises(SandboxDied) as exc:
+            sb.recv(2.0, expect="loaded")
+        assert exc.value.kind == "timeout" and time.monotonic() - t0 < 10
+        assert sb._members() == []                      # the setsid grandchild was found by its token and killed
+        assert sb.network.startswith(("off", "on"))
+    finally:
+        sb.stop()
