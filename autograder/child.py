@@ -11,6 +11,7 @@ Messages (child -> parent): ``hello``, ``loaded``, ``trap`` (at once, T11), ``ar
 """
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import threading
@@ -61,7 +62,11 @@ class Child:
         for i, (index, src) in enumerate(h["cells"]):
             ok, err = True, None
             try:
-                code = compile(src, f"<cell {index}>", "exec")
+                # register the cell's text like Jupyter does, so inspect.getsource works (Triton's @jit needs it
+                # on a GPU, and tracebacks show the line)
+                fname = f"<cell {index}>"
+                linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+                code = compile(src, fname, "exec")
                 self._active(True)
                 try:
                     exec(code, self.ns)  # noqa: S102 -- running the submission is the point
