@@ -182,11 +182,12 @@ for path, r in gpu:
     for ax, pas in zip(axes, ("fwd", "bwd")):
         for (d, causal), st in zip(((64, False), (64, True), (128, False), (128, True)), ("-", "--", "-", "--")):
             sel = [x for x in rows if x["d"] == d and x["causal"] == causal]
-            for impl, mk in (("ours", "o"), ("sdpa_flash", "s"), ("sdpa_cudnn", "^")):
+            for impl, mk, col in (("ours", "o", "tab:blue"), ("sdpa_flash", "s", "tab:orange"),
+                                  ("sdpa_cudnn", "^", "tab:green")):
                 pts = [(x["N"], x[impl][f"{pas}_tflops"]) for x in sel if x.get(impl, {}).get(f"{pas}_tflops")]
                 if pts and d == 128:
-                    ax.plot(*zip(*pts), mk + st, label=f"{impl} d={d} {'causal' if causal else ''}", ms=4)
-        ax.set_xscale("log", base=2); ax.set_xlabel("sequence length N"); ax.set_title(f"{pas}, d=128")
+                    ax.plot(*zip(*pts), mk + st, color=col, label=f"{impl} {'causal' if causal else ''}", ms=4)
+        ax.set_xscale("log", base=2); ax.set_xlabel("sequence length N"); ax.set_title(f"{pas}, d=128 (dashed: causal)")
     axes[0].set_ylabel("TFLOP/s"); axes[1].legend(fontsize=7)
     fig.suptitle(f"benchmarks/results/{path.name}: {r.get('gpu')}, {r.get('dtype')}")
     plt.tight_layout()

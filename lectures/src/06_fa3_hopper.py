@@ -259,7 +259,8 @@ for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 1
 # *(talk, H100, CUDA 12.8, Triton 3.1, cuDNN 9.6)*: BF16 FA3 is 1.8–2.2x faster than FA2 and reaches up to
 # 840 TFLOPS; causal attention 730–750 TFLOPS, about matmul speed; FP8 up to 1.3 PFLOPS. This course's Triton
 # kernels are FlashAttention-2-style (no warp specialisation, no explicit pingpong); if the GPU benchmark has been
-# run, here is how far they get on the same kind of GPU:
+# run, here is how far they get (an H200 has the H100's tensor cores, 989 dense bf16 TFLOPS, with faster HBM, so
+# its attention TFLOPS are comparable to the talk's H100 numbers):
 
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]

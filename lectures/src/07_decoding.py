@@ -195,7 +195,8 @@ for path, r in decode:
             pts = sorted((x["context"], x[key] * 1e3) for x in rows if x["batch"] == b and x["impl"] == impl)
             if pts:
                 ax.loglog(*zip(*pts), "o-", label=impl, ms=3)
-        ax.set_title(f"batch {b}"); ax.set_xlabel("context length"); ax.set_ylabel(f"{key} (us)")
+        ax.set_title(f"batch {b}"); ax.set_xlabel("context length")
+        ax.set_ylabel("GPU time per call (us)" + (", CUDA graph" if key == "ms_graph" else ""))
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"benchmarks/results/{path.name}: {gpu_name}")
     plt.tight_layout()
@@ -206,3 +207,19 @@ for path, r in decode:
         if ratios:
             best = max(ratios)
             print(f"{gpu_name}: split-KV vs {base:12s}: up to {best[0]:5.1f}x (batch {best[1]}, context {best[2]})")
+    copy_bw = r.get("meta", {}).get("copy_bw_bytes_per_s")
+    longest = max((x for x in rows if x["impl"] == "split_kv" and x["batch"] == 1), key=lambda x: x["context"], default=None)
+    if copy_bw and longest and longest.get("kv_bytes"):
+        bw = longest["kv_bytes"] / (longest[key] * 1e-3)
+        print(f"{gpu_name}: batch 1, context {longest['context']}: split-KV reads the KV cache at {bw / 1e9:.0f} GB/s = "
+              f"{bw / copy_bw:.0%} of the measured device copy bandwidth ({copy_bw / 1e9:.0f} GB/s)")
+    print("seeds: 'Flash-Decoding is up to 8x faster than prior work' (vs FlashAttention-2 and native PyTorch, 2023)")
+
+# %% [markdown]
+# How to read the comparison: `one_split` is the same kernel with one thread block per (sequence, KV head)
+# walking the whole cache — FlashAttention-2's behaviour at decode time — so split-KV vs `one_split` is the
+# seeds' claim measured on today's hardware, and it grows with the context length at batch 1, where the GPU is
+# emptiest. PyTorch's default SDPA backend on recent GPUs (cuDNN) already splits the KV sequence itself, so
+# parity with it is the expected outcome; the gap to `sdpa_flash` and the naive three-op implementation shows
+# what a decode kernel without split-KV (or without fusion) leaves on the table. At batch 32 there are enough
+# (sequence, head) pairs to fill the GPU, and splitting stops mattering.
