@@ -128,13 +128,20 @@ class Child:
         self._active(True)
         try:
             t0 = _clock()
-            raw = fn(*args, **kwargs)
+            if header["mode"] == "autograd":     # forward + backward, as training would run it
+                out = fn(*args[:-1], **kwargs)
+                if type(out) is sys.modules["torch"].Tensor:
+                    out.backward(args[-1])
+                raw = (out,) + tuple(a.grad for a in args[:-1] if getattr(a, "requires_grad", False))
+            else:
+                raw = fn(*args, **kwargs)
             sync(self.device)                    # device-wide: side streams are waited for (T13)
             elapsed = _clock() - t0
         finally:
             self._active(False)
         self.chan.send({"t": "done", "elapsed": elapsed})
-        items = list(raw) if header["n_outs"] > 1 and type(raw) in (tuple, list) else [raw]
+        multi = header["n_outs"] > 1 or header["mode"] == "autograd"
+        items = list(raw) if multi and type(raw) in (tuple, list) else [raw]
         if len(items) != header["n_outs"]:
             return {"outs": [], "arrays": [], "hashes": {}, "elapsed": elapsed, "peak": None, "script": None,
                     "threads": 0, "shape_error": f"expected {header['n_outs']} outputs"}

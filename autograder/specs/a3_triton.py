@@ -65,7 +65,7 @@ TESTS = [
                   dict(shape=(4, ragged(r, 5, 300)), dtype="bfloat16", gpu=True)]),
     _t("softmax", "speed vs reference fused softmax (GPU)", 4, [],
        lambda r: [dict(shape=(4096, 4096), dtype="float16"), dict(shape=(8192, 1000), dtype="bfloat16")],
-       kind="speed", gpu_only=True, reps=10),
+       kind="speed", gpu_only=True, reps=5),
 
     _t("flash_attention_forward", "basic (ragged N)", 8, [_v()],
        lambda r: [_att(r), _att(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90))]),
@@ -82,7 +82,7 @@ TESTS = [
     _t("flash_attention_forward", "float16 / bfloat16", 4, [_v(dtype="float16")],
        lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", gpu=True)]),
     _t("flash_attention_forward", "speed vs reference FA2 forward (GPU)", 8, [], lambda r: GPU_ATT,
-       kind="speed", gpu_only=True, reps=10),
+       kind="speed", gpu_only=True, reps=5),
 
     _t("flash_attention", "backward: basic (ragged N)", 10, [_v()], lambda r: [_att(r), _att(r, hq=2)]),
     _t("flash_attention", "backward: causal", 8, [_v(causal=True)], lambda r: [_att(r, causal=True)]),
@@ -91,7 +91,7 @@ TESTS = [
     _t("flash_attention", "backward: float16 / bfloat16", 5, [_v(dtype="float16")],
        lambda r: [_att(r, "float16"), _att(r, "bfloat16", gpu=True)]),
     _t("flash_attention", "speed vs reference FA2 forward + backward (GPU)", 6, [], lambda r: GPU_ATT[:2],
-       kind="speed", gpu_only=True, reps=10),
+       kind="speed", gpu_only=True, reps=5),
 ]
 
 TASKS = {
