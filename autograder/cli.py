@@ -6,7 +6,6 @@ Exit status: 0 whenever grading completed (whatever the score); non-zero only wh
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path

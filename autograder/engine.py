@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import specs as specs_mod
-from .compare import rel_error
 from .evaluate import Verdict, evaluate
 from .runner import array_hash, call_to_wire
 from .sandbox import Limits, Sandbox, SandboxDied

@@ -7,7 +7,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 
 from autograder import oracles
 from autograder.check import check

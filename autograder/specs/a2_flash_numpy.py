@@ -64,7 +64,8 @@ def _tests(task, pts):
           lambda r: [_att(r, "float64", shift=800.0), _att(r, "float32", shift=100.0)]),
     ] if task == "flash_attention_forward" else []) + [
         t("memory O(N d): no N x N matrix", pts[-1],
-          [dict(MEM, Nq=1024, Nk=1024)], lambda r: [MEM, dict(MEM_CAUSAL, Nq=1024, Nk=1024)], kind="memory", memory_limit=_mem_limit),
+          [dict(MEM, Nq=1024, Nk=1024)], lambda r: [MEM, dict(MEM_CAUSAL, Nq=1024, Nk=1024)], kind="memory",
+          memory_limit=_mem_limit),
     ]
 
 
