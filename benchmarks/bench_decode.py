@@ -280,7 +280,8 @@ def paged_config(B, N, block_sizes, rows, copy_bw, log, eager=True):
         psets = [(x[0],) + to_paged(x[1], x[2], bs) for x in sets]
         out = paged_decode(*psets[0])  # validated once
         err = rel(out, contig)
-        assert err < 1e-3, f"paged bs={bs} B={B} N={N}: {err} vs contiguous"
+        # bf16: the two kernels may use different tiles and splits (own configs), so P rounds differently
+        assert err < 5e-3, f"paged bs={bs} B={B} N={N}: {err} vs contiguous"
         fns = [(lambda q, kc, vc, t, sl: (lambda: paged_decode(q, kc, vc, t, sl, validate=False)))(*x)
                for x in psets]
         row = timed(dict(batch=B, context=N, impl=f"paged_bs{bs}", block_size=bs, rel_err=err), fns, kv_bytes,
@@ -305,7 +306,7 @@ def host_overhead(log):
     q, k, v = inputs(1, 256)
     kc, vc, t, sl = to_paged(k, v, 16)
     from torch.nn.functional import scaled_dot_product_attention as sdpa
-    cases = {"flash_decode (2 launches)": lambda: flash_decode(q, k, v, num_splits=2, validate=False),
+    cases = {"flash_decode (2 splits)": lambda: flash_decode(q, k, v, num_splits=2, validate=False),
              "flash_decode (1 split, 1 launch)": lambda: flash_decode(q, k, v, num_splits=1, validate=False),
              "flash_decode validate=True": lambda: flash_decode(q, k, v, seq_lens=sl, num_splits=2),
              "paged_decode validate=False": lambda: paged_decode(q, kc, vc, t, sl, num_splits=2, validate=False),
@@ -351,55 +352,82 @@ def kernel_breakdown(log):
     return out
 
 
-TUNE_CONFIGS = [(64, 4, 3), (64, 4, 2), (64, 4, 4), (64, 8, 3), (128, 4, 3), (128, 8, 3), (128, 8, 2),
-                (32, 4, 3), (32, 4, 4)]
+#: (BLOCK_N, num_warps, num_stages, fused merge); the first is the baseline of the geomean
+TUNE_CONFIGS = [(128, 8, 2, False), (128, 8, 2, True), (128, 8, 3, True), (128, 4, 2, True), (64, 4, 3, True),
+                (64, 4, 4, True), (64, 8, 2, True)]
 
 
 def tune(copy_bw, log):
-    """Stage-1 launch configurations (BLOCK_N, num_warps, num_stages), graph-timed on the cases that matter."""
+    """Stage-1 launch configurations (BLOCK_N, num_warps, num_stages) and fused vs separate merge, graph-timed.
+
+    Picks the best contiguous configuration (and fused or not) by the geomean over the contiguous cases, and
+    the best paged configuration (with that merge choice) over the paged cases.
+    """
     from reference.triton import decode
     default = dict(decode.CONFIG)
+    default_paged = dict(decode.PAGED_CONFIG)
+    default_paged1 = dict(decode.PAGED_ONE_SPLIT_CONFIG)
+    default_fused = decode.FUSE_MERGE
     results = []
-    cases = [("contig", 1, 131072), ("contig", 1, 32768), ("contig", 32, 8192), ("paged16", 1, 131072),
-             ("paged128", 1, 131072), ("paged16", 8, 32768), ("bnhd", 1, 131072)]
+    cases = [("contig", 1, 32768), ("contig", 1, 65536), ("contig", 1, 131072), ("contig", 8, 32768),
+             ("contig", 32, 8192), ("paged16", 1, 131072), ("paged16", 8, 32768), ("paged16", 32, 8192),
+             ("paged128", 1, 131072)]
     configs = TUNE_CONFIGS
     if SMOKE:
-        cases, configs = [("contig", 1, 256), ("paged16", 1, 256), ("paged128", 1, 256), ("bnhd", 1, 256)], \
-            TUNE_CONFIGS[:1] + TUNE_CONFIGS[4:5]
+        cases, configs = [("contig", 1, 256), ("paged16", 1, 256), ("paged128", 1, 256)], TUNE_CONFIGS[:2]
     data = {}
     for kind, B, N in cases:
         q, k, v = inputs(B, N)
         if kind.startswith("paged"):
             data[(kind, B, N)] = (q,) + to_paged(k, v, int(kind[5:]))
-        elif kind == "bnhd":  # contiguous kernel on a (B, N, Hkv, d) buffer: the paged layout's row stride
-            data[(kind, B, N)] = (q, k.transpose(1, 2).contiguous().transpose(1, 2),
-                                  v.transpose(1, 2).contiguous().transpose(1, 2))
         else:
             data[(kind, B, N)] = (q, k, v)
-    for bn, w, st in configs:
+    ref = {key: (flash_decode(*x, num_splits=1) if key[0] == "contig" else None) for key, x in data.items()}
+    for bn, w, st, fused in configs:
         decode.CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
-        res = dict(block_n=bn, num_warps=w, num_stages=st, us={})
+        decode.PAGED_CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
+        decode.PAGED_ONE_SPLIT_CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
+        decode.FUSE_MERGE = fused
+        res = dict(block_n=bn, num_warps=w, num_stages=st, fused_merge=fused, us={})
         for key, x in data.items():
             if key[0].startswith("paged"):
                 f = (lambda x=x: paged_decode(*x, validate=False))
             else:
                 f = (lambda x=x: flash_decode(*x, validate=False))
-            f()
+            out = f()
+            if ref[key] is not None:
+                err = rel(out, ref[key])
+                assert err < 1e-2, f"tune {res}: {key} rel err {err} vs one split"
             res["us"]["%s B=%d N=%d" % key] = graph_ms([f], reps=10) * 1e3
+            if ref[key] is not None:  # outputs of the graph replays are checked too (a racy merge shows here)
+                err = rel(f(), ref[key])
+                assert err < 1e-2, f"tune {res}: {key} rel err {err} after replays"
         results.append(res)
-        log(f"  tune BLOCK_N={bn:3d} warps={w} stages={st}: " +
+        log(f"  tune BLOCK_N={bn:3d} warps={w} stages={st} fused={int(fused)}: " +
             " ".join(f"{k.split(' N=')[0]}/{int(k.split('N=')[1]) // 1024}k {t:6.1f}" for k, t in res["us"].items()))
     base = results[0]["us"]
+
+    def geo(r, kind):
+        keys = [k for k in base if k.startswith(kind)]
+        return math.exp(sum(math.log(base[k] / r["us"][k]) for k in keys) / len(keys))
     for r in results:
-        r["geomean_speedup_vs_default"] = math.exp(sum(math.log(base[k] / t) for k, t in r["us"].items())
-                                                   / len(base))
-    best = max(results, key=lambda r: r["geomean_speedup_vs_default"])
+        r["geomean_speedup_vs_first"] = geo(r, "")
+        r["geomean_contig_vs_first"] = geo(r, "contig")
+        r["geomean_paged_vs_first"] = geo(r, "paged")
+    best = max(results, key=lambda r: r["geomean_contig_vs_first"])
+    best_paged = max((r for r in results if r["fused_merge"] == best["fused_merge"]),
+                     key=lambda r: r["geomean_paged_vs_first"])
     decode.CONFIG.update(default)
-    log(f"  tune: best BLOCK_N={best['block_n']} warps={best['num_warps']} stages={best['num_stages']} "
-        f"(geomean {best['geomean_speedup_vs_default']:.3f}x the default {default})")
-    del data
+    decode.PAGED_CONFIG.update(default_paged)
+    decode.PAGED_ONE_SPLIT_CONFIG.update(default_paged1)
+    decode.FUSE_MERGE = default_fused
+    log(f"  tune: best contiguous BLOCK_N={best['block_n']} warps={best['num_warps']} stages={best['num_stages']} "
+        f"fused={best['fused_merge']} (geomean {best['geomean_contig_vs_first']:.3f}x the first); best paged "
+        f"BLOCK_N={best_paged['block_n']} warps={best_paged['num_warps']} stages={best_paged['num_stages']} "
+        f"({best_paged['geomean_paged_vs_first']:.3f}x)")
+    del data, ref
     empty_cache()
-    return results, best
+    return results, best, best_paged
 
 
 def bars(rows, paged):
@@ -505,12 +533,18 @@ def main(argv=None):
     from reference.triton import decode
     tuning, overhead = None, None
     if args.tune:
-        tune_rows, best = tune(copy_bw, log)
-        tuning = dict(configs=tune_rows, best=best, default=dict(decode.CONFIG), applied=False)
+        tune_rows, best, best_paged = tune(copy_bw, log)
+        tuning = dict(configs=tune_rows, best=best, best_paged=best_paged, default=dict(decode.CONFIG),
+                      default_paged=dict(decode.PAGED_CONFIG), default_fused_merge=decode.FUSE_MERGE, applied=False)
         if args.apply_best:
             decode.CONFIG.update(block_n=best["block_n"], num_warps=best["num_warps"], num_stages=best["num_stages"])
+            decode.PAGED_CONFIG.update(block_n=best_paged["block_n"], num_warps=best_paged["num_warps"],
+                                       num_stages=best_paged["num_stages"])
+            decode.FUSE_MERGE = best["fused_merge"]
             tuning["applied"] = True
-    log(f"stage-1 config for this run: {decode.CONFIG}")
+        with open(os.path.join(args.out, f"{slug}-decode-tune.json"), "w") as f:  # kept if the run is cut short
+            json.dump(tuning, f, indent=1)
+    log(f"stage-1 config for this run: {decode.CONFIG}, paged {decode.PAGED_CONFIG}, fused merge {decode.FUSE_MERGE}")
     overhead = host_overhead(log)
     breakdown = None
     if not SMOKE:
@@ -532,9 +566,9 @@ def main(argv=None):
                 continue
             run_config(B, N, copy_bw, rows, log)
     sweep = []
-    sweep_cases = [(1, 65536, [1, 4, 8, 16, 24, 33, 48, 64, 96])]
+    sweep_cases = [(1, 65536, [1, 4, 8, 16, 24, 32, 40, 48, 64, 96])]
     if not args.quick:
-        sweep_cases += [(1, 32768, [8, 16, 24, 33, 48, 64]), (1, 131072, [16, 33, 48, 66, 132]),
+        sweep_cases += [(1, 32768, [8, 16, 24, 32, 48, 64]), (1, 131072, [16, 32, 48, 64, 132]),
                         (8, 32768, [1, 2, 3, 4, 5, 8, 16]), (32, 32768, [1, 2, 3, 4])]
     if SMOKE:
         sweep_cases = [(1, 512, [1, 2, 4])]
@@ -550,7 +584,9 @@ def main(argv=None):
     meta = dict(gpu=meta_name(), slug=slug, sms=num_sms(), torch=torch.__version__,
                 triton=__import__("triton").__version__, copy_bw_bytes_per_s=copy_bw, dtype="bfloat16",
                 hq=HQ, hkv=HKV, d=D, quick=args.quick, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                stage1_config=dict(decode.CONFIG),
+                stage1_config=dict(decode.CONFIG), paged_config=dict(decode.PAGED_CONFIG),
+                paged_one_split_config=dict(decode.PAGED_ONE_SPLIT_CONFIG),
+                fused_merge=decode.FUSE_MERGE,
                 timing=("ms: triton.testing.do_bench median, eager calls (host launch overhead included where the "
                         "GPU outruns the host), L2 flushed per call. ms_graph: median GPU time per call from "
                         "CUDA-graph replays rotating over input sets >= 3x L2 (what a serving engine that captures "

@@ -76,6 +76,23 @@ def test_num_splits_any(rng, num_splits):
     assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
 
 
+@pytest.mark.parametrize("hq,hkv,num_splits", [(8, 2, 5), (32, 1, 9), (6, 3, 40)])
+def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, monkeypatch, hq, hkv, num_splits):
+    # The merge inside stage 1 (last ticket of a group merges) against the separate stage-2 kernel; repeated
+    # calls must find every ticket counter back at 0 (a leftover count would merge too early or never).
+    from reference.triton import decode
+    q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
+    sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
+    monkeypatch.setattr(decode, "FUSE_MERGE", False)
+    o_sep = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
+    monkeypatch.setattr(decode, "FUSE_MERGE", True)
+    for _ in range(2 if DEVICE.type == "cpu" else 50):
+        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
+        assert rel_err(o, o_sep) < 1e-6 and torch.all(o[1] == 0)
+    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
+    assert int(decode._COUNTERS[(o.device.type, o.device.index)].abs().sum()) == 0
+
+
 def test_splits_agree_with_one_split(rng):
     q, k, v = make(rng, 1, 4, 2, 300, 64, torch.float32)
     o1 = flash_decode(q, k, v, num_splits=1)
@@ -122,7 +139,10 @@ def test_strided_kv_and_inputs_untouched(rng):
 
 
 def test_choose_num_splits_heuristic():
-    assert choose_num_splits(1, 8, 65536, sms=132) == 33  # round(2 * 132 / 8): batch 1 fills the GPU
+    # round(2 * 132 / 8) = 33 wanted at batch 1; 512 blocks of 128 keys in splits of ceil(512/33) = 16
+    # blocks need only 32 programs (the 33rd would be empty)
+    assert choose_num_splits(1, 8, 65536, sms=132) == 32
+    assert choose_num_splits(1, 8, 131072 - 128 * 200, sms=132) == 33  # 824 blocks: 25 per split, all used
     assert choose_num_splits(8, 8, 65536, sms=132) == 4
     assert choose_num_splits(32, 8, 65536, sms=132) == 1  # 256 programs already fill 132 SMs
     assert choose_num_splits(1, 8, 1024, sms=132, block_n=64) == 4  # 16 key blocks / 4 per split

@@ -7,9 +7,13 @@ Parallelizes Across Keys/Values") splits the keys and values into chunks and run
 1. *stage 1* (``_split_kv_kernel``): one program per (batch, kv head, split). It attends the query heads of
    one GQA group to the split's keys with FlashAttention's online softmax (FA2 Algorithm 1, lines 8-10, in
    base 2) and writes a partial output ``o_s`` and its log-sum-exp ``lse_s``;
-2. *stage 2* (``_merge_kernel``): one program per (batch, query head) merges the splits with the
-   log-sum-exp rule ``lse = log sum_s exp(lse_s)``, ``o = sum_s exp(lse_s - lse) o_s`` (the same merge as
-   ``reference.numpy.merge.merge_states``).
+2. *stage 2*: the splits are merged with the log-sum-exp rule ``lse = log sum_s exp(lse_s)``,
+   ``o = sum_s exp(lse_s - lse) o_s`` (the same merge as ``reference.numpy.merge.merge_states``). By default
+   (``FUSE_MERGE``) the merge runs inside stage 1: each program takes a ticket from an atomic counter of its
+   (batch, kv head) after writing its partial result, and the program that draws the last ticket merges the
+   group's splits and resets the counter. This saves the second launch and the gap between the kernels,
+   which are a tenth of a batch-1 decode step at 32k keys. ``FUSE_MERGE = False`` runs the separate
+   ``_merge_kernel`` (one program per (batch, query head)) instead.
 
 GQA packing (FlashAttention-3 talk, "GQA Packing: compute for multiple query heads per KV head"): the
 ``G = Hq / Hkv`` query heads that share a kv head are the M rows of one tile, padded to at least 16 rows for
@@ -34,9 +38,14 @@ LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
 #: launch configuration of stage 1 for fp16/bf16: keys per inner-loop step (the N of the QK^T tile), warps,
-#: pipeline depth. Chosen by ``benchmarks/bench_decode.py --tune`` on an H200 (notes/triton_decode.md): 128-key
-#: tiles, 8 warps, 2 stages was 1.11x the geometric mean of (64, 4, 3), mostly from paged block size 16.
-CONFIG = dict(block_n=128, num_warps=8, num_stages=2)
+#: pipeline depth. Chosen by ``benchmarks/bench_decode.py --tune`` on an H200 (notes/triton_decode.md, run 4):
+#: with the fused merge, 64-key tiles, 4 warps, 4 stages was best on the contiguous cases (1.03x geomean).
+CONFIG = dict(block_n=64, num_warps=4, num_stages=4)
+#: the same for the paged kernel (``paged_decode``) with several splits, tuned separately (16-token pages make
+#: short tiles gather 4 pages per 64 keys: 128-key tiles win there, notes run 4)
+PAGED_CONFIG = dict(block_n=128, num_warps=4, num_stages=2)
+#: paged with one split (large batch): 8 warps measured 5% faster than 4 at B=32, 8k, 16-token pages
+PAGED_ONE_SPLIT_CONFIG = dict(block_n=128, num_warps=8, num_stages=2)
 #: fp32 inputs: half the tile, so two stages of K and V tiles (d=128) stay well inside shared memory.
 FP32_CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
 #: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
@@ -45,6 +54,10 @@ MIN_BLOCKS_PER_SPLIT = 4
 PROGRAMS_PER_SM = 2
 #: splits merged per step of stage 2's loop
 MERGE_CHUNK = 32
+#: merge the splits inside stage 1 (last program of each (batch, kv head) merges) instead of a second kernel
+FUSE_MERGE = True
+#: fused merge: at most this many (query head, split) rows of d partial outputs per step (registers)
+FUSED_MERGE_ROWS = 128
 
 
 @triton.jit
@@ -90,7 +103,7 @@ def _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
 
 @triton.jit
 def _split_kv_kernel(
-    Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart,
+    Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters,
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,  # contiguous: (batch, head, token); paged: (block, head, token-in-block)
     stride_vb, stride_vh, stride_vn,
@@ -100,6 +113,7 @@ def _split_kv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr, LOOP_WHILE: tl.constexpr,
+    FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
@@ -156,6 +170,64 @@ def _split_kv_kernel(
         row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
         tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
         tl.store(LsePart + row, lse2, mask=row_ok)
+        if FUSED:
+            # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
+            # the program that draws the last ticket and makes the others' stores visible to it.
+            tl.debug_barrier()
+            ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
+            if ticket == num_splits - 1:
+                tl.debug_barrier()
+                _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh,
+                             HEAD_DIM, MERGE_M, MERGE_CHUNK_S, LOOP_WHILE)
+                tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
+
+
+@triton.jit
+def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
+                       HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
+    """Fold CHUNK splits of every query head of a group into the running log-sum-exp merge (3-D tiles)."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_s = s0 + tl.arange(0, CHUNK)
+    ok = h_ok[:, None] & (offs_s < num_splits)[None, :]  # (M, CHUNK)
+    rows = row_base[:, None] + offs_s[None, :]
+    # .cg: read from L2, never a stale L1 line (other SMs wrote these partials)
+    lse = tl.load(LsePart + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    o_s = tl.load(OPart + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None], other=0.0,
+                  cache_modifier=".cg")  # (M, CHUNK, d)
+    m_new = tl.maximum(m, tl.max(lse, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # all -inf so far: keep weights 0, not NaN
+    w = tl.exp2(lse - m_ref[:, None])
+    alpha = tl.exp2(m - m_ref)
+    den = den * alpha + tl.sum(w, 1)
+    acc = acc * alpha[:, None] + tl.sum(w[:, :, None] * o_s, 1)
+    return m_new, den, acc
+
+
+@triton.jit
+def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh,
+                 HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr, LOOP_WHILE: tl.constexpr):
+    """Stage 2 inside stage 1: o = sum_s exp(lse_s - lse) o_s for the group's query heads (log-sum-exp merge)."""
+    offs_h = tl.arange(0, MERGE_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    h_ok = offs_h < group
+    heads = kvh * group + offs_h
+    row_base = (b64 * n_kv_heads * group + heads) * num_splits
+    m = tl.full([MERGE_M], float("-inf"), tl.float32)
+    den = tl.zeros([MERGE_M], tl.float32)
+    acc = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)
+    if LOOP_WHILE:  # see _split_kv_kernel
+        s0 = 0
+        while s0 < num_splits:
+            m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
+                                             HEAD_DIM, CHUNK)
+            s0 += CHUNK
+    else:
+        for s0 in range(0, num_splits, CHUNK):
+            m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
+                                             HEAD_DIM, CHUNK)
+    o = acc / tl.where(den > 0, den, 1.0)[:, None]  # seq_len 0: every split empty, o = 0
+    tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
+             mask=h_ok[:, None])
 
 
 @triton.jit
@@ -207,17 +279,22 @@ def choose_num_splits(batch: int, n_kv_heads: int, n_keys: int, sms: int | None 
     Stage 1 has ``batch * n_kv_heads * splits`` programs. We want about ``PROGRAMS_PER_SM * sms`` of them
     (two waves with the default config's one resident program per SM: splitting finer shortens each program
     so the second wave balances the first; measured on an H200 at batch 1, 33 splits beat 16, 24, 48, 64 and
-    96 at 32k, 64k and 128k keys), so ``splits = round(target / (batch * n_kv_heads))``, capped so each split still streams ``MIN_BLOCKS_PER_SPLIT * block_n`` keys (splitting
-    finer only adds partial-result traffic and merge work). Rounding, not ceil: batch 32 x 8 kv heads = 256
-    programs already fill an H100/H200 (measured: 2 splits were 13% slower than 1), so it gets 1 split;
-    batch 8 gets ``round(264 / 64) = 4``; batch 1 at 64k keys gets ``round(264 / 8) = 33``.
+    96 at 32k, 64k and 128k keys), so ``splits = round(target / (batch * n_kv_heads))``, capped so each split
+    still streams ``MIN_BLOCKS_PER_SPLIT * block_n`` keys (splitting finer only adds partial-result traffic
+    and merge work), then lowered to the number of splits that actually receive blocks. Rounding, not ceil:
+    batch 32 x 8 kv heads = 256 programs already fill an H100/H200 (measured: 2 splits were 13% slower than
+    1), so it gets 1 split; batch 8 gets ``round(264 / 64) = 4``; batch 1 at 64k keys wants
+    ``round(264 / 8) = 33``, whose 16-block splits need only 32 programs, so 32.
     """
     sms = num_sms() if sms is None else sms
     block_n = CONFIG["block_n"] if block_n is None else block_n
     programs = max(1, batch * n_kv_heads)
     want = round(PROGRAMS_PER_SM * sms / programs)
-    cap = max(1, math.ceil(n_keys / block_n) // MIN_BLOCKS_PER_SPLIT)
-    return max(1, min(want, cap))
+    n_blocks = math.ceil(n_keys / block_n)
+    splits = max(1, min(want, n_blocks // MIN_BLOCKS_PER_SPLIT))
+    # Stage 1 gives each split ceil(n_blocks / splits) blocks; drop the splits that would then get none
+    # (e.g. 33 -> 32 at 32k keys): the same work per program, fewer programs and partials to merge.
+    return math.ceil(n_blocks / math.ceil(n_blocks / splits))
 
 
 def _block_m(group: int) -> int:
@@ -236,17 +313,39 @@ def _check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate:
     return seq_lens.contiguous()
 
 
-def _config(dtype):
-    return FP32_CONFIG if dtype == torch.float32 else CONFIG
+def _config(dtype, paged=False, num_splits=None):
+    if dtype == torch.float32:
+        return FP32_CONFIG
+    if paged:
+        return PAGED_ONE_SPLIT_CONFIG if num_splits == 1 else PAGED_CONFIG
+    return CONFIG
+
+
+_COUNTERS: dict = {}
+
+
+def _counters(device, n: int):
+    """The fused merge's ticket counters, one int32 per (batch, kv head), zero between launches.
+
+    Each launch's last program of a group resets its counter, so one zeroed buffer per device is reused and
+    no memset is launched per call. Consequence: two fused decodes running *concurrently* on different streams
+    of one device would share tickets; set ``FUSE_MERGE = False`` for that.
+    """
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
+        _COUNTERS[key] = buf
+    return buf
 
 
 def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size):
     """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout."""
     B, Hq, d = q.shape
-    cfg = _config(q.dtype)
+    paged = block_tables is not None
+    cfg = _config(q.dtype, paged, num_splits)
     group = Hq // n_kv_heads
     out = torch.empty_like(q)
-    paged = block_tables is not None
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
         sk = (k.stride(0), k.stride(2), k.stride(1))
         sv = (v.stride(0), v.stride(2), v.stride(1))
@@ -255,24 +354,29 @@ def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_split
         sk = (k.stride(0), k.stride(1), k.stride(2))
         sv = (v.stride(0), v.stride(1), v.stride(2))
         bt, stride_tb = q, 0  # unused dummy pointer
+    fused = num_splits > 1 and FUSE_MERGE
     if num_splits > 1:
         o_part = torch.empty((B, Hq, num_splits, d), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
     else:
         o_part = lse_part = out  # unused
+    counters = _counters(q.device, B * n_kv_heads) if fused else out  # unused unless fused
+    merge_m = max(2, triton.next_power_of_2(group))
+    chunk = min(triton.next_power_of_2(num_splits), max(1, FUSED_MERGE_ROWS // merge_m))
     has_seq = seq_lens is not None
     sl = seq_lens if has_seq else q
     grid = (num_splits, B * n_kv_heads)
     _split_kv_kernel[grid](
-        q, k, v, sl, bt, out, o_part, lse_part,
+        q, k, v, sl, bt, out, o_part, lse_part, counters,
         q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
         n_kv_heads, group, n_max, num_splits, scale * LOG2E,
         HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET, LOOP_WHILE=INTERPRET,
+        FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    if num_splits > 1:
+    if num_splits > 1 and not fused:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
                                  HEAD_DIM=d, CHUNK=MERGE_CHUNK, LOOP_WHILE=INTERPRET, num_warps=4)
     return out

@@ -70,7 +70,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     n_max = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=_config(q.dtype)["block_n"])
+        num_splits = choose_num_splits(B, Hkv, n_max, block_n=_config(q.dtype, paged=True)["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     q = q.contiguous()
