@@ -404,6 +404,8 @@ class Grader:
             "sandbox": {"network": self.sandbox_network(), "restarts": max(0, self.restarts),
                         "rlimits": {"cpu_s": self.limits.cpu_seconds, "file_bytes": self.limits.file_bytes,
                                     "address_space": self.limits.address_space,
+                                    "nproc": "not enforced for root" if os.getuid() == 0 else
+                                    f"current tasks + {self.limits.extra_tasks}",
                                     "rss_watchdog": self.limits.rss_bytes}},
             "execution_time": round(elapsed, 3),
         }

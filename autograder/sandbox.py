@@ -44,6 +44,7 @@ class Limits:
     file_bytes: int = 64 << 20
     address_space: int | None = 8 << 30       # None: not set (CUDA maps huge virtual ranges)
     rss_bytes: int = 6 << 30                  # parent watchdog on resident memory
+    extra_tasks: int = 512                    # RLIMIT_NPROC headroom over the user's current tasks (non-root)
     stdout_keep: int = 8 << 10
     network_off: bool = True
 
@@ -56,7 +57,31 @@ class SandboxDied(Exception):
         self.reason, self.kind = reason, kind
 
 
-def _preexec(limits: Limits):
+def user_tasks() -> int:
+    """Processes + threads of this uid (RLIMIT_NPROC counts them all, per user)."""
+    uid, n = str(os.getuid()), 0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/status") as f:
+                    st = f.read()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in st.splitlines() if ":" in line)
+            if fields.get("Uid", "").split()[:1] == [uid]:
+                n += int(fields.get("Threads", "1"))
+    return n
+
+
+def nproc_limit(extra: int) -> int | None:
+    """RLIMIT_NPROC for a child: what this user runs now plus ``extra``. None as root, where the kernel does
+    not enforce it (the fork/subprocess traps, the process-group kill and the token scan do the work there)."""
+    if os.getuid() == 0 or not extra:
+        return None
+    return user_tasks() + extra
+
+
+def _preexec(limits: Limits, nproc=None):
     def fn():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -65,6 +90,8 @@ def _preexec(limits: Limits):
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
         if limits.address_space:
             resource.setrlimit(resource.RLIMIT_AS, (limits.address_space, limits.address_space))
+        if nproc:
+            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
         if limits.network_off:
             libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)   # best effort; the parent checks whether it worked
     return fn
@@ -107,7 +134,7 @@ class Sandbox:
             self.proc = subprocess.Popen(
                 [sys.executable, "-I", "-c", BOOT, REPO, str(r_req), str(w_resp)],
                 cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                pass_fds=(r_req, w_resp), start_new_session=True, preexec_fn=_preexec(self.limits),
+                pass_fds=(r_req, w_resp), start_new_session=True, preexec_fn=_preexec(self.limits, nproc_limit(self.limits.extra_tasks)),
                 close_fds=True)
         os.close(r_req)
         os.close(w_resp)
@@ -136,7 +163,7 @@ class Sandbox:
             except ChannelTimeout:
                 raise self._died(f"timed out after {timeout:.0f} s (time limit per case)", "timeout") from None
             except ChannelClosed:
-                raise self._died("the process exited", "crash") from None
+                raise self._died("exited or closed its pipe to the grader", "crash") from None
             except ProtocolError as exc:
                 raise self._died(f"broke the grading protocol ({exc})", "crash") from None
             if h.get("t") == "trap":
@@ -148,21 +175,19 @@ class Sandbox:
             return h, arrays
 
     def _died(self, why, kind):
-        status = self.kill()
+        time.sleep(0.05)                       # let a process that is exiting finish, to report its status
+        before = self.proc.poll() if self.proc is not None else None
+        self.kill()
         detail = ""
-        if status is not None and status < 0:
-            sig = -status
+        if getattr(self, "_rss_killed", False):
+            detail = f" -- killed: resident memory above {self.limits.rss_bytes >> 20} MiB"
+        elif before is not None and before < 0:
+            sig = -before
             name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-            if sig == signal.SIGXFSZ:
-                detail = " -- killed by SIGXFSZ: it wrote more than the file size limit (output or disk flood)"
-            elif sig == signal.SIGXCPU:
-                detail = " -- killed by SIGXCPU: CPU time limit"
-            elif getattr(self, "_rss_killed", False):
-                detail = f" -- killed: resident memory above {self.limits.rss_bytes >> 20} MiB"
-            elif kind != "timeout":
-                detail = f" -- killed by {name}"
-        elif status not in (None, 0):
-            detail = f" -- exit status {status}"
+            detail = {signal.SIGXFSZ: " -- killed by SIGXFSZ: file size limit (output or disk flood)",
+                      signal.SIGXCPU: " -- killed by SIGXCPU: CPU time limit"}.get(sig, f" -- killed by {name}")
+        elif before not in (None, 0):
+            detail = f" -- exit status {before}"
         tail = self.stderr_tail(600)
         if "MemoryError" in tail and not detail:
             detail = " -- out of memory (address-space limit)"
