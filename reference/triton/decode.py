@@ -327,11 +327,13 @@ _COUNTERS: dict = {}
 def _counters(device, n: int):
     """The fused merge's ticket counters, one int32 per (batch, kv head), zero between launches.
 
-    Each launch's last program of a group resets its counter, so one zeroed buffer per device is reused and
-    no memset is launched per call. Consequence: two fused decodes running *concurrently* on different streams
-    of one device would share tickets; set ``FUSE_MERGE = False`` for that.
+    Each launch's last program of a group resets its counter, so one zeroed buffer is reused and no memset is
+    launched per call. The buffer is kept per (device, CUDA stream): launches on one stream run one after the
+    other and so never share tickets, while decodes running concurrently on different streams get different
+    buffers.
     """
-    key = (device.type, device.index)
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (device.type, device.index, stream)
     buf = _COUNTERS.get(key)
     if buf is None or buf.numel() < n:
         buf = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
