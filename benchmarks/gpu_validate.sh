@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# One GPU call that validates what CI cannot: every Triton test on CUDA, the assignments' Triton solutions
+# compiled and graded by the autograder on the GPU (speed points included), and a stub notebook graded to 0.
+# Usage on the device machine: OUT=/some/dir bash benchmarks/gpu_validate.sh
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/gpu_validate}; mkdir -p "$OUT"
+nvidia-smi -L
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+python3 -m pytest -q -p no:cacheprovider tests/test_triton_softmax.py tests/test_triton_flash.py \
+    tests/test_triton_decode.py tests/test_triton_paged.py 2>&1 | tail -15 | tee "$OUT/gpu_pytest.log"
+for a in a3_triton a4_decoding a5_paged; do
+    timeout 240 python3 -m autograder grade "$a" "assignments/$a/${a}_solution.py" --device cuda \
+        --json "$OUT/grade_${a}_solution.json" 2>&1 | tail -25
+done
+timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_triton.ipynb --device cuda \
+    --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
