@@ -84,7 +84,11 @@ def test_flash_decoding_large_logits(rng, dtype):
     ref_o, ref_lse = decode_oracle(q, k, v, lens, scale=scale)
     o, lse = flash_decoding(q, k, v, num_splits=5, seq_lens=lens, scale=scale)
     assert np.isfinite(o).all()
-    assert rel_err(o, ref_o) < TOL[dtype] * 3 and rel_err(lse, ref_lse) < 1e-5
+    # float32 scores of magnitude |S| carry an absolute rounding error ~ eps32 * |S|, which exp() turns into a
+    # relative error of P (and O) of the same size: the tolerance grows with the largest score.
+    s_max = scale * float(np.abs(np.einsum("bhd,bknd->bhkn", q.astype(np.float64), k.astype(np.float64))).max())
+    tol = TOL[dtype] * 3 + 4 * np.finfo(np.float32).eps * s_max
+    assert rel_err(o, ref_o) < tol and rel_err(lse, ref_lse) < 1e-5
 
 
 @pytest.mark.flash_decoding
