@@ -5,7 +5,8 @@ scrubbed environment and rlimits. It never sees expected outputs or the secret s
 calls the function, and sends back what came out (``.npy`` + JSON, T4). A *trusted* child (the reference
 implementation for speed baselines) runs the same code without traps.
 
-Messages (parent -> child): ``load`` (cells), ``call`` (task, case), ``go`` (start a timed call), ``exit``.
+Messages (parent -> child): ``load`` (cells), ``call`` (task, case), ``go`` (start a timed call), ``fetch``
+(after a timed call: which outputs to send back, whole or a seeded sample), ``exit``.
 Messages (child -> parent): ``hello``, ``loaded``, ``trap`` (at once, T11), ``armed``/``done`` (timed calls),
 ``result``, ``error``.
 """
@@ -21,7 +22,7 @@ import types
 import numpy as np
 
 from .protocol import ChildChannel
-from .runner import _clock, describe, execute, input_hashes, materialise, poison, sync
+from .runner import _clock, compare_snapshot, describe, execute, materialise, poison, snapshot_inputs, sync
 
 NS_NAME = "__main__"
 
@@ -99,7 +100,8 @@ class Child:
             else:
                 self._active(True)
                 try:
-                    result = execute(fn, header, arrays, self.device, trace_memory=h.get("trace_memory", False))
+                    result = execute(fn, header, arrays, self.device, trace_memory=h.get("trace_memory", False),
+                                     native=True)
                 finally:
                     self._active(False)
         except BaseException as exc:  # noqa: BLE001 -- the student's exception is the answer
@@ -114,9 +116,12 @@ class Child:
         self.chan.send(result, arrs)
 
     def _timed(self, fn, header, arrays):
-        """A timed call: arguments ready, caches flushed, then the parent says go and its clock runs too."""
+        """A timed call: arguments ready (drawn here from the parent's seeds, nothing large travels), caches
+        flushed, then the parent says go and its clock runs too. After ``done`` the parent says which outputs
+        to send: all of them, or a sample at indices from a seed the child could not know in advance (T16)."""
         args, kwargs = materialise(header, arrays, self.device)
-        poison(arrays, self.device)
+        snap = snapshot_inputs(header, args, kwargs)
+        poison(arrays, self.device, header)
         if self.flush_buf is not None:
             self.flush_buf.zero_()               # flush L2 between timed runs
         sync(self.device)
@@ -140,15 +145,21 @@ class Child:
         finally:
             self._active(False)
         self.chan.send({"t": "done", "elapsed": elapsed})
+        threads = threading.active_count() - threads_before
+        fetch, _ = self.chan.recv()
+        if fetch.get("t") != "fetch":
+            raise RuntimeError("protocol: expected fetch")
+        sample = None if fetch.get("full") else (int(fetch["seed"]), int(fetch["k"]))
         multi = header["n_outs"] > 1 or header["mode"] == "autograd"
         items = list(raw) if multi and type(raw) in (tuple, list) else [raw]
         if len(items) != header["n_outs"]:
-            return {"outs": [], "arrays": [], "hashes": {}, "elapsed": elapsed, "peak": None, "script": None,
-                    "threads": 0, "shape_error": f"expected {header['n_outs']} outputs"}
-        described = [describe(x) for x in items]
+            return {"outs": [], "arrays": [], "hashes": compare_snapshot(snap), "elapsed": elapsed, "peak": None,
+                    "script": None, "threads": threads, "shape_error": f"expected {header['n_outs']} outputs"}
+        described = [describe(x, True, None if sample is None else (sample[0] + i, sample[1]))
+                     for i, x in enumerate(items)]
         return {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
-                "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed, "peak": None, "script": None,
-                "threads": threading.active_count() - threads_before}
+                "hashes": compare_snapshot(snap), "elapsed": elapsed, "peak": None, "script": None,
+                "threads": threads}
 
     def serve(self):
         self.chan.send({"t": "hello", "pid": os.getpid(), "net": _netns(), "uid": os.getuid()})

@@ -42,6 +42,7 @@ def _parser():
     s.add_argument("-j", "--jobs", type=int, default=2)
     s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
     s.add_argument("--out", help="folder for the JSONs (default: build/selftest)")
+    s.add_argument("--match", nargs="*", help="only submissions whose label contains one of these")
 
     z = sub.add_parser("gradescope", help="build a Gradescope autograder zip")
     z.add_argument("assignment")
@@ -93,7 +94,7 @@ def cmd_grade_all(args) -> int:
 
 def cmd_selftest(args) -> int:
     from .selftest import run
-    return run(args.only, args.jobs, args.device, args.out)
+    return run(args.only, args.jobs, args.device, args.out, match=args.match)
 
 
 def cmd_gradescope(args) -> int:

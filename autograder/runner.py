@@ -24,14 +24,23 @@ from .specs._base import Arg, Call
 _clock = time.perf_counter          # bound before any submitted code runs (T15: patched timers do not matter)
 
 
-def call_to_wire(call: Call):
-    """``(header, arrays)``: everything the child needs, and nothing about expected outputs (T2)."""
+def call_to_wire(call: Call, gen_seeds=None):
+    """``(header, arrays)``: everything the child needs, and nothing about expected outputs (T2).
+
+    ``gen_seeds`` (timed calls): key -> seed for floating-point array arguments; those travel as a generator
+    entry (shape, dtype, seed) instead of data, and the child makes fresh standard-normal values from the seed
+    (``gen_array``). Integer arrays (seq_lens, block tables) still travel as data.
+    """
     arrays = {}
+    gen_seeds = gen_seeds or {}
 
     def desc(key, a):
         if isinstance(a, Arg) and a.is_array:
+            base = {"array": key, "torch_dtype": a.torch_dtype, "requires_grad": bool(a.requires_grad)}
+            if key in gen_seeds and a.value.dtype.kind == "f":
+                return dict(base, gen=int(gen_seeds[key]), shape=list(a.value.shape), dtype=str(a.value.dtype))
             arrays[key] = np.ascontiguousarray(a.value)
-            return {"array": key, "torch_dtype": a.torch_dtype, "requires_grad": bool(a.requires_grad)}
+            return base
         v = a.value if isinstance(a, Arg) else a
         return {"scalar": v}
     header = {
@@ -55,11 +64,39 @@ def _torch():
     return sys.modules.get("torch")
 
 
+def gen_array(d, device="cpu"):
+    """Fresh standard-normal values for a timed call from the parent's per-rep seed (trusted harness code).
+
+    The student child and the reference child run this same code on the same device, so both see identical
+    inputs without shipping them: torch arguments are drawn on the device with a seeded ``torch.Generator``
+    (float32, then cast: bf16/fp16 round to nearest even), NumPy arguments with ``np.random.default_rng(seed)``.
+    The parent never needs the values: it compares the student's outputs with the reference child's.
+    """
+    shape = tuple(int(n) for n in d["shape"])
+    if d.get("torch_dtype"):
+        import torch
+        g = torch.Generator(device=device)
+        g.manual_seed(int(d["gen"]))
+        wide = torch.float64 if d["torch_dtype"] == "float64" else torch.float32
+        t = torch.randn(shape, generator=g, device=device, dtype=wide).to(getattr(torch, d["torch_dtype"]))
+        if d.get("requires_grad"):
+            t.requires_grad_(True)
+        return t
+    rng = np.random.default_rng(int(d["gen"]))
+    dt = np.dtype(d["dtype"])
+    if dt == np.float64:
+        return rng.standard_normal(shape)
+    return rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False)
+
+
 def materialise(header, arrays, device="cpu"):
-    """Fresh argument objects: NumPy copies, or torch tensors (dtype cast exactly, on ``device``)."""
+    """Fresh argument objects: NumPy copies, or torch tensors (dtype cast exactly, on ``device``); generator
+    entries (timed calls) are drawn fresh by ``gen_array``."""
     def make(d):
         if "scalar" in d:
             return d["scalar"]
+        if "gen" in d:
+            return gen_array(d, device)
         a = arrays[d["array"]]
         if d.get("torch_dtype"):
             import torch
@@ -73,21 +110,45 @@ def materialise(header, arrays, device="cpu"):
     return args, kwargs
 
 
-def to_numpy_view(x):
-    """Host NumPy copy of an input/output that has an exact trusted type, else None."""
+def to_numpy_view(x, native=False):
+    """Host NumPy copy of an input/output that has an exact trusted type, else None. bfloat16 becomes float32,
+    or with ``native`` its raw bits as int16 (half the bytes on the wire; ``from_wire`` undoes it)."""
     if type(x) is np.ndarray:
         return x
     torch = _torch()
     if torch is not None and type(x) is torch.Tensor:
-        t = x.detach().to("cpu")
+        t = x.detach()
         if t.dtype == torch.bfloat16:
-            t = t.float()
-        return t.numpy()
+            t = t.contiguous().view(torch.int16) if native else t.float()
+        return t.to("cpu").numpy()
     return None
 
 
-def describe(x):
-    """``(info, array)``: the output's exact type, dtype, shape and device, and its host array if trusted."""
+def from_wire(info, a):
+    """Parent side: the host float array of an output sent by ``describe(native=True)`` (bf16 bits -> float32).
+    Only a reinterpretation of bits; a payload that does not fit its tag is treated as unreadable (None)."""
+    if a is None or not isinstance(info, dict) or info.get("wire") != "bf16":
+        return a
+    if a.dtype != np.int16:
+        return None
+    return (a.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def sample_output(x, seed, k):
+    """``k`` elements of an exactly-typed output at indices drawn from ``seed`` (the parent sends the seed only
+    after the timed call is done, so the child cannot know which elements will be checked)."""
+    torch = _torch()
+    n = int(x.size) if type(x) is np.ndarray else int(x.numel())
+    idx = np.random.default_rng(int(seed)).integers(0, max(n, 1), size=min(k, n))
+    if type(x) is np.ndarray:
+        return x.reshape(-1)[idx]
+    return x.detach().reshape(-1)[torch.from_numpy(idx).to(x.device)]
+
+
+def describe(x, native=False, sample=None):
+    """``(info, array)``: the output's exact type, dtype, shape and device, and its host array if trusted.
+    ``native``: bf16 travels as int16 bits (``info["wire"] = "bf16"``); ``sample = (seed, k)``: only ``k``
+    elements at seeded random indices travel (timed calls)."""
     tp = type(x)
     info = {"type": f"{tp.__module__}.{tp.__qualname__}"}
     torch = _torch()
@@ -97,11 +158,13 @@ def describe(x):
         info.update(dtype=str(x.dtype), shape=list(x.shape), device="cpu", exact="numpy")
         if x.dtype.kind not in "fciub":
             return info, None
-        return info, x
+        return info, (x if sample is None else sample_output(x, *sample))
     if torch is not None and tp is torch.Tensor:
         info.update(dtype=str(x.dtype).replace("torch.", ""), shape=list(x.shape), device=str(x.device),
                     exact="torch")
-        return info, to_numpy_view(x)
+        if native and x.dtype == torch.bfloat16:
+            info["wire"] = "bf16"
+        return info, to_numpy_view(x if sample is None else sample_output(x, *sample), native)
     return info, None
 
 
@@ -116,13 +179,48 @@ def input_hashes(header, args, kwargs):
     return out
 
 
-def poison(arrays, device="cpu"):
-    """Fill freed memory with NaN so that ``np.empty``/``torch.empty`` outputs hold garbage, not answers (T7)."""
-    junk = [np.full(max(1, a.size), np.nan, dtype=np.float32) for a in arrays.values() if a.dtype.kind == "f"]
+def poison(arrays, device="cpu", header=None):
+    """Fill freed memory with NaN so that ``np.empty``/``torch.empty`` outputs hold garbage, not answers (T7).
+    Sizes come from the shipped arrays plus the generator entries of ``header`` (timed calls)."""
+    sizes = [(a.size, a.dtype.kind == "f") for a in arrays.values()]
+    if header is not None:
+        sizes += [(int(np.prod(d["shape"])), True) for d in _entries(header) if "gen" in d]
+    junk = [np.full(max(1, n), np.nan, dtype=np.float32) for n, fl in sizes if fl]
     torch = _torch()
     if torch is not None and device != "cpu":
-        junk += [torch.full((max(1, a.size),), float("nan"), device=device) for a in arrays.values()]
+        junk += [torch.full((max(1, n),), float("nan"), device=device) for n, _ in sizes]
     del junk
+
+
+def _entries(header):
+    return list(header["args"]) + list(header["kwargs"].values())
+
+
+def snapshot_inputs(header, args, kwargs):
+    """Copies of the array arguments of a timed call, taken before the call (on the device for tensors)."""
+    items = list(zip(header["args"], args)) + [(header["kwargs"][k], kwargs[k]) for k in header["kwargs"]]
+    snap = []
+    for d, obj in items:
+        if "array" in d:
+            copy = obj.detach().clone() if hasattr(obj, "detach") else np.array(obj, copy=True)
+            snap.append((d["array"], obj, copy))
+    return snap
+
+
+def compare_snapshot(snap):
+    """key -> "same" | "modified" | "replaced" for every array argument (T6), compared on the device."""
+    torch = _torch()
+    out = {}
+    for key, obj, copy in snap:
+        if type(obj) is np.ndarray:
+            same = obj.shape == copy.shape and obj.dtype == copy.dtype and bool(np.array_equal(obj, copy))
+        elif torch is not None and type(obj) is torch.Tensor:
+            same = bool(torch.equal(obj.detach(), copy))
+        else:
+            out[key] = "replaced"
+            continue
+        out[key] = "same" if same else "modified"
+    return out
 
 
 def sync(device):
@@ -170,7 +268,7 @@ def _plain(v):
     return f"<{type(v).__name__}>"
 
 
-def execute(fn, header, arrays, device="cpu", trace_memory=False):
+def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
     """Call ``fn`` on fresh arguments built from the wire form; returns a result dict (no judging here).
 
     Keys: ``outs`` (list of describe infos), ``arrays`` (host arrays or None), ``hashes`` (inputs after the
@@ -184,7 +282,7 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False):
         return {"outs": [], "arrays": [], "hashes": {}, "elapsed": _clock() - t0, "peak": None,
                 "script": res, "threads": threading.active_count() - 1}
     args, kwargs = materialise(header, arrays, device)
-    poison(arrays, device)
+    poison(arrays, device, header)
     gc.collect()
     threads_before = threading.active_count()
     if trace_memory:
@@ -222,7 +320,7 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False):
         return {"outs": [], "arrays": [], "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed,
                 "peak": peak, "script": None, "threads": threading.active_count() - threads_before,
                 "shape_error": f"expected a tuple of {n} outputs, got {tp}{ln}"}
-    described = [describe(x) for x in items]
+    described = [describe(x, native) for x in items]
     return {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
             "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed, "peak": peak, "script": None,
             "threads": threading.active_count() - threads_before}

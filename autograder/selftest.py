@@ -6,7 +6,11 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
 
 * ``score``: ``[lo, hi]`` percent of max_score;
 * ``fail``: substrings of test names that must score 0; ``others_pass``: every other test must pass in full;
-* ``flags``: threat ids that must be raised; ``zero_tasks``: task ids whose tests must all score 0.
+  ``pass``: substrings of test names that must pass in full (each must match a test that ran);
+* ``flags``: threat ids that must be raised; ``zero_tasks``: task ids whose tests must all score 0;
+* ``min_ratio``: test-name substring -> the least student/reference time ratio its speed test may show (a
+  submission that hides work from the timer shows a tiny ratio); the test must have run;
+* ``device``: ``"cuda"`` for a GPU-only submission (e.g. side CUDA streams): listed as skipped on CPU.
 """
 from __future__ import annotations
 
@@ -66,10 +70,25 @@ def check_expectation(result, exp):
         for t in hit:
             if t["score"] > 0:
                 problems.append(f"{t['name']} should fail but scored {t['score']}")
+    for pat in exp.get("pass", []):
+        hit = [t for t in tests if pat in t["name"]]
+        if not hit:
+            problems.append(f"no test matches {pat!r}")
+        for t in hit:
+            if t["score"] < t["max_score"] - 1e-9:
+                problems.append(f"{t['name']} should pass: {t['output'][:160]}")
     if exp.get("others_pass"):
         for t in tests:
             if not any(p in t["name"] for p in must_fail) and t["score"] < t["max_score"] - 1e-9:
                 problems.append(f"{t['name']} should pass: {t['output'][:160]}")
+    for pat, lo_ratio in exp.get("min_ratio", {}).items():
+        hit = [t for t in tests if pat in t["name"] and "ratio" in t]
+        if not hit:
+            problems.append(f"no speed test matching {pat!r} ran (needed for min_ratio)")
+        for t in hit:
+            if t["ratio"] < lo_ratio:
+                problems.append(f"{t['name']}: {t['ratio']:.2f}x the reference time < {lo_ratio} (work hidden "
+                                "from the timer?)")
     ids = {f["id"] for f in result.get("flags", [])}
     for f in exp.get("flags", []):
         if f not in ids:
@@ -81,8 +100,15 @@ def check_expectation(result, exp):
     return problems
 
 
-def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True) -> int:
+def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None) -> int:
+    if device == "auto":
+        from .engine import detect_device
+        device = detect_device("auto")
     items = collect(only)
+    if match:
+        items = [it for it in items if any(m in it[3] for m in match)]
+    skipped = [it for it in items if it[2].get("device", device) != device]
+    items = [it for it in items if it not in skipped]
     out_dir = out_dir or os.path.join(REPO, "build", "selftest")
     t0 = time.monotonic()
     by_aid = {}
@@ -117,8 +143,11 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True) -> int:
             lines.append(f"{status} {label:55s} {pct:6.1f}%  flags [{flags}]  {r.get('execution_time', 0):.1f}s")
             for prob in problems:
                 lines.append(f"       - {prob}")
+    for _aid, _p, exp, label in skipped:
+        lines.append(f"skip {label:55s} (needs --device {exp['device']})")
     if verbose:
         print("\n".join(lines))
         print(f"selftest: {len(items) - bad}/{len(items)} as expected in {time.monotonic() - t0:.0f} s "
-              f"(device {device}, -j {jobs}); JSONs in {out_dir}")
+              f"(device {device}, -j {jobs}"
+              f"{f', {len(skipped)} skipped: other device' if skipped else ''}); JSONs in {out_dir}")
     return 1 if bad else 0

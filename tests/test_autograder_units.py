@@ -162,3 +162,74 @@ def test_sandbox_kills_escaped_grandchildren_and_times_out():
         assert sb.network.startswith(("off", "on"))
     finally:
         sb.stop()
+
+
+def test_timed_inputs_from_seeds_and_native_bf16_outputs():
+    """Timed calls ship seeds, not data: the same seed gives the same values in any process (so the student and
+    reference children agree), a new seed new values (T5/T16); bf16 outputs travel as int16 bits and come back
+    exactly; a sample is the same elements for the same seed."""
+    import torch
+    from autograder.runner import call_to_wire, describe, from_wire, gen_array, materialise
+    from autograder.specs._gen import arr
+    from autograder.specs._base import Call, Out
+    c = Call([arr(np.zeros((3, 5), np.float32), "bfloat16"), arr(np.arange(3, dtype=np.int32), "int32")], {},
+             [Out("o", ("bfloat16",), 1e-2, "torch")])
+    header, arrays = call_to_wire(c, gen_seeds={"0": 7, "1": 8})
+    assert list(arrays) == ["1"] and header["args"][0]["gen"] == 7      # floats as seeds, ints as data
+    (a1, i1), _ = materialise(header, arrays)
+    (a2, _), _ = materialise(header, arrays)
+    assert a1.dtype == torch.bfloat16 and torch.equal(a1, a2) and a1.std() > 0.3 and i1.tolist() == [0, 1, 2]
+    other = gen_array(dict(header["args"][0], gen=9))
+    assert not torch.equal(a1, other)
+    info, bits = describe(a1, native=True)
+    assert info["wire"] == "bf16" and bits.dtype == np.int16
+    np.testing.assert_array_equal(from_wire(info, bits), a1.float().numpy())
+    assert from_wire(info, bits.astype(np.float32)) is None                 # payload that does not fit its tag
+    _, s1 = describe(a1, native=True, sample=(3, 6))
+    _, s2 = describe(a1.clone(), native=True, sample=(3, 6))
+    np.testing.assert_array_equal(s1, s2)
+    assert s1.shape == (6,)
+    np_arg = gen_array({"gen": 4, "shape": [4, 2], "dtype": "float16"})
+    assert np_arg.dtype == np.float16 and np.array_equal(np_arg, gen_array({"gen": 4, "shape": [4, 2],
+                                                                             "dtype": "float16"}))
+
+
+CACHE_CHEAT = """
+# %%
+_honest = flash_decode
+_C = {}
+def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None):
+    if tuple(q.shape) not in _C:
+        _C[tuple(q.shape)] = _honest(q, k, v, seq_lens, num_splits, scale)
+    return _C[tuple(q.shape)].clone()
+"""
+
+
+@pytest.mark.parametrize("cheat", [False, True])
+def test_timed_protocol_on_cpu_catches_cached_answers(tmp_path, cheat):
+    """The GPU speed path (seeded inputs drawn in both children, bf16 outputs, whole + sampled re-checks against
+    the reference child, reference bound with validate=False) run on CPU on a tiny case: an honest solution
+    gets a ratio, a shape-keyed cache fails with T16."""
+    from pathlib import Path
+    from autograder.engine import Grader
+    from autograder.specs._base import Test
+    src = Path(__file__).resolve().parent.parent / "assignments/a4_decoding/a4_decoding_solution.py"
+    sub = tmp_path / "sub.py"
+    sub.write_text(src.read_text() + (CACHE_CHEAT if cheat else ""))
+    g = Grader("a4_decoding", device="cpu", seed=3)
+    g.results, g.dead_tasks, g._flooded = [], {}, set()
+    g.cells = load_cells(sub)
+    task = g.spec.tasks["a4.flash_decode"]
+    test = Test("a4.flash_decode: speed probe", "a4.flash_decode", 10, [],
+                lambda r: [dict(B=2, Hq=4, Hkv=2, N=37, d=16, dtype="bfloat16", torch=True, lens=[37, 20])],
+                kind="speed", reps=3)
+    try:
+        r = g.run_test(test, task)
+    finally:
+        for sb in (g.sandbox, g.ref_sandbox):
+            if sb is not None:
+                sb.stop()
+    if cheat:
+        assert r.score == 0 and "wrong result" in r.output and any(f["id"] == "T16" for f in g.flags), r.output
+    else:
+        assert r.status in ("passed", "partial", "failed") and "ratio" in r.extra and not g.flags, r.output

@@ -98,6 +98,7 @@ class Task:
     oracle: Callable[[Call], list]
     framework: str = "numpy"        # numpy | torch | class
     reference: str = ""            # "module:name" of the reference implementation (speed baseline only)
+    reference_kwargs: dict = field(default_factory=dict)   # bound into the reference when timing it
     is_class: bool = False
     case_timeout: float = 20.0
 
