@@ -217,6 +217,8 @@ def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, bloc
     stored, allocated, max_waste, measured) in ``report.trace``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    if not isinstance(record_trace, (bool, np.bool_)):
+        raise TypeError(f"record_trace must be True or False, got {record_trace!r}")
     pool = _pos_int(pool_tokens, "pool_tokens")
     max_len = _pos_int(max_seq_len, "max_seq_len")
     bpt = _pos_int(bytes_per_token, "bytes_per_token")

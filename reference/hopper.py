@@ -43,6 +43,18 @@ def _pos_int(value, name: str) -> int:
     return int(value)
 
 
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _rng(rng) -> np.random.Generator:
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return rng
+
+
 def _nonneg(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
@@ -62,6 +74,7 @@ def tile_visits(nq, nk, block_q, block_k, causal=False):
     """
     nq, nk, block_q, block_k = (_pos_int(nq, "nq"), _pos_int(nk, "nk"), _pos_int(block_q, "block_q"),
                                 _pos_int(block_k, "block_k"))
+    causal = _flag(causal, "causal")
     t_r, t_c = -(-nq // block_q), -(-nk // block_k)
     out = np.zeros((t_r, t_c), dtype=np.int64)
     step = 0
@@ -166,8 +179,7 @@ def sylvester_hadamard(d):
 
 def random_hadamard(d, rng):
     """``J = diag(s) H / sqrt(d)`` with random signs ``s``: a random orthogonal matrix cheap to apply (FA3 3.3)."""
-    if not isinstance(rng, np.random.Generator):
-        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    _rng(rng)
     h = sylvester_hadamard(d)
     signs = rng.choice(np.array([-1.0, 1.0]), size=h.shape[0])
     return signs[:, None] * h
@@ -194,6 +206,9 @@ def outlier_qkv(rng, shape, outlier_frac=1e-3, outlier_std=10.0):
 
     The FA3 paper's numerical-error setup (section 4.3): outliers simulate the large activations of real LLMs.
     """
+    _rng(rng)
+    if isinstance(outlier_frac, bool) or not isinstance(outlier_frac, numbers.Real):
+        raise TypeError(f"outlier_frac must be a number in [0, 1], got {outlier_frac!r}")
     if not (0.0 <= outlier_frac <= 1.0):
         raise ValueError(f"outlier_frac must be in [0, 1], got {outlier_frac}")
     x = rng.standard_normal(shape)
@@ -220,6 +235,7 @@ def fp8_incoherent_experiment(rng, n=1024, d=128, n_heads=2, outlier_frac=1e-3, 
     itself in float64, as FA3 keeps it in FP32). Returns a dict of RMS errors, their ratios, and
     ``rotation_err``: the largest ``|(QJ)(KJ)^T - QK^T|`` in float64 (rounding only).
     """
+    _rng(rng)
     n, d, n_heads = _pos_int(n, "n"), _pos_int(d, "d"), _pos_int(n_heads, "n_heads")
     err = {"s_plain": [], "s_hadamard": [], "o_plain": [], "o_hadamard": [], "s_rms": [], "o_rms": []}
     rot = 0.0
@@ -307,7 +323,7 @@ def pingpong_utilisation(mma_cycles, exp_cycles, overlap=True):
     mma, ex = _nonneg(mma_cycles, "mma_cycles"), _nonneg(exp_cycles, "exp_cycles")
     if mma == 0:
         raise ValueError("mma_cycles must be > 0")
-    if not overlap:
+    if not _flag(overlap, "overlap"):
         return mma / (mma + ex)
     return 2 * mma / max(2 * mma, mma + ex)
 
@@ -323,7 +339,7 @@ def persistent_time(n_tiles, n_sms, mainloop, prologue, epilogue, persistent=Tru
     n_tiles, n_sms = _pos_int(n_tiles, "n_tiles"), _pos_int(n_sms, "n_sms")
     main, pro, epi = _nonneg(mainloop, "mainloop"), _nonneg(prologue, "prologue"), _nonneg(epilogue, "epilogue")
     waves = -(-n_tiles // n_sms)
-    if not persistent:
+    if not _flag(persistent, "persistent"):
         return waves * (pro + main + epi)
     return pro + waves * main + (waves - 1) * max(0.0, pro + epi - main) + epi
 

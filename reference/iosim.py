@@ -103,6 +103,7 @@ __all__ = [
     "matmul_io",
     "seeds_table",
     "scaling_sweep",
+    "matmul_sweep",
     "bytes_per_element",
     "A100",
     "SEEDS",
@@ -163,7 +164,7 @@ def _probability(value, name: str) -> float:
 def bytes_per_element(dtype) -> int:
     """Bytes per element of ``dtype``: a name ("fp16", "bf16", "fp32", ...), a NumPy/torch float dtype, or an
     int (bytes per element, e.g. 1 for fp8)."""
-    if isinstance(dtype, bool):
+    if isinstance(dtype, bool) or dtype is None:  # np.dtype(None) would silently mean float64
         raise TypeError(f"dtype must be a dtype name, a float dtype or a byte count, got {dtype!r}")
     if isinstance(dtype, numbers.Integral):
         return _pos_int(dtype, "dtype (bytes per element)")

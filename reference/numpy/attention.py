@@ -64,6 +64,8 @@ def attention(q, k, v, causal=False, scale=None, return_lse=False):
     """
     q, k, v, group = check_qkv(q, k, v)
     causal = _check_causal(causal)
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
     scale = check_scale(scale, q.shape[-1])
     ct = compute_dtype(q, k, v)
     p, lse = _probs(q, repeat_kv(k, group), causal, scale, ct)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, check_positive_int
-from .decoding import KVCache, flash_decoding
+from .decoding import KVCache, _check_dtype, flash_decoding
 
 __all__ = ["TinyDecoderLayer", "cache_savings"]
 
@@ -62,7 +62,7 @@ class TinyDecoderLayer:
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} (GQA)")
         self.head_dim = d_model // n_heads
-        self.dtype = np.dtype(dtype)
+        self.dtype = _check_dtype(dtype)
         r = np.random.default_rng(seed)
         dk = n_kv_heads * self.head_dim
 
@@ -145,6 +145,13 @@ def cache_savings(prompt_len, new_tokens, d_model, n_heads, n_kv_heads):
     """
     p = check_positive_int(prompt_len, "prompt_len")
     n = check_positive_int(new_tokens, "new_tokens")
+    d_model = check_positive_int(d_model, "d_model")
+    n_heads = check_positive_int(n_heads, "n_heads")
+    n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} (GQA)")
     hd = d_model // n_heads
     lengths = np.arange(p + 1, p + n + 1, dtype=np.int64)            # sequence length at each decode step
     kv_per_token = 2 * d_model * 2 * n_kv_heads * hd

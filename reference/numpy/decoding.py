@@ -27,6 +27,8 @@ class KVCacheFullError(RuntimeError):
 
 
 def _check_dtype(dtype) -> np.dtype:
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("dtype must be float16, float32 or float64, got None")
     try:
         dt = np.dtype(dtype)
     except TypeError as exc:

@@ -178,6 +178,9 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, bloc
         raise ValueError(f"do must have the shape of q {q.shape}, got {do.shape}")
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse must have shape q.shape[:-1] = {q.shape[:-1]}, got {lse.shape}")
+    if np.isnan(lse).any() or np.isposinf(lse).any():
+        raise ValueError("lse must be finite or -inf (a row that saw no key), as flash_attention_forward "
+                         "returns it; it contains NaN or +inf")
     ct = compute_dtype(q, k, v, o, do)
     lay = _Layout(q, k, group)
     nq, nk, g = lay.nq, lay.nk, group

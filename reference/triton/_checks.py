@@ -74,6 +74,13 @@ def check_positive_int(value, name: str) -> int:
     return int(value)
 
 
+def check_flag(value, name: str) -> bool:
+    """A Python bool option (``causal``, ``validate``): truthy stand-ins like ``1`` or ``"no"`` are rejected."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_same_dtype(**tensors: torch.Tensor) -> torch.dtype:
     """All named tensors share one dtype (the kernels do not mix input precisions)."""
     items = list(tensors.items())

@@ -405,6 +405,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     bounds.
     """
     B, Hq, d = _check_q(q)
+    validate = _checks.check_flag(validate, "validate")
     for name, x in (("k", k), ("v", v)):
         _checks.check_tensor(x, name, ndim=4)
     _checks.check_same_dtype(q=q, k=k, v=v)

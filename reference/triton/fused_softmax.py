@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_tensor
+from ._checks import check_positive_int, check_tensor
 from ._runtime import INTERPRET
 
 #: longest row (elements, a power of two) held in registers by one program; longer rows use the online path
@@ -107,18 +107,18 @@ def _num_warps(elems: int) -> int:
     return max(4, min(32, elems // ELEMS_PER_WARP))
 
 
-def softmax(x, max_single: int | None = None):
+def softmax(x, *, max_single: int | None = None):
     """Softmax over the last axis of ``x`` (any shape, fp16/bf16/fp32, on ``reference.triton.DEVICE``).
 
     Returns a new contiguous tensor of ``x``'s shape and dtype; math is fp32 with the row max subtracted, so
     large logits do not overflow. A row that is all ``-inf`` gives NaN, as ``torch.softmax`` does.
-    ``max_single`` (a power of two) overrides ``MAX_SINGLE``: rows longer than it take the online path.
+    ``max_single`` (keyword-only, a power of two) overrides ``MAX_SINGLE``: rows longer than it take the online path.
     """
     check_tensor(x, "x")
     if x.dim() == 0:
         raise ValueError("x must have at least 1 dimension (softmax runs over the last axis), got a 0-d tensor")
-    limit = MAX_SINGLE if max_single is None else max_single
-    if limit <= 0 or limit & (limit - 1):
+    limit = MAX_SINGLE if max_single is None else check_positive_int(max_single, "max_single")
+    if limit & (limit - 1):
         raise ValueError(f"max_single must be a positive power of two, got {max_single}")
     n_cols = x.shape[-1]
     if x.numel() == 0:

@@ -54,6 +54,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     kernel still never reads through a negative index.
     """
     B, Hq, d = _check_q(q)
+    validate = _checks.check_flag(validate, "validate")
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         _checks.check_tensor(x, name, ndim=4)
     _checks.check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
