@@ -14,7 +14,7 @@ FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn")
 
 def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_len=True, **extra):
     hkv = hkv if hkv is not None else int(rng.integers(1, 3))
-    b = int(rng.integers(1, 4))
+    b = int(rng.integers(2 if lens else 1, 4))        # ragged lengths need >= 2 sequences (B=1 is not ragged)
     n = ragged(rng, 20, 150) if not torch else ragged(rng, 9, 80)
     p = dict(B=b, Hq=hq or hkv, Hkv=hkv, N=n, d=int(rng.choice([16, 32])), dtype=dtype, **extra)
     if lens:
