@@ -25,6 +25,41 @@ elif not HAS_CUDA:
 else:
     INTERPRET = False
 
+
+def _fix_interpreter_range() -> None:
+    """Let the interpreter take a run-time value as a ``range()`` bound under NumPy >= 2.4.
+
+    Triton 3.6's interpreter converts a loop bound with ``int(self.handle.data)``, and ``int()`` of a
+    one-element 1-d array is an error since NumPy 2.4 ("only 0-dimensional arrays can be converted to Python
+    scalars"). Re-registering that one conversion with ``.reshape(-1)[0]`` lets the kernels keep the plain
+    ``for ... in range(lo, hi, BLOCK)`` loops that the GPU compiler software-pipelines, so the interpreter
+    runs exactly the code the GPU runs. Applied only when interpreting and only if NumPy has the problem.
+    """
+    import numpy as np
+    try:
+        int(np.ones(1))
+        return  # older NumPy: nothing to fix
+    except TypeError:
+        pass
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - no Triton installed
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(interpreter, "_course_range_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    interpreter._course_range_fix = True
+
+
+if INTERPRET:
+    _fix_interpreter_range()
+
 # Tensors handed to kernels must live here.
 DEVICE = torch.device("cpu") if INTERPRET else torch.device("cuda")
 

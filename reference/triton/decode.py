@@ -112,7 +112,7 @@ def _split_kv_kernel(
     n_kv_heads, group, n_max, num_splits, qk_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr, LOOP_WHILE: tl.constexpr,
+    DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr,
     FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
@@ -145,20 +145,10 @@ def _split_kv_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    # The interpreter (Triton 3.6 with NumPy >= 2.4) cannot take a tensor as a range() bound, so it runs the
-    # same loop as a while loop; compiled, the for loop is kept because only it is software-pipelined.
-    if LOOP_WHILE:
-        start_n = start
-        while start_n < end:
-            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
-                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
-            start_n += BLOCK_N
-    else:
-        for start_n in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
-                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
+    for start_n in range(start, end, BLOCK_N):
+        m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
+                                      stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                      stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
@@ -178,7 +168,7 @@ def _split_kv_kernel(
             if ticket == num_splits - 1:
                 tl.debug_barrier()
                 _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh,
-                             HEAD_DIM, MERGE_M, MERGE_CHUNK_S, LOOP_WHILE)
+                             HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
                 tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
 
 
@@ -205,7 +195,7 @@ def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, a
 
 @triton.jit
 def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh,
-                 HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr, LOOP_WHILE: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
     """Stage 2 inside stage 1: o = sum_s exp(lse_s - lse) o_s for the group's query heads (log-sum-exp merge)."""
     offs_h = tl.arange(0, MERGE_M)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -215,16 +205,9 @@ def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s
     m = tl.full([MERGE_M], float("-inf"), tl.float32)
     den = tl.zeros([MERGE_M], tl.float32)
     acc = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)
-    if LOOP_WHILE:  # see _split_kv_kernel
-        s0 = 0
-        while s0 < num_splits:
-            m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
-                                             HEAD_DIM, CHUNK)
-            s0 += CHUNK
-    else:
-        for s0 in range(0, num_splits, CHUNK):
-            m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
-                                             HEAD_DIM, CHUNK)
+    for s0 in range(0, num_splits, CHUNK):
+        m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
+                                         HEAD_DIM, CHUNK)
     o = acc / tl.where(den > 0, den, 1.0)[:, None]  # seq_len 0: every split empty, o = 0
     tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
              mask=h_ok[:, None])
@@ -250,7 +233,7 @@ def _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM: tl
 
 @triton.jit
 def _merge_kernel(OPart, LsePart, Out, stride_ob, stride_oh, n_heads, num_splits,
-                  HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, LOOP_WHILE: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
     """Stage 2: o = sum_s exp(lse_s - lse) o_s over the splits, streamed CHUNK splits at a time (online merge)."""
     pid = tl.program_id(0)  # = b * n_heads + h
     b = pid // n_heads
@@ -260,14 +243,8 @@ def _merge_kernel(OPart, LsePart, Out, stride_ob, stride_oh, n_heads, num_splits
     den = tl.zeros([1], tl.float32)
     acc = tl.zeros([HEAD_DIM], tl.float32)
     base = pid.to(tl.int64) * num_splits
-    if LOOP_WHILE:  # see _split_kv_kernel
-        s0 = 0
-        while s0 < num_splits:
-            m, den, acc = _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM, CHUNK)
-            s0 += CHUNK
-    else:
-        for s0 in range(0, num_splits, CHUNK):
-            m, den, acc = _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM, CHUNK)
+    for s0 in range(0, num_splits, CHUNK):
+        m, den, acc = _merge_chunk(OPart, LsePart, base, s0, num_splits, m, den, acc, HEAD_DIM, CHUNK)
     o = acc / tl.where(den > 0, den, 1.0)  # seq_len 0: every split empty, o = 0
     tl.store(Out + b.to(tl.int64) * stride_ob + h * stride_oh + offs_d, o.to(Out.dtype.element_ty))
 
@@ -374,13 +351,13 @@ def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_split
         n_kv_heads, group, n_max, num_splits, scale * LOG2E,
         HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
-        DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET, LOOP_WHILE=INTERPRET,
+        DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
         FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1 and not fused:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
-                                 HEAD_DIM=d, CHUNK=MERGE_CHUNK, LOOP_WHILE=INTERPRET, num_warps=4)
+                                 HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
     return out
 
 

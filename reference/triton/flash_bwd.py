@@ -106,20 +106,12 @@ def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, lo,
                        stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
                        BLOCK_M: tl.constexpr, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr,
                        INTERP: tl.constexpr):
-    """Line 8: loop over query blocks ``[lo, hi)`` (a ``while`` loop under the interpreter, see flash_fwd)."""
-    if INTERP:
-        start_m = lo
-        while start_m < hi:
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, offs_m, offs_n,
-                                 offs_d, stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
-                                 MASK_CAUSAL, MASK_ROWS, INTERP)
-            start_m += BLOCK_M
-    else:
-        for start_m in range(lo, hi, BLOCK_M):
-            start_m = tl.multiple_of(start_m, BLOCK_M)
-            dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, offs_m, offs_n,
-                                 offs_d, stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
-                                 MASK_CAUSAL, MASK_ROWS, INTERP)
+    """Line 8: loop over query blocks ``[lo, hi)``."""
+    for start_m in range(lo, hi, BLOCK_M):
+        start_m = tl.multiple_of(start_m, BLOCK_M)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, offs_m, offs_n,
+                             offs_d, stride_qm, stride_qd, stride_dom, stride_dod, N_Q, OFFSET, qk_scale,
+                             MASK_CAUSAL, MASK_ROWS, INTERP)
     return dk, dv
 
 
@@ -226,17 +218,10 @@ def _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d
 def _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, lo, hi, offs_m, offs_n, offs_d,
                    stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
                    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr):
-    if INTERP:
-        start_n = lo
-        while start_n < hi:
-            dq = _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d,
-                           stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, CAUSAL, MASKED, INTERP)
-            start_n += BLOCK_N
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            dq = _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d,
-                           stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, CAUSAL, MASKED, INTERP)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        dq = _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d,
+                       stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, CAUSAL, MASKED, INTERP)
     return dq
 
 

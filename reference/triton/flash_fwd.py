@@ -123,23 +123,14 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo,
                     MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
     """FA2 Algorithm 1, line 6: the inner loop over key blocks ``[lo, hi)``.
 
-    Compiled, it is a ``for`` loop (only those are software-pipelined). The interpreter of Triton 3.6 under
-    NumPy >= 2.4 cannot use a tensor as a ``range()`` bound, so there (``INTERP``) it is a ``while`` loop.
-    ``INTERP`` is a compile-time switch: the GPU build never sees the interpreter workarounds.
+    A plain ``for`` loop, which the GPU compiler software-pipelines; the interpreter runs the same loop
+    (``reference.triton._runtime`` lets it take run-time bounds under NumPy >= 2.4).
     """
-    if INTERP:
-        start_n = lo
-        while start_n < hi:
-            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
-                                       offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
-                                       N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP)
-            start_n += BLOCK_N
-    else:
-        for start_n in range(lo, hi, BLOCK_N):
-            start_n = tl.multiple_of(start_n, BLOCK_N)
-            acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
-                                       offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
-                                       N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP)
+    for start_n in range(lo, hi, BLOCK_N):
+        start_n = tl.multiple_of(start_n, BLOCK_N)
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
+                                   offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                   N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP)
     return acc, l_i, m_i
 
 

@@ -17,7 +17,6 @@ import triton
 import triton.language as tl
 
 from ._checks import check_positive_int, check_tensor
-from ._runtime import INTERPRET
 
 #: longest row (elements, a power of two) held in registers by one program; longer rows use the online path
 MAX_SINGLE = 32768
@@ -55,7 +54,7 @@ def _online_stats_block(x, m, s):
 
 @triton.jit
 def _softmax_rows_online(X, Y, stride_x, stride_y, n_rows, n_cols,
-                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, INTERP: tl.constexpr):
+                         BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
     """Two passes over column blocks: running (max, sum), then the normalised output."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_C)
@@ -65,37 +64,19 @@ def _softmax_rows_online(X, Y, stride_x, stride_y, n_rows, n_cols,
     y_row = Y + rows64[:, None] * stride_y
     m = tl.full([BLOCK_R], float("-inf"), tl.float32)
     s = tl.zeros([BLOCK_R], tl.float32)
-    # pass 1: online max and sum (a while loop under the interpreter: see flash_fwd._fwd_key_blocks)
-    if INTERP:
-        c0 = 0
-        while c0 < n_cols:
-            c = c0 + cols
-            x = tl.load(x_row + c[None, :], mask=row_ok & (c < n_cols)[None, :], other=float("-inf")).to(tl.float32)
-            m, s = _online_stats_block(x, m, s)
-            c0 += BLOCK_C
-    else:
-        for c0 in range(0, n_cols, BLOCK_C):
-            c = c0 + cols
-            x = tl.load(x_row + c[None, :], mask=row_ok & (c < n_cols)[None, :], other=float("-inf")).to(tl.float32)
-            m, s = _online_stats_block(x, m, s)
+    # pass 1: online max and sum
+    for c0 in range(0, n_cols, BLOCK_C):
+        c = c0 + cols
+        x = tl.load(x_row + c[None, :], mask=row_ok & (c < n_cols)[None, :], other=float("-inf")).to(tl.float32)
+        m, s = _online_stats_block(x, m, s)
     # pass 2: y = exp(x - m) / s
     inv = 1.0 / s
-    if INTERP:
-        c0 = 0
-        while c0 < n_cols:
-            c = c0 + cols
-            mask = row_ok & (c < n_cols)[None, :]
-            x = tl.load(x_row + c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-            y = tl.math.exp2((x - m[:, None]) * 1.4426950408889634) * inv[:, None]
-            tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
-            c0 += BLOCK_C
-    else:
-        for c0 in range(0, n_cols, BLOCK_C):
-            c = c0 + cols
-            mask = row_ok & (c < n_cols)[None, :]
-            x = tl.load(x_row + c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-            y = tl.math.exp2((x - m[:, None]) * 1.4426950408889634) * inv[:, None]
-            tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    for c0 in range(0, n_cols, BLOCK_C):
+        c = c0 + cols
+        mask = row_ok & (c < n_cols)[None, :]
+        x = tl.load(x_row + c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        y = tl.math.exp2((x - m[:, None]) * 1.4426950408889634) * inv[:, None]
+        tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 #: elements per warp (ELEMS_PER_WARP / 32 values per thread), clamped to 4..32 warps; 2048 was the best or
@@ -137,7 +118,7 @@ def softmax(x, *, max_single: int | None = None):
     else:
         block_c = min(ONLINE_BLOCK, limit)
         _softmax_rows_online[(n_rows,)](
-            x2, y, x2.stride(0), y.stride(0), n_rows, n_cols, BLOCK_R=1, BLOCK_C=block_c, INTERP=INTERPRET,
+            x2, y, x2.stride(0), y.stride(0), n_rows, n_cols, BLOCK_R=1, BLOCK_C=block_c,
             num_warps=_num_warps(block_c))
     return y.view(x.shape)
 
