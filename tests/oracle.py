@@ -73,3 +73,25 @@ def rel_err(out, ref) -> float:
     diff = torch.linalg.vector_norm(torch.where(fin, a - b, 0))
     den = torch.linalg.vector_norm(torch.where(fin, b, 0))
     return float(diff / den) if den > 0 else float(diff)
+
+
+def lse_err(out, ref) -> float:
+    """Error of log-sum-exp values: ``||out - ref|| / max(||ref||, sqrt(n))`` over the finite entries.
+
+    lse is a log, so its rounding error is absolute (about eps times the size of the scores), not relative:
+    a plain relative error explodes when a row's lse happens to be near 0 (e.g. N = 1, lse = one score).
+    Flooring the denominator at one unit per entry judges such rows by their absolute error. -inf rows must
+    match exactly (inf otherwise); NaN where the reference has none gives inf.
+    """
+    a = _t(out)
+    b = _t(ref)
+    if a.shape != b.shape:
+        raise AssertionError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
+    if torch.isnan(a).any() and not torch.isnan(b).any():
+        return float("inf")
+    fin = torch.isfinite(b)
+    if not torch.equal(torch.isfinite(a), fin) or not torch.equal(a[~fin], b[~fin]):
+        return float("inf")
+    diff = torch.linalg.vector_norm(torch.where(fin, a - b, 0))
+    den = max(float(torch.linalg.vector_norm(torch.where(fin, b, 0))), math.sqrt(int(fin.sum())), 1e-300)
+    return float(diff) / den
