@@ -11,6 +11,12 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
 * ``min_ratio``: test-name substring -> the least student/reference time ratio its speed test may show (a
   submission that hides work from the timer shows a tiny ratio); the test must have run;
 * ``device``: ``"cuda"`` for a GPU-only submission (e.g. side CUDA streams): listed as skipped on CPU.
+
+A wrong submission that differs from a solution source by a line or two is stored as a *mutant*,
+``<name>.mutant.json`` = ``{"base": path from the repo root, "why": text, "edits": [{"old", "new", "count"}]}``,
+and written out as ``<name>.py`` under ``build/selftest_mutants/`` before grading (its expectation key is
+``<name>.py``). Each ``old`` must occur exactly ``count`` (default 1) times in the base, so a mutant whose base
+has changed fails loudly instead of silently testing nothing.
 """
 from __future__ import annotations
 
@@ -24,6 +30,29 @@ from .sandbox import REPO
 
 HERE = Path(__file__).resolve().parent
 SUB = HERE / "submissions"
+
+
+MUTANTS = Path(REPO) / "build" / "selftest_mutants"
+
+
+def materialise_mutant(spec_path: Path, out_dir: Path = MUTANTS) -> Path:
+    """Write the submission a ``*.mutant.json`` describes (its base with the edits applied); return its path."""
+    spec = json.loads(spec_path.read_text())
+    base = Path(REPO) / spec["base"]
+    text = base.read_text()
+    for e in spec["edits"]:
+        n = text.count(e["old"])
+        if n != e.get("count", 1):
+            raise ValueError(f"{spec_path.name}: edit {e['old']!r} occurs {n} times in {spec['base']}, "
+                             f"expected {e.get('count', 1)} (the base changed: update the mutant)")
+        text = text.replace(e["old"], e["new"])
+    header = "".join(f"# {line}\n" for line in ["WRONG on purpose (autograder selftest mutant of "
+                                                 f"{spec['base']}):", *spec["why"].split("\n")])
+    name = spec_path.name[: -len(".mutant.json")] + ".py"
+    dest = out_dir / spec_path.parent.parent.name / spec_path.parent.name / name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(header + text)
+    return dest
 
 
 def collect(only=None):
@@ -40,7 +69,10 @@ def collect(only=None):
                                            "cheat": {"score": [0, 10]}}.get(kind, {}))
             if folder.is_dir():
                 for p in sorted(folder.iterdir()):
-                    if p.suffix in (".py", ".ipynb") and not p.name.startswith("_"):
+                    if p.name.endswith(".mutant.json"):
+                        m = materialise_mutant(p)
+                        items.append((aid, m, exp.get(m.name, default), f"{aid}/{kind}/{p.name}"))
+                    elif p.suffix in (".py", ".ipynb") and not p.name.startswith("_"):
                         items.append((aid, p, exp.get(p.name, default), f"{aid}/{kind}/{p.name}"))
         sol = Path(REPO) / "assignments" / aid / f"{aid}_solution.py"
         if sol.exists():

@@ -233,3 +233,23 @@ def test_timed_protocol_on_cpu_catches_cached_answers(tmp_path, cheat):
         assert r.score == 0 and "wrong result" in r.output and any(f["id"] == "T16" for f in g.flags), r.output
     else:
         assert r.status in ("passed", "partial", "failed") and "ratio" in r.extra and not g.flags, r.output
+
+
+@pytest.mark.selftest
+def test_mutant_submissions_apply_exactly_and_fail_loudly_when_stale(tmp_path):
+    """A wrong submission stored as a mutant of a solution source: edits must match exactly ``count`` times."""
+    import json
+    from pathlib import Path
+
+    from autograder.selftest import SUB, materialise_mutant
+    for spec_path in sorted(SUB.glob("*/*/*.mutant.json")):
+        out = materialise_mutant(spec_path, tmp_path)
+        spec = json.loads(spec_path.read_text())
+        base = (Path(__file__).resolve().parent.parent / spec["base"]).read_text()
+        assert out.read_text() != base and all(e["new"] in out.read_text() for e in spec["edits"])
+    stale = tmp_path / "wrong" / "w_stale.mutant.json"
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text(json.dumps({"base": "assignments/a3_triton/a3_triton_solution.py", "why": "x",
+                                 "edits": [{"old": "this line is not in the solution", "new": "y"}]}))
+    with pytest.raises(ValueError, match="occurs 0 times"):
+        materialise_mutant(stale, tmp_path)
