@@ -12,6 +12,9 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
   submission that hides work from the timer shows a tiny ratio); the test must have run;
 * ``device``: ``"cuda"`` for a GPU-only submission (e.g. side CUDA streams): listed as skipped on CPU.
 
+Speed tests on partial credit depend on machine load, so their missing points count as slack in the score band
+and they count as passing for ``others_pass``; a speed test at 0 is a failure like any other.
+
 A wrong submission that differs from a solution source by a line or two is stored as a *mutant*,
 ``<name>.mutant.json`` = ``{"base": path from the repo root, "why": text, "edits": [{"old", "new", "count"}]}``,
 and written out as ``<name>.py`` under ``build/selftest_mutants/`` before grading (its expectation key is
@@ -89,11 +92,17 @@ def check_expectation(result, exp):
     if result.get("grader_error"):
         return [f"grader error: {result['grader_error'][:300]}"]
     mx = result["max_score"] or 1.0
-    pct = 100.0 * result["score"] / mx
-    lo, hi = exp.get("score", [0, 100])
-    if not (lo - 1e-6 <= pct <= hi + 1e-6):
-        problems.append(f"score {pct:.1f}% outside [{lo}, {hi}]")
     tests = [t for t in result["tests"] if t["status"] != "not run"]
+    # A speed test on partial credit reflects machine load as much as the code (CI runs the selftest beside
+    # other tests on 2 cores): its missing points are slack, and it counts as passing for ``others_pass``.
+    # A speed test at 0 (wrong timed output, hidden work, a crash, or >= the zero ratio) is still a failure.
+    partial = [t for t in tests if t.get("kind") == "speed" or "speed" in t["name"]]
+    partial = [t for t in partial if 0 < t["score"] < t["max_score"]]
+    slack = sum(t["max_score"] - t["score"] for t in partial)
+    pct, pct_hi = 100.0 * result["score"] / mx, 100.0 * (result["score"] + slack) / mx
+    lo, hi = exp.get("score", [0, 100])
+    if pct_hi < lo - 1e-6 or pct > hi + 1e-6:
+        problems.append(f"score {pct:.1f}% outside [{lo}, {hi}]")
     must_fail = exp.get("fail", [])
     for pat in must_fail:
         hit = [t for t in tests if pat in t["name"]]
@@ -111,7 +120,8 @@ def check_expectation(result, exp):
                 problems.append(f"{t['name']} should pass: {t['output'][:160]}")
     if exp.get("others_pass"):
         for t in tests:
-            if not any(p in t["name"] for p in must_fail) and t["score"] < t["max_score"] - 1e-9:
+            if (not any(p in t["name"] for p in must_fail) and t["score"] < t["max_score"] - 1e-9
+                    and t not in partial):
                 problems.append(f"{t['name']} should pass: {t['output'][:160]}")
     for pat, lo_ratio in exp.get("min_ratio", {}).items():
         hit = [t for t in tests if pat in t["name"] and "ratio" in t]
