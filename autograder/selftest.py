@@ -15,7 +15,7 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
 Speed tests on partial credit depend on machine load, so their missing points count as slack in the score band
 and they count as passing for ``others_pass``; a speed test at 0 is a failure like any other.
 
-A wrong submission that differs from a solution source by a line or two is stored as a *mutant*,
+A wrong or cheating submission that differs from a correct one by a few lines is stored as a *mutant*,
 ``<name>.mutant.json`` = ``{"base": path from the repo root, "why": text, "edits": [{"old", "new", "count"}]}``,
 and written out as ``<name>.py`` under ``build/selftest_mutants/`` before grading (its expectation key is
 ``<name>.py``). Each ``old`` must occur exactly ``count`` (default 1) times in the base, so a mutant whose base
@@ -49,7 +49,8 @@ def materialise_mutant(spec_path: Path, out_dir: Path = MUTANTS) -> Path:
             raise ValueError(f"{spec_path.name}: edit {e['old']!r} occurs {n} times in {spec['base']}, "
                              f"expected {e.get('count', 1)} (the base changed: update the mutant)")
         text = text.replace(e["old"], e["new"])
-    header = "".join(f"# {line}\n" for line in ["WRONG on purpose (autograder selftest mutant of "
+    kind = spec_path.parent.name               # wrong | cheat
+    header = "".join(f"# {line}\n" for line in [f"Autograder selftest, {kind} on purpose (a mutant of "
                                                  f"{spec['base']}):", *spec["why"].split("\n")])
     name = spec_path.name[: -len(".mutant.json")] + ".py"
     dest = out_dir / spec_path.parent.parent.name / spec_path.parent.name / name

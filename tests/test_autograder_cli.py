@@ -24,7 +24,9 @@ def _run(*args, **kw):
 
 def test_grade_exit_codes_and_json(tmp_path):
     out = tmp_path / "r.json"
-    p = _run("grade", "a1", str(SUB / "wrong" / "w_missing_gqa.py"), "--json", str(out), "--device", "cpu")
+    from autograder.selftest import materialise_mutant
+    sub = materialise_mutant(SUB / "wrong" / "w_missing_gqa.mutant.json", tmp_path / "mutants")
+    p = _run("grade", "a1", str(sub), "--json", str(out), "--device", "cpu")
     assert p.returncode == 0, p.stderr
     r = json.loads(out.read_text())
     assert set(r) >= {"assignment", "score", "max_score", "tests", "flags", "device"}
@@ -45,7 +47,13 @@ def test_grade_exit_codes_and_json(tmp_path):
 def test_grade_all_twenty_mixed(tmp_path):
     subs = tmp_path / "subs"
     subs.mkdir()
-    picks = sorted((SUB / "wrong").glob("*.py")) + sorted((SUB / "cheat").glob("t0*.py"))[:8]
+    from autograder.selftest import materialise_mutant
+
+    def real(p):  # a bundled mutant (*.mutant.json) is written out as the .py it describes
+        return materialise_mutant(p, tmp_path / "mutants") if p.name.endswith(".mutant.json") else p
+    wrong = sorted((SUB / "wrong").glob("*.py")) + sorted((SUB / "wrong").glob("*.mutant.json"))
+    cheat = sorted((SUB / "cheat").glob("t0*.py")) + sorted((SUB / "cheat").glob("t0*.mutant.json"))
+    picks = [real(p) for p in wrong + cheat[:8]]
     picks += [SUB / "correct" / "own_numpy.py", REPO / "autograder" / "examples" / "a1_attention_example.ipynb"]
     expected = {}
     for i, p in enumerate(picks):
