@@ -54,20 +54,7 @@ POLICIES = ("static", "pow2", "oracle", "paged")
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
 
-def _pos_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
-def _pos_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(float(value)) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-    return float(value)
+from .iosim import _pos_int, _pos_real  # noqa: E402  (shared positive-number checks)
 
 
 def pool_tokens_for(gpu_bytes: float = 40e9, bytes_per_token: int = KV_BYTES_PER_TOKEN_13B) -> int:
