@@ -1,4 +1,4 @@
-"""Student assignments (SPEC section 5).
+"""Student assignments (docs/design.md §5).
 
 Each ``assignments/<aid>/`` folder holds the instructor's solution source ``<aid>_solution.py`` (jupytext
 "percent" format with ``### BEGIN SOLUTION`` / ``### END SOLUTION`` regions), the generated student notebook
@@ -14,7 +14,7 @@ ASSIGNMENTS = {
     "a5_paged": "a5",
 }
 
-#: the graded names of each assignment (the shared grading contract; same signatures as SPEC 4)
+#: the graded names of each assignment (the shared grading contract; same signatures as docs/design.md §4)
 GRADED = {
     "a1_attention": ("safe_softmax", "online_softmax", "merge_states", "attention"),
     "a2_flash_numpy": ("flash_attention_forward", "flash_attention_backward"),

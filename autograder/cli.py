@@ -1,4 +1,4 @@
-"""Command line: ``python -m autograder grade|grade-all|selftest|gradescope`` (SPEC 6, issue 5).
+"""Command line: ``python -m autograder grade|grade-all|selftest|gradescope`` (docs/design.md §6).
 
 Exit status: 0 whenever grading completed (whatever the score); non-zero only when the grader itself failed
 (bad arguments, an internal error, or in grade-all a submission whose grader process failed).

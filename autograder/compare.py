@@ -1,4 +1,4 @@
-"""Judging one output array against the float64 oracle (SPEC 6 correctness rules).
+"""Judging one output array against the float64 oracle (docs/design.md §6 correctness rules).
 
 * the shape must match exactly (nothing is broadcast);
 * NaN where the reference has none fails; +inf/-inf positions (e.g. the lse of a fully masked row) must match

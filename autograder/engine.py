@@ -1,4 +1,4 @@
-"""Grading one submission (issue 5): static scan, a sandboxed child for the submission, hidden cases from a
+"""Grading one submission (docs/design.md §6): static scan, a sandboxed child for the submission, hidden cases from a
 secret seed judged in this (parent) process, speed against the reference in a separate sandboxed child, flags.
 
 The parent is the only writer of results (T1); expected outputs exist only here (T2); comparisons run here on

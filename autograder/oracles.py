@@ -2,7 +2,7 @@
 process, and shares no code with ``reference`` so a bug there cannot hide here (the project's tests compare it
 with torch autograd in float64: ``tests/test_autograder_oracles.py``).
 
-Conventions are SPEC 3: bottom-right causal mask (query i may attend key j iff j <= i + Nk - Nq), GQA (query
+Conventions are docs/design.md §3: bottom-right causal mask (query i may attend key j iff j <= i + Nk - Nq), GQA (query
 head h reads kv head h // (Hq // Hkv)), natural-log lse of the scaled scores, a row with no key gives o = 0 and
 lse = -inf.
 """

@@ -1,4 +1,4 @@
-"""Presenting a grading result: the score table, the JSON of SPEC 6 and Gradescope's results.json schema."""
+"""Presenting a grading result: the score table, the JSON of docs/design.md §6 and Gradescope's results.json schema."""
 from __future__ import annotations
 
 import json

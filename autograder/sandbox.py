@@ -1,4 +1,4 @@
-"""Starting, watching and killing one sandboxed child process (issue 5, item 3).
+"""Starting, watching and killing one sandboxed child process (docs/design.md §6, threats T17-T18).
 
 Each child gets: its own session/process group (``start_new_session``), a fresh temp dir as cwd, HOME, TMPDIR
 and TRITON_CACHE_DIR (T18: nothing left for the next submission), a scrubbed environment (PATH, LANG and what

@@ -1,5 +1,6 @@
 """Decode-attention benchmark (GPU): Flash-Decoding split-KV vs one split vs torch SDPA vs naive torch, and
-PagedAttention decode vs contiguous. Writes ``<gpu>-decode.json`` and two plots, prints the SPEC 7 ratio table.
+PagedAttention decode vs contiguous. Writes ``<gpu>-decode.json`` and two plots, prints the ratio table of
+the decode bars (docs/design.md §7).
 
     python benchmarks/bench_decode.py [--quick] [--out DIR]
 
@@ -431,7 +432,7 @@ def tune(copy_bw, log):
 
 
 def bars(rows, paged):
-    """SPEC 7 decode bars, each on graph-replayed GPU time (judged) and on eager do_bench time (shown)."""
+    """docs/design.md §7 decode bars, each on graph-replayed GPU time (judged) and on eager do_bench time (shown)."""
     def get(B, N, impl):
         for r in rows:
             if r["batch"] == B and r["context"] == N and r["impl"] == impl and "ms_graph" in r:
@@ -600,7 +601,8 @@ def main(argv=None):
     figs = plots(rows, args.out, slug, copy_bw)
     log(f"wrote {path}, {', '.join(figs)}")
 
-    print("\nSPEC 7 decode bars (bf16, Hq=32, Hkv=8, d=128); judged on CUDA-graph GPU time, eager do_bench shown")
+    print("\nDecode bars of docs/design.md §7 (bf16, Hq=32, Hkv=8, d=128); judged on CUDA-graph GPU time, "
+          "eager do_bench shown")
     print(f"{'what':34s} {'B':>3s} {'context':>7s} {'graph':>6s} {'eager':>6s} {'bar':>5s}  pass")
     for r in table:
         print(f"{r['what']:34s} {r['batch']:3d} {r['context']:7d} {r['value']:6.2f} {r['value_eager']:6.2f} "

@@ -1,4 +1,4 @@
-"""How long the autograder takes (SPEC 7: all CPU parts of a full submission graded in <= 2 min on 2 cores).
+"""How long the autograder takes (docs/design.md §7: all CPU parts of a full submission graded in <= 2 min on 2 cores).
 
 Grades each assignment's solution source (a full, correct submission) once, in-process (the children are the
 same sandboxed processes `grade` uses), and prints per-assignment wall time, the number of tests and cases, and

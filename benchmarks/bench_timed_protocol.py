@@ -1,4 +1,4 @@
-"""CPU-side cost of one timed speed-test rep of the autograder (issue 5): the protocol, not the kernel.
+"""CPU-side cost of one timed speed-test rep of the autograder (docs/design.md §6): the protocol, not the kernel.
 
 A synthetic speed test times ``clip(a, lo, hi)`` (NumPy, trivially cheap) on three float32 arrays of ``--numel``
 elements each (default 8.4M = one a3 bf16 tensor B=4, H=16, N=2048, d=64; the old wire sent bf16 as float32,

@@ -1,18 +1,18 @@
-"""CPU benchmark: naive NumPy attention vs tiled FlashAttention-2 in NumPy (SPEC section 7, NumPy bar).
+"""CPU benchmark: naive NumPy attention vs tiled FlashAttention-2 in NumPy (docs/design.md §7, NumPy bar).
 
 For N in {512, 1024, 2048, 4096}, d = 64, ONE head (q, k, v of shape (N, d), float32, standard normal), it
 times forward and backward (median of ``--reps`` runs, default 7, after one warm-up) and measures the peak traced
 allocation (``tracemalloc``, one separate untimed run) of:
 
 * naive: ``reference.numpy.attention.attention`` / ``attention_backward`` (materialise S and P, N x N);
-* tiled: ``reference.numpy.flash.flash_attention_forward`` / ``flash_attention_backward`` with the SPEC default
-  tiles 64 x 64 and with larger 128 x 128 tiles (fewer Python-level iterations per FLOP).
+* tiled: ``reference.numpy.flash.flash_attention_forward`` / ``flash_attention_backward`` with the default
+  tiles (docs/design.md §4) 64 x 64 and with larger 128 x 128 tiles (fewer Python-level iterations per FLOP).
 
 The whole sweep runs once per BLAS thread setting (``--threads``, default: the library default and 1), because
 on a small shared machine multi-threaded OpenBLAS on many small matmuls can be slowed badly by other load.
 It also runs a small tile sweep at the largest N. Functions are timed interleaved (each repetition runs all
 of them in turn) so that load from other processes skews the ratios as little as possible. Results go to ``benchmarks/results/cpu.json`` and
-``benchmarks/results/cpu.png``; a table with the SPEC 7 verdicts is printed:
+``benchmarks/results/cpu.png``; a table with the docs/design.md §7 verdicts is printed:
 
     tiled forward at N=4096, d=64 takes <= 3x the time of naive attention and <= 1/10 of its peak memory.
 
@@ -167,7 +167,7 @@ def print_table(rows, label):
     big = [r for r in rows if r["N"] == 4096]
     if big:
         for tiles, v in verdicts(big[0]).items():
-            print(f"SPEC 7 bar, N=4096 d=64, tiles {tiles}: time {v['time_ratio']:.2f}x naive (median of "
+            print(f"docs/design.md §7 bar, N=4096 d=64, tiles {tiles}: time {v['time_ratio']:.2f}x naive (median of "
                   f"per-repetition ratios; ratio of medians {v['time_ratio_of_medians']:.2f}x) "
                   f"({'PASS' if v['time_ok'] else 'FAIL'}, bar <= 3x), peak memory {v['mem_ratio']:.3f} of naive "
                   f"({'PASS' if v['mem_ok'] else 'FAIL'}, bar <= 0.1)")
@@ -197,7 +197,7 @@ def plot(runs, path):
     if runs:
         ns = [r["N"] for r in runs[0]["rows"]]
         axes[3].plot(ns, [n * n * 4 / 2**20 for n in ns], "k:", label="N x N float32")
-        axes[2].axhline(3.0, color="k", ls=":", label="SPEC 7 bar (3x)")
+        axes[2].axhline(3.0, color="k", ls=":", label="docs/design.md §7 bar (3x)")
         axes[2].axhline(1.0, color="gray", lw=0.8)
     for ax, title, ylabel in ((axes[0], "forward time", "ms (median)"), (axes[1], "backward time", "ms (median)"),
                               (axes[2], "tiled / naive forward time", "ratio (median over repetitions)"),

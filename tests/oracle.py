@@ -1,6 +1,6 @@
 """An independent float64 oracle for every test: plain torch on CPU, autograd for gradients.
 
-It shares no code with ``reference`` so a bug there cannot hide here. Conventions are SPEC section 3:
+It shares no code with ``reference`` so a bug there cannot hide here. Conventions are docs/design.md §3:
 bottom-right causal mask, GQA (query head h reads kv head h // group), natural-log lse, fully masked
 rows give output 0 and lse -inf.
 """

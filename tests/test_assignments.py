@@ -2,7 +2,7 @@
 
 * ``assignments`` marker: the committed student notebooks are what ``python -m assignments.generate`` writes;
   they contain no solution text; every graded name of the grading contract is defined in each solution source
-  with the SPEC 4 signature; the generator's parsing and stubbing rules.
+  with the docs/design.md §4 signature; the generator's parsing and stubbing rules.
 * ``notebooks`` marker: every solution source, run headless as a notebook, passes every visible ``check(...)``;
   every student notebook runs top to bottom with its checks reporting failure instead of raising.
 """
@@ -23,7 +23,7 @@ from assignments import generate as gen
 ROOT = Path(__file__).resolve().parents[1]
 AIDS = list(ASSIGNMENTS)
 
-# SPEC 4 signatures of the graded names (the grading contract: same as the reference API).
+# docs/design.md §4 signatures of the graded names (the grading contract: same as the reference API).
 SIGNATURES = {
     "safe_softmax": "(x, axis=-1)",
     "online_softmax": "(x, block_size=128)",

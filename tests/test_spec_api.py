@@ -1,8 +1,8 @@
-"""SPEC conformance of the public API (SPEC section 4) and a bad-input audit of every public function (SPEC 3).
+"""Conformance of the public API (docs/design.md §4) and a bad-input audit of every public function (§3).
 
-1. Every name of SPEC section 4 exists where the SPEC says, with the SPEC's parameters (names, order, defaults:
-   ``inspect.signature`` against the SPEC's text). Extra parameters are allowed only keyword-only and are listed
-   in ``EXTRA_KWONLY`` so that a new one is a deliberate, visible change.
+1. Every name of docs/design.md §4 exists where the design says, with the design's parameters (names, order,
+   defaults: ``inspect.signature`` against the design's text). Extra parameters are allowed only keyword-only and are
+   listed in ``EXTRA_KWONLY`` so that a new one is a deliberate, visible change.
 2. The lazy exports of ``reference.numpy`` and ``reference.triton`` resolve; importing ``reference.triton`` in a
    fresh process without CUDA prints the interpreter notice exactly once and sets ``TRITON_INTERPRET=1`` before
    any kernel is defined.
@@ -33,10 +33,10 @@ from reference.triton.flash_bwd import flash_attention_backward as tr_flash_back
 ROOT = Path(__file__).resolve().parents[1]
 
 # ----------------------------------------------------------------------------------------------------------------
-# 1. SPEC section 4 signatures
+# 1. docs/design.md §4 signatures
 # ----------------------------------------------------------------------------------------------------------------
-# (module, name, SPEC parameter list, pytest marker). Methods are "Class.method" (without self).
-SPEC = [
+# (module, name, documented parameter list, pytest marker). Methods are "Class.method" (without self).
+API = [
     ("reference.numpy.softmax", "naive_softmax", "x, axis=-1", "naive_softmax"),
     ("reference.numpy.softmax", "safe_softmax", "x, axis=-1", "safe_softmax"),
     ("reference.numpy.softmax", "online_softmax", "x, block_size=128", "online_softmax"),
@@ -79,13 +79,13 @@ SPEC = [
      "triton_paged_decode"),
 ]
 
-# Extra parameters beyond the SPEC: keyword-only, with these defaults (the whole list; anything else fails).
+# Extra parameters beyond the design: keyword-only, with these defaults (the whole list; anything else fails).
 EXTRA_KWONLY = {
     "reference.triton.softmax": {"max_single": None},           # override of the one-pass row limit (tests)
     "reference.triton.flash_decode": {"validate": True},        # False skips the seq_lens range check's sync
     "reference.triton.paged_decode": {"num_splits": None, "validate": True},
 }
-# Defaults the implementation adds to a parameter the SPEC lists without one.
+# Defaults the implementation adds to a parameter the design lists without one.
 EXTRA_DEFAULTS = {
     "reference.numpy.paged.PagedKVCache": {"dtype": np.float32},
 }
@@ -100,7 +100,7 @@ def _resolve(module: str, name: str):
 
 def _spec_signature(params: str) -> inspect.Signature:
     namespace: dict = {}
-    exec(f"def _spec({params}): pass", namespace)  # the SPEC's own text, parsed by Python
+    exec(f"def _spec({params}): pass", namespace)  # the design's own text, parsed by Python
     return inspect.signature(namespace["_spec"])
 
 
@@ -113,7 +113,7 @@ def _actual_signature(obj) -> inspect.Signature:
 
 
 @pytest.mark.parametrize("module,name,params,marker", [pytest.param(*c, marks=getattr(pytest.mark, c[3]),
-                                                                      id=f"{c[0]}.{c[1]}") for c in SPEC])
+                                                                      id=f"{c[0]}.{c[1]}") for c in API])
 def test_spec_signature(module, name, params, marker):
     obj = _resolve(module, name)
     assert callable(obj), f"{module}.{name} is not callable"
@@ -122,14 +122,14 @@ def test_spec_signature(module, name, params, marker):
     got = _actual_signature(obj)
     positional = [p for p in got.parameters.values() if p.kind is not inspect.Parameter.KEYWORD_ONLY]
     kwonly = {p.name: p.default for p in got.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert [p.name for p in positional] == list(want.parameters), f"{full}{got} != SPEC ({params})"
+    assert [p.name for p in positional] == list(want.parameters), f"{full}{got} != docs/design.md §4 ({params})"
     assert all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in positional), f"{full}{got}"
     extra_defaults = EXTRA_DEFAULTS.get(full, {})
     for p in positional:
         spec_default = want.parameters[p.name].default
         expected = extra_defaults.get(p.name, spec_default)
         assert p.default is expected or p.default == expected, \
-            f"{full}: default of {p.name} is {p.default!r}, SPEC says {spec_default!r}"
+            f"{full}: default of {p.name} is {p.default!r}, docs/design.md §4 says {spec_default!r}"
     assert kwonly == EXTRA_KWONLY.get(full, {}), f"{full}: keyword-only extras {kwonly} not recorded in EXTRA_KWONLY"
 
 
@@ -159,7 +159,7 @@ def test_block_allocator_has_reference_counts_and_num_free():
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.flash_decoding
 def test_return_structures_follow_spec(rng, dtype):
-    """Tuple returns of SPEC 4 and the dtype rules of SPEC 3 (outputs in the input dtype, lse >= float32)."""
+    """Tuple returns of docs/design.md §4 and the dtype rules of §3 (outputs in the input dtype, lse >= float32)."""
     f = lambda *s: rng.standard_normal(s).astype(dtype)  # noqa: E731
     q, k, v = f(1, 4, 5, 8), f(1, 2, 7, 8), f(1, 2, 7, 8)
     lse_dt = np.float64 if dtype == np.float64 else np.float32
@@ -202,7 +202,7 @@ def test_lazy_exports_resolve(pkg):
 
 
 def test_every_spec_name_is_exported_from_its_package():
-    for module, name, _, _ in SPEC:
+    for module, name, _, _ in API:
         top = name.split(".")[0]
         pkg = rtr if module == "reference.triton" else rnp
         if (module, top) == ("reference.numpy.attention", "attention"):

@@ -1,4 +1,4 @@
-"""The data an assignment spec is made of (issue 5, item 2): tasks, tests, cases, tolerances, points.
+"""The data an assignment spec is made of (docs/design.md §5-6): tasks, tests, cases, tolerances, points.
 
 A *task* is one graded name (``"a1.attention"``): how to build a call from case parameters, the float64 oracle
 that gives the expected outputs, the output types it must return. A *test* is one line of the score table: a
@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-# Relative error on the whole tensor, by the dtype of the inputs (SPEC 6 "dtype-aware relative tolerances").
+# Relative error on the whole tensor, by the dtype of the inputs (docs/design.md §6 "dtype-aware relative tolerances").
 # float64 is tight on purpose: computing a float64 case in float32 (T12) gives ~1e-7 and fails.
 TOL = {"float64": 1e-10, "float32": 2e-5, "float16": 4e-3, "bfloat16": 3e-2}
 # Triton kernels: fp32 tl.dot runs in TF32 on NVIDIA GPUs by default, and fp16/bf16 keep P in low precision.

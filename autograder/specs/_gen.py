@@ -1,5 +1,5 @@
-"""Input generators shared by the specs: non-uniform random data in a given dtype (SPEC 6: fresh random inputs,
-never zeros or constants, so a partial or constant output cannot pass)."""
+"""Input generators shared by the specs: non-uniform random data in a given dtype (docs/design.md §6: fresh
+random inputs, never zeros or constants, so a partial or constant output cannot pass)."""
 from __future__ import annotations
 
 import numpy as np

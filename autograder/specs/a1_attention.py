@@ -26,7 +26,7 @@ def _x(p, rng):
         x = x.copy()
         x[rng.random(x.shape) < 0.3] = -np.inf
         rows = x.reshape(-1, x.shape[-1])
-        rows[:: 3] = -np.inf                      # fully masked rows -> zeros (SPEC 3)
+        rows[:: 3] = -np.inf                      # fully masked rows -> zeros (docs/design.md §3)
     return x
 
 

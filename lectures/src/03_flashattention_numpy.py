@@ -183,7 +183,7 @@ plt.tight_layout()
 
 # %% [markdown]
 # The CPU benchmark (`make bench-cpu`, `benchmarks/cpu_numpy.py`) measures the same up to $N = 4096$ together
-# with run time; SPEC 7 asks the tiled forward to stay within 3x the naive time and under 1/10 of its peak
+# with run time; docs/design.md §7 asks the tiled forward to stay within 3x the naive time and under 1/10 of its peak
 # memory. If its result file is present, here it is:
 
 # %%

@@ -169,8 +169,9 @@ print("paged_decode       : block size 16, shuffled pages: max |diff| vs flash_d
 # ## 5. On a GPU
 #
 # `benchmarks/bench_attention.py` times the same kernels against PyTorch's SDPA backends (FLASH_ATTENTION is
-# FlashAttention-2; cuDNN) in the FlashAttention convention (batch × seqlen = 16k, hidden 2048, bf16). SPEC 7 asks
-# for ≥ 1.0x SDPA-flash in the forward and ≥ 0.9x in the backward. If a result file is present:
+# FlashAttention-2; cuDNN) in the FlashAttention convention (batch × seqlen = 16k, hidden 2048, bf16). The course's
+# bars (docs/design.md §7) are ≥ 1.0x SDPA-flash in the forward and ≥ 0.9x in the backward.
+# If a result file is present:
 
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]

@@ -1,4 +1,4 @@
-"""NumPy reference implementations (SPEC section 4, ``reference.numpy``).
+"""NumPy reference implementations (docs/design.md §4, ``reference.numpy``).
 
 Modules: ``softmax``, ``attention``, ``flash``, ``merge``, ``decoding``, ``paged``. The public names of each
 module are also importable from this package (``from reference.numpy import flash_attention_forward``); they

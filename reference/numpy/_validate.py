@@ -1,4 +1,4 @@
-"""Input checks shared by the NumPy reference (SPEC section 3).
+"""Input checks shared by the NumPy reference (docs/design.md §3).
 
 Every public function validates its inputs with these helpers, so bad input fails early with a message that
 names the argument and what was expected. Nothing is silently broadcast.
@@ -33,7 +33,7 @@ def as_float_array(x, name: str, min_ndim: int = 1) -> np.ndarray:
 
 
 def compute_dtype(*arrays: np.ndarray) -> np.dtype:
-    """Accumulation dtype: the widest input dtype, but at least float32 (SPEC 3)."""
+    """Accumulation dtype: the widest input dtype, but at least float32 (docs/design.md §3)."""
     return np.result_type(np.float32, *[a.dtype for a in arrays])
 
 
@@ -65,8 +65,9 @@ def check_scale(scale, d: int) -> float:
 def check_qkv(q, k, v):
     """Validate attention inputs and return ``(q, k, v, group)``.
 
-    Layout (SPEC 3): single head ``q (Nq, d)``, ``k, v (Nk, d)``; or with leading dims ``q (..., Hq, Nq, d)``,
-    ``k, v (..., Hkv, Nk, d)``. Leading dims other than the head axis must match exactly; ``Hq % Hkv == 0``
+    Layout (docs/design.md §3): single head ``q (Nq, d)``, ``k, v (Nk, d)``; or with leading dims
+    ``q (..., Hq, Nq, d)``, ``k, v (..., Hkv, Nk, d)``. Leading dims other than the head axis must match exactly;
+    ``Hq % Hkv == 0``
     and query head ``h`` reads kv head ``h // (Hq // Hkv)`` (GQA/MQA). ``group = Hq // Hkv`` (1 for rank 2).
     """
     q = as_float_array(q, "q", min_ndim=2)
@@ -96,7 +97,7 @@ def check_qkv(q, k, v):
 
 
 def repeat_kv(x: np.ndarray, group: int) -> np.ndarray:
-    """Expand kv heads to query heads for GQA: query head h reads kv head h // group (SPEC 3)."""
+    """Expand kv heads to query heads for GQA: query head h reads kv head h // group (docs/design.md §3)."""
     if group == 1 or x.ndim < 3:
         return x
     return np.repeat(x, group, axis=-3)

@@ -5,7 +5,7 @@
     O = P V                  (Nq x d)
 
 This is the baseline FlashAttention is measured against: it reads and writes the N x N matrices S and P, so its
-memory is Theta(N^2). Conventions are SPEC section 3: ``q (..., Hq, Nq, d)``, ``k, v (..., Hkv, Nk, d)`` (or
+memory is Theta(N^2). Conventions are docs/design.md §3: ``q (..., Hq, Nq, d)``, ``k, v (..., Hkv, Nk, d)`` (or
 single head ``(Nq, d)``), GQA by repeating kv heads (query head h reads kv head h // (Hq // Hkv)), bottom-right
 causal mask, and a fully masked row gives output 0 and lse -inf.
 """

@@ -8,7 +8,7 @@ Flash-Decoding (Dao et al., 2023; the seeds' "Flash-Decoding parallelizes across
 2. attend each chunk independently, keeping its partial output and log-sum-exp,
 3. reduce over all splits with the recursive-attention merge (:func:`reference.numpy.merge.merge_many`).
 
-Layouts follow SPEC 3: ``k, v (B, Hkv, N, d)``; query head ``h`` reads kv head ``h // (Hq // Hkv)``.
+Layouts follow docs/design.md §3: ``k, v (B, Hkv, N, d)``; query head ``h`` reads kv head ``h // (Hq // Hkv)``.
 """
 from __future__ import annotations
 
@@ -41,7 +41,8 @@ def _check_dtype(dtype) -> np.dtype:
 class KVCache:
     """A pre-allocated contiguous KV cache ("static" cache: space for ``max_len`` tokens reserved up front).
 
-    Storage is in the attention layout of SPEC 3, so the filled part can be handed to attention without a copy:
+    Storage is in the attention layout of docs/design.md §3, so the filled part can be handed to attention
+    without a copy:
 
     * ``batch_size=None`` (default): ``k``/``v`` are ``(Hkv, len, d)``; ``append`` takes ``(Hkv, T, d)``.
     * ``batch_size=B``: ``k``/``v`` are ``(B, Hkv, len, d)``; ``append`` takes ``(B, Hkv, T, d)``; all ``B``
@@ -193,8 +194,9 @@ def flash_decoding(q, k, v, num_splits=4, seq_lens=None, scale=None):
     ``seq_len`` (or past ``Nmax`` when ``num_splits > Nmax``) is empty: ``o = 0``, ``lse = -inf``, and the
     merge ignores it.
 
-    Only ``q (B, Hq, d)`` is accepted: a decode step has ``Nq = 1``, which by SPEC 3's bottom-right causal rule
-    sees every key, so no mask argument is needed (the same signature as ``reference.triton.flash_decode``).
+    Only ``q (B, Hq, d)`` is accepted: a decode step has ``Nq = 1``, which by the bottom-right causal rule of
+    docs/design.md §3 sees every key, so no mask argument is needed (the same
+    signature as ``reference.triton.flash_decode``).
 
     Args:
         q: ``(B, Hq, d)`` float16/32/64.

@@ -33,7 +33,8 @@ class OutOfBlocksError(RuntimeError):
 
 
 class UnknownSequenceError(KeyError, ValueError):
-    """A sequence id that the cache does not hold (a KeyError, and a ValueError as SPEC 3 asks of bad input)."""
+    """A sequence id that the cache does not hold (a KeyError, and a ValueError as docs/design.md §3 asks of bad
+    input)."""
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""

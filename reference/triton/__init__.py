@@ -1,4 +1,4 @@
-"""Triton reference kernels (SPEC section 4, ``reference.triton``). Torch tensors in, torch tensors out.
+"""Triton reference kernels (docs/design.md §4, ``reference.triton``). Torch tensors in, torch tensors out.
 
 Importing this package on a machine with no CUDA device switches Triton to its interpreter
 (``TRITON_INTERPRET=1``) before any kernel is defined, and says so once; the same kernels then run on CPU

@@ -1,4 +1,4 @@
-"""Input checks shared by the Triton wrappers (SPEC section 3), run BEFORE any kernel launch.
+"""Input checks shared by the Triton wrappers (docs/design.md §3), run BEFORE any kernel launch.
 
 A kernel launched on bad input either crashes the process (illegal address) or silently reads garbage, so every
 public wrapper in ``reference.triton`` validates first and raises ``TypeError`` (wrong type or dtype) or
@@ -94,8 +94,8 @@ def check_same_dtype(**tensors: torch.Tensor) -> torch.dtype:
 def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
     """Validate ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``; return ``(B, Hq, Hkv, Nq, Nk, d, group)``.
 
-    Checks (SPEC 3): torch tensors of one float dtype on ``DEVICE``, rank 4, ``k.shape == v.shape``, same batch
-    and ``d``, ``Hq % Hkv == 0`` (GQA: query head ``h`` reads kv head ``h // group``), ``Nq, Nk >= 1``, and
+    Checks (docs/design.md §3): torch tensors of one float dtype on ``DEVICE``, rank 4, ``k.shape == v.shape``,
+    same batch and ``d``, ``Hq % Hkv == 0`` (GQA: query head ``h`` reads kv head ``h // group``), ``Nq, Nk >= 1``, and
     ``d`` in ``head_dims``.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):

@@ -1,7 +1,7 @@
 """FlashAttention-2 forward in Triton (FA2 paper, Algorithm 1), with GQA, bottom-right causal and ragged N.
 
 ``flash_attention_forward(q, k, v, causal=False, scale=None) -> (o, lse)`` with ``q (B, Hq, Nq, d)`` and
-``k, v (B, Hkv, Nk, d)`` (SPEC 3 and 4). One program owns one block of ``BLOCK_M`` query rows of one (batch,
+``k, v (B, Hkv, Nk, d)`` (docs/design.md §3 and 4). One program owns one block of ``BLOCK_M`` query rows of one (batch,
 query head) pair: grid ``(cdiv(Nq, BLOCK_M), B * Hq)``, i.e. Algorithm 1's outer loop (line 3) is the grid and
 the inner loop (line 6) runs inside the program over ``BLOCK_N``-key blocks.
 
