@@ -14,6 +14,10 @@ _EXPORTS = {
     "flash_attention": "flash_autograd",
     "flash_decode": "decode",
     "paged_decode": "paged",
+    "flash_attention_varlen": "varlen",
+    "flash_attention_varlen_forward": "varlen",
+    "paged_prefill": "serving",
+    "cascade_decode": "serving",
 }
 
 __all__ = sorted(_EXPORTS) + ["DEVICE", "INTERPRET", "HAS_CUDA", "num_sms"]

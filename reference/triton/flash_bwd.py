@@ -26,7 +26,8 @@ import triton.language as tl
 
 from ._checks import check_attention_inputs, check_same_dtype, check_scale, check_tensor
 from ._runtime import INTERPRET
-from .flash_fwd import LOG2E, SMEM_LIMIT, _causal_key_range, _dot, _dot_acc, check_causal, tuning_bench
+from .flash_fwd import (LOG2E, SMEM_LIMIT, Varlen, _causal_key_range, _dot, _dot_acc, _varlen_bounds, check_causal,
+                        packed_strides, tuning_bench)
 
 #: ``{"dkdv": {...}, "dq": {...}}`` with ``BLOCK_M, BLOCK_N, num_warps, num_stages`` each, or ``None`` to autotune.
 PIN_CONFIG: dict | None = (
@@ -42,24 +43,32 @@ PRE_BLOCK = 64
 def _bwd_preprocess(O, DO, LSE, DELTA, LSE2,
                     stride_ob, stride_oh, stride_om, stride_od,
                     stride_dob, stride_doh, stride_dom, stride_dod,
-                    H, N_Q, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """FA2 Algorithm 2, line 4: ``D_i = rowsum(dO_i * O_i)``; also ``L_i`` in base 2 (``+inf`` if empty)."""
+                    stride_lb, stride_lh, H, N_Q, CU_Q,
+                    BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, VARLEN: tl.constexpr = False):
+    """FA2 Algorithm 2, line 4: ``D_i = rowsum(dO_i * O_i)``; also ``L_i`` in base 2 (``+inf`` if empty).
+
+    ``LSE``, ``DELTA`` and ``LSE2`` share one layout (strides ``stride_lb, stride_lh``, rows contiguous);
+    ``VARLEN``: rows of sequence ``b`` start at ``CU_Q[b]`` (see ``flash_fwd._attn_fwd``)."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // H).to(tl.int64)
     h = (pid_bh % H).to(tl.int64)
+    q_start = 0
+    if VARLEN:
+        N_Q, _, q_start, _ = _varlen_bounds(CU_Q, CU_Q, b, 0)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = rows < N_Q
-    o = tl.load(O + b * stride_ob + h * stride_oh + rows[:, None] * stride_om + offs_d[None, :] * stride_od,
-                mask=ok[:, None], other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + rows[:, None] * stride_dom + offs_d[None, :] * stride_dod,
-                 mask=ok[:, None], other=0.0)
+    o = tl.load(O + b * stride_ob + h * stride_oh + (q_start + rows)[:, None] * stride_om
+                + offs_d[None, :] * stride_od, mask=ok[:, None], other=0.0)
+    do = tl.load(DO + b * stride_dob + h * stride_doh + (q_start + rows)[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * N_Q + rows, mask=ok, other=0.0)
+    row_off = b * stride_lb + h * stride_lh + q_start + rows
+    lse = tl.load(LSE + row_off, mask=ok, other=0.0)
     lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    tl.store(DELTA + pid_bh.to(tl.int64) * N_Q + rows, delta, mask=ok)
-    tl.store(LSE2 + pid_bh.to(tl.int64) * N_Q + rows, lse2, mask=ok)
+    tl.store(DELTA + row_off, delta, mask=ok)
+    tl.store(LSE2 + row_off, lse2, mask=ok)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -122,24 +131,29 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_dob, stride_doh, stride_dom, stride_dod,
               stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-              H_KV, N_Q, N_K, sm_scale, qk_scale,
+              stride_lb, stride_lh, H_KV, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program = key block ``j`` of one (batch, kv head): Algorithm 2, lines 6-18, summed over the GQA group."""
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False):
+    """One program = key block ``j`` of one (batch, kv head): Algorithm 2, lines 6-18, summed over the GQA group.
+    (``VARLEN``: packed sequences, as in ``flash_fwd._attn_fwd``; dK/dV share K's layout.)"""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H_KV
     hk = pid_bh % H_KV
     b64 = b.to(tl.int64)
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        N_Q, N_K, q_start, k_start = _varlen_bounds(CU_Q, CU_K, b, 0)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n[:, None] < N_K
     # line 6: load K_j, V_j (key rows past N_K read zeros; their dK/dV rows are never stored)
-    k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + offs_n[:, None] * stride_kn
+    k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + (k_start + offs_n)[:, None] * stride_kn
                 + offs_d[None, :] * stride_kd, mask=key_ok, other=0.0)
-    v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + offs_n[:, None] * stride_vn
+    v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + (k_start + offs_n)[:, None] * stride_vn
                 + offs_d[None, :] * stride_vd, mask=key_ok, other=0.0)
     # line 7: dK_j = dV_j = 0
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
@@ -158,14 +172,21 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA,
         q_full = 0
     q_even = N_Q // BLOCK_M * BLOCK_M
     q_tail = tl.maximum(q_full, q_even)
+    q_end = N_Q
+    if VARLEN:  # a key block past this sequence's end: no query blocks, nothing stored
+        live = start_n < N_K
+        q_lo = tl.where(live, q_lo, 0)
+        q_full = tl.where(live, q_full, 0)
+        q_even = tl.where(live, q_even, 0)
+        q_tail = tl.where(live, q_tail, 0)
+        q_end = tl.where(live, q_end, 0)
 
     for g in range(GROUP):  # GQA: every query head of this kv head's group
         h = (hk * GROUP + g).to(tl.int64)
-        bh_q = b64 * H_KV * GROUP + h
-        q_base = Q + b64 * stride_qb + h * stride_qh
-        do_base = DO + b64 * stride_dob + h * stride_doh
-        lse2_base = LSE2 + bh_q * N_Q
-        delta_base = DELTA + bh_q * N_Q
+        q_base = Q + b64 * stride_qb + h * stride_qh + q_start * stride_qm
+        do_base = DO + b64 * stride_dob + h * stride_doh + q_start * stride_dom
+        lse2_base = LSE2 + b64 * stride_lb + h * stride_lh + q_start
+        delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
         # line 8: for each query block i
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_lo, q_full,
                                     offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
@@ -173,12 +194,13 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA,
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_full, q_even,
                                     offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
                                     N_Q, OFFSET, qk_scale, BLOCK_M, False, False, INTERP)
-        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_tail, N_Q,
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, q_tail, q_end,
                                     offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
                                     N_Q, OFFSET, qk_scale, BLOCK_M, False, True, INTERP)
 
     # line 18: write dK_j (times the softmax scale, since S = scale * Q K^T) and dV_j
-    dk_off = b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :] * stride_dkd
+    dk_off = (b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + (k_start + offs_n)[:, None] * stride_dkn
+              + offs_d[None, :] * stride_dkd)
     tl.store(DK + dk_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=key_ok)
     tl.store(DV + dk_off, dv.to(DV.dtype.element_ty), mask=key_ok)
 
@@ -232,9 +254,9 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA,
             stride_vb, stride_vh, stride_vn, stride_vd,
             stride_dob, stride_doh, stride_dom, stride_dod,
             stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-            H_Q, GROUP, N_Q, N_K, sm_scale, qk_scale,
+            stride_lb, stride_lh, H_Q, GROUP, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
             HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False):
     """One program = query block ``i`` of one (batch, query head): dQ_i over the key blocks it sees."""
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first, as in the forward
@@ -244,31 +266,40 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA,
     h = pid_bh % H_Q
     hk = (h // GROUP).to(tl.int64)
     h = h.to(tl.int64)
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        N_Q, N_K, q_start, k_start = _varlen_bounds(CU_Q, CU_K, b64, 0)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     rm = offs_m < N_Q
     # line 9: Q_i, dO_i, L_i, D_i (rows past N_Q: zeros and L = +inf, never stored)
-    q = tl.load(Q + b64 * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+    rows = q_start + offs_m
+    q = tl.load(Q + b64 * stride_qb + h * stride_qh + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
                 mask=rm[:, None], other=0.0)
-    do = tl.load(DO + b64 * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom
+    do = tl.load(DO + b64 * stride_dob + h * stride_doh + rows[:, None] * stride_dom
                  + offs_d[None, :] * stride_dod, mask=rm[:, None], other=0.0)
-    l2 = tl.load(LSE2 + pid_bh.to(tl.int64) * N_Q + offs_m, mask=rm, other=float("inf"))
-    di = tl.load(DELTA + pid_bh.to(tl.int64) * N_Q + offs_m, mask=rm, other=0.0)
+    row_off = b64 * stride_lb + h * stride_lh + rows
+    l2 = tl.load(LSE2 + row_off, mask=rm, other=float("inf"))
+    di = tl.load(DELTA + row_off, mask=rm, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    k_base = K + b64 * stride_kb + hk * stride_kh
-    v_base = V + b64 * stride_vb + hk * stride_vh
+    k_base = K + b64 * stride_kb + hk * stride_kh + k_start * stride_kn
+    v_base = V + b64 * stride_vb + hk * stride_vh + k_start * stride_vn
 
     OFFSET = N_K - N_Q
     full_end, hi = _causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    if VARLEN:  # a query block past this sequence's end: no key blocks, nothing stored
+        full_end = tl.where(start_m < N_Q, full_end, 0)
+        hi = tl.where(start_m < N_Q, hi, 0)
     dq = _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, 0, full_end, offs_m, offs_n, offs_d,
                         stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
                         BLOCK_N, CAUSAL, False, INTERP)
     dq = _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, full_end, hi, offs_m, offs_n, offs_d,
                         stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
                         BLOCK_N, CAUSAL, True, INTERP)
-    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
+    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
              (dq * sm_scale).to(DQ.dtype.element_ty), mask=rm[:, None])
 
 
@@ -298,7 +329,7 @@ def _prune_bwd(configs, named_args, **kwargs):
     return kept or configs[-1:]
 
 
-_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP"]
+_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP", "VARLEN"]
 _bwd_dkdv_tuned = triton.autotune(configs=_configs(DKDV_CONFIGS), key=_KEY,
                                   prune_configs_by={"early_config_prune": _prune_bwd}, do_bench=tuning_bench)(_bwd_dkdv)
 _bwd_dq_tuned = triton.autotune(configs=_configs(DQ_CONFIGS), key=_KEY,
@@ -308,32 +339,48 @@ _bwd_dq_tuned = triton.autotune(configs=_configs(DQ_CONFIGS), key=_KEY,
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, group: int) -> None:
-    """Run the three backward kernels on validated inputs, writing ``dq, dk, dv`` in place."""
-    B, Hq, Nq, d = q.shape
-    Hkv, Nk = k.shape[1], k.shape[2]
-    delta = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, group: int,
+                    varlen: Varlen | None = None) -> None:
+    """Run the three backward kernels on validated inputs, writing ``dq, dk, dv`` in place (layouts as in
+    ``flash_fwd.launch_forward``; with ``varlen`` every tensor is packed, never paged)."""
+    d = q.shape[-1]
+    if varlen is None:
+        B, Hq, Nq, _ = q.shape
+        Hkv, Nk = k.shape[1], k.shape[2]
+        rows = Nq
+        st = lambda t: t.stride()  # noqa: E731
+        cu_q = cu_k = q  # unused dummy pointers
+    else:
+        B, Hq, Hkv = varlen.batch, q.shape[1], k.shape[1]
+        Nq, Nk = triton.next_power_of_2(varlen.max_q), triton.next_power_of_2(varlen.max_k)
+        rows = varlen.max_q
+        st = packed_strides
+        cu_q, cu_k = varlen.cu_q, varlen.cu_k
+    delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
-    _bwd_preprocess[(triton.cdiv(Nq, PRE_BLOCK), B * Hq)](
-        o, do, lse, delta, lse2, *o.stride(), *do.stride(), Hq, Nq, BLOCK_M=PRE_BLOCK, HEAD_DIM=d)
+    lstr = (lse.stride(0), lse.stride(1)) if varlen is None else (0, lse.stride(0))
+    vl = varlen is not None
+    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK), B * Hq)](
+        o, do, lse, delta, lse2, *st(o), *st(do), *lstr, Hq, Nq, cu_q, BLOCK_M=PRE_BLOCK, HEAD_DIM=d, VARLEN=vl)
 
     qk_scale = scale * LOG2E
-    common = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    common = (*st(q), *st(k), *st(v), *st(do))
     pin = PIN_CONFIG
-    kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET)
-    dkdv_args = (q, k, v, do, dk, dv, lse2, delta, *common, *dk.stride(), Hkv, Nq, Nk, scale, qk_scale)
-    dq_args = (q, k, v, do, dq, lse2, delta, *common, *dq.stride(), Hq, group, Nq, Nk, scale, qk_scale)
+    kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET, VARLEN=vl)
+    dkdv_args = (q, k, v, do, dk, dv, lse2, delta, *common, *st(dk), *lstr, Hkv, Nq, Nk, scale, qk_scale, cu_q, cu_k)
+    dq_args = (q, k, v, do, dq, lse2, delta, *common, *st(dq), *lstr, Hq, group, Nq, Nk, scale, qk_scale, cu_q, cu_k)
+    keys = Nk if varlen is None else varlen.max_k
     if pin:
         p1, p2 = pin["dkdv"], pin["dq"]
-        _bwd_dkdv[(triton.cdiv(Nk, p1["BLOCK_N"]), B * Hkv)](
+        _bwd_dkdv[(triton.cdiv(keys, p1["BLOCK_N"]), B * Hkv)](
             *dkdv_args, GROUP=group, BLOCK_M=p1["BLOCK_M"], BLOCK_N=p1["BLOCK_N"],
             num_warps=p1.get("num_warps", 4), num_stages=p1.get("num_stages", 2), **kw)
-        _bwd_dq[(triton.cdiv(Nq, p2["BLOCK_M"]), B * Hq)](
+        _bwd_dq[(triton.cdiv(rows, p2["BLOCK_M"]), B * Hq)](
             *dq_args, BLOCK_M=p2["BLOCK_M"], BLOCK_N=p2["BLOCK_N"],
             num_warps=p2.get("num_warps", 4), num_stages=p2.get("num_stages", 2), **kw)
     else:
-        _bwd_dkdv_tuned[lambda m: (triton.cdiv(Nk, m["BLOCK_N"]), B * Hkv)](*dkdv_args, GROUP=group, **kw)
-        _bwd_dq_tuned[lambda m: (triton.cdiv(Nq, m["BLOCK_M"]), B * Hq)](*dq_args, **kw)
+        _bwd_dkdv_tuned[lambda m: (triton.cdiv(keys, m["BLOCK_N"]), B * Hkv)](*dkdv_args, GROUP=group, **kw)
+        _bwd_dq_tuned[lambda m: (triton.cdiv(rows, m["BLOCK_M"]), B * Hq)](*dq_args, **kw)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):

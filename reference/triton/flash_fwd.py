@@ -27,6 +27,8 @@ pins one config (the interpreter default, and what the tests use, so they are fa
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -68,11 +70,27 @@ def _dot_acc(a, b, acc, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows,
-               BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, BOUNDS: tl.constexpr):
-    """Load rows ``[start, start + BLOCK)`` of one head as a ``(BLOCK, HEAD_DIM)`` tile (zeros past ``n_rows``)."""
+def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows, bt, stride_page,
+               BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, BOUNDS: tl.constexpr,
+               PAGE: tl.constexpr = 0):
+    """Load rows ``[start, start + BLOCK)`` of one head as a ``(BLOCK, HEAD_DIM)`` tile (zeros past ``n_rows``).
+
+    ``PAGE > 0``: the rows live in a paged cache; row ``n`` is slot ``n % PAGE`` of physical block
+    ``bt[n // PAGE]`` (``bt`` points at the sequence's block-table row, ``stride_page`` is the block stride).
+    """
     if USE_TMA:
         x = desc.load([b, h, start, 0]).reshape(BLOCK, HEAD_DIM)
+    elif PAGE > 0:
+        rows = start + offs
+        if BOUNDS:
+            phys = tl.load(bt + rows // PAGE, mask=rows < n_rows, other=0).to(tl.int64)
+        else:
+            phys = tl.load(bt + rows // PAGE).to(tl.int64)
+        ptrs = base + phys[:, None] * stride_page + (rows % PAGE)[:, None] * stride_n + offs_d[None, :] * stride_d
+        if BOUNDS:
+            x = tl.load(ptrs, mask=rows[:, None] < n_rows, other=0.0)
+        else:
+            x = tl.load(ptrs)
     else:
         ptrs = base + (start + offs)[:, None] * stride_n + offs_d[None, :] * stride_d
         if BOUNDS:
@@ -85,12 +103,13 @@ def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows
 @triton.jit
 def _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
                offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+               bt, stride_kp, stride_vp,
                BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-               MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
+               MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr, PAGE: tl.constexpr):
     """FA2 Algorithm 1, lines 7-10, for the key block starting at ``start_n``."""
     # line 7: load K_j (V_j is loaded just before its use, below)
-    k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K,
-                   BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
+    k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, bt, stride_kp,
+                   BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     # line 8: S_ij = Q_i K_j^T, already scaled into base-2 units
     s = _dot(q, tl.trans(k), INTERP) * qk_scale
     if MASKED:
@@ -109,8 +128,8 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     # line 10: O_i = diag(alpha) O_i + P_ij V_j
-    v = _load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K,
-                   BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
+    v = _load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, bt, stride_vp,
+                   BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     acc = acc * alpha[:, None]
     acc = _dot_acc(p.to(v.dtype), v, acc, INTERP)
     return acc, l_i, m_new
@@ -119,8 +138,9 @@ def _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
 @triton.jit
 def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo, hi,
                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                    bt, stride_kp, stride_vp,
                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-                    MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
+                    MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr, PAGE: tl.constexpr):
     """FA2 Algorithm 1, line 6: the inner loop over key blocks ``[lo, hi)``.
 
     A plain ``for`` loop, which the GPU compiler software-pipelines; the interpreter runs the same loop
@@ -130,7 +150,8 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo,
         start_n = tl.multiple_of(start_n, BLOCK_N)
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
                                    offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP)
+                                   N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
+                                   BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP, PAGE)
     return acc, l_i, m_i
 
 
@@ -151,15 +172,39 @@ def _causal_key_range(start_m, N_K, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
+def _varlen_bounds(CU_Q, CU_K, b, PAGE: tl.constexpr):
+    """Sequence ``b`` of a packed batch: ``(n_q, n_k, first q row, first k row)`` from the cumulative lengths
+    (paged: ``CU_K`` holds per-sequence key counts and keys are found through the block table instead)."""
+    q_start = tl.load(CU_Q + b).to(tl.int64)
+    n_q = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b)).to(tl.int32)
+    if PAGE > 0:
+        k_start = q_start * 0
+        n_k = tl.load(CU_K + b).to(tl.int32)
+    else:
+        k_start = tl.load(CU_K + b).to(tl.int64)
+        n_k = (tl.load(CU_K + b + 1) - tl.load(CU_K + b)).to(tl.int32)
+    return n_q, n_k, q_start, k_start
+
+
+@triton.jit
 def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_ob, stride_oh, stride_om, stride_od,
+              stride_lb, stride_lh,
               H_Q, GROUP, N_Q, N_K, qk_scale,
+              CU_Q, CU_K, BT, stride_tb, stride_kp, stride_vp,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """One program = one query block Q_i of one (batch, query head): FA2 Algorithm 1, lines 4-15."""
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False, PAGE: tl.constexpr = 0):
+    """One program = one query block Q_i of one (batch, query head): FA2 Algorithm 1, lines 4-15.
+
+    ``VARLEN``: sequence ``b`` is rows ``CU_Q[b] .. CU_Q[b+1]-1`` of a packed q (and, unless paged, rows
+    ``CU_K[b] .. CU_K[b+1]-1`` of packed k, v); ``N_Q``/``N_K`` arrive as the maxima and are replaced by the
+    sequence's own lengths, and the query blocks past a short sequence's end do nothing. ``PAGE > 0``: k, v
+    are paged caches ``(num_blocks, PAGE, Hkv, d)`` read through block-table row ``BT + b * stride_tb``, and
+    ``CU_K[b]`` is sequence ``b``'s key count.
+    """
     pid_m = tl.program_id(0)
     if CAUSAL:  # causal work grows with the row index: launch the heaviest blocks first (shorter tail)
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -172,12 +217,21 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
-    k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
-    v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        N_Q, N_K, q_start, k_start = _varlen_bounds(CU_Q, CU_K, b, PAGE)
+    q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
+    bt = BT + b64 * stride_tb
+    if PAGE > 0:
+        k_base = K + hk.to(tl.int64) * stride_kh
+        v_base = V + hk.to(tl.int64) * stride_vh
+    else:
+        k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + k_start * stride_kn
+        v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start * stride_vn
 
     # line 4: load Q_i (rows past N_Q read as zeros and are never stored)
-    q = _load_tile(q_base, desc_q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q,
+    q = _load_tile(q_base, desc_q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q, bt, 0,
                    BLOCK_M, HEAD_DIM, USE_TMA, True)
     # line 5: O_i = 0, l_i = 0, m_i = -inf
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -186,13 +240,18 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
 
     OFFSET = N_K - N_Q  # bottom-right causal alignment
     full_end, hi = _causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    if VARLEN:  # a query block past this sequence's end: no key blocks, nothing stored
+        full_end = tl.where(start_m < N_Q, full_end, 0)
+        hi = tl.where(start_m < N_Q, hi, 0)
     # line 6: key blocks every row fully sees, then the diagonal / ragged tail with the mask
     acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, 0, full_end,
                                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, False, USE_TMA, INTERP)
+                                    N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
+                                    BLOCK_N, HEAD_DIM, CAUSAL, False, USE_TMA, INTERP, PAGE)
     acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, full_end, hi,
                                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
-                                    N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, USE_TMA, INTERP)
+                                    N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
+                                    BLOCK_N, HEAD_DIM, CAUSAL, True, USE_TMA, INTERP, PAGE)
 
     # lines 12-13: O_i = O_i / l_i, L_i = m_i + log l_i; a row with no visible key gives 0 and -inf
     empty = l_i == 0.0
@@ -201,13 +260,13 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
     lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
     # lines 14-15: write O_i and L_i
     row_ok = offs_m < N_Q
-    tl.store(LSE + pid_bh.to(tl.int64) * N_Q + offs_m, lse, mask=row_ok)
+    tl.store(LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, lse, mask=row_ok)
     o = o.to(O.dtype.element_ty)
     if USE_TMA:
         desc_o.store([b, h, start_m, 0], o.reshape(1, 1, BLOCK_M, HEAD_DIM))
     else:
         o_ptrs = (O + b64 * stride_ob + h.to(tl.int64) * stride_oh
-                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+                  + (q_start + offs_m)[:, None] * stride_om + offs_d[None, :] * stride_od)
         tl.store(o_ptrs, o, mask=row_ok[:, None])
 
 
@@ -263,7 +322,7 @@ def tuning_bench(kernel_call, quantiles):
 
 
 _attn_fwd_tuned = triton.autotune(
-    configs=_fwd_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "GROUP"],
+    configs=_fwd_configs(), key=["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "USE_TMA", "GROUP", "VARLEN", "PAGE"],
     prune_configs_by={"early_config_prune": _prune_fwd}, do_bench=tuning_bench)(_attn_fwd)
 
 
@@ -281,6 +340,8 @@ def _tma_ok(*tensors) -> bool:
         es = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any((s * es) % 16 for s in t.stride()[:-1]):
             return False
+        if any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape)):  # broadcast (expanded) axis
+            return False
     return True
 
 
@@ -294,11 +355,55 @@ def check_causal(causal) -> bool:
     return causal
 
 
-def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int) -> None:
-    """Launch the forward kernel on validated inputs, writing ``o`` and ``lse`` in place."""
-    B, Hq, Nq, d = q.shape
-    Nk = k.shape[2]
-    use_tma = _tma_ok(q, k, v, o)
+class Varlen(NamedTuple):
+    """How a launch finds its sequences when q/k/v are packed (``None`` instead of this: dense ``(B, H, N, d)``).
+
+    ``cu_q`` (B + 1,) cumulative query lengths; ``cu_k`` (B + 1,) cumulative key lengths, or for a paged
+    cache (``page > 0``) the (B,) key counts; ``block_tables`` (B, max_blocks) for a paged cache, else None.
+    ``max_q``/``max_k`` bound the lengths (they size the grid and pick the autotuning bucket).
+    """
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    batch: int
+    max_q: int
+    max_k: int
+    block_tables: torch.Tensor | None = None
+    page: int = 0
+
+
+def packed_strides(x: torch.Tensor) -> tuple:
+    """Strides of a packed ``(tokens, heads, d)`` tensor in the kernels' (batch, head, row, d) order."""
+    return (0, x.stride(1), x.stride(0), x.stride(2))
+
+
+def paged_strides(cache: torch.Tensor) -> tuple:
+    """(batch, head, row, d) strides of a paged cache ``(num_blocks, block_size, heads, d)``; rows are slots."""
+    return (0, cache.stride(2), cache.stride(1), cache.stride(3))
+
+
+def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varlen: Varlen | None = None) -> None:
+    """Launch the forward kernel on validated inputs, writing ``o`` and ``lse`` in place.
+
+    Dense: ``q, o (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, ``lse (B, Hq, Nq)``. With ``varlen``: ``q, o
+    (total_q, Hq, d)``, ``lse (Hq, total_q)``, and k, v packed ``(total_k, Hkv, d)`` or paged caches.
+    """
+    d = q.shape[-1]
+    if varlen is None:
+        B, Hq, Nq, _ = q.shape
+        Nk = k.shape[2]
+        use_tma = _tma_ok(q, k, v, o)
+        strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1))
+        extra = (q, q, q, 0, 0, 0)  # no cu_seqlens / block table: dummy pointers, zero strides
+    else:
+        B, Hq = varlen.batch, q.shape[1]
+        # the kernel only uses Nq/Nk as autotuning bucket and pruning hint here: powers of two, few retunes
+        Nq, Nk = triton.next_power_of_2(varlen.max_q), triton.next_power_of_2(varlen.max_k)
+        use_tma = False
+        kv = paged_strides if varlen.page else packed_strides
+        strides = (*packed_strides(q), *kv(k), *kv(v), *packed_strides(o), 0, lse.stride(0))
+        bt = varlen.block_tables
+        extra = (varlen.cu_q, varlen.cu_k, q if bt is None else bt, 0 if bt is None else bt.stride(0),
+                 k.stride(0) if varlen.page else 0, v.stride(0) if varlen.page else 0)
     pin = PIN_CONFIG
     bm0 = pin["BLOCK_M"] if pin else 128
     bn0 = pin["BLOCK_N"] if pin else 64
@@ -306,16 +411,17 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int) -> N
         dq, dk, dv, do_ = _descriptor(q, bm0, d), _descriptor(k, bn0, d), _descriptor(v, bn0, d), _descriptor(o, bm0, d)
     else:
         dq, dk, dv, do_ = q, k, v, o
-    args = (q, k, v, o, lse, dq, dk, dv, do_, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-            Hq, group, Nq, Nk, scale * LOG2E)
+    args = (q, k, v, o, lse, dq, dk, dv, do_, *strides, Hq, group, Nq, Nk, scale * LOG2E, *extra)
+    kw = dict(HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, VARLEN=varlen is not None,
+              PAGE=varlen.page if varlen is not None else 0)
+    rows = Nq if varlen is None else varlen.max_q
     if pin:
-        grid = (triton.cdiv(Nq, pin["BLOCK_M"]), B * Hq)
-        _attn_fwd[grid](*args, HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET,
-                        BLOCK_M=pin["BLOCK_M"], BLOCK_N=pin["BLOCK_N"],
+        grid = (triton.cdiv(rows, pin["BLOCK_M"]), B * Hq)
+        _attn_fwd[grid](*args, **kw, BLOCK_M=pin["BLOCK_M"], BLOCK_N=pin["BLOCK_N"],
                         num_warps=pin.get("num_warps", 4), num_stages=pin.get("num_stages", 2))
     else:
-        grid = lambda meta: (triton.cdiv(Nq, meta["BLOCK_M"]), B * Hq)  # noqa: E731
-        _attn_fwd_tuned[grid](*args, HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET)
+        grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), B * Hq)  # noqa: E731
+        _attn_fwd_tuned[grid](*args, **kw)
 
 
 def flash_attention_forward(q, k, v, causal=False, scale=None):
