@@ -1,0 +1,227 @@
+"""The serving path in Triton: chunked prefill over a paged KV cache, and cascade decode for a shared prefix.
+
+Definitions and the reasoning are in ``reference.numpy.serving``; these are the fast versions.
+
+* ``paged_prefill``: the FA2 forward kernel (``flash_fwd._attn_fwd``) with ``VARLEN`` (packed chunk queries)
+  and ``PAGE`` (keys read through each sequence's block-table row, slot by slot, any block size).
+* ``cascade_decode``: (1) the shared prefix once for the whole batch -- the ``G`` query heads of every
+  request that read kv head ``h`` become ``B * G`` rows of one dense FA2 call over the prefix, whose keys are
+  split into ``S`` chunks (the batch axis of the call, with q broadcast over it) so that enough programs fill
+  the GPU; (2) each request's suffix with ``paged_prefill`` (one query row per request); (3) one merge kernel
+  folding the ``S`` prefix states and the suffix state with the log-sum-exp rule (``merge_states``).
+  Bytes read: the prefix once plus every suffix, instead of the prefix once per request.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks
+from ._runtime import num_sms
+from .flash_fwd import Varlen, launch_forward
+from .paged import _check_block_tables
+from .varlen import check_cu_seqlens
+
+__all__ = ["paged_prefill", "cascade_decode", "cascade_num_splits"]
+
+#: a prefix split gets at least this many keys (its fixed costs -- the Q tile load, the partial write -- stay small)
+MIN_PREFIX_KEYS_PER_SPLIT = 256
+#: aim for this many prefix programs per SM
+PROGRAMS_PER_SM = 2
+
+
+def _check_caches(q, k_cache, v_cache):
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _checks.check_tensor(x, name, ndim=4)
+    _checks.check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, d), "
+                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    num_blocks, block_size, hkv, d = k_cache.shape
+    hq = q.shape[1]
+    if d != q.shape[-1]:
+        raise ValueError(f"q and k_cache must have the same head dimension d, got q {tuple(q.shape)} and "
+                         f"k_cache {tuple(k_cache.shape)}")
+    if num_blocks == 0 or block_size == 0:
+        raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {tuple(k_cache.shape)}")
+    if hkv == 0 or hq % hkv != 0:
+        raise ValueError(f"the number of query heads Hq={hq} must be a multiple of the kv heads Hkv={hkv} (GQA)")
+    _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
+    return num_blocks, block_size, hkv, d
+
+
+def _last_axis_contiguous(x):
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q=None, causal=True,
+                  scale=None, *, validate=True):
+    """Attention of packed chunk queries to their sequences' paged KV cache; returns ``(o, lse)``.
+
+    q: ``(total_q, Hq, d)`` packed chunks (sequence ``b``: rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1``);
+    k_cache, v_cache: ``(num_blocks, block_size, Hkv, d)`` already holding each chunk's own K/V;
+    block_tables: ``(B, max_blocks)`` int32, padded with -1; seq_lens: ``(B,)`` keys per sequence;
+    max_seqlen_q: the longest chunk (None: read from ``cu_seqlens_q``, one device sync). Bottom-right causal
+    by default (the chunk is the last ``n_q`` of ``seq_lens[b]`` positions). Returns ``o (total_q, Hq, d)`` and
+    ``lse (Hq, total_q)`` float32. ``validate=False`` skips the value checks that need a device sync.
+    """
+    _checks.check_tensor(q, "q", ndim=3)
+    num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
+    validate = _checks.check_flag(validate, "validate")
+    causal = _checks.check_flag(causal, "causal")
+    if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int)
+                                     or max_seqlen_q < 0):
+        raise TypeError(f"max_seqlen_q must be a non-negative int or None, got {max_seqlen_q!r}")
+    cu_q, longest = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, None,
+                                     validate or max_seqlen_q is None)
+    batch = cu_q.shape[0] - 1
+    block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate)
+    scale = _checks.check_scale(scale, d)
+    max_q = max_seqlen_q if max_seqlen_q is not None else longest
+    vl = Varlen(cu_q, seq_lens, batch, max_q, block_tables.shape[1] * block_size, block_tables, block_size)
+    return _paged_forward(q, _last_axis_contiguous(k_cache), _last_axis_contiguous(v_cache), vl, causal, scale,
+                          q.shape[1] // hkv)
+
+
+def _paged_forward(q, k_cache, v_cache, vl: Varlen, causal: bool, scale: float, group: int):
+    q = _last_axis_contiguous(q)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if vl.max_q > 0:
+        launch_forward(q, k_cache, v_cache, o, lse, causal, scale, group, vl)
+    else:
+        o.zero_()
+        lse.fill_(float("-inf"))
+    return o, lse
+
+
+# --------------------------------------------------------------------------------------------------------------
+# cascade decode
+# --------------------------------------------------------------------------------------------------------------
+@triton.jit
+def _cascade_merge(OP, LP, OS, LS, OUT, LOUT, n_states, H_KV,
+                   stride_ops, stride_oph, stride_lps, stride_lph,
+                   stride_osb, stride_osh, stride_lsh, stride_outb, stride_outh,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """merge_states over ``n_states`` prefix states and one suffix state, for the ``GROUP`` query heads of one
+    (request b, kv head) -- lse rule: ``lse = log sum_j exp(lse_j)``, ``o = sum_j exp(lse_j - lse) o_j``.
+
+    Prefix state ``s``: rows ``b*GROUP .. b*GROUP+GROUP-1`` of ``OP[s, hk]`` (``B*G`` rows, d contiguous) and
+    ``LP[s, hk]``; suffix state: ``OS[b, heads]``, ``LS[heads, b]``. Natural-log lse; -inf marks an empty set.
+    """
+    pid = tl.program_id(0)
+    b = (pid // H_KV).to(tl.int64)
+    hk = (pid % H_KV).to(tl.int64)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    rows = b * GROUP + offs_g
+    # the suffix state starts the running (max m, denominator den, numerator acc)
+    m = tl.load(LS + heads * stride_lsh + b, mask=g_ok, other=float("-inf"))
+    den = tl.where(m == float("-inf"), 0.0, 1.0)
+    acc = tl.load(OS + b * stride_osb + heads[:, None] * stride_osh + offs_d[None, :], mask=g_ok[:, None],
+                  other=0.0).to(tl.float32) * den[:, None]
+    for s in range(n_states):
+        lse = tl.load(LP + s * stride_lps + hk * stride_lph + rows, mask=g_ok, other=float("-inf"))
+        o = tl.load(OP + s * stride_ops + hk * stride_oph + rows[:, None] * HEAD_DIM + offs_d[None, :],
+                    mask=g_ok[:, None], other=0.0).to(tl.float32)
+        m_new = tl.maximum(m, lse)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # both empty so far: weights 0, not NaN
+        alpha = tl.exp(m - m_ref)
+        w = tl.exp(lse - m_ref)
+        den = den * alpha + w
+        acc = acc * alpha[:, None] + w[:, None] * o
+        m = m_new
+    out = acc / tl.where(den > 0, den, 1.0)[:, None]
+    lse_out = tl.where(den > 0, tl.where(m == float("-inf"), 0.0, m) + tl.log(den), float("-inf"))
+    tl.store(OUT + b * stride_outb + heads[:, None] * stride_outh + offs_d[None, :],
+             out.to(OUT.dtype.element_ty), mask=g_ok[:, None])
+    tl.store(LOUT + b * H_KV * GROUP + heads, lse_out, mask=g_ok)
+
+
+def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, sms: int | None = None) -> int:
+    """Key chunks of the prefix: about ``PROGRAMS_PER_SM * sms`` programs over ``n_kv_heads`` heads and
+    ``ceil(batch * group / 64)`` query-row blocks, each chunk at least ``MIN_PREFIX_KEYS_PER_SPLIT`` keys."""
+    sms = num_sms() if sms is None else sms
+    row_blocks = math.ceil(batch * group / 64)
+    want = max(1, round(PROGRAMS_PER_SM * sms / (row_blocks * n_kv_heads)))
+    return max(1, min(want, prefix_len // MIN_PREFIX_KEYS_PER_SPLIT))
+
+
+_ARANGE: dict = {}
+
+
+def _arange(n: int, device) -> torch.Tensor:
+    """``[0, 1, .., n]`` int32 on ``device``, cached: the cumulative lengths of n one-token sequences."""
+    key = (n, device)
+    t = _ARANGE.get(key)
+    if t is None:
+        t = _ARANGE[key] = torch.arange(n + 1, dtype=torch.int32, device=device)
+    return t
+
+
+def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
+                   num_splits=None, validate=True):
+    """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
+
+    q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once for the whole batch;
+    k_cache, v_cache ``(num_blocks, block_size, Hkv, d)``, block_tables ``(B, max_blocks)``, seq_lens ``(B,)``:
+    each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits: key chunks
+    of the prefix (None: ``cascade_num_splits``). Returns ``o (B, Hq, d)`` in q's dtype and ``lse (B, Hq)``
+    float32 over each request's whole key set. ``validate=False`` skips the checks that need a device sync.
+    """
+    _checks.check_tensor(q, "q", ndim=3)
+    B, hq, d = q.shape
+    if B == 0 or hq == 0:
+        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
+    num_blocks, block_size, hkv, _ = _check_caches(q, k_cache, v_cache)
+    validate = _checks.check_flag(validate, "validate")
+    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        _checks.check_tensor(x, name, ndim=3)
+        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
+            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
+    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
+    if prefix_k.shape != prefix_v.shape:
+        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
+                         f"{tuple(prefix_v.shape)}")
+    block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    scale = _checks.check_scale(scale, d)
+    P, g = prefix_k.shape[0], hq // hkv
+    if num_splits is None:
+        num_splits = cascade_num_splits(B, g, hkv, P)
+    num_splits = min(_checks.check_positive_int(num_splits, "num_splits"), P)
+    q = q.contiguous()
+    prefix_k, prefix_v = prefix_k.contiguous(), prefix_v.contiguous()
+
+    # (1) prefix: rows of kv head h = query heads h*G..h*G+G-1 of every request; S key chunks as the batch axis
+    rows = q.view(B, hkv, g, d).transpose(0, 1).reshape(hkv, B * g, d)
+    chunk = P // num_splits
+    n_states = num_splits + (P % num_splits > 0)
+    o_p = torch.empty((n_states, hkv, B * g, d), dtype=torch.float32, device=q.device)
+    lse_p = torch.empty((n_states, hkv, B * g), dtype=torch.float32, device=q.device)
+    main = num_splits * chunk
+    pieces = [(num_splits, prefix_k[:main], prefix_v[:main], 0)]
+    if main < P:  # the remainder keys: one more state
+        pieces.append((1, prefix_k[main:], prefix_v[main:], num_splits))
+    for n, pk, pv, at in pieces:
+        kk = pk.view(n, -1, hkv, d).transpose(1, 2)  # (n, Hkv, chunk, d): strided views, no copy
+        vv = pv.view(n, -1, hkv, d).transpose(1, 2)
+        launch_forward(rows.unsqueeze(0).expand(n, -1, -1, -1), kk, vv, o_p[at:at + n], lse_p[at:at + n],
+                       False, scale, 1)
+    # (2) suffixes: one query row per request over its own blocks
+    vl = Varlen(_arange(B, q.device), seq_lens, B, 1, block_tables.shape[1] * block_size, block_tables,
+                block_size)
+    o_s, lse_s = _paged_forward(q, _last_axis_contiguous(k_cache), _last_axis_contiguous(v_cache), vl, False,
+                                scale, g)
+    # (3) merge
+    o = torch.empty_like(q)
+    lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
+    _cascade_merge[(B * hkv,)](o_p, lse_p, o_s, lse_s, o, lse, n_states, hkv,
+                               o_p.stride(0), o_p.stride(1), lse_p.stride(0), lse_p.stride(1),
+                               o_s.stride(0), o_s.stride(1), lse_s.stride(0), o.stride(0), o.stride(1),
+                               GROUP=g, BLOCK_G=max(2, triton.next_power_of_2(g)), HEAD_DIM=d, num_warps=4)
+    return o, lse

@@ -1,0 +1,117 @@
+"""reference.triton paged_prefill and cascade_decode vs the float64 oracle (in the interpreter without a GPU).
+
+Caches come from ``reference.numpy.paged.PagedKVCache`` with sequences appended in interleaved pieces, so
+their blocks are scattered; block sizes smaller than, equal to and not dividing the kernel's key tile.
+"""
+import numpy as np
+import pytest
+import torch
+
+from reference.numpy.paged import PagedKVCache
+from reference.triton import DEVICE, INTERPRET, cascade_decode, flash_fwd, paged_prefill
+from tests.oracle import attention_ref, lse_err, rel_err
+from tests.test_triton_flash import FWD_PIN_GPU
+
+DT = torch.float32 if INTERPRET else torch.float16
+TOL = 1e-5 if INTERPRET else 3e-3
+
+
+@pytest.fixture(autouse=True)
+def pinned_configs(monkeypatch):
+    if flash_fwd.PIN_CONFIG is None:
+        monkeypatch.setattr(flash_fwd, "PIN_CONFIG", FWD_PIN_GPU)
+
+
+def t(x):
+    return torch.tensor(np.asarray(x), device=DEVICE)
+
+
+def build_cache(rng, lens, hkv, d, block_size, num_blocks):
+    cache = PagedKVCache(num_blocks, block_size, hkv, d, dtype=np.float32)
+    kv = []
+    for s, n in enumerate(lens):
+        cache.add_sequence(s)
+        kv.append((rng.standard_normal((n, hkv, d)).astype(np.float32),
+                   rng.standard_normal((n, hkv, d)).astype(np.float32)))
+    for lo in range(0, max(lens), 5):
+        for s, (k, v) in enumerate(kv):
+            cache.append(s, k[lo:lo + 5], v[lo:lo + 5])
+    return cache, kv
+
+
+def cu(lens):
+    return t(np.concatenate([[0], np.cumsum(lens)]).astype(np.int32))
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("block_size", [3, 16, 32])
+def test_paged_prefill_matches_gathered_attention(rng, block_size):
+    lens, chunks, hq, hkv, d = [21, 40, 6, 9], [21, 7, 1, 0], 4, 2, 16
+    cache, kv = build_cache(rng, lens, hkv, d, block_size, 80)
+    tables, seq_lens = cache.block_tables(range(len(lens)))
+    q = rng.standard_normal((sum(chunks), hq, d)).astype(np.float32)
+    o, lse = paged_prefill(t(q).to(DT), t(cache.k_cache).to(DT), t(cache.v_cache).to(DT), t(tables), cu(chunks),
+                           t(seq_lens))
+    assert o.shape == q.shape and lse.shape == (hq, sum(chunks))
+    c = np.concatenate([[0], np.cumsum(chunks)])
+    for b in range(len(lens)):
+        if chunks[b] == 0:
+            continue
+        sl = slice(c[b], c[b + 1])
+        k, v = (torch.tensor(x).to(DT).transpose(0, 1) for x in kv[b])
+        ro, rl, _ = attention_ref(torch.tensor(q[sl]).to(DT).transpose(0, 1), k, v, causal=True)
+        assert rel_err(o[sl].transpose(0, 1), ro) < TOL and lse_err(lse[:, sl], rl) < TOL
+
+
+@pytest.mark.triton_serving
+def test_paged_prefill_bad_input_raises(rng):
+    cache, _ = build_cache(rng, [20], 2, 16, 4, 8)
+    tables, seq_lens = cache.block_tables([0])
+    q = t(rng.standard_normal((3, 2, 16)).astype(np.float32))
+    kc, vc = t(cache.k_cache), t(cache.v_cache)
+    short = tables.copy()
+    short[0, 4] = -1
+    with pytest.raises(ValueError, match=r"block_tables\[0, 4\] = -1 is not a block index"):
+        paged_prefill(q, kc, vc, t(short), cu([3]), t(seq_lens))
+    with pytest.raises(TypeError, match="q, k_cache, v_cache must have the same dtype"):
+        paged_prefill(q, kc.half(), vc, t(tables), cu([3]), t(seq_lens))
+    with pytest.raises(ValueError, match="cu_seqlens_q\\[-1\\] must equal the number of packed tokens 3"):
+        paged_prefill(q, kc, vc, t(tables), cu([2]), t(seq_lens))
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("B,P,num_splits", [(3, 50, None), (2, 33, 4), (1, 7, 1)])
+def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
+    hq, hkv, d, bs = 4, 2, 16, 8
+    suffix = [int(x) for x in rng.integers(1, 30, B)]
+    suffix[-1] = 0 if B > 1 else suffix[-1]  # a request with nothing after the prefix
+    cache, kv = build_cache(rng, [max(n, 1) for n in suffix], hkv, d, bs, 64)
+    tables, _ = cache.block_tables(range(B))
+    pk = rng.standard_normal((P, hkv, d)).astype(np.float32)
+    pv = rng.standard_normal((P, hkv, d)).astype(np.float32)
+    q = rng.standard_normal((B, hq, d)).astype(np.float32)
+    o, lse = cascade_decode(t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT),
+                            t(cache.v_cache).to(DT), t(tables), t(np.array(suffix, dtype=np.int32)),
+                            num_splits=num_splits)
+    assert o.shape == (B, hq, d) and o.dtype == DT and lse.shape == (B, hq)
+    for b in range(B):
+        k = np.concatenate([pk, kv[b][0][:suffix[b]]]).transpose(1, 0, 2)
+        v = np.concatenate([pv, kv[b][1][:suffix[b]]]).transpose(1, 0, 2)
+        ro, rl, _ = attention_ref(torch.tensor(q[b][:, None]).to(DT), torch.tensor(k).to(DT),
+                                  torch.tensor(v).to(DT))
+        assert rel_err(o[b], ro[:, 0]) < TOL and lse_err(lse[b], rl[:, 0]) < TOL
+
+
+@pytest.mark.triton_serving
+def test_cascade_bad_input_raises(rng):
+    cache, _ = build_cache(rng, [5], 2, 16, 4, 8)
+    tables, lens = cache.block_tables([0])
+    q = t(rng.standard_normal((1, 2, 16)).astype(np.float32))
+    kc, vc = t(cache.k_cache), t(cache.v_cache)
+    z = torch.zeros((4, 2, 16), device=DEVICE)
+    with pytest.raises(ValueError, match="prefix_k must have shape \\(P, Hkv, d\\)"):
+        cascade_decode(q, z[:0], z[:0], kc, vc, t(tables), t(lens))
+    with pytest.raises(TypeError, match="prefix_k must have dtype|q, prefix_k, prefix_v must have the same dtype"):
+        cascade_decode(q, z.half(), z, kc, vc, t(tables), t(lens))
+    with pytest.raises(ValueError, match="seq_lens must lie in"):
+        cascade_decode(q, z, z, kc, vc, t(tables), t(np.array([99], dtype=np.int32)))
