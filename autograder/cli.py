@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +28,9 @@ def _parser():
     g.add_argument("--gradescope", help="also write Gradescope's results.json here")
     g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     g.add_argument("--quiet", action="store_true", help="no table (for grade-all)")
+    g.add_argument("-v", "--verbose", action="store_true", help="notes in full, not cut to the terminal's width")
+    g.add_argument("--test", action="append", metavar="NAME",
+                   help="grade only the tests whose name contains NAME (repeatable; with --seed: the same cases)")
     g.add_argument("--seed", type=int, help=argparse.SUPPRESS)     # reproducing a run while debugging the grader
 
     a = sub.add_parser("grade-all", help="grade a folder of submissions in parallel")
@@ -66,30 +70,47 @@ def cmd_grade(args) -> int:
     log = None
     if not args.quiet:
         print(f"grading {args.submission} for {aid} on {device} ...", flush=True)
-        log = lambda r: print(f"  {r.status:8s} {r.name}", flush=True)  # noqa: E731
-    result = Grader(aid, device, seed=args.seed, log=log).grade(args.submission)
+        log = _progress(len(specs.load(aid).tests))
+    result = Grader(aid, device, seed=args.seed, log=log, only=args.test).grade(args.submission)
     if args.json:
         write_json(result, args.json)
     if args.gradescope:
         write_json(to_gradescope(result), args.gradescope)
     if not args.quiet:
-        print()
-        print(table(result))
+        print(table(result, verbose=args.verbose))
     return 0
+
+
+def _progress(total):
+    """Progress on one line of a terminal, rewritten per test (the table lists each test once, at the end);
+    nothing when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        return None
+    done = [0]
+
+    def log(r):
+        done[0] += 1
+        cols = max(20, shutil.get_terminal_size().columns - 1)
+        line = f"[{done[0]}/{total}] {r.status:7s} {r.name}"[:cols]
+        print(f"\r{line.ljust(cols)}", end="\r" if done[0] < total else "\r" + " " * cols + "\r",
+              file=sys.stderr, flush=True)
+    return log
 
 
 def cmd_grade_all(args) -> int:
     from .grade_all import find_submissions, grade_many, summary, write_csv
     from .engine import detect_device
     aid = specs.resolve(args.assignment)
-    paths = find_submissions(args.dir)
-    out = args.out or os.path.join("grades", aid)
+    # every path is the caller's (relative to the folder grade-all was started in), never the repository's
+    paths = find_submissions(os.path.abspath(args.dir))
+    out = os.path.abspath(args.out or os.path.join("grades", aid))
+    csv_path = os.path.abspath(args.csv)
     device = detect_device(args.device)
     results = grade_many(aid, paths, out, args.jobs, device)
-    rows = write_csv(results, args.csv)
+    rows = write_csv(results, csv_path)
     print(summary(rows))
-    print(f"CSV: {args.csv}; JSONs: {out}/")
-    return 1 if any(r["status"] != "ok" for r in rows) else 0
+    print(f"CSV: {csv_path}; JSONs: {out}/")
+    return 1 if any(r["status"] == "grader-error" for r in rows) else 0
 
 
 def cmd_selftest(args) -> int:

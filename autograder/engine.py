@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import statistics
 import time
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import specs as specs_mod
 from .evaluate import Verdict, evaluate
+from .load_errors import cell_failures, failed_names
 from .runner import array_hash, call_to_wire, from_wire
 from .specs._base import Call, Out
 from .sandbox import Limits, Sandbox, SandboxDied
@@ -73,8 +75,9 @@ def detect_device(requested="auto") -> str:
 
 
 class Grader:
-    def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None):
+    def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None, only=None):
         self.spec = specs_mod.load(assignment)
+        self.only = list(only or ())     # grade only the tests whose name contains one of these
         self.device = device
         self.seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)
         self.rng = np.random.default_rng(self.seed)
@@ -91,6 +94,7 @@ class Grader:
         self.cells = []
         self.names = {}
         self.load_info = {}
+        self.load_failed = {}            # graded name -> "cell N failed while loading: ..."
 
     # -- flags --------------------------------------------------------------------------------------------
     def flag(self, threat, task_ids, message, source, where=""):
@@ -120,10 +124,19 @@ class Grader:
         sb.send({"t": "load", "cells": [[c.index, c.source] for c in self.cells], "names": self._graded_names(),
                  "device": self.device, "torch": self.spec.needs_torch,
                  "forbidden": list(self.spec.forbidden_imports)})
-        h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
+        try:
+            h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
+        except SandboxDied as exc:
+            reason = exc.reason.replace("(time limit per case)", f"(loading time limit {self.spec.load_timeout:.0f} s)")
+            self.load_info = {"cells": len(self.cells), "load_time": None,
+                              "errors": [f"loading the submission failed: {reason}"]}
+            raise SandboxDied(f"loading the submission (running its cells) failed: {reason}", exc.kind) from None
         self.names = h.get("names", {})
-        self.load_info = {"cells": len(h.get("cells", [])), "load_time": round(h.get("load_time", 0.0), 3),
-                          "errors": [c["error"] for c in h.get("cells", []) if not c["ok"]][:10]}
+        reports = h.get("cells", [])
+        self.load_failed = failed_names(self.cells, reports, self._graded_names(), self.limits.file_bytes)
+        self.load_info = {"cells": len(reports), "load_time": round(h.get("load_time", 0.0), 3),
+                          "errors": [msg for _, msg in cell_failures(self.cells, reports, self.limits.file_bytes)][:10]}
+        self._flooded |= set(sb.floods())    # output while loading is the cell's failure, not a task's flood
         for name in h.get("patched", []):
             self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", list(self.spec.tasks),
                       f"patched {name} while loading", "runtime")
@@ -228,9 +241,14 @@ class Grader:
             res.output = f"could not run: {exc.reason}"
             self.drop_student()
             return res
+        if task.name in self.load_failed:
+            res.output = self.load_failed[task.name]
+            return res
         kind = self.names.get(task.name)
         if kind is None:
             res.output = f"{task.name} is not defined in the submission"
+            if self.load_info.get("errors"):
+                res.output += f" ({self.load_info['errors'][0]})"
             return res
         self.current_task = task.id
         try:
@@ -396,9 +414,14 @@ class Grader:
                 if names:
                     self.flag(f.threat, [by_name[n] for n in names], f.message, "static",
                               f"cell {f.cell}, line {f.line}" + (f", in {f.scope}" if f.scope else ""))
+        tests = [t for t in self.spec.tests if not self.only or any(o in t.name for o in self.only)]
+        if not tests:
+            raise ValueError(f"no test of {self.spec.id} matches {self.only}")
         try:
-            for test in self.spec.tests:
+            for test in tests:
                 task = self.spec.tasks[test.task]
+                # each test draws from its own stream of the seed, so --seed S --test NAME reproduces it alone
+                self.rng = np.random.default_rng([self.seed, zlib.crc32(test.name.encode())])
                 if error:
                     r = TestResult(test.name, test.task, float(test.points), output=f"submission unreadable: {error}")
                     if test.gpu_only and self.device == "cpu":
@@ -424,7 +447,7 @@ class Grader:
         tests = [r.as_dict() for r in self.results]
         flags = [{k: v for k, v in f.items() if k != "_key"} for f in self.flags]
         return {
-            "assignment": self.spec.id, "submission": str(path),
+            "assignment": self.spec.id, "submission": str(path), "seed": str(self.seed),
             "score": round(sum(t["score"] for t in tests), 4),
             "max_score": round(sum(t["max_score"] for t in tests), 4),
             "device": self.device, "tests": tests, "flags": flags,

@@ -31,6 +31,8 @@ def grade_one(assignment, path, json_path, device="auto", timeout=None, extra=()
     """Run one grade in a subprocess; return the result dict (a failure result if the grader failed)."""
     spec = specs.load(assignment)
     timeout = timeout or spec.total_timeout + 180
+    # the grade runs with the repository as its working directory: every path must be absolute by now
+    path, json_path = os.path.abspath(path), os.path.abspath(json_path)
     cmd = [sys.executable, "-m", "autograder", "grade", spec.id, str(path), "--json", str(json_path),
            "--device", device, "--quiet", *extra]
     t0 = time.monotonic()
@@ -56,7 +58,9 @@ def grade_one(assignment, path, json_path, device="auto", timeout=None, extra=()
 
 
 def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True, names=None, extra=()):
-    """Grade ``paths`` with ``jobs`` workers; returns {path: result}. JSONs go to ``out_dir/<name>.json``."""
+    """Grade ``paths`` with ``jobs`` workers; returns {path: result}. JSONs go to ``out_dir/<name>.json``.
+    Relative paths are taken from the caller's working directory."""
+    out_dir = os.path.abspath(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     names = names or {p: Path(p).stem for p in paths}
     results = {}
@@ -89,7 +93,7 @@ def write_csv(results: dict, path, names=None):
             "student": (names or {}).get(p, Path(p).stem), "score": r.get("score", 0.0), "max_score": mx,
             "percent": round(100.0 * r.get("score", 0.0) / mx, 2) if mx else 0.0,
             "flags": " ".join(sorted({f["id"] for f in r.get("flags", [])})),
-            "status": "grader-error" if r.get("grader_error") else "ok",
+            "status": status(r),
             "submission": str(p),
         })
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -101,11 +105,24 @@ def write_csv(results: dict, path, names=None):
     return rows
 
 
+def status(result: dict) -> str:
+    """``grader-error`` (the grade's process failed), ``unreadable`` (not a notebook or module),
+    ``load-error`` (a cell failed while loading: the console and each affected test say which), or ``ok``."""
+    if result.get("grader_error"):
+        return "grader-error"
+    if result.get("submission_error"):
+        return "unreadable"
+    if (result.get("load") or {}).get("errors"):
+        return "load-error"
+    return "ok"
+
+
 def summary(rows) -> str:
     if not rows:
         return "no submissions"
     pct = [r["percent"] for r in rows]
     flagged = sum(1 for r in rows if r["flags"])
-    errors = sum(1 for r in rows if r["status"] != "ok")
+    count = {s: sum(1 for r in rows if r["status"] == s) for s in ("grader-error", "unreadable", "load-error")}
     return (f"{len(rows)} submission(s): mean {statistics.mean(pct):.1f}%, median {statistics.median(pct):.1f}%, "
-            f"min {min(pct):.1f}%, max {max(pct):.1f}%; {flagged} flagged; {errors} grader error(s)")
+            f"min {min(pct):.1f}%, max {max(pct):.1f}%; {flagged} flagged; {count['grader-error']} grader error(s), "
+            f"{count['unreadable']} unreadable, {count['load-error']} with cells that failed while loading")

@@ -1,0 +1,171 @@
+"""What a student and an instructor are shown: a cell that fails while loading (a syntax error, an output
+flood) is named first on the console, as a CSV status and in every affected test's output (also on
+Gradescope); grade-all from another folder with relative paths; the table fitted to the terminal, --verbose,
+and a command that reproduces the first failure with the same cases."""
+import csv
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from autograder.load_errors import defined_names, explain, failed_names
+from autograder.report import reproduce, table
+from autograder.submission import Cell
+
+pytestmark = pytest.mark.autograder
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "autograder" / "examples" / "a1_attention_example.ipynb"
+OWN = REPO / "autograder" / "submissions" / "a1_attention" / "correct" / "own_numpy.py"
+SAFE = "a1.safe_softmax:"
+
+
+def _grader(*args, cwd=REPO, **kw):
+    env = dict(os.environ, PYTHONPATH=str(REPO), COLUMNS="150")
+    return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=env, **kw)
+
+
+def syntax_error_notebook(path):
+    """The example notebook with an unclosed parenthesis in the cell that defines safe_softmax."""
+    nb = json.loads(EXAMPLE.read_text())
+    cell = next(c for c in nb["cells"] if "def safe_softmax" in "".join(c["source"]))
+    src = "".join(cell["source"])
+    cell["source"] = src.replace("np.max(xc,", "np.max((xc,", 1)
+    assert cell["source"] != src
+    path.write_text(json.dumps(nb))
+    return path
+
+
+def flood_module(path):
+    """A correct submission that defines every function, then prints 200 MB in a loop at the top level."""
+    path.write_text(OWN.read_text() + "\n\nfor _ in range(200_000):\n    print('x' * 1000)\n")
+    return path
+
+
+def test_defined_names_and_explain():
+    assert defined_names("import numpy as np\ndef f(x):\n    y = 1\nclass C: pass\nA, (B, c) = 1, (2, 3)\n") == \
+        {"np", "f", "C", "A", "B", "c"}
+    assert defined_names("def safe_softmax(x):\n    return np.max((x,\nk: int = 3\n") == {"safe_softmax", "k"}
+    assert defined_names("x == 3\n") == set()
+    msg = explain("OSError: [Errno 27] File too large (cell 0, line 75)", 64 << 20)
+    assert msg == "OSError: file too large (line 75) (output over 64 MiB; remove the prints in the loop)"
+    assert explain("SyntaxError: '(' was never closed (<cell 4>, line 12)") == \
+        "SyntaxError: '(' was never closed (line 12)"
+    cells = [Cell(1, "def f(): pass"), Cell(2, "def f(:\n"), Cell(3, "def g(): pass\nraise ValueError"),
+             Cell(5, "def h(): pass")]
+    reports = [{"index": 1, "ok": True}, {"index": 2, "ok": False, "error": "SyntaxError: bad (<cell 2>, line 1)"},
+               {"index": 3, "ok": False, "error": "ValueError:  (cell 3, line 2)"}, {"index": 5, "ok": True}]
+    out = failed_names(cells, reports, ["f", "g", "h", "k"])
+    assert set(out) == {"f", "g"}                       # the last cell that defines f failed; h is fine
+    assert out["f"] == 'cell 2 ("def f(:") failed while loading: SyntaxError: bad (line 1)'
+    assert out["g"].startswith('cell 3 ("def g(): pass") failed while loading: ValueError')
+
+
+def _result(tests, **kw):
+    return {"assignment": "a1_attention", "submission": "my sub.ipynb", "score": 0, "max_score": 10,
+            "device": "cpu", "execution_time": 1.0, "seed": "42", "flags": [], "tests": tests, **kw}
+
+
+def test_table_width_verbose_and_reproduction():
+    long = "o: relative error 1.5e+00 > tolerance 2e-05 [case 1: " + ", ".join(f"p{i}={i}" for i in range(40)) + "]"
+    tests = [{"name": "a1.x: basic", "score": 0, "max_score": 5, "status": "failed", "output": "x is not defined "
+              "in the submission", "time": 0.0},
+             {"name": "a1.x: causal", "score": 0, "max_score": 5, "status": "failed", "output": long, "time": 0.1}]
+    r = _result(tests)
+    for width in (80, 200):
+        lines = table(r, width=width).splitlines()
+        assert max(len(x) for x in lines if not x.startswith("first failure")) <= width
+    assert long not in table(r, width=200) and "p39=39" not in table(r, width=200)
+    verbose = table(r, width=100, verbose=True)
+    assert "p39=39]" in verbose and max(len(x) for x in verbose.splitlines()[:-1]) <= 100
+    # the reproduction skips failures a re-run would only repeat (undefined names, load errors)
+    assert reproduce(r) == ("python -m autograder grade a1_attention 'my sub.ipynb' --device cpu --seed 42 "
+                            "--test 'a1.x: causal'")
+    assert table(r).splitlines()[-1].endswith(reproduce(r))
+    r["load"] = {"errors": ['cell 3 ("def x():") failed while loading: SyntaxError: oops (line 2)']}
+    lines = table(r).splitlines()
+    assert lines[0].startswith("LOAD ERRORS") and "SyntaxError: oops" in lines[1]
+
+
+def test_syntax_error_shown_first_and_reproduction_replays_the_case(tmp_path):
+    nb = syntax_error_notebook(tmp_path / "nb.ipynb")
+    p = _grader("grade", "a1", str(nb), "--device", "cpu", "--json", str(tmp_path / "r.json"))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout.splitlines()
+    assert out[1].startswith("LOAD ERRORS") and "SyntaxError" in out[2] and "line 4" in out[2], p.stdout
+    assert p.stdout.count("a1.safe_softmax: basic") == 1                  # each test printed once
+    r = json.loads((tmp_path / "r.json").read_text())
+    safe = [t for t in r["tests"] if t["name"].startswith(SAFE)]
+    assert safe and all("failed while loading: SyntaxError" in t["output"] and t["score"] == 0 for t in safe)
+    assert all(t["status"] == "passed" for t in r["tests"] if "online_softmax" in t["name"])
+    # the example's deliberate bug (causal with Nq != Nk) is the first reproducible failure
+    cmd = out[-1].split("same inputs: ", 1)[1]
+    assert "Nq != Nk" in cmd
+    argv = shlex.split(cmd)[3:] + ["--json", str(tmp_path / "again.json")]
+    p2 = _grader(*argv)
+    assert p2.returncode == 0, p2.stderr
+    again = json.loads((tmp_path / "again.json").read_text())
+    first = next(t for t in r["tests"] if "Nq != Nk" in t["name"])
+    assert [t["name"] for t in again["tests"]] == [first["name"]]
+    case = re.search(r"\[case .*\]", first["output"]).group(0)
+    assert case in again["tests"][0]["output"]                            # the same shapes, from the seed
+
+
+def test_grade_all_relative_paths_from_another_folder_and_load_statuses(tmp_path):
+    work = tmp_path / "course"
+    subs = work / "subs"
+    subs.mkdir(parents=True)
+    shutil.copy(OWN, subs / "alice.py")
+    syntax_error_notebook(subs / "bob.ipynb")
+    flood_module(subs / "carol.py")
+    (subs / "dave.ipynb").write_text("{not json")
+    before = sorted((REPO / "grades").rglob("*")) if (REPO / "grades").exists() else []
+    p = _grader("grade-all", "a1_attention", "subs", "--csv", "g.csv", "-j", "2", "--device", "cpu", cwd=work)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {r["student"]: r for r in csv.DictReader((work / "g.csv").open())}
+    assert {s: r["status"] for s, r in rows.items()} == \
+        {"alice": "ok", "bob": "load-error", "carol": "load-error", "dave": "unreadable"}
+    assert float(rows["alice"]["percent"]) == 100.0
+    for s in rows:
+        assert (work / "grades" / "a1_attention" / f"{s}.json").is_file()
+    after = sorted((REPO / "grades").rglob("*")) if (REPO / "grades").exists() else []
+    assert after == before                                                 # nothing stray in the repository
+    assert "2 with cells that failed while loading" in p.stdout and "1 unreadable" in p.stdout
+    # the flood: every test of every function the cell defined says why (not "... is not defined")
+    carol = json.loads((work / "grades" / "a1_attention" / "carol.json").read_text())
+    assert carol["score"] == 0 and not carol["flags"]
+    for t in carol["tests"]:
+        assert "failed while loading: OSError: file too large" in t["output"], t
+        assert "(output over 64 MiB; remove the prints in the loop)" in t["output"]
+    # absolute paths work the same, and write nothing into the repository either
+    p = _grader("grade-all", "a1_attention", str(subs), "--csv", str(tmp_path / "abs.csv"), "--out",
+                str(tmp_path / "abs"), "--device", "cpu", cwd=tmp_path)
+    assert p.returncode == 0 and len(list((tmp_path / "abs").glob("*.json"))) == 4
+    assert (sorted((REPO / "grades").rglob("*")) if (REPO / "grades").exists() else []) == before
+
+
+def test_gradescope_results_show_the_load_error_in_each_affected_test(tmp_path):
+    z = tmp_path / "ag.zip"
+    assert _grader("gradescope", "a1_attention", "-o", str(z)).returncode == 0
+    root = tmp_path / "autograder"
+    with zipfile.ZipFile(z) as f:
+        f.extractall(root / "source")
+    (root / "submission").mkdir()
+    syntax_error_notebook(root / "submission" / "hw.ipynb")
+    env = dict(os.environ, AUTOGRADER_ROOT=str(root), AUTOGRADER_PYTHON=sys.executable)
+    p = subprocess.run(["bash", str(root / "source" / "run_autograder")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    res = json.loads((root / "results" / "results.json").read_text())
+    assert res["output"].startswith("Cells that failed while loading") and "SyntaxError" in res["output"]
+    safe = [t for t in res["tests"] if t["name"].startswith(SAFE)]
+    assert safe and all("failed while loading: SyntaxError" in t["output"] and t["status"] == "failed"
+                        for t in safe)
+    assert not any("failed while loading" in t["output"] for t in res["tests"] if not t["name"].startswith(SAFE))
