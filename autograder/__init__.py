@@ -1,6 +1,17 @@
-"""The course autograder (docs/design.md §6).
+"""The course autograder: grades student submissions of the five assignments in a sandbox.
 
-* ``from autograder.check import check``: the in-notebook checker (visible cases, in-process).
-* ``python -m autograder grade|grade-all|selftest|gradescope``: the sandboxed grader (``autograder.cli``).
-* ``autograder.specs``: one spec per assignment (tasks, tests, cases, tolerances, points).
+Students use the in-notebook checker, which runs the visible cases of one function in the notebook's process::
+
+    from autograder.check import check
+    check("a2.flash_attention_forward", flash_attention_forward)   # prints which case failed and by how much
+
+Instructors use the command line (``python -m autograder --help`` lists every command and option)::
+
+    python -m autograder grade a2_flash_numpy alice.ipynb --json alice.json
+    python -m autograder grade-all a2_flash_numpy submissions/ -j 4 --csv grades.csv
+    python -m autograder gradescope a2_flash_numpy -o a2.zip
+
+``autograder.specs`` holds one spec per assignment (tasks, tests, cases, tolerances, points). The design of the
+grader and the threats it defends against (T1-T18) are in ``docs/design.md`` §6; ``autograder/README.md`` is
+the instructor guide.
 """

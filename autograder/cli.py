@@ -1,4 +1,21 @@
-"""Command line: ``python -m autograder grade|grade-all|selftest|gradescope`` (docs/design.md §6).
+"""Grade attention-course submissions in a sandbox (python -m autograder COMMAND ...).
+
+Commands:
+  grade       grade one submission (a student's .ipynb or a .py module) and print the score table
+  grade-all   grade every submission in a folder, in parallel, into a roster CSV and one JSON each
+  selftest    grade the bundled correct, wrong and cheating submissions; fails if any gets the wrong score
+  gradescope  build a Gradescope autograder zip (setup.sh, run_autograder) for one assignment
+
+Examples:
+  python -m autograder grade a2_flash_numpy alice.ipynb --json alice.json
+  python -m autograder grade --example                   # the bundled a1 example notebook
+  python -m autograder grade-all a2 submissions/ -j 4 --csv grades.csv
+  python -m autograder selftest -j 2
+  python -m autograder gradescope a3_triton -o a3.zip
+
+Each submission runs in its own sandboxed process; hidden cases come from a secret seed and are judged in the
+grader, never in the submission's process (the threat model is in docs/design.md §6). GPU speed tests run only
+with a CUDA device; elsewhere they are reported as "not run" and left out of the maximum score.
 
 Exit status: 0 whenever grading completed (whatever the score); non-zero only when the grader itself failed
 (bad arguments, an internal error, or in grade-all a submission whose grader process failed).
@@ -13,44 +30,62 @@ from pathlib import Path
 
 from . import specs
 
+_RAW = argparse.RawDescriptionHelpFormatter
 EXAMPLE = Path(__file__).resolve().parent / "examples" / "a1_attention_example.ipynb"
 
 
 def _parser():
-    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__.splitlines()[0])
+    head, _, rest = __doc__.partition("\n\n")
+    p = argparse.ArgumentParser(prog="python -m autograder", description=head, epilog=rest,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    g = sub.add_parser("grade", help="grade one submission (.ipynb or .py)")
+    g = sub.add_parser("grade", help="grade one submission (.ipynb or .py)", formatter_class=_RAW,
+                       description="Grade one submission and print the score table; --json writes the result.",
+                       epilog="example:\n  python -m autograder grade a2_flash_numpy alice.ipynb --json alice.json")
     g.add_argument("assignment", nargs="?", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a1..a5)")
     g.add_argument("submission", nargs="?", help="student notebook or .py module")
     g.add_argument("--example", action="store_true", help="grade the bundled example notebook (a1)")
     g.add_argument("--json", help="write the result JSON here")
     g.add_argument("--gradescope", help="also write Gradescope's results.json here")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where kernels and speed tests run (auto: cuda when a GPU is present)")
     g.add_argument("--quiet", action="store_true", help="no table (for grade-all)")
     g.add_argument("-v", "--verbose", action="store_true", help="notes in full, not cut to the terminal's width")
     g.add_argument("--test", action="append", metavar="NAME",
                    help="grade only the tests whose name contains NAME (repeatable; with --seed: the same cases)")
     g.add_argument("--seed", type=int, help=argparse.SUPPRESS)     # reproducing a run while debugging the grader
 
-    a = sub.add_parser("grade-all", help="grade a folder of submissions in parallel")
-    a.add_argument("assignment")
-    a.add_argument("dir")
-    a.add_argument("-j", "--jobs", type=int, default=2)
-    a.add_argument("--csv", default="grades.csv")
+    a = sub.add_parser("grade-all", help="grade a folder of submissions in parallel", formatter_class=_RAW,
+                       description="Grade every .ipynb/.py submission in a folder into a roster CSV (one row per "
+                                   "student) and one JSON per submission.",
+                       epilog="example:\n  python -m autograder grade-all a2_flash_numpy submissions/ -j 4 "
+                              "--csv grades.csv")
+    a.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a1..a5)")
+    a.add_argument("dir", help="folder of submissions")
+    a.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
+    a.add_argument("--csv", default="grades.csv", help="roster CSV to write (default grades.csv)")
     a.add_argument("--out", help="folder for the per-submission JSONs (default: grades/<assignment>)")
-    a.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    a.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="where kernels and speed tests run (auto: cuda when a GPU is present)")
 
-    s = sub.add_parser("selftest", help="grade the bundled correct/wrong/cheating submissions")
+    s = sub.add_parser("selftest", help="grade the bundled correct/wrong/cheating submissions", formatter_class=_RAW,
+                       description="Grade the bundled correct, wrong and cheating submissions (and the solution "
+                                   "sources and student stubs); exit 1 if any lands outside its expected band.",
+                       epilog="examples:\n  python -m autograder selftest -j 2\n"
+                              "  python -m autograder selftest --only a3 --device cuda")
     s.add_argument("--only", nargs="*", help="assignments to include (default: all)")
-    s.add_argument("-j", "--jobs", type=int, default=2)
-    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu")
+    s.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
+    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
+                   help="cpu (default) or cuda: GPU-only submissions (side streams, slow kernels) need cuda")
     s.add_argument("--out", help="folder for the JSONs (default: build/selftest)")
     s.add_argument("--match", nargs="*", help="only submissions whose label contains one of these")
 
-    z = sub.add_parser("gradescope", help="build a Gradescope autograder zip")
-    z.add_argument("assignment")
-    z.add_argument("-o", "--output", required=True)
+    z = sub.add_parser("gradescope", help="build a Gradescope autograder zip", formatter_class=_RAW,
+                       description="Build a Gradescope autograder zip (setup.sh, run_autograder) for one assignment.",
+                       epilog="example:\n  python -m autograder gradescope a2_flash_numpy -o a2.zip")
+    z.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a1..a5)")
+    z.add_argument("-o", "--output", required=True, help="zip file to write")
     return p
 
 
