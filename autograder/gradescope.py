@@ -1,10 +1,11 @@
 """Gradescope packaging: ``python -m autograder gradescope ASSIGNMENT -o FILE.zip`` and the entry point that
 ``run_autograder`` calls inside the Gradescope container.
 
-The zip holds ``setup.sh`` (installs requirements), ``run_autograder`` (grades the notebook or .py found in
-``$AUTOGRADER_ROOT/submission`` and writes ``$AUTOGRADER_ROOT/results/results.json``), the ``autograder`` and
-``reference`` packages (the reference only serves speed baselines, in a separate sandboxed child) and the
-requirements. ``AUTOGRADER_ROOT`` defaults to ``/autograder``; a test points it at a fake tree.
+The zip holds ``setup.sh`` (a virtual environment with the assignment's pinned requirements,
+``requirements-<assignment>.txt``: NumPy, plus torch and Triton for the Triton assignments), ``run_autograder``
+(grades the notebook or .py found in ``$AUTOGRADER_ROOT/submission`` with the environment's Python and writes
+``$AUTOGRADER_ROOT/results/results.json``), the ``autograder`` and ``reference`` packages (the reference only serves speed baselines, in a separate sandboxed child).
+``AUTOGRADER_ROOT`` defaults to ``/autograder``; a test points it at a fake tree.
 """
 from __future__ import annotations
 
@@ -19,25 +20,61 @@ from pathlib import Path
 from . import specs
 from .sandbox import REPO
 
+# Pinned versions the course is tested with (the Makefile's CPU torch/Triton; a test keeps them equal).
+# NumPy 2.3+ needs Python 3.11+; Gradescope's Ubuntu 22.04 image has 3.10.
+NUMPY_PINS = ('numpy==2.2.6; python_version < "3.11"', 'numpy==2.4.6; python_version >= "3.11"')
+TORCH = "torch==2.13.0"
+TORCH_PINS = (TORCH, 'triton==3.6.0; platform_system == "Linux"')
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
 SETUP_SH = """#!/usr/bin/env bash
-# Gradescope setup: Python 3.10+ with the course requirements (CPU torch unless the image has a GPU).
-set -euxo pipefail
-apt-get update -qq && apt-get install -y -qq python3 python3-pip python3-venv >/dev/null
-cd /autograder/source
-python3 -m pip install --upgrade pip
-if ! command -v nvidia-smi >/dev/null 2>&1; then
-  python3 -m pip install --index-url https://download.pytorch.org/whl/cpu torch
+# Gradescope setup for {assignment}: a virtual environment in $ROOT/venv holding this assignment's pinned
+# requirements ({requirements}). The system Python is never installed into, so a base image whose
+# Python is "externally managed" (PEP 668) works. AUTOGRADER_PIP replaces the venv's pip (a test stubs it).
+set -euo pipefail
+ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
+VENV="$ROOT/venv"
+if ! python3 -c "import venv, ensurepip" >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq python3 python3-venv >/dev/null
 fi
-python3 -m pip install -r requirements.txt
+python3 -m venv ${{AUTOGRADER_PIP:+--without-pip}} "$VENV"
+PIP="${{AUTOGRADER_PIP:-$VENV/bin/python -m pip}}"
+{torch_cpu}$PIP install -r "$ROOT/source/{requirements}"
+"$VENV/bin/python" -c "{smoke}"
+"""
+
+TORCH_CPU_SH = """if ! command -v nvidia-smi >/dev/null 2>&1; then
+  # no GPU: the CPU build of the same torch (the CUDA one is several GB)
+  $PIP install --index-url {index} --extra-index-url https://pypi.org/simple "{torch}"
+fi
 """
 
 RUN_AUTOGRADER = """#!/usr/bin/env bash
-# Gradescope entry point: grade $AUTOGRADER_ROOT/submission, write $AUTOGRADER_ROOT/results/results.json.
+# Gradescope entry point: grade $AUTOGRADER_ROOT/submission, write $AUTOGRADER_ROOT/results/results.json,
+# with the Python of the virtual environment setup.sh made.
 ROOT="${{AUTOGRADER_ROOT:-/autograder}}"
 export AUTOGRADER_ROOT="$ROOT"
 cd "$ROOT/source"
-exec "${{AUTOGRADER_PYTHON:-python3}}" -m autograder.gradescope {assignment}
+exec "${{AUTOGRADER_PYTHON:-$ROOT/venv/bin/python}}" -m autograder.gradescope {assignment}
 """
+
+
+def requirements(assignment) -> str:
+    """The pinned requirements of one assignment: NumPy only, plus torch and Triton where it grades Triton."""
+    spec = specs.load(assignment)
+    pins = NUMPY_PINS + (TORCH_PINS if spec.needs_torch else ())
+    return f"# grading {spec.id}: pinned, installed into a virtual environment by setup.sh\n" + \
+        "".join(f"{p}\n" for p in pins)
+
+
+def setup_sh(assignment) -> str:
+    spec = specs.load(assignment)
+    mods = "numpy, torch, triton" if spec.needs_torch else "numpy"
+    return SETUP_SH.format(
+        assignment=spec.id, requirements=f"requirements-{spec.id}.txt",
+        torch_cpu=TORCH_CPU_SH.format(index=TORCH_CPU_INDEX, torch=TORCH) if spec.needs_torch else "",
+        smoke=f"import {mods}; print('grading environment:', {', '.join(m + '.__version__' for m in mods.split(', '))})")
+
 
 PACKAGES = ("autograder", "reference")
 
@@ -47,11 +84,10 @@ def build_zip(assignment, out) -> Path:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        _add(z, "setup.sh", SETUP_SH)
+        _add(z, "setup.sh", setup_sh(aid))
         _add(z, "run_autograder", RUN_AUTOGRADER.format(assignment=aid))
         z.writestr("assignment.txt", aid + "\n")
-        req = Path(REPO) / "requirements.txt"
-        z.write(req, "requirements.txt")
+        z.writestr(f"requirements-{aid}.txt", requirements(aid))
         for pkg in PACKAGES:
             for p in sorted((Path(REPO) / pkg).rglob("*")):
                 rel = p.relative_to(REPO)

@@ -99,7 +99,7 @@ def test_gradescope_zip_runs_against_fake_root(tmp_path):
     root = tmp_path / "autograder"
     with zipfile.ZipFile(z) as f:
         names = f.namelist()
-        assert {"setup.sh", "run_autograder", "requirements.txt"} <= set(names)
+        assert {"setup.sh", "run_autograder", "requirements-a1_attention.txt"} <= set(names)
         assert any(n.startswith("autograder/specs/") for n in names) and any(n.startswith("reference/") for n in names)
         assert not any("submissions/" in n for n in names)
         f.extractall(root / "source")
