@@ -54,7 +54,8 @@ def _parser():
     g.add_argument("-v", "--verbose", action="store_true", help="notes in full, not cut to the terminal's width")
     g.add_argument("--test", action="append", metavar="NAME",
                    help="grade only the tests whose name contains NAME (repeatable; with --seed: the same cases)")
-    g.add_argument("--seed", type=int, help=argparse.SUPPRESS)     # reproducing a run while debugging the grader
+    g.add_argument("--seed", type=int, help="replay an earlier run's cases (its seed is in the result JSON and in the "
+                                           "reproduction line under the table)")
 
     a = sub.add_parser("grade-all", help="grade a folder of submissions in parallel", formatter_class=_RAW,
                        description="Grade every .ipynb/.py submission in a folder into a roster CSV (one row per "
