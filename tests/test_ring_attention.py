@@ -1,0 +1,219 @@
+"""Ring attention on torch.distributed: gloo CPU ranks against the single-process float64 oracle.
+
+Each world size is spawned ONCE (one test runs every case in the same ranks, so pytest-xdist cannot split the
+cases over workers and spawn twice) to keep CI cheap; a hang fails with TimeoutError after RANK_TIMEOUT seconds.
+"""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from reference.distributed import layout as L
+from reference.distributed.demo import case_inputs, ring_cases_rank
+from reference.distributed.launch import run_ranks
+from reference.distributed.local_step import block_calls, visible_pairs
+from reference.distributed.merge import merge_states_torch
+from reference.distributed.ring_attention import (ring_attention, ring_attention_backward,
+                                                  ring_attention_forward, simulate_ring_attention)
+from reference.distributed.schedule import ring_balance, ring_work
+
+from .ring_ranks import fail_rank as _fail_rank, hang_rank as _hang_rank
+from .oracle import allowed_mask, attention_grads, attention_ref, lse_err, rel_err
+
+pytestmark = pytest.mark.ring_attention
+RANK_TIMEOUT = 90
+
+# name: (causal, layout, nq, nk, hq, hkv, extra)
+CASES = {
+    "full_zigzag_ragged_gqa": (False, "zigzag", 13, 13, 4, 2, {}),
+    "causal_zigzag_ragged_gqa": (True, "zigzag", 13, 13, 4, 2, {"autograd": True}),
+    "causal_contiguous_ragged": (True, "contiguous", 11, 11, 2, 2, {}),
+    "causal_nq_lt_nk": (True, "zigzag", 6, 11, 2, 1, {}),
+    "causal_nq_gt_nk_masked_rows": (True, "zigzag", 11, 6, 2, 2, {"autograd": True}),
+    "full_cross_lengths": (False, "contiguous", 5, 9, 2, 1, {}),
+    "causal_n1": (True, "zigzag", 1, 1, 2, 2, {}),
+    "causal_zigzag_numpy_step": (True, "zigzag", 10, 10, 2, 1, {"step": "numpy"}),
+    "causal_zigzag_float32": (True, "zigzag", 12, 12, 2, 2, {"dtype": "float32", "B": 2}),
+}
+
+
+def _case(name, seed):
+    causal, layout, nq, nk, hq, hkv, extra = CASES[name]
+    return {"name": name, "seed": seed, "causal": causal, "layout": layout, "nq": nq, "nk": nk, "hq": hq,
+            "hkv": hkv, **extra}
+
+
+def _check_case(case, per_rank, world):
+    """Failures (strings) of one case's rank results against the float64 oracle; [] when all match."""
+    q, k, v, do = case_inputs(case)
+    o_ref, lse_ref, _ = attention_ref(q, k, v, causal=case["causal"])
+    grads_ref = attention_grads(q, k, v, do, causal=case["causal"])
+    lay = case["layout"]
+    got = {key: L.unshard([p[key] for p in per_rank], lay) for key in ("o", "dq", "dk", "dv")}
+    lse = L.unshard([p["lse"].unsqueeze(-1) for p in per_rank], lay).squeeze(-1)
+    tol = 1e-5 if case.get("dtype") == "float32" else 1e-12
+    errs = {"o": rel_err(got["o"], o_ref), "lse": lse_err(lse, lse_ref)}
+    errs.update({key: rel_err(got[key], ref) for key, ref in zip(("dq", "dk", "dv"), grads_ref)})
+    bad = [f"{case['name']}: {key} error {e:.3g} > {tol}" for key, e in errs.items() if not e < tol]
+    if any(len(p["compute_s"]) != world for p in per_rank):
+        bad.append(f"{case['name']}: stats do not have one compute time per ring step")
+    empty = ~allowed_mask(case["nq"], case["nk"]).any(dim=1) if case["causal"] else torch.zeros(case["nq"], dtype=bool)
+    if not (torch.all(got["o"][..., empty, :] == 0) and torch.all(lse[..., empty] == float("-inf"))):
+        bad.append(f"{case['name']}: rows that see no key must give o = 0 and lse = -inf exactly")
+    return bad
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ring_matches_single_process_oracle(world):
+    """One spawn of ``world`` gloo ranks runs every case (outputs, lse and gradients vs float64 autograd)."""
+    seed = int.from_bytes(os.urandom(4), "little")
+    cases = [_case(n, seed + i) for i, n in enumerate(CASES)]
+    results = run_ranks(ring_cases_rank, world, (cases,), timeout=RANK_TIMEOUT)
+    bad = [m for i, case in enumerate(cases) for m in _check_case(case, [r[i] for r in results], world)]
+    assert not bad, f"world={world} seed={seed}:\n" + "\n".join(bad)
+    assert any(not allowed_mask(c["nq"], c["nk"]).any(dim=1).all() for c in cases if c["causal"]), \
+        "a case must have fully masked rows"
+
+
+# ------------------------------------------------------------------------------------------------------
+# single process: layout, schedule, local-step decomposition, merge, bad input
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n,world", [(13, 2), (1, 4), (16, 4), (0, 3), (7, 1)])
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+def test_layout_partitions_positions(n, world, layout):
+    segs = L.rank_segments(n, world, layout)
+    covered = sorted(i for r in segs for a, b in r for i in range(a, b))
+    assert covered == list(range(n))
+    if layout == "zigzag":  # rank r holds chunks r and 2W-1-r of 2W array_split chunks
+        chunks = np.array_split(np.arange(n), 2 * world)
+        for r in range(world):
+            want = np.concatenate([chunks[r], chunks[2 * world - 1 - r]])
+            assert [i for a, b in segs[r] for i in range(a, b)] == want.tolist()
+    x = torch.arange(2 * n, dtype=torch.float64).reshape(1, 1, n, 2)
+    assert torch.equal(L.unshard([L.shard(x, r, world, layout) for r in range(world)], layout), x)
+
+
+def test_block_calls_cover_exactly_the_visible_pairs():
+    """Brute force: the kernel calls of a segment pair score each visible (i, j) exactly once, nothing else."""
+    for nq in range(0, 6):
+        for nk in range(0, 6):
+            for delta in range(-8, 9):
+                for causal in (False, True):
+                    seen = np.zeros((nq, nk), dtype=int)
+                    for q_lo, q_hi, k_hi, c in block_calls(nq, nk, delta, causal):
+                        off = k_hi - (q_hi - q_lo)
+                        for i in range(q_lo, q_hi):
+                            for j in range(k_hi):
+                                if not c or j <= i - q_lo + off:
+                                    seen[i, j] += 1
+                    want = np.ones((nq, nk), dtype=int)
+                    if causal:
+                        want = (np.arange(nk)[None, :] <= np.arange(nq)[:, None] + delta).astype(int)
+                    assert np.array_equal(seen, want), (nq, nk, delta, causal)
+                    assert visible_pairs(nq, nk, delta, causal) == want.sum()
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_zigzag_balances_causal_work_and_contiguous_does_not(world):
+    n = 64 * world
+    naive = ring_balance(ring_work(n, n, world, "contiguous", causal=True))
+    zig = ring_balance(ring_work(n, n, world, "zigzag", causal=True))
+    total = n * (n + 1) // 2
+    assert naive["per_rank_total"][-1] > naive["per_rank_total"][0] * (world - 1)
+    assert sum(zig["per_rank_total"]) == sum(naive["per_rank_total"]) == total
+    assert zig["efficiency"] > 0.99
+    # contiguous: step 0 is a half block (the diagonal) for everyone, then the last rank does a full block at
+    # every step: time = W - 1/2 blocks, ideal = W/2 blocks
+    assert naive["efficiency"] == pytest.approx(world / (2 * world - 1), rel=0.02)
+
+
+def test_simulated_ring_with_triton_step_matches_oracle(rng):
+    """The course's Triton kernels (interpreter on CPU) as the local step, every rank and step in one process."""
+    from reference.triton import DEVICE
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q = torch.randn(1, 2, 40, 16, generator=g).to(DEVICE)
+    k, v = (torch.randn(1, 1, 40, 16, generator=g).to(DEVICE) for _ in range(2))
+    do = torch.randn(1, 2, 40, 16, generator=g).to(DEVICE)
+    o, lse, grads = simulate_ring_attention(q, k, v, 2, causal=True, step="triton", do=do)
+    o_ref, lse_ref, _ = attention_ref(q, k, v, causal=True)
+    assert rel_err(o, o_ref) < 1e-2 and lse_err(lse, lse_ref) < 1e-3   # fp32 inputs: TF32-level on a GPU
+    for got, ref in zip(grads, attention_grads(q, k, v, do, causal=True)):
+        assert rel_err(got, ref) < 1e-2
+
+
+def test_merge_states_torch_matches_union_and_handles_empty_sets(rng):
+    s = torch.from_numpy(rng.standard_normal((3, 10)))
+    vals = torch.from_numpy(rng.standard_normal((10, 4)))
+
+    def part(cols):
+        lse = torch.logsumexp(s[:, cols], dim=1)
+        return torch.softmax(s[:, cols], dim=1) @ vals[cols], lse
+    o, lse = merge_states_torch(*part(slice(0, 4)), *part(slice(4, 10)))
+    o_ref, lse_ref = part(slice(0, 10))
+    assert rel_err(o, o_ref) < 1e-13 and lse_err(lse, lse_ref) < 1e-13
+    empty_o, empty_l = torch.full((3, 4), float("nan"), dtype=torch.float64), torch.full((3,), float("-inf"),
+                                                                                            dtype=torch.float64)
+    o2, l2 = merge_states_torch(o_ref, lse_ref, empty_o, empty_l)
+    assert torch.equal(o2, o_ref) and torch.equal(l2, lse_ref)
+    o3, l3 = merge_states_torch(empty_o, empty_l, empty_o, empty_l)
+    assert torch.all(o3 == 0) and torch.all(l3 == float("-inf"))
+    with pytest.raises(ValueError, match="lse_a"):
+        merge_states_torch(o_ref, lse_ref[:2], o_ref, lse_ref)
+    with pytest.raises(TypeError, match="o_b"):
+        merge_states_torch(o_ref, lse_ref, o_ref.numpy(), lse_ref)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A world of one gloo process (this one): the ring with no sends, and the argument checks."""
+    with tempfile.TemporaryDirectory() as folder:
+        dist.init_process_group("gloo", init_method=f"file://{folder}/rv", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+def test_world_of_one_and_bad_input(one_rank_group, rng):
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    q, k, v, do = (torch.randn(1, 2, 9, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    o, lse = ring_attention_forward(q, k, v, causal=True)
+    o_ref, lse_ref, _ = attention_ref(q, k, v, causal=True)
+    assert rel_err(o, o_ref) < 1e-13 and lse_err(lse, lse_ref) < 1e-13
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    ring_attention(*leaves, causal=True).backward(do)
+    for x, ref in zip(leaves, attention_grads(q, k, v, do, causal=True)):
+        assert rel_err(x.grad, ref) < 1e-12
+    with pytest.raises(ValueError, match="holds 9 positions"):
+        ring_attention_forward(q, k, v, seq_lens=(20, 9))
+    with pytest.raises(ValueError, match="layout"):
+        ring_attention_forward(q, k, v, layout="striped")
+    with pytest.raises(ValueError, match="step"):
+        ring_attention_forward(q, k, v, step="cuda")
+    with pytest.raises(TypeError, match="step"):
+        ring_attention_forward(q, k, v, step=3)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        ring_attention_forward(q, k[:, :1].expand(1, 3, 9, 8)[:, :3], v[:, :1].expand(1, 3, 9, 8))
+    with pytest.raises(TypeError, match="one dtype"):
+        ring_attention_forward(q, k.float(), v)
+    with pytest.raises(ValueError, match="shape"):
+        ring_attention_backward(q, k, v, o[:, :, :3], lse, do)
+
+
+def test_ring_without_process_group_says_how_to_start_one():
+    q = torch.zeros(1, 1, 2, 4)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        ring_attention_forward(q, q, q)
+
+
+def test_run_ranks_times_out_instead_of_hanging():
+    with pytest.raises(TimeoutError, match="did not finish"):
+        run_ranks(_hang_rank, 2, timeout=5)
+
+
+def test_run_ranks_reraises_a_rank_error():
+    with pytest.raises(RuntimeError, match="(?s)rank 1: .*rank 1 failed on purpose"):
+        run_ranks(_fail_rank, 2, timeout=60)
