@@ -97,17 +97,17 @@ print(f"split-K exchanges {smem / 1024:.0f} KiB of partial results through share
 # `BLOCK_M × d` tile), computes on whole blocks (`tl.dot` runs on tensor cores; `tl.max`, `tl.exp2`, `tl.sum`
 # along rows), and stores blocks; the compiler assigns the work to warps and threads (split-Q style), stages the
 # loads through shared memory and pipelines them. The heart of the course's forward kernel is lines 7–10 of
-# Algorithm 1 — compare it with lecture 3's NumPy loop:
+# Algorithm 1, the device function `reference.triton.flash_fwd.attend_key_block` (its docstring lists what each
+# argument is) — here is its body; compare it with lecture 3's NumPy loop:
 
 # %%
 from reference.triton import DEVICE, INTERPRET  # noqa: E402  (sets TRITON_INTERPRET=1 when there is no GPU)
 from reference.triton import flash_attention, flash_attention_forward, flash_decode, paged_decode, softmax  # noqa: E402
-from reference.triton import flash_fwd  # noqa: E402
+from reference.triton.flash_fwd import attend_key_block  # noqa: E402
 
 print("Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU", "| device:", DEVICE)
-src = inspect.getsource(flash_fwd._fwd_block.fn if hasattr(flash_fwd._fwd_block, "fn") else flash_fwd._fwd_block)
-lines = src.splitlines()
-print("\n".join(lines[next(i for i, ln in enumerate(lines) if '"""' in ln):]))
+src = inspect.getsource(getattr(attend_key_block, "fn", attend_key_block))  # a @triton.jit object wraps .fn
+print(src.split('"""')[2].strip("\n"))  # the code after the docstring
 
 # %% [markdown]
 # Details worth noticing: `exp2` with $\log_2 e$ folded into the scale (one MUFU instruction per score; the

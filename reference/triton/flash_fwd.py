@@ -101,12 +101,25 @@ def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
-               offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
-               bt, stride_kp, stride_vp,
-               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
-               MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr, PAGE: tl.constexpr):
-    """FA2 Algorithm 1, lines 7-10, for the key block starting at ``start_n``."""
+def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
+                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                     bt, stride_kp, stride_vp,
+                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                     MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr, PAGE: tl.constexpr):
+    """FA2 Algorithm 1, lines 7-10, for the key block starting at ``start_n``: the heart of the forward kernel.
+
+    A teaching API: lecture 05 prints this function's source next to lecture 03's NumPy loop. It is a
+    ``@triton.jit`` device function, callable only from inside a kernel (here: ``_fwd_key_blocks``).
+
+    State of one program's ``BLOCK_M`` query rows, updated and returned: ``acc (BLOCK_M, HEAD_DIM)`` the
+    unnormalised output O_i, ``l_i`` the running row sums, ``m_i`` the running row maxima in base-2 units
+    (``qk_scale = scale * log2(e)``, so every exponential is an ``exp2``). ``q`` is the loaded Q_i tile.
+    K_j and V_j are read from ``k_base``/``v_base`` (pointers with strides) or through the tensor descriptors
+    ``desc_k``/``desc_v`` (``USE_TMA``), or through block table ``bt`` when ``PAGE > 0`` (paged K/V).
+    ``MASKED`` compiles the masked variant (ragged tail, causal diagonal: query row ``i`` sees key ``j`` iff
+    ``j <= i + OFFSET``, ``OFFSET = Nk - Nq``); fully visible blocks take the unmasked path with no mask
+    arithmetic. ``INTERP`` widens dot operands to fp32 for the Triton interpreter.
+    """
     # line 7: load K_j (V_j is loaded just before its use, below)
     k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, bt, stride_kp,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
@@ -148,10 +161,10 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo,
     """
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
-                                   offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
-                                   N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
-                                   BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP, PAGE)
+        acc, l_i, m_i = attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, start_n,
+                                         offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                         N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
+                                         BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP, PAGE)
     return acc, l_i, m_i
 
 
@@ -448,4 +461,4 @@ def forward_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool) -> flo
     return f / 2 if causal else f
 
 
-__all__ = ["flash_attention_forward", "forward_flops", "PIN_CONFIG", "USE_TMA"]
+__all__ = ["flash_attention_forward", "forward_flops", "attend_key_block", "PIN_CONFIG", "USE_TMA"]
