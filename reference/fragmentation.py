@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._args import check_flag, check_positive_int, check_positive_real
+
 __all__ = ["Request", "FragReport", "FirstFitAllocator", "make_requests", "simulate", "pool_tokens_for",
            "KV_BYTES_PER_TOKEN_13B", "DEFAULT_POOL_TOKENS", "POLICIES"]
 
@@ -54,12 +56,9 @@ POLICIES = ("static", "pow2", "oracle", "paged")
 CATEGORIES = ("token_states", "reservation", "internal_fragmentation", "external_fragmentation", "free")
 
 
-from .iosim import _pos_int, _pos_real  # noqa: E402  (shared positive-number checks)
-
-
 def pool_tokens_for(gpu_bytes: float = 40e9, bytes_per_token: int = KV_BYTES_PER_TOKEN_13B) -> int:
     """Token slots in a KV pool of ``gpu_bytes`` (40 GB and OPT-13B's 800 KiB/token: 48,828)."""
-    return int(_pos_real(gpu_bytes, "gpu_bytes") // _pos_int(bytes_per_token, "bytes_per_token"))
+    return int(check_positive_real(gpu_bytes, "gpu_bytes") // check_positive_int(bytes_per_token, "bytes_per_token"))
 
 
 DEFAULT_POOL_TOKENS = pool_tokens_for()
@@ -73,8 +72,8 @@ class Request:
     output_len: int
 
     def __post_init__(self):
-        _pos_int(self.prompt_len, "prompt_len")
-        _pos_int(self.output_len, "output_len")
+        check_positive_int(self.prompt_len, "prompt_len")
+        check_positive_int(self.output_len, "output_len")
 
     @property
     def total_len(self) -> int:
@@ -85,12 +84,12 @@ def make_requests(n: int, seed: int = 0, *, prompt_mean: float = 161.0, output_m
                   prompt_sigma: float = 1.0, output_sigma: float = 1.0, max_seq_len: int = 2048) -> tuple:
     """``n`` requests with lognormal prompt and output lengths of the given means (ShareGPT-like defaults),
     rounded, at least 1 token each, prompt + output <= ``max_seq_len``. Deterministic in ``seed``."""
-    n = _pos_int(n, "n")
+    n = check_positive_int(n, "n")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise TypeError(f"seed must be a non-negative integer, got {seed!r}")
-    pm, om = _pos_real(prompt_mean, "prompt_mean"), _pos_real(output_mean, "output_mean")
-    ps, os_ = _pos_real(prompt_sigma, "prompt_sigma"), _pos_real(output_sigma, "output_sigma")
-    max_len = _pos_int(max_seq_len, "max_seq_len")
+    pm, om = check_positive_real(prompt_mean, "prompt_mean"), check_positive_real(output_mean, "output_mean")
+    ps, os_ = check_positive_real(prompt_sigma, "prompt_sigma"), check_positive_real(output_sigma, "output_sigma")
+    max_len = check_positive_int(max_seq_len, "max_seq_len")
     if max_len < 2:
         raise ValueError(f"max_seq_len must be at least 2 (one prompt and one output token), got {max_len}")
     rng = np.random.default_rng(seed)
@@ -107,7 +106,7 @@ class FirstFitAllocator:
     neighbours."""
 
     def __init__(self, capacity: int):
-        self.capacity = _pos_int(capacity, "capacity")
+        self.capacity = check_positive_int(capacity, "capacity")
         self._starts = [0]  # holes, sorted by start
         self._sizes = [self.capacity]
 
@@ -204,15 +203,14 @@ def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, bloc
     stored, allocated, max_waste, measured) in ``report.trace``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if not isinstance(record_trace, (bool, np.bool_)):
-        raise TypeError(f"record_trace must be True or False, got {record_trace!r}")
-    pool = _pos_int(pool_tokens, "pool_tokens")
-    max_len = _pos_int(max_seq_len, "max_seq_len")
-    bpt = _pos_int(bytes_per_token, "bytes_per_token")
+    record_trace = check_flag(record_trace, "record_trace")
+    pool = check_positive_int(pool_tokens, "pool_tokens")
+    max_len = check_positive_int(max_seq_len, "max_seq_len")
+    bpt = check_positive_int(bytes_per_token, "bytes_per_token")
     if policy == "paged":
         if block_size is None:
             raise ValueError("block_size is required for policy 'paged'")
-        bs = _pos_int(block_size, "block_size")
+        bs = check_positive_int(block_size, "block_size")
     else:
         if block_size is not None:
             raise ValueError(f"block_size must be None for policy {policy!r}, got {block_size!r}")

@@ -27,26 +27,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._args import check_flag, check_gqa, check_positive_int
+
 __all__ = [
     "tile_visits", "Tile", "Schedule", "causal_tiles", "schedule", "makespan_lower_bound",
     "sylvester_hadamard", "random_hadamard", "quantize_fp8", "outlier_qkv", "fp8_incoherent_experiment",
     "aligned_error", "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
     "accumulator_registers", "decode_intensity", "split_kv_time",
 ]
-
-
-def _pos_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
 
 
 def _rng(rng) -> np.random.Generator:
@@ -72,9 +60,9 @@ def tile_visits(nq, nk, block_q, block_k, causal=False):
     causal mask (query ``r`` sees key ``c`` iff ``c <= r + nk - nq``) a tile whose first key lies beyond its last
     query's horizon is never loaded or computed. Returns an int array, visits numbered from 1.
     """
-    nq, nk, block_q, block_k = (_pos_int(nq, "nq"), _pos_int(nk, "nk"), _pos_int(block_q, "block_q"),
-                                _pos_int(block_k, "block_k"))
-    causal = _flag(causal, "causal")
+    nq, nk, block_q, block_k = (check_positive_int(nq, "nq"), check_positive_int(nk, "nk"), check_positive_int(block_q, "block_q"),
+                                check_positive_int(block_k, "block_k"))
+    causal = check_flag(causal, "causal")
     t_r, t_c = -(-nq // block_q), -(-nk // block_k)
     out = np.zeros((t_r, t_c), dtype=np.int64)
     step = 0
@@ -122,9 +110,9 @@ def causal_tiles(n_batches, n_q_blocks, n_heads=1, n_k_blocks=None):
     ``n_k_blocks > n_q_blocks`` models the bottom-right mask with more keys than queries: block ``i`` then
     costs ``i + 1 + (n_k_blocks - n_q_blocks)``.
     """
-    n_batches, n_q_blocks, n_heads = (_pos_int(n_batches, "n_batches"), _pos_int(n_q_blocks, "n_q_blocks"),
-                                      _pos_int(n_heads, "n_heads"))
-    n_k_blocks = n_q_blocks if n_k_blocks is None else _pos_int(n_k_blocks, "n_k_blocks")
+    n_batches, n_q_blocks, n_heads = (check_positive_int(n_batches, "n_batches"), check_positive_int(n_q_blocks, "n_q_blocks"),
+                                      check_positive_int(n_heads, "n_heads"))
+    n_k_blocks = n_q_blocks if n_k_blocks is None else check_positive_int(n_k_blocks, "n_k_blocks")
     if n_k_blocks < n_q_blocks:
         raise ValueError(f"n_k_blocks must be >= n_q_blocks ({n_q_blocks}), got {n_k_blocks}")
     off = n_k_blocks - n_q_blocks
@@ -138,7 +126,7 @@ def schedule(tiles, n_workers, order="naive"):
     to the worker that becomes free first (lowest index among ties): the dynamic behaviour of the GPU block
     scheduler, and of a persistent kernel's tile counter. Returns a ``Schedule``.
     """
-    n_workers = _pos_int(n_workers, "n_workers")
+    n_workers = check_positive_int(n_workers, "n_workers")
     tiles = list(tiles)
     if not all(isinstance(t, Tile) for t in tiles):
         raise TypeError("tiles must be a sequence of reference.hopper.Tile")
@@ -157,7 +145,7 @@ def schedule(tiles, n_workers, order="naive"):
 
 def makespan_lower_bound(tiles, n_workers) -> int:
     """No schedule finishes before ``max(longest tile, ceil(total work / W))``."""
-    n_workers = _pos_int(n_workers, "n_workers")
+    n_workers = check_positive_int(n_workers, "n_workers")
     costs = [t.cost for t in tiles]
     return max(max(costs, default=0), -(-sum(costs) // n_workers))
 
@@ -168,7 +156,7 @@ def makespan_lower_bound(tiles, n_workers) -> int:
 
 def sylvester_hadamard(d):
     """The ``d x d`` Sylvester Hadamard matrix divided by ``sqrt(d)`` (orthogonal); ``d`` a power of two."""
-    d = _pos_int(d, "d")
+    d = check_positive_int(d, "d")
     if d & (d - 1):
         raise ValueError(f"d must be a power of two for a Sylvester Hadamard matrix, got {d}")
     h = np.ones((1, 1))
@@ -236,7 +224,7 @@ def fp8_incoherent_experiment(rng, n=1024, d=128, n_heads=2, outlier_frac=1e-3, 
     ``rotation_err``: the largest ``|(QJ)(KJ)^T - QK^T|`` in float64 (rounding only).
     """
     _rng(rng)
-    n, d, n_heads = _pos_int(n, "n"), _pos_int(d, "d"), _pos_int(n_heads, "n_heads")
+    n, d, n_heads = check_positive_int(n, "n"), check_positive_int(d, "d"), check_positive_int(n_heads, "n_heads")
     err = {"s_plain": [], "s_hadamard": [], "o_plain": [], "o_hadamard": [], "s_rms": [], "o_rms": []}
     rot = 0.0
     for _ in range(n_heads):
@@ -298,8 +286,8 @@ def tile_cycles(head_dim=128, block_m=128, block_n=128, gpu="H100", dtype="fp16"
     one ``exp2`` per score, ``block_m * block_n`` MUFU ops. H100 fp16, hdim 128, 128 x 128:
     8.4 MFLOP / 4096 = 2048 cycles of tensor core vs 16384 / 16 = 1024 cycles of MUFU.
     """
-    head_dim, block_m, block_n = (_pos_int(head_dim, "head_dim"), _pos_int(block_m, "block_m"),
-                                  _pos_int(block_n, "block_n"))
+    head_dim, block_m, block_n = (check_positive_int(head_dim, "head_dim"), check_positive_int(block_m, "block_m"),
+                                  check_positive_int(block_n, "block_n"))
     if gpu not in HARDWARE:
         raise ValueError(f"gpu must be one of {sorted(HARDWARE)}, got {gpu!r}")
     hw = HARDWARE[gpu]
@@ -323,7 +311,7 @@ def pingpong_utilisation(mma_cycles, exp_cycles, overlap=True):
     mma, ex = _nonneg(mma_cycles, "mma_cycles"), _nonneg(exp_cycles, "exp_cycles")
     if mma == 0:
         raise ValueError("mma_cycles must be > 0")
-    if not _flag(overlap, "overlap"):
+    if not check_flag(overlap, "overlap"):
         return mma / (mma + ex)
     return 2 * mma / max(2 * mma, mma + ex)
 
@@ -336,10 +324,10 @@ def persistent_time(n_tiles, n_sms, mainloop, prologue, epilogue, persistent=Tru
     prologue and this tile's epilogue (async TMA store) hide under mainloops, so only the first prologue and the
     last epilogue show.
     """
-    n_tiles, n_sms = _pos_int(n_tiles, "n_tiles"), _pos_int(n_sms, "n_sms")
+    n_tiles, n_sms = check_positive_int(n_tiles, "n_tiles"), check_positive_int(n_sms, "n_sms")
     main, pro, epi = _nonneg(mainloop, "mainloop"), _nonneg(prologue, "prologue"), _nonneg(epilogue, "epilogue")
     waves = -(-n_tiles // n_sms)
-    if not _flag(persistent, "persistent"):
+    if not check_flag(persistent, "persistent"):
         return waves * (pro + main + epi)
     return pro + waves * main + (waves - 1) * max(0.0, pro + epi - main) + epi
 
@@ -355,11 +343,9 @@ def gqa_packing(q_len, n_q_heads, n_kv_heads, tile_m=64):
     Packed (FA3 / FA2 decode): the ``g = Hq / Hkv`` heads sharing a KV head are stacked into one
     ``g * q_len``-row block, so K/V is loaded once for the group instead of ``g`` times.
     """
-    q_len, hq, hkv, tile_m = (_pos_int(q_len, "q_len"), _pos_int(n_q_heads, "n_q_heads"),
-                              _pos_int(n_kv_heads, "n_kv_heads"), _pos_int(tile_m, "tile_m"))
-    if hq % hkv:
-        raise ValueError(f"n_q_heads ({hq}) must be a multiple of n_kv_heads ({hkv})")
-    g = hq // hkv
+    q_len, hq, hkv, tile_m = (check_positive_int(q_len, "q_len"), check_positive_int(n_q_heads, "n_q_heads"),
+                              check_positive_int(n_kv_heads, "n_kv_heads"), check_positive_int(tile_m, "tile_m"))
+    g = check_gqa(hq, hkv, "n_q_heads", "n_kv_heads")
     rows = g * q_len
     tiles_unpacked = g * -(-q_len // tile_m)
     tiles_packed = -(-rows // tile_m)
@@ -376,7 +362,7 @@ def accumulator_registers(rows, cols, threads=128):
     one warpgroup would need 256 per thread for O alone. Split the PV output between two warpgroups (256
     columns each: 128 registers) and let WG1 also hold the 64 x 64 S accumulator of QK^T (32 more): 160.
     """
-    rows, cols, threads = _pos_int(rows, "rows"), _pos_int(cols, "cols"), _pos_int(threads, "threads")
+    rows, cols, threads = check_positive_int(rows, "rows"), check_positive_int(cols, "cols"), check_positive_int(threads, "threads")
     return rows * cols / threads
 
 
@@ -387,8 +373,8 @@ def decode_intensity(q_len, n_q_heads, qk_dim, v_dim, kv_bytes_per_token):
     ``kv_bytes_per_token`` bytes. MHA/GQA decode reuses each byte for a handful of heads (memory-bound); MLA
     shares one 576-wide latent among 128 heads, which is near an H100's ridge point even at ``q_len = 1``.
     """
-    q_len, hq, dqk, dv = (_pos_int(q_len, "q_len"), _pos_int(n_q_heads, "n_q_heads"), _pos_int(qk_dim, "qk_dim"),
-                          _pos_int(v_dim, "v_dim"))
+    q_len, hq, dqk, dv = (check_positive_int(q_len, "q_len"), check_positive_int(n_q_heads, "n_q_heads"), check_positive_int(qk_dim, "qk_dim"),
+                          check_positive_int(v_dim, "v_dim"))
     nbytes = _nonneg(kv_bytes_per_token, "kv_bytes_per_token")
     if nbytes == 0:
         raise ValueError("kv_bytes_per_token must be > 0")
@@ -404,8 +390,8 @@ def split_kv_time(batch, heads, n_keys, num_splits=1, n_sms=132, merge_cost=0.0)
     step: one thread block per (sequence, head), most SMs idle when ``batch * heads < n_sms``.
     Returns ``{"time", "blocks", "waves", "sm_utilisation"}``.
     """
-    batch, heads, n_keys = _pos_int(batch, "batch"), _pos_int(heads, "heads"), _pos_int(n_keys, "n_keys")
-    num_splits, n_sms = _pos_int(num_splits, "num_splits"), _pos_int(n_sms, "n_sms")
+    batch, heads, n_keys = check_positive_int(batch, "batch"), check_positive_int(heads, "heads"), check_positive_int(n_keys, "n_keys")
+    num_splits, n_sms = check_positive_int(num_splits, "num_splits"), check_positive_int(n_sms, "n_sms")
     merge_cost = _nonneg(merge_cost, "merge_cost")
     blocks = batch * heads * num_splits
     waves = -(-blocks // n_sms)

@@ -93,6 +93,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._args import check_flag, check_positive_int, check_positive_real
+
 __all__ = [
     "Pass",
     "IOReport",
@@ -131,28 +133,6 @@ _DTYPE_BYTES = {
 # ----------------------------------------------------------------------------------------------------------
 # input checks
 # ----------------------------------------------------------------------------------------------------------
-def _pos_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
-def _pos_real(value, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a positive number, got {value!r}")
-    if not math.isfinite(float(value)) or value <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-    return float(value)
-
-
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def _probability(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a probability in [0, 1), got {value!r}")
@@ -167,7 +147,7 @@ def bytes_per_element(dtype) -> int:
     if isinstance(dtype, bool) or dtype is None:  # np.dtype(None) would silently mean float64
         raise TypeError(f"dtype must be a dtype name, a float dtype or a byte count, got {dtype!r}")
     if isinstance(dtype, numbers.Integral):
-        return _pos_int(dtype, "dtype (bytes per element)")
+        return check_positive_int(dtype, "dtype (bytes per element)")
     if isinstance(dtype, str):
         key = dtype.lower().replace("torch.", "").replace("numpy.", "")
         if key in _DTYPE_BYTES:
@@ -262,9 +242,9 @@ class IOReport:
                          vector_flops_per_s: float = A100["vector_flops"]) -> float:
         """Roofline ESTIMATE in seconds: per kernel ``max(bytes / bandwidth, matmul / peak + elementwise /
         vector peak)``, summed over kernels. A lower bound; real kernels reach neither peak."""
-        bw = _pos_real(hbm_bandwidth, "hbm_bandwidth")
-        mm = _pos_real(matmul_flops_per_s, "matmul_flops_per_s")
-        vec = _pos_real(vector_flops_per_s, "vector_flops_per_s")
+        bw = check_positive_real(hbm_bandwidth, "hbm_bandwidth")
+        mm = check_positive_real(matmul_flops_per_s, "matmul_flops_per_s")
+        vec = check_positive_real(vector_flops_per_s, "vector_flops_per_s")
         return float(sum(max(k["bytes"] / bw, k["matmul_flops"] / mm + k["elementwise_flops"] / vec)
                          for k in self.kernels().values()))
 
@@ -292,8 +272,8 @@ class IOReport:
 
 
 def _check_shape(batch, heads, seq_len, head_dim):
-    return (_pos_int(batch, "batch"), _pos_int(heads, "heads"), _pos_int(seq_len, "seq_len"),
-            _pos_int(head_dim, "head_dim"))
+    return (check_positive_int(batch, "batch"), check_positive_int(heads, "heads"), check_positive_int(seq_len, "seq_len"),
+            check_positive_int(head_dim, "head_dim"))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -312,15 +292,15 @@ def standard_attention_io(batch: int, heads: int, seq_len: int, head_dim: int, *
     """
     b, h, n, d = _check_shape(batch, heads, seq_len, head_dim)
     e = bytes_per_element(dtype)
-    _pos_int(sram_bytes, "sram_bytes")
-    causal = _flag(causal, "causal")
+    check_positive_int(sram_bytes, "sram_bytes")
+    causal = check_flag(causal, "causal")
     p_drop = _probability(dropout, "dropout")
-    mask = causal if mask is None else _flag(mask, "mask")
-    softmax = _flag(softmax, "softmax")
-    dropout_pass = (p_drop > 0) if dropout_pass is None else _flag(dropout_pass, "dropout_pass")
-    scale_pass = _flag(scale_pass, "scale_pass")
-    mb = _pos_int(dropout_mask_bytes, "dropout_mask_bytes")
-    backward = _flag(backward, "backward")
+    mask = causal if mask is None else check_flag(mask, "mask")
+    softmax = check_flag(softmax, "softmax")
+    dropout_pass = (p_drop > 0) if dropout_pass is None else check_flag(dropout_pass, "dropout_pass")
+    scale_pass = check_flag(scale_pass, "scale_pass")
+    mb = check_positive_int(dropout_mask_bytes, "dropout_mask_bytes")
+    backward = check_flag(backward, "backward")
 
     bh = b * h
     nn = float(bh) * n * n  # elements of all the N x N matrices together
@@ -395,10 +375,10 @@ def flash_block_sizes(seq_len: int, head_dim: int, *, dtype="fp16", sram_bytes=A
     fa1: FA1 Algorithm 1 line 1, ``B_c = ceil(M / 4d)``, ``B_r = min(B_c, d)``, M in elements of ``dtype``.
     fa2: the largest power of two <= 128 whose working set fits in M (module docstring). Both capped at N;
     explicit ``block_q``/``block_k`` win."""
-    n = _pos_int(seq_len, "seq_len")
-    d = _pos_int(head_dim, "head_dim")
+    n = check_positive_int(seq_len, "seq_len")
+    d = check_positive_int(head_dim, "head_dim")
     e = bytes_per_element(dtype)
-    m_bytes = _pos_int(sram_bytes, "sram_bytes")
+    m_bytes = check_positive_int(sram_bytes, "sram_bytes")
     if version not in ("fa1", "fa2"):
         raise ValueError(f"version must be 'fa1' or 'fa2', got {version!r}")
     if version == "fa1":
@@ -411,9 +391,9 @@ def flash_block_sizes(seq_len: int, head_dim: int, *, dtype="fp16", sram_bytes=A
     else:
         bc = br = _fa2_block(d, e, m_bytes)
     if block_q is not None:
-        br = _pos_int(block_q, "block_q")
+        br = check_positive_int(block_q, "block_q")
     if block_k is not None:
-        bc = _pos_int(block_k, "block_k")
+        bc = check_positive_int(block_k, "block_k")
     return min(br, n), min(bc, n)
 
 
@@ -442,9 +422,9 @@ def flash_attention_io(batch: int, heads: int, seq_len: int, head_dim: int, *, d
     traffic. See the module docstring for the block sizes and what each line loads."""
     b, h, n, d = _check_shape(batch, heads, seq_len, head_dim)
     e = bytes_per_element(dtype)
-    causal = _flag(causal, "causal")
+    causal = check_flag(causal, "causal")
     p_drop = _probability(dropout, "dropout")
-    backward = _flag(backward, "backward")
+    backward = check_flag(backward, "backward")
     br, bc = flash_block_sizes(n, d, dtype=e, sram_bytes=sram_bytes, version=version, block_q=block_q,
                                block_k=block_k)
     t = _tiles(n, br, bc, causal)
@@ -513,9 +493,9 @@ def matmul_io(m: int, n: int, k: int, *, algorithm: str = "tiled", dtype="fp16",
     tiled: square T x T tiles of A, B, C in SRAM, ``T = floor(sqrt(M / 3))`` (M in elements) unless ``tile``
            is given; A is read ceil(n/T) times and B ceil(m/T) times: Theta(m n k / sqrt(M)).
     C is written once in every case; FLOPs are 2 m n k."""
-    m, n, k = _pos_int(m, "m"), _pos_int(n, "n"), _pos_int(k, "k")
+    m, n, k = check_positive_int(m, "m"), check_positive_int(n, "n"), check_positive_int(k, "k")
     e = bytes_per_element(dtype)
-    m_el = _pos_int(sram_bytes, "sram_bytes") // e
+    m_el = check_positive_int(sram_bytes, "sram_bytes") // e
     if algorithm not in ("naive", "row", "tiled"):
         raise ValueError(f"algorithm must be 'naive', 'row' or 'tiled', got {algorithm!r}")
     fl = 2.0 * m * n * k
@@ -533,7 +513,7 @@ def matmul_io(m: int, n: int, k: int, *, algorithm: str = "tiled", dtype="fp16",
              Pass("write C", "matmul", 0, float(m) * n * e)]
         tsz = 1
     else:
-        tsz = int(math.isqrt(m_el // 3)) if tile is None else _pos_int(tile, "tile")
+        tsz = int(math.isqrt(m_el // 3)) if tile is None else check_positive_int(tile, "tile")
         if tsz < 1 or 3 * tsz * tsz > m_el:
             raise ValueError(f"tile={tsz}: three {tsz}x{tsz} tiles need {3 * tsz * tsz} elements but "
                              f"sram_bytes holds {m_el}")

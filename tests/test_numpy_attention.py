@@ -197,7 +197,7 @@ def test_mha_bad_shapes():
         multi_head_attention(x, wq, wk, np.zeros((8, 5)), wo, n_heads=2, n_kv_heads=1)
     with pytest.raises(ValueError, match=r"w_o must have shape \(n_heads\*d_head, d_model\) = \(8, 8\)"):
         multi_head_attention(x, wq, wk, wk, np.zeros((8, 7)), n_heads=2, n_kv_heads=1)
-    with pytest.raises(ValueError, match="n_heads=2 must be a multiple of n_kv_heads=3"):
+    with pytest.raises(ValueError, match="n_heads=2 must be a multiple of the kv heads n_kv_heads=3"):
         multi_head_attention(x, wq, wk, wk, wo, n_heads=2, n_kv_heads=3)
     with pytest.raises(ValueError, match="n_heads must be a positive integer"):
         multi_head_attention(x, wq, wk, wk, wo, n_heads=0)

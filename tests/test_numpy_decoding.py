@@ -260,7 +260,7 @@ def test_cache_savings_quadratic_vs_linear():
 
 @pytest.mark.kv_cache
 def test_decoder_layer_bad_input_and_full_cache(rng):
-    with pytest.raises(ValueError, match="n_heads=4 must be a multiple of n_kv_heads=3"):
+    with pytest.raises(ValueError, match="n_heads=4 must be a multiple of the kv heads n_kv_heads=3"):
         TinyDecoderLayer(d_model=32, n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="d_model=30 must be a multiple of n_heads=4"):
         TinyDecoderLayer(d_model=30, n_heads=4, n_kv_heads=2)

@@ -427,7 +427,7 @@ CASES = [
     ("causal_mask", np_attention.causal_mask, "mask", dict(nq=0), ValueError, r"^nq must be a positive integer"),
     ("causal_mask", np_attention.causal_mask, "mask", dict(nk=2.0), TypeError, r"^nk must be a positive integer"),
     ("multi_head_attention", np_attention.multi_head_attention, "mha", dict(n_kv_heads=3), ValueError,
-     r"n_heads=4 must be a multiple of n_kv_heads=3"),
+     r"n_heads=4 must be a multiple of the kv heads n_kv_heads=3"),
     ("multi_head_attention", np_attention.multi_head_attention, "mha", dict(n_heads=0), ValueError, r"^n_heads must"),
     ("multi_head_attention", np_attention.multi_head_attention, "mha", dict(w_k=D(lambda kw: kw["w_k"][:, :4])),
      ValueError, r"^w_k must have shape"),
@@ -608,11 +608,11 @@ CASES = [
     ("iosim", iosim.standard_attention_io, "io", dict(dtype="int8"), ValueError, r"^dtype must be one of"),
     ("iosim", iosim.standard_attention_io, "io", dict(dtype=np.int32), TypeError, r"^dtype must be a floating"),
     ("iosim", iosim.standard_attention_io, "io", dict(dtype=None), TypeError, r"^dtype must be a dtype name"),
-    ("iosim", iosim.standard_attention_io, "io", dict(backward=1), TypeError, r"^backward must be True or False"),
+    ("iosim", iosim.standard_attention_io, "io", dict(backward=1), TypeError, r"^backward must be a bool"),
     ("iosim", iosim.flash_attention_io, "io", dict(sram_bytes=0), ValueError, r"^sram_bytes must be a positive"),
     ("iosim", iosim.flash_attention_io, "io", dict(sram_bytes=16), ValueError, r"^sram_bytes=16 holds"),
     ("iosim", iosim.flash_attention_io, "io", dict(version="fa3"), ValueError, r"^version must be 'fa1' or 'fa2'"),
-    ("iosim", iosim.flash_attention_io, "io", dict(causal=1), TypeError, r"^causal must be True or False"),
+    ("iosim", iosim.flash_attention_io, "io", dict(causal=1), TypeError, r"^causal must be a bool"),
     ("iosim", iosim.flash_attention_io, "io", dict(dropout=1.0), ValueError, r"^dropout must be a probability"),
     ("iosim", iosim.flash_attention_io, "io", dict(dropout=float("nan")), ValueError, r"^dropout must be"),
     ("iosim", iosim.flash_attention_io, "io", dict(block_q=0), ValueError, r"^block_q must be a positive"),
@@ -621,20 +621,20 @@ CASES = [
     ("iosim", iosim.matmul_io, "matmul_io", dict(algorithm="x"), ValueError, r"^algorithm must be"),
     ("iosim", iosim.matmul_io, "matmul_io", dict(tile=0), ValueError, r"^tile must be a positive"),
     # --- reference.hopper / reference.fragmentation (simulators used by the lectures)
-    ("hopper", hopper.tile_visits, "tile_visits", dict(causal=1), TypeError, r"^causal must be True or False"),
+    ("hopper", hopper.tile_visits, "tile_visits", dict(causal=1), TypeError, r"^causal must be a bool"),
     ("hopper", hopper.tile_visits, "tile_visits", dict(block_q=0), ValueError, r"^block_q must be a positive"),
     ("hopper", hopper.outlier_qkv, "outliers", dict(rng=0), TypeError, r"^rng must be a numpy.random.Generator"),
     ("hopper", hopper.outlier_qkv, "outliers", dict(outlier_frac=2), ValueError, r"^outlier_frac must be in"),
     ("hopper", hopper.outlier_qkv, "outliers", dict(outlier_frac="x"), TypeError, r"^outlier_frac must be a num"),
     ("hopper", hopper.fp8_incoherent_experiment, "fp8_exp", dict(rng=0), TypeError, r"^rng must be a numpy"),
-    ("hopper", hopper.pingpong_utilisation, "pingpong", dict(overlap=2), TypeError, r"^overlap must be True"),
-    ("hopper", hopper.persistent_time, "persistent", dict(persistent="no"), TypeError, r"^persistent must be True"),
+    ("hopper", hopper.pingpong_utilisation, "pingpong", dict(overlap=2), TypeError, r"^overlap must be a bool"),
+    ("hopper", hopper.persistent_time, "persistent", dict(persistent="no"), TypeError, r"^persistent must be a bool"),
     ("fragmentation", fragmentation.simulate, "simulate", dict(record_trace=1), TypeError, r"^record_trace must be"),
     ("fragmentation", fragmentation.simulate, "simulate", dict(policy="x"), ValueError, r"^policy must be one of"),
     ("fragmentation", fragmentation.simulate, "simulate", dict(block_size=None), ValueError, r"^block_size is req"),
     # --- reference.triton.softmax
     ("triton_softmax", rtr.softmax, "t_x", dict(x=D(lambda kw: kw["x"].to(torch.int32))), TypeError,
-     r"^x must have dtype in \(float16, bfloat16, float32\)"),
+     r"^x must have dtype float16, bfloat16 or float32"),
     ("triton_softmax", rtr.softmax, "t_x", dict(x=D(lambda kw: kw["x"] > 0)), TypeError, r"^x must have dtype"),
     ("triton_softmax", rtr.softmax, "t_x", dict(x=D(lambda kw: kw["x"].double())), TypeError, r"^x must have dtype"),
     ("triton_softmax", rtr.softmax, "t_x", dict(x=np.ones(3, np.float32)), TypeError, r"^x must be a torch.Tensor"),
@@ -660,7 +660,7 @@ _T_ATTN = [
     (dict(q=D(lambda kw: kw["q"].to(torch.int32))), TypeError, r"^q must have dtype"),
     (dict(k=D(lambda kw: kw["k"] > 0)), TypeError, r"^k must have dtype"),
     (dict(q=D(lambda kw: kw["q"].double()), k=D(lambda kw: kw["k"].double()), v=D(lambda kw: kw["v"].double())),
-     TypeError, r"^q must have dtype in \(float16, bfloat16, float32\)"),
+     TypeError, r"^q must have dtype float16, bfloat16 or float32"),
     (dict(q=D(lambda kw: kw["q"].half())), TypeError, r"^q, k, v must have the same dtype"),
     (dict(v=D(lambda kw: kw["v"].bfloat16())), TypeError, r"^q, k, v must have the same dtype"),
     (dict(k=D(lambda kw: kw["k"].to(OTHER_DEVICE))), ValueError, r"^k must be on device"),
@@ -678,7 +678,7 @@ CASES += [
     ("triton_flash_backward", tr_flash_backward, "t_flash_bwd", dict(lse=D(lambda kw: kw["lse"][..., :-1])),
      ValueError, r"^lse must have shape \(B, Hq, Nq\)"),
     ("triton_flash_backward", tr_flash_backward, "t_flash_bwd", dict(lse=D(lambda kw: kw["lse"].half())), TypeError,
-     r"^lse must have dtype in \(float32\)"),
+     r"^lse must have dtype float32"),
     ("triton_flash_backward", tr_flash_backward, "t_flash_bwd", dict(do=D(lambda kw: kw["do"][..., :8])),
      ValueError, r"^do must have q's shape"),
     ("triton_flash_backward", tr_flash_backward, "t_flash_bwd", dict(do=D(lambda kw: kw["do"].half())), TypeError,
@@ -718,7 +718,7 @@ CASES += [
     ("triton_flash_decode", rtr.flash_decode, "t_decode", dict(seq_lens=_it([3])), ValueError,
      r"^seq_lens must have shape \(B,\) = \(2,\)"),
     ("triton_flash_decode", rtr.flash_decode, "t_decode", dict(seq_lens=_it([3, 1], torch.float32)), TypeError,
-     r"^seq_lens must have dtype in \(int32, int64\)"),
+     r"^seq_lens must have dtype int32 or int64"),
     ("triton_flash_decode", rtr.flash_decode, "t_decode", dict(seq_lens=_it([3, 1], torch.int16)), TypeError,
      r"^seq_lens must have dtype"),
     ("triton_flash_decode", rtr.flash_decode, "t_decode", dict(seq_lens=_it([True, False], torch.bool)), TypeError,
@@ -737,14 +737,14 @@ CASES += [
     ("triton_flash_decode", rtr.flash_decode, "t_decode", dict(v=D(lambda kw: kw["v"].to(OTHER_DEVICE))), ValueError,
      r"^v must be on device"),
     ("triton_flash_decode", rtr.flash_decode, "t_decode", dict(validate="no"), TypeError,
-     r"^validate must be True or False"),
+     r"^validate must be a bool"),
     # --- reference.triton.paged_decode
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(block_tables=_it([[0, -1, 1], [2, -1, -1]])),
      ValueError, r"^block_tables\[0, 1\] = -1 is not a block index in \[0, 4\)"),
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(block_tables=_it([[0, 9], [2, -1]])), ValueError,
      r"^block_tables\[0, 1\] = 9 is not a block index"),
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(block_tables=_it([[0, 1], [2, -1]], torch.float32)),
-     TypeError, r"^block_tables must have dtype in \(int32, int64\)"),
+     TypeError, r"^block_tables must have dtype int32 or int64"),
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(block_tables=_it([[0, 1], [2, 0]], torch.bool)),
      TypeError, r"^block_tables must have dtype"),
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(block_tables=_it([0, 1])), ValueError,
@@ -786,7 +786,7 @@ CASES += [
      ValueError, r"^v_cache must be on device"),
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(scale=float("nan")), ValueError, r"^scale must be"),
     ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(num_splits=0), ValueError, r"^num_splits must be a"),
-    ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(validate=1), TypeError, r"^validate must be True"),
+    ("triton_paged_decode", rtr.paged_decode, "t_paged", dict(validate=1), TypeError, r"^validate must be a bool"),
 ]
 
 
@@ -819,6 +819,43 @@ def test_bad_input_raises_naming_the_argument(marker, fn, base, edit, exc, match
     kw = _build(base, edit, rng)
     with pytest.raises(exc, match=match):
         fn(**kw)
+
+
+# One bool rule for every flag (reference._args.check_flag): True/False and NumPy's np.True_/np.False_ are
+# accepted and mean the same; a 0-d tensor, 1 and None are not.
+FLAGS = [
+    ("attention", np_attention.attention, "qkv", "causal"),
+    ("attention", np_attention.attention, "qkv", "return_lse"),
+    ("flash_forward", flash.flash_attention_forward, "qkv", "causal"),
+    ("iosim", iosim.flash_attention_io, "io", "causal"),
+    ("hopper", hopper.tile_visits, "tile_visits", "causal"),
+    ("triton_flash_forward", rtr.flash_attention_forward, "t_qkv", "causal"),
+    ("triton_flash_backward", tr_flash_backward, "t_flash_bwd", "causal"),
+    ("triton_flash_decode", rtr.flash_decode, "t_decode", "validate"),
+    ("triton_paged_decode", rtr.paged_decode, "t_paged", "validate"),
+]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b, equal_nan=True)
+    return repr(a) == repr(b)
+
+
+@pytest.mark.parametrize("marker,fn,base,flag", [pytest.param(*c, marks=getattr(pytest.mark, c[0]),
+                                                              id=f"{c[1].__qualname__}-{c[3]}") for c in FLAGS])
+def test_flags_take_numpy_bools_and_nothing_truthy(marker, fn, base, flag):
+    for value in (True, False):
+        want = fn(**_build(base, {flag: value}, np.random.default_rng(0)))
+        got = fn(**_build(base, {flag: np.bool_(value)}, np.random.default_rng(0)))
+        assert _same(got, want), (flag, value)
+    for bad in (torch.tensor(True), 1, None):
+        with pytest.raises(TypeError, match=f"^{flag} must be a bool"):
+            fn(**_build(base, {flag: bad}, np.random.default_rng(0)))
 
 
 # ----------------------------------------------------------------------------------------------------------------

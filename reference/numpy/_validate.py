@@ -5,10 +5,10 @@ names the argument and what was expected. Nothing is silently broadcast.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
+
+# the checks every part shares; re-exported so the NumPy modules import their checks from one place
+from .._args import check_dtype, check_flag, check_gqa, check_positive_int, check_scale  # noqa: F401
 
 FLOAT_DTYPES = (np.float16, np.float32, np.float64)
 
@@ -25,11 +25,23 @@ def as_float_array(x, name: str, min_ndim: int = 1) -> np.ndarray:
             arr = arr.astype(np.float64)
     else:
         raise TypeError(f"{name} must be a numpy.ndarray of float16/32/64, got {type(x).__name__}")
-    if arr.dtype.type not in FLOAT_DTYPES:
-        raise TypeError(f"{name} must have dtype float16, float32 or float64, got {arr.dtype}")
+    check_dtype(arr.dtype.type, FLOAT_DTYPES, name)
     if arr.ndim < min_ndim:
         raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {arr.shape}")
     return arr
+
+
+def check_float_dtype(dtype) -> np.dtype:
+    """A ``dtype=`` argument (a cache's storage dtype): float16, float32 or float64, as an ``np.dtype``."""
+    if dtype is None:  # np.dtype(None) would silently mean float64
+        raise TypeError("dtype must be float16, float32 or float64, got None")
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from exc
+    if dt not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
+    return dt
 
 
 def compute_dtype(*arrays: np.ndarray) -> np.dtype:
@@ -40,26 +52,6 @@ def compute_dtype(*arrays: np.ndarray) -> np.dtype:
 def lse_dtype(*arrays: np.ndarray) -> np.dtype:
     """dtype of returned log-sum-exp values: float64 for float64 inputs, else float32."""
     return np.dtype(np.float64) if any(a.dtype == np.float64 for a in arrays) else np.dtype(np.float32)
-
-
-def check_positive_int(value, name: str) -> int:
-    """A block size, split count or similar: a positive Python/NumPy integer (bool rejected)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
-def check_scale(scale, d: int) -> float:
-    """``scale`` defaults to 1/sqrt(d); otherwise it must be a finite real number."""
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {scale!r}")
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
 
 
 def check_qkv(q, k, v):
@@ -90,9 +82,7 @@ def check_qkv(q, k, v):
             raise ValueError(
                 f"q and k must have the same batch dimensions, got q {q.shape[:-3]} and k {k.shape[:-3]} "
                 f"(shapes q {q.shape}, k {k.shape}); nothing is broadcast")
-        if hkv == 0 or hq % hkv != 0:
-            raise ValueError(f"the number of query heads Hq={hq} must be a multiple of the kv heads Hkv={hkv} (GQA)")
-        group = hq // hkv
+        group = check_gqa(hq, hkv)
     return q, k, v, group
 
 
@@ -101,8 +91,3 @@ def repeat_kv(x: np.ndarray, group: int) -> np.ndarray:
     if group == 1 or x.ndim < 3:
         return x
     return np.repeat(x, group, axis=-3)
-
-
-def causal_offset(nq: int, nk: int) -> int:
-    """Bottom-right causal alignment: row i may attend key j iff j <= i + (nk - nq)."""
-    return nk - nq

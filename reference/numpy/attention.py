@@ -11,20 +11,13 @@ causal mask, and a fully masked row gives output 0 and lse -inf.
 """
 from __future__ import annotations
 
-import numbers
 
 import numpy as np
 
-from ._validate import (as_float_array, check_positive_int, check_qkv, check_scale, compute_dtype, lse_dtype,
-                        repeat_kv)
+from ._validate import (as_float_array, check_flag, check_gqa, check_positive_int, check_qkv, check_scale,
+                        compute_dtype, lse_dtype, repeat_kv)
 
 __all__ = ["attention", "attention_backward", "causal_mask", "multi_head_attention"]
-
-
-def _check_causal(causal) -> bool:
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    return bool(causal)
 
 
 def causal_mask(nq, nk):
@@ -63,9 +56,8 @@ def attention(q, k, v, causal=False, scale=None, return_lse=False):
     scores. Rows that may attend no key give ``o = 0`` and ``lse = -inf``.
     """
     q, k, v, group = check_qkv(q, k, v)
-    causal = _check_causal(causal)
-    if not isinstance(return_lse, (bool, np.bool_)):
-        raise TypeError(f"return_lse must be a bool, got {return_lse!r}")
+    causal = check_flag(causal, "causal")
+    return_lse = check_flag(return_lse, "return_lse")
     scale = check_scale(scale, q.shape[-1])
     ct = compute_dtype(q, k, v)
     p, lse = _probs(q, repeat_kv(k, group), causal, scale, ct)
@@ -97,7 +89,7 @@ def attention_backward(q, k, v, do, causal=False, scale=None):
     do = as_float_array(do, "do", min_ndim=2)
     if do.shape != q.shape:
         raise ValueError(f"do must have the shape of q {q.shape}, got {do.shape}")
-    causal = _check_causal(causal)
+    causal = check_flag(causal, "causal")
     scale = check_scale(scale, q.shape[-1])
     ct = compute_dtype(q, k, v, do)
     qc, doc = q.astype(ct, copy=False), do.astype(ct, copy=False)
@@ -128,9 +120,8 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, n_heads, n_kv_heads=None, causal
                           for w, name in ((w_q, "w_q"), (w_k, "w_k"), (w_v, "w_v"), (w_o, "w_o")))
     n_heads = check_positive_int(n_heads, "n_heads")
     n_kv_heads = n_heads if n_kv_heads is None else check_positive_int(n_kv_heads, "n_kv_heads")
-    causal = _check_causal(causal)
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+    causal = check_flag(causal, "causal")
+    check_gqa(n_heads, n_kv_heads, "n_heads", "n_kv_heads")
     d_model = x.shape[-1]
     for w, name in ((w_q, "w_q"), (w_k, "w_k"), (w_v, "w_v"), (w_o, "w_o")):
         if w.ndim != 2:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int
-from .decoding import KVCache, _check_dtype, flash_decoding
+from ._validate import as_float_array, check_float_dtype, check_gqa, check_positive_int
+from .decoding import KVCache, flash_decoding
 
 __all__ = ["TinyDecoderLayer", "cache_savings"]
 
@@ -40,6 +40,13 @@ def _causal_attention(q, k, v):
     return (p / p.sum(axis=-1, keepdims=True)) @ v
 
 
+
+def _check_heads(d_model: int, n_heads: int, n_kv_heads: int) -> None:
+    """``d_model`` splits into ``n_heads`` heads, and the query heads share the kv heads evenly (GQA)."""
+    if d_model % n_heads:
+        raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
+    check_gqa(n_heads, n_kv_heads, "n_heads", "n_kv_heads")
+
 class TinyDecoderLayer:
     """One decoder layer with random weights and its own :class:`KVCache`.
 
@@ -57,12 +64,9 @@ class TinyDecoderLayer:
         self.n_heads = check_positive_int(n_heads, "n_heads")
         self.n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
         check_positive_int(d_ff, "d_ff")
-        if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
-        if n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} (GQA)")
+        _check_heads(d_model, n_heads, n_kv_heads)
         self.head_dim = d_model // n_heads
-        self.dtype = _check_dtype(dtype)
+        self.dtype = check_float_dtype(dtype)
         r = np.random.default_rng(seed)
         dk = n_kv_heads * self.head_dim
 
@@ -148,10 +152,7 @@ def cache_savings(prompt_len, new_tokens, d_model, n_heads, n_kv_heads):
     d_model = check_positive_int(d_model, "d_model")
     n_heads = check_positive_int(n_heads, "n_heads")
     n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
-    if d_model % n_heads:
-        raise ValueError(f"d_model={d_model} must be a multiple of n_heads={n_heads}")
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads} (GQA)")
+    _check_heads(d_model, n_heads, n_kv_heads)
     hd = d_model // n_heads
     lengths = np.arange(p + 1, p + n + 1, dtype=np.int64)            # sequence length at each decode step
     kv_per_token = 2 * d_model * 2 * n_kv_heads * hd

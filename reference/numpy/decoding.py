@@ -16,7 +16,8 @@ import math
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int, check_qkv, check_scale, compute_dtype, lse_dtype
+from ._validate import (as_float_array, check_float_dtype, check_positive_int, check_qkv, check_scale, compute_dtype,
+                        lse_dtype)
 from .merge import merge_many
 
 __all__ = ["KVCache", "KVCacheFullError", "flash_decoding", "check_seq_lens"]
@@ -24,18 +25,6 @@ __all__ = ["KVCache", "KVCacheFullError", "flash_decoding", "check_seq_lens"]
 
 class KVCacheFullError(RuntimeError):
     """Raised by :meth:`KVCache.append` when the new tokens do not fit in the pre-allocated capacity."""
-
-
-def _check_dtype(dtype) -> np.dtype:
-    if dtype is None:  # np.dtype(None) would silently mean float64
-        raise TypeError("dtype must be float16, float32 or float64, got None")
-    try:
-        dt = np.dtype(dtype)
-    except TypeError as exc:
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dtype!r}") from exc
-    if dt not in (np.float16, np.float32, np.float64):
-        raise TypeError(f"dtype must be float16, float32 or float64, got {dt}")
-    return dt
 
 
 class KVCache:
@@ -64,7 +53,7 @@ class KVCache:
         self.max_len = check_positive_int(max_len, "max_len")
         self.n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.dtype = _check_dtype(dtype)
+        self.dtype = check_float_dtype(dtype)
         self.batch_size = None if batch_size is None else check_positive_int(batch_size, "batch_size")
         lead = () if self.batch_size is None else (self.batch_size,)
         shape = lead + (self.n_kv_heads, self.max_len, self.head_dim)

@@ -20,7 +20,8 @@ import math
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int, check_qkv, check_scale, compute_dtype, lse_dtype
+from ._validate import (as_float_array, check_flag, check_positive_int, check_qkv, check_scale, compute_dtype,
+                        lse_dtype)
 
 __all__ = ["flash_attention_forward", "flash_attention_backward"]
 
@@ -66,15 +67,9 @@ def _tile_mask(r0, r1, c0, c1, offset, group):
     return np.arange(c0, c1)[None, :] <= rows[:, None]
 
 
-def _check_causal(causal) -> bool:
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    return bool(causal)
-
-
 def _validate(q, k, v, causal, scale, block_q, block_k):
     q, k, v, group = check_qkv(q, k, v)
-    causal = _check_causal(causal)
+    causal = check_flag(causal, "causal")
     scale = check_scale(scale, q.shape[-1])
     block_q = check_positive_int(block_q, "block_q")
     block_k = check_positive_int(block_k, "block_k")

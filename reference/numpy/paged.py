@@ -17,8 +17,8 @@ import numbers
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int, check_scale, compute_dtype
-from .decoding import _check_dtype, check_seq_lens
+from ._validate import as_float_array, check_float_dtype, check_gqa, check_positive_int, check_scale, compute_dtype
+from .decoding import check_seq_lens
 
 __all__ = ["OutOfBlocksError", "UnknownSequenceError", "BlockAllocator", "PagedKVCache", "paged_attention", "check_block_tables"]
 
@@ -139,7 +139,7 @@ class PagedKVCache:
         self.block_size = check_positive_int(block_size, "block_size")
         self.n_kv_heads = check_positive_int(n_kv_heads, "n_kv_heads")
         self.head_dim = check_positive_int(head_dim, "head_dim")
-        self.dtype = _check_dtype(dtype)
+        self.dtype = check_float_dtype(dtype)
         shape = (self.num_blocks, self.block_size, self.n_kv_heads, self.head_dim)
         self.k_cache = np.zeros(shape, dtype=self.dtype)
         self.v_cache = np.zeros(shape, dtype=self.dtype)
@@ -341,13 +341,11 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
     num_blocks, bs, hkv, dk = k_cache.shape
     if dk != d:
         raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"the number of query heads Hq={hq} must be a multiple of the kv heads Hkv={hkv} (GQA)")
+    group = check_gqa(hq, hkv)
     if bs == 0:
         raise ValueError(f"k_cache block_size (axis 1) must be positive, got shape {k_cache.shape}")
     tables, lens = check_block_tables(block_tables, seq_lens, b, num_blocks, bs)
     scale = check_scale(scale, d)
-    group = hq // hkv
     acc = compute_dtype(q, k_cache, v_cache)
     o = np.zeros((b, hkv, group, d), dtype=acc)
     qg = q.astype(acc).reshape(b, hkv, group, d)

@@ -7,11 +7,10 @@ expected. Nothing is broadcast.
 """
 from __future__ import annotations
 
-import math
-import numbers
-
 import torch
 
+# the checks every part shares; re-exported so the Triton modules import their checks from one place
+from .._args import check_dtype, check_flag, check_gqa, check_positive_int, check_scale  # noqa: F401
 from ._runtime import DEVICE, INTERPRET
 
 #: dtypes the attention/softmax kernels accept (fp32 runs its dots in TF32 on a GPU; see notes).
@@ -19,10 +18,6 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: head dimensions the attention kernels are compiled for (a power of two: tl.arange needs one).
 HEAD_DIMS = (16, 32, 64, 128)
 INT_DTYPES = (torch.int32, torch.int64)
-
-
-def _names(dtypes) -> str:
-    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
 def check_device(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -38,8 +33,8 @@ def check_tensor(x, name: str, ndim: int | None = None, dtypes=FLOAT_DTYPES, dev
     """``x`` is a ``torch.Tensor`` with a dtype in ``dtypes``, rank ``ndim`` (if given), on ``DEVICE``."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if dtypes is not None and x.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype in ({_names(dtypes)}), got {x.dtype}")
+    if dtypes is not None:
+        check_dtype(x.dtype, dtypes, name)
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if device:
@@ -52,33 +47,6 @@ def check_head_dim(d: int, name: str = "head dimension d", supported=HEAD_DIMS) 
     if d not in supported:
         raise ValueError(f"{name} must be one of {tuple(supported)}, got {d}")
     return d
-
-
-def check_scale(scale, d: int) -> float:
-    """``scale`` defaults to ``1/sqrt(d)``; otherwise a finite real number."""
-    if scale is None:
-        return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale must be a real number or None, got {scale!r}")
-    if not math.isfinite(float(scale)):
-        raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
-
-
-def check_positive_int(value, name: str) -> int:
-    """A block size, split count or similar: a positive Python integer (bool rejected)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
-def check_flag(value, name: str) -> bool:
-    """A Python bool option (``causal``, ``validate``): truthy stand-ins like ``1`` or ``"no"`` are rejected."""
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be True or False, got {value!r}")
-    return value
 
 
 def check_same_dtype(**tensors: torch.Tensor) -> torch.dtype:
@@ -111,11 +79,10 @@ def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
                          "nothing is broadcast")
     if dk != d:
         raise ValueError(f"q and k must have the same head dimension d, got q d={d} and k d={dk}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
+    group = check_gqa(Hq, Hkv)
     if B == 0 or Hq == 0 or Nq == 0 or Nk == 0:
         raise ValueError(f"q and k need B, H, N >= 1, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     check_head_dim(d, "head dimension d (q.shape[-1])", head_dims)
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
-    return B, Hq, Hkv, Nq, Nk, d, Hq // Hkv
+    return B, Hq, Hkv, Nq, Nk, d, group

@@ -32,10 +32,8 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._kernel_helpers import LOG2E
 from ._runtime import INTERPRET, num_sms
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 #: launch configuration of stage 1 for fp16/bf16: keys per inner-loop step (the N of the QK^T tile), warps,
 #: pipeline depth. Chosen by ``benchmarks/bench_decode.py --tune`` on an H200 (notes/triton_decode.md, run 4):
@@ -278,7 +276,7 @@ def _block_m(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def _check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: bool):
+def check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: bool):
     """seq_lens: an int32/int64 tensor of shape (batch,) on DEVICE with values in [0, limit]."""
     _checks.check_tensor(seq_lens, "seq_lens", ndim=1, dtypes=_checks.INT_DTYPES)
     if seq_lens.shape[0] != batch:
@@ -290,7 +288,7 @@ def _check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate:
     return seq_lens.contiguous()
 
 
-def _config(dtype, paged=False, num_splits=None):
+def launch_config(dtype, paged=False, num_splits=None):
     if dtype == torch.float32:
         return FP32_CONFIG
     if paged:
@@ -318,11 +316,11 @@ def _counters(device, n: int):
     return buf
 
 
-def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size):
+def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size):
     """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout."""
     B, Hq, d = q.shape
     paged = block_tables is not None
-    cfg = _config(q.dtype, paged, num_splits)
+    cfg = launch_config(q.dtype, paged, num_splits)
     group = Hq // n_kv_heads
     out = torch.empty_like(q)
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
@@ -348,7 +346,7 @@ def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_split
     _split_kv_kernel[grid](
         q, k, v, sl, bt, out, o_part, lse_part, counters,
         q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
-        n_kv_heads, group, n_max, num_splits, scale * LOG2E,
+        n_kv_heads, group, n_max, num_splits, scale * LOG2E.value,
         HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
@@ -361,13 +359,30 @@ def _launch(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_split
     return out
 
 
-def _check_q(q, name="q"):
+def check_decode_q(q, name="q"):
     _checks.check_tensor(q, name, ndim=3)
     B, Hq, d = q.shape
     if B == 0 or Hq == 0:
         raise ValueError(f"{name} must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
     _checks.check_head_dim(d, f"head dimension d ({name}.shape[-1])")
     return B, Hq, d
+
+
+def check_kv_cache(q, k, v, k_name: str, v_name: str, layout: str, hkv_axis: int):
+    """The K and V caches of a decode: rank-4 tensors of one ``layout`` (its text goes into the message) with
+    the kv heads on ``hkv_axis`` and ``d`` last, on ``DEVICE``, of q's dtype and ``d``, and ``Hq % Hkv == 0``
+    (GQA). Returns ``k.shape``."""
+    for name, x in ((k_name, k), (v_name, v)):
+        _checks.check_tensor(x, name, ndim=4)
+    _checks.check_same_dtype(**{"q": q, k_name: k, v_name: v})
+    if k.shape != v.shape:
+        raise ValueError(f"{k_name} and {v_name} must have the same shape {layout}, got {k_name} {tuple(k.shape)} "
+                         f"and {v_name} {tuple(v.shape)}")
+    d, dk = q.shape[-1], k.shape[-1]
+    if dk != d:
+        raise ValueError(f"q and {k_name} must have the same head dimension d, got q d={d} and {k_name} d={dk}")
+    _checks.check_gqa(q.shape[1], k.shape[hkv_axis])
+    return tuple(k.shape)
 
 
 def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True):
@@ -381,30 +396,20 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
     bounds.
     """
-    B, Hq, d = _check_q(q)
+    B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
-    for name, x in (("k", k), ("v", v)):
-        _checks.check_tensor(x, name, ndim=4)
-    _checks.check_same_dtype(q=q, k=k, v=v)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape (B, Hkv, Nmax, d), got k {tuple(k.shape)} "
-                         f"and v {tuple(v.shape)}")
-    Bk, Hkv, n_max, dk = k.shape
+    Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
     if Bk != B:
         raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")
-    if dk != d:
-        raise ValueError(f"q and k must have the same head dimension d, got q d={d} and k d={dk}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
     if n_max == 0:
         raise ValueError(f"k and v must hold at least one key slot (Nmax >= 1), got k {tuple(k.shape)}")
     if seq_lens is not None:
-        seq_lens = _check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
+        seq_lens = check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=_config(q.dtype)["block_n"])
+        num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype)["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     q = q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
-    return _launch(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1)
+    return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_inputs, check_scale
+from ._checks import check_attention_inputs, check_flag, check_scale
 from .flash_bwd import launch_backward
-from .flash_fwd import check_causal, launch_forward
+from .flash_fwd import launch_forward
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -47,7 +47,7 @@ def flash_attention(q, k, v, causal=False, scale=None):
     ``k.grad``/``v.grad`` sum over the query heads of each kv head).
     """
     *_, d, group = check_attention_inputs(q, k, v)
-    causal = check_causal(causal)
+    causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
     return FlashAttentionFunction.apply(q, k, v, causal, scale, group)
 

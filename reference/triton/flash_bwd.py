@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from ._checks import check_attention_inputs, check_same_dtype, check_scale, check_tensor
+from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
+from ._kernel_helpers import LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
 from ._runtime import INTERPRET
-from .flash_fwd import (LOG2E, SMEM_LIMIT, Varlen, _causal_key_range, _dot, _dot_acc, _varlen_bounds, check_causal,
-                        packed_strides, tuning_bench)
+from .flash_fwd import SMEM_LIMIT, Varlen, packed_strides, tuning_bench
 
 #: ``{"dkdv": {...}, "dq": {...}}`` with ``BLOCK_M, BLOCK_N, num_warps, num_stages`` each, or ``None`` to autotune.
 PIN_CONFIG: dict | None = (
@@ -55,7 +55,7 @@ def _bwd_preprocess(O, DO, LSE, DELTA, LSE2,
     h = (pid_bh % H).to(tl.int64)
     q_start = 0
     if VARLEN:
-        N_Q, _, q_start, _ = _varlen_bounds(CU_Q, CU_Q, b, 0)
+        N_Q, _, q_start, _ = varlen_bounds(CU_Q, CU_Q, b, 0)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     ok = rows < N_Q
@@ -66,7 +66,7 @@ def _bwd_preprocess(O, DO, LSE, DELTA, LSE2,
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     row_off = b * stride_lb + h * stride_lh + q_start + rows
     lse = tl.load(LSE + row_off, mask=ok, other=0.0)
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
     tl.store(DELTA + row_off, delta, mask=ok)
     tl.store(LSE2 + row_off, lse2, mask=ok)
 
@@ -96,17 +96,17 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, start_m, o
         l2 = tl.load(lse2_base + rows)
         di = tl.load(delta_base + rows)
     # lines 10-11: S^T = K_j Q_i^T, P^T = exp(scale * S^T - L_i) (in base 2)
-    pT = tl.math.exp2(_dot(k, tl.trans(q), INTERP) * qk_scale - l2[None, :])
+    pT = tl.math.exp2(dot(k, tl.trans(q), INTERP) * qk_scale - l2[None, :])
     if MASK_CAUSAL:
         pT = tl.where(offs_n[:, None] <= rows[None, :] + OFFSET, pT, 0.0)
     # line 12: dV_j += P^T dO_i
-    dv = _dot_acc(pT.to(do.dtype), do, dv, INTERP)
+    dv = dot_acc(pT.to(do.dtype), do, dv, INTERP)
     # line 13: dP^T = V_j dO_i^T
-    dpT = _dot(v, tl.trans(do), INTERP)
+    dpT = dot(v, tl.trans(do), INTERP)
     # line 14: dS = P * (dP - D_i)
     dsT = pT * (dpT - di[None, :])
     # line 16: dK_j += dS^T Q_i (the softmax scale is applied once, at the end)
-    dk = _dot_acc(dsT.to(q.dtype), q, dk, INTERP)
+    dk = dot_acc(dsT.to(q.dtype), q, dk, INTERP)
     return dk, dv
 
 
@@ -144,7 +144,7 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA,
     q_start = 0
     k_start = 0
     if VARLEN:
-        N_Q, N_K, q_start, k_start = _varlen_bounds(CU_Q, CU_K, b, 0)
+        N_Q, N_K, q_start, k_start = varlen_bounds(CU_Q, CU_K, b, 0)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -223,16 +223,16 @@ def _dq_block(dq, q, do, l2, di, k_base, v_base, start_n, offs_m, offs_n, offs_d
         k = tl.load(k_ptrs)
         v = tl.load(v_ptrs)
     # lines 10-11: P_ij = exp(scale * Q_i K_j^T - L_i)
-    p = tl.math.exp2(_dot(q, tl.trans(k), INTERP) * qk_scale - l2[:, None])
+    p = tl.math.exp2(dot(q, tl.trans(k), INTERP) * qk_scale - l2[:, None])
     if MASKED:
         ok = cols[None, :] < N_K
         if CAUSAL:
             ok = ok & (cols[None, :] <= offs_m[:, None] + OFFSET)
         p = tl.where(ok, p, 0.0)
     # line 13: dP_ij = dO_i V_j^T; line 14: dS_ij = P_ij * (dP_ij - D_i)
-    ds = p * (_dot(do, tl.trans(v), INTERP) - di[:, None])
+    ds = p * (dot(do, tl.trans(v), INTERP) - di[:, None])
     # line 15: dQ_i += dS_ij K_j
-    dq = _dot_acc(ds.to(k.dtype), k, dq, INTERP)
+    dq = dot_acc(ds.to(k.dtype), k, dq, INTERP)
     return dq
 
 
@@ -269,7 +269,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA,
     q_start = 0
     k_start = 0
     if VARLEN:
-        N_Q, N_K, q_start, k_start = _varlen_bounds(CU_Q, CU_K, b64, 0)
+        N_Q, N_K, q_start, k_start = varlen_bounds(CU_Q, CU_K, b64, 0)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
@@ -289,7 +289,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA,
     v_base = V + b64 * stride_vb + hk * stride_vh + k_start * stride_vn
 
     OFFSET = N_K - N_Q
-    full_end, hi = _causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end, hi = causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     if VARLEN:  # a query block past this sequence's end: no key blocks, nothing stored
         full_end = tl.where(start_m < N_Q, full_end, 0)
         hi = tl.where(start_m < N_Q, hi, 0)
@@ -363,24 +363,18 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK), B * Hq)](
         o, do, lse, delta, lse2, *st(o), *st(do), *lstr, Hq, Nq, cu_q, BLOCK_M=PRE_BLOCK, HEAD_DIM=d, VARLEN=vl)
 
-    qk_scale = scale * LOG2E
+    qk_scale = scale * LOG2E.value
     common = (*st(q), *st(k), *st(v), *st(do))
-    pin = PIN_CONFIG
     kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET, VARLEN=vl)
-    dkdv_args = (q, k, v, do, dk, dv, lse2, delta, *common, *st(dk), *lstr, Hkv, Nq, Nk, scale, qk_scale, cu_q, cu_k)
-    dq_args = (q, k, v, do, dq, lse2, delta, *common, *st(dq), *lstr, Hq, group, Nq, Nk, scale, qk_scale, cu_q, cu_k)
     keys = Nk if varlen is None else varlen.max_k
-    if pin:
-        p1, p2 = pin["dkdv"], pin["dq"]
-        _bwd_dkdv[(triton.cdiv(keys, p1["BLOCK_N"]), B * Hkv)](
-            *dkdv_args, GROUP=group, BLOCK_M=p1["BLOCK_M"], BLOCK_N=p1["BLOCK_N"],
-            num_warps=p1.get("num_warps", 4), num_stages=p1.get("num_stages", 2), **kw)
-        _bwd_dq[(triton.cdiv(rows, p2["BLOCK_M"]), B * Hq)](
-            *dq_args, BLOCK_M=p2["BLOCK_M"], BLOCK_N=p2["BLOCK_N"],
-            num_warps=p2.get("num_warps", 4), num_stages=p2.get("num_stages", 2), **kw)
-    else:
-        _bwd_dkdv_tuned[lambda m: (triton.cdiv(keys, m["BLOCK_N"]), B * Hkv)](*dkdv_args, GROUP=group, **kw)
-        _bwd_dq_tuned[lambda m: (triton.cdiv(rows, m["BLOCK_M"]), B * Hq)](*dq_args, **kw)
+    pin = PIN_CONFIG or {}
+    dkdv = pinned_or_tuned(_bwd_dkdv, _bwd_dkdv_tuned, pin.get("dkdv"))
+    dkdv[lambda m: (triton.cdiv(keys, m["BLOCK_N"]), B * Hkv)](
+        q, k, v, do, dk, dv, lse2, delta, *common, *st(dk), *lstr, Hkv, Nq, Nk, scale, qk_scale, cu_q, cu_k,
+        GROUP=group, **kw)
+    dq_kernel = pinned_or_tuned(_bwd_dq, _bwd_dq_tuned, pin.get("dq"))
+    dq_kernel[lambda m: (triton.cdiv(rows, m["BLOCK_M"]), B * Hq)](
+        q, k, v, do, dq, lse2, delta, *common, *st(dq), *lstr, Hq, group, Nq, Nk, scale, qk_scale, cu_q, cu_k, **kw)
 
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
@@ -390,7 +384,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
     have ``k``'s shape: for GQA they are summed over the query heads of each kv head's group.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
-    causal = check_causal(causal)
+    causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
     for name, t in (("o", o), ("do", do)):
         check_tensor(t, name, ndim=4)

@@ -22,7 +22,8 @@ Implementation choices a reader should know:
 
 Module switches (set them before the first call):
 ``PIN_CONFIG`` -- ``None`` autotunes (GPU default); a dict ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``
-pins one config (the interpreter default, and what the tests use, so they are fast and deterministic).
+pins one config (the interpreter default, and what the tests use, so they are fast and deterministic): the
+kernel is then autotuned over that single config, which Triton launches without benchmarking.
 ``USE_TMA`` -- ``None`` picks tensor descriptors when the GPU is Hopper or newer and the strides allow it.
 """
 from __future__ import annotations
@@ -34,11 +35,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._checks import check_attention_inputs, check_scale
+from ._checks import check_attention_inputs, check_flag, check_scale
+from ._kernel_helpers import LN2, LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
 from ._runtime import INTERPRET
-
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 PIN_CONFIG: dict | None = (
     {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1} if INTERPRET else None)
@@ -48,27 +47,6 @@ USE_TMA: bool | None = None
 # --------------------------------------------------------------------------------------------------------------
 # kernels
 # --------------------------------------------------------------------------------------------------------------
-@triton.jit
-def _dot(a, b, INTERP: tl.constexpr):
-    """``a @ b`` in fp32. The Triton 3.6 interpreter's bf16 ``tl.dot`` is wrong, so there (``INTERP``) both
-    operands are widened to fp32 first (exact for fp16/bf16 values, like the GPU's fp32-accumulating MMA)."""
-    if INTERP:
-        c = tl.dot(a.to(tl.float32), b.to(tl.float32))
-    else:
-        c = tl.dot(a, b)
-    return c
-
-
-@triton.jit
-def _dot_acc(a, b, acc, INTERP: tl.constexpr):
-    """``acc + a @ b`` (the MMA's accumulate form); see ``_dot`` for ``INTERP``."""
-    if INTERP:
-        acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
 @triton.jit
 def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows, bt, stride_page,
                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, BOUNDS: tl.constexpr,
@@ -124,7 +102,7 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
     k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, bt, stride_kp,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     # line 8: S_ij = Q_i K_j^T, already scaled into base-2 units
-    s = _dot(q, tl.trans(k), INTERP) * qk_scale
+    s = dot(q, tl.trans(k), INTERP) * qk_scale
     if MASKED:
         cols = start_n + offs_n
         ok = cols[None, :] < N_K
@@ -144,7 +122,7 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
     v = _load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, bt, stride_vp,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     acc = acc * alpha[:, None]
-    acc = _dot_acc(p.to(v.dtype), v, acc, INTERP)
+    acc = dot_acc(p.to(v.dtype), v, acc, INTERP)
     return acc, l_i, m_new
 
 
@@ -166,37 +144,6 @@ def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo,
                                          N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
                                          BLOCK_N, HEAD_DIM, CAUSAL, MASKED, USE_TMA, INTERP, PAGE)
     return acc, l_i, m_i
-
-
-@triton.jit
-def _causal_key_range(start_m, N_K, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      CAUSAL: tl.constexpr):
-    """Key ranges for query rows ``[start_m, start_m + BLOCK_M)``: ``[0, full_end)`` is visible to every row and
-    inside ``N_K`` (no mask needed); ``[full_end, hi)`` holds the diagonal and the ragged tail (masked);
-    keys ``>= hi`` are above the diagonal and are never loaded."""
-    if CAUSAL:
-        hi = tl.minimum(N_K, start_m + BLOCK_M + OFFSET)
-        full_end = tl.maximum(start_m + OFFSET + 1, 0) // BLOCK_N * BLOCK_N
-        full_end = tl.minimum(full_end, N_K // BLOCK_N * BLOCK_N)
-    else:
-        hi = N_K
-        full_end = N_K // BLOCK_N * BLOCK_N
-    return full_end, hi
-
-
-@triton.jit
-def _varlen_bounds(CU_Q, CU_K, b, PAGE: tl.constexpr):
-    """Sequence ``b`` of a packed batch: ``(n_q, n_k, first q row, first k row)`` from the cumulative lengths
-    (paged: ``CU_K`` holds per-sequence key counts and keys are found through the block table instead)."""
-    q_start = tl.load(CU_Q + b).to(tl.int64)
-    n_q = (tl.load(CU_Q + b + 1) - tl.load(CU_Q + b)).to(tl.int32)
-    if PAGE > 0:
-        k_start = q_start * 0
-        n_k = tl.load(CU_K + b).to(tl.int32)
-    else:
-        k_start = tl.load(CU_K + b).to(tl.int64)
-        n_k = (tl.load(CU_K + b + 1) - tl.load(CU_K + b)).to(tl.int32)
-    return n_q, n_k, q_start, k_start
 
 
 @triton.jit
@@ -233,7 +180,7 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
     q_start = 0
     k_start = 0
     if VARLEN:
-        N_Q, N_K, q_start, k_start = _varlen_bounds(CU_Q, CU_K, b, PAGE)
+        N_Q, N_K, q_start, k_start = varlen_bounds(CU_Q, CU_K, b, PAGE)
     q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh + q_start * stride_qm
     bt = BT + b64 * stride_tb
     if PAGE > 0:
@@ -252,7 +199,7 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
 
     OFFSET = N_K - N_Q  # bottom-right causal alignment
-    full_end, hi = _causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
+    full_end, hi = causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
     if VARLEN:  # a query block past this sequence's end: no key blocks, nothing stored
         full_end = tl.where(start_m < N_Q, full_end, 0)
         hi = tl.where(start_m < N_Q, hi, 0)
@@ -270,7 +217,7 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * 0.6931471805599453)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
     # lines 14-15: write O_i and L_i
     row_ok = offs_m < N_Q
     tl.store(LSE + b64 * stride_lb + h.to(tl.int64) * stride_lh + q_start + offs_m, lse, mask=row_ok)
@@ -362,12 +309,6 @@ def _descriptor(t: torch.Tensor, rows: int, d: int):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, d])
 
 
-def check_causal(causal) -> bool:
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    return causal
-
-
 class Varlen(NamedTuple):
     """How a launch finds its sequences when q/k/v are packed (``None`` instead of this: dense ``(B, H, N, d)``).
 
@@ -417,24 +358,16 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varl
         bt = varlen.block_tables
         extra = (varlen.cu_q, varlen.cu_k, q if bt is None else bt, 0 if bt is None else bt.stride(0),
                  k.stride(0) if varlen.page else 0, v.stride(0) if varlen.page else 0)
-    pin = PIN_CONFIG
-    bm0 = pin["BLOCK_M"] if pin else 128
-    bn0 = pin["BLOCK_N"] if pin else 64
-    if use_tma:
-        dq, dk, dv, do_ = _descriptor(q, bm0, d), _descriptor(k, bn0, d), _descriptor(v, bn0, d), _descriptor(o, bm0, d)
+    if use_tma:  # block shapes are placeholders: the config's pre-hook (_set_block_shapes) sets them
+        dq, dk, dv, do_ = (_descriptor(t, 64, d) for t in (q, k, v, o))
     else:
         dq, dk, dv, do_ = q, k, v, o
-    args = (q, k, v, o, lse, dq, dk, dv, do_, *strides, Hq, group, Nq, Nk, scale * LOG2E, *extra)
-    kw = dict(HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, VARLEN=varlen is not None,
-              PAGE=varlen.page if varlen is not None else 0)
     rows = Nq if varlen is None else varlen.max_q
-    if pin:
-        grid = (triton.cdiv(rows, pin["BLOCK_M"]), B * Hq)
-        _attn_fwd[grid](*args, **kw, BLOCK_M=pin["BLOCK_M"], BLOCK_N=pin["BLOCK_N"],
-                        num_warps=pin.get("num_warps", 4), num_stages=pin.get("num_stages", 2))
-    else:
-        grid = lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), B * Hq)  # noqa: E731
-        _attn_fwd_tuned[grid](*args, **kw)
+    kernel = pinned_or_tuned(_attn_fwd, _attn_fwd_tuned, PIN_CONFIG, pre_hook=_set_block_shapes)
+    kernel[lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), B * Hq)](
+        q, k, v, o, lse, dq, dk, dv, do_, *strides, Hq, group, Nq, Nk, scale * LOG2E.value, *extra,
+        HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, VARLEN=varlen is not None,
+        PAGE=varlen.page if varlen is not None else 0)
 
 
 def flash_attention_forward(q, k, v, causal=False, scale=None):
@@ -447,7 +380,7 @@ def flash_attention_forward(q, k, v, causal=False, scale=None):
     path needs a contiguous last axis and 16-byte aligned strides, else the pointer path is used).
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
-    causal = check_causal(causal)
+    causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ._checks import check_positive_int, check_tensor
+from ._kernel_helpers import LOG2E
 
 #: longest row (elements, a power of two) held in registers by one program; longer rows use the online path
 MAX_SINGLE = 32768
@@ -36,7 +37,7 @@ def _softmax_rows(X, Y, stride_x, stride_y, n_rows, n_cols, BLOCK_R: tl.constexp
     col_ok = (cols < n_cols)[None, :]
     x = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=col_ok, other=float("-inf")).to(tl.float32)
     m = tl.max(x, 1)  # safe softmax: subtract the row max so exp never overflows
-    e = tl.math.exp2((x - m[:, None]) * 1.4426950408889634)
+    e = tl.math.exp2((x - m[:, None]) * LOG2E)
     y = e / tl.sum(e, 1)[:, None]
     tl.store(Y + rows64[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty),
              mask=(rows < n_rows)[:, None] & col_ok)
@@ -47,8 +48,8 @@ def _online_stats_block(x, m, s):
     """One step of the online softmax: fold block ``x`` into the running max ``m`` and sum ``s``."""
     m_new = tl.maximum(m, tl.max(x, 1))
     m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that are all -inf so far: avoid inf - inf
-    s = s * tl.math.exp2((m - m_use) * 1.4426950408889634) \
-        + tl.sum(tl.math.exp2((x - m_use[:, None]) * 1.4426950408889634), 1)
+    s = s * tl.math.exp2((m - m_use) * LOG2E) \
+        + tl.sum(tl.math.exp2((x - m_use[:, None]) * LOG2E), 1)
     return m_new, s
 
 
@@ -75,7 +76,7 @@ def _softmax_rows_online(X, Y, stride_x, stride_y, n_rows, n_cols,
         c = c0 + cols
         mask = row_ok & (c < n_cols)[None, :]
         x = tl.load(x_row + c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.math.exp2((x - m[:, None]) * 1.4426950408889634) * inv[:, None]
+        y = tl.math.exp2((x - m[:, None]) * LOG2E) * inv[:, None]
         tl.store(y_row + c[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 

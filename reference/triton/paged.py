@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from .decode import _check_q, _check_seq_lens, _config, _launch, choose_num_splits
+from .decode import check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, launch_config, launch_decode
 
 
 def _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
@@ -28,7 +28,7 @@ def _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, v
     if max_blocks == 0:
         raise ValueError(f"block_tables must have at least one column (max_blocks >= 1), "
                          f"got {tuple(block_tables.shape)}")
-    seq_lens = _check_seq_lens(seq_lens, batch, max_blocks * block_size,
+    seq_lens = check_seq_lens(seq_lens, batch, max_blocks * block_size,
                                f"max_blocks * block_size = {max_blocks} * {block_size}", validate)
     if validate:
         used = torch.arange(max_blocks, device=block_tables.device)[None, :] < \
@@ -53,29 +53,20 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     a device sync (seq_lens range, block indices in range); bad values then give wrong output, and the
     kernel still never reads through a negative index.
     """
-    B, Hq, d = _check_q(q)
+    B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _checks.check_tensor(x, name, ndim=4)
-    _checks.check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, d), "
-                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    num_blocks, block_size, Hkv, dk = k_cache.shape
-    if dk != d:
-        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
+    num_blocks, block_size, Hkv, _ = check_kv_cache(q, k_cache, v_cache, "k_cache", "v_cache",
+                                                    "(num_blocks, block_size, Hkv, d)", hkv_axis=2)
     if num_blocks == 0 or block_size == 0:
         raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {tuple(k_cache.shape)}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"the number of query heads Hq={Hq} must be a multiple of the kv heads Hkv={Hkv} (GQA)")
     block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     n_max = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=_config(q.dtype, paged=True)["block_n"])
+        num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype, paged=True)["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     q = q.contiguous()
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    return _launch(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits,
-                   page_size=block_size)
+    return launch_decode(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits,
+                         page_size=block_size)

@@ -17,7 +17,7 @@ import torch
 
 from . import _checks
 from .flash_bwd import launch_backward
-from .flash_fwd import Varlen, check_causal, launch_forward
+from .flash_fwd import Varlen, launch_forward
 
 __all__ = ["flash_attention_varlen", "flash_attention_varlen_forward", "check_cu_seqlens"]
 
@@ -69,8 +69,7 @@ def check_packed(q, k, v, names=("q", "k", "v")):
     if k.shape[-1] != d:
         raise ValueError(f"q and {names[1]} must have the same head dimension d, got q {tuple(q.shape)} and "
                          f"{names[1]} {tuple(k.shape)}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"the number of query heads Hq={hq} must be a multiple of the kv heads Hkv={hkv} (GQA)")
+    _checks.check_gqa(hq, hkv)
     _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
     return hq, hkv, d
 
@@ -83,8 +82,8 @@ def _prepare(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ca
     cu_q, _ = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_q, None, validate)
     batch = cu_q.shape[0] - 1
     cu_k, _ = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], max_k, batch, validate)
-    return (Varlen(cu_q, cu_k, batch, max_q, max_k), check_causal(causal), _checks.check_scale(scale, d),
-            hq // hkv)
+    return (Varlen(cu_q, cu_k, batch, max_q, max_k), _checks.check_flag(causal, "causal"),
+            _checks.check_scale(scale, d), hq // hkv)
 
 
 def flash_attention_varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
