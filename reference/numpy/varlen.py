@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, check_scale, compute_dtype, lse_dtype
-from .attention import _check_causal, attention, attention_backward
+from ._validate import as_float_array, check_flag, check_gqa, check_scale, compute_dtype, lse_dtype
+from .attention import attention, attention_backward
 
 __all__ = ["varlen_attention", "varlen_attention_backward", "check_cu_seqlens"]
 
@@ -67,9 +67,7 @@ def _check_packed(q, k, v):
         raise ValueError(f"k and v must have the same shape (total_k, Hkv, d), got k {k.shape} and v {v.shape}")
     if q.shape[2] != k.shape[2] or q.shape[2] == 0:
         raise ValueError(f"q and k must have the same positive head dimension d, got q {q.shape} and k {k.shape}")
-    hq, hkv = q.shape[1], k.shape[1]
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"the number of query heads Hq={hq} must be a multiple of the kv heads Hkv={hkv} (GQA)")
+    check_gqa(q.shape[1], k.shape[1])
     return q, k, v
 
 
@@ -77,7 +75,7 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, causal, scale):
     q, k, v = _check_packed(q, k, v)
     cu_q = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0])
     cu_k = check_cu_seqlens(cu_seqlens_k, "cu_seqlens_k", k.shape[0], batch=cu_q.shape[0] - 1)
-    return q, k, v, cu_q, cu_k, _check_causal(causal), check_scale(scale, q.shape[2])
+    return q, k, v, cu_q, cu_k, check_flag(causal, "causal"), check_scale(scale, q.shape[2])
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, causal=False, scale=None):
