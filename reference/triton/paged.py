@@ -18,7 +18,7 @@ from . import _checks
 from .decode import check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, launch_config, launch_decode
 
 
-def _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
+def check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
     """block_tables: (B, max_blocks) int32/int64 on DEVICE; the blocks a sequence uses lie in [0, num_blocks)."""
     _checks.check_tensor(block_tables, "block_tables", ndim=2, dtypes=_checks.INT_DTYPES)
     if block_tables.shape[0] != batch:
@@ -42,6 +42,15 @@ def _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, v
     return block_tables if block_tables.stride(1) == 1 else block_tables.contiguous(), seq_lens
 
 
+def check_paged_cache(q, k_cache, v_cache):
+    """k_cache, v_cache: ``(num_blocks, block_size, Hkv, d)`` with ``num_blocks, block_size >= 1``, matching q
+    (dtype, ``d``, GQA); returns ``k_cache.shape``."""
+    shape = check_kv_cache(q, k_cache, v_cache, "k_cache", "v_cache", "(num_blocks, block_size, Hkv, d)", hkv_axis=2)
+    if shape[0] == 0 or shape[1] == 0:
+        raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {shape}")
+    return shape
+
+
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True):
     """Decode attention over a paged KV cache (PagedAttention + Flash-Decoding); returns ``o (B, Hq, d)``.
 
@@ -55,11 +64,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     """
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
-    num_blocks, block_size, Hkv, _ = check_kv_cache(q, k_cache, v_cache, "k_cache", "v_cache",
-                                                    "(num_blocks, block_size, Hkv, d)", hkv_axis=2)
-    if num_blocks == 0 or block_size == 0:
-        raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {tuple(k_cache.shape)}")
-    block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
+    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     n_max = block_tables.shape[1] * block_size
     if num_splits is None:
         num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype, paged=True)["block_n"])

@@ -22,7 +22,7 @@ import triton.language as tl
 from . import _checks
 from ._runtime import num_sms
 from .flash_fwd import Varlen, launch_forward
-from .paged import _check_block_tables
+from .paged import check_block_tables, check_paged_cache
 from .varlen import check_cu_seqlens
 
 __all__ = ["paged_prefill", "cascade_decode", "cascade_num_splits"]
@@ -34,21 +34,7 @@ PROGRAMS_PER_SM = 2
 
 
 def _check_caches(q, k_cache, v_cache):
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
-        _checks.check_tensor(x, name, ndim=4)
-    _checks.check_same_dtype(q=q, k_cache=k_cache, v_cache=v_cache)
-    if k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must have the same shape (num_blocks, block_size, Hkv, d), "
-                         f"got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    num_blocks, block_size, hkv, d = k_cache.shape
-    hq = q.shape[1]
-    if d != q.shape[-1]:
-        raise ValueError(f"q and k_cache must have the same head dimension d, got q {tuple(q.shape)} and "
-                         f"k_cache {tuple(k_cache.shape)}")
-    if num_blocks == 0 or block_size == 0:
-        raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {tuple(k_cache.shape)}")
-    if hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"the number of query heads Hq={hq} must be a multiple of the kv heads Hkv={hkv} (GQA)")
+    num_blocks, block_size, hkv, d = check_paged_cache(q, k_cache, v_cache)
     _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
     return num_blocks, block_size, hkv, d
 
@@ -78,7 +64,7 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     cu_q, longest = check_cu_seqlens(cu_seqlens_q, "cu_seqlens_q", q.shape[0], max_seqlen_q, None,
                                      validate or max_seqlen_q is None)
     batch = cu_q.shape[0] - 1
-    block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate)
+    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate)
     scale = _checks.check_scale(scale, d)
     max_q = max_seqlen_q if max_seqlen_q is not None else longest
     vl = Varlen(cu_q, seq_lens, batch, max_q, block_tables.shape[1] * block_size, block_tables, block_size)
@@ -188,7 +174,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     if prefix_k.shape != prefix_v.shape:
         raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
                          f"{tuple(prefix_v.shape)}")
-    block_tables, seq_lens = _check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     scale = _checks.check_scale(scale, d)
     P, g = prefix_k.shape[0], hq // hkv
     if num_splits is None:
