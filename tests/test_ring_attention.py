@@ -15,7 +15,7 @@ from reference.distributed import layout as L
 from reference.distributed.demo import case_inputs, ring_cases_rank
 from reference.distributed.launch import run_ranks
 from reference.distributed.local_step import block_calls, visible_pairs
-from reference.distributed.merge import merge_states_torch
+from reference.distributed.merge import merge_into, merge_states_torch
 from reference.distributed.ring_attention import (ring_attention, ring_attention_backward,
                                                   ring_attention_forward, simulate_ring_attention)
 from reference.distributed.schedule import ring_balance, ring_work
@@ -160,6 +160,18 @@ def test_merge_states_torch_matches_union_and_handles_empty_sets(rng):
     assert torch.equal(o2, o_ref) and torch.equal(l2, lse_ref)
     o3, l3 = merge_states_torch(empty_o, empty_l, empty_o, empty_l)
     assert torch.all(o3 == 0) and torch.all(l3 == float("-inf"))
+    # the ring's in-place form, on row slices (views), with empty rows on either side
+    o_acc, l_acc = part(slice(0, 4))
+    o_acc, l_acc = o_acc.clone(), l_acc.clone()
+    o_acc[0], l_acc[0] = 0, float("-inf")
+    o_b, l_b = part(slice(4, 10))
+    o_b[1], l_b[1] = 0, float("-inf")
+    want = merge_states_torch(o_acc, l_acc, o_b, l_b)
+    big_o, big_l = torch.zeros(5, 4, dtype=torch.float64), torch.full((5,), float("-inf"), dtype=torch.float64)
+    big_o[1:4], big_l[1:4] = o_acc, l_acc
+    merge_into(big_o[1:4], big_l[1:4], o_b, l_b)
+    assert rel_err(big_o[1:4], want[0]) < 1e-14 and lse_err(big_l[1:4], want[1]) < 1e-14
+    assert torch.all(big_o[[0, 4]] == 0) and torch.all(big_l[[0, 4]] == float("-inf"))
     with pytest.raises(ValueError, match="lse_a"):
         merge_states_torch(o_ref, lse_ref[:2], o_ref, lse_ref)
     with pytest.raises(TypeError, match="o_b"):

@@ -21,6 +21,8 @@ import torch.multiprocessing as mp
 
 def _rank_main(rank, world, fn, args, folder, backend, timeout):
     torch.set_num_threads(1)  # ranks share the machine's cores; one thread each avoids oversubscription
+    if backend == "nccl":     # one GPU per rank, chosen before the communicator exists
+        torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout + 30))  # the caller times out first
     try:
@@ -45,7 +47,9 @@ def _start_method() -> str:
 
 
 def run_ranks(fn, world: int, args: tuple = (), timeout: float = 60.0, backend: str = "gloo") -> list:
-    """Run ``fn(rank, world, *args)`` in ``world`` spawned processes; return ``[result of rank 0, 1, ...]``.
+    """Run ``fn(rank, world, *args)`` in ``world`` new processes; return ``[result of rank 0, 1, ...]``.
+
+    ``backend="nccl"`` puts rank ``r`` on GPU ``r`` (one GPU per rank; the benchmark uses it).
 
     Results travel back through ``torch.save`` files (tensors, dicts, lists...). Raises ``TimeoutError`` if the
     ranks have not all finished after ``timeout`` seconds (they are killed), or the first rank's exception.

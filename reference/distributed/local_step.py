@@ -23,7 +23,7 @@ import math
 import numpy as np
 import torch
 
-from .merge import acc_dtype, merge_states_torch
+from .merge import acc_dtype, merge_into
 
 
 def block_calls(nq: int, nk: int, delta: int, causal: bool) -> list[tuple[int, int, int, bool]]:
@@ -197,8 +197,7 @@ def attend_segments(q, k, v, q_segs, k_segs, offset, causal, scale, step, o_acc,
     for q0, k0, (q_lo, q_hi, k_hi, c) in _pairs(q_segs, k_segs, offset, causal):
         rows = slice(q0 + q_lo, q0 + q_hi)
         o_c, lse_c = step.forward(q[:, :, rows], k[:, :, k0:k0 + k_hi], v[:, :, k0:k0 + k_hi], c, scale)
-        o_acc[:, :, rows], lse_acc[:, :, rows] = merge_states_torch(o_acc[:, :, rows], lse_acc[:, :, rows],
-                                                                    o_c, lse_c)
+        merge_into(o_acc[:, :, rows], lse_acc[:, :, rows], o_c, lse_c)
 
 
 def attend_segments_backward(q, k, v, o, lse, do, q_segs, k_segs, offset, causal, scale, step,

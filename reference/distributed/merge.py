@@ -44,3 +44,18 @@ def merge_states_torch(o_a, lse_a, o_b, lse_b):
     zero = torch.zeros((), dtype=acc, device=o_a.device)
     o = (torch.where(w_a > 0, w_a * o_a.to(acc), zero) + torch.where(w_b > 0, w_b * o_b.to(acc), zero))
     return o, lse
+
+
+def merge_into(o_acc: torch.Tensor, lse_acc: torch.Tensor, o_b: torch.Tensor, lse_b: torch.Tensor) -> None:
+    """In-place :func:`merge_states_torch` for the ring's running state: ``(o_acc, lse_acc) <- merge(...)``.
+
+    Two passes over the big ``o`` tensors (``o_acc *= w_a``; ``o_acc += w_b * o_b``) instead of one per
+    elementwise step: this runs once per kernel call of every ring step. It relies on what every local step
+    and the zero-initialised accumulator guarantee: a row with ``lse = -inf`` has ``o = 0`` (not garbage).
+    ``o_acc``/``lse_acc`` may be views (row slices) of the accumulators; they are float32 or float64.
+    """
+    lse_new = torch.logaddexp(lse_acc, lse_b.to(lse_acc.dtype))
+    safe = torch.where(torch.isfinite(lse_new), lse_new, torch.zeros_like(lse_new))  # no -inf - -inf
+    o_acc.mul_(torch.exp(lse_acc - safe).unsqueeze(-1))
+    o_acc.addcmul_(o_b, torch.exp(lse_b.to(lse_acc.dtype) - safe).unsqueeze(-1))
+    lse_acc.copy_(lse_new)

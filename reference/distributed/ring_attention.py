@@ -228,6 +228,17 @@ def ring_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, layou
     return dq.to(q.dtype), dk_home.to(k.dtype), dv_home.to(v.dtype)
 
 
+def kv_ring_pass(k, v, layout="zigzag", group=None, seq_lens=None):
+    """The forward's communication alone: pass the K/V chunks ``world - 1`` hops around the ring, with no
+    compute (what the benchmark compares the exposed wait time with). Returns the chunk held at the end."""
+    ring = _Ring(group, k, k, check_layout(layout), None if seq_lens is None else (seq_lens[1], seq_lens[1]))
+    k_cur, v_cur = k.contiguous(), v.contiguous()
+    for s in range(ring.world - 1):
+        shape = (k.shape[0], k.shape[1], ring.held_len(s + 1), k.shape[3])
+        k_cur, v_cur = ring.exchange([k_cur, v_cur], [k.new_empty(shape), v.new_empty(shape)], _KV_TAG).wait()
+    return k_cur, v_cur
+
+
 class RingAttentionFunction(torch.autograd.Function):
     """Differentiable ring attention: forward saves ``q, k, v, o, lse`` (O(N_local d)); backward rings again."""
 
