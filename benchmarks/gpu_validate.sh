@@ -18,7 +18,9 @@ for a in a3_triton a4_decoding a5_paged; do
 done
 timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_triton.ipynb --device cuda \
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
-# GPU-only cheats (T13: work on a side CUDA stream): graded as the selftest expects on CUDA
-timeout 150 python3 -m autograder selftest --only a3 --match t13_cuda --device cuda -j 1 --out /tmp/selftest_gpu \
-    2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -6 | tee "$OUT/selftest_gpu.log"
+# GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but
+# correct submissions, which must lose speed points (s_one_split in a4/a5, s_tiny_tiles in a3)
+timeout 420 python3 -m autograder selftest --only a3 a4 a5 --match t13_cuda s_one_split s_tiny_tiles \
+    --device cuda -j 1 --out /tmp/selftest_gpu 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -8 \
+    | tee "$OUT/selftest_gpu.log"
 echo "[gpu_validate] total ${SECONDS}s"

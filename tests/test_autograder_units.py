@@ -208,7 +208,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None):
 @pytest.mark.parametrize("cheat", [False, True])
 def test_timed_protocol_on_cpu_catches_cached_answers(tmp_path, cheat):
     """The GPU speed path (seeded inputs drawn in both children, bf16 outputs, whole + sampled re-checks against
-    the reference child, reference bound with validate=False) run on CPU on a tiny case: an honest solution
+    the reference child, reference_kwargs bound) run on CPU on a tiny case: an honest solution
     gets a ratio, a shape-keyed cache fails with T16."""
     from pathlib import Path
     from autograder.engine import Grader

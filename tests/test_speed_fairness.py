@@ -1,0 +1,106 @@
+"""GPU speed tests compare like with like: the reference, as the grader binds and times it, must do at least the
+host reads of device values (each one a device sync on a GPU, tens of microseconds) that the assignment's
+solution source does with its *given* input checks. A reference timed without its checks beat the a4/a5
+solutions by two syncs per call (1.24-1.26x the reference time with the same kernel; notes/speed_calibration.md).
+
+The reads are counted on CPU tensors in the Triton interpreter: ``int()``, ``float()``, ``bool()``, ``.item()``
+and ``.tolist()`` on a tensor, called from outside Triton's own code.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+from importlib import import_module
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import reference.triton  # noqa: F401  (first: sets TRITON_INTERPRET=1 without a GPU)
+import torch
+
+from autograder import specs
+from autograder.runner import call_to_wire, materialise
+from autograder.submission import load_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {  # a speed test's case, shrunk for the interpreter (same arguments, same kinds of checks)
+    "a4.flash_decode": [dict(B=1, Hq=4, Hkv=2, N=70, d=16, dtype="float16", torch=True),
+                        dict(B=3, Hq=4, Hkv=2, N=40, d=16, dtype="float16", torch=True, lens=[40, 17, 3])],
+    "a5.paged_decode": [dict(Hq=4, Hkv=2, d=16, dtype="float16", block_size=16, lens=[50], torch=True),
+                        dict(Hq=4, Hkv=2, d=16, dtype="float16", block_size=16, lens=[30, 9, 16], torch=True)],
+    "a3.softmax": [dict(shape=(8, 100), dtype="float16")],
+    "a3.flash_attention_forward": [dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16", causal=True)],
+}
+READS = ("__int__", "__float__", "__bool__", "__index__", "item", "tolist")
+
+
+class HostReads:
+    """Counts reads of tensor values by the host made from outside ``triton`` (the interpreter reads too)."""
+
+    def __init__(self):
+        self.n, self._orig = 0, {}
+
+    def __enter__(self):
+        for name in READS:
+            orig = getattr(torch.Tensor, name)
+            self._orig[name] = orig
+
+            @functools.wraps(orig)
+            def counted(t, *a, __orig=orig, **k):
+                caller = sys._getframe(1).f_globals.get("__name__", "")
+                if not caller.startswith(("triton", "torch")):
+                    self.n += 1
+                return __orig(t, *a, **k)
+            setattr(torch.Tensor, name, counted)
+        return self
+
+    def __exit__(self, *exc):
+        for name, orig in self._orig.items():
+            setattr(torch.Tensor, name, orig)
+
+
+def _solution(aid):
+    ns = {"__name__": f"solution_{aid}"}
+    for cell in load_cells(ROOT / "assignments" / aid / f"{aid}_solution.py"):
+        exec(compile(cell.source, f"{aid}_solution.py:{cell.index}", "exec"), ns)  # noqa: S102
+    return ns
+
+
+def _graded_reference(task):
+    mod, _, name = task.reference.partition(":")
+    return functools.partial(getattr(import_module(mod), name), **task.reference_kwargs)
+
+
+def _reads(fn, args, kwargs):
+    fn(*args, **kwargs)                                      # compile / warm up outside the count
+    with HostReads() as h:
+        fn(*args, **kwargs)
+    return h.n
+
+
+@pytest.mark.parametrize("task_id", sorted(SMALL))
+def test_reference_baseline_does_the_given_input_checks(task_id):
+    aid = next(a for a in specs.ASSIGNMENTS if a.startswith(task_id.split(".")[0] + "_"))
+    spec = specs.load(aid)
+    task = spec.tasks[task_id]
+    assert any(t.kind == "speed" and t.task == task_id for t in spec.tests), f"{task_id} has no speed test"
+    solution = _solution(aid)[task.name]
+    reference = _graded_reference(task)
+    rng = np.random.default_rng(0)
+    for params in SMALL[task_id]:
+        template = task.build(params, rng)
+        seeds = {key: int(rng.integers(1 << 62)) for key, _ in template.arrays()}
+        header, arrays = call_to_wire(template, gen_seeds=seeds)
+        args, kwargs = materialise(header, arrays, "cpu")
+        student, ref = _reads(solution, args, kwargs), _reads(reference, args, kwargs)
+        assert ref >= student, (f"{task_id} {params}: the reference as timed reads device values {ref} time(s), "
+                                f"the solution's given checks {student}: the speed test would charge the student "
+                                f"for syncs the baseline skips (reference_kwargs={task.reference_kwargs})")
+
+
+def test_host_reads_are_counted():
+    x = torch.arange(4)
+    with HostReads() as h:
+        int(x[0]), bool(x[1]), x[2].item(), x.tolist()
+    assert h.n == 4
