@@ -6,7 +6,8 @@
     python -m assignments.generate a1_attention    # only some assignments
 
 A solution source is a jupytext "percent" file: ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown
-cell whose lines carry a ``# `` prefix, and ``tags=["check"]`` after the marker sets the cell's tags. Inside a
+cell whose lines carry a ``# `` prefix, and ``tags=["check"]`` after the marker sets the cell's tags (read by
+``autograder.percent``, the same reader as the lecture build's and the grader's). Inside a
 code cell, each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region (nbgrader/otter convention) is replaced in
 the student version by ``raise NotImplementedError("Implement <function>")`` at the marker's indentation; code
 before and after the region is kept. Output is deterministic (cell ids are positions), so regenerating is
@@ -15,78 +16,22 @@ byte-identical.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
+
+from autograder.percent import PercentCell, parse_percent
 
 from . import ASSIGNMENTS
 
 ROOT = Path(__file__).resolve().parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
-_HEADER = re.compile(r"^# %%(?:\s+\[(?P<kind>markdown|md|raw)\])?(?P<meta>.*)$")
-_TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
 _DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?P<what>def|class)\s+(?P<name>\w+)")
 
 KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-
-
-@dataclass
-class Cell:
-    kind: str                      # "code" or "markdown"
-    source: str
-    tags: list[str] = field(default_factory=list)
-
-
-def parse_percent(text: str, where: str = "<source>") -> list[Cell]:
-    """Split a percent-format file into cells. Lines before the first ``# %%`` must be blank."""
-    cells: list[Cell] = []
-    current: Cell | None = None
-    lines: list[str] = []
-
-    def close():
-        if current is not None:
-            cells.append(Cell(current.kind, _body(current.kind, lines), current.tags))
-
-    for number, line in enumerate(text.splitlines(), 1):
-        m = _HEADER.match(line)
-        if m:
-            close()
-            kind = "code" if m["kind"] is None else "markdown" if m["kind"] in ("markdown", "md") else "raw"
-            tags = []
-            t = _TAGS.search(m["meta"])
-            if t:
-                tags = json.loads(t.group(1))
-            current, lines = Cell(kind, "", tags), []
-        elif current is None:
-            if line.strip():
-                raise ValueError(f"{where}:{number}: text before the first '# %%' cell marker")
-        else:
-            lines.append(line)
-    close()
-    return cells
-
-
-def _body(kind: str, lines: list[str]) -> str:
-    while lines and not lines[0].strip():
-        lines = lines[1:]
-    while lines and not lines[-1].strip():
-        lines = lines[:-1]
-    if kind == "markdown":
-        out = []
-        for line in lines:
-            if line.startswith("# "):
-                out.append(line[2:])
-            elif line.rstrip() == "#":
-                out.append("")
-            else:
-                raise ValueError(f"markdown line without a '# ' prefix: {line!r}")
-        lines = out
-    return "\n".join(lines)
 
 
 def _enclosing_name(lines: list[str], index: int, indent: int) -> str | None:
@@ -149,7 +94,7 @@ def solution_lines(source: str) -> list[str]:
     return found
 
 
-def to_notebook(cells: list[Cell], student: bool, where: str = "<source>") -> nbformat.NotebookNode:
+def to_notebook(cells: list[PercentCell], student: bool, where: str = "<source>") -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
     for n, cell in enumerate(cells):

@@ -1,20 +1,19 @@
 """Reading a submission: a student notebook (.ipynb) or a .py module (jupytext "percent" cells or plain).
 
 The grader runs the code cells in order and skips what is not part of the answer (the shared contract):
-markdown cells, cells tagged ``check`` or ``skip``, cells that start with a cell magic (``%%``), and single
+markdown and raw cells, cells tagged ``check`` or ``skip``, cells that start with a cell magic (``%%``), and single
 lines that start with ``!`` or ``%`` (shell escapes, line magics). A ``.py`` without ``# %%`` markers is one
 cell.
 """
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .percent import has_markers, parse_percent
+
 SKIP_TAGS = {"check", "skip"}
-_CELL = re.compile(r"^# %%(.*)$")
-_TAGS = re.compile(r"tags\s*=\s*\[([^\]]*)\]")
 
 
 @dataclass
@@ -55,27 +54,11 @@ def read_notebook(text: str):
 
 
 def read_percent(text: str):
-    if not any(_CELL.match(line) for line in text.splitlines()):
+    """The code cells of a percent-format module (``autograder.percent``); a module without markers is one."""
+    if not has_markers(text):
         return [Cell(0, text)]
-    cells, cur, header, idx = [], [], None, 0
-    for line in text.splitlines():
-        m = _CELL.match(line)
-        if m:
-            if header is not None or cur:
-                cells.append((header or "", cur))
-            header, cur = m.group(1), []
-        else:
-            cur.append(line)
-    cells.append((header or "", cur))
-    out = []
-    for header, lines in cells:
-        idx += 1
-        if "[markdown]" in header or "[md]" in header:
-            continue
-        tm = _TAGS.search(header)
-        tags = tuple(t.strip().strip("'\"") for t in tm.group(1).split(",")) if tm else ()
-        out.append(Cell(idx - 1, "\n".join(lines), tags))
-    return out
+    return [Cell(c.index, c.source, tuple(c.tags))
+            for c in parse_percent(text, preamble="code", trim=False) if c.kind == "code"]
 
 
 def load_cells(path) -> list:

@@ -5,7 +5,7 @@
     python -m lectures.build --out DIR       # write somewhere else (the tests do this)
 
 Source format: a line ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown cell whose lines carry a
-leading ``# ``. Each notebook is executed with nbclient (kernel ``python3``, working directory the repository
+leading ``# `` (``autograder.percent`` reads it, the same reader as the assignment generator and the grader's). Each notebook is executed with nbclient (kernel ``python3``, working directory the repository
 root, so ``import reference`` and ``benchmarks/results/*.json`` resolve), headless (matplotlib's inline
 backend, PNG figures embedded in the notebook so they render on GitHub).
 """
@@ -19,45 +19,19 @@ from pathlib import Path
 
 import nbformat
 
+from autograder.percent import parse_percent
+
 LECTURES = Path(__file__).resolve().parent
 SRC = LECTURES / "src"
 ROOT = LECTURES.parent
-CELL_MARK = "# %%"
-
-
-def parse_percent(text: str) -> list[tuple[str, str]]:
-    """Split percent-format source into ``[(cell_type, source), ...]``; text before the first marker is an error."""
-    cells: list[tuple[str, list[str]]] = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if line.startswith(CELL_MARK):
-            header = line[len(CELL_MARK):].strip()
-            if header not in ("", "[markdown]", "[md]"):
-                raise ValueError(f"line {lineno}: unknown cell header {line!r} (use '# %%' or '# %% [markdown]')")
-            cells.append(("markdown" if header else "code", []))
-        elif not cells:
-            if line.strip():
-                raise ValueError(f"line {lineno}: text before the first '# %%' cell marker")
-        else:
-            cells[-1][1].append(line)
-    out = []
-    for kind, lines in cells:
-        if kind == "markdown":
-            lines = [ln[2:] if ln.startswith("# ") else ln[1:] if ln.startswith("#") else ln for ln in lines]
-        while lines and not lines[-1].strip():
-            lines.pop()
-        while lines and not lines[0].strip():
-            lines.pop(0)
-        if lines:
-            out.append((kind, "\n".join(lines)))
-    return out
-
-
 def to_notebook(src_path: Path) -> nbformat.NotebookNode:
     """An unexecuted notebook for one percent-format source file."""
     nb = nbformat.v4.new_notebook()
-    for kind, source in parse_percent(Path(src_path).read_text(encoding="utf-8")):
-        make = nbformat.v4.new_markdown_cell if kind == "markdown" else nbformat.v4.new_code_cell
-        cell = make(source)
+    for c in parse_percent(Path(src_path).read_text(encoding="utf-8"), str(src_path)):
+        if c.kind == "raw":
+            raise ValueError(f"{src_path}: cell {c.index} is a raw cell; lectures have code and markdown cells only")
+        make = nbformat.v4.new_markdown_cell if c.kind == "markdown" else nbformat.v4.new_code_cell
+        cell = make(c.source)
         cell.pop("id", None)
         nb.cells.append(cell)
     nb.metadata = {

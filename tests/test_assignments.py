@@ -134,17 +134,6 @@ def test_solution_sources_do_not_use_forbidden_names():
 # --- the generator's rules -----------------------------------------------------------------------------------
 
 @pytest.mark.assignments
-def test_parse_percent_cells_and_tags():
-    text = ('# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n# %% tags=["check", "skip"]\n'
-            'check(x)\n')
-    cells = gen.parse_percent(text)
-    assert [(c.kind, c.source, c.tags) for c in cells] == [
-        ("markdown", "# Title\n\ntext", []), ("code", "x = 1", []), ("code", "check(x)", ["check", "skip"])]
-    with pytest.raises(ValueError, match="before the first"):
-        gen.parse_percent("x = 1\n# %%\ny = 2\n")
-
-
-@pytest.mark.assignments
 def test_strip_solutions_keeps_code_around_regions():
     src = ("class A:\n    def f(self, x):\n        y = x + 1\n        ### BEGIN SOLUTION\n        z = y * 2\n"
            "        return z\n        ### END SOLUTION\n        return None\n\n\n"

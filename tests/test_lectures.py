@@ -16,15 +16,6 @@ def test_there_are_lectures():
     assert len(SOURCES) >= 9, [p.name for p in SOURCES]
 
 
-def test_parse_percent_format():
-    text = "# %% [markdown]\n# # Title\n#\n# text\n\n# %%\nx = 1\n\n\n# %%\n\n# %%\ny = 2\n"
-    assert build.parse_percent(text) == [("markdown", "# Title\n\ntext"), ("code", "x = 1"), ("code", "y = 2")]
-    with pytest.raises(ValueError, match="before the first"):
-        build.parse_percent("x = 1\n# %%\n")
-    with pytest.raises(ValueError, match="unknown cell header"):
-        build.parse_percent("# %% [raw]\n")
-
-
 @pytest.mark.parametrize("src", SOURCES, ids=IDS)
 def test_lecture_executes(src, tmp_path):
     """Execute the SOURCE in a fresh kernel (output to a temporary folder); any cell error fails the test."""
