@@ -489,9 +489,8 @@ def _host_arrays(h, arrs):
 
 def _reference_source(task):
     """``(name, source)`` that the trusted reference child runs; ``reference_kwargs`` are bound with
-    functools.partial. A speed baseline must do the input checks the assignment's given code does: the a4/a5
-    reference decode kernels keep their default device-syncing checks (``validate=True``), as the given
-    ``check_*_tensors`` of the notebooks sync too (``tests/test_speed_fairness.py``)."""
+    functools.partial. A speed baseline does the input checks the assignment's given code does, no more, no
+    fewer: a4/a5 time ``autograder.baselines`` (``tests/test_speed_fairness.py``)."""
     mod, _, name = task.reference.partition(":")
     if not task.reference_kwargs:
         return name, f"from {mod} import {name}\n"

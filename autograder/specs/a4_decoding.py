@@ -74,7 +74,7 @@ TASKS = {
     "a4.flash_decoding": Task("a4.flash_decoding", "flash_decoding", build_decoding, oracle_decoding,
                               reference="reference.numpy.decoding:flash_decoding"),
     "a4.flash_decode": Task("a4.flash_decode", "flash_decode", build_decoding, oracle_decoding, framework="torch",
-                            reference="reference.triton:flash_decode", case_timeout=120),
+                            reference="autograder.baselines:flash_decode", case_timeout=120),
 }
 
 SPEC = Spec("a4_decoding", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,

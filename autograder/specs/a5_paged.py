@@ -131,7 +131,7 @@ TASKS = {
     "a5.paged_attention": Task("a5.paged_attention", "paged_attention", build_paged, oracle_paged,
                                reference="reference.numpy.paged:paged_attention"),
     "a5.paged_decode": Task("a5.paged_decode", "paged_decode", build_paged, oracle_paged, framework="torch",
-                            reference="reference.triton:paged_decode", case_timeout=120),
+                            reference="autograder.baselines:paged_decode", case_timeout=120),
 }
 
 SPEC = Spec("a5_paged", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
