@@ -1,6 +1,6 @@
 """The grader's own float64 oracle (NumPy, CPU). It runs only in the grading parent, never in a submission's
 process, and shares no code with ``reference`` so a bug there cannot hide here (the project's tests compare it
-with torch autograd in float64: ``tests/test_autograder_oracles.py``).
+with torch autograd in float64: ``tests/test_autograder_units.py::test_oracle_matches_torch_autograd``).
 
 Conventions are docs/design.md §3: bottom-right causal mask (query i may attend key j iff j <= i + Nk - Nq), GQA (query
 head h reads kv head h // (Hq // Hkv)), natural-log lse of the scaled scores, a row with no key gives o = 0 and

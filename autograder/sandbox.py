@@ -45,7 +45,6 @@ class Limits:
     address_space: int | None = 8 << 30       # None: not set (CUDA maps huge virtual ranges)
     rss_bytes: int = 6 << 30                  # parent watchdog on resident memory
     extra_tasks: int = 512                    # RLIMIT_NPROC headroom over the user's current tasks (non-root)
-    stdout_keep: int = 8 << 10
     network_off: bool = True
 
 
@@ -304,22 +303,19 @@ class Sandbox:
     def stderr_tail(self, n=2000) -> str:
         return _tail(getattr(self, "err_path", None), n)
 
-    def stdout_head(self, n=2000) -> str:
-        return _tail(getattr(self, "out_path", None), n, head=True)
 
-
-def _tail(path, n, head=False) -> str:
+def _tail(path, n) -> str:
     if not path or not os.path.exists(path):
         return ""
     try:
         size = os.path.getsize(path)
         with open(path, "rb") as f:
-            if not head and size > n:
+            if size > n:
                 f.seek(size - n)
             data = f.read(n)
     except OSError:
         return ""
     text = data.decode("utf-8", "replace")
     if size > n:
-        text = ("... " if not head else "") + text + (" ..." if head else "") + f" [{size} bytes in all, truncated]"
+        text = "... " + text + f" [{size} bytes in all, truncated]"
     return text

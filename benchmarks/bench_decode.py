@@ -95,27 +95,6 @@ def naive_decode(q, k, v, scale):
     return torch.matmul(p, v).reshape(B, Hq, d)
 
 
-def sdpa_fn(q, k, v, backend):
-    """A closure timing SDPA with a length-1 query; returns (fn, gqa_mode)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    import torch.nn.functional as F
-    q4 = q.unsqueeze(2)
-
-    def call(kk, vv, gqa):
-        if backend is None:
-            return F.scaled_dot_product_attention(q4, kk, vv, enable_gqa=gqa).squeeze(2)
-        with sdpa_kernel([getattr(SDPBackend, backend)]):
-            return F.scaled_dot_product_attention(q4, kk, vv, enable_gqa=gqa).squeeze(2)
-    try:
-        call(k, v, True)
-        return (lambda: call(k, v, True)), "enable_gqa"
-    except RuntimeError:
-        g = q.shape[1] // k.shape[1]
-        ke, ve = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        call(ke, ve, False)
-        return (lambda: call(ke, ve, False)), "expanded"
-
-
 def inputs(B, N):
     """Fresh random bf16 decode inputs q (B, Hq, d), k, v (B, Hkv, N, d)."""
     return (torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE), torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE),

@@ -367,11 +367,6 @@ def _paged_tables(**kw):
     return _paged_cache_with_seq().block_tables(**kw)
 
 
-def _tr_flash_backward_autograd(**kw):
-    q, k, v = (t.detach().requires_grad_() for t in (kw.pop("q"), kw.pop("k"), kw.pop("v")))
-    rtr.flash_attention(q, k, v, **kw).sum().backward()
-
-
 def _np_nan(shape_of):
     return D(lambda kw: np.full_like(kw[shape_of], np.nan))
 

@@ -100,7 +100,6 @@ class Task:
     reference: str = ""            # "module:name" of the reference implementation (speed baseline only)
     reference_kwargs: dict = field(default_factory=dict)   # bound into the reference when timing it (keep its
     #                                                        input checks: tests/test_speed_fairness.py)
-    is_class: bool = False
     case_timeout: float = 20.0
 
 

@@ -127,7 +127,7 @@ TESTS = [
 
 TASKS = {
     "a5.BlockAllocator": Task("a5.BlockAllocator", "BlockAllocator", build_allocator, oracle_allocator,
-                              framework="class", is_class=True, reference="reference.numpy.paged:BlockAllocator"),
+                              framework="class", reference="reference.numpy.paged:BlockAllocator"),
     "a5.paged_attention": Task("a5.paged_attention", "paged_attention", build_paged, oracle_paged,
                                reference="reference.numpy.paged:paged_attention"),
     "a5.paged_decode": Task("a5.paged_decode", "paged_decode", build_paged, oracle_paged, framework="torch",

@@ -30,7 +30,6 @@ class _Layout:
     """Shapes of one call and the packing ``(..., Hq, N, *rest) <-> (B*Hkv, N*G, *rest)`` (see module doc)."""
 
     def __init__(self, q, k, group):
-        self.q_shape = q.shape
         self.group = group
         self.nq, self.nk, self.d = q.shape[-2], k.shape[-2], q.shape[-1]
         if q.ndim == 2:
