@@ -23,6 +23,8 @@ import math
 import numpy as np
 import torch
 
+from reference.numpy.flash import flash_attention_backward, flash_attention_forward
+
 from .merge import acc_dtype, merge_into
 
 
@@ -128,13 +130,11 @@ class NumpyStep:
         return x.detach().cpu().numpy()
 
     def forward(self, q, k, v, causal, scale):
-        from reference.numpy.flash import flash_attention_forward
         o, lse = flash_attention_forward(self._np(q, "q"), self._np(k, "k"), self._np(v, "v"), causal=causal,
                                          scale=scale, block_q=self.block_q, block_k=self.block_k)
         return torch.from_numpy(o).to(q.device), torch.from_numpy(lse).to(q.device)
 
     def backward(self, q, k, v, o, lse, do, causal, scale):
-        from reference.numpy.flash import flash_attention_backward
         args = [self._np(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"), (do, "do"))]
         grads = flash_attention_backward(*args, causal=causal, scale=scale, block_q=self.block_q,
                                          block_k=self.block_k)

@@ -1,0 +1,297 @@
+# %% [markdown]
+# # Lecture 10 — Beyond one GPU: ring attention (context parallelism)
+#
+# FlashAttention made attention's memory linear in the sequence length, but it still runs on **one** device: the
+# keys and values of the whole sequence must sit in that device's memory, and one device does all N² work. For
+# a million-token context that is too much memory and too much time. This lecture splits the *sequence* across
+# devices ("context parallelism") and shows that attention stays **exact**: the same merge rule that made
+# Flash-Decoding exact (lecture 7, `merge_states`) lets every device attend its queries to the key/value chunks
+# of the others, one chunk at a time, while the chunks travel around a ring.
+#
+# Everything here runs on CPU: real `torch.distributed` processes talking over **gloo** (the same code runs on
+# GPUs over NCCL, `benchmarks/bench_ring.py`), and simulations of the schedule.
+#
+# **Reading path:** lecture 7 (merging partial attention) → this lecture → the optional ring-merge part of
+# assignment `a4_decoding`.
+#
+# References: H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite
+# Context* (ICLR 2024, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)); the two-chunks-per-rank causal
+# load balancing is the one described for context parallelism in *The Llama 3 Herd of Models*
+# ([arXiv:2407.21783](https://arxiv.org/abs/2407.21783)); the recursive-attention merge is from FlashInfer
+# (Ye et al., MLSys 2025, [arXiv:2501.01005](https://arxiv.org/abs/2501.01005)).
+
+# %%
+import numpy as np
+import torch
+
+from lectures._plots import load_results, not_run, setup
+from reference.distributed import layout as L
+from reference.distributed.demo import case_inputs, ring_cases_rank
+from reference.distributed.launch import run_ranks
+from reference.distributed.merge import merge_states_torch
+from reference.distributed.ring_attention import simulate_ring_attention
+from reference.distributed.schedule import ring_balance, ring_work
+from reference.numpy.attention import attention
+
+plt = setup()
+torch.manual_seed(0)
+
+# %% [markdown]
+# ## 1. Why one device is not enough
+#
+# The KV cache of one layer holds `2 · N · H_kv · d` numbers. For a Llama-3-70B-like layer shape (8 kv heads of
+# dimension 128, 80 layers, bf16) the keys and values of the whole model are:
+
+# %%
+H_KV, D, LAYERS, BYTES = 8, 128, 80, 2
+for n in (8_192, 131_072, 1_048_576):
+    gib = 2 * n * H_KV * D * LAYERS * BYTES / 2**30
+    flops = 4 * n * n * 64 * D * LAYERS / 2          # causal attention, 64 query heads
+    print(f"N = {n:>9,}: K/V of all layers {gib:7.1f} GiB, causal attention forward {flops / 1e15:8.1f} PFLOP")
+
+# %% [markdown]
+# At a million tokens the keys and values alone are 320 GiB — more than any single GPU holds — and the attention
+# FLOPs grow as N². Splitting the **sequence** over W devices divides both: each device keeps N/W positions of
+# Q, K and V and does 1/W of the work.
+
+# %% [markdown]
+# ## 2. Why splitting the keys is exact: the merge rule
+#
+# For a query row, attention over a key set I is the pair `(o(I), lse(I))`. For a split of the keys into disjoint
+# parts A and B (lecture 7):
+#
+# $$\mathrm{lse} = \log\left(e^{\mathrm{lse}_A} + e^{\mathrm{lse}_B}\right), \qquad
+#   o = e^{\mathrm{lse}_A - \mathrm{lse}}\, o_A + e^{\mathrm{lse}_B - \mathrm{lse}}\, o_B .$$
+#
+# So a device holding some queries can attend them to one chunk of keys at a time and fold each result into a
+# running `(o, lse)`, in any order. `reference.distributed.merge.merge_states_torch` is this rule on torch
+# tensors:
+
+# %%
+q, k, v = torch.randn(6, 16, dtype=torch.float64), torch.randn(20, 16, dtype=torch.float64), torch.randn(20, 16, dtype=torch.float64)
+
+
+def part(keys):
+    """(o, lse) of q over a subset of the keys (plain float64 attention)."""
+    o, lse = attention(q.numpy(), k[keys].numpy(), v[keys].numpy(), return_lse=True)
+    return torch.from_numpy(o), torch.from_numpy(lse)
+
+
+o_merged, lse_merged = merge_states_torch(*part(slice(12, 20)), *part(slice(0, 12)))   # any order
+o_full, lse_full = part(slice(0, 20))
+print("max |o_merged - o_full|     =", float((o_merged - o_full).abs().max()))
+print("max |lse_merged - lse_full| =", float((lse_merged - lse_full).abs().max()))
+
+# %% [markdown]
+# ## 3. The ring
+#
+# W ranks each hold a chunk of Q, K and V. At step s, rank r holds the K/V chunk of rank (r − s) mod W: it
+# attends its queries to that chunk, merges, and passes the chunk to rank r + 1 while receiving the next one from
+# rank r − 1. After W steps every query has seen every key. Sending the next chunk is started *before* computing
+# on the current one (`torch.distributed.batch_isend_irecv`), so communication overlaps with compute.
+
+# %%
+W = 4
+held = np.array([[(r - s) % W for s in range(W)] for r in range(W)])
+fig, ax = plt.subplots(figsize=(4.2, 3))
+ax.imshow(held, cmap="tab10", vmin=0, vmax=9)
+for (r, s), c in np.ndenumerate(held):
+    ax.text(s, r, f"KV{c}", ha="center", va="center", color="white", fontsize=9)
+ax.set(xlabel="ring step s", ylabel="rank r", title="K/V chunk held by each rank", xticks=range(W), yticks=range(W))
+ax.grid(False)
+plt.show()
+
+# %% [markdown]
+# ### Running it: gloo processes on this CPU
+#
+# `reference.distributed.run_ranks` starts W processes joined by a gloo process group; each builds the same
+# random inputs from a seed, keeps its shard, and runs `ring_attention_forward` / `ring_attention_backward`.
+# We gather the shards and compare with one-process float64 attention — a ragged total length (37 is not a
+# multiple of 2W), grouped-query attention (4 query heads, 2 kv heads), causal:
+
+# %%
+case = {"name": "demo", "seed": 3, "causal": True, "layout": "zigzag", "nq": 37, "nk": 37, "hq": 4, "hkv": 2}
+ranks = run_ranks(ring_cases_rank, 2, ([case],), timeout=120)
+res = [r[0] for r in ranks]
+o_ring = L.unshard([x["o"] for x in res], "zigzag")
+dq_ring = L.unshard([x["dq"] for x in res], "zigzag")
+dk_ring = L.unshard([x["dk"] for x in res], "zigzag")
+
+qf, kf, vf, do = (x.clone().requires_grad_(True) for x in case_inputs(case))
+s = qf @ kf.repeat_interleave(2, dim=1).transpose(-1, -2) / 16 ** 0.5
+s = s.masked_fill(torch.ones(37, 37, dtype=torch.bool).triu(1), float("-inf"))
+o_ref = torch.softmax(s, -1) @ vf.repeat_interleave(2, dim=1)
+o_ref.backward(do.detach())
+print("rank shard lengths:", [x["o"].shape[2] for x in res])
+print(f"output   max error vs one process: {float((o_ring - o_ref.detach()).abs().max()):.2e}")
+print(f"dQ       max error vs one process: {float((dq_ring - qf.grad).abs().max()):.2e}")
+print(f"dK       max error vs one process: {float((dk_ring - kf.grad).abs().max()):.2e}")
+
+# %% [markdown]
+# ### The backward pass travels the ring too
+#
+# FlashAttention's backward (lecture 4) recomputes `P = exp(S − lse)` and uses `D = rowsum(dO ∘ O)`. Given the
+# *global* `o` and `lse` of its queries, a rank can compute exactly one K/V chunk's share of every gradient:
+#
+# * **dQ stays local**: each step adds the visiting chunk's contribution to the rank's own `dq`.
+# * **dK, dV travel**: they belong to the chunk, so fp32 accumulators travel *with* it; each rank adds its share
+#   and passes them on. After W hops they are back at the chunk's owner — the gradients above came back this way.
+
+# %% [markdown]
+# ## 4. Causal attention: the naive order is unbalanced
+#
+# With a causal mask, rank r's queries (positions in chunk r) see only chunks 0..r. In the **contiguous** layout
+# rank 0 works at step 0 only, while the last rank works at every step. The ring is synchronous — a step ends when
+# its slowest rank is done — so the others wait. The **zig-zag** layout splits the sequence into 2W chunks and
+# gives rank r chunks r and 2W−1−r: an early chunk with little work and a late one with a lot.
+#
+# `reference.distributed.schedule.ring_work` counts the (query, key) pairs each rank scores at each step:
+
+# %%
+N = 4096
+fig, axes = plt.subplots(1, 2, figsize=(8.5, 3.2))
+for ax, lay in zip(axes, ("contiguous", "zigzag")):
+    work = ring_work(N, N, W, lay, causal=True)
+    bal = ring_balance(work)
+    im = ax.imshow(work / work.max(), cmap="Blues", vmin=0, vmax=1)
+    for (r, st), x in np.ndenumerate(work / work.max()):
+        ax.text(st, r, f"{x:.2f}", ha="center", va="center", fontsize=8)
+    ax.set(xlabel="ring step", ylabel="rank", xticks=range(W), yticks=range(W),
+           title=f"{lay}: efficiency {bal['efficiency']:.2f}")
+    ax.grid(False)
+fig.suptitle(f"causal work per rank and step (fraction of the largest), N = {N}, W = {W}")
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The efficiency is the ideal time (total work / W) over the real one (sum over steps of the busiest rank).
+# Contiguous: every step after the first costs a full block on the last rank, `W − ½` blocks in total against an
+# ideal of `W/2`, so the efficiency is `W / (2W − 1)` and tends to ½. Zig-zag: 1.
+
+# %%
+worlds = [1, 2, 4, 8, 16, 32]
+eff = {lay: [ring_balance(ring_work(64 * w, 64 * w, w, lay))["efficiency"] for w in worlds]
+       for lay in ("contiguous", "zigzag")}
+fig, ax = plt.subplots(figsize=(5.5, 3))
+for lay, e in eff.items():
+    ax.plot(worlds, e, "o-", label=lay)
+ax.plot(worlds, [w / (2 * w - 1) for w in worlds], "k:", lw=1, label="W / (2W - 1)")
+ax.set(xscale="log", xlabel="ranks W", ylabel="efficiency", ylim=(0, 1.05), title="causal ring: load balance")
+ax.set_xticks(worlds, [str(w) for w in worlds])
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### Measured: per-rank compute time on gloo ranks
+#
+# The same imbalance shows up in real time. Two gloo ranks, causal attention over 2048 positions (4 heads,
+# d = 64), with the tiled NumPy FlashAttention-2 of lecture 3 as the local step (it skips fully masked tiles, so
+# its time follows the causal work); each rank records the time of its local compute at every ring step:
+
+# %%
+meas = {}
+for lay in ("contiguous", "zigzag"):
+    c = {"name": lay, "seed": 5, "causal": True, "layout": lay, "nq": 2048, "nk": 2048, "hq": 4, "hkv": 4,
+         "d": 64, "dtype": "float32", "step": "numpy"}
+    out = run_ranks(ring_cases_rank, 2, ([c] * 4,), timeout=300)
+    # [rank, step] in ms: the first run warms up; the minimum of the other three filters out a busy machine
+    meas[lay] = np.array([[r[i]["compute_s"] for i in (1, 2, 3)] for r in out]).min(axis=1) * 1e3
+    print(f"{lay:>10}: per-step compute ms, rank 0 {np.round(meas[lay][0], 1)}, rank 1 {np.round(meas[lay][1], 1)}"
+          f"  -> per-rank totals {np.round(meas[lay].sum(1), 1)}, ratio {meas[lay].sum(1).max() / meas[lay].sum(1).min():.2f}")
+
+fig, ax = plt.subplots(figsize=(6, 3))
+for i, lay in enumerate(meas):
+    for r in range(2):
+        ax.bar(i * 3 + r, meas[lay][r].sum(), color=f"C{r}", label=f"rank {r}" if i == 0 else None)
+ax.set_xticks([0.5, 3.5], list(meas))
+ax.set(ylabel="compute ms (all steps)", title="measured: causal work per rank, 2 gloo ranks")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The work count predicts a ratio of 3 for the contiguous layout (rank 1: a half block at step 0, then a full
+# block at step 1; rank 0: the half block only, then it idles) and 1 for zig-zag. The measured contiguous ratio
+# is lower than 3 because a causal diagonal block costs more than half a full one here (the diagonal tiles are
+# computed whole and masked, and each tile has a fixed Python overhead); zig-zag stays balanced because both
+# ranks do the same mix of diagonal and full blocks. (CPU timings on a possibly shared machine, minimum of three
+# runs: the ratio matters, not the milliseconds.)
+
+# %% [markdown]
+# ## 5. How each step is computed: any FlashAttention kernel
+#
+# A pair (query chunk, key chunk) under the global causal mask is either fully visible, invisible (skipped), or
+# visible below a diagonal offset. `reference.distributed.local_step.block_calls` slices the last case into at
+# most two calls of an ordinary kernel (rows that see every key; a bottom-right causal block), so the local step
+# is pluggable: dense torch, the NumPy FlashAttention-2 of lecture 3, or the Triton kernels of lecture 5. The
+# same schedule can run in one process (`simulate_ring_attention`), here with the Triton kernels in their CPU
+# interpreter:
+
+# %%
+from reference.triton import DEVICE  # noqa: E402
+
+qt, kt, vt = (torch.randn(1, 2, 48, 16).to(DEVICE) for _ in range(3))
+o_sim, _ = simulate_ring_attention(qt, kt, vt, 3, causal=True, layout="zigzag", step="triton")
+o_dense, _ = simulate_ring_attention(qt, kt, vt, 1, causal=True, step="torch")
+print(f"Triton local step, 3 simulated ranks vs dense torch: max error {float((o_sim - o_dense).abs().max()):.2e}")
+
+# %% [markdown]
+# ## 6. When is the communication hidden?
+#
+# Per step a rank computes on a chunk of `c = N/W` positions and sends one K/V chunk of the same length. With the
+# zig-zag layout, a step is half of a full `c × c` block: `2·c²·d·H_q` FLOPs, against `2·c·d·H_kv` bf16 numbers
+# (`4·c·d·H_kv` bytes) to send. Their time ratio grows linearly in `c`:
+#
+# $$\frac{t_\text{compute}}{t_\text{comm}} = \frac{c\, H_q\, B}{2\, H_{kv}\, F}$$
+#
+# with `F` the attention throughput and `B` the link bandwidth. A model, not a measurement: with the rounded
+# assumptions below (an attention kernel at 500 TFLOP/s, 400 GB/s one way over NVLink, GQA 32/8), the send is
+# hidden once a rank holds a few hundred positions — far below the 16k–128k per GPU of the benchmark. What limits
+# the scaling in practice is everything else a step does: the merges, the per-step synchronisation, and kernels
+# that run on shorter sequences than the one-GPU baseline.
+
+# %%
+F, B_LINK, HQ, HKV = 500e12, 400e9, 32, 8
+c = np.logspace(2, 5, 50)
+ratio = c * HQ * B_LINK / (2 * HKV * F)
+fig, ax = plt.subplots(figsize=(5.5, 3))
+ax.loglog(c, ratio)
+ax.axhline(1, color="grey", ls="--", lw=1)
+ax.set(xlabel="positions per rank c", ylabel="t_compute / t_comm", title="model: compute per step over send time")
+plt.show()
+print(f"break-even at c = {2 * HKV * F / (HQ * B_LINK):.0f} positions per rank (model)")
+
+# %% [markdown]
+# ## 7. GPU results
+#
+# `benchmarks/bench_ring.py` runs the ring on NCCL with the Triton kernels as the local step (bf16, Hq = 32,
+# Hkv = 8, d = 128, 32k–256k tokens) and reports time per step, the fraction of the communication hidden behind
+# compute, and the scaling efficiency against one GPU (goal: ≥ 0.85 of two GPUs' ideal throughput at 128k,
+# causal, zig-zag). Its results are shown here when they exist.
+
+# %%
+two = load_results("ring-*-w2.json")
+if not two:
+    not_run("2-GPU ring benchmark", "ring-<gpu>-w2.json")
+for path, data in two:
+    print(path.name, data["meta"]["device"])
+    for r in data["rows"]:
+        print(f"  N={r['n']:>7} causal={r['causal']!s:5} {r['layout']:>10}: ring {r['ring_ms']:8.2f} ms, "
+              f"hidden {r.get('hidden', float('nan')):.2f}, efficiency {r.get('efficiency', float('nan')):.2f}")
+one = load_results("ring-*-w1.json")
+for path, data in one:
+    print(f"{path.name} ({data['meta']['device']}; one GPU: no sends, the 2-rank ring emulated rank after rank)")
+    for r in data["rows"]:
+        if "emulated_world" in r:
+            print(f"  N={r['n']:>7} causal={r['causal']!s:5} {r['layout']:>10}: per-rank compute ms "
+                  f"{[round(sum(x), 1) for x in r['compute_ms']]}, predicted efficiency "
+                  f"{r.get('predicted_efficiency', float('nan')):.2f}")
+
+# %% [markdown]
+# ## Summary
+#
+# * Attention over a sequence split across devices is exact because partial results merge (`merge_states`).
+# * Ring attention passes K/V chunks around a ring, overlapping each send with the compute on the previous chunk;
+#   the backward keeps dQ local and sends the dK/dV accumulators around with their chunk.
+# * Under a causal mask the contiguous split leaves ranks idle (efficiency `W / (2W − 1)`); the zig-zag split
+#   (chunks r and 2W−1−r) balances it exactly.
+# * The local step is any FlashAttention kernel that returns `lse`: everything from lectures 3–5 carries over.
