@@ -20,7 +20,12 @@ timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_trito
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
 # GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but
 # correct submissions, which must lose speed points (s_one_split in a4/a5, s_tiny_tiles in a3)
-timeout 420 python3 -m autograder selftest --only a3 a4 a5 --match t13_cuda s_one_split s_tiny_tiles \
-    --device cuda -j 1 --out /tmp/selftest_gpu 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -8 \
+# (the a3 one last and on its own: a full a3 grading is the longest step)
+timeout 240 python3 -m autograder selftest --only a3 a4 a5 --match t13_cuda s_one_split \
+    --device cuda -j 1 --out /tmp/selftest_gpu 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -6 \
     | tee "$OUT/selftest_gpu.log"
+echo "[gpu_validate] GPU selftest (T13, slow a4/a5) done at ${SECONDS}s"
+timeout 200 python3 -m autograder selftest --only a3 --match s_tiny_tiles \
+    --device cuda -j 1 --out /tmp/selftest_gpu_a3 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -3 \
+    | tee -a "$OUT/selftest_gpu.log"
 echo "[gpu_validate] total ${SECONDS}s"
