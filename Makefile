@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 JOBS   ?= 2
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 
-.PHONY: setup test test-fast lab lectures assignments grade selftest bench bench-cpu gradescope clean
+.PHONY: setup test test-fast lab lectures assignments grade selftest bench bench-cpu gradescope student-release clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,10 @@ bench:
 
 gradescope:
 	$(PY) -m autograder gradescope $(or $(ASSIGNMENT),a1_attention) -o build/gradescope_$(or $(ASSIGNMENT),a1_attention).zip
+
+# what students get: lectures, stub notebooks, check() with the visible cases; no solution or reference code
+student-release:
+	$(PY) -m assignments.release -o build/student-release
 
 clean:
 	rm -rf build dist grades .pytest_cache .hypothesis *.egg-info

@@ -13,13 +13,13 @@ import traceback
 
 import numpy as np
 
-from . import specs
+from . import visible
 from .evaluate import evaluate, fmt_err
-from .runner import array_hash, call_to_wire, execute
+from .runner import array_hash, execute
 
 
-def _device(task) -> str:
-    if task.framework != "torch":
+def _device(framework) -> str:
+    if framework != "torch":
         return "cpu"
     torch = sys.modules.get("torch")
     if torch is None:
@@ -28,38 +28,30 @@ def _device(task) -> str:
 
 
 def run_visible(task_id, fn, seed=None):
-    """Yield ``(test, case_label, Verdict-like tuple)`` for every visible case of ``task_id``."""
-    spec, task = specs.find_task(task_id)
-    device = _device(task)
+    """Yield ``(test name, case_label, Verdict-like tuple)`` for every visible case of ``task_id``."""
+    device = _device(visible.framework(task_id))
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     rng = np.random.default_rng(seed)
-    for test in spec.tests_of(task_id):
-        if test.kind == "speed":
+    for case in visible.cases(task_id, rng):
+        if case.gpu and device == "cpu":
             continue
-        for i, params in enumerate(test.visible):
-            if params.get("gpu") and device == "cpu":
-                continue
-            call = task.build(params, rng)
-            label = test.name.split(": ", 1)[-1] + (f" #{i + 1}" if len(test.visible) > 1 else "")
-            if call.mode != "script":
-                call.expected = task.oracle(call)
-            header, arrays = call_to_wire(call)
-            sent = {k: array_hash(a) for k, a in arrays.items()}
-            limit = test.memory_limit(params) if test.memory_limit else None
-            try:
-                result = execute(fn, header, arrays, device, trace_memory=limit is not None)
-            except NotImplementedError:
-                yield test, label, (False, float("inf"), "not implemented yet")
-                continue
-            except Exception as exc:  # noqa: BLE001 -- feedback, not a crash
-                tb = traceback.extract_tb(exc.__traceback__)
-                where = f" (line {tb[-1].lineno} in {tb[-1].name})" if tb else ""
-                yield test, label, (False, float("inf"), f"{type(exc).__name__}: {exc}{where}")
-                continue
-            v = evaluate(call, result, sent, device, limit)
-            tol = min((o.tol for o in call.outs), default=0.0)
-            msg = v.message or (f"peak {result['peak'] / 2**20:.1f} MiB" if limit else "")
-            yield test, label, (v.passed, v.err, msg, tol)
+        test, label, call, limit = case.test, case.label, case.call, case.memory_limit
+        arrays = case.arrays
+        sent = {k: array_hash(a) for k, a in arrays.items()}
+        try:
+            result = execute(fn, case.header, arrays, device, trace_memory=limit is not None)
+        except NotImplementedError:
+            yield test, label, (False, float("inf"), "not implemented yet")
+            continue
+        except Exception as exc:  # noqa: BLE001 -- feedback, not a crash
+            tb = traceback.extract_tb(exc.__traceback__)
+            where = f" (line {tb[-1].lineno} in {tb[-1].name})" if tb else ""
+            yield test, label, (False, float("inf"), f"{type(exc).__name__}: {exc}{where}")
+            continue
+        v = evaluate(call, result, sent, device, limit)
+        tol = min((o.tol for o in call.outs), default=0.0)
+        msg = v.message or (f"peak {result['peak'] / 2**20:.1f} MiB" if limit else "")
+        yield test, label, (v.passed, v.err, msg, tol)
 
 
 def check(task_id, fn, verbose=True) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import oracles
+from .allocator_check import check_allocator
 from .compare import judge
 
 _WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
@@ -24,7 +24,7 @@ class Verdict:
 def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verdict:
     flags = []
     if call.mode == "script":
-        ok, msg = oracles.check_allocator(call.script[0][1], call.script, result.get("script"))
+        ok, msg = check_allocator(call.script[0][1], call.script, result.get("script"))
         return Verdict(ok, 0.0 if ok else float("inf"), msg)
     for key, h in sent_hashes.items():
         got = result.get("hashes", {}).get(key)

@@ -169,3 +169,29 @@ def test_gradescope_results_show_the_load_error_in_each_affected_test(tmp_path):
     assert safe and all("failed while loading: SyntaxError" in t["output"] and t["status"] == "failed"
                         for t in safe)
     assert not any("failed while loading" in t["output"] for t in res["tests"] if not t["name"].startswith(SAFE))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the solution source demonstrates float16 overflow
+def test_a1_visible_checks_catch_float32_returned_for_float16(capsys):
+    """The visible dtype cases include float16: returning float32 for float16 inputs fails locally, as it
+    does in grading."""
+    import importlib.util
+
+    from autograder.check import run_visible
+    spec = importlib.util.spec_from_file_location(
+        "a1_sol", REPO / "assignments" / "a1_attention" / "a1_attention_solution.py")
+    sol = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sol)
+    capsys.readouterr()
+
+    def widened(fn):
+        def f(*a, **k):
+            out = fn(*a, **k)
+            return tuple(o.astype("float32") for o in out) if isinstance(out, tuple) else out.astype("float32")
+        return f
+    for name in ("safe_softmax", "online_softmax", "merge_states", "attention"):
+        good = [r for _, label, r in run_visible(f"a1.{name}", getattr(sol, name))]
+        assert good and all(r[0] for r in good), (name, good)
+        bad = {label: r for test, label, r in run_visible(f"a1.{name}", widened(getattr(sol, name)))
+               if "float16/float64" in test}
+        assert any(not r[0] and "dtype float32, expected float16" in r[2] for r in bad.values()), (name, bad)

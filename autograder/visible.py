@@ -1,0 +1,120 @@
+"""The visible cases that ``check()`` runs, from the specs (this repository) or from files (a student release).
+
+In the repository a visible case is built from its parameters with fresh random values and judged against the
+grader's float64 oracle. A student release ships neither the specs' oracles nor any reference code, so
+``export`` writes every visible case once, inputs and expected outputs included, to
+``autograder/visible/<assignment>.json`` + ``.npz``; ``check()`` reads those when the folder exists.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .runner import call_to_wire
+from .specs._base import Call, Out
+
+DATA = Path(__file__).resolve().parent / "visible"
+
+
+@dataclass
+class Case:
+    test: str             # the test's full name, e.g. "a1.attention: causal (Nq == Nk)"
+    label: str            # the row label check() prints
+    call: Call            # outs, expected outputs, mode, script, arg_names (what evaluate() reads)
+    header: dict          # the call as runner.execute() takes it
+    arrays: dict
+    memory_limit: int | None
+    gpu: bool
+
+
+def released() -> bool:
+    return DATA.is_dir()
+
+
+def framework(task_id: str) -> str:
+    if released():
+        return _index()["tasks"][task_id]["framework"]
+    from . import specs
+    return specs.find_task(task_id)[1].framework
+
+
+def cases(task_id: str, rng):
+    """The visible cases of ``task_id`` in order (speed tests have none)."""
+    if released():
+        yield from _read(task_id)
+        return
+    from . import specs
+    spec, task = specs.find_task(task_id)
+    for test in spec.tests_of(task_id):
+        if test.kind == "speed":
+            continue
+        for i, params in enumerate(test.visible):
+            call = task.build(params, rng)
+            if call.mode != "script":
+                call.expected = task.oracle(call)
+            header, arrays = call_to_wire(call)
+            label = test.name.split(": ", 1)[-1] + (f" #{i + 1}" if len(test.visible) > 1 else "")
+            yield Case(test.name, label, call, header, arrays,
+                       test.memory_limit(params) if test.memory_limit else None, bool(params.get("gpu")))
+
+
+# -- student release: files -----------------------------------------------------------------------------------
+def export(folder, seed=0) -> list:
+    """Write every assignment's visible cases to ``folder/<aid>.json`` + ``.npz`` (and ``index.json``)."""
+    from . import specs
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    index = {"tasks": {}}
+    written = []
+    for aid in specs.ASSIGNMENTS:
+        spec = specs.load(aid)
+        rng = np.random.default_rng(seed)
+        rows, blobs = [], {}
+        for task_id, task in spec.tasks.items():
+            index["tasks"][task_id] = {"assignment": aid, "framework": task.framework}
+            for c in cases(task_id, rng):
+                n = len(rows)
+                for k, a in c.arrays.items():
+                    blobs[f"{n}.in.{k}"] = a
+                for j, e in enumerate(c.call.expected or []):
+                    blobs[f"{n}.out.{j}"] = np.asarray(e)
+                rows.append({"task": task_id, "test": c.test, "label": c.label, "header": c.header,
+                             "inputs": sorted(c.arrays), "n_expected": len(c.call.expected or []),
+                             "outs": [[o.name, list(o.dtypes), o.tol, o.framework] for o in c.call.outs],
+                             "arg_names": getattr(c.call, "arg_names", None), "memory_limit": c.memory_limit,
+                             "gpu": c.gpu})
+        (folder / f"{aid}.json").write_text(json.dumps(rows, indent=0, default=_plain))
+        np.savez_compressed(folder / f"{aid}.npz", **blobs)
+        written += [folder / f"{aid}.json", folder / f"{aid}.npz"]
+    (folder / "index.json").write_text(json.dumps(index, indent=1))
+    return written + [folder / "index.json"]
+
+
+def _plain(x):
+    if isinstance(x, np.generic):
+        return x.item()
+    raise TypeError(f"cannot store {type(x).__name__} in a visible case")
+
+
+def _index():
+    return json.loads((DATA / "index.json").read_text())
+
+
+def _read(task_id):
+    info = _index()["tasks"].get(task_id)
+    if info is None:
+        raise ValueError(f"unknown task {task_id!r}; this release has {', '.join(_index()['tasks'])}")
+    rows = json.loads((DATA / f"{info['assignment']}.json").read_text())
+    with np.load(DATA / f"{info['assignment']}.npz", allow_pickle=False) as blobs:
+        for n, r in enumerate(rows):
+            if r["task"] != task_id:
+                continue
+            call = Call([], {}, [Out(o[0], tuple(o[1]), o[2], o[3]) for o in r["outs"]], mode=r["header"]["mode"],
+                        script=r["header"].get("script"))
+            call.expected = [blobs[f"{n}.out.{j}"] for j in range(r["n_expected"])] or None
+            call.arg_names = r["arg_names"]
+            yield Case(r["test"], r["label"], call, r["header"], {k: blobs[f"{n}.in.{k}"] for k in r["inputs"]},
+                       r["memory_limit"], r["gpu"])
