@@ -39,3 +39,23 @@ def test_committed_notebook_matches_source(src):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(c.execution_count is not None for c in code), f"{ipynb.name} is not fully executed"
     assert not any(o.output_type == "error" for c in code for o in c.outputs)
+
+
+def test_check_guess_compares_numbers_strings_and_reports_no_guess(capsys):
+    from lectures._exercise import check_guess
+    assert check_guess(None, 1.4) is None and "1.4" in capsys.readouterr().out
+    assert check_guess(1.5, 1.4, rel=0.1) is True
+    assert check_guess(2.0, 1.4) is False
+    assert check_guess(63, 63, rel=0) is True and check_guess(62, 63, rel=0) is False
+    assert check_guess(" Fewer ", "fewer") is True and check_guess("more", "fewer") is False
+    with pytest.raises(TypeError, match="guess must be a number"):
+        check_guess("1.4", 1.4)
+    with pytest.raises(ValueError, match="rel"):
+        check_guess(1.0, 1.0, rel=-1)
+
+
+@pytest.mark.parametrize("src", SOURCES, ids=IDS)
+def test_every_lecture_asks_a_prediction(src):
+    """Each lecture has at least one predict-then-run cell: a ``guess = None`` line checked by ``check_guess``."""
+    text = src.read_text(encoding="utf-8")
+    assert "guess = None" in text and "check_guess(guess," in text, f"{src.name} has no predict-then-run exercise"

@@ -200,11 +200,14 @@ except NotImplementedError as e:
 #
 # where $D_i = \sum_j P_{ij}\, dP_{ij} = \mathrm{rowsum}(dO \circ O)_i$ -- the second form needs only $O$ and
 # $dO$, so compute $D$ once, before the loops. The forward saved $L = m + \log \ell$, so any tile of $P$ is
-# recomputed exactly as $P_{ij} = e^{S_{ij} - L_i}$ without another max/sum pass.
+# recomputed exactly as $P_{ij} = e^{S_{ij} - L_i}$ without another max/sum pass ($S$ includes the scale;
+# $\ell$ vs $L$, natural log vs base 2: the conventions box of
+# [lecture 4](../../lectures/04_backward_recomputation.ipynb#conventions)).
 #
 # FA2 loops over **key blocks outside** and query blocks inside: $dK_j$ and $dV_j$ accumulate in registers
-# for one key block, while $dQ_i$ is accumulated across key blocks (on a GPU, with atomic adds; here,
-# simply `dq[..., rows, :] += ...`). With causal masking, skip the query blocks that cannot see the key block.
+# for one key block, while $dQ_i$ is accumulated across key blocks (here simply `dq[..., rows, :] += ...`; GPU
+# kernels use atomic adds or a separate dQ pass, lecture 4 section 3). With causal masking, skip the query
+# blocks that cannot see the key block.
 # Rows with $L = -\infty$ saw no key: their $P$ row is 0. For GQA, the gradient of a kv head is the **sum**
 # over the query heads that read it.
 #

@@ -272,16 +272,22 @@ check("a3.flash_attention_forward", flash_attention_forward)
 #
 # The math is assignment 2's: $D = \mathrm{rowsum}(dO \circ O)$, $P = e^{S - L}$ recomputed per tile,
 # $dV = P^T dO$, $dP = dO V^T$, $dS = P \circ (dP - D)$, $dQ = \mathrm{scale}\cdot dS K$,
-# $dK = \mathrm{scale}\cdot dS^T Q$. On a GPU, FA2 splits the work so that no two programs write the same
-# output:
+# $dK = \mathrm{scale}\cdot dS^T Q$ (notation: the conventions box of
+# [lecture 4](../../lectures/04_backward_recomputation.ipynb#conventions) -- `lse` is the natural-log
+# log-sum-exp of the *scaled* scores, converted to base 2 inside the kernels). This part splits the work so
+# that no two programs write the same output:
 #
 # * `_bwd_preprocess`: one program per query block computes `D` (B, Hq, Nq).
 # * `_bwd_dkdv`: one program per (key block, batch * **kv** head) keeps `dK_j`, `dV_j` in registers and loops
 #   over every query block of every query head in its GQA group (so the group sum needs no atomics).
 # * `_bwd_dq`: one program per (query block, batch * head) keeps `dQ_i` and loops over key blocks.
 #
-# Recomputing $S$ twice (once in each kernel) costs FLOPs but no HBM traffic for $P$. Fully masked rows have
-# `lse = -inf`; treat it as `+inf` so that their `P` row is `0`.
+# That is one of three ways to handle $dQ$ (lecture 4, section 3). The FlashAttention-2 paper and its CUDA
+# code instead let each dK/dV program atomically add its $dS K_j$ into an fp32 $dQ$ buffer (no recomputation,
+# but a non-deterministic summation order and a conversion kernel); the Triton tutorial loops over key blocks
+# for $dQ$ inside the dK/dV kernel. The separate `_bwd_dq` pass recomputes $S$ and $dP$ (backward matmul
+# FLOPs $14N^2d$ instead of $10N^2d$) and in exchange is deterministic and needs no atomics. Fully masked rows
+# have `lse = -inf`; treat it as `+inf` so that their `P` row is `0`.
 
 # %%
 @triton.jit

@@ -76,8 +76,9 @@ def check_decode_inputs(q, k, v, seq_lens):
 #
 # The cache is pre-allocated for the maximum length and filled left to right; a decode step appends one key
 # and value per head and attends over the filled part. Count what a step costs: it reads
-# `2 * Hkv * N * d` cached numbers to do about `4 * Hq * N * d` FLOPs -- roughly one or two FLOPs per byte,
-# far below the ~300 FLOPs/byte an H100 needs to be compute-bound. Prefill does the same reads for `N` queries
+# `2 * Hkv * N * d` cached numbers to do about `4 * Hq * N * d` FLOPs -- `2 * Hq / Hkv` FLOPs per cached number,
+# so `Hq / Hkv` FLOPs per byte of a 2-byte (fp16/bf16) cache: 1 without GQA, 4 at Hq = 32, Hkv = 8 -- far below
+# the ~300 FLOPs/byte an H100 needs to be compute-bound. Prefill does the same reads for `N` queries
 # at once. Run the cell to see the arithmetic intensity of both phases.
 
 # %% tags=["skip"]

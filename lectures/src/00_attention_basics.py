@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from lectures._exercise import check_guess
 from lectures._plots import setup
 from reference.numpy.attention import attention, causal_mask, multi_head_attention
 
@@ -145,7 +146,13 @@ o_rep = attention(q, np.repeat(k, group, axis=0), np.repeat(v, group, axis=0))
 print(f"Hq={Hq}, Hkv={Hkv}: query head h reads kv head h // {group}:", [h // group for h in range(Hq)])
 print("GQA == repeated-KV multi-head attention:", np.allclose(o_gqa, o_rep))
 
-# KV cache bytes per token for a Llama-like model: 32 layers, 32 query heads of dimension 128, bf16
+# %% [markdown]
+# **Predict, then run.** A Llama-like model: 32 layers, 32 query heads of dimension 128, bf16 (2 bytes). With
+# GQA-8 ($H_{kv} = 8$), how many GiB does the KV cache of one 128k-token sequence take?
+
+# %%
+guess = None  # your answer, in GiB
+check_guess(guess, 2 * 32 * 8 * 128 * 2 * 128_000 / 2**30, what="GQA-8 KV cache, 128k tokens (GiB)")
 for name, hkv in (("MHA", 32), ("GQA-8", 8), ("MQA", 1)):
     per_token = 2 * 32 * hkv * 128 * 2           # K and V, layers, kv heads, head dim, 2 bytes
     print(f"{name:6s} Hkv={hkv:2d}: {per_token / 1024:6.0f} KiB per token, "

@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from lectures._exercise import check_guess
 from lectures._plots import setup
 from reference.numpy.attention import attention
 from reference.numpy.softmax import (merge_softmax_stats, naive_softmax, online_softmax, safe_softmax,
@@ -42,6 +43,17 @@ with np.errstate(over="ignore", invalid="ignore"):
     print("naive_softmax(float16 [3, 11, 12]) =", naive_softmax(x))
 print("safe_softmax (float16 [3, 11, 12]) =", safe_softmax(x))
 print("float64 truth                      =", naive_softmax(x.astype(np.float64)))
+
+# %% [markdown]
+# **Predict, then run.** float32 is what the kernels accumulate in. Above which logit does $e^x$ overflow in
+# float32 (largest value about $3.4 \times 10^{38}$)?
+
+# %%
+guess = None  # your answer, a logit value
+with np.errstate(over="ignore"):
+    overflow_at = next(x for x in np.arange(80, 100, 0.01, dtype=np.float32) if np.isinf(np.exp(x)))
+check_guess(guess, float(overflow_at), rel=0.01, what="first float32 logit whose exp overflows")
+print("ln(float32 max) =", math.log(np.finfo(np.float32).max))
 
 # %% [markdown]
 # ## 2. Safe softmax: subtract the maximum

@@ -12,6 +12,7 @@
 # %%
 import numpy as np
 
+from lectures._exercise import check_guess
 from lectures._plots import setup
 from reference import iosim
 
@@ -149,10 +150,44 @@ print(f"runtime: roofline estimate {r['runtime']:.1f}x, seeds measured {r['seeds
 # ## 4. The $\Theta(N^2 d^2 / M)$ law
 #
 # FlashAttention paper, Theorem 2: with SRAM of size $M$ (elements) and $d \le M \le Nd$, standard attention
-# needs $\Theta(Nd + N^2)$ HBM accesses and FlashAttention $\Theta(N^2 d^2 M^{-1})$. The reason: a tile of
-# $B_c = \lceil M / 4d \rceil$ keys fits in SRAM, so $Q$ and $O$ are streamed $T_c = N / B_c = 4Nd/M$ times,
-# and each stream moves $Nd$ elements: $4N^2d^2/M$. Since $d^2$ is much smaller than $M$ (e.g. $64^2 = 4096$
-# vs ~100k elements), that is many times fewer accesses than $N^2$. The model shows the slopes on log-log axes:
+# needs $\Theta(Nd + N^2)$ HBM accesses and FlashAttention $\Theta(N^2 d^2 M^{-1})$. The paper's proof counts
+# **FlashAttention-1's loop order**: the outer loop runs over key/value blocks, a tile of
+# $B_c = \lceil M / 4d \rceil$ keys stays in SRAM, and $Q$, $O$ (and the statistics $\ell, m$) are streamed
+# past it, $T_c = N / B_c = 4Nd/M$ times; each stream moves $Nd$ elements: $4N^2d^2/M$ (FA1 also writes $O$
+# back every time: reads *and* writes).
+#
+# **FlashAttention-2 swaps the loops** (lecture 3's Algorithm 1): the outer loop runs over query blocks, $Q_i$
+# and the running $O_i, \ell_i, m_i$ stay on chip, and $K$, $V$ are streamed, $T_r = N / B_r$ times. With
+# $B_r = \Theta(M/d)$ the traffic is again $\Theta(N^2 d^2/M)$, but $O$ is written **once**, at the end, and
+# no statistics travel through HBM:
+#
+# | | on chip for a whole inner loop | streamed through HBM | passes |
+# |---|---|---|---|
+# | FlashAttention-1 | $K_j, V_j$ | $Q$, $O$, $\ell$, $m$ (read **and written** every pass) | $T_c = N/B_c$ |
+# | FlashAttention-2 | $Q_i$, $O_i$, $\ell_i$, $m_i$ | $K$, $V$ (read only) | $T_r = N/B_r$ |
+#
+# The same law does not mean the same bytes: those depend on the block sizes. `reference.iosim` counts either
+# order (`version="fa1"` with FA1's $B_c = \lceil M/4d \rceil$, $B_r = \min(B_c, d)$; `"fa2"` with
+# $128 \times 128$ tiles). FA2's gain is not fewer HBM bytes — it is that each query block is independent
+# (one thread block each, no communication: lecture 5) and that the rescaling work leaves the inner loop.
+# The sweep below uses FA1's order, the one the theorem counts.
+#
+# **Predict, then run.** Forward, one head, $N = 4096$, $d = 64$, A100 SRAM: does FA2's order move more or fewer
+# HBM bytes than FA1's, and by what factor (FA2 / FA1)?
+
+# %%
+guess = None  # your answer, a number (FA2 bytes / FA1 bytes)
+io = {v: iosim.flash_attention_io(1, 1, 4096, 64, backward=False, version=v) for v in ("fa1", "fa2")}
+for v, rep in io.items():
+    print(f"{v}: blocks {rep.params['block_q']}x{rep.params['block_k']}, passes T_c={rep.params['t_c']} / "
+          f"T_r={rep.params['t_r']}, HBM {rep.hbm_bytes / 1e6:.1f} MB")
+check_guess(guess, io["fa2"].hbm_bytes / io["fa1"].hbm_bytes, what="FA2 / FA1 forward HBM bytes")
+
+# %% [markdown]
+# In this model FA2's order streams more bytes ($T_r = N/128$ passes over $K, V$ against FA1's $T_c = N/384$
+# over $Q, O$) and FA2 still runs faster on a GPU, for the reasons above. Either way, since $d^2$ is much smaller than $M$
+# (e.g. $64^2 = 4096$ vs ~100k elements), both are many times fewer accesses than $N^2$. The model shows the
+# slopes on log-log axes:
 
 # %%
 sweep = iosim.scaling_sweep(verbose=False)

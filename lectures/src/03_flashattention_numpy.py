@@ -23,6 +23,7 @@ import tracemalloc
 
 import numpy as np
 
+from lectures._exercise import check_guess
 from lectures._plots import load_results, not_run, setup, tile_grid
 from reference.hopper import tile_visits
 from reference.numpy.attention import attention
@@ -126,8 +127,14 @@ print("float16 input, logits up to", float(np.abs(q16.astype(float) @ k16.T.asty
 # With a **causal** mask, tiles entirely above the diagonal contain only masked entries, so FlashAttention
 # skips them: it neither loads their $K_j, V_j$ nor computes them. Only the tiles on the diagonal pay for a
 # mask; those below it run unmasked. That removes almost half the work.
+#
+# **Predict, then run.** $N = 512$, $64 \times 64$ tiles: 64 tiles without a mask. How many does the causal
+# pass compute?
 
 # %%
+guess = None  # your answer, a number of tiles
+check_guess(guess, int((tile_visits(512, 512, 64, 64, causal=True) > 0).sum()), rel=0,
+            what="tiles computed, causal, N=512, 64x64 tiles")
 full = tile_visits(512, 512, 64, 64)
 causal = tile_visits(512, 512, 64, 64, causal=True)
 chunk = tile_visits(192, 512, 64, 64, causal=True)         # Nq < Nk: bottom-right alignment

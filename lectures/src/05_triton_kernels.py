@@ -17,6 +17,7 @@ import math
 import numpy as np
 import torch
 
+from lectures._exercise import check_guess
 from lectures._plots import gantt, load_results, not_run, setup
 from reference import hopper as hp
 from reference.numpy.attention import attention
@@ -74,9 +75,30 @@ print(f"busy fraction {sched.efficiency:.1%}; lower bound on the finish time {hp
 #   $K_j, V_j$ (shared memory, read-only); each warp's rows are finished on their own. **Splitting across Q
 #   avoids communication.**
 #
-# The split-K combine is the merge of lecture 1/7; the data it moves through shared memory is the price:
+# The figure colours the scores $S_i = Q_i K^\top$ of one thread block by the warp that computes them:
 
 # %%
+Br_fig, Nk_fig, w_fig = 16, 32, 4
+split_k = np.tile(np.repeat(np.arange(w_fig), Nk_fig // w_fig), (Br_fig, 1))   # warp w owns a slice of keys
+split_q = np.repeat(np.arange(w_fig), Br_fig // w_fig)[:, None] * np.ones((1, Nk_fig), int)  # ... of queries
+fig, ax = plt.subplots(1, 2, figsize=(9, 2.8))
+for a, grid, title in ((ax[0], split_k, "FA1 split-K: warps own key columns\n-> partial O per warp, merge in smem"),
+                       (ax[1], split_q, "FA2 split-Q: warps own query rows\n-> finished rows, no exchange")):
+    a.imshow(grid, cmap="tab10", vmin=0, vmax=9, aspect="auto"); a.grid(False)
+    a.set_title(title, fontsize=9); a.set_xlabel("keys of $K_j$ (all key blocks)"); a.set_ylabel("rows of $Q_i$")
+    for w in range(w_fig):
+        r, c = np.argwhere(grid == w).mean(0)
+        a.text(c, r, f"warp {w}", ha="center", va="center", fontsize=8, color="white")
+plt.tight_layout()
+
+# %% [markdown]
+# The split-K combine is the merge of lecture 1/7; the data it moves through shared memory is the price.
+# **Predict, then run:** with $B_r = 128$ rows, $d = 128$ and 4 warps, each warp's partial output and its
+# $(m, \ell)$ in fp32 go through shared memory. How many KiB per query block?
+
+# %%
+guess = None  # your answer, in KiB
+check_guess(guess, 4 * 128 * (128 + 2) * 4 / 1024, what="split-K shared-memory exchange (KiB)")
 Br, d, warps = 128, 128, 4
 q = rng.standard_normal((Br, d)); K = rng.standard_normal((512, d)); V = rng.standard_normal((512, d))
 # split-K: each warp attends the whole query block over its quarter of the keys -> partial (o, lse) per warp

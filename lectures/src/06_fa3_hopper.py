@@ -22,6 +22,7 @@
 # %%
 import numpy as np
 
+from lectures._exercise import check_guess
 from lectures._plots import gantt, load_results, setup
 from reference import hopper as hp
 
@@ -197,11 +198,24 @@ plt.tight_layout()
 
 # %% [markdown]
 # At GPU scale (132 SMs, 16 heads, $N = 8192$ in 128-row blocks, so 64 query blocks per head) the naive order
-# leaves a ragged tail; LPT lands on the lower bound $\max(\text{longest tile}, \lceil\text{total}/W\rceil)$.
+# leaves a ragged tail; LPT lands on or next to the lower bound
+# $\max(\text{longest tile}, \lceil\text{total}/W\rceil)$ — in the table below it meets it in three rows and
+# is one unit above it (129 vs 128) for 2 batches x 32 blocks. LPT is a heuristic (Graham's guarantee:
+# within $4/3 - 1/(3W)$ of the optimum), not always optimal.
+#
+# The model's assumption: each SM is **one worker running one program at a time** (one resident CTA per SM,
+# as in FA3's persistent kernel, which launches one CTA per SM and loops over tiles). A kernel with several
+# resident CTAs per SM shares the SM's throughput among them and is not modelled by this list schedule.
 # The talk measured causal attention going from 670 to 730 TFLOPS. The caveat: reordering tiles changes which
 # $K, V$ blocks are hot at the same time, so care is needed not to spill the L2 cache (L2 swizzling).
 
+# **Predict, then run.** 2 batches x 16 heads x 32 query blocks (block $i$ costs $i + 1$) on 132 SMs: what is
+# the lower bound on the makespan?
+
 # %%
+guess = None  # your answer, a number of time units
+check_guess(guess, hp.makespan_lower_bound(hp.causal_tiles(2, 32, n_heads=16), 132), rel=0,
+            what="makespan lower bound, 2 x 16 x 32 tiles on 132 SMs")
 print(f"{'batch':>5} {'q blocks':>8} | {'naive makespan':>14} {'LPT':>6} {'bound':>6} | {'naive eff':>9} {'LPT eff':>8}")
 for b, nb in ((1, 16), (2, 32), (4, 64), (8, 64)):
     tl = hp.causal_tiles(b, nb, n_heads=16)

@@ -14,6 +14,7 @@
 # %%
 import numpy as np
 
+from lectures._exercise import check_guess
 from lectures._plots import load_results, setup
 from reference import fragmentation as fr
 from reference.numpy.attention import attention
@@ -28,10 +29,15 @@ rng = np.random.default_rng(8)
 # A static cache **pre-allocates contiguous space** for each request's **maximum** length, because the output
 # length is unknown when the request arrives. That causes
 #
-# * **internal fragmentation** — reserved slots the request never uses (it stops early), plus slots reserved for
-#   tokens not generated *yet*;
+# * **reservation** — slots reserved for tokens the request *will* produce but has not generated yet (they will
+#   be filled, but they are idle until then);
+# * **internal fragmentation** — reserved slots the request will **never** use (it stops before its maximum);
 # * **external fragmentation** — free memory split into holes too small for the next request, because
 #   reservations have different sizes.
+#
+# The vLLM paper (Kwon et al., SOSP 2023, Figure 3) draws the same three kinds of waste; the simulator keeps
+# them as separate categories (`reference.fragmentation.CATEGORIES`), and the bar chart below shows each. Some
+# texts count reservations as internal fragmentation; here "internal" means never used.
 #
 # The seeds (vLLM slides): *"only 20–40% of KV cache is utilized to store actual token states."* The simulator
 # serves a ShareGPT-like stream of requests (mean prompt 161, mean output 338 tokens, lengths up to 2048) from a
@@ -186,8 +192,13 @@ print("steps to serve the same 300 requests:", {name: r.steps for name, r in rep
 # inside the split-KV decode kernel of lecture 7; the course's bar (docs/design.md §7) asks it to stay within 0.9x
 # the contiguous kernel's speed at block size 16. The simulator first, then the GPU
 # measurement if `benchmarks/results/<gpu>-decode.json` exists.
+#
+# **Predict, then run.** With block size 64, what is the most slots one sequence can waste at any moment?
 
 # %%
+guess = None  # your answer, a number of slots
+check_guess(guess, fr.simulate(reqs, "paged", pool_tokens=12000, block_size=64).max_waste_per_seq, rel=0,
+            what="max waste per sequence at block size 64")
 for bs in (1, 4, 16, 64, 256):
     r = fr.simulate(reqs, "paged", pool_tokens=12000, block_size=bs)
     print(f"block size {bs:3d}: utilisation {r.utilisation:5.1%}, internal fragmentation "

@@ -8,9 +8,15 @@
    (not ``exp2(s + inf) = inf``): such rows contribute nothing to any gradient and get ``dq = 0``.
 2. ``_bwd_dkdv``: one program per KEY block ``K_j, V_j`` (Algorithm 2, lines 5-19) looping over the query
    blocks that can see it (lines 8-17), accumulating ``dK_j, dV_j`` on chip. The dQ update of line 15 is not
-   done here (it would need atomics across key blocks); it is the third kernel.
+   done here: every key block adds into every ``dQ_i`` it sees, which across programs needs atomic adds.
 3. ``_bwd_dq``: one program per QUERY block recomputing ``P`` and ``dS`` over its key blocks to form
-   ``dQ_i = scale * sum_j dS_ij K_j`` (line 15 of Algorithm 2, reorganised as in the FA2 implementation).
+   ``dQ_i = scale * sum_j dS_ij K_j`` (line 15 of Algorithm 2) in registers, written once.
+
+The dQ organisation is a choice among three (lecture 04, section 3): the FA2 paper and its CUDA code use atomic
+adds into an fp32 accumulator plus a conversion kernel (10 N^2 d backward matmul FLOPs, non-deterministic
+summation order); the Triton tutorial loops over key blocks for dQ inside the dK/dV kernel; this module uses a
+separate pass. The separate pass recomputes ``S`` and ``dP`` (14 N^2 d FLOPs, +40%) in exchange for
+deterministic gradients, no fp32 scratch buffer and two small kernels that run unchanged in the interpreter.
 
 GQA: the dK/dV program of kv head ``hk`` loops over the ``group`` query heads that read it and sums their
 contributions in registers, so no per-query-head dK/dV copy is ever allocated (the alternative -- per query

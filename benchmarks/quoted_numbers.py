@@ -1,0 +1,105 @@
+"""Print every performance number the README and the notes quote, derived from ``benchmarks/results/*.json``.
+
+    python benchmarks/quoted_numbers.py
+
+Quote what this prints, not a number remembered from an earlier run: each line gives the range over the
+configurations in the file and, where the course sets a bar, which configurations miss it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load(name):
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def span(values, fmt="{:.2f}"):
+    values = list(values)
+    return (fmt + "-" + fmt).format(min(values), max(values)) if values else "n/a"
+
+
+def cpu_lines(r):
+    out = []
+    for run in r["runs"]:
+        rows = run["rows"]
+        for tiles in ("64x64", "128x128"):
+            key = f"tiled{tiles}_fwd_ratio_median"
+            ratios = {row["N"]: row[key] for row in rows if key in row}
+            if not ratios:
+                continue
+            missed = [f"N={n} ({x:.2f}x)" for n, x in ratios.items() if x > 3.0]
+            out.append(f"cpu.json [{run['label']}] tiled {tiles} forward / naive time: {span(ratios.values())}x over "
+                       f"N={min(ratios)}..{max(ratios)}; N=4096: {ratios.get(4096, float('nan')):.2f}x; bar <= 3x "
+                       + (f"MISSED at {', '.join(missed)}" if missed else "met everywhere"))
+        mem = [row["tiled64x64_fwd_peak_bytes"] / row["naive_fwd_peak_bytes"] for row in rows if row["N"] == 4096]
+        if mem:
+            out.append(f"cpu.json [{run['label']}] tiled 64x64 forward peak memory / naive at N=4096: {mem[0]:.3f} "
+                       f"(bar <= 0.1)")
+    return out
+
+
+def attention_lines(r):
+    rows = r["attention"]
+    out = []
+    for base in ("sdpa_flash", "sdpa_cudnn"):
+        for p in ("fwd", "bwd"):
+            ratios = [x[base][f"{p}_ms"] / x["ours"][f"{p}_ms"] for x in rows if base in x and "ours" in x]
+            out.append(f"{r['gpu']}: Triton FA2 {p} speed / {base}: {span(ratios)}x over {len(ratios)} configurations")
+    best = max(x["ours"]["fwd_tflops"] for x in rows)
+    out.append(f"{r['gpu']}: best forward {best:.0f} TFLOP/s (matmul ceiling {r['ceilings']['matmul_TFLOPs']:.0f})")
+    return out
+
+
+def decode_lines(r):
+    rows = [x for x in r["results"] if "ms_graph" in x]
+    by = {(x["batch"], x["context"], x["impl"]): x for x in rows}
+    out, gpu = [], r["meta"]["gpu"]
+    for base in ("one_split", "fa2_per_qhead", "sdpa_default", "sdpa_flash", "naive_torch"):
+        ratios = [(by[(b, n, base)]["ms_graph"] / x["ms_graph"], b, n) for (b, n, i), x in by.items()
+                  if i == "split_kv" and (b, n, base) in by]
+        if not ratios:
+            out.append(f"{gpu}: split-KV vs {base}: not measured in this file (re-run bench_decode.py on a GPU)")
+            continue
+        b1 = {n: v for v, b, n in ratios if b == 1}
+        best = max(ratios)
+        out.append(f"{gpu}: split-KV vs {base}: up to {best[0]:.2f}x (B={best[1]}, N={best[2]}); B=1 at "
+                   + ", ".join(f"{n // 1024}k {b1[n]:.2f}x" for n in sorted(b1) if n >= 32768))
+    for impl in ("split_kv", "sdpa_flash"):
+        fr = {x["context"]: x["frac_copy_bw_graph"] for x in rows if x["impl"] == impl and x["batch"] == 1}
+        out.append(f"{gpu}: {impl} B=1 KV bytes/time over copy bandwidth at "
+                   + ", ".join(f"{n // 1024}k {fr[n]:.2f}" for n in sorted(fr) if n >= 32768))
+    for bar in r.get("bars", []):
+        if not bar["passed"]:
+            out.append(f"{gpu}: bar MISSED: {bar['what']} B={bar['batch']} N={bar['context']}: {bar['value']:.2f} "
+                       f"(bar {bar['bar']})")
+    paged = [p["vs_contiguous_graph"] for p in r.get("paged", []) if p.get("block_size") == 16]
+    out.append(f"{gpu}: paged (block 16) / contiguous speed: {span(paged)}x (bar 0.9)")
+    return out
+
+
+def main() -> int:
+    lines = []
+    for name, fn in (("cpu.json", cpu_lines), ("h200.json", attention_lines), ("h200-decode.json", decode_lines)):
+        r = load(name)
+        lines += fn(r) if r else [f"{name}: not there"]
+    io = load("iosim.json")
+    if io:
+        t = io["seeds_table"]
+        lines.append(f"iosim.json: HBM standard {t['standard']['hbm_gb']:.1f} GB vs flash {t['flash']['hbm_gb']:.2f} GB "
+                     f"(seeds 40.3 vs 4.4)")
+    frag = load("fragmentation.json")
+    if frag:
+        s = frag["summary"]
+        lines.append("fragmentation.json: utilisation " + ", ".join(f"{k} {v['utilisation']:.1%}" for k, v in s.items()))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

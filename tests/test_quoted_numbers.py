@@ -1,0 +1,33 @@
+"""The numbers the README quotes are the ones ``benchmarks/quoted_numbers.py`` derives from the results files."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def test_script_prints_every_results_file_and_the_missed_bars():
+    out = subprocess.run([sys.executable, "benchmarks/quoted_numbers.py"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    for name in ("cpu.json", "NVIDIA H200", "iosim.json", "fragmentation.json"):
+        assert name in out
+    decode = json.loads((RESULTS / "h200-decode.json").read_text())
+    assert out.count("bar MISSED") == sum(not b["passed"] for b in decode["bars"])
+
+
+def test_readme_decode_and_cpu_numbers_match_the_results_files():
+    readme = (ROOT / "README.md").read_text()
+    decode = json.loads((RESULTS / "h200-decode.json").read_text())
+    by = {(x["batch"], x["context"], x["impl"]): x["ms_graph"] for x in decode["results"] if "ms_graph" in x}
+    one = " / ".join(f"{by[(1, n, 'one_split')] / by[(1, n, 'split_kv')]:.1f}x" for n in (32768, 65536, 131072))
+    assert one in readme, one
+    cpu = json.loads((RESULTS / "cpu.json").read_text())
+    at4096 = [row["tiled64x64_fwd_ratio_median"] for run in cpu["runs"] for row in run["rows"] if row["N"] == 4096]
+    for x in at4096:
+        assert f"{x:.2f}x" in readme, x
+    row = re.search(r"\| paged decode \(block 16\).*?\| ([0-9.]+)x-([0-9.]+)x", readme)
+    paged = [p["vs_contiguous_graph"] for p in decode["paged"] if p.get("block_size") == 16]
+    assert row and (float(row[1]), float(row[2])) == (round(min(paged), 2), round(max(paged), 2))
