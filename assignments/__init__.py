@@ -12,6 +12,7 @@ ASSIGNMENTS = {
     "a3_triton": "a3",
     "a4_decoding": "a4",
     "a5_paged": "a5",
+    "a6_ring": "a6",
 }
 
 #: the graded names of each assignment (the shared grading contract; same signatures as docs/design.md §4)
@@ -21,4 +22,5 @@ GRADED = {
     "a3_triton": ("softmax", "flash_attention_forward", "flash_attention"),
     "a4_decoding": ("flash_decoding", "flash_decode"),
     "a5_paged": ("BlockAllocator", "paged_attention", "paged_decode"),
+    "a6_ring": ("ring_step",),
 }

@@ -40,6 +40,7 @@ SIGNATURES = {
     "BlockAllocator": "(num_blocks)",
     "paged_attention": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
     "paged_decode": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
+    "ring_step": "(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None)",
 }
 
 

@@ -229,3 +229,41 @@ def test_run_ranks_times_out_instead_of_hanging():
 def test_run_ranks_reraises_a_rank_error():
     with pytest.raises(RuntimeError, match="(?s)rank 1: .*rank 1 failed on purpose"):
         run_ranks(_fail_rank, 2, timeout=60)
+
+
+@pytest.mark.parametrize("layout", L.LAYOUTS)
+@pytest.mark.parametrize("world,n,hq,hkv", [(3, 29, 4, 2), (2, 1, 1, 1), (4, 13, 2, 2)])
+def test_numpy_ring_step_builds_causal_attention(rng, layout, world, n, hq, hkv):
+    """reference.numpy.ring.ring_step folded over every rank and step equals float64 causal attention."""
+    from reference.numpy.ring import ring_step
+    q = rng.standard_normal((2, hq, n, 8))
+    k, v = rng.standard_normal((2, hkv, n, 8)), rng.standard_normal((2, hkv, n, 8))
+    o_ref, lse_ref, _ = attention_ref(q, k, v, causal=True)
+    o, lse = np.zeros_like(q), np.full(q.shape[:-1], -np.inf)
+    segs = L.rank_segments(n, world, layout)
+    pos = [np.array([i for a, b in segs[r] for i in range(a, b)], dtype=np.int64) for r in range(world)]
+    for r in range(world):
+        o_r, l_r = np.zeros((2, hq, len(pos[r]), 8)), np.full((2, hq, len(pos[r])), -np.inf)
+        for s in range(world):
+            kp = pos[(r - s) % world]
+            o_r, l_r = ring_step(o_r, l_r, q[..., pos[r], :], k[..., kp, :], v[..., kp, :], pos[r], kp)
+            assert not np.isnan(o_r).any() and not np.isnan(l_r).any()
+        o[..., pos[r], :], lse[..., pos[r]] = o_r, l_r
+    assert rel_err(o, o_ref) < 1e-13 and lse_err(lse, lse_ref) < 1e-13
+
+
+def test_numpy_ring_step_keeps_state_of_rows_that_see_nothing_and_checks_input(rng):
+    from reference.numpy.ring import ring_step
+    o = rng.standard_normal((1, 3, 4)).astype(np.float32)
+    lse = np.array([[0.5, -np.inf, 1.0]], dtype=np.float32)
+    o[0, 1] = 0
+    q, k, v = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 2, 4)), rng.standard_normal((1, 2, 4))
+    o2, l2 = ring_step(o, lse, q, k, v, np.array([0, 1, 2]), np.array([5, 6]))   # keys after every query
+    assert o2.dtype == np.float32 and l2.dtype == np.float32
+    assert np.array_equal(o2, o) and np.array_equal(l2, lse)
+    with pytest.raises(ValueError, match="q_pos"):
+        ring_step(o, lse, q, k, v, np.array([0.0, 1, 2]), np.array([5, 6]))
+    with pytest.raises(ValueError, match="o must have"):
+        ring_step(o[:, :2], lse, q, k, v, np.array([0, 1, 2]), np.array([5, 6]))
+    with pytest.raises(TypeError, match="causal"):
+        ring_step(o, lse, q, k, v, np.array([0, 1, 2]), np.array([5, 6]), causal=1)

@@ -11,8 +11,8 @@
 # Everything here runs on CPU: real `torch.distributed` processes talking over **gloo** (the same code runs on
 # GPUs over NCCL, `benchmarks/bench_ring.py`), and simulations of the schedule.
 #
-# **Reading path:** lecture 7 (merging partial attention) → this lecture → the optional ring-merge part of
-# assignment `a4_decoding`.
+# **Reading path:** lecture 7 (merging partial attention) → this lecture → the optional assignment `a6_ring`
+# (the ring's merge step, in NumPy).
 #
 # References: H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite
 # Context* (ICLR 2024, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)); the two-chunks-per-rank causal
