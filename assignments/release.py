@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a4_decoding", "a5_paged")
+ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a4_decoding", "a5_paged", "a6_ring")
 # the part of the autograder that check() imports: running a call, judging outputs, the case data classes
 CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py",
                "specs/__init__.py", "specs/_base.py")
