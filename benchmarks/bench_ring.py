@@ -38,7 +38,7 @@ import statistics
 import sys
 import time
 
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")   # NVLink multicast (NVLS) off, before NCCL is ever loaded
+os.environ["NCCL_NVLS_ENABLE"] = "0"   # NVLink multicast (NVLS) off, before NCCL is ever loaded
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -253,7 +253,7 @@ def main(argv=None):
     if a.smoke:
         world = a.world_size or 2
         opts = dict(backend="gloo", dtype="float32", step="torch", shape={"B": 1, "hq": 4, "hkv": 2, "d": 16},
-                    seqs=[64, 96], reps=2, check_n=40, one_gpu=True, emulate=a.emulate)
+                    seqs=[48], reps=1, check_n=40, one_gpu=True, emulate=a.emulate)
         tag = "smoke"
     else:
         if not torch.cuda.is_available():
