@@ -11,7 +11,9 @@ and both layouts (causal: contiguous vs zig-zag; plus non-causal):
   ``hidden = 1 - sum(wait) / comm`` (1.0: fully hidden);
 * ``one_gpu_ms``: the Triton forward over the whole sequence on one GPU (rank 0, if it fits), and
   ``efficiency = one_gpu_ms / (world * ring_ms)`` (1.0: perfect scaling; the goal is >= 0.85 at 128k causal
-  zig-zag on 2 GPUs).
+  zig-zag on 2 GPUs);
+* ``pass = "backward"`` rows (unless ``--no-backward``): the causal zig-zag backward ring (dQ local, fp32 dK/dV
+  travelling with their chunk) against the one-GPU Triton backward.
 
 Before timing, rank outputs are gathered and compared with the one-GPU forward on a short sequence.
 
@@ -47,8 +49,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from reference.distributed import layout as L  # noqa: E402
 from reference.distributed.launch import run_ranks  # noqa: E402
-from reference.distributed.ring_attention import (kv_ring_pass, ring_attention_forward,  # noqa: E402
-                                                  simulate_ring_attention)
+from reference.distributed.ring_attention import (kv_ring_pass, ring_attention_backward,  # noqa: E402
+                                                  ring_attention_forward, simulate_ring_attention)
 
 SHAPE = {"B": 1, "hq": 32, "hkv": 8, "d": 128}
 CONFIGS = [(True, "zigzag"), (True, "contiguous"), (False, "zigzag")]
@@ -96,13 +98,47 @@ def full_inputs(n: int, device, dtype, seed: int, shape=SHAPE):
     return mk(shape["hq"]), mk(shape["hkv"]), mk(shape["hkv"])
 
 
+def one_gpu_backward(step_name: str):
+    """``(q, k, v, o, lse, do) -> grads`` of the whole sequence on one device (causal)."""
+    if step_name == "triton":
+        from reference.triton.flash_bwd import flash_attention_backward
+        return lambda q, k, v, o, lse, do: flash_attention_backward(q, k, v, o, lse, do, causal=True)
+    from reference.distributed.local_step import get_step
+    st = get_step(step_name)
+    return lambda q, k, v, o, lse, do: st.backward(q, k, v, o, lse, do, True, q.shape[-1] ** -0.5)
+
+
+def bench_backward(rank, world, q, k, v, n, opts) -> dict:
+    """Causal zig-zag backward: the ring (dQ local, dK/dV travelling) vs the one-device backward."""
+    step, lay = opts["step"], "zigzag"
+    ql, kl, vl = (L.shard(x, rank, world, lay).contiguous() for x in (q, k, v))
+    o, lse = ring_attention_forward(ql, kl, vl, causal=True, layout=lay, step=step, seq_lens=(n, n))
+    do = torch.randn_like(o)
+    stats = {}
+    ring_ms = timed(lambda: ring_attention_backward(ql, kl, vl, o, lse, do, True, None, lay, step, None, (n, n),
+                                                    stats), opts["reps"])
+    gathered = [None] * world
+    dist.all_gather_object(gathered, {"compute_ms": [x * 1e3 for x in stats["compute_s"]],
+                                      "wait_ms": [x * 1e3 for x in stats["wait_s"]]})
+    row = {"n": n, "causal": True, "layout": lay, "pass": "backward", "world": world, "ring_ms": ring_ms,
+           "compute_ms": [g["compute_ms"] for g in gathered], "wait_ms": [g["wait_ms"] for g in gathered],
+           "tflops": 2.5 * fwd_flops(n, True, opts["shape"]) / ring_ms / 1e9}
+    if rank == 0 and opts["one_gpu"]:
+        o1, lse1 = one_gpu_forward(step)(q, k, v, True)
+        do1 = torch.randn_like(o1)
+        row["one_gpu_ms"] = timed(lambda: one_gpu_backward(step)(q, k, v, o1, lse1, do1), opts["reps"],
+                                  barrier=False)
+        row["efficiency"] = row["one_gpu_ms"] / (world * ring_ms)
+    return row
+
+
 def one_gpu_forward(step_name: str):
     if step_name == "triton":
         from reference.triton import flash_attention_forward
         return lambda q, k, v, causal: flash_attention_forward(q, k, v, causal=causal)
     from reference.distributed.local_step import get_step
     st = get_step(step_name)
-    return lambda q, k, v, causal: st.forward(q, k, v, causal, q.shape[-1] ** -0.5)
+    return lambda q, k, v, causal: st.forward(q, k, v, causal, q.shape[-1] ** -0.5)   # (o, lse)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -151,7 +187,8 @@ def bench_rank(rank: int, world: int, opts: dict) -> dict:
             per = [dict(compute_ms=[x * 1e3 for x in stats["compute_s"]], wait_ms=[x * 1e3 for x in stats["wait_s"]])]
             gathered = [None] * world
             dist.all_gather_object(gathered, per[0])
-            row = {"n": n, "causal": causal, "layout": lay, "world": world, "ring_ms": ring_ms, "comm_ms": comm_ms,
+            row = {"n": n, "causal": causal, "layout": lay, "pass": "forward", "world": world, "ring_ms": ring_ms,
+                   "comm_ms": comm_ms,
                    "compute_ms": [g["compute_ms"] for g in gathered], "wait_ms": [g["wait_ms"] for g in gathered],
                    "tflops": fwd_flops(n, causal, shape) / ring_ms / 1e9}
             if world > 1 and comm_ms > 0:
@@ -163,6 +200,8 @@ def bench_rank(rank: int, world: int, opts: dict) -> dict:
                 row["efficiency"] = base / (world * ring_ms)
             rows.append(row)
             del ql, kl, vl
+        if opts["backward"]:
+            rows.append(bench_backward(rank, world, q, k, v, n, opts))
         if world == 1 and opts["emulate"] > 1:
             for r in emulate(q, k, v, n, opts, step):
                 base = one_ms if r["causal"] else one_ms_full
@@ -193,14 +232,14 @@ def emulate(q, k, v, n, opts, step) -> list:
 # report
 # --------------------------------------------------------------------------------------------------------------
 def print_table(rows):
-    print(f"{'N':>7} {'causal':>6} {'layout':>10} {'ring ms':>9} {'TFLOP/s':>8} {'comm ms':>8} {'hidden':>7} "
-          f"{'1-GPU ms':>9} {'eff':>6}")
+    print(f"{'N':>7} {'pass':>8} {'causal':>6} {'layout':>10} {'ring ms':>9} {'TFLOP/s':>8} {'comm ms':>8} "
+          f"{'hidden':>7} {'1-GPU ms':>9} {'eff':>6}")
     for r in rows:
         if "ring_ms" not in r:
             continue
-        print(f"{r['n']:>7} {str(r['causal']):>6} {r['layout']:>10} {r['ring_ms']:>9.2f} {r['tflops']:>8.1f} "
-              f"{r['comm_ms']:>8.2f} {r.get('hidden', float('nan')):>7.2f} {r.get('one_gpu_ms', float('nan')):>9.2f} "
-              f"{r.get('efficiency', float('nan')):>6.2f}")
+        print(f"{r['n']:>7} {r['pass']:>8} {str(r['causal']):>6} {r['layout']:>10} {r['ring_ms']:>9.2f} "
+              f"{r['tflops']:>8.1f} {r.get('comm_ms', float('nan')):>8.2f} {r.get('hidden', float('nan')):>7.2f} "
+              f"{r.get('one_gpu_ms', float('nan')):>9.2f} {r.get('efficiency', float('nan')):>6.2f}")
     em = [r for r in rows if "emulated_world" in r]
     if em:
         print("\nemulated ring on one GPU (compute only; per-rank totals in ms, predicted = sum of slowest per step)")
@@ -217,7 +256,7 @@ def plot(rows, path, title):
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
     for causal, lay in CONFIGS:
-        rs = [r for r in rows if "ring_ms" in r and r["causal"] == causal and r["layout"] == lay]
+        rs = [r for r in rows if r.get("pass") == "forward" and r["causal"] == causal and r["layout"] == lay]
         if rs:
             axes[0].plot([r["n"] for r in rs], [r["ring_ms"] for r in rs], "o-",
                          label=f"ring {'causal' if causal else 'full'} {lay}")
@@ -226,7 +265,8 @@ def plot(rows, path, title):
             axes[1].plot([r["n"] for r in rs], [r["efficiency"] for r in rs], "o-",
                          label=f"{'causal' if causal else 'full'} {lay}")
     for causal in (True, False):
-        rs = [r for r in rows if "one_gpu_ms" in r and r["causal"] == causal and r["layout"] == "zigzag"]
+        rs = [r for r in rows if r.get("pass") == "forward" and "one_gpu_ms" in r and r["causal"] == causal
+              and r["layout"] == "zigzag"]
         if rs:
             axes[0].plot([r["n"] for r in rs], [r["one_gpu_ms"] for r in rs], "k--" if causal else "k:",
                          label=f"one GPU {'causal' if causal else 'full'}")
@@ -247,13 +287,15 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=5, help="timed repetitions (median)")
     ap.add_argument("--emulate", type=int, default=2, help="with --world-size 1: ranks of the emulated ring")
     ap.add_argument("--no-one-gpu", action="store_true", help="skip the one-GPU baseline")
+    ap.add_argument("--no-backward", action="store_true", help="skip the causal zig-zag backward")
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, torch local step, tiny shapes")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = ap.parse_args(argv)
     if a.smoke:
         world = a.world_size or 2
         opts = dict(backend="gloo", dtype="float32", step="torch", shape={"B": 1, "hq": 4, "hkv": 2, "d": 16},
-                    seqs=[48], reps=1, check_n=40, one_gpu=True, emulate=a.emulate)
+                    seqs=[48], reps=1, check_n=40, one_gpu=True, emulate=a.emulate,
+                    backward=not a.no_backward)
         tag = "smoke"
     else:
         if not torch.cuda.is_available():
@@ -263,7 +305,7 @@ def main(argv=None):
             ap.error(f"--world-size {world} needs {world} GPUs, {torch.cuda.device_count()} visible")
         opts = dict(backend="nccl", dtype="bfloat16", step="triton", shape=SHAPE,
                     seqs=[int(x) for x in a.seqs.split(",")], reps=a.reps, check_n=4096,
-                    one_gpu=not a.no_one_gpu, emulate=a.emulate)
+                    one_gpu=not a.no_one_gpu, emulate=a.emulate, backward=not a.no_backward)
         tag = gpu_tag()
     t0 = time.time()
     results = run_ranks(bench_rank, world, (opts,), timeout=3600, backend=opts["backend"])
