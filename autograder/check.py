@@ -4,18 +4,24 @@ Runs the VISIBLE cases of one task in the notebook's own process (local feedback
 the grader's float64 oracle and prints one row per case: passed, relative error vs tolerance, message. It never
 raises for a failing or unimplemented student function (``NotImplementedError`` -> "not implemented yet") and
 returns True iff every case passed. Hidden cases, speed and the sandbox are the grader's business.
+
+For every failing case it also prints the case's parameters (argument shapes and dtypes, scalar arguments such
+as block sizes) and a one-line call that reproduces it: the inputs stay in ``check.failed`` after the call, so
+``out = fn(*check.failed[0].args, **check.failed[0].kwargs)`` runs the student's function on exactly that case.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import traceback
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import visible
 from .evaluate import evaluate, fmt_err
-from .runner import array_hash, execute
+from .runner import array_hash, execute, materialise
 
 
 def _device(framework) -> str:
@@ -27,8 +33,65 @@ def _device(framework) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run_visible(task_id, fn, seed=None):
-    """Yield ``(test name, case_label, Verdict-like tuple)`` for every visible case of ``task_id``."""
+@dataclass
+class FailedCase:
+    """One failing visible case, kept so the student can re-run it: ``fn(*c.args, **c.kwargs)``."""
+    label: str
+    mode: str                          # "call", "autograd" (last arg is dO) or "script" (a class driven by script)
+    args: list = field(default_factory=list)
+    kwargs: dict = field(default_factory=dict)
+    script: list | None = None
+    params: str = ""                   # the parameters as printed
+
+    def run(self, fn):
+        """Call ``fn`` on this case's inputs the way the grader does; returns its output(s)."""
+        if self.mode == "script":
+            from .runner import run_script
+            return run_script(fn, self.script)
+        if self.mode == "autograd":
+            out = fn(*self.args[:-1], **self.kwargs)
+            out.backward(self.args[-1])
+            return out
+        return fn(*self.args, **self.kwargs)
+
+
+def _describe(value) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None and getattr(value, "dtype", None) is not None:
+        dt = str(value.dtype).replace("torch.", "")
+        return f"{dt} {tuple(int(n) for n in shape)}"
+    return repr(value)
+
+
+def describe_case(fn, case, args, kwargs) -> str:
+    """``name: float32 (2, 4, 50, 32), ..., causal=True, block_q=32``: what a failing case was called with."""
+    if case.header["mode"] == "script":
+        return f"script of {len(case.header['script'] or [])} operations"
+    try:
+        names = [n for n in inspect.signature(fn).parameters]
+    except (TypeError, ValueError):
+        names = []
+    pos = args[:-1] if case.header["mode"] == "autograd" else args
+    parts = [f"{names[i] if i < len(names) else f'arg{i}'}: {_describe(a)}" for i, a in enumerate(pos)]
+    parts += [f"{k}: {_describe(v)}" if hasattr(v, "shape") else f"{k}={v!r}" for k, v in kwargs.items()]
+    if case.header["mode"] == "autograd":
+        parts.append(f"then backward with dO: {_describe(args[-1])}")
+    return ", ".join(parts)
+
+
+def reproduce_line(fn, index: int, mode: str) -> str:
+    """The one line that re-runs ``check.failed[index]`` in the notebook."""
+    name = getattr(fn, "__name__", "fn")
+    if mode == "script":
+        return f"check.failed[{index}].run({name})   # drives {name} through the case's script"
+    c = f"check.failed[{index}]"
+    if mode == "autograd":
+        return f"out = {name}(*{c}.args[:-1], **{c}.kwargs); out.backward({c}.args[-1])"
+    return f"out = {name}(*{c}.args, **{c}.kwargs)"
+
+
+def _run_cases(task_id, fn, seed=None):
+    """Yield ``(test, label, result tuple, case, device)`` for every visible case of ``task_id``."""
     device = _device(visible.framework(task_id))
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     rng = np.random.default_rng(seed)
@@ -41,35 +104,55 @@ def run_visible(task_id, fn, seed=None):
         try:
             result = execute(fn, case.header, arrays, device, trace_memory=limit is not None)
         except NotImplementedError:
-            yield test, label, (False, float("inf"), "not implemented yet")
+            yield test, label, (False, float("inf"), "not implemented yet"), case, device
             continue
         except Exception as exc:  # noqa: BLE001 -- feedback, not a crash
             tb = traceback.extract_tb(exc.__traceback__)
             where = f" (line {tb[-1].lineno} in {tb[-1].name})" if tb else ""
-            yield test, label, (False, float("inf"), f"{type(exc).__name__}: {exc}{where}")
+            yield test, label, (False, float("inf"), f"{type(exc).__name__}: {exc}{where}"), case, device
             continue
         v = evaluate(call, result, sent, device, limit)
         tol = min((o.tol for o in call.outs), default=0.0)
         msg = v.message or (f"peak {result['peak'] / 2**20:.1f} MiB" if limit else "")
-        yield test, label, (v.passed, v.err, msg, tol)
+        yield test, label, (v.passed, v.err, msg, tol), case, device
+
+
+def run_visible(task_id, fn, seed=None):
+    """Yield ``(test name, case_label, Verdict-like tuple)`` for every visible case of ``task_id``."""
+    for test, label, res, _case, _device_ in _run_cases(task_id, fn, seed):
+        yield test, label, res
 
 
 def check(task_id, fn, verbose=True) -> bool:
-    """Run the visible cases of ``task_id`` on ``fn`` (a function, or the class for BlockAllocator)."""
-    rows, all_ok = [], True
+    """Run the visible cases of ``task_id`` on ``fn`` (a function, or the class for BlockAllocator).
+
+    Failing cases are kept in ``check.failed`` (a list of ``FailedCase``) until the next call.
+    """
+    rows, all_ok, failed = [], True, []
+    check.failed = failed
     try:
-        for _test, label, res in run_visible(task_id, fn):
+        for _test, label, res, case, device in _run_cases(task_id, fn):
             ok, err, msg = res[0], res[1], res[2]
             tol = res[3] if len(res) > 3 else None
             all_ok &= ok
             rows.append((label, "PASS" if ok else "FAIL", fmt_err(err) if err != float("inf") else "-",
                          f"{tol:.0e}" if tol else "-", msg))
+            if not ok and msg != "not implemented yet":
+                args, kwargs = materialise(case.header, case.arrays, device)
+                failed.append(FailedCase(label, case.header["mode"], args, kwargs, case.header.get("script"),
+                                         describe_case(fn, case, args, kwargs)))
     except ValueError as exc:
         print(f"check: {exc}")
         return False
     if verbose:
         _print_table(task_id, rows, all_ok)
+        for i, c in enumerate(failed):
+            print(f"failed case {i} ({c.label}): {c.params}")
+            print(f"  reproduce: {reproduce_line(fn, i, c.mode)}")
     return all_ok
+
+
+check.failed = []
 
 
 def _print_table(task_id, rows, all_ok):

@@ -253,3 +253,39 @@ def test_mutant_submissions_apply_exactly_and_fail_loudly_when_stale(tmp_path):
                                  "edits": [{"old": "this line is not in the solution", "new": "y"}]}))
     with pytest.raises(ValueError, match="occurs 0 times"):
         materialise_mutant(stale, tmp_path)
+
+
+def test_check_prints_failing_case_parameters_and_a_reproducing_call(capsys):
+    """A failing case shows its shapes/dtypes/scalars and a line re-running it on the kept inputs."""
+    from reference.numpy.attention import attention
+
+    def wrong_when_causal(q, k, v, causal=False, **kw):
+        return attention(q, k, v, causal=False, **kw)
+
+    assert check("a1.attention", wrong_when_causal) is False
+    out = capsys.readouterr().out
+    assert check.failed and all(c.mode == "call" for c in check.failed)
+    first = check.failed[0]
+    assert f"failed case 0 ({first.label}): q: " in out and "causal=True" in out
+    assert "reproduce: out = wrong_when_causal(*check.failed[0].args, **check.failed[0].kwargs)" in out
+    q = first.args[0] if first.args else first.kwargs["q"]
+    assert f"{q.dtype} {tuple(q.shape)}" in first.params
+    again = first.run(wrong_when_causal)                     # the kept inputs reproduce the failure
+    good = first.run(attention)
+    again, good = (x[0] if isinstance(x, tuple) else x for x in (again, good))
+    assert again.shape == good.shape and not np.allclose(again, good)
+    assert check("a1.attention", attention) is True and check.failed == []
+
+
+def test_check_reproduces_a_failing_allocator_script(capsys):
+    from reference.numpy.paged import BlockAllocator
+
+    class NoErrors(BlockAllocator):
+        @property
+        def num_free(self):
+            return super().num_free + 1                       # off by one: the num_free checks fail
+
+    assert check("a5.BlockAllocator", NoErrors) is False
+    out = capsys.readouterr().out
+    assert "script of" in out and "check.failed[0].run(NoErrors)" in out
+    assert isinstance(check.failed[0].run(NoErrors), list)
