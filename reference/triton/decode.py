@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
+from . import _checks, _fastlaunch
 from ._kernel_helpers import LOG2E
 from ._runtime import INTERPRET, num_sms
 
@@ -50,6 +50,9 @@ FP32_CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
 MIN_BLOCKS_PER_SPLIT = 4
 #: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
 PROGRAMS_PER_SM = 2
+#: eager calls repeat a recorded launch when shapes, strides, dtypes and options match an earlier call
+#: (``reference.triton._fastlaunch``); False always takes the full path (checks + Triton's launch)
+FAST_LAUNCH = True
 #: splits merged per step of stage 2's loop
 MERGE_CHUNK = 32
 #: merge the splits inside stage 1 (last program of each (batch, kv head) merges) instead of a second kernel
@@ -316,8 +319,15 @@ def _counters(device, n: int):
     return buf
 
 
-def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size):
-    """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout."""
+def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+                  fast_key=None):
+    """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout.
+
+    ``fast_key``: record this launch under that key (``_FAST``) so that the next call with the same key skips
+    the checks and Triton's argument binding (``reference.triton._fastlaunch``); only single-kernel launches
+    (one split, or the fused merge) are recorded. Their scratch buffers are then reused by the recorded
+    launch: one stream runs its launches in order, and the key includes the stream.
+    """
     B, Hq, d = q.shape
     paged = block_tables is not None
     cfg = launch_config(q.dtype, paged, num_splits)
@@ -343,7 +353,9 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     has_seq = seq_lens is not None
     sl = seq_lens if has_seq else q
     grid = (num_splits, B * n_kv_heads)
-    _split_kv_kernel[grid](
+    launch = _split_kv_kernel[grid] if fast_key is None or (num_splits > 1 and not fused) else \
+        lambda *a, **kw: _record(fast_key, grid, a, kw)
+    launch(
         q, k, v, sl, bt, out, o_part, lse_part, counters,
         q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
         n_kv_heads, group, n_max, num_splits, scale * LOG2E.value,
@@ -356,6 +368,51 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     if num_splits > 1 and not fused:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
                                  HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
+    return out
+
+
+_FAST = _fastlaunch.LaunchCache()
+_SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out")
+
+
+def _config_token():
+    """Module switches that change a launch (part of every fast-launch key)."""
+    return (FUSE_MERGE, FUSED_MERGE_ROWS, MIN_BLOCKS_PER_SPLIT, PROGRAMS_PER_SM, tuple(CONFIG.items()),
+            tuple(PAGED_CONFIG.items()), tuple(PAGED_ONE_SPLIT_CONFIG.items()), tuple(FP32_CONFIG.items()))
+
+
+def fast_key(kind: str, tensors, *options):
+    """Key of a recorded launch, or None when an input is not a plain tensor on a CUDA device (or when
+    interpreting): then the call takes the full path, whose checks raise the proper errors."""
+    if INTERPRET or not FAST_LAUNCH:
+        return None
+    parts = [kind]
+    for t in tensors:
+        if t is None:
+            parts.append(None)
+        elif type(t) is not torch.Tensor or t.device.type != "cuda":
+            return None
+        else:
+            parts.append(_fastlaunch.tensor_key(t))
+    key = (*parts, *options, _config_token(), _fastlaunch.stream_key(tensors[0].device))
+    try:
+        hash(key)
+    except TypeError:  # an unhashable option: the full path names it
+        return None
+    return key
+
+
+def _record(key, grid, args, kwargs):
+    rec = _fastlaunch.launch_and_record(_split_kv_kernel, grid, args, kwargs, _SLOTS)
+    if rec is not None:
+        _FAST.put(key, rec)
+
+
+def fast_launch(rec, q, k, v, seq_lens, block_tables):
+    """Repeat a recorded decode launch on new tensors of the recorded shapes; returns the output."""
+    out = torch.empty_like(q)
+    rec({"Q": q, "K": k, "V": v, "SeqLens": q if seq_lens is None else seq_lens,
+         "BlockTables": q if block_tables is None else block_tables, "Out": out})
     return out
 
 
@@ -396,6 +453,12 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
     bounds.
     """
+    key = fast_key("contiguous", (q, k, v, seq_lens), num_splits, scale)
+    rec = _FAST.get(key) if key is not None else None
+    if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
+        if validate and seq_lens is not None:       # only the value checks remain
+            check_seq_lens(seq_lens, q.shape[0], k.shape[2], "Nmax = k.shape[2]", True)
+        return fast_launch(rec, q, k, v, seq_lens, None)
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
     Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
@@ -409,7 +472,9 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
         num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype)["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
+    direct = q.is_contiguous() and k.stride(-1) == 1 and v.stride(-1) == 1  # no copies: a launch to record
     q = q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
-    return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1)
+    return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1,
+                         fast_key=key if direct else None)

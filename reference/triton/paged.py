@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from . import _checks
-from .decode import check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, launch_config, launch_decode
+from .decode import (_FAST, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, fast_key, fast_launch,
+                     launch_config, launch_decode)
 
 
 def check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
@@ -62,6 +63,12 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     a device sync (seq_lens range, block indices in range); bad values then give wrong output, and the
     kernel still never reads through a negative index.
     """
+    key = fast_key("paged", (q, k_cache, v_cache, block_tables, seq_lens), num_splits, scale)
+    rec = _FAST.get(key) if key is not None else None
+    if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
+        if validate:                                # only the value checks remain
+            check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
+        return fast_launch(rec, q, k_cache, v_cache, seq_lens, block_tables)
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
     num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
@@ -71,8 +78,10 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
         num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype, paged=True)["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
+    direct = (q.is_contiguous() and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+              and block_tables.stride(1) == 1 and seq_lens.is_contiguous())  # no copies: a launch to record
     q = q.contiguous()
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     return launch_decode(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits,
-                         page_size=block_size)
+                         page_size=block_size, fast_key=key if direct else None)
