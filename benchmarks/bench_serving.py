@@ -237,6 +237,17 @@ def prefill_section(log):
 
 # ------------------------------------------------------------------------------------------------------------
 def cascade_section(log):
+    """Autotuned (not pinned) forward configurations: the prefix pass has B * G query rows per kv head."""
+    pinned = flash_fwd.PIN_CONFIG
+    if not SMOKE:
+        flash_fwd.PIN_CONFIG = None
+    try:
+        return _cascade(log)
+    finally:
+        flash_fwd.PIN_CONFIG = pinned
+
+
+def _cascade(log):
     P, S, bs = (64, 16, 16) if SMOKE else (32768, 1024, 16)
     batches = [2] if SMOKE else [8, 16, 32, 64]
     rows = []

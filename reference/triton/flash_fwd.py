@@ -42,6 +42,9 @@ from ._runtime import INTERPRET
 PIN_CONFIG: dict | None = (
     {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1} if INTERPRET else None)
 USE_TMA: bool | None = None
+#: packed launches whose longest sequence has at most 16 query rows (decode steps, the suffix pass of cascade
+#: decode): a 16-row tile instead of the 64-128 rows the autotuned configurations would mostly leave empty
+SMALL_Q_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -363,7 +366,10 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varl
     else:
         dq, dk, dv, do_ = q, k, v, o
     rows = Nq if varlen is None else varlen.max_q
-    kernel = pinned_or_tuned(_attn_fwd, _attn_fwd_tuned, PIN_CONFIG, pre_hook=_set_block_shapes)
+    pin = PIN_CONFIG
+    if varlen is not None and varlen.max_q <= SMALL_Q_CONFIG["BLOCK_M"]:
+        pin = SMALL_Q_CONFIG  # a few query rows per sequence (decode-like): one 16-row tile, no autotuning
+    kernel = pinned_or_tuned(_attn_fwd, _attn_fwd_tuned, pin, pre_hook=_set_block_shapes)
     kernel[lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), B * Hq)](
         q, k, v, o, lse, dq, dk, dv, do_, *strides, Hq, group, Nq, Nk, scale * LOG2E.value, *extra,
         HEAD_DIM=d, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, VARLEN=varlen is not None,

@@ -7,7 +7,8 @@ Definitions and the reasoning are in ``reference.numpy.serving``; these are the 
 * ``cascade_decode``: (1) the shared prefix once for the whole batch -- the ``G`` query heads of every
   request that read kv head ``h`` become ``B * G`` rows of one dense FA2 call over the prefix, whose keys are
   split into ``S`` chunks (the batch axis of the call, with q broadcast over it) so that enough programs fill
-  the GPU; (2) each request's suffix with ``paged_prefill`` (one query row per request); (3) one merge kernel
+  the GPU; (2) each request's suffix with the paged varlen kernel (the request's G query heads of a kv head as
+  G rows: one small query tile per (request, kv head)); (3) one merge kernel
   folding the ``S`` prefix states and the suffix state with the log-sum-exp rule (``merge_states``).
   Bytes read: the prefix once plus every suffix, instead of the prefix once per request.
 """
@@ -90,13 +91,14 @@ def _paged_forward(q, k_cache, v_cache, vl: Varlen, causal: bool, scale: float, 
 @triton.jit
 def _cascade_merge(OP, LP, OS, LS, OUT, LOUT, n_states, H_KV,
                    stride_ops, stride_oph, stride_lps, stride_lph,
-                   stride_osb, stride_osh, stride_lsh, stride_outb, stride_outh,
+                   stride_osr, stride_osk, stride_lsk, stride_outb, stride_outh,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, HEAD_DIM: tl.constexpr):
     """merge_states over ``n_states`` prefix states and one suffix state, for the ``GROUP`` query heads of one
     (request b, kv head) -- lse rule: ``lse = log sum_j exp(lse_j)``, ``o = sum_j exp(lse_j - lse) o_j``.
 
-    Prefix state ``s``: rows ``b*GROUP .. b*GROUP+GROUP-1`` of ``OP[s, hk]`` (``B*G`` rows, d contiguous) and
-    ``LP[s, hk]``; suffix state: ``OS[b, heads]``, ``LS[heads, b]``. Natural-log lse; -inf marks an empty set.
+    Both states number the rows of kv head ``hk`` as ``b*GROUP + g`` (query head ``hk*GROUP + g`` of request
+    ``b``). Prefix state ``s``: ``OP[s, hk, row]`` (d contiguous), ``LP[s, hk, row]``; suffix state:
+    ``OS[row, hk]``, ``LS[hk, row]``. Natural-log lse; -inf marks an empty key set.
     """
     pid = tl.program_id(0)
     b = (pid // H_KV).to(tl.int64)
@@ -107,9 +109,9 @@ def _cascade_merge(OP, LP, OS, LS, OUT, LOUT, n_states, H_KV,
     heads = hk * GROUP + offs_g
     rows = b * GROUP + offs_g
     # the suffix state starts the running (max m, denominator den, numerator acc)
-    m = tl.load(LS + heads * stride_lsh + b, mask=g_ok, other=float("-inf"))
+    m = tl.load(LS + hk * stride_lsk + rows, mask=g_ok, other=float("-inf"))
     den = tl.where(m == float("-inf"), 0.0, 1.0)
-    acc = tl.load(OS + b * stride_osb + heads[:, None] * stride_osh + offs_d[None, :], mask=g_ok[:, None],
+    acc = tl.load(OS + rows[:, None] * stride_osr + hk * stride_osk + offs_d[None, :], mask=g_ok[:, None],
                   other=0.0).to(tl.float32) * den[:, None]
     for s in range(n_states):
         lse = tl.load(LP + s * stride_lps + hk * stride_lph + rows, mask=g_ok, other=float("-inf"))
@@ -141,12 +143,12 @@ def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int,
 _ARANGE: dict = {}
 
 
-def _arange(n: int, device) -> torch.Tensor:
-    """``[0, 1, .., n]`` int32 on ``device``, cached: the cumulative lengths of n one-token sequences."""
-    key = (n, device)
+def _arange(n: int, step: int, device) -> torch.Tensor:
+    """``[0, step, .., n * step]`` int32 on ``device``, cached: cumulative lengths of n sequences of ``step``."""
+    key = (n, step, device)
     t = _ARANGE.get(key)
     if t is None:
-        t = _ARANGE[key] = torch.arange(n + 1, dtype=torch.int32, device=device)
+        t = _ARANGE[key] = torch.arange(0, n * step + 1, step, dtype=torch.int32, device=device)
     return t
 
 
@@ -198,11 +200,13 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
         vv = pv.view(n, -1, hkv, d).transpose(1, 2)
         launch_forward(rows.unsqueeze(0).expand(n, -1, -1, -1), kk, vv, o_p[at:at + n], lse_p[at:at + n],
                        False, scale, 1)
-    # (2) suffixes: one query row per request over its own blocks
-    vl = Varlen(_arange(B, q.device), seq_lens, B, 1, block_tables.shape[1] * block_size, block_tables,
+    # (2) suffixes: request b is a "sequence" of G query rows per kv head (GQA packing: each suffix block is
+    # loaded once per kv head, not once per query head), over its own blocks
+    vl = Varlen(_arange(B, g, q.device), seq_lens, B, g, block_tables.shape[1] * block_size, block_tables,
                 block_size)
-    o_s, lse_s = _paged_forward(q, _last_axis_contiguous(k_cache), _last_axis_contiguous(v_cache), vl, False,
-                                scale, g)
+    q_rows = q.view(B, hkv, g, d).transpose(1, 2).reshape(B * g, hkv, d)
+    o_s, lse_s = _paged_forward(q_rows, _last_axis_contiguous(k_cache), _last_axis_contiguous(v_cache), vl, False,
+                                scale, 1)
     # (3) merge
     o = torch.empty_like(q)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
