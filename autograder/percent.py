@@ -7,6 +7,9 @@ The rules (one set for all three):
   tags (a JSON list; single quotes are accepted too).
 * Markdown lines carry a comment prefix that is removed: ``# text`` gives ``text``, a lone ``#`` an empty line
   (a line without ``#`` is kept as written).
+* ``given="name"`` after the marker (course sources only) fills an empty code cell with the file
+  ``assignments/given/name.py``: code that several notebooks need is written once there, and each generated
+  notebook still stands alone.
 * Text before the first marker: an error for the course's own sources (``preamble="error"``); a code cell for
   a student's file (``preamble="code"``), so a plain module without markers is one cell.
 * ``trim=True`` (notebooks built from sources) drops blank lines at both ends of each cell and cells left
@@ -20,12 +23,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["PercentCell", "parse_percent", "has_markers"]
+__all__ = ["PercentCell", "parse_percent", "has_markers", "GIVEN"]
+
+#: the shared "given" cells of the assignments (absent where only the grader is installed)
+GIVEN = Path(__file__).resolve().parents[1] / "assignments" / "given"
 
 _HEADER = re.compile(r"^# %%(?P<rest>.*)$")
 _KIND = re.compile(r"\[(markdown|md|raw)\]")
 _TAGS = re.compile(r"tags\s*=\s*(\[[^\]]*\])")
+_GIVEN = re.compile(r"given\s*=\s*[\"'](?P<name>\w+)[\"']")
 
 
 @dataclass
@@ -56,18 +64,32 @@ def _markdown_line(line: str) -> str:
     return line[2:] if line.startswith("# ") else line[1:] if line.startswith("#") else line
 
 
+def _given(name: str, body: list[str], where: str, number: int) -> list[str]:
+    if any(line.strip() for line in body):
+        raise ValueError(f"{where}:{number}: a given=\"{name}\" cell takes its code from assignments/given/"
+                         f"{name}.py; leave its body empty")
+    path = GIVEN / f"{name}.py"
+    if not path.is_file():
+        raise ValueError(f"{where}:{number}: given=\"{name}\": no file {path}")
+    return path.read_text(encoding="utf-8").splitlines() + body
+
+
 def parse_percent(text: str, where: str = "<source>", *, preamble: str = "error", trim: bool = True):
     """Split percent-format ``text`` into ``PercentCell``s (rules in the module docstring); ``where`` names the
     file in error messages."""
     if preamble not in ("error", "code"):
         raise ValueError(f"preamble must be 'error' or 'code', got {preamble!r}")
     raw: list[tuple[str, list[str], list[str]]] = []   # (kind, tags, lines)
+    givens: dict[int, tuple[str, int]] = {}             # cell position -> (given name, header line)
     head: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         m = _HEADER.match(line)
         if m:
             k = _KIND.search(m["rest"])
             kind = "code" if k is None else "raw" if k.group(1) == "raw" else "markdown"
+            g = _GIVEN.search(m["rest"])
+            if g and kind == "code":
+                givens[len(raw)] = (g["name"], number)
             raw.append((kind, _tags(m["rest"]), []))
         elif raw:
             raw[-1][2].append(line)
@@ -75,6 +97,8 @@ def parse_percent(text: str, where: str = "<source>", *, preamble: str = "error"
             if line.strip() and preamble == "error":
                 raise ValueError(f"{where}:{number}: text before the first '# %%' cell marker")
             head.append(line)
+    for pos, (name, number) in givens.items():
+        raw[pos][2][:] = _given(name, raw[pos][2], where, number)
     if head and preamble == "code":
         raw.insert(0, ("code", [], head))
     cells = []

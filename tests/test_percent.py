@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autograder.percent import has_markers, parse_percent
+from autograder.percent import GIVEN, has_markers, parse_percent
 
 TEXT = ('# %% [markdown]\n# # Title\n#\n# text\n#no space\n\n# %%\nx = 1\n\n\n# %%\n\n'
         '# %% tags=["check", "skip"]\ncheck(x)\n# %% [raw] tags=[\'skip\']\nraw\n# %% [md]\n# more\n')
@@ -41,3 +41,19 @@ def test_text_before_the_first_marker():
 def test_markers():
     assert has_markers("a = 1\n# %%\n") and not has_markers("a = 1\n#  %%\n")
     assert parse_percent("") == [] and parse_percent("x = 1", preamble="code")[0].source == "x = 1"
+
+
+def test_given_cells_come_from_assignments_given():
+    cells = parse_percent('# %% given="check_qkv"\n\n# %%\nx = 1\n', "s.py")
+    assert cells[0].source == (GIVEN / "check_qkv.py").read_text(encoding="utf-8").strip("\n")
+    assert cells[0].source.startswith("def check_qkv(") and cells[1].source == "x = 1"
+    with pytest.raises(ValueError, match=r'^s.py:1: a given="check_qkv" cell takes its code from'):
+        parse_percent('# %% given="check_qkv"\ny = 2\n', "s.py")
+    with pytest.raises(ValueError, match=r'^s.py:2: given="nope": no file'):
+        parse_percent('# %%\n# %% given="nope"\n', "s.py")
+
+
+def test_every_given_file_is_used_by_a_solution_source():
+    sources = "".join(p.read_text(encoding="utf-8") for p in GIVEN.parent.glob("a*/a*_solution.py"))
+    for path in GIVEN.glob("*.py"):
+        assert f'given="{path.stem}"' in sources, path.name

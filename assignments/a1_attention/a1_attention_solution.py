@@ -24,39 +24,7 @@
 #   log) is float32, or float64 for float64 inputs.
 # * A row that may attend no key has output `0` and `lse = -inf`, **never NaN**.
 
-# %%
-import math
-import numbers
-
-import numpy as np
-
-
-def as_float(x, name):
-    """Given: ``x`` as a float16/32/64 ndarray, or a TypeError that names the argument."""
-    x = np.asarray(x)
-    if x.dtype not in (np.float16, np.float32, np.float64):
-        raise TypeError(f"{name} must be a float16/float32/float64 array, got dtype {x.dtype}")
-    return x
-
-
-def acc_dtype(*arrays):
-    """Given: the accumulation dtype -- the widest input dtype, but at least float32."""
-    return np.result_type(np.float32, *[a.dtype for a in arrays])
-
-
-def lse_dtype(*arrays):
-    """Given: float64 for float64 inputs, else float32."""
-    return np.float64 if any(a.dtype == np.float64 for a in arrays) else np.float32
-
-
-def positive_int(value, name):
-    """Given: a positive integer (block sizes, split counts), or a TypeError/ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
+# %% given="numpy_helpers"
 
 # %% [markdown]
 # ## Part 1 -- safe softmax
@@ -215,25 +183,9 @@ check("a1.merge_states", merge_states)
 # `attention(q, k, v, causal=False, scale=None, return_lse=False)`, returning `o` or `(o, lse)` with
 # `lse (..., Hq, Nq)`. Bad shapes must raise `ValueError` naming the argument -- `check_qkv` below does that.
 
+# %% given="check_qkv"
+
 # %%
-def check_qkv(q, k, v):
-    """Given: validate shapes (docs/design.md §3) and return ``(q, k, v, group)`` with ``group = Hq // Hkv``."""
-    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
-    if q.ndim < 2 or not q.ndim == k.ndim == v.ndim:
-        raise ValueError(f"q, k, v must have the same rank >= 2, got {q.shape}, {k.shape}, {v.shape}")
-    if k.shape != v.shape or q.shape[-1] != k.shape[-1] or k.shape[-2] == 0:
-        raise ValueError(f"expected q (..., Nq, d) and k, v (..., Nk, d) with Nk >= 1, got q {q.shape}, "
-                         f"k {k.shape}, v {v.shape}")
-    group = 1
-    if q.ndim >= 3:
-        hq, hkv = q.shape[-3], k.shape[-3]
-        if q.shape[:-3] != k.shape[:-3] or hkv == 0 or hq % hkv:
-            raise ValueError(f"q heads Hq={hq} must be a multiple of k heads Hkv={hkv} and batch dims must "
-                             f"match, got q {q.shape} and k {k.shape}")
-        group = hq // hkv
-    return q, k, v, group
-
-
 def causal_mask(nq, nk):
     """Boolean (nq, nk): True where query i may attend key j, i.e. j <= i + (nk - nq) (bottom-right)."""
     ### BEGIN SOLUTION

@@ -27,31 +27,9 @@
 # Forbidden: `scipy`, `scaled_dot_product_attention`, softmax library calls, `flash_attn`, the `reference`
 # package; the NumPy function must not use deep-learning frameworks at all.
 
+# %% given="numpy_helpers"
+
 # %%
-import math
-import numbers
-import os
-
-import numpy as np
-
-
-def as_float(x, name):
-    """Given: ``x`` as a float16/32/64 ndarray, or a TypeError that names the argument."""
-    x = np.asarray(x)
-    if x.dtype not in (np.float16, np.float32, np.float64):
-        raise TypeError(f"{name} must be a float16/float32/float64 array, got dtype {x.dtype}")
-    return x
-
-
-def positive_int(value, name):
-    """Given: a positive integer (block sizes, split counts), or a TypeError/ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
 def check_decode_inputs(q, k, v, seq_lens):
     """Given: validate ``q (B, Hq, d)``, ``k, v (B, Hkv, Nmax, d)``, ``seq_lens``; return ``(group, lens)``.
 
@@ -186,46 +164,9 @@ check("a4.flash_decoding", flash_decoding)
 # more splits than key tiles. The setup cell below is the same as in assignment 3 (interpreter switch, the
 # `range()` fix and the `dot` helper).
 
+# %% given="triton_setup"
+
 # %%
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before any @triton.jit runs
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-LOG2E = tl.constexpr(1.4426950408889634)
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-def fix_interpreter_range():
-    """Given: let the Triton 3.6 interpreter take a runtime value as a ``range()`` bound under NumPy >= 2.4."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    from triton.runtime import interpreter
-    if getattr(interpreter, "_range_fix", False):
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    interpreter._range_fix = True
-
-
-fix_interpreter_range()
-
-
-@triton.jit
-def dot(a, b):
-    """Given: ``tl.dot`` (fp32 accumulation); widened to fp32 under the interpreter, whose bf16 dot is wrong."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    return tl.dot(a, b)
-
-
 def check_decode_tensors(q, k, v, seq_lens):
     """Given: validate torch inputs (same rules as ``check_decode_inputs``); return ``(B, Hq, Hkv, nmax, d)``."""
     for name, x in (("q", q), ("k", k), ("v", v)):

@@ -26,31 +26,9 @@
 # `h // (Hq // Hkv)`. Forbidden: `scipy`, softmax/attention library calls, `vllm`, `flash_attn`, the `reference`
 # package; the NumPy parts must not use deep-learning frameworks.
 
+# %% given="numpy_helpers"
+
 # %%
-import math
-import numbers
-import os
-
-import numpy as np
-
-
-def as_float(x, name):
-    """Given: ``x`` as a float16/32/64 ndarray, or a TypeError that names the argument."""
-    x = np.asarray(x)
-    if x.dtype not in (np.float16, np.float32, np.float64):
-        raise TypeError(f"{name} must be a float16/float32/float64 array, got dtype {x.dtype}")
-    return x
-
-
-def positive_int(value, name):
-    """Given: a positive integer, or a TypeError/ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be a positive integer, got {value!r}")
-    if value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value}")
-    return int(value)
-
-
 class OutOfBlocksError(RuntimeError):
     """Given: raised by ``BlockAllocator.allocate`` when no block is free."""
 
@@ -237,46 +215,9 @@ check("a5.paged_attention", paged_attention)
 # over `(B * Hq,)`. Any `block_size` works this way (a tile may span several blocks); on a GPU, a
 # `BLOCK_N` that is a multiple of `block_size` keeps each block's rows contiguous in memory.
 
+# %% given="triton_setup"
+
 # %%
-import torch
-
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must be set before any @triton.jit runs
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
-
-LOG2E = tl.constexpr(1.4426950408889634)
-INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
-
-
-def fix_interpreter_range():
-    """Given: let the Triton 3.6 interpreter take a runtime value as a ``range()`` bound under NumPy >= 2.4."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return
-    from triton.runtime import interpreter
-    if getattr(interpreter, "_range_fix", False):
-        return
-    original = interpreter._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    interpreter._patch_lang_tensor = patched
-    interpreter._range_fix = True
-
-
-fix_interpreter_range()
-
-
-@triton.jit
-def dot(a, b):
-    """Given: ``tl.dot`` (fp32 accumulation); widened to fp32 under the interpreter, whose bf16 dot is wrong."""
-    if INTERPRET:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32))
-    return tl.dot(a, b)
-
-
 def check_paged_tensors(q, k_cache, v_cache, block_tables, seq_lens):
     """Given: validate the torch inputs of ``paged_decode``; return ``(B, Hq, Hkv, block_size, d)``."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
