@@ -14,6 +14,7 @@ import pytest
 
 from assignments.release import ASSIGNMENTS, build
 from autograder import specs
+from autograder.percent import parse_percent
 
 pytestmark = pytest.mark.assignments
 REPO = Path(__file__).resolve().parent.parent
@@ -125,7 +126,9 @@ def test_release_check_passes_solutions_and_reports_stubs(release, tmp_path):
     env["PYTHONPATH"] = str(out)
     for aid, tasks in cases.items():
         # the solution without its own check() calls (they would print and re-run the same cases)
-        src = (REPO / "assignments" / aid / f"{aid}_solution.py").read_text()
+        path = REPO / "assignments" / aid / f"{aid}_solution.py"
+        cells = parse_percent(path.read_text(), str(path))  # with the given cells filled in
+        src = "\n\n".join(c.source for c in cells if c.kind == "code")
         sol = tmp_path / f"{aid}.py"
         sol.write_text("\n".join(l for l in src.splitlines() if not l.lstrip().startswith(("check(", "from autograder"))))
         p = subprocess.run([sys.executable, "-c", CHECK, str(out), str(sol), json.dumps(tasks)], cwd=tmp_path,
