@@ -192,15 +192,9 @@ def _reserve(policy: str, total: int, max_seq_len: int) -> int:
     return total  # oracle
 
 
-def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, block_size=None, *,
-             max_seq_len: int = 2048, bytes_per_token: int = KV_BYTES_PER_TOKEN_13B, watermark: float = 0.01,
-             record_trace: bool = False) -> FragReport:
-    """Serve ``requests`` (all queued at step 0, FCFS) under ``policy`` with a pool of ``pool_tokens`` KV slots.
-
-    ``block_size`` is required for ``"paged"`` and must be None otherwise. ``watermark`` (paged only, vLLM's
-    default 1 %): a request is admitted only if that fraction of the blocks stays free afterwards, which
-    limits preemptions (waived when nothing runs). ``record_trace`` keeps per-step arrays (waiting, running,
-    stored, allocated, max_waste, measured) in ``report.trace``."""
+def _check_simulate(requests, policy, pool_tokens, block_size, max_seq_len, bytes_per_token, watermark,
+                    record_trace):
+    """Validated ``(requests, pool, block_size or None, max_len, bytes_per_token, watermark, record_trace)``."""
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     record_trace = check_flag(record_trace, "record_trace")
@@ -228,87 +222,127 @@ def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, bloc
             raise ValueError(f"requests[{i}] has {r.total_len} tokens > max_seq_len={max_len}")
     if isinstance(watermark, bool) or not isinstance(watermark, numbers.Real) or not 0 <= watermark < 1:
         raise ValueError(f"watermark must be a fraction in [0, 1), got {watermark!r}")
-    num_blocks = pool // bs if bs else 0
-    reserve_blocks = int(watermark * num_blocks)
-    usable = num_blocks * bs if bs else pool
+    usable = (pool // bs) * bs if bs else pool
     if usable < (-(-max_len // bs) * bs if bs else max_len):
         raise ValueError(f"pool_tokens={pool} (usable {usable}) must hold one max_seq_len={max_len} sequence")
+    return reqs, pool, bs, max_len, bpt, watermark, record_trace
 
-    queue = deque((i, r.prompt_len, r.total_len) for i, r in enumerate(reqs))  # (id, prompt_eff, final)
-    # running sequences in admission order: parallel lists
-    lens, finals, allocs, starts, ids = [], [], [], [], []
-    alloc = FirstFitAllocator(pool) if bs is None else None
-    free_blocks = num_blocks
+
+@dataclass
+class _Seq:
+    """One sequence: ``length`` tokens stored of ``final``, ``alloc`` slots held from slot ``start`` (contiguous
+    policies; -1 when paged)."""
+
+    rid: int
+    length: int
+    final: int
+    alloc: int = 0
+    start: int = -1
+
+
+class _Memory:
+    """The KV pool under one policy: a first-fit contiguous allocator, or ``free_blocks`` blocks of ``bs``."""
+
+    def __init__(self, policy, pool, bs, max_len, watermark):
+        self.policy, self.pool, self.bs, self.max_len = policy, pool, bs, max_len
+        self.contig = FirstFitAllocator(pool) if bs is None else None
+        self.free_blocks = pool // bs if bs else 0
+        self.reserve_blocks = int(watermark * self.free_blocks)
+
+    def admit(self, seq: _Seq, others_running: bool) -> bool:
+        """Allocate ``seq``'s memory if it fits (paged: its prompt's blocks, keeping the watermark free)."""
+        if self.bs is None:
+            size = _reserve(self.policy, seq.final, self.max_len)
+            start = self.contig.allocate(size)
+            if start is None:
+                return False
+            seq.alloc, seq.start = size, start
+            return True
+        need = -(-(seq.length + 1) // self.bs)  # the prompt and the token this step produces
+        if need + (self.reserve_blocks if others_running else 0) > self.free_blocks:
+            return False
+        blocks = -(-seq.length // self.bs)
+        self.free_blocks -= blocks
+        seq.alloc, seq.start = blocks * self.bs, -1
+        return True
+
+    def release(self, seq: _Seq) -> None:
+        if self.bs is None:
+            self.contig.release(seq.start, seq.alloc)
+        else:
+            self.free_blocks += seq.alloc // self.bs
+
+    def grow(self, running: list, queue: deque) -> int:
+        """Paged: give every sequence whose blocks are full one more block, preempting the most recently admitted
+        sequences (recomputation: back to the queue head) while blocks run short. Returns the preemptions."""
+        if self.bs is None:
+            return 0
+        preempted = 0
+        need = sum(1 for s in running if s.length == s.alloc)
+        while need > self.free_blocks:
+            s = running.pop()
+            need -= s.length == s.alloc
+            self.release(s)
+            queue.appendleft(_Seq(s.rid, s.length, s.final))
+            preempted += 1
+        for s in running:
+            if s.length == s.alloc:
+                s.alloc += self.bs
+                self.free_blocks -= 1
+        return preempted
+
+    def external(self, queue: deque, allocated: int) -> int:
+        """Contiguous: slots free in total but in holes too small for the queue's head (external fragmentation)."""
+        if queue and self.bs is None and self.pool - allocated >= _reserve(self.policy, queue[0].final, self.max_len):
+            return self.pool - allocated
+        return 0
+
+
+def _measure(queue: deque, running: list, memory: _Memory) -> tuple:
+    """One step's row: waiting, running, stored, allocated, reserved for the future, external, max waste."""
+    stored, allocated = sum(s.length for s in running), sum(s.alloc for s in running)
+    reserved_future = sum(s.final - s.length for s in running) if memory.bs is None else 0
+    waste = max((s.alloc - s.length for s in running), default=0)
+    return (len(queue), len(running), stored, allocated, reserved_future, memory.external(queue, allocated), waste)
+
+
+def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, block_size=None, *,
+             max_seq_len: int = 2048, bytes_per_token: int = KV_BYTES_PER_TOKEN_13B, watermark: float = 0.01,
+             record_trace: bool = False) -> FragReport:
+    """Serve ``requests`` (all queued at step 0, FCFS) under ``policy`` with a pool of ``pool_tokens`` KV slots.
+
+    ``block_size`` is required for ``"paged"`` and must be None otherwise. ``watermark`` (paged only, vLLM's
+    default 1 %): a request is admitted only if that fraction of the blocks stays free afterwards, which
+    limits preemptions (waived when nothing runs). ``record_trace`` keeps per-step arrays (waiting, running,
+    stored, allocated, max_waste, measured) in ``report.trace``."""
+    reqs, pool, bs, max_len, bpt, watermark, record_trace = _check_simulate(
+        requests, policy, pool_tokens, block_size, max_seq_len, bytes_per_token, watermark, record_trace)
+    memory = _Memory(policy, pool, bs, max_len, watermark)
+    queue = deque(_Seq(i, r.prompt_len, r.total_len) for i, r in enumerate(reqs))
+    running: list[_Seq] = []  # in admission order
     steps = preemptions = generated = 0
-    # per step: waiting, running, stored, allocated, reservation, external, max waste per sequence
     rows = []
     max_steps = 4 * sum(r.total_len for r in reqs) + 10
-    while queue or lens:
+    while queue or running:
         steps += 1
         if steps > max_steps:  # cannot happen; guards against livelock
             raise RuntimeError("fragmentation simulator made no progress")
-        # 1. admit FCFS from the head of the queue
-        while queue:
-            rid, prompt, final = queue[0]
-            if bs is None:
-                size = _reserve(policy, final, max_len)
-                start = alloc.allocate(size)
-                if start is None:
-                    break
-                allocs.append(size)
-                starts.append(start)
-            else:
-                need = -(-(prompt + 1) // bs)  # the prompt and the token this step produces
-                if need + (reserve_blocks if lens else 0) > free_blocks:
-                    break
-                free_blocks -= -(-prompt // bs)
-                allocs.append(-(-prompt // bs) * bs)
-                starts.append(-1)
-            queue.popleft()
-            lens.append(prompt)
-            finals.append(final)
-            ids.append(rid)
-        # 2. every running sequence appends one token
-        if bs is not None:
-            need = sum(1 for ln, al in zip(lens, allocs) if ln == al)
-            while need > free_blocks:  # preempt the most recently admitted sequence (recomputation)
-                ln, fi, al, rid = lens.pop(), finals.pop(), allocs.pop(), ids.pop()
-                starts.pop()
-                need -= ln == al
-                free_blocks += al // bs
-                queue.appendleft((rid, ln, fi))
-                preemptions += 1
-            for k in range(len(lens)):
-                if lens[k] == allocs[k]:
-                    allocs[k] += bs
-                    free_blocks -= 1
-        lens = [ln + 1 for ln in lens]
-        generated += len(lens)
-        # 3. measure
-        stored, allocated = sum(lens), sum(allocs)
-        reserved_future = sum(f - ln for f, ln in zip(finals, lens)) if bs is None else 0
-        external = 0
-        if queue and bs is None and pool - allocated >= _reserve(policy, queue[0][2], max_len):
-            external = pool - allocated  # free in total, but no hole is large enough for the head
-        waste = max((a - ln for a, ln in zip(allocs, lens)), default=0)
-        rows.append((len(queue), len(lens), stored, allocated, reserved_future, external, waste))
-        # 4. retire finished sequences
-        if any(ln == f for ln, f in zip(lens, finals)):
-            keep = []
-            for k in range(len(lens)):
-                if lens[k] == finals[k]:
-                    if bs is None:
-                        alloc.release(starts[k], allocs[k])
-                    else:
-                        free_blocks += allocs[k] // bs
-                else:
-                    keep.append(k)
-            lens = [lens[k] for k in keep]
-            finals = [finals[k] for k in keep]
-            allocs = [allocs[k] for k in keep]
-            starts = [starts[k] for k in keep]
-            ids = [ids[k] for k in keep]
+        while queue and memory.admit(queue[0], bool(running)):  # 1. admit FCFS from the head of the queue
+            running.append(queue.popleft())
+        preemptions += memory.grow(running, queue)  # 2. every running sequence appends one token
+        for s in running:
+            s.length += 1
+        generated += len(running)
+        rows.append(_measure(queue, running, memory))  # 3. measure
+        for s in running:  # 4. retire finished sequences
+            if s.length == s.final:
+                memory.release(s)
+        running = [s for s in running if s.length != s.final]
+    return _report(rows, policy, bs, pool, bpt, len(reqs), steps, preemptions, generated, record_trace)
 
+
+def _report(rows, policy, bs, pool, bpt, n_requests, steps, preemptions, generated, record_trace) -> FragReport:
+    """Average the memory-bound steps' rows (every step if the pool never ran short) into a ``FragReport``."""
     t = np.asarray(rows, dtype=np.float64)
     waiting, running, stored, allocated, reserved, external, waste = t.T
     sel = waiting > 0  # memory-bound steps
@@ -331,7 +365,7 @@ def simulate(requests, policy: str, pool_tokens: int = DEFAULT_POOL_TOKENS, bloc
                  "stored": stored.astype(np.int64), "allocated": allocated.astype(np.int64),
                  "max_waste": waste.astype(np.int64), "measured": sel}
     return FragReport(
-        policy=policy, block_size=bs, pool_tokens=pool, bytes_per_token=bpt, n_requests=len(reqs), steps=steps,
+        policy=policy, block_size=bs, pool_tokens=pool, bytes_per_token=bpt, n_requests=n_requests, steps=steps,
         measured_steps=measured, utilisation=breakdown["token_states"],
         utilisation_of_allocated=float(stored[sel].sum() / allocated[sel].sum()), breakdown=breakdown,
         mean_concurrency=float(running[sel].mean()), max_concurrency=int(running[sel].max()),
