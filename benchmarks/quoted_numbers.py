@@ -83,6 +83,31 @@ def decode_lines(r):
     return out
 
 
+def serving_lines(r):
+    """h100-serving.json (benchmarks/bench_serving.py): varlen, cascade, eager-call bars, paged prefill."""
+    out, gpu = [], r["meta"]["gpu"]
+    v = r.get("varlen")
+    if v:
+        ms = dict(v["ms"], **r.get("flex", {}).get("ms", {}))
+        out.append(f"serving ({gpu}): varlen fwd speedup vs " + ", ".join(
+            f"{n} {ms[n] / ms['ours_varlen']:.2f}x" for n in ("ours_padded", "sdpa_padded", "sdpa_nested",
+                                                               "flex_block_mask") if n in ms)
+                   + f"; fwd+bwd vs padded {v['speedup_vs_padded_fwd_bwd']:.2f}x")
+    for c in r.get("cascade", []):
+        out.append(f"serving: cascade B={c['batch']} {c['speedup_graph']:.2f}x (bytes ratio {c['bytes_ratio']:.1f})")
+    e = r.get("eager")
+    if e:
+        for name, b in e["bars"].items():
+            miss = [k for k, lim, hi in (("graph", b["loop_over_graph"], b["bar_graph"]),) if lim > hi]
+            miss += ["sdpa"] if b["loop_vs_sdpa_loop"] < b["bar_sdpa"] else []
+            out.append(f"serving: {name} eager/graph {b['loop_over_graph']:.2f} (bar 1.2), speed vs SDPA eager "
+                       f"{b['loop_vs_sdpa_loop']:.2f}x (bar 1.0){'; MISSED: ' + ', '.join(miss) if miss else ''}")
+    p = r.get("prefill")
+    if p:
+        out.append(f"serving: paged prefill vs contiguous {p['paged_vs_contiguous']:.2f}x")
+    return out
+
+
 def main() -> int:
     lines = []
     for name, fn in (("cpu.json", cpu_lines), ("h200.json", attention_lines), ("h200-decode.json", decode_lines)):
@@ -93,6 +118,8 @@ def main() -> int:
         t = io["seeds_table"]
         lines.append(f"iosim.json: HBM standard {t['standard']['hbm_gb']:.1f} GB vs flash {t['flash']['hbm_gb']:.2f} GB "
                      f"(seeds 40.3 vs 4.4)")
+    for path in sorted(RESULTS.glob("*-serving.json")):
+        lines += serving_lines(json.loads(path.read_text()))
     frag = load("fragmentation.json")
     if frag:
         s = frag["summary"]
