@@ -35,6 +35,13 @@ plt = setup()
 rng = np.random.default_rng(9)
 serving = load_results("*-serving.json")
 
+
+def measured(section):
+    """``[(run, that section)]`` for every committed serving benchmark run that has the section."""
+    if not serving:
+        not_run(section, "*-serving.json")
+    return [(res, res[section]) for _, res in serving if section in res]
+
 # %% [markdown]
 # ## 1. Packing: varlen attention
 #
@@ -102,14 +109,9 @@ print(f"causal work (sum n^2) vs padded causal work (B * max^2): {np.sum(mix ** 
 # end):
 
 # %%
-if not serving:
-    not_run("varlen prefill", "*-serving.json")
-for path, res in serving:
-    vl = res.get("varlen")
-    if not vl:
-        continue
+for res, vl in measured("varlen"):
     ms = dict(vl["ms"], **res.get("flex", {}).get("ms", {}))
-    print(f"{res['meta']['gpu']} ({path.name}): {len(vl['lengths'])} prompts, {vl['total_tokens']} tokens, "
+    print(f"{res['meta']['gpu']}: {len(vl['lengths'])} prompts, {vl['total_tokens']} tokens, "
           f"longest {vl['max_len']}, {vl['useful_fraction']:.0%} of padded tokens real")
     for name in ("ours_varlen", "ours_padded", "sdpa_padded", "sdpa_nested", "flex_block_mask"):
         if name in ms:
@@ -152,8 +154,7 @@ print(f"max |chunked - one-shot causal prefill| = {np.abs(np.concatenate(outs) -
 # costs, measured:
 
 # %%
-for path, res in serving:
-    p = res.get("prefill")
+for res, p in measured("prefill"):
     if p:
         print(f"{res['meta']['gpu']}: {p['batch']} sequences, chunk {p['chunk']} after {p['cached']} cached tokens, "
               f"{p['block_size']}-token blocks: paged {p['ms_paged'] * 1e3:.0f} us vs contiguous "
@@ -217,12 +218,7 @@ check_guess(guess, Bq * (Pq + Sq) / (Pq + Bq * Sq), rel=0.1, what="bytes read: p
 # kernel with each request's `G` heads as `G` rows; one small kernel merges the states):
 
 # %%
-if not serving:
-    not_run("cascade decode", "*-serving.json")
-for path, res in serving:
-    rows = res.get("cascade")
-    if not rows:
-        continue
+for res, rows in measured("cascade"):
     fig, ax = plt.subplots(figsize=(6, 3))
     bsz = [r["batch"] for r in rows]
     ax.plot(bsz, [r["speedup_graph"] for r in rows], "o-", label="measured (GPU time, CUDA graph)")
@@ -257,12 +253,7 @@ for path, res in serving:
 # (`reference.triton._fastlaunch`). Value checks that need a device sync still run when `validate=True`.
 
 # %%
-if not serving:
-    not_run("eager calls", "*-serving.json")
-for path, res in serving:
-    e = res.get("eager")
-    if not e:
-        continue
+for res, e in measured("eager"):
     print(f"{res['meta']['gpu']}: B={e['batch']}, {e['context']} keys (us per call)")
     print(f"  {'':44s} {'eager loop':>10s} {'CUDA graph':>10s} {'loop/graph':>10s}")
     for name, c in e["cases"].items():
