@@ -51,5 +51,5 @@ def ring_cases_rank(rank: int, world: int, cases: list) -> list:
         else:
             dq, dk, dv = ring_attention_backward(q, k, v, o, lse, do, causal, None, layout, step, group=group)
         out.append({"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv, "compute_s": stats["compute_s"],
-                    "wait_s": stats["wait_s"]})
+                    "compute_cpu_s": stats.get("compute_cpu_s"), "wait_s": stats["wait_s"]})
     return out

@@ -107,7 +107,8 @@ class _Exchange:
 
 
 class _Clock:
-    """Step timings for ``stats``: CUDA events on a GPU (no device-wide sync that would hide overlap)."""
+    """Step timings for ``stats``: CUDA events on a GPU (no device-wide sync that would hide overlap); on CPU
+    wall time, plus this process's CPU time (the work itself, unaffected by other processes on the machine)."""
 
     def __init__(self, device):
         self.cuda = device.type == "cuda"
@@ -117,22 +118,27 @@ class _Clock:
         if self.cuda:
             e = torch.cuda.Event(enable_timing=True)
             e.record()
-            self.marks.append(e)
+            self.marks.append((e, 0.0))
         else:
-            self.marks.append(time.perf_counter())
+            self.marks.append((time.perf_counter(), time.process_time()))
         return len(self.marks) - 1
 
-    def seconds(self, a, b):
+    def seconds(self, a, b, cpu=False):
+        (ta, ca), (tb, cb) = self.marks[a], self.marks[b]
         if self.cuda:
-            self.marks[b].synchronize()
-            return self.marks[a].elapsed_time(self.marks[b]) / 1e3
-        return self.marks[b] - self.marks[a]
+            if cpu:
+                return None
+            tb.synchronize()
+            return ta.elapsed_time(tb) / 1e3
+        return cb - ca if cpu else tb - ta
 
 
 def _record(stats, clock, steps):
     if stats is not None:
         stats["compute_s"] = [clock.seconds(a, b) for a, b, _ in steps]
         stats["wait_s"] = [clock.seconds(b, c) for _, b, c in steps]
+        if not clock.cuda:
+            stats["compute_cpu_s"] = [clock.seconds(a, b, cpu=True) for a, b, _ in steps]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -150,7 +156,8 @@ def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", s
         step: the local attention (``"torch"``, ``"numpy"``, ``"triton"`` or an object, see ``local_step``).
         group: the process group (default: the world). seq_lens: global ``(Nq, Nk)`` if known (else one
             all-reduce finds them).
-        stats: a dict to fill with per-step ``compute_s`` and ``wait_s`` (time blocked on the receive).
+        stats: a dict to fill with per-step ``compute_s`` and ``wait_s`` (time blocked on the receive), and on
+            CPU ``compute_cpu_s`` (process CPU time of the compute).
 
     Returns:
         ``o`` (q's dtype and shape) and ``lse`` ``(B, Hq, nq_local)`` float32 (float64 for float64 inputs);
