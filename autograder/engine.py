@@ -18,7 +18,7 @@ import numpy as np
 
 from . import specs as specs_mod
 from .evaluate import Verdict, evaluate
-from .load_errors import cell_failures, failed_names
+from .load_errors import cell_failures, failed_names, looks_like
 from .runner import array_hash, call_to_wire, from_wire
 from .specs._base import Call, Out
 from .sandbox import Limits, Sandbox, SandboxDied
@@ -95,6 +95,7 @@ class Grader:
         self.names = {}
         self.load_info = {}
         self.load_failed = {}            # graded name -> "cell N failed while loading: ..."
+        self.hint = None                 # "this looks like a2_flash_numpy ..." (wrong assignment?)
 
     # -- flags --------------------------------------------------------------------------------------------
     def flag(self, threat, task_ids, message, source, where=""):
@@ -247,6 +248,8 @@ class Grader:
         kind = self.names.get(task.name)
         if kind is None:
             res.output = f"{task.name} is not defined in the submission"
+            if self.hint:
+                res.output += f"; {self.hint}"
             if self.load_info.get("errors"):
                 res.output += f" ({self.load_info['errors'][0]})"
             return res
@@ -407,6 +410,7 @@ class Grader:
             self.cells = load_cells(path)
         except SubmissionError as exc:
             self.cells, error = [], str(exc)
+        self.hint = None if error else looks_like(self.cells, self.spec.id)
         if not error:
             findings, attribution = scan(self.cells, self._graded_names(), self.spec.forbidden_imports)
             by_name = {t.name: t.id for t in self.spec.tasks.values()}
@@ -451,7 +455,7 @@ class Grader:
             "score": round(sum(t["score"] for t in tests), 4),
             "max_score": round(sum(t["max_score"] for t in tests), 4),
             "device": self.device, "tests": tests, "flags": flags,
-            "submission_error": error, "load": self.load_info,
+            "submission_error": error, "load": self.load_info, "hint": self.hint,
             "sandbox": {"network": self.sandbox_network(), "restarts": max(0, self.restarts),
                         "rlimits": {"cpu_s": self.limits.cpu_seconds, "file_bytes": self.limits.file_bytes,
                                     "address_space": self.limits.address_space,

@@ -89,3 +89,27 @@ def failed_names(cells, reports, graded_names, file_limit=None) -> dict:
         for name in defined_names(c.source) & set(graded_names):
             last[name] = c
     return {name: failures[id(c)] for name, c in last.items() if id(c) in failures}
+
+
+def looks_like(cells, assignment) -> str | None:
+    """A hint when the cells define few of ``assignment``'s graded names and more of another assignment's:
+    ``"this looks like a2_flash_numpy (it defines flash_attention_forward, flash_attention_backward)"``."""
+    from . import specs
+    defined = set()
+    for c in cells:
+        defined |= defined_names(c.source)
+
+    def share(aid):
+        names = {t.name for t in specs.load(aid).tasks.values()}
+        return len(names & defined) / len(names), sorted(names & defined)
+    mine, _ = share(assignment)
+    if mine >= 0.5:
+        return None
+    scores = {aid: share(aid) for aid in specs.ASSIGNMENTS if aid != assignment}
+    best = max(s for s, _ in scores.values())
+    if best <= mine or best < 0.5:
+        return None
+    like = [aid for aid, (s, _) in scores.items() if s == best]
+    names = sorted({n for aid in like for n in scores[aid][1]})
+    return f"this looks like {' or '.join(like)} (it defines {', '.join(names)}); was it graded against the " \
+           f"wrong assignment?"

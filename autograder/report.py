@@ -16,6 +16,8 @@ def table(result: dict, width: int | None = None, verbose: bool = False) -> str:
     head = []
     if result.get("submission_error"):
         head.append(f"SUBMISSION UNREADABLE: {result['submission_error']}")
+    if result.get("hint"):
+        head.append(f"NOTE: {result['hint']}")
     errors = (result.get("load") or {}).get("errors") or []
     if errors:
         head.append("LOAD ERRORS (fix these first: a test of a function defined in a failed cell cannot pass):")
@@ -92,6 +94,8 @@ def to_gradescope(result: dict) -> dict:
     first = []                      # why nothing or little could be graded comes before the score
     if result.get("submission_error"):
         first.append(f"Your submission could not be read: {result['submission_error']}")
+    if result.get("hint"):
+        first.append(f"Note: {result['hint']}")
     errors = (result.get("load") or {}).get("errors") or []
     if errors:
         first += ["Cells that failed while loading (the functions they define were not graded):", *errors]

@@ -52,6 +52,23 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookN
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}},
                             record_timing=False, allow_errors=False)
     client.execute()
+    return coalesce_streams(nb)
+
+
+def coalesce_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Merge adjacent stdout (stderr) outputs of a cell into one. The kernel flushes a cell's prints in chunks
+    whose boundaries depend on timing, so without this a rebuild of an unchanged lecture differs in bytes."""
+    for cell in nb.cells:
+        merged = []
+        for o in cell.get("outputs", []):
+            prev = merged[-1] if merged else None
+            if o.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream" \
+                    and prev.get("name") == o.get("name"):
+                prev["text"] = "".join(prev["text"]) + "".join(o["text"])
+            else:
+                merged.append(o)
+        if "outputs" in cell:
+            cell["outputs"] = merged
     return nb
 
 

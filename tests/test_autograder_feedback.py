@@ -195,3 +195,17 @@ def test_a1_visible_checks_catch_float32_returned_for_float16(capsys):
         bad = {label: r for test, label, r in run_visible(f"a1.{name}", widened(getattr(sol, name)))
                if "float16/float64" in test}
         assert any(not r[0] and "dtype float32, expected float16" in r[2] for r in bad.values()), (name, bad)
+
+
+def test_hint_when_graded_against_the_wrong_assignment(tmp_path):
+    from autograder.load_errors import looks_like
+    from autograder.submission import load_cells
+    a2 = REPO / "autograder" / "submissions" / "a2_flash_numpy" / "correct" / "own_tiled.py"
+    assert looks_like(load_cells(a2), "a1_attention").startswith("this looks like a2_flash_numpy")
+    assert looks_like(load_cells(a2), "a2_flash_numpy") is None
+    assert looks_like(load_cells(OWN), "a1_attention") is None
+    assert looks_like([Cell(0, "x = 1")], "a1_attention") is None           # nothing defined: no guess
+    p = _grader("grade", "a1", str(a2), "--device", "cpu", "--json", str(tmp_path / "r.json"))
+    assert p.returncode == 0 and p.stdout.splitlines()[1].startswith("NOTE: this looks like a2_flash_numpy")
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert r["score"] == 0 and all("looks like a2_flash_numpy" in t["output"] for t in r["tests"])

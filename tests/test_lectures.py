@@ -59,3 +59,26 @@ def test_every_lecture_asks_a_prediction(src):
     """Each lecture has at least one predict-then-run cell: a ``guess = None`` line checked by ``check_guess``."""
     text = src.read_text(encoding="utf-8")
     assert "guess = None" in text and "check_guess(guess," in text, f"{src.name} has no predict-then-run exercise"
+
+
+def test_stream_outputs_are_coalesced():
+    """A cell's prints arrive in timing-dependent chunks; the build merges them so rebuilds are byte-stable."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print(1); print(2)")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="a\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text=["b\n", "c\n"]),
+                    nbformat.v4.new_output("stream", name="stderr", text="w\n"),
+                    nbformat.v4.new_output("stream", name="stdout", text="d\n")]
+    nb.cells.append(cell)
+    out = build.coalesce_streams(nb).cells[0].outputs
+    assert [(o.name, "".join(o.text)) for o in out] == [("stdout", "a\nb\nc\n"), ("stderr", "w\n"), ("stdout", "d\n")]
+
+
+@pytest.mark.slow
+def test_rebuilding_a_lecture_is_byte_stable(tmp_path):
+    """Two builds of the same source give the same bytes (seeded inputs, printed numbers that do not depend on
+    timing, merged output streams)."""
+    src = next(p for p in SOURCES if p.stem.startswith("04_"))
+    a = build.build(src, tmp_path / "a", timeout=300).read_bytes()
+    b = build.build(src, tmp_path / "b", timeout=300).read_bytes()
+    assert a == b

@@ -31,12 +31,12 @@
 
 # %%
 import math
-import tracemalloc
 
 import numpy as np
 import torch
 
 from lectures._exercise import check_guess
+from lectures._measure import peak_mb
 from lectures._plots import setup, tile_grid
 from reference import iosim
 from reference.numpy.attention import attention, attention_backward
@@ -255,10 +255,6 @@ check_guess(guess, 2048 * 2048 / (2048 * 64 + 2048), what="P bytes / (O + L) byt
 # Measured peak allocation of the backward call itself (one head, $d = 64$, float32):
 
 # %%
-def peak_mb(fn):
-    tracemalloc.start(); fn(); peak = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
-    return peak / 1e6
-
 for n in (512, 1024, 2048):
     q, k, v, do = (rng.standard_normal((n, 64)).astype(np.float32) for _ in range(4))
     o, lse = flash_attention_forward(q, k, v)
