@@ -67,7 +67,7 @@ ipykernel
 
 README = '''# Fast attention, from NumPy to PagedAttention (student release)
 
-Lectures (executed notebooks: read them with their outputs) and five assignments (notebooks with a function
+Lectures (executed notebooks: read them with their outputs) and the assignments (notebooks with a function
 to write under each heading and a `check(...)` cell that runs that function's visible cases).
 
 ## Setup
@@ -109,9 +109,10 @@ def build(out: Path) -> Path:
         _copy(REPO / "assignments" / aid / "README.md", out / "assignments" / aid / "README.md")
     for nb in lectures:
         order.append(f"- lecture `lectures/{nb.name}`")
-        for aid, after in _AFTER.items():
-            if nb.stem == after:
-                order.append(f"- **assignment `assignments/{aid}/{aid}.ipynb`**")
+        order += [f"- **assignment `assignments/{aid}/{aid}.ipynb`**" for aid in ASSIGNMENTS
+                  if _AFTER.get(aid) == nb.stem]
+    order += [f"- **assignment `assignments/{aid}/{aid}.ipynb`**" for aid in ASSIGNMENTS
+              if _AFTER.get(aid) not in {nb.stem for nb in lectures}]
     for rel in CHECK_FILES:
         _copy(REPO / "autograder" / rel, out / "autograder" / rel)
     (out / "autograder" / "__init__.py").write_text(INIT)
@@ -126,7 +127,8 @@ def build(out: Path) -> Path:
 
 # each assignment comes after the lecture it needs (the reading path of the repository's README)
 _AFTER = {"a1_attention": "01_softmax", "a2_flash_numpy": "04_backward_recomputation",
-          "a3_triton": "05_triton_kernels", "a4_decoding": "07_decoding", "a5_paged": "08_paged_attention"}
+          "a3_triton": "05_triton_kernels", "a4_decoding": "07_decoding", "a5_paged": "08_paged_attention",
+          "a6_ring": "10_ring_attention"}
 
 
 def _copy(src: Path, dst: Path):
