@@ -30,7 +30,7 @@ import numpy as np
 from ._args import check_flag, check_gqa, check_positive_int
 
 __all__ = [
-    "tile_visits", "Tile", "Schedule", "causal_tiles", "schedule", "makespan_lower_bound",
+    "tile_visits", "Tile", "Schedule", "causal_tiles", "order_tiles", "schedule", "makespan_lower_bound",
     "sylvester_hadamard", "random_hadamard", "quantize_fp8", "outlier_qkv", "fp8_incoherent_experiment",
     "aligned_error", "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
     "accumulator_registers", "decode_intensity", "split_kv_time",
@@ -119,6 +119,30 @@ def causal_tiles(n_batches, n_q_blocks, n_heads=1, n_k_blocks=None):
     return [Tile(b, h, i, i + 1 + off) for b in range(n_batches) for h in range(n_heads) for i in range(n_q_blocks)]
 
 
+def order_tiles(tiles, order="naive", heads_per_group=None):
+    """``tiles`` as a list in the order a scheduler takes them: "naive" as given, "lpt" cost descending (ties
+    keep the given order). ``reference.triton.flash_persistent`` feeds its persistent kernel in this order.
+
+    ``heads_per_group`` (with "lpt"): sort longest-first only inside groups of that many consecutive
+    (batch, head) pairs, group after group, so the tiles running at one time share the K/V of a few heads
+    (the talk's caveat: a global LPT order spreads them over all heads and can spill the L2 cache).
+    """
+    tiles = list(tiles)
+    if not all(isinstance(t, Tile) for t in tiles):
+        raise TypeError("tiles must be a sequence of reference.hopper.Tile")
+    if order == "lpt":
+        if heads_per_group is None:
+            return sorted(tiles, key=lambda t: -t.cost)  # stable: ties keep launch order
+        g = check_positive_int(heads_per_group, "heads_per_group")
+        index: dict = {}
+        for t in tiles:
+            index.setdefault((t.batch, t.head), len(index))
+        return sorted(tiles, key=lambda t: (index[(t.batch, t.head)] // g, -t.cost))
+    if order != "naive":
+        raise ValueError(f"order must be 'naive' or 'lpt', got {order!r}")
+    return tiles
+
+
 def schedule(tiles, n_workers, order="naive"):
     """Greedy list scheduling of ``tiles`` on ``n_workers`` identical workers.
 
@@ -127,13 +151,7 @@ def schedule(tiles, n_workers, order="naive"):
     scheduler, and of a persistent kernel's tile counter. Returns a ``Schedule``.
     """
     n_workers = check_positive_int(n_workers, "n_workers")
-    tiles = list(tiles)
-    if not all(isinstance(t, Tile) for t in tiles):
-        raise TypeError("tiles must be a sequence of reference.hopper.Tile")
-    if order == "lpt":
-        tiles = sorted(tiles, key=lambda t: -t.cost)  # stable: ties keep launch order
-    elif order != "naive":
-        raise ValueError(f"order must be 'naive' or 'lpt', got {order!r}")
+    tiles = order_tiles(tiles, order)
     free_at = [0] * n_workers
     timeline = [[] for _ in range(n_workers)]
     for t in tiles:

@@ -290,3 +290,74 @@ for path, r in gpu:
                 print(f"benchmarks/results/{path.name} ({r.get('gpu')}, {r.get('dtype')}): {impl:10s} "
                       f"{'causal' if causal else 'non-causal':10s} forward: best {max(vals):5.0f} TFLOP/s")
     print("talk (FA3, H100): up to 840 TFLOPS non-causal, 730-750 causal (BF16)")
+
+# %% [markdown]
+# ## 9. Three of these ideas as the course's Triton kernels
+#
+# Two of the ideas above exist as kernels in `reference.triton` (Triton 3.6; on a CPU they run in the Triton
+# interpreter, so the cells below use tiny shapes):
+#
+# * `flash_attention_forward_fp8(q, k, v, causal, hadamard=...)` — Q, K, V rounded to e4m3 with **one scale per
+#   block** (64 query rows, 128 key rows on the GPU), fp32 accumulation, $P$ rounded to e4m3 for $PV$, $V$ stored
+#   transposed (the layout-conformance point of section 3), and the random Hadamard rotation of $Q$ and $K$ as
+#   an option;
+# * `flash_attention_forward_persistent(q, k, v, seq_lens=..., order="lpt")` — one program per SM, each pulling
+#   the next (batch, head, query block) item from a global counter, the items sorted longest-first by
+#   `reference.hopper.order_tiles` (the `schedule` of section 5, on the GPU's scheduler).
+#
+# Both return what `flash_attention_forward` returns, `(o, lse)`. First a check against float64 on a small
+# causal problem (ragged, GQA):
+
+# %%
+import torch
+
+from reference.triton import flash_attention_forward_fp8, flash_attention_forward_persistent, DEVICE
+
+gen = torch.Generator().manual_seed(0)
+q = torch.randn(1, 4, 48, 64, generator=gen).to(DEVICE, torch.bfloat16)
+k, v = (torch.randn(1, 2, 80, 64, generator=gen).to(DEVICE, torch.bfloat16) for _ in range(2))
+kk, vv = (x.double().repeat_interleave(2, 1) for x in (k, v))
+s = q.double() @ kk.transpose(-1, -2) / 8.0
+s = s.masked_fill(torch.ones(48, 80, dtype=torch.bool).triu(80 - 48 + 1).to(s.device), float("-inf"))
+o_ref = torch.softmax(s, -1) @ vv
+for name, (o, _) in (("FP8", flash_attention_forward_fp8(q, k, v, causal=True)),
+                     ("FP8 + Hadamard", flash_attention_forward_fp8(q, k, v, causal=True, hadamard=True)),
+                     ("persistent LPT", flash_attention_forward_persistent(q, k, v, causal=True))):
+    err = ((o.double() - o_ref).norm() / o_ref.norm()).item()
+    print(f"{name:15s}: relative error vs float64 {err:.1e}")
+
+# %% [markdown]
+# On the GPU (`benchmarks/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
+# notes in `notes/hopper.md`): how close the course's bf16 FA2 kernel gets to cuDNN at d = 128, what FP8 buys,
+# how much error the rotation removes, and what the persistent LPT kernel changes. Without a results file
+# nothing is shown (no number is invented). One H100 number is an outlier: the causal N = 2048 forward at
+# 0.38x cuDNN was 0.82x when re-run (`h100-hopper-rerun.json`); the persistent rows come from re-runs after the
+# kernel learned to launch two programs per SM (the notes give both runs and the ncu profile that showed why).
+
+# %%
+runs = load_results("*-hopper.json")
+if not runs:
+    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 benchmarks/bench_hopper.py` on "
+          "a Hopper GPU.")
+for path, r in runs:
+    print(f"== {path.name}: {r.get('gpu')}")
+    for row in r.get("main", []):
+        if row["d"] == 128 and row["N"] >= 2048 and "fwd_tflops" in row.get("cudnn", {}):
+            o, c = row["ours"], row["cudnn"]
+            print(f"  bf16 d=128 {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: forward "
+                  f"{o['fwd_tflops']:4.0f} TFLOP/s = {o['fwd_tflops'] / c['fwd_tflops']:.2f}x cuDNN, backward "
+                  f"{o['bwd_tflops'] / c['bwd_tflops']:.2f}x cuDNN")
+    for row in r.get("fp8_speed", []):
+        print(f"  FP8 {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: {row['fp8_tflops']:4.0f} "
+              f"TFLOP/s = {row['speedup_kernel']:.2f}x our bf16 forward (kernel alone), "
+              f"{row['speedup_with_quant']:.2f}x with the quantisation in torch")
+    for row in r.get("fp8_accuracy", []):
+        if not row["causal"]:
+            print(f"  FP8 error vs float64, {row['inputs']:8s} x{row['factor']:<3}: plain {row['fp8_plain_rel']:.1e}, "
+                  f"Hadamard {row['fp8_hadamard_rel']:.1e} ({row['ratio_plain_over_hadamard']:.1f}x); "
+                  f"bf16 {row['bf16_rel']:.1e}")
+    for row in r.get("persistent", []):
+        what = f"N={row['N']}" if row["lens"] is None else f"{len(row['lens'])} mixed lengths"
+        print(f"  causal {what:18s}: one program per item {row['grid_naive_tflops']:4.0f} TFLOP/s, persistent LPT "
+              f"{row['persistent_lpt_tflops']:4.0f}, persistent LPT in L2-sized head groups "
+              f"{row['persistent_lpt_l2_tflops']:4.0f} ({row['persistent_lpt_over_grid_naive']:.2f}x)")

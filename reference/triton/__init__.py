@@ -11,6 +11,8 @@ from ._runtime import DEVICE, HAS_CUDA, INTERPRET, num_sms  # noqa: F401  (must 
 _EXPORTS = {
     "softmax": "fused_softmax",
     "flash_attention_forward": "flash_fwd",
+    "flash_attention_forward_fp8": "flash_fp8",
+    "flash_attention_forward_persistent": "flash_persistent",
     "flash_attention": "flash_autograd",
     "flash_decode": "decode",
     "paged_decode": "paged",
