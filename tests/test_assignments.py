@@ -38,6 +38,8 @@ SIGNATURES = {
     "flash_decoding": "(q, k, v, num_splits=4, seq_lens=None, scale=None)",
     "flash_decode": "(q, k, v, seq_lens=None, num_splits=None, scale=None)",
     "BlockAllocator": "(num_blocks)",
+    "cow_fork": "(refcount, block_table)",
+    "cow_append": "(k_cache, v_cache, refcount, block_table, seq_len, k_new, v_new)",
     "paged_attention": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
     "paged_decode": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
     "ring_step": "(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None)",

@@ -17,7 +17,8 @@
 # parent's block table and each shared block's **reference count** goes up; a block is written only by an owner
 # that holds it alone (copy-on-write), and returns to the free list when its last owner frees it.
 #
-# You will write `BlockAllocator`, `paged_attention` (NumPy) and `paged_decode` (Triton).
+# You will write `BlockAllocator`, copy-on-write `cow_fork` / `cow_append`, `paged_attention` (NumPy) and
+# `paged_decode` (Triton).
 #
 # **Layout** (same as the course's reference): `q (B, Hq, d)` one new token per sequence;
 # `k_cache, v_cache (num_blocks, block_size, Hkv, d)`; `block_tables (B, max_blocks)` int32, padded with `-1`;
@@ -119,29 +120,72 @@ from autograder.check import check
 check("a5.BlockAllocator", BlockAllocator)
 
 # %% [markdown]
-# ### Fork and copy-on-write (ungraded)
+# ### Part 1b -- fork and copy-on-write (graded)
 #
-# The cell below builds two block tables by hand: a parent with 10 tokens in blocks of 4, and a child forked
-# from it. The child shares all three blocks; before appending its 11th token it must *copy* the shared last
-# block (refcount 2) into a fresh block of its own. Read it, run it, and check the counts.
+# Now the cache side of sharing, as two **pure functions** on a cache state (return new arrays; the grader
+# fails a call that modifies its inputs). `refcount (num_blocks,)` holds the owners of every block (0 = free);
+# a sequence is its `block_table` (int array of its blocks, `ceil(seq_len / block_size)` long) and `seq_len`.
+#
+# * `cow_fork(refcount, block_table) -> refcount`: the child shares every block of the parent, so each block of
+#   the table gets one more owner. No K/V data is copied.
+# * `cow_append(k_cache, v_cache, refcount, block_table, seq_len, k_new, v_new) -> (k_cache, v_cache, refcount,
+#   block_table)`: append the `T` tokens `k_new, v_new (T, Hkv, d)`. Token `t` goes to slot `t % block_size` of
+#   block `block_table[t // block_size]`. When the last block is full (or the table is empty), take a **fresh
+#   block: the lowest-numbered one with refcount 0**, and set its count to 1. When the last block is only
+#   partly filled *and shared* (refcount > 1), **copy it first** into a fresh block (K and V), drop one owner
+#   from the old block and put the copy in the table: the other owners keep seeing their data. Full shared
+#   blocks are never written again, so they stay shared.
+#
+# Why only the last block: a sequence writes nothing but its tail, so everything before it can be shared
+# forever -- a fork costs one block copy at most, and only when the child writes.
 
-# %% tags=["skip"]
-try:
-    alloc = BlockAllocator(8)
-    parent = [alloc.allocate() for _ in range(3)]  # 10 tokens -> 3 blocks of 4 (last one half full)
-    child = list(parent)  # fork: share every block
-    for blk in child:
-        alloc.incref(blk)
-    print("after fork:   refcounts", [alloc.refcount(b) for b in parent], " free", alloc.num_free)
-    if alloc.refcount(child[-1]) > 1:  # the child writes into its last block: copy on write
-        alloc.free(child[-1])
-        child[-1] = alloc.allocate()  # (and copy the block's K/V contents into it)
-    print("after CoW:    parent", parent, "child", child, " free", alloc.num_free)
-    for blk in parent + child:
-        alloc.free(blk)
-    print("all freed:    free", alloc.num_free)
-except NotImplementedError as e:
-    print("not implemented yet:", e)
+# %%
+def cow_fork(refcount, block_table):
+    """The reference counts after forking the sequence ``block_table``: every block of it + 1 (a new array)."""
+    ### BEGIN SOLUTION
+    out = np.array(refcount, copy=True)
+    np.add.at(out, np.asarray(block_table, dtype=np.int64), 1)
+    return out
+    ### END SOLUTION
+
+
+def cow_append(k_cache, v_cache, refcount, block_table, seq_len, k_new, v_new):
+    """Append ``k_new, v_new (T, Hkv, d)`` with copy-on-write of a shared, partly filled last block.
+
+    Returns new ``(k_cache, v_cache, refcount, block_table)``; fresh blocks are the lowest-numbered free ones.
+    """
+    ### BEGIN SOLUTION
+    kc, vc = np.array(k_cache, copy=True), np.array(v_cache, copy=True)
+    refs = np.array(refcount, copy=True)
+    table = [int(b) for b in block_table]
+    bs, n = kc.shape[1], int(seq_len)
+
+    def fresh():
+        free = np.flatnonzero(refs == 0)
+        if free.size == 0:
+            raise RuntimeError(f"out of blocks: all {refs.size} blocks are in use")
+        refs[free[0]] = 1
+        return int(free[0])
+
+    for t in range(len(k_new)):
+        if n % bs == 0:
+            table.append(fresh())
+        elif refs[table[-1]] > 1:                     # copy-on-write before the first write into a shared block
+            new = fresh()
+            kc[new], vc[new] = kc[table[-1]], vc[table[-1]]
+            refs[table[-1]] -= 1
+            table[-1] = new
+        kc[table[-1], n % bs], vc[table[-1], n % bs] = k_new[t], v_new[t]
+        n += 1
+    return kc, vc, refs, np.asarray(table, dtype=np.int64)
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+check("a5.cow_fork", cow_fork)
+
+# %% tags=["check"]
+check("a5.cow_append", cow_append)
 
 # %% [markdown]
 # ## Part 2 -- paged attention in NumPy

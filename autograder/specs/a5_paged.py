@@ -1,13 +1,17 @@
 """Spec of assignment a5_paged: BlockAllocator (behaviour), paged attention in NumPy and Triton.
 
 BlockAllocator is graded by scripts of operations run on a fresh instance and judged against a model that
-follows the submission's own block ids (any allocation order is fine). Points total 100 (90 without a GPU).
+follows the submission's own block ids (any allocation order is fine). Copy-on-write (``cow_fork``,
+``cow_append``) is graded as pure functions on a cache state: fresh blocks are the lowest-numbered free ones,
+so the expected block table and reference counts are exact. Points total 115 (105 without a GPU).
 """
 from __future__ import annotations
 
-from ._base import Call, Spec, Task, Test
+import numpy as np
+
+from ._base import Call, Out, Spec, Task, Test
 from ._decode import build_paged, oracle_paged
-from ._gen import ragged
+from ._gen import arr, out, randn, ragged
 
 SHORT = "a5"
 FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn", "vllm")
@@ -64,6 +68,86 @@ def oracle_allocator(call):
     return []
 
 
+# --- copy-on-write: fork and append ------------------------------------------------------------------------
+INT_OUT = ("int64", "int32")
+
+
+def build_fork(p, rng):
+    """cow_fork(refcount, block_table) -> refcount with every block of the table shared once more."""
+    n = p["num_blocks"]
+    refcount = rng.integers(0, 3, size=n).astype(np.int64)
+    table = rng.permutation(n)[:p["n_table"]].astype(np.int64)
+    refcount[table] = np.maximum(refcount[table], 1)
+    c = Call([arr(refcount), arr(table)], {}, [Out("refcount", INT_OUT, 0.0)])
+    c.arg_names = ["refcount", "block_table"]
+    return c
+
+
+def oracle_fork(call):
+    refcount, table = (a.value for a in call.args)
+    r = refcount.astype(np.float64)
+    np.add.at(r, table, 1.0)
+    return [r]
+
+
+def build_cow_append(p, rng):
+    """cow_append(k_cache, v_cache, refcount, block_table, seq_len, k_new, v_new) -> the four new arrays.
+
+    ``shared``: how many of the sequence's blocks another sequence also holds (refcount 2), counted from the
+    start of the table (a fork shares a prefix; -1: all); ``seq_len`` may leave the last block partly filled.
+    """
+    bs, hkv, d, dt = p["block_size"], p["Hkv"], p["d"], p["dtype"]
+    seq_len, t_new = p["seq_len"], p["T"]
+    n_table = -(-seq_len // bs)
+    num_blocks = n_table + -(-(seq_len % bs + t_new) // bs) + 2 + p.get("extra", 2)
+    refcount = np.zeros(num_blocks, dtype=np.int64)
+    other = rng.choice(num_blocks, size=p.get("other_owned", 2), replace=False)
+    refcount[other] = 1                                  # blocks of other sequences: never touched
+    free = np.flatnonzero(refcount == 0)
+    table = rng.permutation(free)[:n_table].astype(np.int64)
+    refcount[table] = 1
+    refcount[table[:n_table if p["shared"] < 0 else p["shared"]]] = 2
+    kc, vc = randn(rng, (num_blocks, bs, hkv, d), dt), randn(rng, (num_blocks, bs, hkv, d), dt)
+    kn, vn = randn(rng, (t_new, hkv, d), dt), randn(rng, (t_new, hkv, d), dt)
+    outs = [out("k_cache", dt, 0.0), out("v_cache", dt, 0.0), Out("refcount", INT_OUT, 0.0),
+            Out("block_table", INT_OUT, 0.0)]
+    c = Call([arr(kc), arr(vc), arr(refcount), arr(table), seq_len, arr(kn), arr(vn)], {}, outs)
+    c.arg_names = ["k_cache", "v_cache", "refcount", "block_table", "seq_len", "k_new", "v_new"]
+    return c
+
+
+def oracle_cow_append(call):
+    """Token by token: copy a shared partly filled last block before the first write, take the lowest free
+    block whenever a new one is needed."""
+    kc, vc, refcount, table, seq_len, kn, vn = (a.value if hasattr(a, "value") else a for a in call.args)
+    kc, vc, refcount, table = kc.astype(np.float64), vc.astype(np.float64), refcount.copy(), list(table)
+    bs = kc.shape[1]
+
+    def take():
+        b = int(np.flatnonzero(refcount == 0)[0])
+        refcount[b] = 1
+        return b
+
+    n = seq_len
+    for t in range(kn.shape[0]):
+        if n % bs == 0:
+            table.append(take())
+        elif refcount[table[-1]] > 1:
+            new = take()
+            kc[new], vc[new] = kc[table[-1]], vc[table[-1]]
+            refcount[table[-1]] -= 1
+            table[-1] = new
+        kc[table[-1], n % bs], vc[table[-1], n % bs] = kn[t], vn[t]
+        n += 1
+    return [kc, vc, refcount.astype(np.float64), np.asarray(table, dtype=np.float64)]
+
+
+def _cow(**kw):
+    base = dict(block_size=4, Hkv=2, d=8, dtype="float32", seq_len=10, T=3, shared=0)
+    base.update(kw)
+    return base
+
+
 # --- paged attention -------------------------------------------------------------------------------------------
 
 def _pg(rng, dtype="float32", torch=False, hq=None, hkv=None, zero_len=False, **extra):
@@ -102,6 +186,21 @@ TESTS = [
        lambda r: [dict(kind="errors", num_blocks=int(r.integers(2, 10)), steps=30) for _ in range(3)],
        kind="behaviour"),
 
+    _t("cow_fork", "fork shares every block (reference counts + 1)", 3,
+       [dict(num_blocks=8, n_table=3)],
+       lambda r: [dict(num_blocks=int(r.integers(4, 40)), n_table=int(r.integers(1, 4))) for _ in range(3)]),
+    _t("cow_append", "unshared sequence: fill the last block, then the lowest free blocks", 4,
+       [_cow()], lambda r: [_cow(block_size=int(r.choice([2, 4, 16])), seq_len=int(r.integers(1, 40)),
+                                 T=int(r.integers(1, 20)), d=16) for _ in range(3)]),
+    _t("cow_append", "shared partly filled last block: copy it before writing", 5,
+       [_cow(shared=3)],
+       lambda r: [_cow(block_size=bs, seq_len=bs * int(r.integers(1, 5)) + int(r.integers(1, bs)),
+                       T=int(r.integers(1, 12)), shared=-1, d=16) for bs in (2, 4, 16)]),
+    _t("cow_append", "shared full blocks: no copy, new blocks only", 3,
+       [_cow(seq_len=8, shared=2)],
+       lambda r: [_cow(block_size=bs, seq_len=bs * int(r.integers(1, 5)), T=int(r.integers(1, 12)), shared=-1,
+                       d=16) for bs in (2, 4, 16)]),
+
     _t("paged_attention", "basic (scattered blocks)", 10, [_v()], lambda r: [_pg(r), _pg(r)]),
     _t("paged_attention", "ragged seq_lens (incl. 0)", 8, [_v(lens=[9, 1, 0])],
        lambda r: [_pg(r, zero_len=True), _pg(r, block_size=1)]),
@@ -128,6 +227,8 @@ TESTS = [
 TASKS = {
     "a5.BlockAllocator": Task("a5.BlockAllocator", "BlockAllocator", build_allocator, oracle_allocator,
                               framework="class", reference="reference.numpy.paged:BlockAllocator"),
+    "a5.cow_fork": Task("a5.cow_fork", "cow_fork", build_fork, oracle_fork),
+    "a5.cow_append": Task("a5.cow_append", "cow_append", build_cow_append, oracle_cow_append),
     "a5.paged_attention": Task("a5.paged_attention", "paged_attention", build_paged, oracle_paged,
                                reference="reference.numpy.paged:paged_attention"),
     "a5.paged_decode": Task("a5.paged_decode", "paged_decode", build_paged, oracle_paged, framework="torch",
