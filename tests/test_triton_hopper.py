@@ -18,8 +18,10 @@ from tests.oracle import attention_ref, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_hopper
 
-O_TOL_FP8 = 1e-5 if INTERPRET else 3e-2  # vs float64 on the dequantised inputs (GPU: P is rounded to e4m3)
-LSE_TOL_FP8 = 1e-5 if INTERPRET else 1e-2
+# vs float64 on the dequantised inputs. GPU: P is rounded to e4m3 (relative step 2^-3, so up to 6% per entry;
+# o averages many entries); lse comes from the unrounded P.
+O_TOL_FP8 = 1e-5 if INTERPRET else 6e-2
+LSE_TOL_FP8 = 1e-5 if INTERPRET else 1e-3
 
 
 def t(rng, *shape, dtype=torch.bfloat16, spread=1.0):
@@ -90,9 +92,9 @@ def test_hadamard_lowers_score_error_with_outlier_channels(rng, factor):
 FP8_CASES = [  # (B, Hq, Hkv, Nq, Nk, d, causal, block_m, block_n)
     (1, 2, 2, 64, 64, 32, False, 32, 32),
     (1, 2, 1, 37, 70, 32, True, 16, 32),      # GQA, ragged, bottom-right causal, Nq < Nk
-    (2, 2, 2, 45, 20, 64, True, 16, 16),      # Nq > Nk: fully masked rows -> o = 0, lse = -inf
-    (1, 4, 2, 1, 50, 32, False, 16, 16),      # one query row
-    (1, 1, 1, 50, 1, 128, True, 16, 16),      # one key
+    (2, 2, 2, 45, 20, 64, True, 16, 32),      # Nq > Nk: fully masked rows -> o = 0, lse = -inf
+    (1, 4, 2, 1, 50, 32, False, 16, 32),      # one query row
+    (1, 1, 1, 50, 1, 128, True, 16, 32),      # one key
 ]
 
 
@@ -137,6 +139,8 @@ def test_fp8_errors_name_the_argument(rng):
         flash_attention_forward_fp8(q, q, q, seed=-1)
     with pytest.raises(ValueError, match="block_m"):
         prepare_fp8(q, q, q, block_m=24)
+    with pytest.raises(ValueError, match="block_n"):
+        prepare_fp8(q, q, q, block_n=16)
 
 
 def test_fp8_needs_hopper(monkeypatch):
@@ -180,7 +184,7 @@ def test_persistent_mixed_lengths(rng, monkeypatch):
     o, lse = flash_attention_forward_persistent(q, k, v, causal=True, seq_lens=lens)
     for b, L in enumerate(lens.tolist()):
         sl = (slice(b, b + 1), slice(None), slice(0, L))
-        _check(o[sl], lse[sl], q[sl], k[sl], v[sl], True, tol=1e-5)
+        _check(o[sl], lse[sl], q[sl], k[sl], v[sl], True, tol=1e-5 if INTERPRET else 5e-3)  # GPU: TF32 dots
         assert torch.all(o[b, :, L:] == 0) and torch.all(torch.isinf(lse[b, :, L:]))
 
 

@@ -251,9 +251,10 @@ def prepare_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, block
         raise TypeError(f"seed must be a non-negative int, got {seed!r}")
     bm = check_positive_int(CONFIG["BLOCK_M"] if block_m is None else block_m, "block_m")
     bn = check_positive_int(CONFIG["BLOCK_N"] if block_n is None else block_n, "block_n")
-    for name, val in (("block_m", bm), ("block_n", bn)):
-        if val & (val - 1) or val < 16:
-            raise ValueError(f"{name} must be a power of two >= 16, got {val}")
+    # block_n is the reduction length of P @ V, and an FP8 MMA reduces over at least 32 elements
+    for name, val, least in (("block_m", bm, 16), ("block_n", bn, 32)):
+        if val & (val - 1) or val < least:
+            raise ValueError(f"{name} must be a power of two >= {least}, got {val}")
     check_fp8_device(q.device)
     if hadamard:
         j = hadamard_matrix(d, seed, q.device)
