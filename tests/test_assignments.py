@@ -39,6 +39,7 @@ SIGNATURES = {
     "flash_decode": "(q, k, v, seq_lens=None, num_splits=None, scale=None)",
     "BlockAllocator": "(num_blocks)",
     "cow_fork": "(refcount, block_table)",
+    "lpt_schedule": "(costs, n_workers)",
     "cow_append": "(k_cache, v_cache, refcount, block_table, seq_len, k_new, v_new)",
     "paged_attention": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
     "paged_decode": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",

@@ -297,6 +297,48 @@ from autograder.check import check
 check("a4.flash_decode", flash_decode)
 
 # %% [markdown]
+# ## Part 3 (optional, 5 points) -- FlashAttention-3's LPT tile schedule
+#
+# Lecture 6: with a causal mask, query block `i` visits `i + 1` key blocks, so the tiles of a prefill have
+# unequal costs. A persistent kernel (one resident program per SM) hands tiles to whichever SM frees up first;
+# FlashAttention-3 first sorts them **longest processing time first** (LPT, Graham 1969), which keeps the long
+# tiles from landing at the end. Write the schedule:
+#
+# `lpt_schedule(costs, n_workers) -> worker`: `costs` is a 1-D integer array (one cost per tile, in launch
+# order); return an integer array `worker` of the same length, `worker[i]` = the worker (SM) that runs tile `i`.
+# Rules, so that the answer is unique: take the tiles by cost, **longest first, equal costs in launch order**;
+# give each to the worker that becomes **free first** (all are free at time 0), the **lowest-numbered** among
+# workers free at the same time. `n_workers` must be a positive integer (else `ValueError`).
+#
+# Check it by hand on the lecture's example: 2 batches x 4 query blocks, costs `[1, 2, 3, 4, 1, 2, 3, 4]` on 3
+# workers give per-worker work `[7, 7, 6]` (launch order would give `[9, 5, 6]`). A heap (`heapq`) of
+# `(free time, worker)` pairs does the "free first, lowest index" rule in one line per tile.
+
+# %%
+import heapq
+
+
+def lpt_schedule(costs, n_workers):
+    """Longest-processing-time-first list schedule: the worker of every tile (ties: launch order, lowest worker)."""
+    if isinstance(n_workers, bool) or not isinstance(n_workers, numbers.Integral) or n_workers < 1:
+        raise ValueError(f"n_workers must be a positive integer, got {n_workers!r}")
+    costs = np.asarray(costs)
+    ### BEGIN SOLUTION
+    order = sorted(range(len(costs)), key=lambda i: (-costs[i], i))
+    free = [(0, w) for w in range(int(n_workers))]
+    worker = np.zeros(len(costs), dtype=np.int64)
+    for i in order:
+        t, w = heapq.heappop(free)
+        worker[i] = w
+        heapq.heappush(free, (t + costs[i], w))
+    return worker
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+check("a4.lpt_schedule", lpt_schedule)
+
+# %% [markdown]
 # ## Going further (ungraded, needs a GPU)
 #
 # * Time `flash_decode` for `B = 1`, `Hq = 32`, `Hkv = 8`, `d = 128`, `N = 64k` with `num_splits = 1` and with

@@ -1,12 +1,19 @@
 """Spec of assignment a4_decoding: Flash-Decoding in NumPy (``flash_decoding``) and Triton (``flash_decode``).
 
-Points total 100 (90 without a GPU: the Triton speed test is "not run" there and excluded).
+Points total 105 (95 without a GPU: the Triton speed test is "not run" there and excluded), of which 5 are the
+optional FlashAttention-3 part (``lpt_schedule``, graded exactly: its tie rules make the schedule unique).
 """
 from __future__ import annotations
 
-from ._base import Spec, Task, Test
+import heapq
+
+import numpy as np
+
+from ._base import Call, Out, Spec, Task, Test
 from ._decode import build_decoding, oracle_decoding
-from ._gen import ragged
+from ._gen import arr, ragged
+
+INT_OUT = ("int64", "int32")
 
 SHORT = "a4"
 FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn")
@@ -36,6 +43,34 @@ def _v(**kw):
 
 def _t(task, name, points, visible, hidden, **kw):
     return Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", points, visible, hidden, **kw)
+
+
+# --- optional: FlashAttention-3's LPT tile schedule ------------------------------------------------------------
+def build_lpt(p, rng):
+    """lpt_schedule(costs, n_workers) -> the worker of each tile. ``distinct``: all costs differ (the order of
+    the sort decides); ``equal``: all costs equal (the tie rules decide: launch order, lowest free worker)."""
+    n = p["n_tiles"]
+    if p["kind"] == "distinct":
+        costs = rng.permutation(np.arange(1, 4 * n + 1))[:n]
+    else:
+        costs = np.full(n, int(rng.integers(1, 9)))
+    c = Call([arr(np.asarray(costs, dtype=np.int64)), p["n_workers"]], {}, [Out("worker", INT_OUT, 0.0)])
+    c.arg_names = ["costs", "n_workers"]
+    return c
+
+
+def oracle_lpt(call):
+    """Graham's LPT: tiles by cost, longest first, ties in launch order; each to the worker that is free first
+    (lowest index among ties). A heap of (free time, worker)."""
+    costs, w = call.args[0].value, call.args[1]
+    order = sorted(range(len(costs)), key=lambda i: (-int(costs[i]), i))
+    heap = [(0, j) for j in range(w)]
+    worker = np.zeros(len(costs))
+    for i in order:
+        t, j = heapq.heappop(heap)
+        worker[i] = j
+        heapq.heappush(heap, (t + int(costs[i]), j))
+    return [worker]
 
 
 TESTS = [
@@ -68,11 +103,20 @@ TESTS = [
                   dict(B=4, Hq=32, Hkv=8, N=32768, d=128, dtype="bfloat16", torch=True,
                        lens=[32768, 20000, 28000, 100])],
        kind="speed", gpu_only=True, speed_full=1.25, speed_zero=3.0, reps=8),
+    _t("lpt_schedule", "optional (FA3): distinct costs, longest first (1 worker, more workers than tiles)", 3,
+       [dict(kind="distinct", n_tiles=8, n_workers=3)],
+       lambda r: [dict(kind="distinct", n_tiles=int(r.integers(5, 60)), n_workers=int(r.integers(2, 9))),
+                  dict(kind="distinct", n_tiles=7, n_workers=1), dict(kind="distinct", n_tiles=5, n_workers=9)]),
+    _t("lpt_schedule", "optional (FA3): equal costs (ties: launch order, lowest free worker)", 2,
+       [dict(kind="equal", n_tiles=7, n_workers=3)],
+       lambda r: [dict(kind="equal", n_tiles=int(r.integers(5, 60)), n_workers=int(r.integers(2, 9)))
+                  for _ in range(2)]),
 ]
 
 TASKS = {
     "a4.flash_decoding": Task("a4.flash_decoding", "flash_decoding", build_decoding, oracle_decoding,
                               reference="reference.numpy.decoding:flash_decoding"),
+    "a4.lpt_schedule": Task("a4.lpt_schedule", "lpt_schedule", build_lpt, oracle_lpt),
     "a4.flash_decode": Task("a4.flash_decode", "flash_decode", build_decoding, oracle_decoding, framework="torch",
                             reference="autograder.baselines:flash_decode", case_timeout=120),
 }
