@@ -96,6 +96,7 @@ class Grader:
         self.load_info = {}
         self.load_failed = {}            # graded name -> "cell N failed while loading: ..."
         self.hint = None                 # "this looks like a2_flash_numpy ..." (wrong assignment?)
+        self.load_broken = None          # why loading the cells killed the child (then no test reloads them)
 
     # -- flags --------------------------------------------------------------------------------------------
     def flag(self, threat, task_ids, message, source, where=""):
@@ -128,10 +129,14 @@ class Grader:
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
         except SandboxDied as exc:
-            reason = exc.reason.replace("(time limit per case)", f"(loading time limit {self.spec.load_timeout:.0f} s)")
-            self.load_info = {"cells": len(self.cells), "load_time": None,
-                              "errors": [f"loading the submission failed: {reason}"]}
-            raise SandboxDied(f"loading the submission (running its cells) failed: {reason}", exc.kind) from None
+            reason = exc.reason
+            if exc.kind == "timeout":
+                reason = (f"the cells did not finish within the loading time limit of {self.spec.load_timeout:.0f} s "
+                          "(an endless loop, or long work at the top level of a cell?)")
+            # every later test says so at once, instead of loading (and waiting) again
+            self.load_broken = f"loading the submission (running its cells) failed: {reason}"
+            self.load_info = {"cells": len(self.cells), "load_time": None, "errors": [self.load_broken]}
+            raise SandboxDied(self.load_broken, exc.kind) from None
         self.names = h.get("names", {})
         reports = h.get("cells", [])
         self.load_failed = failed_names(self.cells, reports, self._graded_names(), self.limits.file_bytes)
@@ -146,6 +151,8 @@ class Grader:
         return sb
 
     def student(self):
+        if self.load_broken:
+            raise SandboxDied(self.load_broken, "load")
         if self.sandbox is None:
             if self.restarts > MAX_RESTARTS:
                 raise SandboxDied("too many crashes; the sandbox gave up", "gave-up")

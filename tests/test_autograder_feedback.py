@@ -209,3 +209,19 @@ def test_hint_when_graded_against_the_wrong_assignment(tmp_path):
     assert p.returncode == 0 and p.stdout.splitlines()[1].startswith("NOTE: this looks like a2_flash_numpy")
     r = json.loads((tmp_path / "r.json").read_text())
     assert r["score"] == 0 and all("looks like a2_flash_numpy" in t["output"] for t in r["tests"])
+
+
+def test_a_cell_that_never_finishes_loading_fails_every_test_once(tmp_path, monkeypatch):
+    """An endless loop at the top level: one wait for the loading time limit, then every test says why."""
+    import time
+
+    from autograder.engine import Grader
+    sub = tmp_path / "loop.py"
+    sub.write_text(OWN.read_text() + "\n\nwhile True:\n    pass\n")
+    g = Grader("a1_attention", "cpu")
+    monkeypatch.setattr(g.spec, "load_timeout", 3.0)
+    t0 = time.monotonic()
+    r = g.grade(sub)
+    assert time.monotonic() - t0 < 30                           # not one 3 s wait per test (23 tests)
+    assert r["score"] == 0 and "loading time limit of 3 s" in r["load"]["errors"][0]
+    assert all("loading time limit of 3 s" in t["output"] for t in r["tests"]), r["tests"][:2]
