@@ -97,6 +97,11 @@ class Grader:
         self.load_failed = {}            # graded name -> "cell N failed while loading: ..."
         self.hint = None                 # "this looks like a2_flash_numpy ..." (wrong assignment?)
         self.load_broken = None          # why loading the cells killed the child (then no test reloads them)
+        self.ref_task = None             # the task whose reference the reference child has loaded
+        self.ref_error = ""              # why the reference child is broken
+        self.results = []                # TestResults of the current grade()
+        self.dead_tasks = {}             # task id -> why its tests are skipped (it crashed the sandbox)
+        self._flooded = set()            # output floods already reported
 
     # -- flags --------------------------------------------------------------------------------------------
     def flag(self, threat, task_ids, message, source, where=""):
@@ -328,8 +333,7 @@ class Grader:
         same checks as a correctness call (exact type, dtype, device, NaN/inf, relative error, inputs unchanged,
         no threads left), on whole outputs or on the same seeded sample of both."""
         outs = [Out(o.name, o.dtypes, o.tol * 2, o.framework) for o in template.outs]
-        call = Call(template.args, template.kwargs, outs, mode=template.mode)
-        call.arg_names = getattr(template, "arg_names", None)
+        call = Call(template.args, template.kwargs, outs, mode=template.mode, arg_names=template.arg_names)
         call.expected = [ar[i] if i < len(ar) else None for i in range(len(outs))]
         hs["arrays"] = as_
         for o, si, ri in zip(outs, hs.get("outs", []), hr.get("outs", [])):
@@ -343,70 +347,69 @@ class Grader:
         return v
 
     def _speed(self, test, task, res):
-        """Student child and reference child alternate on the same fresh inputs, drawn in each child from
-        per-rep seeds (nothing large travels). Rep 0 warms up (autotuning, compilation) untimed. Every rep's
-        outputs are compared with the reference child's: whole on rep 1 and one random later rep, a seeded
-        sample of ``SAMPLE`` elements otherwise (T5/T16)."""
+        """Time every case (``_time_case``), flag wrong timed outputs, then score the ratios (``_speed_score``)."""
         ref = self.reference(task)
         if ref is None:
             res.status = "not run"
-            res.output = f"not run: reference implementation unavailable ({getattr(self, 'ref_error', '')[:200]})"
+            res.output = f"not run: reference implementation unavailable ({self.ref_error[:200]})"
             return
-        ratios, wrong, flagged = [], None, False
+        ratios = []
         for params in self.cases_for(test):
             if params.get("shift") or params.get("mag"):
                 raise ValueError("speed cases draw standard-normal inputs in the children; shift/mag not supported")
-            template = task.build(params, self.rng)     # shapes, dtypes and integer arguments (seq_lens, tables)
-            full_reps = {1, int(self.rng.integers(2, test.reps + 1))} if test.reps >= 2 else {1}
-            st, rt = [], []
-            for rep in range(test.reps + 1):                       # rep 0 is a warm-up (checked, not timed)
-                seeds = {key: int(self.rng.integers(1 << 62)) for key, _ in template.arrays()}
-                header, arrays = call_to_wire(template, gen_seeds=seeds)
-                fetch = {"full": rep in full_reps, "seed": int(self.rng.integers(1 << 62)), "k": SAMPLE}
-                order = (0, 1) if rep % 2 == 0 else (1, 0)       # alternate who goes first
-                out = {}
-                for who in order:
-                    sb = self.student() if who == 0 else ref
-                    out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None)
-                (hs, as_, ws, cs), (hr, ar, wr, cr) = out[0], out[1]
-                if hr["t"] != "result":
-                    res.status = "not run"
-                    res.output = f"not run: the reference failed ({hr.get('exc')}: {hr.get('msg')})"
-                    return
-                if hs["t"] != "result":
-                    res.output = f"timed call raised {hs.get('exc')}: {hs.get('msg', '')[:200]}"
-                    self._after_call(task, hs)
-                    return
-                v = self._check_timed(task, template, hs, as_, hr, ar)
+            t = self._time_case(test, task, ref, params)
+            if t.stop is not None:
+                res.output = t.stop
+                res.status = t.status or res.status
+                if t.wrong and not t.flagged and all(r.status == "passed" for r in self.results
+                                                     if r.task == task.id and r.name != test.name):
+                    self.flag("T16", [task.id], "timed calls returned wrong results although the correctness "
+                                                "tests passed (cached or replayed answers)", "runtime")
+                return
+            student_s, reference_s = statistics.median(t.student), statistics.median(t.reference)
+            ratios.append(student_s / max(reference_s, 1e-9))
+            res.extra.setdefault("speed", []).append({"case": _describe(params), "student_s": student_s,
+                                                      "reference_s": reference_s})
+        _speed_score(test, res, ratios)
+
+    def _time_case(self, test, task, ref, params) -> "_Timing":
+        """Student child and reference child alternate on the same fresh inputs, drawn in each child from
+        per-rep seeds (nothing large travels). Rep 0 warms up (autotuning, compilation) untimed. Every rep's
+        outputs are compared with the reference child's: whole on rep 1 and one random later rep, a seeded
+        sample of ``SAMPLE`` elements otherwise (T5/T16). Returns the timed reps, or why the case stopped."""
+        template = task.build(params, self.rng)     # shapes, dtypes and integer arguments (seq_lens, tables)
+        full_reps = {1, int(self.rng.integers(2, test.reps + 1))} if test.reps >= 2 else {1}
+        timing = _Timing()
+        for rep in range(test.reps + 1):                       # rep 0 is a warm-up (checked, not timed)
+            seeds = {key: int(self.rng.integers(1 << 62)) for key, _ in template.arrays()}
+            header, arrays = call_to_wire(template, gen_seeds=seeds)
+            fetch = {"full": rep in full_reps, "seed": int(self.rng.integers(1 << 62)), "k": SAMPLE}
+            order = (0, 1) if rep % 2 == 0 else (1, 0)       # alternate who goes first
+            out = {}
+            for who in order:
+                sb = self.student() if who == 0 else ref
+                out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None)
+            (hs, as_, ws, cs), (hr, ar, wr, cr) = out[0], out[1]
+            if hr["t"] != "result":
+                timing.stop, timing.status = f"not run: the reference failed ({hr.get('exc')}: {hr.get('msg')})", \
+                    "not run"
+                return timing
+            if hs["t"] != "result":
+                timing.stop = f"timed call raised {hs.get('exc')}: {hs.get('msg', '')[:200]}"
                 self._after_call(task, hs)
-                if not v.passed:
-                    wrong = f"{v.message} (rep {rep}, {'whole output' if fetch['full'] else 'sampled'})"
-                    flagged = bool(v.flags)
-                    break
-                if rep == 0:
-                    continue
-                st.append(_pick(ws, cs))
-                rt.append(_pick(wr, cr))
-            if wrong:
-                break
-            ratios.append(statistics.median(st) / max(statistics.median(rt), 1e-9))
-            res.extra.setdefault("speed", []).append({"case": _describe(params), "student_s": statistics.median(st),
-                                                      "reference_s": statistics.median(rt)})
-        if wrong:
-            res.output = f"a timed call returned a wrong result: {wrong}"
-            if not flagged and all(t.status == "passed" for t in self.results
-                                   if t.task == task.id and t.name != test.name):
-                self.flag("T16", [task.id], "timed calls returned wrong results although the correctness "
-                                            "tests passed (cached or replayed answers)", "runtime")
-            return
-        ratio = float(np.exp(np.mean(np.log(ratios))))
-        frac = min(1.0, max(0.0, (test.speed_zero - ratio) / (test.speed_zero - test.speed_full)))
-        res.score = float(test.points) * frac
-        res.status = "passed" if frac >= 1.0 else ("partial" if frac > 0 else "failed")
-        res.extra["ratio"] = ratio
-        res.extra["speedup"] = 1.0 / ratio
-        res.output = (f"{ratio:.2f}x the reference time (full points at <= {test.speed_full}x, none at >= "
-                      f"{test.speed_zero}x)")
+                return timing
+            v = self._check_timed(task, template, hs, as_, hr, ar)
+            self._after_call(task, hs)
+            if not v.passed:
+                timing.stop = (f"a timed call returned a wrong result: {v.message} (rep {rep}, "
+                               f"{'whole output' if fetch['full'] else 'sampled'})")
+                timing.wrong, timing.flagged = True, bool(v.flags)
+                return timing
+            if rep == 0:
+                continue
+            timing.student.append(_pick(ws, cs))
+            timing.reference.append(_pick(wr, cr))
+        return timing
 
     # -- the whole submission -----------------------------------------------------------------------------
     def grade(self, path) -> dict:
@@ -473,7 +476,7 @@ class Grader:
         }
 
     def sandbox_network(self):
-        return getattr(self, "_network", None) or _probe_network(self.device)
+        return _probe_network(self.device)
 
 
 _NET = {}
@@ -507,6 +510,32 @@ def _reference_source(task):
         return name, f"from {mod} import {name}\n"
     return name, (f"import functools\nfrom {mod} import {name} as _reference\n"
                   f"{name} = functools.partial(_reference, **{task.reference_kwargs!r})\n")
+
+
+@dataclass
+class _Timing:
+    """One speed case: seconds per timed rep (student, reference), or why the case stopped (``stop``, the result's
+    output line; ``status`` "not run" when the reference failed; ``wrong`` a timed output was wrong, ``flagged``
+    already flagged by the check)."""
+    student: list = field(default_factory=list)
+    reference: list = field(default_factory=list)
+    stop: str | None = None
+    status: str | None = None
+    wrong: bool = False
+    flagged: bool = False
+
+
+def _speed_score(test, res, ratios) -> None:
+    """Score a speed test from its cases' time ratios (student / reference): the geometric mean ``r`` gets full
+    points at ``r <= speed_full``, none at ``r >= speed_zero``, linear in between."""
+    ratio = float(np.exp(np.mean(np.log(ratios))))
+    frac = min(1.0, max(0.0, (test.speed_zero - ratio) / (test.speed_zero - test.speed_full)))
+    res.score = float(test.points) * frac
+    res.status = "passed" if frac >= 1.0 else ("partial" if frac > 0 else "failed")
+    res.extra["ratio"] = ratio
+    res.extra["speedup"] = 1.0 / ratio
+    res.output = (f"{ratio:.2f}x the reference time (full points at <= {test.speed_full}x, none at >= "
+                  f"{test.speed_zero}x)")
 
 
 def _pick(wall, child):

@@ -77,7 +77,7 @@ def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verd
 
 
 def call_arg_name(call, key):
-    names = getattr(call, "arg_names", None)
+    names = call.arg_names
     if key.isdigit() and names and int(key) < len(names):
         return names[int(key)]
     return key if not key.isdigit() else f"#{key}"

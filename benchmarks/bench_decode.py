@@ -501,7 +501,7 @@ def plots(rows, out_dir, slug, copy_bw):
     return [p1, p2]
 
 
-def main(argv=None):
+def _args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few configurations only")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -509,73 +509,44 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true", help="first time stage-1 launch configurations")
     ap.add_argument("--apply-best", action="store_true", help="with --tune: run the benchmark with the best one")
     ap.add_argument("--max-kv-gb", type=float, default=18.0, help="skip configurations with more K/V than this")
-    args = ap.parse_args(argv)
-    global SMOKE
-    SMOKE = args.smoke
-    if not SMOKE and (INTERPRET or not torch.cuda.is_available()):
-        print("bench_decode.py needs a CUDA GPU (the interpreter would take hours); nothing run.")
-        return 0
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
+    return ap.parse_args(argv)
 
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
 
-    slug = gpu_slug()
-    copy_bw = copy_bandwidth()
-    log(f"{meta_name()} ({num_sms()} SMs): copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
+def _tune_phase(args, copy_bw, slug, log):
+    """``--tune``: time the stage-1 launch configurations, optionally apply the best; the tuning record (or None)."""
     from reference.triton import decode
-    tuning, overhead = None, None
-    if args.tune:
-        tune_rows, best, best_paged = tune(copy_bw, log)
-        tuning = dict(configs=tune_rows, best=best, best_paged=best_paged, default=dict(decode.CONFIG),
-                      default_paged=dict(decode.PAGED_CONFIG), default_fused_merge=decode.FUSE_MERGE, applied=False)
-        if args.apply_best:
-            decode.CONFIG.update(block_n=best["block_n"], num_warps=best["num_warps"], num_stages=best["num_stages"])
-            decode.PAGED_CONFIG.update(block_n=best_paged["block_n"], num_warps=best_paged["num_warps"],
-                                       num_stages=best_paged["num_stages"])
-            decode.FUSE_MERGE = best["fused_merge"]
-            tuning["applied"] = True
-        with open(os.path.join(args.out, f"{slug}-decode-tune.json"), "w") as f:  # kept if the run is cut short
-            json.dump(tuning, f, indent=1)
-    log(f"stage-1 config for this run: {decode.CONFIG}, paged {decode.PAGED_CONFIG}, fused merge {decode.FUSE_MERGE}")
-    overhead = host_overhead(log)
-    breakdown = None
-    if not SMOKE:
-        try:
-            breakdown = kernel_breakdown(log)
-        except Exception as exc:  # the profiler is a nice-to-have; never lose the benchmark to it
-            log(f"  kernel breakdown failed: {exc!r}")
+    if not args.tune:
+        return None
+    tune_rows, best, best_paged = tune(copy_bw, log)
+    tuning = dict(configs=tune_rows, best=best, best_paged=best_paged, default=dict(decode.CONFIG),
+                  default_paged=dict(decode.PAGED_CONFIG), default_fused_merge=decode.FUSE_MERGE, applied=False)
+    if args.apply_best:
+        decode.CONFIG.update(block_n=best["block_n"], num_warps=best["num_warps"], num_stages=best["num_stages"])
+        decode.PAGED_CONFIG.update(block_n=best_paged["block_n"], num_warps=best_paged["num_warps"],
+                                   num_stages=best_paged["num_stages"])
+        decode.FUSE_MERGE = best["fused_merge"]
+        tuning["applied"] = True
+    with open(os.path.join(args.out, f"{slug}-decode-tune.json"), "w") as f:  # kept if the run is cut short
+        json.dump(tuning, f, indent=1)
+    return tuning
+
+
+def _cases(args):
+    """``(batches, contexts, sweep_cases, paged_cases)`` for ``--smoke``, ``--quick`` or the full run."""
     if SMOKE:
-        batches, contexts = [1, 2], [256, 512]
-    elif args.quick:
-        batches, contexts = [1, 8], [4096, 32768, 65536]
-    else:
-        batches, contexts = [1, 8, 32], [1024 * 2 ** i for i in range(8)]  # 1k .. 128k
-    rows = []
-    for B in batches:
-        for N in contexts:
-            if 2 * B * HKV * N * D * 2 > args.max_kv_gb * 1e9:
-                log(f"  skip B={B} N={N}: K/V over {args.max_kv_gb} GB")
-                continue
-            run_config(B, N, copy_bw, rows, log)
-    sweep = []
+        return [1, 2], [256, 512], [(1, 512, [1, 2, 4])], [(1, 512)]
     sweep_cases = [(1, 65536, [1, 4, 8, 16, 24, 32, 40, 48, 64, 96])]
-    if not args.quick:
-        sweep_cases += [(1, 32768, [8, 16, 24, 32, 48, 64]), (1, 131072, [16, 32, 48, 64, 132]),
-                        (8, 32768, [1, 2, 3, 4, 5, 8, 16]), (32, 32768, [1, 2, 3, 4])]
-    if SMOKE:
-        sweep_cases = [(1, 512, [1, 2, 4])]
-    for B, N, counts in sweep_cases:
-        split_sweep(B, N, counts, sweep, log)
-    paged = []
-    paged_cases = [(1, 32768), (8, 8192)] if args.quick else [(1, 32768), (1, 131072), (8, 32768), (32, 8192)]
-    if SMOKE:
-        paged_cases = [(1, 512)]
-    for B, N in paged_cases:
-        paged_config(B, N, [16, 32, 128], paged, copy_bw, log)
-    table = bars(rows, paged)
-    meta = dict(gpu=meta_name(), slug=slug, sms=num_sms(), torch=torch.__version__,
+    if args.quick:
+        return [1, 8], [4096, 32768, 65536], sweep_cases, [(1, 32768), (8, 8192)]
+    sweep_cases += [(1, 32768, [8, 16, 24, 32, 48, 64]), (1, 131072, [16, 32, 48, 64, 132]),
+                    (8, 32768, [1, 2, 3, 4, 5, 8, 16]), (32, 32768, [1, 2, 3, 4])]
+    return ([1, 8, 32], [1024 * 2 ** i for i in range(8)],  # 1k .. 128k
+            sweep_cases, [(1, 32768), (1, 131072), (8, 32768), (32, 8192)])
+
+
+def _meta(args, slug, copy_bw, overhead, breakdown) -> dict:
+    from reference.triton import decode
+    return dict(gpu=meta_name(), slug=slug, sms=num_sms(), torch=torch.__version__,
                 triton=__import__("triton").__version__, copy_bw_bytes_per_s=copy_bw, dtype="bfloat16",
                 hq=HQ, hkv=HKV, d=D, quick=args.quick, date=time.strftime("%Y-%m-%d %H:%M:%S"),
                 stage1_config=dict(decode.CONFIG), paged_config=dict(decode.PAGED_CONFIG),
@@ -587,13 +558,9 @@ def main(argv=None):
                         "its decode step sees); the bars are judged on ms_graph. Fresh randn inputs per config."),
                 sdpa_gqa="enable_gqa=True where accepted, else K/V expanded (see rows' gqa field)",
                 host_overhead_us=overhead, kernel_breakdown_us=breakdown)
-    path = os.path.join(args.out, f"{slug}-decode.json")
-    with open(path, "w") as f:
-        json.dump(dict(meta=meta, results=rows, split_sweep=sweep, paged=paged, bars=table, tuning=tuning), f,
-                  indent=1)
-    figs = plots(rows, args.out, slug, copy_bw)
-    log(f"wrote {path}, {', '.join(figs)}")
 
+
+def _print_summary(table, rows, batches, contexts):
     print("\nDecode bars of docs/design.md §7 (bf16, Hq=32, Hkv=8, d=128); judged on CUDA-graph GPU time, "
           "eager do_bench shown")
     print(f"{'what':34s} {'B':>3s} {'context':>7s} {'graph':>6s} {'eager':>6s} {'bar':>5s}  pass")
@@ -619,8 +586,57 @@ def main(argv=None):
         best = max(fa2)
         print(f"\nsplit-KV vs FA2's decode parallelism (one program per query head), B=1: up to {best[0]:.1f}x "
               f"(context {best[1]}); seeds: 'up to 8x' (Flash-Decoding vs FlashAttention-2, 2023)")
-    return 0
 
+
+def main(argv=None):
+    args = _args(argv)
+    global SMOKE
+    SMOKE = args.smoke
+    if not SMOKE and (INTERPRET or not torch.cuda.is_available()):
+        print("bench_decode.py needs a CUDA GPU (the interpreter would take hours); nothing run.")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+    slug = gpu_slug()
+    copy_bw = copy_bandwidth()
+    log(f"{meta_name()} ({num_sms()} SMs): copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
+    from reference.triton import decode
+    tuning = _tune_phase(args, copy_bw, slug, log)
+    log(f"stage-1 config for this run: {decode.CONFIG}, paged {decode.PAGED_CONFIG}, fused merge {decode.FUSE_MERGE}")
+    overhead = host_overhead(log)
+    breakdown = None
+    if not SMOKE:
+        try:
+            breakdown = kernel_breakdown(log)
+        except Exception as exc:  # the profiler is a nice-to-have; never lose the benchmark to it
+            log(f"  kernel breakdown failed: {exc!r}")
+    batches, contexts, sweep_cases, paged_cases = _cases(args)
+    rows = []
+    for B in batches:
+        for N in contexts:
+            if 2 * B * HKV * N * D * 2 > args.max_kv_gb * 1e9:
+                log(f"  skip B={B} N={N}: K/V over {args.max_kv_gb} GB")
+                continue
+            run_config(B, N, copy_bw, rows, log)
+    sweep = []
+    for B, N, counts in sweep_cases:
+        split_sweep(B, N, counts, sweep, log)
+    paged = []
+    for B, N in paged_cases:
+        paged_config(B, N, [16, 32, 128], paged, copy_bw, log)
+    table = bars(rows, paged)
+    path = os.path.join(args.out, f"{slug}-decode.json")
+    with open(path, "w") as f:
+        json.dump(dict(meta=_meta(args, slug, copy_bw, overhead, breakdown), results=rows, split_sweep=sweep,
+                       paged=paged, bars=table, tuning=tuning), f, indent=1)
+    figs = plots(rows, args.out, slug, copy_bw)
+    log(f"wrote {path}, {', '.join(figs)}")
+    _print_summary(table, rows, batches, contexts)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -61,6 +61,7 @@ class Call:
     mode: str = "call"
     script: list | None = None
     label: str = ""
+    arg_names: list | None = None   # names of the positional args, for messages ("q" instead of "argument 0")
 
     def arrays(self):
         """(key, Arg) for every array argument, in a fixed order (positional, then keyword)."""
