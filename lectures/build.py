@@ -56,19 +56,25 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookN
 
 
 def coalesce_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
-    """Merge adjacent stdout (stderr) outputs of a cell into one. The kernel flushes a cell's prints in chunks
-    whose boundaries depend on timing, so without this a rebuild of an unchanged lecture differs in bytes."""
+    """Merge each run of stream outputs of a cell into one stdout then one stderr output. The kernel flushes a
+    cell's prints in chunks whose boundaries, and whose stdout/stderr interleaving, depend on timing, so
+    without this a rebuild of an unchanged lecture differs in bytes."""
     for cell in nb.cells:
-        merged = []
-        for o in cell.get("outputs", []):
-            prev = merged[-1] if merged else None
-            if o.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream" \
-                    and prev.get("name") == o.get("name"):
-                prev["text"] = "".join(prev["text"]) + "".join(o["text"])
-            else:
+        if "outputs" not in cell:
+            continue
+        merged, run = [], {}
+        for o in [*cell["outputs"], None]:
+            if o is not None and o.get("output_type") == "stream":
+                if o["name"] in run:
+                    run[o["name"]]["text"] = "".join(run[o["name"]]["text"]) + "".join(o["text"])
+                else:
+                    run[o["name"]] = o
+                continue
+            merged += [run[n] for n in ("stdout", "stderr") if n in run]
+            run = {}
+            if o is not None:
                 merged.append(o)
-        if "outputs" in cell:
-            cell["outputs"] = merged
+        cell["outputs"] = merged
     return nb
 
 

@@ -71,7 +71,13 @@ def test_stream_outputs_are_coalesced():
                     nbformat.v4.new_output("stream", name="stdout", text="d\n")]
     nb.cells.append(cell)
     out = build.coalesce_streams(nb).cells[0].outputs
-    assert [(o.name, "".join(o.text)) for o in out] == [("stdout", "a\nb\nc\n"), ("stderr", "w\n"), ("stdout", "d\n")]
+    assert [(o.name, "".join(o.text)) for o in out] == [("stdout", "a\nb\nc\nd\n"), ("stderr", "w\n")]
+    # a non-stream output (a figure) separates runs
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="w\n"),
+                    nbformat.v4.new_output("display_data", data={"text/plain": "fig"}),
+                    nbformat.v4.new_output("stream", name="stdout", text="x\n")]
+    out = build.coalesce_streams(nb).cells[0].outputs
+    assert [o.output_type for o in out] == ["stream", "display_data", "stream"]
 
 
 @pytest.mark.slow
