@@ -95,3 +95,16 @@ def lse_err(out, ref) -> float:
     diff = torch.linalg.vector_norm(torch.where(fin, a - b, 0))
     den = max(float(torch.linalg.vector_norm(torch.where(fin, b, 0))), math.sqrt(int(fin.sum())), 1e-300)
     return float(diff) / den
+
+
+def decode_ref(q, k, v, seq_lens=None, scale=None):
+    """float64 oracle: sequence b attends its first seq_lens[b] keys; a length of 0 gives 0."""
+    B, Hq, d = q.shape
+    n_max = k.shape[2]
+    lens = [n_max] * B if seq_lens is None else [int(x) for x in seq_lens]
+    out = torch.zeros(B, Hq, d, dtype=torch.float64)
+    for b, n in enumerate(lens):
+        if n > 0:
+            o, _, _ = attention_ref(q[b, :, None, :], k[b, :, :n], v[b, :, :n], scale=scale)
+            out[b] = o[:, 0]
+    return out

@@ -6,30 +6,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.numpy.attention import attention, attention_backward, causal_mask, multi_head_attention
+from tests.common import NP_DTYPES as DTYPES
+from tests.common import NP_GRAD_TOL as GRAD_TOL
+from tests.common import NP_SHAPES as SHAPES
+from tests.common import NP_TOL as TOL
+from tests.common import qkv, rand
 from tests.oracle import allowed_mask, attention_grads, attention_ref, lse_err, rel_err
-
-TOL = {np.float16: 3e-3, np.float32: 2e-5, np.float64: 1e-12}
-GRAD_TOL = {np.float16: 6e-3, np.float32: 5e-5, np.float64: 1e-11}
-DTYPES = [np.float16, np.float32, np.float64]
-
-# (q shape, kv shape): single head, batch/head dims, N=1, ragged, Nq != Nk both ways, GQA and MQA
-SHAPES = [
-    ((1, 8), (1, 8)),
-    ((13, 16), (13, 16)),
-    ((2, 3, 29, 32), (2, 3, 29, 32)),
-    ((2, 4, 17, 16), (2, 2, 23, 16)),   # GQA Hq=4, Hkv=2, Nq < Nk
-    ((1, 4, 31, 8), (1, 1, 7, 8)),      # MQA, Nq > Nk: causal gives fully masked rows
-    ((3, 2, 1, 16), (3, 2, 40, 16)),    # decode-like Nq = 1
-    ((2, 2, 3, 5, 8), (2, 2, 1, 9, 8)),  # two batch dims, MQA
-]
-
-
-def rand(rng, shape, dtype, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def qkv(rng, qs, ks, dtype, scale=1.0):
-    return rand(rng, qs, dtype, scale), rand(rng, ks, dtype, scale), rand(rng, ks, dtype)
 
 
 # ---------------------------------------------------------------- attention
@@ -207,44 +189,3 @@ def test_mha_bad_shapes():
         multi_head_attention(np.zeros(8), wq, wk, wk, wo, n_heads=2, n_kv_heads=1)
     with pytest.raises(TypeError, match="x must have dtype"):
         multi_head_attention(np.zeros((5, 8), dtype=np.int64), wq, wk, wk, wo, n_heads=2, n_kv_heads=1)
-
-
-# ---------------------------------------------------------------- bad input (shared by attention/backward)
-BAD_QKV = [
-    ((np.zeros((4, 8)), np.zeros((4, 6)), np.zeros((4, 6))), ValueError, "same head dimension d"),
-    ((np.zeros((1, 3, 4, 8)), np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 4, 8))), ValueError,
-     "Hq=3 must be a multiple of the kv heads Hkv=2"),
-    ((np.zeros((4, 8), dtype=np.int32), np.zeros((4, 8)), np.zeros((4, 8))), TypeError,
-     "q must have dtype float16, float32 or float64"),
-    ((np.zeros(8), np.zeros(8), np.zeros(8)), ValueError, "q must have at least 2 dimension"),
-    ((np.zeros((2, 4, 8)), np.zeros((4, 8)), np.zeros((4, 8))), ValueError, "same rank"),
-    ((np.zeros((2, 2, 4, 8)), np.zeros((3, 2, 4, 8)), np.zeros((3, 2, 4, 8))), ValueError,
-     "same batch dimensions"),
-    ((np.zeros((4, 8)), np.zeros((5, 8)), np.zeros((6, 8))), ValueError, "k and v must have the same shape"),
-    ((torch.zeros(1, 2), np.zeros((1, 2)), np.zeros((1, 2))), TypeError, "q must be a numpy.ndarray"),
-]
-
-
-@pytest.mark.attention
-@pytest.mark.parametrize("args,exc,msg", BAD_QKV)
-def test_attention_bad_input(args, exc, msg):
-    with pytest.raises(exc, match=msg):
-        attention(*args)
-
-
-@pytest.mark.attention_backward
-@pytest.mark.parametrize("args,exc,msg", BAD_QKV)
-def test_backward_bad_input(args, exc, msg):
-    with pytest.raises(exc, match=msg):
-        attention_backward(*args, np.zeros((4, 8)))
-
-
-@pytest.mark.attention
-def test_attention_bad_scale_and_causal():
-    x = np.zeros((3, 4))
-    with pytest.raises(ValueError, match="scale must be finite"):
-        attention(x, x, x, scale=float("nan"))
-    with pytest.raises(TypeError, match="scale must be a real number"):
-        attention(x, x, x, scale="1")
-    with pytest.raises(TypeError, match="causal must be a bool"):
-        attention(x, x, x, causal=1)

@@ -10,9 +10,11 @@ import reference.numpy.flash as flash_mod
 from reference.numpy.attention import attention
 from reference.numpy.flash import flash_attention_backward, flash_attention_forward
 from tests.oracle import attention_grads, attention_ref, lse_err, rel_err
-from tests.test_numpy_attention import BAD_QKV, GRAD_TOL, SHAPES, TOL, qkv, rand
-
-DTYPES = [np.float16, np.float32, np.float64]
+from tests.common import NP_DTYPES as DTYPES
+from tests.common import NP_GRAD_TOL as GRAD_TOL
+from tests.common import NP_SHAPES as SHAPES
+from tests.common import NP_TOL as TOL
+from tests.common import qkv, rand
 BLOCKS = [(64, 64), (5, 3), (16, 32)]
 
 
@@ -237,61 +239,3 @@ def test_flash_hypothesis_shapes(nq, nk, hkv, group, causal, bq, bk, seed):
     assert rel_err(o, o_ref) < 1e-12 and lse_err(lse, lse_ref) < 1e-12
     for g, ref in zip(grads, attention_grads(q, k, v, do, causal=causal)):
         assert rel_err(g, ref) < 1e-11
-
-
-# ---------------------------------------------------------------- bad input
-@pytest.mark.flash_forward
-@pytest.mark.parametrize("args,exc,msg", BAD_QKV)
-def test_forward_bad_qkv(args, exc, msg):
-    with pytest.raises(exc, match=msg):
-        flash_attention_forward(*args)
-
-
-@pytest.mark.flash_backward
-@pytest.mark.parametrize("args,exc,msg", BAD_QKV)
-def test_backward_bad_qkv(args, exc, msg):
-    o = np.zeros((4, 8))
-    with pytest.raises(exc, match=msg):
-        flash_attention_backward(*args, o, np.zeros(4), o)
-
-
-BAD_BLOCKS = [(0, ValueError), (-64, ValueError), (64.0, TypeError), (True, TypeError), (None, TypeError)]
-
-
-@pytest.mark.flash_forward
-@pytest.mark.parametrize("bad,exc", BAD_BLOCKS)
-@pytest.mark.parametrize("which", ["block_q", "block_k"])
-def test_forward_bad_block_size(which, bad, exc):
-    x = np.zeros((4, 8))
-    with pytest.raises(exc, match=f"{which} must be a positive integer"):
-        flash_attention_forward(x, x, x, **{which: bad})
-
-
-@pytest.mark.flash_backward
-@pytest.mark.parametrize("bad,exc", BAD_BLOCKS)
-@pytest.mark.parametrize("which", ["block_q", "block_k"])
-def test_backward_bad_block_size(which, bad, exc):
-    x = np.zeros((4, 8))
-    with pytest.raises(exc, match=f"{which} must be a positive integer"):
-        flash_attention_backward(x, x, x, x, np.zeros(4), x, **{which: bad})
-
-
-@pytest.mark.flash_backward
-def test_backward_bad_o_lse_do():
-    q = np.zeros((2, 3, 5, 8))
-    k = np.zeros((2, 1, 6, 8))
-    lse = np.zeros((2, 3, 5))
-    with pytest.raises(ValueError, match=r"o must have the shape of q \(2, 3, 5, 8\)"):
-        flash_attention_backward(q, k, k, q[..., :4, :], lse, q)
-    with pytest.raises(ValueError, match=r"do must have the shape of q \(2, 3, 5, 8\)"):
-        flash_attention_backward(q, k, k, q, lse, q[:1])
-    with pytest.raises(ValueError, match=r"lse must have shape q.shape\[:-1\] = \(2, 3, 5\)"):
-        flash_attention_backward(q, k, k, q, lse[..., :4], q)
-    with pytest.raises(ValueError, match=r"lse must have shape"):
-        flash_attention_backward(q, k, k, q, q, q)
-    with pytest.raises(TypeError, match="lse must have dtype float16, float32 or float64"):
-        flash_attention_backward(q, k, k, q, lse.astype(np.int64), q)
-    with pytest.raises(TypeError, match="do must have dtype"):
-        flash_attention_backward(q, k, k, q, lse, q.astype(np.int16))
-    with pytest.raises(TypeError, match="causal must be a bool"):
-        flash_attention_backward(q, k, k, q, lse, q, causal="yes")

@@ -816,6 +816,82 @@ def test_bad_input_raises_naming_the_argument(marker, fn, base, edit, exc, match
         fn(**kw)
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# the q, k, v checks every NumPy attention entry point shares (reference.numpy._validate.check_qkv)
+# ----------------------------------------------------------------------------------------------------------------
+BAD_QKV = [
+    ((np.zeros((4, 8)), np.zeros((4, 6)), np.zeros((4, 6))), ValueError, "same head dimension d"),
+    ((np.zeros((1, 3, 4, 8)), np.zeros((1, 2, 4, 8)), np.zeros((1, 2, 4, 8))), ValueError,
+     "Hq=3 must be a multiple of the kv heads Hkv=2"),
+    ((np.zeros((4, 8), dtype=np.int32), np.zeros((4, 8)), np.zeros((4, 8))), TypeError,
+     "q must have dtype float16, float32 or float64"),
+    ((np.zeros(8), np.zeros(8), np.zeros(8)), ValueError, "q must have at least 2 dimension"),
+    ((np.zeros((2, 4, 8)), np.zeros((4, 8)), np.zeros((4, 8))), ValueError, "same rank"),
+    ((np.zeros((2, 2, 4, 8)), np.zeros((3, 2, 4, 8)), np.zeros((3, 2, 4, 8))), ValueError,
+     "same batch dimensions"),
+    ((np.zeros((4, 8)), np.zeros((5, 8)), np.zeros((6, 8))), ValueError, "k and v must have the same shape"),
+    ((torch.zeros(1, 2), np.zeros((1, 2)), np.zeros((1, 2))), TypeError, "q must be a numpy.ndarray"),
+]
+
+_Z48 = np.zeros((4, 8))
+QKV_ENTRY_POINTS = [
+    ("attention", np_attention.attention),
+    ("attention_backward", lambda q, k, v: np_attention.attention_backward(q, k, v, _Z48)),
+    ("flash_forward", flash.flash_attention_forward),
+    ("flash_backward", lambda q, k, v: flash.flash_attention_backward(q, k, v, _Z48, np.zeros(4), _Z48)),
+]
+
+
+@pytest.mark.parametrize("marker,fn", [pytest.param(m, f, marks=getattr(pytest.mark, m), id=m)
+                                       for m, f in QKV_ENTRY_POINTS])
+@pytest.mark.parametrize("args,exc,msg", BAD_QKV)
+def test_numpy_qkv_checks(marker, fn, args, exc, msg):
+    with pytest.raises(exc, match=msg):
+        fn(*args)
+
+
+BAD_BLOCKS = [(0, ValueError), (-64, ValueError), (64.0, TypeError), (True, TypeError), (None, TypeError)]
+
+
+@pytest.mark.flash_forward
+@pytest.mark.parametrize("bad,exc", BAD_BLOCKS)
+@pytest.mark.parametrize("which", ["block_q", "block_k"])
+def test_forward_bad_block_size(which, bad, exc):
+    x = np.zeros((4, 8))
+    with pytest.raises(exc, match=f"{which} must be a positive integer"):
+        flash.flash_attention_forward(x, x, x, **{which: bad})
+
+
+@pytest.mark.flash_backward
+@pytest.mark.parametrize("bad,exc", BAD_BLOCKS)
+@pytest.mark.parametrize("which", ["block_q", "block_k"])
+def test_backward_bad_block_size(which, bad, exc):
+    x = np.zeros((4, 8))
+    with pytest.raises(exc, match=f"{which} must be a positive integer"):
+        flash.flash_attention_backward(x, x, x, x, np.zeros(4), x, **{which: bad})
+
+
+@pytest.mark.flash_backward
+def test_backward_bad_o_lse_do():
+    q = np.zeros((2, 3, 5, 8))
+    k = np.zeros((2, 1, 6, 8))
+    lse = np.zeros((2, 3, 5))
+    with pytest.raises(ValueError, match=r"o must have the shape of q \(2, 3, 5, 8\)"):
+        flash.flash_attention_backward(q, k, k, q[..., :4, :], lse, q)
+    with pytest.raises(ValueError, match=r"do must have the shape of q \(2, 3, 5, 8\)"):
+        flash.flash_attention_backward(q, k, k, q, lse, q[:1])
+    with pytest.raises(ValueError, match=r"lse must have shape q.shape\[:-1\] = \(2, 3, 5\)"):
+        flash.flash_attention_backward(q, k, k, q, lse[..., :4], q)
+    with pytest.raises(ValueError, match=r"lse must have shape"):
+        flash.flash_attention_backward(q, k, k, q, q, q)
+    with pytest.raises(TypeError, match="lse must have dtype float16, float32 or float64"):
+        flash.flash_attention_backward(q, k, k, q, lse.astype(np.int64), q)
+    with pytest.raises(TypeError, match="do must have dtype"):
+        flash.flash_attention_backward(q, k, k, q, lse, q.astype(np.int16))
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        flash.flash_attention_backward(q, k, k, q, lse, q, causal="yes")
+
+
 # One bool rule for every flag (reference._args.check_flag): True/False and NumPy's np.True_/np.False_ are
 # accepted and mean the same; a 0-d tensor, 1 and None are not.
 FLAGS = [

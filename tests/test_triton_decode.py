@@ -8,35 +8,11 @@ import torch
 
 from reference.triton import DEVICE, flash_decode
 from reference.triton.decode import choose_num_splits
-from tests.oracle import attention_ref, rel_err
+from tests.common import DECODE_TOL as TOL
+from tests.common import make_decode as make
+from tests.oracle import decode_ref, rel_err
 
 pytestmark = pytest.mark.triton_flash_decode
-
-# Relative-error tolerances against float64: fp32 dots run in true fp32; fp16/bf16 round P to the input dtype
-# before the P @ V dot, as FlashAttention does.
-TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
-
-
-def decode_ref(q, k, v, seq_lens=None, scale=None):
-    """float64 oracle: sequence b attends its first seq_lens[b] keys; a length of 0 gives 0."""
-    B, Hq, d = q.shape
-    n_max = k.shape[2]
-    lens = [n_max] * B if seq_lens is None else [int(x) for x in seq_lens]
-    out = torch.zeros(B, Hq, d, dtype=torch.float64)
-    for b, n in enumerate(lens):
-        if n > 0:
-            o, _, _ = attention_ref(q[b, :, None, :], k[b, :, :n], v[b, :, :n], scale=scale)
-            out[b] = o[:, 0]
-    return out
-
-
-def make(rng, B, Hq, Hkv, n, d, dtype, spread=1.0):
-    """Fresh non-uniform random inputs on DEVICE (never zeros)."""
-    def t(*shape):
-        x = rng.standard_normal(shape) * spread + rng.uniform(-0.5, 0.5)
-        return torch.tensor(x, dtype=dtype, device=DEVICE)
-    return t(B, Hq, d), t(B, Hkv, n, d), t(B, Hkv, n, d)
-
 
 def lens_tensor(values, dtype=torch.int32):
     return torch.tensor(values, dtype=dtype, device=DEVICE)

@@ -13,26 +13,11 @@ import torch
 
 from reference.triton import DEVICE, INTERPRET, flash_attention, flash_attention_forward
 from reference.triton import flash_bwd, flash_fwd
+from tests.common import FLASH_G_TOL as G_TOL
+from tests.common import FLASH_LSE_TOL as LSE_TOL
+from tests.common import FLASH_O_TOL as O_TOL
+from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import attention_grads, attention_ref, lse_err, rel_err
-
-# Relative-error tolerances against float64. fp16/bf16: P is rounded to the input dtype before P @ V, as in
-# FlashAttention. fp32: exact fp32 dots in the interpreter; TF32 dots on a GPU (about 1e-3).
-O_TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5 if INTERPRET else 5e-3}
-G_TOL = {torch.float16: 6e-3, torch.bfloat16: 4e-2, torch.float32: 1e-5 if INTERPRET else 1e-2}
-LSE_TOL = {torch.float16: 1e-5, torch.bfloat16: 1e-5, torch.float32: 1e-6 if INTERPRET else 1e-3}
-
-FWD_PIN_GPU = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-BWD_PIN_GPU = {"dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-               "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}}
-
-
-@pytest.fixture(autouse=True)
-def pinned_configs(monkeypatch):
-    """One block configuration per kernel (the interpreter default is already pinned)."""
-    if flash_fwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_fwd, "PIN_CONFIG", FWD_PIN_GPU)
-    if flash_bwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_bwd, "PIN_CONFIG", BWD_PIN_GPU)
 
 
 def make(rng, B, Hq, Hkv, Nq, Nk, d, dtype, spread=1.0):

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from reference.triton import DEVICE, flash_decode, paged_decode
-from tests.oracle import rel_err
-from tests.test_triton_decode import TOL, decode_ref, make
+from tests.common import DECODE_TOL as TOL
+from tests.common import make_decode as make
+from tests.oracle import decode_ref, rel_err
 
 pytestmark = pytest.mark.triton_paged_decode
 

@@ -8,18 +8,12 @@ import pytest
 import torch
 
 from reference.numpy.paged import PagedKVCache
-from reference.triton import DEVICE, INTERPRET, cascade_decode, flash_fwd, paged_prefill
+from reference.triton import DEVICE, INTERPRET, cascade_decode, paged_prefill
+from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import attention_ref, lse_err, rel_err
-from tests.test_triton_flash import FWD_PIN_GPU
 
 DT = torch.float32 if INTERPRET else torch.float16
 TOL = 1e-5 if INTERPRET else 3e-3
-
-
-@pytest.fixture(autouse=True)
-def pinned_configs(monkeypatch):
-    if flash_fwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_fwd, "PIN_CONFIG", FWD_PIN_GPU)
 
 
 def t(x):

@@ -9,17 +9,11 @@ import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET, flash_attention_varlen, flash_attention_varlen_forward
-from reference.triton import flash_bwd, flash_fwd
+from tests.common import FLASH_G_TOL as G_TOL
+from tests.common import FLASH_LSE_TOL as LSE_TOL
+from tests.common import FLASH_O_TOL as O_TOL
+from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import attention_grads, attention_ref, lse_err, rel_err
-from tests.test_triton_flash import BWD_PIN_GPU, FWD_PIN_GPU, G_TOL, LSE_TOL, O_TOL
-
-
-@pytest.fixture(autouse=True)
-def pinned_configs(monkeypatch):
-    if flash_fwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_fwd, "PIN_CONFIG", FWD_PIN_GPU)
-    if flash_bwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_bwd, "PIN_CONFIG", BWD_PIN_GPU)
 
 
 def packed(rng, lens, h, d, dtype):

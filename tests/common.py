@@ -1,0 +1,68 @@
+"""Inputs and tolerances several test files share (test files import from here, never from each other).
+
+Tolerances are relative errors against the float64 oracle of ``tests/oracle.py``.
+"""
+import numpy as np
+import pytest
+import torch
+
+from reference.triton import DEVICE, INTERPRET
+
+# ---- NumPy reference ---------------------------------------------------------------------------------------------
+NP_TOL = {np.float16: 3e-3, np.float32: 2e-5, np.float64: 1e-12}
+NP_GRAD_TOL = {np.float16: 6e-3, np.float32: 5e-5, np.float64: 1e-11}
+NP_DTYPES = [np.float16, np.float32, np.float64]
+
+# (q shape, kv shape): single head, batch/head dims, N=1, ragged, Nq != Nk both ways, GQA and MQA
+NP_SHAPES = [
+    ((1, 8), (1, 8)),
+    ((13, 16), (13, 16)),
+    ((2, 3, 29, 32), (2, 3, 29, 32)),
+    ((2, 4, 17, 16), (2, 2, 23, 16)),   # GQA Hq=4, Hkv=2, Nq < Nk
+    ((1, 4, 31, 8), (1, 1, 7, 8)),      # MQA, Nq > Nk: causal gives fully masked rows
+    ((3, 2, 1, 16), (3, 2, 40, 16)),    # decode-like Nq = 1
+    ((2, 2, 3, 5, 8), (2, 2, 1, 9, 8)),  # two batch dims, MQA
+]
+
+
+def rand(rng, shape, dtype, scale=1.0):
+    return (rng.standard_normal(shape) * scale).astype(dtype)
+
+
+def qkv(rng, qs, ks, dtype, scale=1.0):
+    return rand(rng, qs, dtype, scale), rand(rng, ks, dtype, scale), rand(rng, ks, dtype)
+
+
+# ---- Triton kernels ----------------------------------------------------------------------------------------------
+# FlashAttention. fp16/bf16: P is rounded to the input dtype before P @ V, as in FlashAttention. fp32: exact fp32
+# dots in the interpreter; TF32 dots on a GPU (about 1e-3).
+FLASH_O_TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5 if INTERPRET else 5e-3}
+FLASH_G_TOL = {torch.float16: 6e-3, torch.bfloat16: 4e-2, torch.float32: 1e-5 if INTERPRET else 1e-2}
+FLASH_LSE_TOL = {torch.float16: 1e-5, torch.bfloat16: 1e-5, torch.float32: 1e-6 if INTERPRET else 1e-3}
+
+# one block configuration per kernel on a GPU (the interpreter default is already pinned)
+FWD_PIN_GPU = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+BWD_PIN_GPU = {"dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
+               "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}}
+
+
+@pytest.fixture(autouse=True)
+def pinned_flash_configs(monkeypatch):
+    """One block configuration per FlashAttention kernel (the interpreter default is already pinned), so tests
+    are fast and deterministic; a test file turns it on with ``from tests.common import pinned_flash_configs``."""
+    from reference.triton import flash_bwd, flash_fwd
+    if flash_fwd.PIN_CONFIG is None:
+        monkeypatch.setattr(flash_fwd, "PIN_CONFIG", FWD_PIN_GPU)
+    if flash_bwd.PIN_CONFIG is None:
+        monkeypatch.setattr(flash_bwd, "PIN_CONFIG", BWD_PIN_GPU)
+
+# Decode: fp32 dots run in true fp32; fp16/bf16 round P to the input dtype before the P @ V dot.
+DECODE_TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def make_decode(rng, B, Hq, Hkv, n, d, dtype, spread=1.0):
+    """Fresh non-uniform random decode inputs ``q (B, Hq, d)``, ``k, v (B, Hkv, n, d)`` on DEVICE (never zeros)."""
+    def t(*shape):
+        x = rng.standard_normal(shape) * spread + rng.uniform(-0.5, 0.5)
+        return torch.tensor(x, dtype=dtype, device=DEVICE)
+    return t(B, Hq, d), t(B, Hkv, n, d), t(B, Hkv, n, d)
