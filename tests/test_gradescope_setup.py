@@ -1,6 +1,7 @@
 """The Gradescope zip's setup: a virtual environment (never the system Python, PEP 668), per-assignment pinned
-requirements, and a run in a clean container-like folder: a scrubbed environment, the system python3, the
-zip extracted to AUTOGRADER_ROOT/source. pip is stubbed (it records its arguments and points the venv at the
+requirements, and a run in a clean container-like folder: a scrubbed environment, a bare python3 (the
+system's, or for the stubbed grade the running interpreter's base, whose packages the stub lends the venv),
+the zip extracted to AUTOGRADER_ROOT/source. pip is stubbed (it records its arguments and points the venv at the
 course's installed packages) so the test is fast and offline; one real install of a NumPy-only assignment
 runs when the package index answers."""
 import json
@@ -9,6 +10,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import sysconfig
 import zipfile
 from pathlib import Path
@@ -32,15 +34,21 @@ fi
 """
 
 
-def _system_python_has_venv():
+# The stubbed install points the venv at this interpreter's packages, so the venv must be made by a python3 of
+# the same version: the base interpreter of the running one, first on PATH (else the system's).
+_BASE = Path(os.path.realpath(getattr(sys, "_base_executable", sys.executable))).parent
+SAME_PYTHON_PATH = f"{_BASE}:{SYSTEM_PATH}" if (_BASE / "python3").exists() else SYSTEM_PATH
+
+
+def _has_venv(path):
     try:
-        return subprocess.run(["env", "-i", f"PATH={SYSTEM_PATH}", "python3", "-c", "import venv, ensurepip"],
+        return subprocess.run(["env", "-i", f"PATH={path}", "python3", "-c", "import venv, ensurepip"],
                               capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
 
-needs_venv = pytest.mark.skipif(not _system_python_has_venv(), reason="no system python3 with venv/ensurepip")
+needs_venv = pytest.mark.skipif(not _has_venv(SYSTEM_PATH), reason="no system python3 with venv/ensurepip")
 
 
 def _container(tmp_path, aid):
@@ -98,10 +106,10 @@ def test_requirements_are_per_assignment_and_pinned():
     assert "requirements-a2_flash_numpy.txt" in names and "requirements.txt" not in names
 
 
-@needs_venv
+@pytest.mark.skipif(not _has_venv(SAME_PYTHON_PATH), reason="no python3 with venv/ensurepip")
 def test_setup_in_a_clean_folder_with_stubbed_pip_then_grade(tmp_path):
     root, env = _container(tmp_path, "a1_attention")
-    env = _stub_pip(tmp_path, env)
+    env = _stub_pip(tmp_path, dict(env, PATH=SAME_PYTHON_PATH))
     p = subprocess.run([str(root / "source" / "setup.sh")], env=env, capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
