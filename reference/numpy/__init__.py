@@ -4,7 +4,7 @@ Modules: ``softmax``, ``attention``, ``flash``, ``merge``, ``decoding``, ``paged
 module are also importable from this package (``from reference.numpy import flash_attention_forward``); they
 are loaded lazily so that importing one stage never needs the others.
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _EXPORTS = {
     "naive_softmax": "softmax",
@@ -35,12 +35,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

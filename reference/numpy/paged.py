@@ -311,6 +311,24 @@ def check_block_tables(block_tables, seq_lens, batch: int, num_blocks: int, bloc
     return tables, lens
 
 
+def check_paged_caches(k_cache, v_cache, d: int, hq: int):
+    """``k_cache, v_cache (num_blocks, block_size, Hkv, d)`` float arrays of one shape, matching the queries'
+    ``d``, with ``block_size >= 1`` and ``Hq % Hkv == 0`` (GQA); returns them as arrays."""
+    k_cache = as_float_array(k_cache, "k_cache")
+    v_cache = as_float_array(v_cache, "v_cache")
+    if k_cache.ndim != 4:
+        raise ValueError(f"k_cache must have shape (num_blocks, block_size, Hkv, d), got {k_cache.shape}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have the shape of k_cache {k_cache.shape}, got {v_cache.shape}")
+    _, bs, hkv, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
+    check_gqa(hq, hkv)
+    if bs == 0:
+        raise ValueError(f"k_cache block_size (axis 1) must be positive, got shape {k_cache.shape}")
+    return k_cache, v_cache
+
+
 def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
     """Decode attention reading K/V through block tables (PagedAttention, vLLM's paged_attention kernel).
 
@@ -331,19 +349,10 @@ def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
     q = as_float_array(q, "q")
     if q.ndim != 3:
         raise ValueError(f"q must have shape (B, Hq, d) (one query token per sequence), got {q.shape}")
-    k_cache = as_float_array(k_cache, "k_cache")
-    v_cache = as_float_array(v_cache, "v_cache")
-    if k_cache.ndim != 4:
-        raise ValueError(f"k_cache must have shape (num_blocks, block_size, Hkv, d), got {k_cache.shape}")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have the shape of k_cache {k_cache.shape}, got {v_cache.shape}")
     b, hq, d = q.shape
-    num_blocks, bs, hkv, dk = k_cache.shape
-    if dk != d:
-        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
-    group = check_gqa(hq, hkv)
-    if bs == 0:
-        raise ValueError(f"k_cache block_size (axis 1) must be positive, got shape {k_cache.shape}")
+    k_cache, v_cache = check_paged_caches(k_cache, v_cache, d, hq)
+    num_blocks, bs, hkv, _ = k_cache.shape
+    group = hq // hkv
     tables, lens = check_block_tables(block_tables, seq_lens, b, num_blocks, bs)
     scale = check_scale(scale, d)
     acc = compute_dtype(q, k_cache, v_cache)

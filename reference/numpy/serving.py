@@ -20,26 +20,16 @@ import numpy as np
 from ._validate import as_float_array, check_scale, compute_dtype, lse_dtype
 from .attention import attention
 from .merge import merge_states
-from .paged import check_block_tables
+from .paged import check_block_tables, check_paged_caches
 from .varlen import check_cu_seqlens, varlen_attention
 
 __all__ = ["paged_prefill", "cascade_decode", "gather_paged"]
 
 
 def _check_caches(k_cache, v_cache, d: int, hq: int):
-    k_cache = as_float_array(k_cache, "k_cache")
-    v_cache = as_float_array(v_cache, "v_cache")
-    if k_cache.ndim != 4:
-        raise ValueError(f"k_cache must have shape (num_blocks, block_size, Hkv, d), got {k_cache.shape}")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have the shape of k_cache {k_cache.shape}, got {v_cache.shape}")
+    k_cache, v_cache = check_paged_caches(k_cache, v_cache, d, hq)
     if k_cache.dtype != v_cache.dtype:
         raise TypeError(f"k_cache and v_cache must have the same dtype, got {k_cache.dtype} and {v_cache.dtype}")
-    _, bs, hkv, dk = k_cache.shape
-    if dk != d:
-        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
-    if bs == 0 or hkv == 0 or hq % hkv != 0:
-        raise ValueError(f"k_cache needs block_size >= 1 and Hkv dividing Hq={hq}, got shape {k_cache.shape}")
     return k_cache, v_cache
 
 

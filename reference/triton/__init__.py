@@ -4,7 +4,7 @@ Importing this package on a machine with no CUDA device switches Triton to its i
 (``TRITON_INTERPRET=1``) before any kernel is defined, and says so once; the same kernels then run on CPU
 tensors. ``reference.triton.INTERPRET`` and ``reference.triton.DEVICE`` tell which mode is active.
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 from ._runtime import DEVICE, HAS_CUDA, INTERPRET, num_sms  # noqa: F401  (must run before any kernel import)
 
@@ -24,12 +24,4 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS) + ["DEVICE", "INTERPRET", "HAS_CUDA", "num_sms"]
 
-
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(list(globals()) + __all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
