@@ -59,16 +59,23 @@ def attention_grads(q, k, v, do, causal=False, scale=None):
     return qq.grad, kk.grad, vv.grad
 
 
-def rel_err(out, ref) -> float:
-    """||out - ref|| / ||ref|| over the whole tensor (float64); inf when out has NaN where ref does not."""
+def _pair(out, ref):
+    """``(out, ref, finite mask of ref)`` as float64 tensors of one shape; the mask is None when ``out`` has NaN
+    where ``ref`` has none or is non-finite elsewhere than ``ref`` (the error is then inf)."""
     a = _t(out)
     b = _t(ref)
     if a.shape != b.shape:
         raise AssertionError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if torch.isnan(a).any() and not torch.isnan(b).any():
-        return float("inf")
     fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin):
+    if (torch.isnan(a).any() and not torch.isnan(b).any()) or not torch.equal(torch.isfinite(a), fin):
+        return a, b, None
+    return a, b, fin
+
+
+def rel_err(out, ref) -> float:
+    """||out - ref|| / ||ref|| over the whole tensor (float64); inf when out has NaN where ref does not."""
+    a, b, fin = _pair(out, ref)
+    if fin is None:
         return float("inf")
     diff = torch.linalg.vector_norm(torch.where(fin, a - b, 0))
     den = torch.linalg.vector_norm(torch.where(fin, b, 0))
@@ -83,14 +90,8 @@ def lse_err(out, ref) -> float:
     Flooring the denominator at one unit per entry judges such rows by their absolute error. -inf rows must
     match exactly (inf otherwise); NaN where the reference has none gives inf.
     """
-    a = _t(out)
-    b = _t(ref)
-    if a.shape != b.shape:
-        raise AssertionError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
-    if torch.isnan(a).any() and not torch.isnan(b).any():
-        return float("inf")
-    fin = torch.isfinite(b)
-    if not torch.equal(torch.isfinite(a), fin) or not torch.equal(a[~fin], b[~fin]):
+    a, b, fin = _pair(out, ref)
+    if fin is None or not torch.equal(a[~fin], b[~fin]):
         return float("inf")
     diff = torch.linalg.vector_norm(torch.where(fin, a - b, 0))
     den = max(float(torch.linalg.vector_norm(torch.where(fin, b, 0))), math.sqrt(int(fin.sum())), 1e-300)

@@ -166,14 +166,18 @@ class PagedKVCache:
     def num_free_blocks(self) -> int:
         return self.allocator.num_free
 
-    def add_sequence(self, seq_id) -> None:
-        """Register an empty sequence (no blocks until the first append)."""
+    def _check_new(self, seq_id, name: str) -> None:
+        """``seq_id`` (argument ``name``) is hashable and not registered yet."""
         try:
             exists = seq_id in self._tables
         except TypeError:
-            raise TypeError(f"seq_id must be hashable, got {type(seq_id).__name__}") from None
+            raise TypeError(f"{name} must be hashable, got {type(seq_id).__name__}") from None
         if exists:
-            raise ValueError(f"seq_id {seq_id!r} already exists")
+            raise ValueError(f"{name} {seq_id!r} already exists")
+
+    def add_sequence(self, seq_id) -> None:
+        """Register an empty sequence (no blocks until the first append)."""
+        self._check_new(seq_id, "seq_id")
         self._tables[seq_id] = []
         self._lens[seq_id] = 0
 
@@ -229,12 +233,7 @@ class PagedKVCache:
     def fork(self, parent_id, child_id) -> None:
         """Create ``child_id`` sharing every block of ``parent_id`` (reference counts + 1); no data is copied."""
         parent = self._get(parent_id, "parent_id")
-        try:
-            exists = child_id in self._tables
-        except TypeError:
-            raise TypeError(f"child_id must be hashable, got {type(child_id).__name__}") from None
-        if exists:
-            raise ValueError(f"child_id {child_id!r} already exists")
+        self._check_new(child_id, "child_id")
         for block in parent:
             self.allocator.incref(block)
         self._tables[child_id] = list(parent)
