@@ -892,6 +892,71 @@ def test_backward_bad_o_lse_do():
         flash.flash_attention_backward(q, k, k, q, lse, q, causal="yes")
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Triton wrappers: bad q/k/v raise before any kernel launch
+# ----------------------------------------------------------------------------------------------------------------
+def _tr_flash_bad_inputs():
+    t = lambda *s, dtype=torch.float16: torch.ones(*s, dtype=dtype, device=DEVICE)  # noqa: E731
+    q, k = t(1, 4, 8, 32), t(1, 2, 8, 32)
+    return [
+        ((q.cpu().numpy(), k, k), {}, TypeError, "q must be a torch.Tensor"),
+        ((q, k, k.to("meta")), {}, ValueError, "v must be on device"),
+        ((q[0], k, k), {}, ValueError, "q must have 4 dimensions"),
+        ((q, t(1, 3, 8, 32), t(1, 3, 8, 32)), {}, ValueError, "multiple of the kv heads"),
+        ((q, k, t(1, 2, 9, 32)), {}, ValueError, "k and v must have the same shape"),
+        ((q, t(1, 2, 8, 16), t(1, 2, 8, 16)), {}, ValueError, "same head dimension"),
+        ((t(2, 4, 8, 32), k, k), {}, ValueError, "same batch size"),
+        ((t(1, 4, 8, 48), t(1, 2, 8, 48), t(1, 2, 8, 48)), {}, ValueError, r"head dimension d .* must be one of"),
+        ((q.int(), k.int(), k.int()), {}, TypeError, "q must have dtype"),
+        ((q.double(), k.double(), k.double()), {}, TypeError, "q must have dtype"),
+        ((q, k.float(), k), {}, TypeError, "must have the same dtype"),
+        ((q, t(1, 2, 0, 32), t(1, 2, 0, 32)), {}, ValueError, "N >= 1"),
+        ((q, k, k), {"causal": "yes"}, TypeError, "causal must be a bool"),
+        ((q, k, k), {"scale": float("nan")}, ValueError, "scale must be finite"),
+    ]
+
+
+@pytest.mark.triton_flash_forward
+@pytest.mark.parametrize("case", range(len(_tr_flash_bad_inputs())))
+def test_triton_flash_forward_bad_input_raises_before_launch(case):
+    args, kwargs, exc, match = _tr_flash_bad_inputs()[case]
+    with pytest.raises(exc, match=match):
+        rtr.flash_attention_forward(*args, **kwargs)
+
+
+@pytest.mark.triton_flash_backward
+@pytest.mark.parametrize("case", [0, 3, 7, 10, 12])
+def test_triton_flash_attention_bad_input_raises_before_launch(case):
+    args, kwargs, exc, match = _tr_flash_bad_inputs()[case]
+    with pytest.raises(exc, match=match):
+        rtr.flash_attention(*args, **kwargs)
+
+
+@pytest.mark.triton_flash_decode
+@pytest.mark.parametrize("bad,exc,match", [
+    (lambda q, k, v: (q[0], k, v), ValueError, "q must have 3 dimensions"),
+    (lambda q, k, v: (q, k[0], v), ValueError, "k must have 4 dimensions"),
+    (lambda q, k, v: (q, k, v[:, :, :5]), ValueError, "k and v must have the same shape"),
+    (lambda q, k, v: (q.half(), k, v), TypeError, "must have the same dtype"),
+    (lambda q, k, v: (q.to(torch.int32), k, v), TypeError, "q must have dtype"),
+    (lambda q, k, v: (q.double(), k.double(), v.double()), TypeError, "q must have dtype"),
+    (lambda q, k, v: (q[:, :3], k, v), ValueError, "multiple of the kv heads"),
+    (lambda q, k, v: (q[:1], k, v), ValueError, "batch size"),
+    (lambda q, k, v: (q[..., :16], k, v), ValueError, "same head dimension"),
+    (lambda q, k, v: (q[..., :24], k[..., :24], v[..., :24]), ValueError, "head dimension d"),
+    (lambda q, k, v: (q.numpy(), k, v), TypeError, "q must be a torch.Tensor"),
+])
+def test_triton_decode_bad_inputs_raise_before_launch(bad, exc, match):
+    q = torch.randn(2, 4, 32)
+    k = torch.randn(2, 2, 10, 32)
+    v = torch.randn(2, 2, 10, 32)
+    q, k, v = (x.to(DEVICE) for x in (q, k, v))
+    if "numpy" in match or "torch.Tensor" in match:
+        q = q.cpu()
+    with pytest.raises(exc, match=match):
+        rtr.flash_decode(*bad(q, k, v))
+
+
 # One bool rule for every flag (reference._args.check_flag): True/False and NumPy's np.True_/np.False_ are
 # accepted and mean the same; a 0-d tensor, 1 and None are not.
 FLAGS = [
