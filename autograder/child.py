@@ -1,7 +1,9 @@
 """The sandboxed child: runs ONE submission's code and answers the parent's calls over the protocol pipe.
 
-Started by ``autograder.sandbox`` as ``python -I -c BOOT <repo> <rfd> <wfd>`` in its own session, temp dir,
-scrubbed environment and rlimits. It never sees expected outputs or the secret seed (T2): it gets inputs,
+Started by ``autograder.launch`` as ``python -I -S -c BOOT <config> <rfd> <wfd> <status>`` in its own
+namespaces, session, temp dir, scrubbed environment and rlimits; ``config`` holds its import path (a copy of
+the child modules and the Python environment, never the course checkout) and the directories it must not
+read, which an audit hook enforces (``traps.install_audit``). It never sees expected outputs or the secret seed (T2): it gets inputs,
 calls the function, and sends back what came out (``.npy`` + JSON, T4). A *trusted* child (the reference
 implementation for speed baselines) runs the same code without traps.
 
@@ -113,7 +115,25 @@ class Child:
         arrs = {str(i): a for i, a in enumerate(result.pop("arrays"))}
         result.update(t="result", launches=self.traps.launches if self.traps else None,
                       patched=self.traps.patched() if self.traps else [])
+        if h.get("triton_check") and self.traps is not None and not h.get("timed"):
+            result["poisoned"] = self._poisoned(fn, header, arrays, arrs)
         self.chan.send(result, arrs)
+
+    def _poisoned(self, fn, header, arrays, arrs):
+        """The same call again with every element the Triton kernels store overwritten by NaN right after
+        each launch (``Traps._count_launches``). Output infos go in the result, arrays as ``p0``, ``p1``..."""
+        self.traps.poison, self.traps.stores = True, 0
+        self._active(True)
+        try:
+            res = execute(fn, header, arrays, self.device, native=True)
+        except BaseException as exc:  # noqa: BLE001 -- reported to the parent, who decides
+            return {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "stores": self.traps.stores}
+        finally:
+            self._active(False)
+            self.traps.poison = False
+        for i, a in enumerate(res.pop("arrays")):
+            arrs[f"p{i}"] = a
+        return {"outs": res["outs"], "stores": self.traps.stores}
 
     def _timed(self, fn, header, arrays):
         """A timed call: arguments ready (drawn here from the parent's seeds, nothing large travels), caches
@@ -161,8 +181,9 @@ class Child:
                 "hashes": compare_snapshot(snap), "elapsed": elapsed, "peak": None, "script": None,
                 "threads": threads}
 
-    def serve(self):
-        self.chan.send({"t": "hello", "pid": os.getpid(), "net": _netns(), "uid": os.getuid()})
+    def serve(self, isolation=None):
+        self.chan.send({"t": "hello", "pid": os.getpid(), "net": _netns(), "uid": os.getuid(),
+                        "isolation": isolation})
         while True:
             h, arrays = self.chan.recv()
             t = h.get("t")
@@ -198,10 +219,16 @@ def _student_tb(exc) -> str:
 
 
 def main(argv=None):
+    import json
+    from .traps import AUDIT, install_audit
     argv = sys.argv if argv is None else argv
-    rfd, wfd = int(argv[-2]), int(argv[-1])
+    cfg, rfd, wfd, status = json.loads(argv[1]), int(argv[2]), int(argv[3]), json.loads(argv[4])
+    if cfg.get("hide"):
+        install_audit(cfg["hide"], cfg.get("keep", []))
     np.seterr(all="ignore")
-    Child(ChildChannel(rfd, wfd)).serve()
+    child = Child(ChildChannel(rfd, wfd))
+    AUDIT.report = child.report
+    child.serve(status)
     os._exit(0)
 
 

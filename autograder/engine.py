@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import isolation
 from . import specs as specs_mod
-from .evaluate import Verdict, evaluate
+from .evaluate import Verdict, evaluate, triton_made
 from .load_errors import cell_failures, failed_names, looks_like
 from .runner import array_hash, call_to_wire, from_wire
 from .specs._base import Call, Out
@@ -131,6 +132,7 @@ class Grader:
         sb.send({"t": "load", "cells": [[c.index, c.source] for c in self.cells], "names": self._graded_names(),
                  "device": self.device, "torch": self.spec.needs_torch,
                  "forbidden": list(self.spec.forbidden_imports)})
+        self._isolation = isolation.describe(sb.isolation)
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
         except SandboxDied as exc:
@@ -205,7 +207,8 @@ class Grader:
     def run_call(self, sb, task, call, trace_memory=False, timeout=None, on_trap=None):
         """Send one case, return the raw result header+arrays (or an error header)."""
         header, arrays = call_to_wire(call)
-        sb.send({"t": "call", "name": task.name, "header": header, "trace_memory": trace_memory}, arrays)
+        sb.send({"t": "call", "name": task.name, "header": header, "trace_memory": trace_memory,
+                 "triton_check": task.framework == "torch"}, arrays)
         h, arrs = sb.recv(timeout or task.case_timeout, expect=("result", "error"), on_trap=on_trap)
         return h, arrs, {k: array_hash(a) for k, a in arrays.items()}
 
@@ -216,6 +219,7 @@ class Grader:
             self._after_call(task, h)
             return Verdict(False, float("inf"), msg)
         h["arrays"] = _host_arrays(h, arrs)
+        poisoned = [from_wire(i, arrs.get(f"p{n}")) for n, i in enumerate((h.get("poisoned") or {}).get("outs", []))]
         v = evaluate(call, h, sent, self.device, memory_limit)
         for threat, msg in v.flags:
             self.flag(threat, [task.id], msg, "runtime")
@@ -223,6 +227,11 @@ class Grader:
         if v.passed and task.framework == "torch" and h.get("launches") == 0:
             self.flag("T10", [task.id], "no Triton kernel was launched (the work must be done in Triton)", "runtime")
             return Verdict(False, v.err, "no Triton kernel was launched")
+        why = triton_made(call, h.get("poisoned"), h["arrays"], poisoned) if v.passed and task.framework == "torch" \
+            else None
+        if why:
+            self.flag("T10", [task.id], why, "runtime")
+            return Verdict(False, v.err, why)
         return v
 
     def _after_call(self, task, h):
@@ -466,7 +475,8 @@ class Grader:
             "max_score": round(sum(t["max_score"] for t in tests), 4),
             "device": self.device, "tests": tests, "flags": flags,
             "submission_error": error, "load": self.load_info, "hint": self.hint,
-            "sandbox": {"network": self.sandbox_network(), "restarts": max(0, self.restarts),
+            "sandbox": {"network": self.sandbox_network(), **self.sandbox_isolation(),
+                        "restarts": max(0, self.restarts),
                         "rlimits": {"cpu_s": self.limits.cpu_seconds, "file_bytes": self.limits.file_bytes,
                                     "address_space": self.limits.address_space,
                                     "nproc": "not enforced for root" if os.getuid() == 0 else
@@ -478,8 +488,15 @@ class Grader:
     def sandbox_network(self):
         return _probe_network(self.device)
 
+    def sandbox_isolation(self):
+        """``checkout``/``processes``: whether the checkout was hidden and processes contained (words)."""
+        if getattr(self, "_isolation", None) is None:
+            _probe_network(self.device)
+            self._isolation = _ISO.get(self.device) or isolation.describe(None)
+        return self._isolation
 
-_NET = {}
+
+_NET, _ISO = {}, {}
 
 
 def _probe_network(device):
@@ -488,6 +505,7 @@ def _probe_network(device):
         try:
             sb.start(timeout=30)
             _NET[device] = sb.network
+            _ISO[device] = isolation.describe(sb.isolation)
         except SandboxDied as exc:
             _NET[device] = f"unknown ({exc.reason})"
         finally:

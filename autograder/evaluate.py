@@ -87,3 +87,33 @@ def fmt_err(err: float) -> str:
     if err == float("inf"):
         return "-"
     return f"{err:.1e}" if np.isfinite(err) else str(err)
+
+
+TRITON_SHARE = 0.5      # least share of each output's elements that must change when the kernels' stores do
+
+
+def triton_made(call, poisoned, normal_arrays, poisoned_arrays) -> str | None:
+    """None when the outputs were produced by the Triton kernels, else why not (docs/design.md §6).
+
+    ``poisoned`` is the child's report of the same call re-run with every element the Triton kernels stored
+    overwritten by NaN right after each launch (``traps.poison_changed``). An output that the kernels
+    produced (directly, or through torch post-processing of what they stored: a cast, a merge of partial
+    results) changes; one computed by torch beside a launched kernel does not. At least ``TRITON_SHARE`` of
+    the elements of every output must change (rows with nothing to attend may be written by torch)."""
+    if poisoned is None:
+        return None
+    if poisoned.get("error"):
+        return (f"re-run with the Triton kernels' stores replaced by NaN, it raised {poisoned['error']} "
+                "(the output must be computed by the kernels)")
+    if not poisoned.get("stores"):
+        return "the launched Triton kernels stored nothing into their tensor arguments"
+    for out, a, b in zip(call.outs, normal_arrays, poisoned_arrays):
+        if a is None or b is None or np.shape(a) != np.shape(b) or np.size(a) == 0:
+            return f"{out.name}: could not compare with the poisoned re-run"
+        a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
+        share = 1.0 - float(same.mean())
+        if share < TRITON_SHARE:
+            return (f"{out.name} is not produced by the Triton kernels: with their stores replaced by NaN, only "
+                    f"{100 * share:.0f}% of it changed (torch did the work beside a launched kernel?)")
+    return None

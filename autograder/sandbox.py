@@ -3,17 +3,27 @@
 Each child gets: its own session/process group (``start_new_session``), a fresh temp dir as cwd, HOME, TMPDIR
 and TRITON_CACHE_DIR (T18: nothing left for the next submission), a scrubbed environment (PATH, LANG and what
 numpy/torch/Triton need, plus a per-child token used to find escaped grandchildren), rlimits (CPU seconds,
-file size, core dumps, and address space when grading on CPU), no network where the OS allows (a new user +
-network namespace via ``unshare``), death when the parent dies (``PR_SET_PDEATHSIG``), and stdout/stderr
-captured to files that are read back truncated. The protocol runs on two dedicated pipes (``pass_fds``).
+file size, core dumps, and address space when grading on CPU), death when the parent dies
+(``PR_SET_PDEATHSIG``), and stdout/stderr captured to files that are read back truncated. The protocol runs
+on two dedicated pipes (``pass_fds``).
 
-Killing is thorough (T17): SIGKILL to the process group, then every process whose environment carries the
-token or whose cwd lies in the child's temp dir (a grandchild that called ``setsid`` escapes the group but not
-that scan). A parent-side watchdog kills the child when the resident memory of its processes passes a limit.
+Below Python (``launch.py``, ``isolation.py``): new user, mount, PID and network namespaces where the OS
+allows; the course checkout (solutions, ``reference``, the grader) covered by an empty tmpfs; the child runs
+``python -I -S`` with only a copy of the grader's child modules importable. The child is PID 1 of its PID
+namespace, so every descendant dies with it (T17). Where namespaces are unavailable the report says so
+(``sandbox.checkout`` / ``sandbox.processes``), an audit hook in the child still refuses paths inside the
+checkout, and the launcher is a child subreaper so that escaped descendants stay findable.
+
+Killing is thorough (T17): SIGKILL to the child (PID 1 of its namespace) and to every process of the
+launcher's subtree, its process group, and anything whose environment carries the token or whose cwd lies
+in the child's temp dir. After every answer of a student child, processes it left running are killed and
+reported as a T17 trap. A parent-side watchdog kills the child when the resident memory of its processes
+passes a limit.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import resource
 import secrets
@@ -26,11 +36,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import isolation
 from .protocol import ChannelClosed, ChannelTimeout, ParentChannel, ProtocolError
 
 REPO = str(Path(__file__).resolve().parent.parent)
-BOOT = "import sys; sys.path.insert(0, sys.argv[1]); from autograder.child import main; main()"
-CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+LAUNCH = str(Path(__file__).resolve().parent / "launch.py")
+BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:0] = cfg['path']; "
+        "from autograder.child import main; main()")
 PR_SET_PDEATHSIG = 1
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "TRITON_PTXAS_PATH",
             "TRITON_LIBCUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "SYSTEMROOT")
@@ -91,8 +103,6 @@ def _preexec(limits: Limits, nproc=None):
             resource.setrlimit(resource.RLIMIT_AS, (limits.address_space, limits.address_space))
         if nproc:
             resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-        if limits.network_off:
-            libc.unshare(CLONE_NEWUSER | CLONE_NEWNET)   # best effort; the parent checks whether it worked
     return fn
 
 
@@ -106,8 +116,14 @@ class Sandbox:
     tmp: str | None = None
     token: str = ""
     network: str = "unknown"
-    pid: int | None = None
+    pid: int | None = None                    # the launcher (its session and process group leader)
+    child_pid: int | None = None              # the child proper (PID 1 of its namespace when there is one)
+    trusted: bool = False                     # the reference child: sees the checkout, no leftover check
+    isolation: dict | None = None             # what the launcher achieved (launch.py ``status``)
     _last_watch: float = 0.0
+
+    def __post_init__(self):
+        self.trusted = self.trusted or self.label == "reference"
 
     def start(self, timeout=60.0):
         self.tmp = tempfile.mkdtemp(prefix=f"autograder-{self.label}-")
@@ -129,18 +145,32 @@ class Sandbox:
         r_resp, w_resp = os.pipe()
         self.out_path = os.path.join(self.tmp, "stdout.txt")
         self.err_path = os.path.join(self.tmp, "stderr.txt")
+        hide = [] if self.trusted else isolation.hidden_dirs()
+        keep = isolation.kept_dirs()
+        if self.trusted:
+            path = [REPO] + isolation.child_sys_path([], keep)
+        else:
+            path = [isolation.stage_child_code(os.path.join(self.tmp, "grader"))] + isolation.child_sys_path(hide, keep)
+        child_cfg = {"path": path, "hide": hide, "keep": keep}
+        launch_cfg = {"argv": [isolation.child_python(), "-I", "-S", "-c", BOOT, json.dumps(child_cfg),
+                               str(r_req), str(w_resp)],
+                      "fds": [r_req, w_resp], "hide": hide, "keep": keep, "stage": self.tmp,
+                      "network_off": self.limits.network_off, "namespaces": isolation.namespaces_enabled()}
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", BOOT, REPO, str(r_req), str(w_resp)],
+                [sys.executable, "-I", "-S", LAUNCH, json.dumps(launch_cfg)],
                 cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                pass_fds=(r_req, w_resp), start_new_session=True, preexec_fn=_preexec(self.limits, nproc_limit(self.limits.extra_tasks)),
-                close_fds=True)
+                pass_fds=(r_req, w_resp), start_new_session=True,
+                preexec_fn=_preexec(self.limits, nproc_limit(self.limits.extra_tasks)), close_fds=True)
         os.close(r_req)
         os.close(w_resp)
         self.pid = self.proc.pid
         self.chan = ParentChannel(r_resp, w_req)
         self.chan.on_wait = self.watch
         h, _ = self.recv(timeout, expect="hello")
+        kids = [p for p in isolation.subtree(self.pid) if p != self.pid]
+        self.child_pid = min(kids) if kids else None    # nothing else runs yet: the launcher's one child
+        self.isolation = h.get("isolation") or {}
         mine = os.readlink("/proc/self/ns/net")
         self.network = "off (separate network namespace)" if h.get("net") and h["net"] != mine else \
             "on (could not create a network namespace here)"
@@ -171,7 +201,31 @@ class Sandbox:
                 continue
             if expect and h.get("t") not in ((expect,) if isinstance(expect, str) else expect):
                 raise self._died(f"sent {h.get('t')!r} where {expect!r} was expected", "crash")
+            if h.get("t") in ("loaded", "result", "error") and not self.trusted:
+                self.reap_leftovers(on_trap)
             return h, arrays
+
+    def leftovers(self) -> list[int]:
+        """Live processes of this child other than the launcher and the child itself."""
+        if self.pid is None:
+            return []
+        return [p for p, st in isolation.subtree(self.pid).items()
+                if p not in (self.pid, self.child_pid) and st not in ("Z", "X")]
+
+    def reap_leftovers(self, on_trap=None):
+        """Kill what the child left running after answering (a forked or spawned process: T17), reporting it
+        as a trap. Nothing of a submission may outlive the call that started it."""
+        left = self.leftovers()
+        if not left:
+            return
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if on_trap:
+            on_trap({"t": "trap", "threat": "T17",
+                     "what": f"{len(left)} process(es) left running by the submission (killed)"})
 
     def _died(self, why, kind):
         time.sleep(0.05)                       # let a process that is exiting finish, to report its status
@@ -194,13 +248,14 @@ class Sandbox:
 
     # -- watching and killing -----------------------------------------------------------------------------
     def _members(self):
-        """PIDs of this child's processes: its group, plus anything with our token or cwd (escaped ones)."""
-        pids = []
+        """PIDs of this child's processes: the launcher's subtree and process group, plus anything with our
+        token or cwd (escaped ones)."""
+        pids = [p for p in isolation.subtree(self.pid) if p != os.getpid()] if self.pid else []
         for d in os.listdir("/proc"):
             if not d.isdigit():
                 continue
             pid = int(d)
-            if pid == os.getpid():
+            if pid == os.getpid() or pid in pids:
                 continue
             try:
                 if os.getpgid(pid) == self.pid:
@@ -244,6 +299,11 @@ class Sandbox:
 
     def kill_all(self):
         for _ in range(3):
+            if self.child_pid and self.child_pid in isolation.subtree(self.pid):   # not a recycled pid
+                try:
+                    os.kill(self.child_pid, signal.SIGKILL)   # PID 1 of its namespace: takes all with it
+                except OSError:
+                    pass
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError, TypeError):

@@ -12,6 +12,10 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
   submission that hides work from the timer shows a tiny ratio); the test must have run;
 * ``device``: ``"cuda"`` for a GPU-only submission (e.g. side CUDA streams): listed as skipped on CPU.
 
+Cheats that try to leave a process behind run one whose command line carries ``ESCAPE_MARKER``; after
+grading, any such process still alive fails the selftest (and is killed): nothing of a submission may
+survive its grading.
+
 Speed tests on partial credit depend on machine load, so their missing points count as slack in the score band
 and they count as passing for ``others_pass``; a speed test at 0 is a failure like any other.
 
@@ -36,6 +40,21 @@ SUB = HERE / "submissions"
 
 
 MUTANTS = Path(REPO) / "build" / "selftest_mutants"
+ESCAPE_MARKER = "autograder-escape-test"
+
+
+def survivors(marker: str = ESCAPE_MARKER) -> list[int]:
+    """PIDs of live processes whose command line contains ``marker`` (left behind by a graded submission)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    if marker.encode() in f.read():
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
 
 
 def materialise_mutant(spec_path: Path, out_dir: Path = MUTANTS) -> Path:
@@ -197,6 +216,15 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
             lines.append(f"{status} {label:55s} {pct:6.1f}%  flags [{flags}]  {r.get('execution_time', 0):.1f}s")
             for prob in problems:
                 lines.append(f"       - {prob}")
+    left = survivors()
+    if left:
+        bad += 1
+        lines.append(f"FAIL {len(left)} process(es) of graded submissions survived grading: {left} (killed now)")
+        for pid in left:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
     for _aid, _p, exp, label in skipped:
         lines.append(f"skip {label:55s} (needs --device {exp['device']})")
     if verbose:

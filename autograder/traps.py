@@ -7,6 +7,13 @@ left alone where it matters: imports and OS calls are trapped only when made fro
 
 Also here: a snapshot of attributes that must not be monkeypatched (timers, comparison helpers, the harness),
 and a counter of Triton kernel launches (a Triton task must launch a kernel, not fall back to torch).
+
+Below these caller-aware wrappers sits an audit hook (``install_audit``, PEP 578: it sees the call whatever
+alias or module it was reached through, ``posix.fork`` and ``pathlib.Path.read_text`` included, and cannot be
+removed): it refuses every path inside the course checkout (the launcher also hides the checkout from the
+child's filesystem view where namespaces exist, ``autograder.launch``), and process, signal and socket calls
+made directly by the submission's code. Processes started through a library are not stopped here; they die
+with the child's PID namespace and are reported by the grader as left running (``Sandbox.reap_leftovers``).
 """
 from __future__ import annotations
 
@@ -57,6 +64,72 @@ PROTECTED = [
 ]
 
 
+# audit events that carry paths (their first two arguments are checked) and calls refused to submitted code
+PATH_EVENTS = {"open", "os.listdir", "os.scandir", "os.chdir", "os.mkdir", "os.rename", "os.symlink", "os.link",
+               "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.chown", "os.utime", "os.exec",
+               "os.posix_spawn", "os.spawn", "shutil.copyfile", "shutil.copytree", "shutil.rmtree", "glob.glob",
+               "ctypes.dlopen"}
+DIRECT_EVENTS = {"os.fork": "T17", "os.forkpty": "T17", "os.exec": "T17", "os.posix_spawn": "T17",
+                 "os.spawn": "T17", "os.system": "T17", "os.kill": "T17", "os.killpg": "T17",
+                 "subprocess.Popen": "T17", "socket.connect": "T18", "socket.bind": "T18",
+                 "socket.getaddrinfo": "T18"}
+
+
+class _Audit:
+    """State of the audit hook: hidden/kept directories, the submission's namespace, the reporter."""
+    hide: tuple = ()
+    keep: tuple = ()
+    ns = None
+    report = None
+    busy = False
+
+    def hidden(self, arg) -> str | None:
+        if isinstance(arg, int) or arg is None:
+            return None
+        try:
+            p = os.fsdecode(os.fspath(arg))
+        except TypeError:
+            return None
+        real = os.path.realpath(p)
+        if any(_inside(real, h) for h in self.hide) and not any(_inside(real, k) for k in self.keep):
+            return real
+        return None
+
+    def __call__(self, event, args):
+        if self.busy:
+            return
+        self.busy = True
+        try:
+            if event in PATH_EVENTS:
+                for a in args[:2]:
+                    real = self.hidden(a)
+                    if real:
+                        self._refuse("T2", f"{event}({real!r}): the course checkout is off limits", PermissionError)
+            threat = DIRECT_EVENTS.get(event)
+            if threat and self.ns is not None and sys._getframe(1).f_globals is self.ns:
+                self._refuse(threat, f"{event} called by the submission", RuntimeError)
+        finally:
+            self.busy = False
+
+    def _refuse(self, threat, what, exc):
+        if self.report is not None and self.ns is not None:
+            self.report(threat, what)
+        raise exc(f"autograder: {what} is not allowed in a submission")
+
+
+def _inside(path, root):
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+AUDIT = _Audit()
+
+
+def install_audit(hide, keep):
+    """Install the audit hook once, before any submitted code runs (it cannot be removed afterwards)."""
+    AUDIT.hide, AUDIT.keep = tuple(hide), tuple(keep)
+    sys.addaudithook(AUDIT)
+
+
 def _resolve(modname, attr):
     mod = sys.modules.get(modname.split(".Tensor")[0] if modname.endswith(".Tensor") else modname)
     if modname == "torch.Tensor":
@@ -71,6 +144,8 @@ class Traps:
         self.report = report                  # report(threat, what) -> sends a message to the parent
         self.active = False
         self.launches = 0
+        self.poison = False                   # poison mode of the Triton launch wrapper (``_count_launches``)
+        self.stores = 0                       # elements changed by Triton kernels in poison mode
         self.extra = {m: "T10" for m in extra_forbidden}
         self.snapshot = {}
 
@@ -94,6 +169,7 @@ class Traps:
     # -- installation -------------------------------------------------------------------------------------
     def install(self):
         traps = self
+        AUDIT.ns = self.ns
         real_import = builtins.__import__
 
         def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
@@ -159,6 +235,11 @@ class Traps:
         return guard
 
     def _count_launches(self):
+        """Wrap every Triton launch (compiled and interpreted): count it, and in *poison mode* overwrite with
+        NaN every floating-point element that the kernel changed in its tensor arguments, right after it ran.
+        The grader runs each Triton task's call once more in poison mode: a result that does not change (is
+        not NaN where the kernels wrote) was not produced by the Triton kernels (a launched kernel that does
+        nothing, or writes a scratch buffer, while torch computes the answer)."""
         traps = self
         classes = []
         try:
@@ -175,9 +256,16 @@ class Traps:
             orig = cls.run
 
             def run(self, *args, __orig=orig, **kwargs):
-                if not kwargs.get("warmup", False):
-                    traps.launches += 1
-                return __orig(self, *args, **kwargs)
+                if kwargs.get("warmup", False):
+                    return __orig(self, *args, **kwargs)
+                traps.launches += 1
+                if not traps.poison:
+                    return __orig(self, *args, **kwargs)
+                tensors = _float_tensors(list(args) + list(kwargs.values()))
+                before = [t.detach().clone() for t in tensors]
+                out = __orig(self, *args, **kwargs)
+                traps.stores += poison_changed(tensors, before)
+                return out
             cls.run = run
 
     # -- monkeypatch detection ----------------------------------------------------------------------------
@@ -195,3 +283,31 @@ class Traps:
             if mod is None or getattr(mod, attr, None) is not obj:
                 out.append(f"{modname}.{attr}")
         return out
+
+
+def _float_tensors(objs):
+    """Floating-point torch tensors among kernel arguments (a TMA descriptor's ``base`` counts too)."""
+    torch = sys.modules.get("torch")
+    out = []
+    for a in objs:
+        t = a if torch is not None and isinstance(a, torch.Tensor) else getattr(a, "base", None)
+        if torch is not None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1:
+            out.append(t)
+    return out
+
+
+def poison_changed(tensors, before) -> int:
+    """Set to NaN the elements of ``tensors`` that differ from ``before`` (NaN == NaN); return how many."""
+    torch = sys.modules["torch"]
+    n = 0
+    if tensors and tensors[0].is_cuda:
+        torch.cuda.synchronize()
+    with torch.no_grad():
+        for t, b in zip(tensors, before):
+            d = t.data
+            changed = (d != b) & ~(torch.isnan(d) & torch.isnan(b))
+            k = int(changed.sum())
+            if k:
+                d.masked_fill_(changed, float("nan"))
+                n += k
+    return n

@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Assignment 4 -- decoding: the KV cache and Flash-Decoding
+# # Assignment 4 -- the KV cache and Flash-Decoding
 #
 # A language model generates text in two phases.
 #
