@@ -127,6 +127,12 @@ def _stat(pid: str):
         return None
 
 
+def proc_state(pid: int) -> str | None:
+    """The one-letter state of a process (R, S, Z, ...), None when it is gone."""
+    st = _stat(str(pid))
+    return st[0] if st else None
+
+
 def subtree(root: int) -> dict[int, str]:
     """pid -> state of ``root`` and all its descendants."""
     kids, state = {}, {}

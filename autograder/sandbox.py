@@ -275,7 +275,7 @@ class Sandbox:
                     pids.append(pid)
             except OSError:
                 pass
-        return pids
+        return [p for p in pids if (isolation.proc_state(p) or "Z") not in "ZX"]    # zombies are dead already
 
     def rss(self) -> int:
         total = 0
