@@ -67,6 +67,9 @@ def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verd
             msgs.append(f"{out.name}: {msg}")
     if msgs:
         return Verdict(False, worst, "; ".join(msgs), flags)
+    why = streaming_violation(call, result)
+    if why:
+        return Verdict(False, worst, why, flags)
     if memory_limit is not None:
         peak = result.get("peak")
         if peak is None or peak > memory_limit:
@@ -74,6 +77,24 @@ def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verd
             return Verdict(False, worst, f"peak traced memory {mib:.1f} MiB > limit {memory_limit / 2 ** 20:.1f} "
                                          "MiB: the N x N score matrix must not be materialised", flags)
     return Verdict(True, worst, "", flags)
+
+
+def streaming_violation(call, result) -> str | None:
+    """A streaming test hands the function read-only block sources (``runner.block_source``): it must read
+    them only in slices of at most ``call.block_limit`` columns, never whole."""
+    limit = getattr(call, "block_limit", None)
+    if not limit:
+        return None
+    reads = result.get("reads")
+    if reads is None:
+        return "the block-source argument was not reported (internal)"
+    for log in reads:
+        if log["whole"]:
+            return "converted x to an array whole (np.asarray/np.array): a streaming pass reads x[..., s:s+block_size]"
+        if log["widest"] > limit:
+            return (f"read {log['widest']} columns of x at once, more than block_size = {limit} (a streaming pass "
+                    "reads one block at a time)")
+    return None
 
 
 def call_arg_name(call, key):

@@ -37,6 +37,8 @@ def call_to_wire(call: Call, gen_seeds=None):
     def desc(key, a):
         if isinstance(a, Arg) and a.is_array:
             base = {"array": key, "torch_dtype": a.torch_dtype, "requires_grad": bool(a.requires_grad)}
+            if a.blocks:
+                base["blocks"] = True
             if key in gen_seeds and a.value.dtype.kind == "f":
                 return dict(base, gen=int(gen_seeds[key]), shape=list(a.value.shape), dtype=str(a.value.dtype))
             arrays[key] = np.ascontiguousarray(a.value)
@@ -89,6 +91,45 @@ def gen_array(d, device="cpu"):
     return rng.standard_normal(shape, dtype=np.float32).astype(dt, copy=False)
 
 
+_SOURCES = []      # (source, array, log) of the block sources handed out by the current call
+
+
+def block_source(a: np.ndarray):
+    """A read-only stand-in for ``a`` that records how it is read (a streaming test, docs/design.md §6).
+
+    It has ``shape``, ``ndim``, ``size``, ``dtype`` and ``len``, and indexing returns a fresh copy of
+    ``a[key]``; ``np.asarray`` works too, but counts as reading the whole array. The log keeps the widest
+    read along the last axis (distinct column indices in one access) and the number of whole-array reads.
+    The array lives only in this closure (no attribute of the object reaches it)."""
+    log = {"widest": 0, "reads": 0, "whole": 0}
+    cols = a.shape[-1] if a.ndim else 1
+
+    class BlockSource:
+        __slots__ = ()
+        shape, ndim, size, dtype = a.shape, a.ndim, a.size, a.dtype
+
+        def __len__(self):
+            return len(a)
+
+        def __getitem__(self, key):
+            part = np.array(a[key], copy=True)
+            idx = np.broadcast_to(np.arange(cols), a.shape)[key] if a.ndim else np.zeros(1, int)
+            log["reads"] += 1
+            log["widest"] = max(log["widest"], int(np.unique(idx).size))
+            return part
+
+        def __array__(self, dtype=None, copy=None):
+            log["whole"] += 1
+            return np.array(a, dtype=dtype, copy=True)
+
+        def __repr__(self):
+            return f"<read-only block source, shape {a.shape}, dtype {a.dtype}>"
+
+    src = BlockSource()
+    _SOURCES.append((src, a, log))
+    return src
+
+
 def materialise(header, arrays, device="cpu"):
     """Fresh argument objects: NumPy copies, or torch tensors (dtype cast exactly, on ``device``); generator
     entries (timed calls) are drawn fresh by ``gen_array``."""
@@ -104,6 +145,8 @@ def materialise(header, arrays, device="cpu"):
             if d.get("requires_grad"):
                 t.requires_grad_(True)
             return t
+        if d.get("blocks"):
+            return block_source(np.array(a, copy=True))
         return np.array(a, copy=True)
     args = [make(d) for d in header["args"]]
     kwargs = {k: make(d) for k, d in header["kwargs"].items()}
@@ -175,6 +218,8 @@ def input_hashes(header, args, kwargs):
     for d, obj in items:
         if "array" in d:
             view = to_numpy_view(obj)
+            if d.get("blocks"):
+                view = next((a for src, a, _ in _SOURCES if src is obj), None)
             out[d["array"]] = array_hash(view) if view is not None else "replaced"
     return out
 
@@ -281,6 +326,7 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
         res = run_script(fn, header["script"])
         return {"outs": [], "arrays": [], "hashes": {}, "elapsed": _clock() - t0, "peak": None,
                 "script": res, "threads": threading.active_count() - 1}
+    _SOURCES.clear()
     args, kwargs = materialise(header, arrays, device)
     poison(arrays, device, header)
     gc.collect()
@@ -321,6 +367,9 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
                 "peak": peak, "script": None, "threads": threading.active_count() - threads_before,
                 "shape_error": f"expected a tuple of {n} outputs, got {tp}{ln}"}
     described = [describe(x, native) for x in items]
-    return {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
-            "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed, "peak": peak, "script": None,
-            "threads": threading.active_count() - threads_before}
+    res = {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
+           "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed, "peak": peak, "script": None,
+           "threads": threading.active_count() - threads_before}
+    if _SOURCES:
+        res["reads"] = [dict(log) for _, _, log in _SOURCES]
+    return res

@@ -28,4 +28,15 @@ echo "[gpu_validate] GPU selftest (T13, slow a4/a5) done at ${SECONDS}s"
 timeout 200 python3 -m autograder selftest --only a3 --match s_tiny_tiles \
     --device cuda -j 1 --out /tmp/selftest_gpu_a3 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -3 \
     | tee -a "$OUT/selftest_gpu.log"
+# Grader holes on the GPU: a token Triton launch beside a torch decode loses the Triton points, a process
+# forked after CUDA init (and the CPU escape cheats) is refused and killed, the checkout is hidden from the
+# child. The selftest fails if any process of a graded submission survives; pgrep double-checks.
+timeout 300 python3 -m autograder selftest --only a1 a4 --device cuda -j 1 --out /tmp/selftest_gpu_holes \
+    --match t10_token_triton t17_fork_after_cuda t17_posix_fork t17_library_spawn t02_ t10_reference_via \
+    2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -12 | tee "$OUT/selftest_gpu_holes.log"
+python3 -c "import json; r = json.load(open('/tmp/selftest_gpu_holes/a4_decoding__cheat__t10_token_triton_launch.json')); \
+print('[gpu_validate] sandbox:', r['sandbox'].get('checkout'), '|', r['sandbox'].get('processes'))" 2>&1 \
+    | tee -a "$OUT/selftest_gpu_holes.log"
+sleep 1; pgrep -af autograder-escape-test && echo "[gpu_validate] SURVIVING SUBMISSION PROCESSES" \
+    | tee -a "$OUT/selftest_gpu_holes.log"
 echo "[gpu_validate] total ${SECONDS}s"

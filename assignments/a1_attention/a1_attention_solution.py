@@ -26,6 +26,18 @@
 
 # %% given="numpy_helpers"
 
+
+# %%
+def as_float_source(x, name):
+    """Given: ``x`` itself when it has ``shape`` and ``dtype`` (an ndarray, or a read-only source that is read
+    in slices ``x[..., s:e]``), else ``np.asarray(x)``; a TypeError naming the argument unless float16/32/64."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+        x = np.asarray(x)
+    if np.dtype(x.dtype) not in (np.float16, np.float32, np.float64):
+        raise TypeError(f"{name} must be a float16/float32/float64 array, got dtype {x.dtype}")
+    return x
+
+
 # %% [markdown]
 # ## Part 1 -- safe softmax
 #
@@ -85,29 +97,40 @@ check("a1.safe_softmax", safe_softmax)
 # pass, one more sweep writes $e^{x_i - m} / \ell$.
 #
 # Implement `online_softmax(x, block_size=128)` over the **last axis**: a loop over blocks of `block_size`
-# columns (the last block may be shorter) that touches each block once to update `(m, l)`, then the
-# normalisation. Same dtype and `-inf` rules as Part 1; `block_size` must be a positive integer.
+# columns (the last block may be shorter) that touches each block once to update `(m, l)`, then a second loop
+# over the blocks that writes the normalised values into the output. Read `x` **only** as slices
+# `x[..., s:s + block_size]`: the grader also hands you a read-only `x` (with `shape`, `dtype` and slicing, like
+# a memory-mapped file too large for memory) that records every read, and a read of more than `block_size`
+# columns at once, or `np.asarray(x)`, fails that test. Same dtype and `-inf` rules as Part 1; `block_size`
+# must be a positive integer.
 
 # %%
 def online_softmax(x, block_size=128):
-    """Softmax over the last axis in one streaming pass of blocks (running max m and sum l), then normalise.
+    """Softmax over the last axis in one streaming pass of blocks (running max m and sum l), then a second
+    pass of blocks that normalises; ``x`` is read only as slices ``x[..., s:s + block_size]``.
 
     Update per block b (online normaliser): m' = max(m, max x_b), l' = exp(m - m') l + sum exp(x_b - m').
     """
-    x = as_float(x, "x")
+    x = as_float_source(x, "x")
     block_size = positive_int(block_size, "block_size")
     ### BEGIN SOLUTION
-    xc = x.astype(acc_dtype(x))
-    m = np.full(x.shape[:-1], -np.inf, dtype=xc.dtype)
-    l = np.zeros(x.shape[:-1], dtype=xc.dtype)
-    for start in range(0, x.shape[-1], block_size):
-        block = xc[..., start:start + block_size]
+    ct = acc_dtype(x)
+    n = x.shape[-1]
+    m = np.full(x.shape[:-1], -np.inf, dtype=ct)
+    l = np.zeros(x.shape[:-1], dtype=ct)
+    for start in range(0, n, block_size):
+        block = np.asarray(x[..., start:start + block_size], dtype=ct)
         m_new = np.maximum(m, block.max(axis=-1))
         shift = np.where(np.isneginf(m_new), 0.0, m_new)  # keep -inf - (-inf) out of exp
         l = np.exp(m - shift) * l + np.exp(block - shift[..., None]).sum(axis=-1)
         m = m_new
-    shift = np.where(np.isneginf(m), 0.0, m)
-    return (np.exp(xc - shift[..., None]) / np.where(l == 0, 1.0, l)[..., None]).astype(x.dtype)
+    shift = np.where(np.isneginf(m), 0.0, m)[..., None]
+    denom = np.where(l == 0, 1.0, l)[..., None]
+    out = np.empty(x.shape, dtype=x.dtype)
+    for start in range(0, n, block_size):
+        block = np.asarray(x[..., start:start + block_size], dtype=ct)
+        out[..., start:start + block_size] = np.exp(block - shift) / denom
+    return out
     ### END SOLUTION
 
 

@@ -31,6 +31,7 @@ class Arg:
     value: Any
     torch_dtype: str | None = None
     requires_grad: bool = False
+    blocks: bool = False      # hand the function a read-only block source (``runner.block_source``), not the array
 
     @property
     def is_array(self) -> bool:
@@ -62,6 +63,7 @@ class Call:
     script: list | None = None
     label: str = ""
     arg_names: list | None = None   # names of the positional args, for messages ("q" instead of "argument 0")
+    block_limit: int | None = None   # block-source arguments: widest slice (last axis) the call may read at once
 
     def arrays(self):
         """(key, Arg) for every array argument, in a fixed order (positional, then keyword)."""

@@ -27,8 +27,8 @@ def bf16_round(x) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32)
 
 
-def arr(x, torch_dtype=None, requires_grad=False) -> Arg:
-    return Arg(x, torch_dtype=torch_dtype, requires_grad=requires_grad)
+def arr(x, torch_dtype=None, requires_grad=False, blocks=False) -> Arg:
+    return Arg(x, torch_dtype=torch_dtype, requires_grad=requires_grad, blocks=blocks)
 
 
 def lse_dtypes(dtype: str) -> tuple:

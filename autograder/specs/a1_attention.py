@@ -43,10 +43,14 @@ def oracle_softmax(call):
 
 
 def build_online(p, rng):
+    """``stream``: x is handed over as a read-only block source that records its reads (``runner.block_source``);
+    reading more than ``block_size`` columns at once, or the whole array, fails the case."""
     x = _x(p, rng)
     kw = {"block_size": p["block_size"]} if "block_size" in p else {}
-    c = Call([arr(x)], kw, [out("p", p["dtype"], tol_for(p))])
+    c = Call([arr(x, blocks=bool(p.get("stream")))], kw, [out("p", p["dtype"], tol_for(p))])
     c.arg_names = ["x"]
+    if p.get("stream"):
+        c.block_limit = p.get("block_size", 128)
     return c
 
 
@@ -119,23 +123,26 @@ TESTS = [
                                                        dict(shape=(3, 12), dtype="float64")],
        lambda r: [_rows(r, "float16"), _rows(r, "float64")]),
 
-    _t("basic (block sizes dividing N)", "online_softmax", 6, [dict(shape=(4, 64), dtype="float32", block_size=16)],
+    _t("basic (block sizes dividing N)", "online_softmax", 4, [dict(shape=(4, 64), dtype="float32", block_size=16)],
        lambda r: [dict(shape=(3, 256), dtype="float32", block_size=int(b)) for b in (1, 32, 128)]
        + [dict(shape=(2, 7, 96), dtype="float32", block_size=48)]),
-    _t("ragged tail (N not a multiple of block_size, block > N)", "online_softmax", 4,
+    _t("ragged tail (N not a multiple of block_size, block > N)", "online_softmax", 3,
        [dict(shape=(3, 50), dtype="float32", block_size=16), dict(shape=(2, 10), dtype="float32", block_size=64)],
        lambda r: [dict(shape=(int(r.integers(2, 6)), ragged(r, 40, 400)), dtype="float32",
                        block_size=int(r.choice([7, 16, 33]))),
                   dict(shape=(3, ragged(r, 5, 60)), dtype="float32", block_size=128)]),
-    _t("large logits (running max)", "online_softmax", 4,
+    _t("large logits (running max)", "online_softmax", 3,
        [dict(shape=(3, 40), dtype="float64", shift=800.0, block_size=8)],
        lambda r: [_div(r, "float64", shift=800.0), _div(r, "float32", shift=100.0)]),
     _t("-inf entries and fully masked rows", "online_softmax", 3,
        [dict(shape=(6, 20), dtype="float32", masked=True, block_size=4)],
        lambda r: [_div(r, masked=True), _div(r, "float64", masked=True)]),
-    _t("dtypes float16/float64", "online_softmax", 3, [dict(shape=(3, 12), dtype="float16", block_size=4),
+    _t("dtypes float16/float64", "online_softmax", 2, [dict(shape=(3, 12), dtype="float16", block_size=4),
                                                          dict(shape=(3, 12), dtype="float64", block_size=4)],
        lambda r: [_div(r, "float16"), _div(r, "float64")]),
+    _t("streaming (x read block_size columns at a time, never whole)", "online_softmax", 5,
+       [dict(shape=(3, 48), dtype="float32", block_size=16, stream=True)],
+       lambda r: [_div(r, stream=True), _div(r, "float64", stream=True, masked=True)]),
 
     _t("basic", "merge_states", 8, [dict(shape=(2, 5, 8), dtype="float32")],
        lambda r: [dict(shape=(int(r.integers(1, 4)), ragged(r, 3, 70), 16), dtype="float32"),

@@ -17,19 +17,23 @@ def safe_softmax(x, axis=-1):
 
 
 def online_softmax(x, block_size=128):
-    x = np.asarray(x)
+    if not hasattr(x, "dtype"):
+        x = np.asarray(x)
     ct = _acc(x)
     m = np.full(x.shape[:-1], -np.inf, ct)
     l = np.zeros(x.shape[:-1], ct)
     for i in range(0, x.shape[-1], block_size):
-        b = x[..., i:i + block_size].astype(ct)
+        b = np.asarray(x[..., i:i + block_size]).astype(ct)
         mn = np.maximum(m, b.max(axis=-1))
         ms = np.where(np.isfinite(mn), mn, 0)
         l = l * np.exp(np.where(np.isfinite(m), m - ms, -np.inf)) + np.exp(b - ms[..., None]).sum(axis=-1)
         m = mn
-    ms = np.where(np.isfinite(m), m, 0)
-    out = np.exp(x.astype(ct) - ms[..., None]) / np.where(l > 0, l, 1)[..., None]
-    return out.astype(x.dtype)
+    ms = np.where(np.isfinite(m), m, 0)[..., None]
+    out = np.empty(x.shape, x.dtype)
+    for j in range(0, x.shape[-1], block_size):
+        b = np.asarray(x[..., j:j + block_size]).astype(ct)
+        out[..., j:j + block_size] = np.exp(b - ms) / np.where(l > 0, l, 1)[..., None]
+    return out
 
 
 def merge_states(o_a, lse_a, o_b, lse_b):
