@@ -8,11 +8,12 @@ from pathlib import Path
 import nbformat
 
 HERE = Path(__file__).resolve().parent
-SRC = HERE.parent / "submissions" / "a1_attention" / "wrong" / "w_top_left_causal.py"
+SRC = HERE.parent / "submissions" / "a1_attention" / "wrong" / "w_top_left_causal.mutant.json"
 
 
 def main():
-    code = SRC.read_text().split('"""', 2)[2].strip()
+    from autograder.selftest import materialise_mutant
+    code = materialise_mutant(SRC).read_text().split('"""', 2)[2].strip()
     imports, rest = code.split("\n\n\n", 1)
     funcs = rest.split("\n\n\n")
     nb = nbformat.v4.new_notebook()
