@@ -85,6 +85,7 @@ def export(folder, seed=0) -> list:
                              "inputs": sorted(c.arrays), "n_expected": len(c.call.expected or []),
                              "outs": [[o.name, list(o.dtypes), o.tol, o.framework] for o in c.call.outs],
                              "arg_names": c.call.arg_names, "memory_limit": c.memory_limit,
+                             "block_limit": c.call.block_limit,
                              "gpu": c.gpu})
         (folder / f"{aid}.json").write_text(json.dumps(rows, indent=0, default=_plain))
         np.savez_compressed(folder / f"{aid}.npz", **blobs)
@@ -115,5 +116,6 @@ def _read(task_id):
             call = Call([], {}, [Out(o[0], tuple(o[1]), o[2], o[3]) for o in r["outs"]], mode=r["header"]["mode"],
                         script=r["header"].get("script"), arg_names=r["arg_names"])
             call.expected = [blobs[f"{n}.out.{j}"] for j in range(r["n_expected"])] or None
+            call.block_limit = r.get("block_limit")
             yield Case(r["test"], r["label"], call, r["header"], {k: blobs[f"{n}.in.{k}"] for k in r["inputs"]},
                        r["memory_limit"], r["gpu"])
