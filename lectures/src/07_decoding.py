@@ -1,5 +1,5 @@
 # %% [markdown]
-# # Lecture 7 — Decoding: KV cache, Flash-Decoding and recursive attention
+# # Lecture 7 — Decoding — the KV cache, Flash-Decoding and recursive attention
 #
 # Training processes whole sequences; generation produces **one token at a time**. That changes what is slow:
 # the query shrinks to a single row, the keys and values of the whole history must be re-read at every step, and
