@@ -128,8 +128,17 @@ from reference.triton import flash_attention, flash_attention_forward, flash_dec
 from reference.triton.flash_fwd import attend_key_block  # noqa: E402
 
 print("Triton interpreter (CPU)" if INTERPRET else "compiled for the GPU", "| device:", DEVICE)
-src = inspect.getsource(getattr(attend_key_block, "fn", attend_key_block))  # a @triton.jit object wraps .fn
-print(src.split('"""')[2].strip("\n"))  # the code after the docstring
+from reference.triton.flash_fwd import mask_running_max  # noqa: E402  (defined in its kernel helpers)
+
+
+def body(jit_fn):
+    """The code of a @triton.jit function after its docstring (a @triton.jit object wraps .fn)."""
+    return inspect.getsource(getattr(jit_fn, "fn", jit_fn)).split('"""')[2].strip("\n")
+
+
+print(body(attend_key_block))
+print("\n# ... and line 9's masks and running max, `mask_running_max` (shared with the FP8 kernel):")
+print(body(mask_running_max))
 
 # %% [markdown]
 # Details worth noticing: `exp2` with $\log_2 e$ folded into the scale (one MUFU instruction per score; the

@@ -56,6 +56,29 @@ def causal_key_range(start_m, N_K, OFFSET, BLOCK_M: tl.constexpr, BLOCK_N: tl.co
 
 
 @triton.jit
+def mask_running_max(s, m_i, start_n, offs_m, offs_n, N_K, OFFSET, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+    """FA2 Algorithm 1, line 9, with the masks: returns ``(s, m_new, m_use)``.
+
+    ``MASKED`` (a ragged tail or the causal diagonal) sets the scores of keys ``>= N_K`` and, under ``CAUSAL``,
+    of keys ``j > i + OFFSET`` to ``-inf``; fully visible blocks skip the mask arithmetic. ``m_new`` is the new
+    running row max; ``m_use`` is the max to subtract, 0 for a row that has seen no key yet (``m_new = -inf``),
+    so such a row gives ``exp2(-inf) = 0`` instead of NaN.
+    """
+    if MASKED:
+        cols = start_n + offs_n
+        ok = cols[None, :] < N_K
+        if CAUSAL:
+            ok = ok & (cols[None, :] <= offs_m[:, None] + OFFSET)
+        s = tl.where(ok, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = m_new
+    return s, m_new, m_use
+
+
+@triton.jit
 def varlen_bounds(CU_Q, CU_K, b, PAGE: tl.constexpr):
     """Sequence ``b`` of a packed batch: ``(n_q, n_k, first q row, first k row)`` from the cumulative lengths
     (paged: ``CU_K`` holds per-sequence key counts and keys are found through the block table instead)."""

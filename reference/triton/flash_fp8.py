@@ -39,7 +39,7 @@ import triton.language as tl
 
 from ._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
 from ._runtime import INTERPRET
-from ._kernel_helpers import LN2, LOG2E, causal_key_range
+from ._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -128,17 +128,7 @@ def _fp8_block(acc, l_i, m_i, q, k_base, vt_base, SK, SV_LOG2, start_n, offs_m, 
     # K_j and V_j^T tiles: padded to whole blocks on the host, so no load needs a mask
     k = tl.load(k_base + (start_n + offs_n)[:, None] * HEAD_DIM + offs_d[None, :])
     s = tl.dot(q, tl.trans(k)) * (q_scale * tl.load(SK + jb))
-    if MASKED:
-        cols = start_n + offs_n
-        ok = cols[None, :] < N_K
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= offs_m[:, None] + OFFSET)
-        s = tl.where(ok, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = m_new
+    s, m_new, m_use = mask_running_max(s, m_i, start_n, offs_m, offs_n, N_K, OFFSET, CAUSAL, MASKED)
     c = tl.load(SV_LOG2 + jb)  # log2(sv_j / max sv) <= 0
     p = tl.math.exp2(s - (m_use - 8.0 - c)[:, None])  # 256 * P * sv_j / max sv
     alpha = tl.math.exp2(m_i - m_use)

@@ -36,7 +36,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from ._checks import check_attention_inputs, check_flag, check_scale
-from ._kernel_helpers import LN2, LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
+from ._kernel_helpers import (LN2, LOG2E, causal_key_range, dot, dot_acc, mask_running_max, pinned_or_tuned,
+                              varlen_bounds)
 from ._runtime import INTERPRET
 
 PIN_CONFIG: dict | None = (
@@ -106,18 +107,8 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     # line 8: S_ij = Q_i K_j^T, already scaled into base-2 units
     s = dot(q, tl.trans(k), INTERP) * qk_scale
-    if MASKED:
-        cols = start_n + offs_n
-        ok = cols[None, :] < N_K
-        if CAUSAL:
-            ok = ok & (cols[None, :] <= offs_m[:, None] + OFFSET)
-        s = tl.where(ok, s, float("-inf"))
-        # line 9: new running max; rows that have seen no key yet keep -inf and subtract 0 instead
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    else:
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = m_new
+    # line 9: masks where the block needs them, then the new running max (0 subtracted on rows with no key yet)
+    s, m_new, m_use = mask_running_max(s, m_i, start_n, offs_m, offs_n, N_K, OFFSET, CAUSAL, MASKED)
     p = tl.math.exp2(s - m_use[:, None])
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
