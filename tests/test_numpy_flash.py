@@ -218,12 +218,17 @@ def test_backward_fully_masked_rows(rng):
 
 @pytest.mark.flash_backward
 def test_backward_large_logits_and_scale(rng):
-    q, k, v = qkv(rng, (2, 50, 16), (2, 61, 16), np.float32, scale=30.0)
-    do = rand(rng, q.shape, np.float32)
-    o, lse = flash_attention_forward(q, k, v, causal=True, scale=0.05, block_q=16, block_k=8)
-    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, scale=0.05, block_q=16, block_k=8)
-    for g, r in zip(grads, attention_grads(q, k, v, do, causal=True, scale=0.05)):
-        assert rel_err(g, r) < 1e-4
+    # float64, with scores past e^709 (where float64's exp overflows): the test is about the max trick in the
+    # backward's recomputation of P, not about rounding. In float32 the gradient error at these logits follows
+    # the conditioning (eps32 * max|s| amplified by the cancellation in dP - D): 1e-4 failed 0.7% of seeds and
+    # a CI run saw 9.4e-4, so a fixed float32 bound here was a flake, not a check.
+    q, k, v = qkv(rng, (2, 50, 16), (2, 61, 16), np.float64, scale=30.0)
+    do = rand(rng, q.shape, np.float64)
+    assert 0.06 * np.abs(q @ k.swapaxes(-1, -2)).max() > 709  # exp would overflow without the max trick
+    o, lse = flash_attention_forward(q, k, v, causal=True, scale=0.06, block_q=16, block_k=8)
+    grads = flash_attention_backward(q, k, v, o, lse, do, causal=True, scale=0.06, block_q=16, block_k=8)
+    for g, r in zip(grads, attention_grads(q, k, v, do, causal=True, scale=0.06)):
+        assert np.isfinite(g).all() and rel_err(g, r) < 1e-9
 
 
 @settings(max_examples=10, deadline=None)
