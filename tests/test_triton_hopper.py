@@ -14,7 +14,7 @@ from reference import hopper as hp
 from reference.triton import DEVICE, INTERPRET, flash_fp8, flash_persistent
 from reference.triton.flash_fp8 import attention_fp8, flash_attention_forward_fp8, prepare_fp8, quantize_fp8_blocks
 from reference.triton.flash_persistent import flash_attention_forward_persistent, work_items
-from tests.oracle import attention_ref, lse_err, rel_err
+from tests.oracle import attention_ref, lse_err, rel_err, tf32_lse_violation
 
 pytestmark = pytest.mark.triton_hopper
 
@@ -159,7 +159,10 @@ def test_fp8_needs_hopper(monkeypatch):
 def _check(o, lse, q, k, v, causal, tol=2e-3):
     ro, rl, _ = attention_ref(q, k, v, causal=causal)
     assert rel_err(o, ro) < tol, rel_err(o, ro)
-    assert lse_err(lse, rl) < 1e-5
+    if q.dtype == torch.float32 and not INTERPRET:  # TF32 dots on the GPU (seen: 1e-5 failed on an H100)
+        assert tf32_lse_violation(lse, rl, q, k) <= 1.0, tf32_lse_violation(lse, rl, q, k)
+    else:
+        assert lse_err(lse, rl) < 1e-5, lse_err(lse, rl)
     assert torch.all(o.cpu()[torch.isinf(rl)] == 0)
 
 

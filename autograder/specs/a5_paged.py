@@ -216,12 +216,13 @@ TESTS = [
        lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=8)]),
     _t("paged_decode", "GQA / MQA", 8, [_v(torch=True, Hq=4, Hkv=2)],
        lambda r: [_pg(r, torch=True, hq=4, hkv=2), _pg(r, torch=True, hq=4, hkv=1)]),
-    # Long contexts and 8 reps, as in a4's decode speed test (notes/speed_calibration.md).
+    # Long contexts, 8 reps and full points up to 1.5x (two launches vs the reference's one), as in a4's decode
+    # speed test (notes/speed_calibration.md).
     _t("paged_decode", "speed vs reference paged decode (GPU)", 10, [],
        lambda r: [dict(Hq=32, Hkv=8, d=128, dtype="float16", block_size=16, lens=[65536], torch=True),
                   dict(Hq=32, Hkv=8, d=128, dtype="bfloat16", block_size=16, lens=[32000, 16000, 24000, 16],
                        torch=True)],
-       kind="speed", gpu_only=True, speed_full=1.25, speed_zero=3.0, reps=8),
+       kind="speed", gpu_only=True, speed_full=1.5, speed_zero=3.0, reps=8),
 ]
 
 TASKS = {
