@@ -223,6 +223,166 @@ from autograder.check import check
 check("a2.flash_attention_backward", flash_attention_backward)
 
 # %% [markdown]
+# ## Part 3 -- how many HBM bytes does your forward move?
+#
+# Lecture 2 modelled a GPU as a small on-chip SRAM next to a large, slow HBM and counted, for the GPT-2 medium
+# configuration, **40.3 GB** of HBM traffic for standard attention against **4.6 GB** for FlashAttention
+# (the FlashAttention paper's table says 40.3 vs 4.4), and a traffic of $\Theta(N^2 d^2 / M)$ for an SRAM of
+# $M$ bytes. Here you count the bytes of *your* forward, one tile at a time, and recover both.
+#
+# Your NumPy forward has no SRAM, but its loop is a GPU kernel's: every slice `q[..., i0:i1, :]`,
+# `k[..., j0:j1, :]` is a load from HBM into SRAM, every `o[..., i0:i1, :] = ...` a store, and everything
+# else (the $S$ tile, $\tilde P$, the running $m$, $\ell$, $O_i$) lives on chip. Write a **counting twin** of
+# your forward: the same loops, with the arithmetic replaced by byte counts.
+#
+# `forward_hbm_bytes(nq, nk, d, block_q=64, block_k=64, element_bytes=4, causal=False, order="fa2")` returns an
+# integer array of shape `(2, 5)`: row 0 the bytes **read** from HBM, row 1 the bytes **written**; columns
+# `Q, K, V, O, stats` (`HBM_TENSORS`). $Q, K, V, O$ elements take `element_bytes` each; the row statistics
+# (FA2's $L$; FA1's $\ell$ and $m$) are fp32: **4 bytes** per row and statistic whatever the element size.
+# One head; `d` is the head dimension of $Q$, $K$, $V$ and $O$.
+#
+# | `order` | loop | what moves (algorithm lines) |
+# |---|---|---|
+# | `"fa2"` (your Part 1 forward, FA2 Algorithm 1) | query blocks outer, key blocks inner | $Q_i$ loaded once per query block (line 4, even if the block then sees no key); $K_j$, $V_j$ loaded once per **visited** tile $(i, j)$ (line 7); $O_i$ and $L_i$ written once per query block (lines 12-13) |
+# | `"fa1"` (FlashAttention-1, Algorithm 1) | key blocks outer, query blocks inner | $O = 0$, $\ell = 0$, $m = -\infty$ written to HBM first (line 2); $K_j$, $V_j$ loaded once per key block (line 6); per visited tile: $Q_i$, $O_i$, $\ell_i$, $m_i$ read (line 8) and $O_i$, $\ell_i$, $m_i$ written back (lines 12-13) |
+#
+# With `causal=True` a tile is visited iff it has at least one allowed key: its first key $j_0 \le$ the last
+# allowed key of its last row, $i_1 - 1 + N_k - N_q$ (your Part 1 skipping rule). Skipped tiles move nothing.
+# Blocks are ragged at the end as in Part 1. Graded exactly (integers), in both orders.
+
+# %%
+HBM_TENSORS = ("Q", "K", "V", "O", "stats")
+STATS_BYTES = 4  # l, m, L: fp32
+
+
+def forward_hbm_bytes(nq, nk, d, block_q=64, block_k=64, element_bytes=4, causal=False, order="fa2"):
+    """HBM bytes of the tiled forward for one head: ``(2, 5)`` int64, rows (read, written), columns
+    ``HBM_TENSORS``. ``order="fa2"``: FA2 Algorithm 1 (lines 4, 7, 12-13); ``"fa1"``: FA1 Algorithm 1
+    (lines 2, 6, 8, 12-13)."""
+    nq, nk, d = positive_int(nq, "nq"), positive_int(nk, "nk"), positive_int(d, "d")
+    block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")
+    element_bytes = positive_int(element_bytes, "element_bytes")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if order not in ("fa2", "fa1"):
+        raise ValueError(f"order must be 'fa2' or 'fa1', got {order!r}")
+    moved = np.zeros((2, len(HBM_TENSORS)), dtype=np.int64)
+    READ, WRITE = 0, 1
+    Q, K, V, O, STATS = range(len(HBM_TENSORS))
+    row = d * element_bytes  # bytes of one row of Q, K, V or O
+    ### BEGIN SOLUTION
+    offset = nk - nq
+    if order == "fa2":
+        for i0 in range(0, nq, block_q):
+            i1 = min(i0 + block_q, nq)
+            moved[READ, Q] += (i1 - i0) * row  # line 4
+            k_end = min(nk, i1 + offset) if causal else nk  # the same skipping rule as the forward
+            for j0 in range(0, max(k_end, 0), block_k):
+                j1 = min(j0 + block_k, nk)
+                moved[READ, K] += (j1 - j0) * row  # line 7: K_j and V_j again for every query block
+                moved[READ, V] += (j1 - j0) * row
+            moved[WRITE, O] += (i1 - i0) * row  # line 12
+            moved[WRITE, STATS] += (i1 - i0) * STATS_BYTES  # line 13: L_i
+    else:
+        moved[WRITE, O] += nq * row  # line 2: O = 0, l = 0, m = -inf in HBM
+        moved[WRITE, STATS] += 2 * nq * STATS_BYTES
+        for j0 in range(0, nk, block_k):
+            j1 = min(j0 + block_k, nk)
+            moved[READ, K] += (j1 - j0) * row  # line 6: K_j, V_j once
+            moved[READ, V] += (j1 - j0) * row
+            for i0 in range(0, nq, block_q):
+                i1 = min(i0 + block_q, nq)
+                if causal and j0 > i1 - 1 + offset:
+                    continue
+                moved[READ, Q] += (i1 - i0) * row  # line 8: Q_i, O_i, l_i, m_i
+                moved[READ, O] += (i1 - i0) * row
+                moved[READ, STATS] += 2 * (i1 - i0) * STATS_BYTES
+                moved[WRITE, O] += (i1 - i0) * row  # lines 12-13: O_i, l_i, m_i back to HBM
+                moved[WRITE, STATS] += 2 * (i1 - i0) * STATS_BYTES
+    ### END SOLUTION
+    return moved
+
+
+# %% tags=["check"]
+from autograder.check import check
+
+check("a2.forward_hbm_bytes", forward_hbm_bytes)
+
+# %% [markdown]
+# ### Recover the lecture's numbers (ungraded)
+#
+# The cell below compares your counts with the course's IO model, `reference.iosim` (lecture 2; it ships with
+# the course repository, not with the student release), in three steps:
+#
+# 1. **Same bytes.** One head, $N = 4096$, $d = 64$, fp16: your count and the model's, in both orders, each with
+#    its own block sizes (`iosim.flash_block_sizes`: FA1's $B_c = \lceil M / 4d \rceil$, $B_r = \min(B_c, d)$;
+#    FA2's $128 \times 128$).
+# 2. **40 vs 4.6 GB.** GPT-2 medium (batch 64, 16 heads, $N = 1024$, $d = 64$, fp16, A100's 192 KiB SRAM): your
+#    FA1-order forward for one head times $64 \cdot 16$ heads, plus the model's backward, against the model's
+#    standard attention (forward + backward). Your FA2-order forward is shown next to it.
+# 3. **The slope in $M$.** $N = 8192$, $d = 64$, fp16, $M$ from 8 to 128 KiB: your bytes vs $M$ on log-log axes.
+#    **Predict first**: what slope does $\Theta(N^2 d^2 / M)$ give? And for your own (FA2) loop order, which
+#    block must grow with $M$ for the law to hold: `block_q` or `block_k`?
+
+# %% tags=["skip"]
+try:
+    from reference import iosim  # noqa: E402 -- the course's IO model (lecture 2)
+except ImportError:
+    iosim = None
+    print("reference.iosim is not here (student release): run this cell in the course repository.")
+
+if iosim is not None:
+    import matplotlib.pyplot as plt
+
+    try:
+        n, d, e = 4096, 64, 2
+        for order in ("fa2", "fa1"):  # 1. same bytes as the model
+            bq, bk = iosim.flash_block_sizes(n, d, dtype="fp16", version=order)
+            mine = forward_hbm_bytes(n, n, d, bq, bk, e, order=order)
+            model = iosim.flash_attention_io(1, 1, n, d, dtype="fp16", version=order, block_q=bq, block_k=bk,
+                                             backward=False)
+            same = (mine[0].sum(), mine[1].sum()) == (model.bytes_read, model.bytes_written)
+            print(f"{order}: blocks {bq}x{bk}: yours read {mine[0].sum() / 1e6:.2f} MB, wrote "
+                  f"{mine[1].sum() / 1e6:.2f} MB; model {model.bytes_read / 1e6:.2f} / "
+                  f"{model.bytes_written / 1e6:.2f} MB ({'equal' if same else 'DIFFERENT'})")
+
+        cfg = iosim.SEEDS["config"]  # 2. the 40 vs 4.6 GB table
+        shape, heads = (cfg["batch"], cfg["heads"], cfg["seq_len"], cfg["head_dim"]), cfg["batch"] * cfg["heads"]
+        table = iosim.seeds_table(verbose=False)
+        bq, bk = iosim.flash_block_sizes(cfg["seq_len"], cfg["head_dim"], dtype="fp16")
+        fwd = heads * forward_hbm_bytes(cfg["seq_len"], cfg["seq_len"], cfg["head_dim"], bq, bk, e,
+                                        order="fa1").sum()
+        bwd = (iosim.flash_attention_io(*shape, dtype="fp16").hbm_bytes
+               - iosim.flash_attention_io(*shape, dtype="fp16", backward=False).hbm_bytes)
+        b2 = iosim.flash_block_sizes(cfg["seq_len"], cfg["head_dim"], dtype="fp16", version="fa2")
+        fwd2 = heads * forward_hbm_bytes(cfg["seq_len"], cfg["seq_len"], cfg["head_dim"], *b2, e).sum()
+        print(f"\nGPT-2 medium, forward + backward: standard attention {table['standard']['hbm_gb']:.1f} GB (model); "
+              f"FlashAttention {(fwd + bwd) / 1e9:.2f} GB = your FA1-order forward {fwd / 1e9:.2f} GB "
+              f"(blocks {bq}x{bk}) + the model's backward {bwd / 1e9:.2f} GB; the model alone "
+              f"{table['flash']['hbm_gb']:.2f} GB; the paper: 40.3 vs 4.4 GB")
+        print(f"your own loop order (FA2, {b2[0]}x{b2[1]} blocks) forward: {fwd2 / 1e9:.2f} GB "
+              f"(K, V re-read {-(-cfg['seq_len'] // b2[0])} times)")
+
+        sweep = iosim.scaling_sweep(verbose=False)["vs_sram"]  # 3. bytes vs SRAM size
+        n, d, ms = sweep["seq_len"], sweep["head_dim"], sweep["sram_bytes"]
+        fa1 = [forward_hbm_bytes(n, n, d, *iosim.flash_block_sizes(n, d, dtype="fp16", sram_bytes=m), e,
+                                 order="fa1").sum() for m in ms]
+        # your order: the query block (kept on chip for a whole inner loop) grows with M, as FA1's key block
+        fa2 = [forward_hbm_bytes(n, n, d, iosim.flash_block_sizes(n, d, dtype="fp16", sram_bytes=m)[1], 64, e).sum()
+               for m in ms]
+        slopes = [np.polyfit(np.log(ms), np.log(np.asarray(b, float)), 1)[0] for b in (fa1, fa2)]
+        print(f"\nlog-log slope of bytes vs M: FA1 order {slopes[0]:+.3f} (model {sweep['flash_slope']:+.3f}), "
+              f"your order with block_q growing with M {slopes[1]:+.3f}; Theta(N^2 d^2 / M) predicts -1")
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.loglog(ms, np.asarray(fa1) / 1e6, "o-", label=f"yours, FA1 order (slope {slopes[0]:+.2f})")
+        ax.loglog(ms, np.asarray(fa2) / 1e6, "s-", label=f"yours, FA2 order (slope {slopes[1]:+.2f})")
+        ax.loglog(ms, np.asarray(sweep["flash_bytes"]) / 1e6, "k+", ms=12, label="IO model (lecture 2)")
+        ax.set_xlabel("SRAM M (bytes)"); ax.set_ylabel("HBM MB, forward, one head"); ax.legend(fontsize=7)
+        plt.tight_layout()
+    except NotImplementedError as exc:
+        print("not implemented yet:", exc)
+
+# %% [markdown]
 # ## Going further (ungraded)
 #
 # * Count the FLOPs: the backward recomputes $S$ and $P$, so it does more arithmetic than a backward that

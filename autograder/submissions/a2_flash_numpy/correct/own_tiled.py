@@ -79,3 +79,37 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, bloc
         dk = dk.reshape(dk.shape[:-3] + (k.shape[-3], g) + dk.shape[-2:]).sum(axis=-3)
         dv = dv.reshape(dv.shape[:-3] + (k.shape[-3], g) + dv.shape[-2:]).sum(axis=-3)
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+def _visited(nq, nk, block_q, block_k, causal):
+    """(query-block rows, key-block cols, visited) over the grid of tiles; visited: the tile has an allowed key."""
+    qs, ks = np.arange(0, nq, block_q), np.arange(0, nk, block_k)
+    rows = np.minimum(qs + block_q, nq) - qs
+    cols = np.minimum(ks + block_k, nk) - ks
+    seen = np.ones((len(qs), len(ks)), bool)
+    if causal:
+        seen = ks[None, :] <= (qs + rows - 1)[:, None] + (nk - nq)
+    return rows, cols, seen
+
+
+def forward_hbm_bytes(nq, nk, d, block_q=64, block_k=64, element_bytes=4, causal=False, order="fa2"):
+    for name, x in (("nq", nq), ("nk", nk), ("d", d), ("block_q", block_q), ("block_k", block_k),
+                    ("element_bytes", element_bytes)):
+        if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+            raise TypeError(f"{name} must be a positive int, got {x!r}")
+        if x < 1:
+            raise ValueError(f"{name} must be a positive int, got {x}")
+    if order not in ("fa1", "fa2"):
+        raise ValueError(f"order must be 'fa1' or 'fa2', got {order!r}")
+    rows, cols, seen = _visited(nq, nk, block_q, block_k, bool(causal))
+    el = d * element_bytes
+    read, written = np.zeros(5, np.int64), np.zeros(5, np.int64)
+    if order == "fa2":
+        kv = int((seen * cols[None, :]).sum()) * el             # K_j, V_j per visited tile
+        read[:3] = nq * el, kv, kv
+        written[3:] = nq * el, 4 * nq                         # O and lse (fp32) once
+    else:
+        streamed = int((seen * rows[:, None]).sum())          # Q_i, O_i, l_i, m_i rows per visited tile
+        read[:] = streamed * el, nk * el, nk * el, streamed * el, 8 * streamed
+        written[3:] = (nq + streamed) * el, 8 * (nq + streamed)  # initial O, l, m, then one write per tile
+    return np.stack([read, written])
