@@ -48,8 +48,8 @@ ASSIGNMENTS = ("a5_paged", "a4_decoding", "a3_triton")
 # --smoke: tiny speed cases so the whole pipeline runs in the Triton interpreter on a CPU
 SMOKE_CASES = {
     "a3.softmax": [dict(shape=(8, 100), dtype="float32")],
-    "a3.flash_attention_forward": [dict(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, d=16, dtype="float32")],
-    "a3.flash_attention": [dict(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, d=16, dtype="float32", causal=True)],
+    "a3.flash_attention_forward_basic": [dict(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, d=16, dtype="float32")],
+    "a3.flash_attention_forward": [dict(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, d=16, dtype="float32", causal=True)],
     "a4.flash_decode": [dict(B=1, Hq=4, Hkv=2, N=100, d=16, dtype="float32", torch=True)],
     "a5.paged_decode": [dict(Hq=4, Hkv=2, d=16, dtype="float32", block_size=16, lens=[50, 9], torch=True)],
 }
@@ -162,6 +162,7 @@ def summarise(runs):
 # diagnostics: single synchronised calls and GPU time, in this process
 # ---------------------------------------------------------------------------------------------------------------
 GIVEN_CHECKS = {"a4.flash_decode": "check_decode_tensors", "a5.paged_decode": "check_paged_tensors",
+                "a3.flash_attention_forward_basic": "check_attention_inputs",
                 "a3.flash_attention_forward": "check_attention_inputs"}
 
 

@@ -32,6 +32,7 @@ SIGNATURES = {
     "flash_attention_forward": {
         "a2_flash_numpy": "(q, k, v, causal=False, scale=None, block_q=64, block_k=64)",
         "a3_triton": "(q, k, v, causal=False, scale=None)"},
+    "flash_attention_forward_basic": "(q, k, v, scale=None)",
     "flash_attention_backward": "(q, k, v, o, lse, do, causal=False, scale=None, block_q=64, block_k=64)",
     "softmax": "(x)",
     "flash_attention": "(q, k, v, causal=False, scale=None)",

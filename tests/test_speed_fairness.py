@@ -32,6 +32,7 @@ SMALL = {  # a speed test's case, shrunk for the interpreter (same arguments, sa
     "a5.paged_decode": [dict(Hq=4, Hkv=2, d=16, dtype="float16", block_size=16, lens=[50], torch=True),
                         dict(Hq=4, Hkv=2, d=16, dtype="float16", block_size=16, lens=[30, 9, 16], torch=True)],
     "a3.softmax": [dict(shape=(8, 100), dtype="float16")],
+    "a3.flash_attention_forward_basic": [dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16")],
     "a3.flash_attention_forward": [dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16", causal=True)],
 }
 READS = ("__int__", "__float__", "__bool__", "__index__", "item", "tolist")

@@ -39,5 +39,5 @@ def flash_attention_forward(q, k, v, causal=False, scale=None):
     raise NotImplementedError
 
 
-def flash_attention(q, k, v, causal=False, scale=None):
+def flash_attention_forward_basic(q, k, v, scale=None):
     raise NotImplementedError
