@@ -45,5 +45,10 @@ def judge(out: np.ndarray, ref: np.ndarray, tol: float):
     if msg:
         return False, err, msg
     if not err <= tol:
-        return False, err, f"relative error {err:.2e} > tolerance {tol:.0e}"
+        msg = f"relative error {err:.2e} > tolerance {tol:.0e}"
+        if tol == 0:  # exact outputs (counts, block tables): say where, not only how much
+            wrong = np.argwhere(np.asarray(out, dtype=np.float64) != np.asarray(ref, dtype=np.float64))
+            first = tuple(int(i) for i in wrong[0]) if len(wrong) else ()
+            msg += f"; {len(wrong)} of {np.size(ref)} entries differ, the first at index {first}"
+        return False, err, msg
     return True, err, ""

@@ -73,6 +73,10 @@ def test_compare_rules():
     assert not judge(np.ones((2, 3)), np.ones((3, 2)), 1.0)[0]              # shapes exactly
     err, _ = rel_error(np.array([1.0, 2.0]), np.array([1.0, 2.0 + 1e-3]))
     assert err == pytest.approx(1e-3 / np.sqrt(5 + 4e-3), rel=1e-6)
+    # exact outputs (tolerance 0: byte counts, block tables) also say how many entries differ and where
+    ok, _, msg = judge(np.array([[8, 8], [0, 4]]), np.array([[8.0, 8.0], [0.0, 2.0]]), 0.0)
+    assert not ok and msg.endswith("1 of 4 entries differ, the first at index (1, 1)")
+    assert "entries differ" not in judge(np.array([1.0, 2.0]), np.array([1.0, 2.1]), 1e-3)[2]
 
 
 def test_protocol_roundtrip_and_no_pickles():

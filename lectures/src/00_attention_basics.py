@@ -195,6 +195,15 @@ Pm = np.exp(Sm - Sm.max(1, keepdims=True)); Pm /= Pm.sum(1, keepdims=True)
 print("softmax(S - M) V == attention(causal=True):", np.allclose(Pm @ v, attention(q, k, v, causal=True)))
 
 # %% [markdown]
+# **Predict, then run.** Chunked prefill: $N_q = 256$ new queries attend a cache of $N_k = 1024$ keys (the
+# 768 old ones plus themselves), bottom-right aligned. What fraction of the $N_q \times N_k$ scores may be
+# attended? (A square causal mask keeps about half.)
+
+# %%
+guess = None  # your answer, a fraction between 0 and 1
+check_guess(guess, float(causal_mask(256, 1024).mean()), what="allowed fraction, Nq=256, Nk=1024")
+
+# %% [markdown]
 # ## 6. The problem: the $N \times N$ intermediate
 #
 # $Q, K, V, O$ are $N \times d$, but $S$ and $P$ are $N \times N$. With typical $d = 64..128$ and $N$ from 1k to

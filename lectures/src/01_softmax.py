@@ -137,6 +137,15 @@ ax[1].plot(range(1, len(ls) + 1), ls, "o-"); ax[1].set_xlabel("blocks seen"); ax
 plt.tight_layout()
 
 # %% [markdown]
+# **Predict, then run.** The running state is $(m, \ell) = (3, 2)$ and the next block has
+# $(m_b, \ell_b) = (5, 1)$. What is the new running sum $\ell$?
+
+# %%
+guess = None  # your answer, a number
+m_new, l_new = merge_softmax_stats(np.float64(3.0), np.float64(2.0), np.float64(5.0), np.float64(1.0))
+check_guess(guess, float(l_new), rel=0.02, what=f"new l (the new m is {float(m_new):g})")
+
+# %% [markdown]
 # Large logits, fully masked rows and tiny blocks all work: a block that is all $-\infty$ (a masked piece of a
 # row) has $m = -\infty, \ell = 0$ and contributes nothing — the reference makes sure this gives 0, not NaN.
 

@@ -187,10 +187,14 @@ check_guess(guess, io["fa2"].hbm_bytes / io["fa1"].hbm_bytes, what="FA2 / FA1 fo
 # In this model FA2's order streams more bytes ($T_r = N/128$ passes over $K, V$ against FA1's $T_c = N/384$
 # over $Q, O$) and FA2 still runs faster on a GPU, for the reasons above. Either way, since $d^2$ is much smaller than $M$
 # (e.g. $64^2 = 4096$ vs ~100k elements), both are many times fewer accesses than $N^2$. The model shows the
-# slopes on log-log axes:
+# slopes on log-log axes. **Predict, then run:** the slope of FlashAttention's HBM bytes against $M$ on
+# log-log axes (FA1's blocks, $N = 8192$, $d = 64$, $M$ from 8 to 128 KiB)? Assignment 2 asks you to recover it
+# from your own forward's byte count.
 
 # %%
 sweep = iosim.scaling_sweep(verbose=False)
+guess = None  # your answer, a number
+check_guess(guess, sweep["vs_sram"]["flash_slope"], rel=0.05, what="log-log slope of FA bytes vs M")
 fig, axes = plt.subplots(1, 3, figsize=(9, 2.9))
 for ax, (key, xname, xl) in zip(axes, (("vs_sram", "sram_bytes", "SRAM M (bytes)"),
                                        ("vs_head_dim", "head_dim", "head dim d"),

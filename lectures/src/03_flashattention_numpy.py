@@ -162,7 +162,10 @@ for path, res in load_results("h200.json"):
 #
 # Standard attention holds $S$ (and $P$): $\Theta(N^2)$ memory. FlashAttention holds $Q, K, V, O$, the
 # statistics $L$ ($N$ numbers) and one tile: $\Theta(Nd)$. Measured right here with `tracemalloc` (peak
-# allocation of one forward call, float32, $d = 64$, one head):
+# allocation of one forward call, float32, $d = 64$, one head).
+#
+# **Predict, then run.** From $N = 1024$ to $N = 2048$, by what factor does the peak memory of the *standard*
+# implementation grow?
 
 # %%
 ns = [256, 512, 1024, 2048]
@@ -172,6 +175,9 @@ for n in ns:
     naive_mb.append(peak_mb(lambda: attention(q, k, v, return_lse=True)))
     tiled_mb.append(peak_mb(lambda: flash_attention_forward(q, k, v)))
     print(f"N={n:5d}: naive {naive_mb[-1]:7.2f} MB   tiled {tiled_mb[-1]:6.2f} MB   ratio {naive_mb[-1] / tiled_mb[-1]:5.1f}x")
+guess = None  # your answer, a number
+check_guess(guess, naive_mb[-1] / naive_mb[-2], what="standard peak memory, N=2048 / N=1024")
+print(f"(the tiled forward's peak grew {tiled_mb[-1] / tiled_mb[-2]:.2f}x)")
 fig, ax = plt.subplots(figsize=(5.5, 3))
 ax.loglog(ns, naive_mb, "s-", label="standard (materialises S, P)")
 ax.loglog(ns, tiled_mb, "o-", label="FlashAttention-2 tiled (64x64)")

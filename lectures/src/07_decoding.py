@@ -193,6 +193,16 @@ empty = (np.zeros((1, 16)), np.full(1, -np.inf))           # an empty key set is
 print("merging with an empty set changes nothing:", np.allclose(merge_states(*states[0], *empty)[0], states[0][0]))
 
 # %% [markdown]
+# **Predict, then run.** Two splits of a sequence both finish with log-sum-exp $s(I_1) = s(I_2) = 1$. What is
+# $s(I_1 \cup I_2)$, and with what weight does each split's output enter the merged one?
+
+# %%
+guess = None  # your answer for s(I1 u I2), a number
+o12, s12 = merge_states(np.eye(2)[:1], np.ones(1), np.eye(2)[1:], np.ones(1))
+check_guess(guess, float(s12[0]), rel=0.01, what="merged log-sum-exp")
+print("weights of the two outputs:", o12[0].tolist())
+
+# %% [markdown]
 # ## 5. On a GPU: the course's Triton decode kernel
 #
 # `reference.triton.flash_decode` is the split-KV kernel (stage 1: one program per (sequence, kv head, split)

@@ -145,6 +145,28 @@ alloc.free(b); print("allocator: refcount after one free:", alloc.refcount(b), "
 alloc.free(b); print("after the second free:", alloc.num_free, "free blocks")
 
 # %% [markdown]
+# **Predict, then run.** A sequence of 35 tokens in blocks of 16 is forked into 4 children, and every child
+# appends 20 tokens. How many **copies** of an existing block does that take in total? (Count blocks that get
+# a new physical home with old data in them, not fresh blocks for new tokens.)
+
+# %%
+guess = None  # your answer, a number of block copies
+demo = PagedKVCache(num_blocks=64, block_size=16, n_kv_heads=1, head_dim=4)
+demo.add_sequence("p")
+ex_rng = np.random.default_rng(8)                         # its own generator: later cells draw as before
+demo.append("p", ex_rng.standard_normal((35, 1, 4)), ex_rng.standard_normal((35, 1, 4)))
+parent_blocks = set(demo.block_table("p").tolist())
+copies = 0
+for c in range(4):
+    demo.fork("p", f"c{c}")
+    demo.append(f"c{c}", ex_rng.standard_normal((20, 1, 4)), ex_rng.standard_normal((20, 1, 4)))
+    k_child, _ = demo.gather(f"c{c}")
+    new = [b for b in demo.block_table(f"c{c}").tolist()[:3] if b not in parent_blocks]
+    copies += len(new)                                    # the child's own copy of a shared block
+    assert np.array_equal(k_child[:35], demo.gather("p")[0])
+check_guess(guess, copies, rel=0, what="block copies for 4 forks x 20 appended tokens")
+
+# %% [markdown]
 # ## 4. Attention with a virtualised KV cache
 #
 # `paged_attention` computes one decode step for a batch of sequences: (1) fetch the non-contiguous KV blocks
