@@ -39,8 +39,13 @@ rng = np.random.default_rng(5)
 #   to combine the pieces (which is exactly what Flash-Decoding does when it has no other choice — lecture 7).
 #
 # The Triton forward kernel's grid is `(cdiv(N, BLOCK_M), B * H)`: one program per (query block, batch × head).
+#
+# **Predict, then run.** Batch 1, 16 heads, $N = 2048$, `BLOCK_M = 128`: how many programs does the grid launch,
+# and is that enough for the A100's 108 SMs?
 
 # %%
+guess = None  # your answer, a number of programs
+check_guess(guess, math.ceil(2048 / 128) * 1 * 16, rel=0, what="programs, B=1, H=16, N=2048, BLOCK_M=128")
 for B, H, N, bm in ((1, 16, 2048, 128), (8, 16, 2048, 128), (1, 32, 512, 128), (2, 16, 16384, 128)):
     heads_only = B * H
     with_q = B * H * math.ceil(N / bm)

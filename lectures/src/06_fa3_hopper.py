@@ -33,9 +33,12 @@ plt = setup()
 #
 # One attention tile of $128 \times 128$ with head dimension 128 does two GEMMs ($S = QK^\top$ and $O \mathrel{+}= PV$)
 # on the tensor cores and one `exp2` per score on the multi-function unit (MUFU). The talk's arithmetic, per
-# SM and per clock:
+# SM and per clock. **Predict, then run:** on an H100 in FP8 (tensor cores twice as fast as in FP16, MUFU
+# unchanged), how long do the exponentials take, as a fraction of the GEMMs' cycles?
 
 # %%
+guess = None  # your answer, a number (exp cycles / GEMM cycles)
+check_guess(guess, hp.tile_cycles(128, 128, 128, "H100", "fp8")["exp_over_mma"], what="H100 fp8: exp / GEMM cycles")
 for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
     c = hp.tile_cycles(128, 128, 128, gpu, dt)
     print(f"{gpu} {dt:4s}: GEMMs {c['gemm_flops'] / 1e6:.1f} MFLOP / {hp.HARDWARE[gpu]['mma_flops_per_cycle'][dt]} "

@@ -258,9 +258,15 @@ print(f"Triton local step, 3 simulated ranks vs dense torch: max error {float((o
 # hidden once a rank holds a few hundred positions — far below the 16k–128k per GPU of the benchmark. What limits
 # the scaling in practice is everything else a step does: the merges, the per-step synchronisation, and kernels
 # that run on shorter sequences than the one-GPU baseline.
+#
+# **Predict, then run.** With these numbers, from how many positions per rank on is the send hidden
+# (`t_compute / t_comm = 1`)? And with MHA ($H_{kv} = H_q = 32$) instead of GQA-8?
 
 # %%
 F, B_LINK, HQ, HKV = 500e12, 400e9, 32, 8
+guess = None  # your answer for GQA-8, a number of positions
+check_guess(guess, 2 * HKV * F / (HQ * B_LINK), what="break-even positions per rank, GQA 32/8")
+print(f"MHA (Hkv = 32): {2 * HQ * F / (HQ * B_LINK):.0f} positions per rank")
 c = np.logspace(2, 5, 50)
 ratio = c * HQ * B_LINK / (2 * HKV * F)
 fig, ax = plt.subplots(figsize=(5.5, 3))
