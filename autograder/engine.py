@@ -8,8 +8,11 @@ next function.
 """
 from __future__ import annotations
 
+import functools
 import os
 import statistics
+import subprocess
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -60,6 +63,19 @@ class TestResult:
              "output": self.output, "time": round(self.time, 3)}
         d.update(self.extra)
         return d
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_capability():
+    """``(major, minor, name)`` of GPU 0, asked in a separate process (the grading parent keeps no CUDA
+    context); None when it cannot be read."""
+    code = "import torch; c = torch.cuda.get_device_capability(0); print(c[0], c[1], torch.cuda.get_device_name(0))"
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+        major, minor, name = out.strip().split(" ", 2)
+        return int(major), int(minor), name
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
 
 
 def detect_device(requested="auto") -> str:
@@ -240,6 +256,19 @@ class Grader:
                       f"patched {name}", "runtime")
 
     # -- tests --------------------------------------------------------------------------------------------
+    def not_run_here(self, test) -> str | None:
+        """Why ``test`` cannot run on this device (it is then "not run", excluded from max_score), or None."""
+        if test.gpu_only and self.device == "cpu":
+            return "not run: no GPU (excluded from max_score)"
+        if test.min_capability and self.device != "cpu":
+            cap = gpu_capability()
+            need = tuple(test.min_capability)
+            if cap is not None and cap[:2] < need:
+                return (f"not run: needs a GPU of compute capability >= {need[0]}.{need[1]} (sm_{need[0]}{need[1]}"
+                        f"{', Hopper: float8 tensor cores' if need == (9, 0) else ''}); this GPU ({cap[2]}) is "
+                        f"sm_{cap[0]}{cap[1]} (excluded from max_score)")
+        return None
+
     def cases_for(self, test):
         cases = [p for p in test.hidden_cases(self.rng) if not (p.get("gpu") and self.device == "cpu")]
         if test.kind in ("correctness",) and cases:
@@ -248,8 +277,9 @@ class Grader:
 
     def run_test(self, test, task) -> TestResult:
         res = TestResult(test.name, test.task, float(test.points))
-        if test.gpu_only and self.device == "cpu":
-            res.status, res.output = "not run", "not run: no GPU (excluded from max_score)"
+        why = self.not_run_here(test)
+        if why:
+            res.status, res.output = "not run", why
             return res
         # a task already flagged still runs (its traps and limits are exercised, the student sees what
         # happened); it is zeroed at the end
@@ -447,8 +477,9 @@ class Grader:
                 self.rng = np.random.default_rng([self.seed, zlib.crc32(test.name.encode())])
                 if error:
                     r = TestResult(test.name, test.task, float(test.points), output=f"submission unreadable: {error}")
-                    if test.gpu_only and self.device == "cpu":
-                        r.status, r.output = "not run", "not run: no GPU (excluded from max_score)"
+                    why = self.not_run_here(test)
+                    if why:
+                        r.status, r.output = "not run", why
                 elif time.monotonic() - t0 > self.spec.total_timeout:
                     r = TestResult(test.name, test.task, float(test.points),
                                    output=f"skipped: total time limit of {self.spec.total_timeout:.0f} s reached")

@@ -82,6 +82,9 @@ class Test:
     hidden: Callable[[np.random.Generator], list] | None = None
     kind: str = "correctness"       # correctness | memory | speed | behaviour
     gpu_only: bool = False
+    # on a GPU: the least compute capability the test needs, e.g. (9, 0) for FP8 tensor cores; an older GPU
+    # reports the test "not run" (excluded from max_score). CPU grading (the interpreter) is not affected.
+    min_capability: tuple | None = None
     memory_limit: Callable[[dict], int] | None = None
     # speed: ratio student/reference -> full points at <= full, linear to 0 at zero
     speed_full: float = 1.25

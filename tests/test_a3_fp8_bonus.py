@@ -1,0 +1,127 @@
+"""a3's optional FP8 part: where its error bounds come from, the given e4m3 helpers, the solution, the Hopper skip.
+
+The bounds of ``autograder/specs/_fp8.py`` are checked against an *ideal* FP8 pipeline written here in NumPy:
+Q, K, V rounded to e4m3 per block of rows (one scale ``amax / 448`` each), ``P`` rounded to e4m3, everything
+else exact in float64. A correct kernel differs from it only in block sizes and the order of sums, so the
+bound must sit well above its error on the spec's own case generators, and well below the error of the
+mistakes the zoo's mutants make (no V dequantisation scale, no scale at all).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import reference.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+import torch
+
+from autograder import engine
+from autograder.compare import rel_error
+from autograder.specs import _fp8, load
+
+pytestmark = pytest.mark.a3_fp8
+
+E4M3_MAX = 448.0
+
+
+def e4m3(x):
+    """Round to the nearest float8 e4m3 value (ties to even): 3 mantissa bits, subnormal step 2^-9."""
+    e = np.floor(np.log2(np.maximum(np.abs(x), 2.0 ** -6)))
+    step = 2.0 ** (e - 3)
+    return np.clip(np.rint(x / step) * step, -E4M3_MAX, E4M3_MAX)
+
+
+def quantize(x, block, scaled=True, dequantize=True):
+    """Dequantised values of ``x (B, H, N, d)`` after per-block e4m3 rounding (``scaled=False``: plain cast;
+    ``dequantize=False``: the e4m3 values without their scale)."""
+    B, H, N, d = x.shape
+    nb = -(-N // block)
+    xp = np.zeros((B, H, nb * block, d))
+    xp[:, :, :N] = x
+    xb = xp.reshape(B, H, nb, block, d)
+    amax = np.abs(xb).max(axis=(-1, -2), keepdims=True)
+    s = np.where(amax > 0, amax / E4M3_MAX, 1.0) if scaled else np.ones_like(amax)
+    return (e4m3(xb / s) * (s if dequantize else 1.0)).reshape(B, H, nb * block, d)[:, :, :N]
+
+
+def ideal_fp8(q, k, v, causal, bm=32, bn=32, scaled=True, v_scale=True):
+    """o of the ideal FP8 pipeline (module docstring); ``v_scale=False`` drops V's dequantisation scale."""
+    qd, kd = quantize(q, bm, scaled), quantize(k, bn, scaled)
+    vd = quantize(v, bn, scaled, dequantize=v_scale)
+    g = q.shape[1] // k.shape[1]
+    kd, vd = np.repeat(kd, g, 1), np.repeat(vd, g, 1)
+    s = qd @ kd.swapaxes(-1, -2) / np.sqrt(q.shape[-1])
+    nq, nk = s.shape[-2:]
+    if causal:
+        s = np.where(np.arange(nk)[None] <= np.arange(nq)[:, None] + nk - nq, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m)
+    l = p.sum(-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        return (e4m3(p * 256) / 256) @ vd / np.where(l > 0, l, 1.0)
+
+
+def _cases(test, n, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        for p in test.hidden(rng):
+            call = _fp8.build_fp8(p, rng)
+            yield p, call, _fp8.oracle_fp8(call)
+
+
+def _err(o, expected):
+    err, msg = rel_error(o, expected)
+    return float("inf") if msg else err
+
+
+@pytest.mark.parametrize("which, margin", [(0, 1.5), (1, 1.2)])
+def test_bounds_sit_above_an_ideal_fp8_pipeline(which, margin):
+    """Every block size a student may choose stays under the bound with room to spare."""
+    test = _fp8.fp8_tests("a3")[which]
+    worst = 0.0
+    for p, call, (o, _) in _cases(test, 25, which):
+        q, k, v = (a.value.astype(np.float64) for a in call.args)
+        for bm, bn in ((16, 32), (64, 128)):
+            worst = max(worst, _err(ideal_fp8(q, k, v, p.get("causal", False), bm, bn), o))
+    tol = call.outs[0].tol
+    assert worst * margin < tol, (worst, tol)
+    assert worst > tol / 20  # the bound is not vacuous: FP8's own error is a sizeable part of it
+
+
+def test_bounds_catch_the_zoo_mistakes():
+    """A missing V scale fails both accuracy tests; a plain cast (no scale) fails the outlier test."""
+    normal, outliers = _fp8.fp8_tests("a3")[:2]
+    # without V's scale o is off by amax / 448 of V's blocks: ~150x on normal inputs, ~1/100 on the heads at 1e4
+    for test, factor in ((normal, 100), (outliers, 1.5)):
+        for p, call, (o, _) in _cases(test, 3, 7):
+            q, k, v = (a.value.astype(np.float64) for a in call.args)
+            assert _err(ideal_fp8(q, k, v, p.get("causal", False), v_scale=False), o) > factor * call.outs[0].tol
+    for p, call, (o, _) in _cases(outliers, 3, 8):
+        q, k, v = (a.value.astype(np.float64) for a in call.args)
+        assert _err(ideal_fp8(q, k, v, p.get("causal", False), scaled=False), o) > 1.5 * call.outs[0].tol
+
+
+def test_e4m3_rounding_matches_torch():
+    x = np.random.default_rng(0).standard_normal(20000) * 10.0 ** np.random.default_rng(1).uniform(-4, 2.6, 20000)
+    x = np.concatenate([x, [0.4963, 100.0, 0.0156, 447.9, -3.3e-3, 0.0]])
+    got = torch.from_numpy(x).float().to(torch.float8_e4m3fn).double().numpy()
+    assert np.array_equal(e4m3(x.astype(np.float32).astype(np.float64)), got)
+
+
+@pytest.mark.parametrize("cap, runs", [((8, 0, "NVIDIA A100"), False), ((8, 9, "NVIDIA L4"), False),
+                                       ((9, 0, "NVIDIA H100"), True), ((10, 0, "NVIDIA B200"), True)])
+def test_grader_skips_fp8_tests_before_hopper(monkeypatch, cap, runs):
+    monkeypatch.setattr(engine, "gpu_capability", lambda: cap)
+    fp8 = _fp8.fp8_tests("a3")
+    assert len(fp8) == 3 and all(t.min_capability == (9, 0) for t in fp8)
+    g = engine.Grader("a3_triton", device="cuda")
+    for t in fp8:
+        why = g.not_run_here(t)
+        if runs:
+            assert why is None
+        else:
+            assert f"sm_{cap[0]}{cap[1]}" in why and "compute capability >= 9.0" in why and cap[2] in why
+    others = [t for t in load("a3_triton").tests if "(FP8)" not in t.name]
+    assert all(g.not_run_here(t) is None for t in others)  # nothing else depends on the GPU's generation
+    cpu = engine.Grader("a3_triton", device="cpu")
+    assert [cpu.not_run_here(t) for t in fp8] == [None, None, "not run: no GPU (excluded from max_score)"]
