@@ -42,10 +42,11 @@ from reference.triton.flash_fwd import forward_flops  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 DT = torch.bfloat16
-# Pinned bf16 configs: the autotuner's picks on an H200 (benchmarks/results/h200.json), per (d, causal).
+# Pinned bf16 configs: the autotuner's picks on an H200 (benchmarks/results/h200.json), per (d, causal); d=128
+# non-causal backward from the H100 sweep (benchmarks/tune_bwd_hopper.py, notes/hopper.md section 1).
 FWD_PIN = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 BWD_PIN = {(64, False): ((32, 64, 4, 3), (64, 64, 4, 3)), (64, True): ((64, 64, 4, 3), (64, 64, 4, 3)),
-           (128, False): ((64, 128, 8, 2), (128, 32, 4, 3)), (128, True): ((32, 64, 4, 3), (128, 32, 4, 3))}
+           (128, False): ((64, 64, 4, 2), (128, 64, 8, 3)), (128, True): ((32, 64, 4, 3), (128, 32, 4, 3))}
 VARIANTS = [(64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 2),
             (128, 64, 4, 3)]
 FP8_CONFIGS = [(128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3)]
@@ -487,6 +488,17 @@ def plot(res, path):
     fig.savefig(path, dpi=80)
 
 
+def timestamped_log(t0):
+    """``(log, lines)``: ``log(s)`` prints ``s`` stamped with the seconds since ``t0`` and keeps it in ``lines``."""
+    lines = []
+
+    def log(s):
+        s = f"[{time.time() - t0:6.1f}s] {s}"
+        print(s, flush=True)
+        lines.append(s)
+    return log, lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
@@ -502,12 +514,7 @@ def main(argv=None):
         return profile_once()
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    lines = []
-
-    def log(s):
-        s = f"[{time.time() - t0:6.1f}s] {s}"
-        print(s, flush=True)
-        lines.append(s)
+    log, lines = timestamped_log(t0)
 
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "capability": list(torch.cuda.get_device_capability()),

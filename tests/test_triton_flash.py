@@ -166,3 +166,47 @@ def test_backward_function_api(rng):
         flash_bwd.flash_attention_backward(q, k, v, o, lse, do[:, :, :3], causal=True)
 
 
+
+
+# (B, Hq, Hkv, Nq, Nk, d, causal, dtype): the fused-dQ paths on GQA, ragged, Nq != Nk (fully masked rows), N = 1
+FUSED_CASES = [
+    (2, 4, 2, 45, 70, 32, True, torch.float16),
+    (1, 2, 1, 77, 29, 16, True, torch.float32),
+    (1, 2, 2, 70, 50, 64, False, torch.bfloat16),
+    (1, 2, 2, 1, 40, 16, True, torch.float32),
+]
+
+
+@pytest.mark.triton_flash_backward
+@pytest.mark.parametrize("stagger", [False, True])
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", FUSED_CASES)
+def test_backward_fused_dq_atomics(rng, monkeypatch, B, Hq, Hkv, Nq, Nk, d, causal, dtype, stagger):
+    """``DQ_MODE = "atomic"``: dQ summed by fp32 atomic adds inside the dK/dV kernel (with and without the
+    staggered query order) gives the oracle's gradients; ``"tma_atomic"`` falls back to it off Hopper."""
+    monkeypatch.setattr(flash_bwd, "DQ_MODE", "tma_atomic" if stagger else "atomic")
+    monkeypatch.setattr(flash_bwd, "STAGGER", stagger)
+    if flash_bwd.PIN_CONFIG is not None:  # a small fused tile, so the causal and ragged paths all run
+        monkeypatch.setattr(flash_bwd, "PIN_CONFIG", {**flash_bwd.PIN_CONFIG, "fused": {
+            "BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}})
+    q, k, v = make(rng, B, Hq, Hkv, Nq, Nk, d, dtype)
+    do = make(rng, B, Hq, Hq, Nq, 1, d, dtype)[0]
+    o, lse = flash_attention_forward(q, k, v, causal=causal)
+    dq, dk, dv = flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+    rq, rk, rv = attention_grads(q, k, v, do, causal=causal)
+    for name, g, r in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert g.dtype == dtype and not torch.isnan(g).any(), name
+        assert rel_err(g, r) < G_TOL[dtype], (name, rel_err(g, r))
+
+
+@pytest.mark.triton_flash_backward
+def test_backward_switch_errors(rng, monkeypatch):
+    q, k, v = make(rng, 1, 1, 1, 8, 8, 16, torch.float32)
+    o, lse = flash_attention_forward(q, k, v)
+    monkeypatch.setattr(flash_bwd, "DQ_MODE", "fast")
+    with pytest.raises(ValueError, match="DQ_MODE must be one of"):
+        flash_bwd.flash_attention_backward(q, k, v, o, lse, o)
+    monkeypatch.setattr(flash_bwd, "DQ_MODE", "pass")
+    if INTERPRET:  # tensor descriptors need a Hopper GPU: asking for them elsewhere is an error, not a fallback
+        monkeypatch.setattr(flash_bwd, "USE_TMA", True)
+        with pytest.raises(ValueError, match="USE_TMA=True needs a Hopper GPU"):
+            flash_bwd.flash_attention_backward(q, k, v, o, lse, o)
