@@ -19,7 +19,8 @@ ASSIGNMENTS = {
 GRADED = {
     "a1_attention": ("safe_softmax", "online_softmax", "merge_states", "attention"),
     "a2_flash_numpy": ("flash_attention_forward", "flash_attention_backward", "forward_hbm_bytes"),
-    "a3_triton": ("softmax", "flash_attention_forward_basic", "flash_attention_forward"),
+    "a3_triton": ("softmax", "flash_attention_forward_basic", "flash_attention_forward",
+                  "flash_attention_forward_fp8"),
     "a4_decoding": ("flash_decoding", "flash_decode", "lpt_schedule"),
     "a5_paged": ("BlockAllocator", "cow_fork", "cow_append", "paged_attention", "paged_decode"),
     "a6_ring": ("ring_step",),

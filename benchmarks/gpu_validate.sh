@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One GPU call that validates what CI cannot: every Triton test on CUDA, the assignments' Triton solutions
 # compiled and graded by the autograder on the GPU (speed points included), and a stub notebook graded to 0.
-# Usage on the device machine: OUT=/some/dir bash benchmarks/gpu_validate.sh [tests|grade|all]
-# (two halves so that each fits one 10-minute device call: `tests` = every Triton test compiled, `grade` = the
-# autograder on CUDA; default `all`)
+# Usage on the device machine: OUT=/some/dir bash benchmarks/gpu_validate.sh [tests|grade|fp8|all]
+# (parts that each fit one 10-minute device call: `tests` = every Triton test compiled, `grade` = the
+# autograder on CUDA, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
+# the speed ratio against the bf16 reference forward, the two FP8 mutants; default `all`)
 set -u
 STAGE=${1:-all}
 export PYTHONUNBUFFERED=1
@@ -17,6 +18,24 @@ if [ "$STAGE" != grade ]; then
     echo "[gpu_validate] pytest done at ${SECONDS}s"
 fi
 [ "$STAGE" = tests ] && { echo "[gpu_validate] total ${SECONDS}s"; exit 0; }
+if [ "$STAGE" = fp8 ] || [ "$STAGE" = all ]; then
+    # a3's FP8 bonus: compiled tests, then the solution (accuracy + speed, or "not run: needs sm_90" before
+    # Hopper) and the two mutants, which must lose the FP8 accuracy tests (no V scale: all three FP8 tests)
+    timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_a3_fp8_bonus.py 2>&1 | tail -4 \
+        | tee "$OUT/fp8_pytest.log"
+    for sub in solution w_fp8_no_v_scale w_fp8_unscaled_cast; do
+        if [ $sub = solution ]; then path=assignments/a3_triton/a3_triton_solution.py; else
+            path=$(python3 -c "from pathlib import Path; from autograder.selftest import materialise_mutant; \
+print(materialise_mutant(Path('autograder/submissions/a3_triton/wrong/$sub.mutant.json')))"); fi
+        timeout 200 python3 -m autograder grade a3_triton "$path" --device cuda --test "(FP8)" \
+            --json "$OUT/grade_a3_fp8_$sub.json" 2>&1 | tail -6
+        python3 -c "import json; r = json.load(open('$OUT/grade_a3_fp8_$sub.json')); \
+print('[gpu_validate] fp8 $sub:', [(t['name'].split(': ')[-1][:28], t['score'], t.get('ratio')) for t in r['tests']])" \
+            | tee -a "$OUT/fp8_grades.log"
+    done
+    echo "[gpu_validate] fp8 done at ${SECONDS}s"
+fi
+[ "$STAGE" = fp8 ] && { echo "[gpu_validate] total ${SECONDS}s"; exit 0; }
 for a in a3_triton a4_decoding a5_paged; do
     t0=$SECONDS
     timeout 240 python3 -m autograder grade "$a" "assignments/$a/${a}_solution.py" --device cuda \

@@ -11,12 +11,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import reference.triton  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 import torch
+
+from reference.triton import DEVICE  # first: sets TRITON_INTERPRET=1 without a GPU
 
 from autograder import engine
 from autograder.compare import rel_error
 from autograder.specs import _fp8, load
+from tests.test_assignments import _load_solution
 
 pytestmark = pytest.mark.a3_fp8
 
@@ -125,3 +127,80 @@ def test_grader_skips_fp8_tests_before_hopper(monkeypatch, cap, runs):
     assert all(g.not_run_here(t) is None for t in others)  # nothing else depends on the GPU's generation
     cpu = engine.Grader("a3_triton", device="cpu")
     assert [cpu.not_run_here(t) for t in fp8] == [None, None, "not run: no GPU (excluded from max_score)"]
+
+
+# ---------------------------------------------------------------- the solution source and the a3 spec
+@pytest.fixture(scope="module")
+def sol(tmp_path_factory):
+    return _load_solution("a3_triton", tmp_path_factory.mktemp("a3fp8"))
+
+
+def test_given_to_fp8_rounds_like_torch_under_the_interpreter(sol):
+    """The interpreter's own cast gets carries wrong (0.4963 -> 0.25); the quantisation through the given
+    ``to_fp8`` matches torch's cast (blocks whose amax is 448 have scale 1, so their values reach the cast as
+    they are)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, generator=gen) * 10.0 ** (torch.rand(4096, generator=gen) * 5.5 - 3)
+    x[:7] = torch.tensor([0.4963, 101.0, 0.0156, 447.9, -0.4963, 0.0, -3.3e-3])
+    x = x.clamp(-448, 448).view(1, 1, 128, 32)
+    x[:, :, ::32, 31] = 448.0  # one 448 in each block of 32 rows
+    y8, scales = sol.quantize_fp8(x.to(DEVICE), 32)
+    assert scales.flatten().tolist() == [1.0] * 4
+    got = y8.cpu().float()
+    assert got.flatten()[:3].tolist() == [0.5, 104.0, 0.015625]
+    assert torch.equal(got, x.to(torch.float8_e4m3fn).float())
+
+
+@pytest.mark.parametrize("n, block, transposed", [(37, 16, False), (70, 32, True), (1, 16, True)])
+def test_solution_block_quantisation(sol, n, block, transposed):
+    rng = np.random.default_rng(n)
+    x = torch.tensor(rng.standard_normal((2, 3, n, 32)) * 10.0 ** rng.uniform(-3, 3, (2, 3, n, 1)),
+                     dtype=torch.float32)
+    x8, s = (t.cpu() for t in sol.quantize_fp8(x.to(DEVICE), block, transposed=transposed))
+    nb = -(-n // block)
+    assert s.shape == (2, 3, nb) and x8.dtype == torch.float8_e4m3fn
+    data = x8.float().transpose(-1, -2) if transposed else x8.float()
+    assert data.shape == (2, 3, nb * block, 32)
+    assert torch.all(data[:, :, n:] == 0)  # padding rows are zeros
+    xp = torch.nn.functional.pad(x, (0, 0, 0, nb * block - n)).view(2, 3, nb, block, 32)
+    assert torch.allclose(s, xp.abs().amax(dim=(-1, -2)) / E4M3_MAX, rtol=1e-6)
+    back = (data.view(2, 3, nb, block, 32) * s[..., None, None]).view(2, 3, nb * block, 32)[:, :, :n].double()
+    want = torch.from_numpy(quantize(x.double().numpy(), block))
+    assert torch.allclose(back, want, rtol=1e-6, atol=0)
+
+
+def test_solution_hadamard_lowers_the_outlier_error(sol):
+    """The ungraded option works: with outlier channels the rotation lowers the error (notes/hopper.md: 3x)."""
+    rng = np.random.default_rng(3)
+    p = dict(B=1, Hq=4, Hkv=2, Nq=64, Nk=64, d=64, dtype="bfloat16", outliers=3)
+    q, k, v = (torch.tensor(x).to(DEVICE, torch.bfloat16) for x in _fp8.make_fp8_qkv(p, rng))
+    o_ref = _fp8.oracles.attention(*(x.cpu().float().numpy() for x in (q, k, v)))[0]
+
+    def err(hadamard, seed):
+        o = sol.flash_attention_forward_fp8(q, k, v, hadamard=hadamard, seed=seed)[0]
+        return _err(o.cpu().float().numpy(), o_ref)
+    errs = [np.mean([err(h, s) for s in range(3)]) for h in (False, True)]
+    assert errs[1] * 1.5 < errs[0], errs
+
+
+def test_solution_needs_hopper(sol, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError, match=r"compute capability >= 9\.0 \(Hopper.*A100 is sm_80"):
+        sol.check_fp8_device(torch.device("cuda"))
+    sol.check_fp8_device(torch.device("cpu"))  # the interpreter runs anywhere
+    q = torch.ones(1, 1, 8, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="head dimension"):
+        sol.flash_attention_forward_fp8(q, q, q)
+
+
+def test_random_hadamard_is_orthogonal(sol):
+    j = sol.random_hadamard(64, 5, "cpu").double()
+    assert torch.allclose(j @ j.T, torch.eye(64, dtype=torch.float64), atol=1e-6)
+    assert not torch.equal(j, sol.random_hadamard(64, 6, "cpu").double())
+
+
+def test_bonus_leaves_the_other_points_alone():
+    spec = load("a3_triton")
+    bonus = sum(t.points for t in spec.tests if "optional (FP8)" in t.name)
+    assert bonus == 10 and spec.max_points - bonus == 100

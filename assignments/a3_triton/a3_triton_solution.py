@@ -6,18 +6,20 @@
 # registers/shared memory with `tl.load`, computes with `tl.dot` on tensor cores, and writes only the result
 # back with `tl.store`. The algorithm is the one you already wrote.
 #
-# Three parts, each with its own functions, its own `check()` cell and its own lines in the grade (a bug in
-# one part costs only that part's points):
+# Three parts (and an optional fourth), each with its own functions, its own `check()` cell and its own lines
+# in the grade (a bug in one part costs only that part's points):
 # 1. `softmax(x)` -- a fused row softmax (one HBM read and one write per element);
 # 2. `flash_attention_forward_basic(q, k, v, scale=None) -> (o, lse)` -- the FA2 forward kernel without a mask
 #    and with one kv head per query head: the online softmax over key tiles, ragged `N` (no multiple of the
 #    block size);
 # 3. `flash_attention_forward(q, k, v, causal=False, scale=None) -> (o, lse)` -- the same kernel with a
-#    bottom-right causal mask (`Nq != Nk`, fully masked rows, early loop exit) and GQA.
+#    bottom-right causal mask (`Nq != Nk`, fully masked rows, early loop exit) and GQA;
+# 4. optional bonus: `flash_attention_forward_fp8(...)` -- the same forward on FP8 (e4m3) tiles, FlashAttention-3
+#    style, graded for accuracy and, on a Hopper GPU, for speed against the course's bf16 forward.
 #
 # The backward kernels are the next assignment (`a3b_triton_backward`), which gives you a forward to build on.
 # Expect about 8-12 hours: Part 1 2-3 h, Part 2 3-5 h (most of it is getting pointers and masks right once),
-# Part 3 2-4 h.
+# Part 3 2-4 h (the optional Part 4: 3-6 h more).
 #
 # **No GPU?** Everything runs on a laptop: with no CUDA device the first cell sets `TRITON_INTERPRET=1`, and
 # Triton then *interprets* your kernels on CPU tensors with NumPy -- slow, so the visible checks use small
@@ -285,6 +287,190 @@ def flash_attention_forward(q, k, v, causal=False, scale=None):
 from autograder.check import check
 
 check("a3.flash_attention_forward", flash_attention_forward)
+
+# %% [markdown]
+# ## Part 4 (optional bonus, needs Hopper for speed) -- an FP8 forward, FlashAttention-3 style
+#
+# Hopper's tensor cores multiply float8 matrices twice as fast as bfloat16 ones. FlashAttention-3 uses that
+# for the forward (Shah et al., 2024, section 3.3): Q, K, V are stored in **e4m3** (4 exponent bits, 3
+# mantissa bits, largest value 448), each block of rows with its own scale, and the two matmuls run in FP8
+# with float32 accumulation. Write `flash_attention_forward_fp8(q, k, v, causal=False, scale=None,
+# hadamard=False, seed=0) -> (o, lse)`: `o` in **bfloat16**, `lse` float32 as before, `d` in {32, 64, 128}.
+#
+# 1. `_quant_fp8_kernel`: one program per block of `BLOCK` rows of one (batch, head). Its scale is
+#    `amax / 448` (1 for an all-zero block), its rows become `to_fp8(x / scale)` (given: the cast, with a fix
+#    for the interpreter), rows past `N` are written as zeros so that the attention kernel can load whole
+#    blocks without masks. V is written **transposed**, `(B, Hkv, d, N_pad)`: Hopper's FP8 MMA reads its
+#    second operand with the reduction axis contiguous, and for `P @ V` that axis is the keys.
+# 2. `_flash_fwd_fp8_kernel`: your Part 3 loop, with three changes. The scores are
+#    `dot(q8, k8^T) * (sq_i * sk_j * scale)`. `P` is rounded with `to_fp8` and multiplied into V with the given
+#    `dot_acc(p8, v8, acc)`: e4m3's smallest normal number is `2^-6`, so take `P` times `256` before rounding
+#    (fold it into the `exp2` argument; it cancels in `acc / l`). V's per-block scale `sv_j` does not fit
+#    inside the MMA: keep `acc` in units of the current block's `sv_j`, and when the next block has another
+#    scale rescale `acc` by `sv_old / sv_new` -- in the same multiplication as the `alpha` rescale.
+#
+# Optional on top (ungraded): `hadamard=True` multiplies Q and K by `J = random_hadamard(d, seed)` (given)
+# before quantising; `(QJ)(KJ)^T = QK^T`, but an outlier channel is spread over all `d` channels first
+# (lecture 6, section 3). Measure what it changes on the outlier inputs below.
+#
+# **Grading (bonus points, on top of the 100).** Accuracy against float64 attention of the bf16 inputs: e4m3
+# rounds each entry by up to `2^-4` relative (3 mantissa bits), and `o` collects the roundings of Q, K, V and
+# `P`: an ideal FP8 pipeline measures 0.04-0.06 relative error on normal inputs, so the bound is 0.1. With
+# outlier channels (a few channels of Q and K x10) the logits are ~20x larger and so are their rounding errors:
+# 0.1-0.36 measured, bound 0.5; V there has heads of magnitude 1e-4 and 1e4 (per-block scales keep both).
+# On an H100/H200 the speed test times your function, quantisation included, against the course's **bf16**
+# forward: full points at <= 1/1.2 of its time, none at >= 1x. Without a Hopper GPU the speed test is not run;
+# on CPU the accuracy tests run in the interpreter.
+
+# %% given="fp8_helpers"
+
+# %%
+@triton.jit
+def _quant_fp8_kernel(x_ptr, y_ptr, scale_ptr, H, N, N_PAD, sxb, sxh, sxn,
+                      D: tl.constexpr, BLOCK: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """One block of BLOCK rows of one (batch, head): scale = amax / 448, y = e4m3(x / scale), zero-padded;
+    y is (B*H, N_PAD, D) contiguous, or (B*H, D, N_PAD) if TRANSPOSED; scale_ptr is (B*H, N_PAD // BLOCK)."""
+    blk = tl.program_id(0)
+    bh = tl.program_id(1)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, D)
+    x_base = x_ptr + (bh // H).to(tl.int64) * sxb + (bh % H) * sxh
+    y_base = y_ptr + bh.to(tl.int64) * N_PAD * D
+    ### BEGIN SOLUTION
+    x = tl.load(x_base + rows[:, None] * sxn + cols[None, :], mask=rows[:, None] < N, other=0.0).to(tl.float32)
+    amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    scale = tl.where(amax > 0.0, amax / FP8_MAX, 1.0)
+    y = to_fp8(x * (1.0 / scale))
+    if TRANSPOSED:
+        tl.store(y_base + cols[None, :] * N_PAD + rows[:, None], y)
+    else:
+        tl.store(y_base + rows[:, None] * D + cols[None, :], y)
+    tl.store(scale_ptr + bh.to(tl.int64) * (N_PAD // BLOCK) + blk, scale)
+    ### END SOLUTION
+
+
+def quantize_fp8(x, block, transposed=False):
+    """``x (B, H, N, d)`` -> ``(x8, scales)``: float8 e4m3 ``(B, H, N_pad, d)`` (or ``(B, H, d, N_pad)``),
+    ``N_pad = cdiv(N, block) * block``, and float32 ``(B, H, N_pad // block)`` with one scale per block."""
+    B, H, N, d = x.shape
+    n_pad = triton.cdiv(N, block) * block
+    shape = (B, H, d, n_pad) if transposed else (B, H, n_pad, d)
+    x8 = torch.empty(shape, device=x.device, dtype=torch.float8_e4m3fn)
+    scales = torch.empty((B, H, n_pad // block), device=x.device, dtype=torch.float32)
+    ### BEGIN SOLUTION
+    _quant_fp8_kernel[(n_pad // block, B * H)](x, x8, scales, H, N, n_pad, x.stride(0), x.stride(1), x.stride(2),
+                                               D=d, BLOCK=block, TRANSPOSED=transposed, num_warps=4)
+    ### END SOLUTION
+    return x8, scales
+
+
+@triton.jit
+def _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_ptr, sv_ptr, start_n, offs_m, offs_n, offs_d,
+                   q_scale, Nk, NK_PAD, diag, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                   D: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Algorithm 1, lines 7-10, for one FP8 key block (MASKED: the ragged tail or the causal diagonal)."""
+    ### BEGIN SOLUTION
+    jb = start_n // BLOCK_N
+    cols = start_n + offs_n
+    k8 = tl.load(k_base + cols[:, None] * D + offs_d[None, :])
+    s = dot(q8, tl.trans(k8)) * (q_scale * tl.load(sk_ptr + jb))  # dequantised scores, base 2
+    if MASKED:
+        keep = cols[None, :] < Nk
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= offs_m[:, None] + diag)
+        s = tl.where(keep, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    shift = m_new
+    if MASKED:  # a row may have seen only masked keys so far
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(s - (shift - 8.0)[:, None])  # 256 * P: its entries stay above e4m3's subnormals
+    alpha = tl.exp2(m_i - shift)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    sv = tl.load(sv_ptr + jb)
+    vt8 = tl.load(vt_base + offs_d[:, None] * NK_PAD + cols[None, :])
+    acc = dot_acc(to_fp8(p), tl.trans(vt8), acc * (alpha * (v_unit / sv))[:, None])  # acc now in units of sv
+    ### END SOLUTION
+    return acc, l_i, m_new, sv
+
+
+@triton.jit
+def _flash_fwd_fp8_kernel(q_ptr, k_ptr, vt_ptr, sq_ptr, sk_ptr, sv_ptr, o_ptr, lse_ptr,
+                          Hq, group, Nq, Nk, NQ_PAD, NK_PAD, qk_scale,
+                          CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """FA2 Algorithm 1 on FP8 inputs for one (query block, batch*head); quantised buffers padded to whole blocks."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    bhk = (bh // Hq) * (Hq // group) + (bh % Hq) // group  # b * Hkv + kv head
+    start_m = pid_m * BLOCK_M
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, D)
+    k_base = k_ptr + bhk.to(tl.int64) * NK_PAD * D
+    vt_base = vt_ptr + bhk.to(tl.int64) * NK_PAD * D
+    sk_base = sk_ptr + bhk.to(tl.int64) * (NK_PAD // BLOCK_N)
+    sv_base = sv_ptr + bhk.to(tl.int64) * (NK_PAD // BLOCK_N)
+    ### BEGIN SOLUTION
+    q8 = tl.load(q_ptr + bh.to(tl.int64) * NQ_PAD * D + offs_m[:, None] * D + offs_d[None, :])
+    q_scale = tl.load(sq_ptr + bh.to(tl.int64) * (NQ_PAD // BLOCK_M) + pid_m) * qk_scale
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, D], tl.float32)
+    v_unit = tl.load(sv_base)  # the V scale acc is expressed in (acc is zero so far)
+    diag = Nk - Nq  # row i sees keys j <= i + diag
+    if CAUSAL:
+        hi = tl.maximum(tl.minimum(Nk, start_m + BLOCK_M + diag), 0)  # past the last key any row sees
+        full = tl.maximum(tl.minimum(hi, start_m + diag + 1), 0) // BLOCK_N * BLOCK_N  # seen by every row
+    else:
+        hi = Nk
+        full = Nk // BLOCK_N * BLOCK_N
+    for start_n in range(0, full, BLOCK_N):
+        acc, l_i, m_i, v_unit = _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_base, sv_base,
+                                               start_n, offs_m, offs_n, offs_d, q_scale, Nk, NK_PAD, diag,
+                                               CAUSAL, False, D, BLOCK_N)
+    for start_n in range(full, hi, BLOCK_N):
+        acc, l_i, m_i, v_unit = _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_base, sv_base,
+                                               start_n, offs_m, offs_n, offs_d, q_scale, Nk, NK_PAD, diag,
+                                               CAUSAL, True, D, BLOCK_N)
+    seen = l_i > 0.0
+    l_safe = tl.where(seen, l_i, 1.0)
+    o = acc * (v_unit / l_safe)[:, None]  # the 256 of P cancels here
+    lse = tl.where(seen, (m_i - 8.0 + tl.log2(l_safe)) / LOG2E, float("-inf"))
+    o_ptrs = o_ptr + bh.to(tl.int64) * Nq * D + offs_m[:, None] * D + offs_d[None, :]
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Nq)
+    tl.store(lse_ptr + bh.to(tl.int64) * Nq + offs_m, lse, mask=offs_m < Nq)
+    ### END SOLUTION
+
+
+def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0):
+    """FP8 (e4m3) FlashAttention forward: ``o`` (B, Hq, Nq, d) bfloat16 and ``lse`` (B, Hq, Nq) float32."""
+    B, Hq, Hkv, Nq, Nk, d = check_attention_inputs(q, k, v)
+    if d not in FP8_HEAD_DIMS:
+        raise ValueError(f"the FP8 forward needs head dimension d in {FP8_HEAD_DIMS}, got {d}")
+    check_fp8_device(q.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    if hadamard:
+        j = random_hadamard(d, seed, q.device)
+        q, k = q.float() @ j, k.float() @ j
+    o = torch.empty((B, Hq, Nq, d), device=q.device, dtype=torch.bfloat16)
+    lse = torch.empty((B, Hq, Nq), device=q.device, dtype=torch.float32)
+    ### BEGIN SOLUTION
+    # GPU: 64 x 128 tiles; the interpreter: small tiles, so that the tests cross several key blocks
+    BLOCK_M, BLOCK_N = (16, 32) if INTERPRET.value else (64, 128)
+    q8, sq = quantize_fp8(q, BLOCK_M)
+    k8, sk = quantize_fp8(k, BLOCK_N)
+    vt8, sv = quantize_fp8(v, BLOCK_N, transposed=True)
+    grid = (q8.shape[2] // BLOCK_M, B * Hq)
+    _flash_fwd_fp8_kernel[grid](q8, k8, vt8, sq, sk, sv, o, lse, Hq, Hq // Hkv, Nq, Nk, q8.shape[2], k8.shape[2],
+                                scale * LOG2E.value, CAUSAL=bool(causal), D=d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                                num_warps=4, num_stages=3)
+    ### END SOLUTION
+    return o, lse
+
+
+# %% tags=["check"]
+from autograder.check import check
+
+check("a3.flash_attention_forward_fp8", flash_attention_forward_fp8)
 
 # %% [markdown]
 # ## Going further (ungraded, needs a GPU)

@@ -1,9 +1,11 @@
 """Spec of assignment a3_triton, in three parts on torch tensors: fused softmax; the FlashAttention-2 forward
 without a mask (``flash_attention_forward_basic``, Hq == Hkv); the forward with a bottom-right causal mask and
-GQA (``flash_attention_forward``). The backward is assignment a3b_triton_backward.
+GQA (``flash_attention_forward``). The backward is assignment a3b_triton_backward. An optional fourth part, an
+FP8 forward (``flash_attention_forward_fp8``, ``_fp8.py``), adds 10 bonus points on a Hopper GPU (7 on CPU).
 
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed tests are "not run"
-(excluded from max_score). Points total 100 on a GPU. Each graded call must launch at least one Triton kernel.
+(excluded from max_score). Points total 100 on a GPU, plus the bonus (110, as a4's 105 with its optional part).
+Each graded call must launch at least one Triton kernel.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 
 from ._attn import build_triton_forward, oracle_triton_forward
 from ._base import TOL_TRITON, Call, Spec, Task, Test
+from ._fp8 import fp8_task, fp8_tests
 from ._gen import arr, out, ragged, randn
 from .. import oracles
 
@@ -107,6 +110,9 @@ TESTS = [
        lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", causal=True, gpu=True)]),
     _t("flash_attention_forward", "speed vs reference FA2 forward, causal + GQA (GPU)", 8, [],
        lambda r: GPU_CAUSAL, kind="speed", gpu_only=True, reps=4),
+
+    # Part 4 (optional bonus, on top of the 100): an FP8 forward; Hopper GPUs only (CPU: the interpreter)
+    *fp8_tests(SHORT),
 ]
 
 TASKS = {
@@ -119,6 +125,7 @@ TASKS = {
     "a3.flash_attention_forward": Task("a3.flash_attention_forward", "flash_attention_forward",
                                        build_triton_forward, oracle_triton_forward, framework="torch",
                                        reference="reference.triton:flash_attention_forward", case_timeout=180),
+    "a3.flash_attention_forward_fp8": fp8_task(SHORT),
 }
 
 SPEC = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
