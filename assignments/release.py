@@ -25,7 +25,8 @@ import tarfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a4_decoding", "a5_paged", "a6_ring")
+ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged",
+               "a6_ring")
 # the part of the autograder that check() imports: running a call, judging outputs, the case data classes
 CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py",
                "specs/__init__.py", "specs/_base.py")
@@ -127,7 +128,7 @@ def build(out: Path) -> Path:
 
 # each assignment comes after the lecture it needs (the reading path of the repository's README)
 _AFTER = {"a1_attention": "01_softmax", "a2_flash_numpy": "04_backward_recomputation",
-          "a3_triton": "05_triton_kernels", "a4_decoding": "07_decoding", "a5_paged": "08_paged_attention",
+          "a3_triton": "05_triton_kernels", "a3b_triton_backward": "05_triton_kernels", "a4_decoding": "07_decoding", "a5_paged": "08_paged_attention",
           "a6_ring": "10_ring_attention"}
 
 

@@ -43,7 +43,7 @@ def _parser():
     g = sub.add_parser("grade", help="grade one submission (.ipynb or .py)", formatter_class=_RAW,
                        description="Grade one submission and print the score table; --json writes the result.",
                        epilog="example:\n  python -m autograder grade a2_flash_numpy alice.ipynb --json alice.json")
-    g.add_argument("assignment", nargs="?", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a1..a5)")
+    g.add_argument("assignment", nargs="?", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
     g.add_argument("submission", nargs="?", help="student notebook or .py module")
     g.add_argument("--example", action="store_true", help="grade the bundled example notebook (a1)")
     g.add_argument("--json", help="write the result JSON here")
@@ -62,7 +62,7 @@ def _parser():
                                    "student) and one JSON per submission.",
                        epilog="example:\n  python -m autograder grade-all a2_flash_numpy submissions/ -j 4 "
                               "--csv grades.csv")
-    a.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a1..a5)")
+    a.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
     a.add_argument("dir", help="folder of submissions")
     a.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
     a.add_argument("--csv", default="grades.csv", help="roster CSV to write (default grades.csv)")
@@ -85,7 +85,7 @@ def _parser():
     z = sub.add_parser("gradescope", help="build a Gradescope autograder zip", formatter_class=_RAW,
                        description="Build a Gradescope autograder zip (setup.sh, run_autograder) for one assignment.",
                        epilog="example:\n  python -m autograder gradescope a2_flash_numpy -o a2.zip")
-    z.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a1..a5)")
+    z.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
     z.add_argument("-o", "--output", required=True, help="zip file to write")
     return p
 

@@ -1,7 +1,7 @@
 """Calibrate the autograder's GPU speed tests: how much does the graded time ratio of a submission move between
 runs, and does a solution at the reference's speed always get full points while a slow one loses them?
 
-For each subject (the a3/a4/a5 solution sources and the bundled slow submissions, ``s_*.mutant.json`` in
+For each subject (the a3/a3b/a4/a5 solution sources and the bundled slow submissions, ``s_*.mutant.json`` in
 ``autograder/submissions/<assignment>/wrong/``) the script starts ``--gradings`` fresh graders (fresh sandboxed
 children: new compilation, new autotuning) and in each runs every speed test of the assignment ``--repeats``
 times with ``--reps`` timed reps per case (instead of the spec's count, so that fewer reps can be simulated
@@ -43,13 +43,14 @@ from autograder.engine import Grader, _pick  # noqa: E402
 from autograder.selftest import materialise_mutant  # noqa: E402
 from autograder.submission import load_cells  # noqa: E402
 
-ASSIGNMENTS = ("a5_paged", "a4_decoding", "a3_triton")
+ASSIGNMENTS = ("a5_paged", "a4_decoding", "a3_triton", "a3b_triton_backward")
 
 # --smoke: tiny speed cases so the whole pipeline runs in the Triton interpreter on a CPU
 SMOKE_CASES = {
     "a3.softmax": [dict(shape=(8, 100), dtype="float32")],
     "a3.flash_attention_forward_basic": [dict(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, d=16, dtype="float32")],
     "a3.flash_attention_forward": [dict(B=1, Hq=2, Hkv=2, Nq=40, Nk=40, d=16, dtype="float32", causal=True)],
+    "a3b.flash_attention_backward": [dict(B=1, Hq=2, Hkv=1, Nq=40, Nk=40, d=16, dtype="float32", causal=True)],
     "a4.flash_decode": [dict(B=1, Hq=4, Hkv=2, N=100, d=16, dtype="float32", torch=True)],
     "a5.paged_decode": [dict(Hq=4, Hkv=2, d=16, dtype="float32", block_size=16, lens=[50, 9], torch=True)],
 }
@@ -232,7 +233,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True, help="JSON file to write (rewritten after every subject)")
-    ap.add_argument("--only", nargs="*", help="assignments (a3 a4 a5 or full ids); default all three")
+    ap.add_argument("--only", nargs="*", help="assignments (a3 a3b a4 a5 or full ids); default all four")
     ap.add_argument("--gradings", type=int, default=2, help="fresh graders per solution (slow submissions: 1)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each speed test per grader")
     ap.add_argument("--reps", type=int, default=8, help="timed reps per case in each run")

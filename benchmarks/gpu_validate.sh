@@ -36,7 +36,7 @@ print('[gpu_validate] fp8 $sub:', [(t['name'].split(': ')[-1][:28], t['score'], 
     echo "[gpu_validate] fp8 done at ${SECONDS}s"
 fi
 [ "$STAGE" = fp8 ] && { echo "[gpu_validate] total ${SECONDS}s"; exit 0; }
-for a in a3_triton a4_decoding a5_paged; do
+for a in a3_triton a3b_triton_backward a4_decoding a5_paged; do
     t0=$SECONDS
     timeout 240 python3 -m autograder grade "$a" "assignments/$a/${a}_solution.py" --device cuda \
         --json "$OUT/grade_${a}_solution.json" 2>&1 | tail -25
@@ -45,7 +45,7 @@ done
 timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_triton.ipynb --device cuda \
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
 # GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but
-# correct submissions, which must lose speed points (s_one_split in a4/a5, s_tiny_tiles in a3)
+# correct submissions, which must lose speed points (s_one_split in a4/a5, s_tiny_tiles in a3; a3b has none)
 # (the a3 one last and on its own: a full a3 grading is the longest step)
 timeout 240 python3 -m autograder selftest --only a3 a4 a5 --match t13_cuda s_one_split \
     --device cuda -j 1 --out /tmp/selftest_gpu 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -6 \

@@ -293,3 +293,20 @@ def test_check_reproduces_a_failing_allocator_script(capsys):
     out = capsys.readouterr().out
     assert "script of" in out and "check.failed[0].run(NoErrors)" in out
     assert isinstance(check.failed[0].run(NoErrors), list)
+
+
+def test_triton_made_exempts_only_outputs_of_given_code():
+    """``Out.from_kernels=False`` (a3b's o, computed by the notebook's given torch forward) is not required to
+    change when the kernels' stores are poisoned; every other output still is."""
+    from autograder.evaluate import triton_made
+    from autograder.specs._base import Call, Out
+
+    o, dq = np.arange(1.0, 7.0), np.arange(2.0, 8.0)
+    call = Call([], {}, [Out("o", ("float32",), 1e-3, "torch", from_kernels=False),
+                         Out("dq", ("float32",), 1e-3, "torch")])
+    poisoned = {"stores": 6}
+    assert triton_made(call, poisoned, [o, dq], [o.copy(), np.full(6, np.nan)]) is None
+    why = triton_made(call, poisoned, [o, dq], [o.copy(), dq.copy()])
+    assert why is not None and why.startswith("dq is not produced")
+    call.outs[0].from_kernels = True
+    assert triton_made(call, poisoned, [o, dq], [o.copy(), np.full(6, np.nan)]).startswith("o is not produced")

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import oracles
 from ._base import TOL, TOL_TRITON, TOL_TRITON_GRAD, Call
-from ._gen import arr, lse_dtypes, out, randn
+from ._gen import arr, lse_dtypes, out, ragged, randn
 
 
 def shapes(p):
@@ -113,7 +113,23 @@ def oracle_flash_backward(call):
     return list(oracles.attention_grads(q, k, v, do, call.kwargs.get("causal", False), call.kwargs.get("scale")))
 
 
-# --- torch / Triton variants (a3) --------------------------------------------------------------------------
+# --- torch / Triton variants (a3, a3b) -------------------------------------------------------------------------
+
+def triton_case(rng, dtype="float32", nq=None, nk=None, hq=None, hkv=None, d=None, **extra):
+    """Hidden-case parameters of the Triton attention tasks: B = 1, ragged N in 9..70 (unless given), d 16 or 32,
+    ``Hq`` a multiple (1 or 2) of ``Hkv`` (default 1) unless given; ``extra`` (causal, scale, shift, gpu) kept."""
+    hkv = hkv if hkv is not None else 1
+    n = ragged(rng, 9, 70)
+    return dict(B=1, Hq=hq or hkv * int(rng.integers(1, 3)), Hkv=hkv, Nq=nq or n, Nk=nk or n,
+                d=d or int(rng.choice([16, 32])), dtype=dtype, **extra)
+
+
+def triton_visible(**kw):
+    """Visible-case parameters of the Triton attention tasks: B=1, Hq=Hkv=2, N=20, d=16, float32, then ``kw``."""
+    base = dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float32")
+    base.update(kw)
+    return base
+
 
 def _t(x, p, grad=False):
     return arr(x, torch_dtype=p["dtype"], requires_grad=grad)
@@ -151,8 +167,95 @@ def build_triton_autograd(p, rng):
     return c
 
 
+def build_triton_autograd_given_forward(p, rng):
+    """a3b.flash_attention: as ``build_triton_autograd``, but ``o`` comes from the notebook's given torch forward,
+    so only the gradients must be produced by the student's Triton kernels."""
+    c = build_triton_autograd(p, rng)
+    c.outs[0].from_kernels = False
+    return c
+
+
 def oracle_triton_autograd(call):
     q, k, v, do = (a.value for a in call.args)
     causal, scale = call.kwargs.get("causal", False), call.kwargs.get("scale")
     o, _ = oracles.attention(q, k, v, causal, scale)
     return [o, *oracles.attention_grads(q, k, v, do, causal, scale)]
+
+
+# --- the staged Triton backward (a3b): each stage called on its own, with o and lse from the float64 oracle --
+
+def _grad_out(name, p, tol):
+    return _bf(name, tol) if p["dtype"] == "bfloat16" else out(name, p["dtype"], tol, "torch")
+
+
+def _saved(p, rng):
+    """q, k, v, do in the case's dtype, and the float64 forward's o and lse (what a forward would have saved)."""
+    q, k, v = make_qkv(p, rng)
+    do = randn(rng, q.shape, p["dtype"])
+    kw = _kw(p)
+    o, lse = oracles.attention(q, k, v, kw.get("causal", False), kw.get("scale"))
+    return q, k, v, do, o, lse, kw
+
+
+def build_triton_bwd_preprocess(p, rng):
+    """a3b.flash_bwd_preprocess(o, do) -> delta (B, H, Nq) float32."""
+    shape = (p["B"], p["Hq"], p["Nq"], p["d"])
+    o, do = randn(rng, shape, p["dtype"]), randn(rng, shape, p["dtype"])
+    c = Call([_t(o, p), _t(do, p)], {}, [out("delta", "float32", TOL_TRITON[p["dtype"]], "torch",
+                                               dtypes=("float32",))])
+    c.arg_names = ["o", "do"]
+    return c
+
+
+def oracle_triton_bwd_preprocess(call):
+    o, do = (a.value for a in call.args)
+    return [np.sum(o.astype(np.float64) * do.astype(np.float64), axis=-1)]
+
+
+def _build_bwd_stage(p, rng, outs):
+    """a3b.flash_bwd_dkdv / flash_bwd_dq(q, k, v, do, lse, delta, causal, scale): ``lse`` and ``delta``
+    (float32) come from the exact forward, so a wrong preprocess or forward cannot cost this stage's points."""
+    q, k, v, do, o, lse, kw = _saved(p, rng)
+    delta = np.sum(o * do.astype(np.float64), axis=-1)
+    f32 = dict(p, dtype="float32")
+    tol = tol_for(p, TOL_TRITON_GRAD)
+    c = Call([_t(q, p), _t(k, p), _t(v, p), _t(do, p), _t(lse.astype(np.float32), f32),
+              _t(delta.astype(np.float32), f32)], kw, [_grad_out(n, p, tol) for n in outs])
+    c.arg_names = ["q", "k", "v", "do", "lse", "delta"]
+    return c
+
+
+def build_triton_bwd_dkdv(p, rng):
+    return _build_bwd_stage(p, rng, ("dk", "dv"))
+
+
+def build_triton_bwd_dq(p, rng):
+    return _build_bwd_stage(p, rng, ("dq",))
+
+
+def _stage_grads(call):
+    q, k, v, do = (a.value for a in call.args[:4])
+    return oracles.attention_grads(q, k, v, do, call.kwargs.get("causal", False), call.kwargs.get("scale"))
+
+
+def oracle_triton_bwd_dkdv(call):
+    return list(_stage_grads(call)[1:])
+
+
+def oracle_triton_bwd_dq(call):
+    return [_stage_grads(call)[0]]
+
+
+def build_triton_backward(p, rng):
+    """a3b.flash_attention_backward(q, k, v, o, lse, do, causal, scale) -> (dq, dk, dv) on torch tensors."""
+    q, k, v, do, o, lse, kw = _saved(p, rng)
+    tol = tol_for(p, TOL_TRITON_GRAD)
+    c = Call([_t(q, p), _t(k, p), _t(v, p), _t(randn_cast(o, p["dtype"]), p),
+              _t(lse.astype(np.float32), dict(p, dtype="float32")), _t(do, p)], kw,
+             [_grad_out(n, p, tol) for n in ("dq", "dk", "dv")])
+    c.arg_names = ["q", "k", "v", "o", "lse", "do"]
+    return c
+
+
+def oracle_triton_backward(call):
+    return oracle_flash_backward(call)

@@ -45,6 +45,7 @@ class Out:
     dtypes: tuple            # allowed dtype names, e.g. ("float32",) or ("float32", "float64")
     tol: float
     framework: str = "numpy"  # "numpy": exactly np.ndarray; "torch": exactly torch.Tensor
+    from_kernels: bool = True  # Triton tasks: must come from the launched kernels (False: given code makes it)
 
 
 @dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._attn import build_triton_forward, oracle_triton_forward
+from ._attn import build_triton_forward, oracle_triton_forward, triton_case, triton_visible
 from ._base import TOL_TRITON, Call, Spec, Task, Test
 from ._fp8 import fp8_task, fp8_tests
 from ._gen import arr, out, ragged, randn
@@ -35,17 +35,7 @@ def oracle_softmax(call):
     return [oracles.softmax(call.args[0].value)]
 
 
-def _att(rng, dtype="float32", nq=None, nk=None, hq=None, hkv=None, d=None, **extra):
-    hkv = hkv if hkv is not None else 1
-    n = ragged(rng, 9, 70)
-    return dict(B=1, Hq=hq or hkv * int(rng.integers(1, 3)), Hkv=hkv, Nq=nq or n, Nk=nk or n,
-                d=d or int(rng.choice([16, 32])), dtype=dtype, **extra)
-
-
-def _v(**kw):
-    base = dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float32")
-    base.update(kw)
-    return base
+_att, _v = triton_case, triton_visible
 
 
 def _t(task, name, points, visible, hidden, **kw):

@@ -157,7 +157,7 @@ plt.tight_layout()
 # | choice | who uses it | cost |
 # |---|---|---|
 # | **atomic adds** into an fp32 $dQ$ accumulator in HBM, then a small kernel converting it to the input dtype | the FlashAttention-2 paper (§3.2: thread blocks exchange their dQ updates by atomic adds) and its CUDA code (`flash_bwd_launch_template.h`: `compute_dq_dk_dv_seqk_parallel`, then `convert_dQ`) | $T_c$ fp32 read-modify-writes of every $dQ_i$ (mostly served by L2); an extra fp32 $N \times d$ buffer; the summation order varies run to run, so gradients are not bitwise reproducible (FA2's deterministic mode pays speed for it) |
-# | **a separate pass**: a second kernel, one program per query block, recomputes $S$, $P$, $dP$, $dS$ over its key blocks and keeps $dQ_i$ in registers | this course: `reference/triton/flash_bwd.py` (`_bwd_dq`) and assignment 3 | $S = \tau QK^\top$ and $dP = dO\,V^\top$ are computed twice: backward matmul FLOPs $14N^2d$ instead of $10N^2d$ (+40%), and $K, V, Q, dO$ are read again |
+# | **a separate pass**: a second kernel, one program per query block, recomputes $S$, $P$, $dP$, $dS$ over its key blocks and keeps $dQ_i$ in registers | this course: `reference/triton/flash_bwd.py` (`_bwd_dq`) and assignment 3b (`a3b_triton_backward`, Part 3) | $S = \tau QK^\top$ and $dP = dO\,V^\top$ are computed twice: backward matmul FLOPs $14N^2d$ instead of $10N^2d$ (+40%), and $K, V, Q, dO$ are read again |
 # | **a loop inside the dK/dV kernel**: after its key block, each program takes one query block and loops over the key blocks for $dQ$ | the Triton tutorial's fused-attention backward | the same recomputation as the separate pass, in one launch |
 #
 # The course's kernel makes the second choice: it is deterministic (the tests compare gradients at tight
