@@ -1,4 +1,4 @@
-"""Builders shared by the attention-shaped tasks (a1.attention, a2 forward/backward, a3 Triton kernels).
+"""Builders shared by the attention-shaped tasks (a1.attention, a2 forward/backward, a3 and a3b Triton kernels).
 
 Case parameters: ``B, Hq, Hkv, Nq, Nk, d`` (or ``single=True`` for rank-2 ``(N, d)``), ``dtype``, ``causal``,
 ``scale`` (None = 1/sqrt(d)), ``mag`` (multiplies q: large-magnitude logits), ``block_q``/``block_k``.
@@ -156,7 +156,7 @@ def oracle_triton_forward(call):
 
 
 def build_triton_autograd(p, rng):
-    """a3.flash_attention(q, k, v, causal, scale): o = fn(q, k, v); o.backward(do); outputs o, dq, dk, dv."""
+    """a3b.flash_attention(q, k, v, causal, scale): o = fn(q, k, v); o.backward(do); outputs o, dq, dk, dv."""
     q, k, v = make_qkv(p, rng)
     do = randn(rng, q.shape, p["dtype"])
     tol = tol_for(p, TOL_TRITON_GRAD)
