@@ -35,7 +35,8 @@ SMALL = {  # a speed test's case, shrunk for the interpreter (same arguments, sa
     "a3.flash_attention_forward_basic": [dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16")],
     "a3.flash_attention_forward": [dict(B=1, Hq=2, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16", causal=True)],
     "a3.flash_attention_forward_fp8": [dict(B=1, Hq=2, Hkv=1, Nq=40, Nk=40, d=32, dtype="bfloat16", causal=True)],
-    "a3b.flash_attention_backward": [dict(B=1, Hq=4, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16", causal=True)],
+    "a3b.flash_attention_backward": [dict(B=1, Hq=4, Hkv=2, Nq=20, Nk=20, d=16, dtype="float16", causal=True,
+                                          timing_only=True)],
 }
 READS = ("__int__", "__float__", "__bool__", "__index__", "item", "tolist")
 

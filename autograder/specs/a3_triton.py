@@ -50,10 +50,14 @@ def _mha(rng, **kw):
 
 # Speed cases follow the FlashAttention benchmarks' convention, batch x sequence = 16k tokens, so that the
 # kernel and not the host (launch, descriptor set-up: ~50 us) decides the ratio (notes/gpu_validation.md).
-GPU_FWD = [dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=64, dtype="bfloat16"),
-           dict(B=2, Hq=16, Hkv=16, Nq=8192, Nk=8192, d=128, dtype="bfloat16")]
-GPU_CAUSAL = [dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=64, dtype="bfloat16", causal=True),
-              dict(B=2, Hq=16, Hkv=4, Nq=8192, Nk=8192, d=128, dtype="bfloat16", causal=True)]
+GPU_FWD = [dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=64, dtype="bfloat16", timing_only=True),
+           dict(B=2, Hq=16, Hkv=16, Nq=8192, Nk=8192, d=128, dtype="bfloat16", timing_only=True)]
+# Full points up to 1.5x the reference's time: the reference is autotuned (TMA loads, the causal loop split into
+# unmasked and diagonal blocks); a plain 64 x 64, 4-warp kernel like the solution's is its best pinned config
+# (notes/triton_attention.md, run 2) without those two, and should not lose points for them.
+FWD_FULL = 1.5
+GPU_CAUSAL = [dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=64, dtype="bfloat16", causal=True, timing_only=True),
+              dict(B=2, Hq=16, Hkv=4, Nq=8192, Nk=8192, d=128, dtype="bfloat16", causal=True, timing_only=True)]
 
 TESTS = [
     # Part 1: fused softmax
@@ -85,7 +89,7 @@ TESTS = [
     _t("flash_attention_forward_basic", "float16 / bfloat16", 4, [_v(dtype="float16")],
        lambda r: [_mha(r, dtype="float16"), _mha(r, dtype="bfloat16", gpu=True)]),
     _t("flash_attention_forward_basic", "speed vs reference FA2 forward (GPU)", 8, [], lambda r: GPU_FWD,
-       kind="speed", gpu_only=True, reps=4),
+       kind="speed", gpu_only=True, reps=4, speed_full=FWD_FULL),
 
     # Part 3: bottom-right causal mask and GQA
     _t("flash_attention_forward", "causal", 10, [_v(causal=True)],
@@ -99,7 +103,7 @@ TESTS = [
     _t("flash_attention_forward", "float16 / bfloat16", 3, [_v(dtype="float16", causal=True)],
        lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", causal=True, gpu=True)]),
     _t("flash_attention_forward", "speed vs reference FA2 forward, causal + GQA (GPU)", 8, [],
-       lambda r: GPU_CAUSAL, kind="speed", gpu_only=True, reps=4),
+       lambda r: GPU_CAUSAL, kind="speed", gpu_only=True, reps=4, speed_full=FWD_FULL),
 
     # Part 4 (optional bonus, on top of the 100): an FP8 forward; Hopper GPUs only (CPU: the interpreter)
     *fp8_tests(SHORT),
