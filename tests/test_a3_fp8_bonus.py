@@ -99,6 +99,8 @@ def test_bounds_catch_the_zoo_mistakes():
             q, k, v = (a.value.astype(np.float64) for a in call.args)
             assert _err(ideal_fp8(q, k, v, p.get("causal", False), v_scale=False), o) > factor * call.outs[0].tol
     for p, call, (o, _) in _cases(outliers, 3, 8):
+        if p.get("v_ramp"):  # 1e-2..1e2 fits e4m3's range: the outlier cases of the test catch a plain cast
+            continue
         q, k, v = (a.value.astype(np.float64) for a in call.args)
         assert _err(ideal_fp8(q, k, v, p.get("causal", False), scaled=False), o) > 1.5 * call.outs[0].tol
 

@@ -317,7 +317,8 @@ check("a3.flash_attention_forward", flash_attention_forward)
 # rounds each entry by up to `2^-4` relative (3 mantissa bits), and `o` collects the roundings of Q, K, V and
 # `P`: an ideal FP8 pipeline measures 0.04-0.06 relative error on normal inputs, so the bound is 0.1. With
 # outlier channels (a few channels of Q and K x10) the logits are ~20x larger and so are their rounding errors:
-# 0.1-0.36 measured, bound 0.5; V there has heads of magnitude 1e-4 and 1e4 (per-block scales keep both).
+# 0.1-0.36 measured, bound 0.5; V there has heads of magnitude 1e-4 and 1e4 (per-block scales keep both),
+# and one case ramps V from 1e-2 to 1e2 along the keys (each key block of a head has its own scale).
 # On an H100/H200 the speed test times your function, quantisation included, against the course's **bf16**
 # forward: full points at <= 1/1.2 of its time, none at >= 1x. Without a Hopper GPU the speed test is not run;
 # on CPU the accuracy tests run in the interpreter.

@@ -15,9 +15,11 @@ dequantisation scale, or none at all (values above 448 saturate or turn NaN, val
 off by 0.7 to 10^6.
 
 Outlier inputs also give the kv heads of V magnitudes near 1e-4 and 1e4 (per-block scales keep both; a plain
-cast to e4m3 does not). FP8 needs compute capability 9.0 on a GPU: the tests say "not run" on older GPUs
-(``Test.min_capability``); on CPU the accuracy tests run in the Triton interpreter and the speed test is not
-run. The points are a bonus on top of the assignment's 100, as a4's optional part is.
+cast to e4m3 does not), and one case ramps V from 1e-2 to 1e2 along the keys (normal Q, K), so that a kernel
+that mixes the scales of different key blocks of one head fails. FP8 needs compute capability 9.0 on a GPU:
+the tests say "not run" on older GPUs (``Test.min_capability``); on CPU the accuracy tests run in the Triton
+interpreter and the speed test is not run. The points are a bonus on top of the assignment's 100, as a4's
+optional part is.
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ GPU_CASES = [dict(B=2, Hq=16, Hkv=16, Nq=8192, Nk=8192, d=128, dtype="bfloat16")
 def make_fp8_qkv(p, rng):
     """Standard-normal q, k, v rounded to bf16. ``outliers=n``: n channels of q and k (the same ones) times
     ``OUTLIER_FACTOR`` (the FlashAttention-3 talk's outlier features), and kv head h of v scaled by about
-    1e-4 (even h) or 1e4 (odd h)."""
+    1e-4 (even h) or 1e4 (odd h). ``v_ramp``: row j of v times ``10^(4 j / (Nk - 1) - 2)``, 1e-2 to 1e2 along
+    the keys, so that the key blocks of one head have different scales whatever the block size."""
     qs, ks = shapes(p)
     q, k, v = rng.standard_normal(qs), rng.standard_normal(ks), rng.standard_normal(ks)
     n = p.get("outliers", 0)
@@ -53,12 +56,14 @@ def make_fp8_qkv(p, rng):
         k[..., ch] *= OUTLIER_FACTOR
         exps = np.where(np.arange(p["Hkv"]) % 2 == 0, -4.0, 4.0) + rng.uniform(-0.3, 0.3, p["Hkv"])
         v = v * (10.0 ** exps)[None, :, None, None]
+    if p.get("v_ramp"):
+        v = v * (10.0 ** np.linspace(-2.0, 2.0, p["Nk"]))[:, None]
     return bf16_round(q), bf16_round(k), bf16_round(v)
 
 
 def build_fp8(p, rng):
     q, k, v = make_fp8_qkv(p, rng)
-    kind = "outliers" if p.get("outliers") else "normal"
+    kind = "outliers" if p.get("outliers") or p.get("v_ramp") else "normal"
     c = Call([arr(x, torch_dtype="bfloat16") for x in (q, k, v)], _kw(p),
              [_bf("o", O_TOL[kind]), Out("lse", ("float32",), LSE_TOL, "torch")])
     c.arg_names = ["q", "k", "v"]
@@ -99,10 +104,11 @@ def fp8_tests(short, points=(4, 3, 3)):
         t("accuracy, normal inputs (ragged N, causal Nq != Nk, GQA)", points[0], [_visible()],
           lambda r: [_case(r), _case(r, causal=True, nq=ragged(r, 30, 70), nk=ragged(r, 5, 25)),
                      _case(r, hq=4, hkv=2, causal=True)]),
-        t(f"accuracy, outlier channels (x{OUTLIER_FACTOR:.0f}) and V heads at 1e-4 / 1e4", points[1],
-          [_visible(outliers=3, d=64)],
+        t(f"accuracy, outlier channels (x{OUTLIER_FACTOR:.0f}), V at 1e-4 / 1e4 by head and 1e-2..1e2 along N",
+          points[1], [_visible(outliers=3, d=64)],
           lambda r: [_case(r, hkv=2, outliers=int(r.integers(2, 5))),
-                     _case(r, hq=4, hkv=2, outliers=int(r.integers(2, 5)), causal=True)]),
+                     _case(r, hq=4, hkv=2, outliers=int(r.integers(2, 5)), causal=True),
+                     _case(r, v_ramp=True, nk=ragged(r, 70, 130), causal=bool(r.integers(2)))]),
         t("speed vs the reference bf16 forward (Hopper GPU)", points[2], [], lambda r: GPU_CASES,
           kind="speed", gpu_only=True, speed_full=SPEED_FULL, speed_zero=SPEED_ZERO, reps=4),
     ]
