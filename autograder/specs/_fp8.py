@@ -38,8 +38,9 @@ HOPPER = (9, 0)
 # speed: full points at <= 1/1.2 of the bf16 reference forward's time, none at >= its time
 SPEED_FULL, SPEED_ZERO = round(1 / 1.2, 4), 1.0
 # d = 128 and long sequences, where the FP8 matmuls decide the time; quantisation included in the timing
-GPU_CASES = [dict(B=2, Hq=16, Hkv=16, Nq=8192, Nk=8192, d=128, dtype="bfloat16"),
-             dict(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384, d=128, dtype="bfloat16", causal=True)]
+# (``timing_only``: the parent's template is zeros of the right shapes; the timing children draw the values)
+GPU_CASES = [dict(B=2, Hq=16, Hkv=16, Nq=8192, Nk=8192, d=128, dtype="bfloat16", timing_only=True),
+             dict(B=1, Hq=16, Hkv=16, Nq=16384, Nk=16384, d=128, dtype="bfloat16", causal=True, timing_only=True)]
 
 
 def make_fp8_qkv(p, rng):
@@ -48,6 +49,8 @@ def make_fp8_qkv(p, rng):
     1e-4 (even h) or 1e4 (odd h). ``v_ramp``: row j of v times ``10^(4 j / (Nk - 1) - 2)``, 1e-2 to 1e2 along
     the keys, so that the key blocks of one head have different scales whatever the block size."""
     qs, ks = shapes(p)
+    if p.get("timing_only"):
+        return np.zeros(qs, np.float32), np.zeros(ks, np.float32), np.zeros(ks, np.float32)
     q, k, v = rng.standard_normal(qs), rng.standard_normal(ks), rng.standard_normal(ks)
     n = p.get("outliers", 0)
     if n:
