@@ -308,8 +308,10 @@ for path, r in gpu:
 #   the next (batch, head, query block) item from a global counter, the items sorted longest-first by
 #   `reference.hopper.order_tiles` (the `schedule` of section 5, on the GPU's scheduler).
 #
-# Both return what `flash_attention_forward` returns, `(o, lse)`. First a check against float64 on a small
-# causal problem (ragged, GQA):
+# Both return what `flash_attention_forward` returns, `(o, lse)`. Assignment 3's optional Part 4 has you write
+# the first one yourself (its quantisation kernel included), graded for accuracy against float64 and, on a
+# Hopper GPU, for speed against the bf16 forward. First a check against float64 on a small causal problem
+# (ragged, GQA):
 
 # %%
 import torch
