@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from reference.triton import DEVICE  # first: sets TRITON_INTERPRET=1 without a GPU
+import triton  # noqa: E402
 
 from autograder import engine
 from autograder.compare import rel_error
@@ -186,11 +187,14 @@ def test_solution_hadamard_lowers_the_outlier_error(sol):
 
 
 def test_solution_needs_hopper(sol, monkeypatch):
+    monkeypatch.setattr(sol, "INTERPRET", triton.language.constexpr(False))  # a compiled run on an A100
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
     with pytest.raises(RuntimeError, match=r"compute capability >= 9\.0 \(Hopper.*A100 is sm_80"):
         sol.check_fp8_device(torch.device("cuda"))
-    sol.check_fp8_device(torch.device("cpu"))  # the interpreter runs anywhere
+    sol.check_fp8_device(torch.device("cpu"))
+    monkeypatch.setattr(sol, "INTERPRET", triton.language.constexpr(True))
+    sol.check_fp8_device(torch.device("cuda"))  # the interpreter runs anywhere
     q = torch.ones(1, 1, 8, 16, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head dimension"):
         sol.flash_attention_forward_fp8(q, q, q)

@@ -321,7 +321,8 @@ check("a3.flash_attention_forward", flash_attention_forward)
 # and one case ramps V from 1e-2 to 1e2 along the keys (each key block of a head has its own scale).
 # On an H100/H200 the speed test times your function, quantisation included, against the course's **bf16**
 # forward: full points at <= 1/1.2 of its time, none at >= 1x. Without a Hopper GPU the speed test is not run;
-# on CPU the accuracy tests run in the interpreter.
+# on CPU the accuracy tests run in the interpreter. On a GPU older than Hopper, develop Part 4 in the
+# interpreter too: start Jupyter with `TRITON_INTERPRET=1` (the FP8 kernels then run on the CPU).
 
 # %% given="fp8_helpers"
 

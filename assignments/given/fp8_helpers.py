@@ -30,7 +30,7 @@ def dot_acc(a, b, acc):
 def check_fp8_device(device):
     """Given: FP8 tensor-core matmuls need compute capability 9.0 (Hopper: H100/H200) or newer; the
     interpreter runs anywhere. Raises ``RuntimeError`` naming the requirement."""
-    if device.type != "cuda":
+    if device.type != "cuda" or INTERPRET.value:
         return
     major, minor = torch.cuda.get_device_capability(device)
     if (major, minor) < (9, 0):
