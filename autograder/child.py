@@ -125,7 +125,9 @@ class Child:
         self.traps.poison, self.traps.stores = True, 0
         self._active(True)
         try:
-            res = execute(fn, header, arrays, self.device, native=True)
+            from .traps import nan_filled_allocations
+            with nan_filled_allocations():
+                res = execute(fn, header, arrays, self.device, native=True)
         except BaseException as exc:  # noqa: BLE001 -- reported to the parent, who decides
             return {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "stores": self.traps.stores}
         finally:

@@ -310,3 +310,28 @@ def test_triton_made_exempts_only_outputs_of_given_code():
     assert why is not None and why.startswith("dq is not produced")
     call.outs[0].from_kernels = True
     assert triton_made(call, poisoned, [o, dq], [o.copy(), np.full(6, np.nan)]).startswith("o is not produced")
+
+
+def test_poison_rerun_allocations_start_as_nan():
+    """The poison-mode re-run sees a kernel's store only where it changes memory: a reused buffer that already
+    holds the answer hid a correct solution's stores (T10 false positive). Inside ``nan_filled_allocations``
+    fresh float tensors are NaN, so writing the same values again still counts; outside nothing changes."""
+    import torch
+
+    from autograder.traps import nan_filled_allocations, poison_changed
+    answer = torch.arange(6, dtype=torch.float32)
+    with nan_filled_allocations():
+        for t in (torch.empty(6), torch.empty_like(answer), torch.empty_strided((2, 3), (3, 1)),
+                  answer.new_empty(6), torch.empty(4, dtype=torch.bfloat16)):
+            assert bool(torch.isnan(t).all()), t.dtype
+        ints = torch.empty(3, dtype=torch.int32)          # not float: left alone (no fill, no error)
+        assert ints.dtype == torch.int32
+        out = torch.empty_like(answer)
+        before = out.clone()
+        out.copy_(answer)                                   # what a kernel storing the answer does
+        assert poison_changed([out], [before]) == 6 and bool(torch.isnan(out).all())
+    reused = answer.clone()                                 # a buffer that already holds the answer
+    before = reused.clone()
+    reused.copy_(answer)
+    assert poison_changed([reused], [before]) == 0          # the blind spot the NaN start removes
+    assert "nan_first" not in {torch.empty.__name__, torch.empty_like.__name__, torch.Tensor.new_empty.__name__}
