@@ -6,7 +6,7 @@
 # autograder on CUDA, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
 # the speed ratio against the bf16 reference forward, the two FP8 mutants; default `all`)
 set -u
-STAGES=" ${*:-tests fp8 grade zoo} "
+STAGES=" ${*:-tests fp8 grade slow holes} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_validate}; mkdir -p "$OUT"
@@ -14,7 +14,7 @@ nvidia-smi -L
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 if has tests; then
     NPROC=""; python3 -c "import xdist" 2>/dev/null && NPROC="-n 8"  # parallel compilation where xdist exists
-    timeout 420 python3 -m pytest -q -p no:cacheprovider $NPROC tests/test_triton_*.py tests/test_spec_api.py \
+    timeout 420 python3 -m pytest -q -p no:cacheprovider $NPROC tests/test_triton_*.py tests/test_a3_fp8_bonus.py tests/test_spec_api.py \
         2>&1 | tail -15 | tee "$OUT/gpu_pytest.log"
     echo "[gpu_validate] pytest done at ${SECONDS}s"
 fi
@@ -46,7 +46,7 @@ timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_trito
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
 echo "[gpu_validate] grade done at ${SECONDS}s"
 fi
-if has zoo; then
+if has slow; then
 # GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but
 # correct submissions, which must lose speed points (s_one_split in a4/a5, s_tiny_tiles in a3; a3b has none)
 # (the a3 one last and on its own: a full a3 grading is the longest step)
@@ -57,6 +57,8 @@ echo "[gpu_validate] GPU selftest (T13, slow a4/a5) done at ${SECONDS}s"
 timeout 200 python3 -m autograder selftest --only a3 --match s_tiny_tiles \
     --device cuda -j 1 --out /tmp/selftest_gpu_a3 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -3 \
     | tee -a "$OUT/selftest_gpu.log"
+fi
+if has holes; then
 # Grader holes on the GPU: a token Triton launch beside a torch decode loses the Triton points, a process
 # forked after CUDA init (and the CPU escape cheats) is refused and killed, the checkout is hidden from the
 # child. The selftest fails if any process of a graded submission survives; pgrep double-checks.
