@@ -551,14 +551,14 @@ def _host_arrays(h, arrs):
 
 
 def _reference_source(task):
-    """``(name, source)`` that the trusted reference child runs; ``reference_kwargs`` are bound with
-    functools.partial. A speed baseline does the input checks the assignment's given code does, no more, no
-    fewer: a4/a5 time ``autograder.baselines`` (``tests/test_speed_fairness.py``)."""
+    """``(name, source)`` that the trusted reference child runs: the reference function bound under the task's
+    own name (the child calls the task by name, and a task such as a3's ``flash_attention_forward_basic`` or
+    ``flash_attention_forward_fp8`` is timed against a reference of another name); ``reference_kwargs`` are
+    bound with functools.partial. A speed baseline does the input checks the assignment's given code does, no
+    more, no fewer: a4/a5 time ``autograder.baselines`` (``tests/test_speed_fairness.py``)."""
     mod, _, name = task.reference.partition(":")
-    if not task.reference_kwargs:
-        return name, f"from {mod} import {name}\n"
-    return name, (f"import functools\nfrom {mod} import {name} as _reference\n"
-                  f"{name} = functools.partial(_reference, **{task.reference_kwargs!r})\n")
+    bound = f"functools.partial(_reference, **{task.reference_kwargs!r})" if task.reference_kwargs else "_reference"
+    return task.name, f"import functools\nfrom {mod} import {name} as _reference\n{task.name} = {bound}\n"
 
 
 @dataclass
