@@ -66,3 +66,23 @@ def make_decode(rng, B, Hq, Hkv, n, d, dtype, spread=1.0):
         x = rng.standard_normal(shape) * spread + rng.uniform(-0.5, 0.5)
         return torch.tensor(x, dtype=dtype, device=DEVICE)
     return t(B, Hq, d), t(B, Hkv, n, d), t(B, Hkv, n, d)
+
+
+def load_solution(aid: str, tmp_path):
+    """Import the graded cells (not 'check'/'skip') of an assignment's solution source from a real file (Triton
+    needs one). Needs no notebook library, so GPU runs of the assignment tests work without nbformat."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from autograder.percent import parse_percent
+    root = Path(__file__).resolve().parents[1]
+    cells = parse_percent((root / "assignments" / aid / f"{aid}_solution.py").read_text(encoding="utf-8"))
+    code = "\n\n\n".join(c.source for c in cells if c.kind == "code" and not {"check", "skip"} & set(c.tags))
+    path = Path(tmp_path) / f"{aid}_graded.py"
+    path.write_text(code, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(f"_sol_{aid}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

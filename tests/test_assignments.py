@@ -19,6 +19,7 @@ import pytest
 
 from assignments import ASSIGNMENTS, GRADED
 from assignments import generate as gen
+from tests.common import load_solution as _load_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 AIDS = list(ASSIGNMENTS)
@@ -57,20 +58,6 @@ SIGNATURES = {
 
 def _source(aid: str) -> str:
     return (ROOT / "assignments" / aid / f"{aid}_solution.py").read_text(encoding="utf-8")
-
-
-def _load_solution(aid: str, tmp_path: Path):
-    """Import the graded cells (not 'check'/'skip') of a solution source from a real file (Triton needs one)."""
-    cells = gen.parse_percent(_source(aid))
-    code = "\n\n\n".join(c.source for c in cells
-                         if c.kind == "code" and not {"check", "skip"} & set(c.tags))
-    path = tmp_path / f"{aid}_graded.py"
-    path.write_text(code, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(f"_sol_{aid}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 # --- generation --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 
 from autograder.specs import a2_flash_numpy as spec
 from reference import iosim
-from tests.test_assignments import _load_solution
+from tests.common import load_solution as _load_solution
 
 pytestmark = pytest.mark.autograder
 
