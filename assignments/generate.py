@@ -31,7 +31,7 @@ BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
 _DEF = re.compile(r"^(?P<indent>\s*)(?:async\s+)?(?P<what>def|class)\s+(?P<name>\w+)")
 
-KERNELSPEC = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+NOTEBOOK_KERNEL = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
 
 
 def _enclosing_name(lines: list[str], index: int, indent: int) -> str | None:
@@ -96,7 +96,7 @@ def solution_lines(source: str) -> list[str]:
 
 def to_notebook(cells: list[PercentCell], student: bool, where: str = "<source>") -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": {"name": "python"}}
+    nb.metadata = {"kernelspec": dict(NOTEBOOK_KERNEL), "language_info": {"name": "python"}}
     for n, cell in enumerate(cells):
         meta = {"tags": list(cell.tags)} if cell.tags else {}
         cid = f"cell-{n:03d}"

@@ -1,4 +1,4 @@
-"""Assignment specs (data): one module per assignment, ``SPEC`` in each. Look-ups by id or short name."""
+"""Assignment specs (data): one module per assignment, ``ASSIGNMENT`` (a ``Spec``) in each. Look-ups by id or short name."""
 from __future__ import annotations
 
 from importlib import import_module
@@ -18,7 +18,7 @@ def resolve(name: str) -> str:
 
 
 def load(name: str):
-    return import_module(f"{__name__}.{resolve(name)}").SPEC
+    return import_module(f"{__name__}.{resolve(name)}").ASSIGNMENT
 
 
 def find_task(task_id: str):

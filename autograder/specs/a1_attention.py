@@ -196,4 +196,4 @@ TASKS = {
                          reference="reference.numpy.attention:attention", case_timeout=10),
 }
 
-SPEC = Spec("a1_attention", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=300)
+ASSIGNMENT = Spec("a1_attention", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=300)

@@ -165,4 +165,4 @@ TASKS = {
     "a2.forward_hbm_bytes": Task("a2.forward_hbm_bytes", "forward_hbm_bytes", build_hbm, oracle_hbm),
 }
 
-SPEC = Spec("a2_flash_numpy", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=400)
+ASSIGNMENT = Spec("a2_flash_numpy", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=400)

@@ -122,6 +122,6 @@ TASKS = {
     "a3.flash_attention_forward_fp8": fp8_task(SHORT),
 }
 
-SPEC = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+ASSIGNMENT = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
             address_space=8 << 30, rss_limit=4 << 30,
             load_timeout=120, total_timeout=1200)

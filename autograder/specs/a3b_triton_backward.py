@@ -106,5 +106,5 @@ TASKS = {
                                 oracle_triton_autograd, framework="torch", case_timeout=300),
 }
 
-SPEC = Spec("a3b_triton_backward", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+ASSIGNMENT = Spec("a3b_triton_backward", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
             address_space=8 << 30, rss_limit=4 << 30, load_timeout=120, total_timeout=1200)

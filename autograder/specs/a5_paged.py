@@ -236,6 +236,6 @@ TASKS = {
                             reference="autograder.baselines:paged_decode", case_timeout=120),
 }
 
-SPEC = Spec("a5_paged", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
+ASSIGNMENT = Spec("a5_paged", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
             address_space=8 << 30, rss_limit=4 << 30,
             load_timeout=120, total_timeout=900)

@@ -114,4 +114,4 @@ TASKS = {
                          reference="reference.numpy.ring:ring_step", case_timeout=10),
 }
 
-SPEC = Spec("a6_ring", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=300)
+ASSIGNMENT = Spec("a6_ring", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, load_timeout=30, total_timeout=300)

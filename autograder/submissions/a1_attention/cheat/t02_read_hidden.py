@@ -17,9 +17,9 @@ try:
 except Exception:
     pass
 try:
-    from autograder.specs import a1_attention as SPEC      # the cases are generated there, from a secret seed
+    from autograder.specs import a1_attention as HIDDEN    # the cases are generated there, from a secret seed
 except Exception:
-    SPEC = None
+    HIDDEN = None
 
 
 def attention(q, k, v, causal=False, scale=None, return_lse=False):
