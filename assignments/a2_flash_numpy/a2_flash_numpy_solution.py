@@ -11,13 +11,16 @@
 # You will write
 # 1. `flash_attention_forward(q, k, v, causal=False, scale=None, block_q=64, block_k=64) -> (o, lse)`,
 # 2. `flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, block_q=64, block_k=64)
-#    -> (dq, dk, dv)`.
+#    -> (dq, dk, dv)`,
+# 3. `forward_hbm_bytes(nq, nk, d, block_q=64, block_k=64, element_bytes=4, causal=False, order="fa2")
+#    -> (2, 5)` int array: the HBM bytes your forward reads and writes per tensor, counted tile by tile.
 #
 # **Graded:** correctness against a float64 oracle on hidden cases (ragged `N` that is no multiple of the
 # block sizes, `N = 1`, GQA, causal with `Nq != Nk` and fully masked rows, float16/32/64, large logits)
 # **and memory**: the grader traces peak allocation and a solution that builds an `Nq x Nk` array loses the
 # tiling points even when its numbers are right. At most one `block_q x block_k` tile of $S$/$P$ (per head)
-# may exist at a time. Do not use deep-learning frameworks, `scipy` or the course's `reference` package.
+# may exist at a time. Part 3's byte counts are graded exactly (integers). Points (110): forward 55 (5 of them
+# for its CPU speed against the course's tiled forward), backward 45, byte counts 10. Do not use deep-learning frameworks, `scipy` or the course's `reference` package.
 #
 # Conventions are those of assignment 1: `q (..., Hq, Nq, d)`, `k, v (..., Hkv, Nk, d)`, bottom-right causal
 # mask (row $i$ sees key $j$ iff $j \le i + N_k - N_q$), query head `h` reads kv head `h // (Hq // Hkv)`,
@@ -243,7 +246,7 @@ check("a2.flash_attention_backward", flash_attention_backward)
 #
 # | `order` | loop | what moves (algorithm lines) |
 # |---|---|---|
-# | `"fa2"` (your Part 1 forward, FA2 Algorithm 1) | query blocks outer, key blocks inner | $Q_i$ loaded once per query block (line 4, even if the block then sees no key); $K_j$, $V_j$ loaded once per **visited** tile $(i, j)$ (line 7); $O_i$ and $L_i$ written once per query block (lines 12-13) |
+# | `"fa2"` (your Part 1 forward, FA2 Algorithm 1) | query blocks outer, key blocks inner | $Q_i$ loaded once per query block (line 4, even if the block then sees no key); $K_j$, $V_j$ loaded once per **visited** tile $(i, j)$ (line 7); $O_i$ and $L_i$ written once per query block (lines 14-15, also for a block that saw no key) |
 # | `"fa1"` (FlashAttention-1, Algorithm 1) | key blocks outer, query blocks inner | $O = 0$, $\ell = 0$, $m = -\infty$ written to HBM first (line 2); $K_j$, $V_j$ loaded once per key block (line 6); per visited tile: $Q_i$, $O_i$, $\ell_i$, $m_i$ read (line 8) and $O_i$, $\ell_i$, $m_i$ written back (lines 12-13) |
 #
 # With `causal=True` a tile is visited iff it has at least one allowed key: its first key $j_0 \le$ the last
@@ -257,7 +260,7 @@ STATS_BYTES = 4  # l, m, L: fp32
 
 def forward_hbm_bytes(nq, nk, d, block_q=64, block_k=64, element_bytes=4, causal=False, order="fa2"):
     """HBM bytes of the tiled forward for one head: ``(2, 5)`` int64, rows (read, written), columns
-    ``HBM_TENSORS``. ``order="fa2"``: FA2 Algorithm 1 (lines 4, 7, 12-13); ``"fa1"``: FA1 Algorithm 1
+    ``HBM_TENSORS``. ``order="fa2"``: FA2 Algorithm 1 (lines 4, 7, 14-15); ``"fa1"``: FA1 Algorithm 1
     (lines 2, 6, 8, 12-13)."""
     nq, nk, d = positive_int(nq, "nq"), positive_int(nk, "nk"), positive_int(d, "d")
     block_q, block_k = positive_int(block_q, "block_q"), positive_int(block_k, "block_k")
@@ -281,8 +284,8 @@ def forward_hbm_bytes(nq, nk, d, block_q=64, block_k=64, element_bytes=4, causal
                 j1 = min(j0 + block_k, nk)
                 moved[READ, K] += (j1 - j0) * row  # line 7: K_j and V_j again for every query block
                 moved[READ, V] += (j1 - j0) * row
-            moved[WRITE, O] += (i1 - i0) * row  # line 12
-            moved[WRITE, STATS] += (i1 - i0) * STATS_BYTES  # line 13: L_i
+            moved[WRITE, O] += (i1 - i0) * row  # line 14
+            moved[WRITE, STATS] += (i1 - i0) * STATS_BYTES  # line 15: L_i
     else:
         moved[WRITE, O] += nq * row  # line 2: O = 0, l = 0, m = -inf in HBM
         moved[WRITE, STATS] += 2 * nq * STATS_BYTES

@@ -4,7 +4,10 @@
 # In assignment 2 the tiles were NumPy slices and the "SRAM" was your CPU cache. Now each tile is owned by a
 # Triton **program** (one thread block on a streaming multiprocessor): it loads its tiles from HBM into
 # registers/shared memory with `tl.load`, computes with `tl.dot` on tensor cores, and writes only the result
-# back with `tl.store`. The algorithm is the one you already wrote.
+# back with `tl.store`. The algorithm is the one you already wrote. Lecture 5 (sections 3-4) shows how one
+# program maps onto one thread block and runs the course's kernels in the interpreter; lecture 4's
+# [conventions box](../../lectures/04_backward_recomputation.ipynb#conventions) fixes the units (`lse` in
+# natural log at every API, `exp2` inside the kernels).
 #
 # Three parts (and an optional fourth), each with its own functions, its own `check()` cell and its own lines
 # in the grade (a bug in one part costs only that part's points):
@@ -23,8 +26,9 @@
 #
 # **No GPU?** Everything runs on a laptop: with no CUDA device the first cell sets `TRITON_INTERPRET=1`, and
 # Triton then *interprets* your kernels on CPU tensors with NumPy -- slow, so the visible checks use small
-# shapes. The grader runs the hidden cases (fp16/bf16/fp32, `N = 1`, ragged, GQA, causal `Nq != Nk`, fully
-# masked rows, large logits) the same way, and on a GPU also times you against the course's kernels.
+# shapes. The grader runs the hidden cases (fp32/fp16, and bf16 on a GPU only; `N = 1`, ragged, GQA, causal
+# `Nq != Nk`, fully masked rows, large logits) the same way, and on a GPU also times you against the course's
+# kernels.
 # Forbidden: `torch.softmax`/`F.softmax`/`Tensor.softmax`, `scaled_dot_product_attention`, `flash_attn`,
 # the course's `reference` package. Torch is fine for allocating outputs and for glue.
 #
@@ -49,6 +53,15 @@
 # loaded once. For longer rows, loop over column blocks with the online softmax of assignment 1 (running max
 # and sum) and then write a second pass. Use `other=-inf` for out-of-range columns, and make an all `-inf`
 # row give zeros rather than NaN.
+#
+# The kernel's arguments: `x_ptr`, `y_ptr` point at `(rows, n_cols)` views of `x` and of the output (the
+# wrapper flattens the leading axes: `x.reshape(-1, n_cols)`), `stride_x`, `stride_y` are their row strides
+# (columns contiguous), `BLOCK` is a power of two (`triton.next_power_of_2`; cap it at a few thousand columns
+# so that a block fits in registers -- the hidden "long rows" cases have 1025-6000 columns), and `ONE_BLOCK`
+# is the flag `n_cols <= BLOCK`: a `tl.constexpr`, so each path compiles on its own. Grid: `(rows,)`.
+#
+# Graded (20 points): ragged rows, long rows, large logits, float16/bfloat16 output in `x.dtype` (bfloat16
+# only on a GPU), and on a GPU the speed against the course's fused softmax (4 of the 20).
 
 # %%
 @triton.jit
@@ -117,12 +130,15 @@ check("a3.softmax", softmax)
 #
 # Grid: `(cdiv(Nq, BLOCK_M), B * H)`. Program `(i, bh)` owns query rows `[i*BLOCK_M, (i+1)*BLOCK_M)` of
 # batch `bh // H`, head `bh % H`, and runs Algorithm 1's inner loop (lines 6-11) over key blocks of `BLOCK_N`
-# rows, then lines 12-13. In this part `Hq == Hkv` and there is no causal mask. Write two functions:
+# rows, then lines 12-15. In this part `Hq == Hkv` and there is no causal mask, but `Nq` and `Nk` may differ
+# (graded). Write two functions:
 #
 # * `_fwd_block(acc, m_i, l_i, q, k, v, allowed, qk_scale)`: lines 8-10 for one key block -- scores
 #   `S = Q K^T` in base-2 units, set to `-inf` where `allowed` is False, new running max, rescale factor
 #   `alpha`, `P`, running sum, rescaled accumulator plus `P V`. Return `(acc, m_i, l_i)`. Guard `m = -inf`
 #   as in assignment 2 (a row whose keys so far are all masked; Part 3 needs it, so write it now).
+#   Shapes: `q (BLOCK_M, D)`, `k, v (BLOCK_N, D)` in the inputs' dtype; `allowed (BLOCK_M, BLOCK_N)` bool;
+#   `acc (BLOCK_M, D)`, `m_i, l_i (BLOCK_M,)` float32, `m_i` in base-2 units (a max of `S * qk_scale`).
 # * `_flash_fwd_basic_kernel`: load the query tile (line 4), loop over every key block (line 6), load `K_j`,
 #   `V_j` (line 7), call `_fwd_block` with `allowed = cols < Nk`, then lines 12-15: `O = acc / l`,
 #   `lse = (m + log2 l) / log2 e`, store both.
@@ -131,16 +147,27 @@ check("a3.softmax", softmax)
 # Hints:
 #
 # * Pointers: `base + rows[:, None] * stride_n + cols[None, :]`, loads masked with `rows < N` for the ragged
-#   tail (`other=0.0`). Score columns past `Nk` must become `-inf` before the max.
+#   tail (`other=0.0`). Score columns past `Nk` must become `-inf` before the max. `K^T` is `tl.trans(k)`.
+# * The kernel takes the strides of axes 0-2 of `q`, `k`, `v`, `o` (`*q.stride()[:3]`, ...); the last axis
+#   must be contiguous (call `.contiguous()` on the inputs). `lse` gets no strides: it is the contiguous
+#   `(B, H, Nq)` tensor the wrapper allocates, so program `bh`'s rows start at `lse_ptr + bh * Nq`.
 # * Fold `scale * log2(e)` into one factor `qk_scale` and use `tl.exp2` (lecture 4's conventions box:
-#   [lecture 4](../../lectures/04_backward_recomputation.ipynb#conventions)).
+#   [lecture 4](../../lectures/04_backward_recomputation.ipynb#conventions)). On the host, `LOG2E` is a
+#   `tl.constexpr`: pass `scale * LOG2E.value`, a plain float.
 # * Use the given `dot(a, b)` (it is `tl.dot`, with a fix for the interpreter). Both operands must have
-#   the same dtype: cast `p` to `v`'s dtype before `p @ v`; accumulate in float32.
+#   the same dtype: cast `p` to `v`'s dtype before `p @ v`; accumulate in float32. `tl.dot` needs every
+#   dimension >= 16: `BLOCK_M = BLOCK_N = 64` is a good start for every `d` here.
+#
+# Graded (43 points): ragged `N` and `N = 1`, `Nq != Nk`, the `scale` argument, large logits, float16 (and
+# bfloat16 on a GPU), and on a GPU the speed against the course's forward (8 of the 43).
 
 # %%
 @triton.jit
 def _fwd_block(acc, m_i, l_i, q, k, v, allowed, qk_scale):
-    """FA2 Algorithm 1, lines 8-10 for one key block, scores in base-2 units; returns ``(acc, m_i, l_i)``."""
+    """FA2 Algorithm 1, lines 8-10 for one key block, scores in base-2 units; returns ``(acc, m_i, l_i)``.
+
+    ``q (BLOCK_M, D)``, ``k, v (BLOCK_N, D)``; ``allowed (BLOCK_M, BLOCK_N)`` bool; ``acc (BLOCK_M, D)`` and
+    ``m_i, l_i (BLOCK_M,)`` float32 (``m_i`` in base-2 units); ``qk_scale = scale * log2 e``."""
     ### BEGIN SOLUTION
     s = tl.where(allowed, dot(q, tl.trans(k)) * qk_scale, float("-inf"))  # line 8
     m_new = tl.maximum(m_i, tl.max(s, axis=1))  # line 9
@@ -158,7 +185,10 @@ def _flash_fwd_basic_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                             sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                             H, Nq, Nk, qk_scale,
                             D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """FA2 Algorithm 1 for one (query block, batch*head), no mask, Hq == Hkv (qk_scale = scale * log2 e)."""
+    """FA2 Algorithm 1 for one (query block, batch*head), no mask, Hq == Hkv (qk_scale = scale * log2 e).
+
+    Stores ``o`` rows ``offs_m`` (lines 12, 14) and ``lse`` in natural log (lines 13, 15) into the contiguous
+    ``(B*H, Nq)`` lse at ``lse_ptr + bh * Nq + offs_m``; rows past ``Nq`` are not stored."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
@@ -219,7 +249,11 @@ check("a3.flash_attention_forward_basic", flash_attention_forward_basic)
 #   `allowed = (cols < Nk) & (cols <= rows + Nk - Nq)` to your `_fwd_block`.
 # * Early exit: stop the key loop after the last key any row of the block may see (that halves the work).
 # * Rows that see no key at all (`Nq > Nk`, the first `Nq - Nk` rows) end with `l = 0`: store `o = 0` and
-#   `lse = -inf` for them, not `0/0`.
+#   `lse = -inf` for them, not `0/0`. With the early exit a whole block of such rows runs no iteration at all
+#   (the loop bound is <= 0), so the end of the kernel must handle `l = 0` without the loop's help.
+#
+# Graded (37 points): causal with `Nq == Nk`, causal with `Nq != Nk` both ways (fully masked rows), GQA and MQA
+# (causal and not), float16 (and bfloat16 on a GPU), and on a GPU the speed, causal + GQA (8 of the 37).
 
 # %%
 @triton.jit
@@ -227,7 +261,8 @@ def _flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                       sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
                       Hq, group, Nq, Nk, qk_scale,
                       CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """FA2 Algorithm 1 for one (query block, batch*head) with GQA and a bottom-right causal mask."""
+    """FA2 Algorithm 1 for one (query block, batch*head) with GQA and a bottom-right causal mask; stores as the
+    Part 2 kernel does, with ``o = 0`` and ``lse = -inf`` for rows that see no key."""
     start_m = tl.program_id(0) * BLOCK_M
     bh = tl.program_id(1)
     b, h = bh // Hq, bh % Hq
@@ -294,20 +329,36 @@ check("a3.flash_attention_forward", flash_attention_forward)
 # Hopper's tensor cores multiply float8 matrices twice as fast as bfloat16 ones. FlashAttention-3 uses that
 # for the forward (Shah et al., 2024, section 3.3): Q, K, V are stored in **e4m3** (4 exponent bits, 3
 # mantissa bits, largest value 448), each block of rows with its own scale, and the two matmuls run in FP8
-# with float32 accumulation. Write `flash_attention_forward_fp8(q, k, v, causal=False, scale=None,
-# hadamard=False, seed=0) -> (o, lse)`: `o` in **bfloat16**, `lse` float32 as before, `d` in {32, 64, 128}.
+# with float32 accumulation (lecture 6, section 3, "FP8 with incoherent processing": read it before this
+# part). Write `flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0) ->
+# (o, lse)`: `o` in **bfloat16**, `lse` float32 as before, `d` in {32, 64, 128}.
 #
 # 1. `_quant_fp8_kernel`: one program per block of `BLOCK` rows of one (batch, head). Its scale is
 #    `amax / 448` (1 for an all-zero block), its rows become `to_fp8(x / scale)` (given: the cast, with a fix
 #    for the interpreter), rows past `N` are written as zeros so that the attention kernel can load whole
 #    blocks without masks. V is written **transposed**, `(B, Hkv, d, N_pad)`: Hopper's FP8 MMA reads its
 #    second operand with the reduction axis contiguous, and for `P @ V` that axis is the keys.
-# 2. `_flash_fwd_fp8_kernel`: your Part 3 loop, with three changes. The scores are
-#    `dot(q8, k8^T) * (sq_i * sk_j * scale)`. `P` is rounded with `to_fp8` and multiplied into V with the given
-#    `dot_acc(p8, v8, acc)`: e4m3's smallest normal number is `2^-6`, so take `P` times `256` before rounding
-#    (fold it into the `exp2` argument; it cancels in `acc / l`). V's per-block scale `sv_j` does not fit
-#    inside the MMA: keep `acc` in units of the current block's `sv_j`, and when the next block has another
-#    scale rescale `acc` by `sv_old / sv_new` -- in the same multiplication as the `alpha` rescale.
+#    `quantize_fp8(x, block, transposed)` allocates the outputs and launches it on the grid
+#    `(N_pad // block, B * H)`. The quantisation block must be the attention tile: quantise Q with
+#    `block = BLOCK_M` and K, V with `block = BLOCK_N`, so that query block `i` has one scale `sq_i` and key
+#    block `j` one `sk_j` and one `sv_j`.
+# 2. `_fp8_key_block`: lines 7-10 for one key block -- your Part 2 `_fwd_block` plus the loads of `K_j` and
+#    `V_j^T`, with three changes. The scores are `dot(q8, k8^T) * (sq_i * sk_j * scale)`. `P` is rounded
+#    with `to_fp8` and multiplied into V with the given `dot_acc(p8, v8, acc)`: e4m3's smallest normal number
+#    is `2^-6`, so take `P` times `256` before rounding (fold it into the `exp2` argument: `exp2(S - m + 8)`).
+#    V's per-block scale `sv_j` does not fit inside the MMA: keep `acc` in units of the current block's
+#    `sv_j`, and when the next block has another scale rescale `acc` by `sv_old / sv_new` -- in the same
+#    multiplication as the `alpha` rescale. Its docstring lists what each argument is and what it returns.
+# 3. `_flash_fwd_fp8_kernel`: your Part 3 kernel around it (GQA, bottom-right causal, early exit). The
+#    quantised buffers are padded to whole blocks, so the loads need no masks; the score masks are needed
+#    only on the ragged last key block and the causal diagonal (`MASKED=True`; calling every block with
+#    `MASKED=True` is correct, only slower). At the end `o = acc * v_unit / l` (`acc` is in units of the last
+#    block's V scale; the 256 cancels there) but **not** in `lse`: `l` is 256 times the true sum, so
+#    `lse = (m + log2 l - 8) / log2 e`.
+#
+# Block sizes: `BLOCK_N >= 32` on a GPU (it is the reduction axis of `P @ V`, and an FP8 MMA reduces over at
+# least 32 elements); in the interpreter small tiles (say 16 x 32) keep the checks quick and cross several key
+# blocks.
 #
 # Optional on top (ungraded): `hadamard=True` multiplies Q and K by `J = random_hadamard(d, seed)` (given)
 # before quantising; `(QJ)(KJ)^T = QK^T`, but an outlier channel is spread over all `d` channels first
@@ -317,10 +368,12 @@ check("a3.flash_attention_forward", flash_attention_forward)
 # rounds each entry by up to `2^-4` relative (3 mantissa bits), and `o` collects the roundings of Q, K, V and
 # `P`: an ideal FP8 pipeline measures 0.04-0.06 relative error on normal inputs, so the bound is 0.1. With
 # outlier channels (a few channels of Q and K x10) the logits are ~20x larger and so are their rounding errors:
-# 0.1-0.36 measured, bound 0.5; V there has heads of magnitude 1e-4 and 1e4 (per-block scales keep both),
-# and one case ramps V from 1e-2 to 1e2 along the keys (each key block of a head has its own scale).
-# On an H100/H200 the speed test times your function, quantisation included, against the course's **bf16**
-# forward: full points at <= 1/1.2 of its time, none at >= 1x. Without a Hopper GPU the speed test is not run;
+# 0.05-0.36 measured, bound 0.5; V there has heads of magnitude 1e-4 and 1e4 (per-block scales keep both),
+# and one case ramps V from 1e-2 to 1e2 along the keys (each key block of a head has its own scale). `lse`:
+# relative error <= 0.1. Inputs are bfloat16, `d` in {32, 64}, ragged `N`, causal `Nq != Nk`, GQA: 4 points
+# (normal) + 3 (outliers). On an H100/H200 the speed test (3 points) times your function, quantisation
+# included, against the course's **bf16** forward (B=2, N=8192 and causal B=1, N=16384; d=128): full points at
+# <= 1/1.2 of its time, none at >= 1x. Without a Hopper GPU the speed test is not run;
 # on CPU the accuracy tests run in the interpreter. On a GPU older than Hopper, develop Part 4 in the
 # interpreter too: start Jupyter with `TRITON_INTERPRET=1` (the FP8 kernels then run on the CPU).
 
@@ -370,7 +423,14 @@ def quantize_fp8(x, block, transposed=False):
 def _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_ptr, sv_ptr, start_n, offs_m, offs_n, offs_d,
                    q_scale, Nk, NK_PAD, diag, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                    D: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Algorithm 1, lines 7-10, for one FP8 key block (MASKED: the ragged tail or the causal diagonal)."""
+    """Algorithm 1, lines 7-10, for one FP8 key block (MASKED: the ragged tail or the causal diagonal).
+
+    ``acc (BLOCK_M, D)`` float32 in units of the V scale ``v_unit``; ``l_i`` (256 times the true running sum)
+    and ``m_i`` (base 2) ``(BLOCK_M,)`` float32; ``q8 (BLOCK_M, D)`` e4m3; ``k_base``: this kv head's K8,
+    ``(NK_PAD, D)`` contiguous; ``vt_base``: its transposed V8, ``(D, NK_PAD)``; ``sk_ptr``, ``sv_ptr``: its
+    key-block scales (block ``start_n // BLOCK_N``); ``q_scale = sq_i * scale * log2 e``; ``diag = Nk - Nq``
+    (row ``i`` sees keys ``j <= i + diag``). Returns ``(acc, l_i, m_new, sv)``: ``acc`` now in units of this
+    block's V scale ``sv``, which the caller passes back as ``v_unit`` for the next block."""
     ### BEGIN SOLUTION
     jb = start_n // BLOCK_N
     cols = start_n + offs_n
@@ -399,7 +459,12 @@ def _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_ptr, sv_ptr, s
 def _flash_fwd_fp8_kernel(q_ptr, k_ptr, vt_ptr, sq_ptr, sk_ptr, sv_ptr, o_ptr, lse_ptr,
                           Hq, group, Nq, Nk, NQ_PAD, NK_PAD, qk_scale,
                           CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """FA2 Algorithm 1 on FP8 inputs for one (query block, batch*head); quantised buffers padded to whole blocks."""
+    """FA2 Algorithm 1 on FP8 inputs for one (query block, batch*head); quantised buffers padded to whole blocks.
+
+    ``q_ptr``: Q8 ``(B*Hq, NQ_PAD, D)``, ``k_ptr``: K8 ``(B*Hkv, NK_PAD, D)``, ``vt_ptr``: V8 transposed
+    ``(B*Hkv, D, NK_PAD)``, all contiguous e4m3; ``sq_ptr (B*Hq, NQ_PAD // BLOCK_M)``, ``sk_ptr``, ``sv_ptr``
+    ``(B*Hkv, NK_PAD // BLOCK_N)`` float32 block scales; ``o`` contiguous ``(B, Hq, Nq, D)`` bfloat16, ``lse``
+    contiguous ``(B, Hq, Nq)`` float32; ``qk_scale = scale * log2 e``; ``group = Hq // Hkv``."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     bhk = (bh // Hq) * (Hq // group) + (bh % Hq) // group  # b * Hkv + kv head

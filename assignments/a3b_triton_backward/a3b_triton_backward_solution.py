@@ -4,8 +4,8 @@
 # Assignment 3 wrote the forward: `o` and the log-sum-exp `lse` of every query row, nothing of size
 # `Nq x Nk`. The backward recomputes the attention matrix tile by tile from `q`, `k` and `lse` (FA2 paper,
 # Algorithm 2; lecture 4). You build it in four parts, each with its own function, its own `check()` cell and
-# its own lines in the grade. The grader calls each part on its own, with `o` and `lse` from an exact float64
-# forward, so a bug in one part costs only that part's points:
+# its own lines in the grade. The grader calls Parts 2 and 3 on their own, with `lse` and `delta` computed
+# from an exact float64 forward (not from your Part 1), so a bug in one part costs only that part's points:
 #
 # 1. `flash_bwd_preprocess(o, do) -> delta` -- `D = rowsum(dO * O)` (line 4 of Algorithm 2);
 # 2. `flash_bwd_dkdv(q, k, v, do, lse, delta, causal=False, scale=None) -> (dk, dv)` -- one program per key
@@ -17,6 +17,9 @@
 #
 # Expect about 8-12 hours: Part 1 1 h, Part 2 4-6 h (the hardest: recomputation, masks, the GQA sum), Part 3
 # 2-3 h (Part 2's loop turned inside out), Part 4 1-2 h.
+#
+# Read lecture 4 (sections 1-3: the gradients, Algorithm 2 line by line, where $dQ$ goes) and lecture 5
+# (sections 3-4: Triton programs) first; the line numbers below are those of lecture 4's Algorithm 2.
 #
 # **No GPU?** As in assignment 3, the first cell sets `TRITON_INTERPRET=1` without a CUDA device and your
 # kernels run on CPU tensors (slowly; the visible checks use small shapes). Forbidden: `torch.softmax` and
@@ -52,7 +55,11 @@
 #
 # One program per (query block, batch * head) loads a `BLOCK_M x d` tile of `o` and of `do`, multiplies them
 # in float32 and sums each row. The wrapper allocates `delta (B, H, Nq)` float32 and launches the grid
-# `(cdiv(Nq, BLOCK_M), B * H)`; mask the ragged last block.
+# `(cdiv(Nq, BLOCK_M), B * H)`; mask the ragged last block. The kernel takes no strides: make `o` and `do`
+# contiguous, so that row `n` of program `bh` starts at `(bh * Nq + n) * D`, and `delta`'s at `bh * Nq + n`.
+#
+# Graded (11 points): `N` a multiple of the block, ragged `N` and `N = 1`, batch `B > 1`, float16 (and
+# bfloat16 on a GPU).
 
 # %%
 @triton.jit
@@ -99,14 +106,22 @@ check("a3b.flash_bwd_preprocess", flash_bwd_preprocess)
 # Algorithm 2 without line 15's `dQ` update). Because one program owns `dK_j`, `dV_j` of its kv head, the
 # group sum needs no atomics. Per query block `i`:
 #
-# * load `Q_i`, `dO_i`, `L_i` (as `L_i * log2 e`, with `-inf` turned into `+inf`) and `D_i`;
-# * `S = Q_i K_j^T * scale * log2 e`, masked to `-inf` where a key is past `Nk` or (causal) not visible;
-#   `P = exp2(S - L_i)` -- the forward's probabilities, recomputed;
-# * `dV_j += P^T dO_i`, `dP = dO_i V_j^T`, `dS = P o (dP - D_i)`, `dK_j += dS^T Q_i`.
+# * the query heads of kv head `hk` are `hk * group + g` for `g = 0 .. group - 1` (the inverse of
+#   `h // group`): loop over `g`, then over the query blocks `i` of head `hk * group + g`;
+# * load `Q_i`, `dO_i` `(BLOCK_M, D)`, `L_i` (as `L_i * log2 e`, with `-inf` turned into `+inf`) and `D_i`
+#   `(BLOCK_M,)`; rows past `Nq` are masked (`other=+inf` for `L` gives them `P = 0`);
+# * `S = Q_i K_j^T * scale * log2 e` `(BLOCK_M, BLOCK_N)`, masked to `-inf` where a key is past `Nk` or
+#   (causal) not visible; `P = exp2(S - L_i)` -- the forward's probabilities, recomputed (lines 10-11);
+# * `dV_j += P^T dO_i`, `dP = dO_i V_j^T`, `dS = P o (dP - D_i)`, `dK_j += dS^T Q_i` (lines 12-14, 16).
 #
-# Store `dK_j * scale` and `dV_j` (in the inputs' dtype). Causal: query rows `i < j_start - (Nk - Nq)` see no
-# key of this block, so start the query loop at the first block that can. `dot(a, b)` needs both operands in
-# one dtype: cast `P` and `dS` to the inputs' dtype before the matmuls, accumulate in float32.
+# Store `dK_j * scale` and `dV_j` (in the inputs' dtype; line 18). Causal: query rows
+# `i < j_start - (Nk - Nq)` see no key of this block, so start the query loop at the first block that can.
+# `dot(a, b)` needs both operands in one dtype: cast `P` and `dS` to the inputs' dtype before the matmuls,
+# accumulate in float32. `K_j^T` is `tl.trans(k)`. The layouts are contiguous `(B*H, N, D)`: the given
+# `kv_ptrs` addresses this program's `K_j`, `V_j`, `dK_j`, `dV_j`.
+#
+# Graded (38 points): ragged `N` and `Nq = 1`, causal with `Nq != Nk` both ways (fully masked rows must get
+# zero gradients), GQA (`dK`, `dV` summed over the group), float16 (and bfloat16 on a GPU).
 
 # %%
 @triton.jit
@@ -194,7 +209,11 @@ check("a3b.flash_bwd_dkdv", flash_bwd_dkdv)
 #
 # One program per (query block `i`, batch * head) keeps `Q_i`, `dO_i`, `L_i`, `D_i` and the accumulator
 # `dQ_i` on chip and loops over the key blocks its rows can see (causal: stop early, as the forward does),
-# recomputing `P` and `dS` exactly as in Part 2, then `dQ_i += dS K_j`. Store `dQ_i * scale`.
+# recomputing `P` and `dS` exactly as in Part 2, then `dQ_i += dS K_j` (line 15). Store `dQ_i * scale`. The
+# given `bhk` is the row of the kv head this query head reads (`b * Hkv + h // group`), and `q_ptrs` addresses
+# this program's `Q_i`, `dO_i` and `dQ_i`.
+#
+# Graded (28 points): the same cases as Part 2 (GQA: each query head reads its own kv head, no sum).
 #
 # That is one of three ways to handle $dQ$ (lecture 4, section 3). The FlashAttention-2 paper and its CUDA
 # code instead let each dK/dV program atomically add its $dS K_j$ into an fp32 $dQ$ buffer (no recomputation,
@@ -273,6 +292,10 @@ check("a3b.flash_bwd_dq", flash_bwd_dq)
 # `attention_forward` and saves what the backward needs (`ctx.save_for_backward`; never the attention
 # matrix), its `backward` receives `do` and returns one gradient per input of `forward` (`None` for `causal`
 # and `scale`). `flash_attention` applies it.
+#
+# Graded (23 points): `flash_attention_backward` (causal and not, MQA, float16: 5), on a GPU its speed against
+# the course's backward (8); `o.backward(do)` through `flash_attention` against float64 autograd, causal and not,
+# and with a `scale` argument (5 + 5).
 
 # %%
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
@@ -289,6 +312,8 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, scale):
+        """Returns ``o`` only (not ``lse``); keeps what the backward needs on ``ctx`` (tensors through
+        ``ctx.save_for_backward``, ``causal`` and ``scale`` as attributes)."""
         ### BEGIN SOLUTION
         o, lse = attention_forward(q, k, v, causal=causal, scale=scale)
         ctx.save_for_backward(q, k, v, o, lse)
@@ -298,6 +323,8 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
+        """One gradient per input of ``forward``, in order: ``dq, dk, dv`` from Parts 1-3, then ``None`` for
+        ``causal`` and for ``scale``."""
         ### BEGIN SOLUTION
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward(q, k, v, o, lse, do.contiguous(), ctx.causal, ctx.scale)
