@@ -138,7 +138,7 @@ check("a3.softmax", softmax)
 #   `alpha`, `P`, running sum, rescaled accumulator plus `P V`. Return `(acc, m_i, l_i)`. Guard `m = -inf`
 #   as in assignment 2 (a row whose keys so far are all masked; Part 3 needs it, so write it now).
 #   Shapes: `q (BLOCK_M, D)`, `k, v (BLOCK_N, D)` in the inputs' dtype; `allowed (BLOCK_M, BLOCK_N)` bool;
-#   `acc (BLOCK_M, D)`, `m_i, l_i (BLOCK_M,)` float32, `m_i` in base-2 units (a max of `S * qk_scale`).
+#   `acc (BLOCK_M, D)`, `m_i, l_i (BLOCK_M,)` float32, `m_i` in base-2 units (a max of `Q K^T * qk_scale`).
 # * `_flash_fwd_basic_kernel`: load the query tile (line 4), loop over every key block (line 6), load `K_j`,
 #   `V_j` (line 7), call `_fwd_block` with `allowed = cols < Nk`, then lines 12-15: `O = acc / l`,
 #   `lse = (m + log2 l) / log2 e`, store both.
@@ -344,8 +344,9 @@ check("a3.flash_attention_forward", flash_attention_forward)
 #    block `j` one `sk_j` and one `sv_j`.
 # 2. `_fp8_key_block`: lines 7-10 for one key block -- your Part 2 `_fwd_block` plus the loads of `K_j` and
 #    `V_j^T`, with three changes. The scores are `dot(q8, k8^T) * (sq_i * sk_j * scale)`. `P` is rounded
-#    with `to_fp8` and multiplied into V with the given `dot_acc(p8, v8, acc)`: e4m3's smallest normal number
-#    is `2^-6`, so take `P` times `256` before rounding (fold it into the `exp2` argument: `exp2(S - m + 8)`).
+#    with `to_fp8` and multiplied into V with the given `dot_acc(p8, v8, acc)` (load the `(D, BLOCK_N)` tile
+#    of V^T and pass its `tl.trans`, `(BLOCK_N, D)`): e4m3's smallest normal number is `2^-6`, so take `P`
+#    times `256` before rounding (fold it into the `exp2` argument: `exp2(S - m + 8)`).
 #    V's per-block scale `sv_j` does not fit inside the MMA: keep `acc` in units of the current block's
 #    `sv_j`, and when the next block has another scale rescale `acc` by `sv_old / sv_new` -- in the same
 #    multiplication as the `alpha` rescale. Its docstring lists what each argument is and what it returns.

@@ -104,10 +104,10 @@ check("a3b.flash_bwd_preprocess", flash_bwd_preprocess)
 # One program per (key block `j`, batch * **kv** head) keeps `K_j`, `V_j` and the accumulators `dK_j`,
 # `dV_j` on chip and loops over every query block of every query head in its GQA group (lines 6-17 of
 # Algorithm 2 without line 15's `dQ` update). Because one program owns `dK_j`, `dV_j` of its kv head, the
-# group sum needs no atomics. Per query block `i`:
+# group sum needs no atomics. The query heads of kv head `hk` are `hk * group + g` for `g = 0 .. group - 1`
+# (the inverse of `h // group`): loop over `g`, then over the query blocks `i` of head `hk * group + g`. Per
+# query block `i`:
 #
-# * the query heads of kv head `hk` are `hk * group + g` for `g = 0 .. group - 1` (the inverse of
-#   `h // group`): loop over `g`, then over the query blocks `i` of head `hk * group + g`;
 # * load `Q_i`, `dO_i` `(BLOCK_M, D)`, `L_i` (as `L_i * log2 e`, with `-inf` turned into `+inf`) and `D_i`
 #   `(BLOCK_M,)`; rows past `Nq` are masked (`other=+inf` for `L` gives them `P = 0`);
 # * `S = Q_i K_j^T * scale * log2 e` `(BLOCK_M, BLOCK_N)`, masked to `-inf` where a key is past `Nk` or
