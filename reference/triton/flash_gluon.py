@@ -1,0 +1,411 @@
+"""FlashAttention-3-style forward for Hopper in Gluon (Triton's lower-level dialect): explicit wgmma, TMA, mbarriers.
+
+``flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None) -> (o, lse)``, the same contract
+as ``flash_attention_forward`` (FA2 Algorithm 1, bottom-right causal, GQA, ragged N) restricted to what the
+kernels are written for: a Hopper GPU (compute capability 9.0), bfloat16/float16, ``d`` in {64, 128}.
+
+Why Gluon: Triton decides the schedule of a ``tl.dot`` loop itself, and its software pipeliner keeps the chain
+``S_j = Q K_j^T -> softmax(S_j) -> O += P_j V_j`` of one iteration in order, so the tensor cores idle while the
+warpgroup does its softmax (measured: SM throughput 55% vs cuDNN's 75%, notes/hopper.md section 1). Gluon
+exposes the asynchronous ``warpgroup_mma`` (wgmma), its wait, TMA copies and mbarriers, so the kernel writes
+the schedule of the FA3 paper (Shah et al., 2024) itself:
+
+* ``schedule="overlap"`` (``_fwd_overlap_kernel``): FA3 Algorithm 2, "intra-warpgroup overlapping". In
+  iteration ``j`` the warps issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, wait only for
+  ``S_j`` (wgmma groups retire in order), and run the softmax of ``S_j`` while ``P_{j-1} V_{j-1}`` is still on the
+  tensor cores. K and V tiles stream through ``STAGES``-deep shared-memory rings filled by TMA, each slot with
+  its own mbarrier; a K slot is refilled as soon as its ``S`` retires, a V slot once its ``P V`` does.
+* ``schedule="pingpong"`` (``_fwd_ws_kernel``): warp specialisation, FA3 section 3.1. One producer warp
+  issues every TMA copy; two consumer warpgroups (``gl.warp_specialize`` partitions, with their register budgets
+  set by ``setmaxnreg``: few for the producer, the rest for the consumers) each own 64 query rows of a 128-row
+  tile and share K/V. Each consumer runs the overlapped loop above; an mbarrier "turn" pair makes the two
+  issue their matmuls alternately (the talk's ping-pong: one warpgroup's softmax under the other's GEMMs).
+
+Both keep the FA2 choices of ``flash_fwd``: exp2 with ``log2(e)`` folded into the scale, the running max in base 2,
+a "safe" max of 0 for rows that have seen no key yet, fp32 accumulators, ``lse`` in natural log. Tensors are
+viewed as 2-D ``(B * H * N, d)`` for the TMA descriptors: a query tile that runs past its head's ``N`` reads the
+next head's rows (or the copy engine's zeros past the end), which are never stored; a key tile that does is
+masked to ``-inf`` like the causal diagonal, so ragged ``N`` needs no padding.
+
+The interpreter cannot run Gluon: on a machine without a Hopper GPU the entry point raises ``RuntimeError``
+naming the requirement, and the kernels are only compiled (``tests/test_triton_gluon.py`` compiles them for
+sm_90a ahead of time on CPU, which checks the code and reports registers and spills without a GPU).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ._checks import check_attention_inputs, check_flag, check_scale
+
+LOG2E_F = 1.4426950408889634
+LN2_F = 0.6931471805599453
+GLUON_HEAD_DIMS = (64, 128)
+GLUON_DTYPES = (torch.bfloat16, torch.float16)
+MIN_CAPABILITY = (9, 0)
+SCHEDULES = ("overlap", "pingpong")
+#: per schedule: (BLOCK_M, BLOCK_N, STAGES, num_warps); pingpong's BLOCK_M is the CTA's tile (64 rows per consumer)
+DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": (128, 128, 2, 4)}
+#: setmaxnreg budgets of the pingpong worker partitions: (second consumer warpgroup, producer warp)
+PINGPONG_REGS = (240, 24)
+#: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
+PINGPONG_MAXNREG = 168
+
+
+# --------------------------------------------------------------------------------------------------------------
+# shared pieces
+# --------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key blocks ``[0, hi)`` this query block reads; blocks ``>= full_end`` need the mask (FA2 Alg. 1 line 6).
+
+    Bottom-right causal: row ``i`` sees key ``j`` iff ``j <= i + (N_K - N_Q)``.
+    """
+    n_blocks = gl.cdiv(N_K, BLOCK_N)
+    if CAUSAL:
+        offset = N_K - N_Q
+        hi = gl.minimum(gl.cdiv(gl.maximum(start_m + BLOCK_M + offset, 0), BLOCK_N), n_blocks)
+        full_end = gl.minimum(gl.maximum(start_m + offset + 1, 0) // BLOCK_N, hi)
+    else:
+        hi = n_blocks
+        full_end = N_K // BLOCK_N
+    return full_end, hi
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+                    s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """FA2 Algorithm 1, lines 9-10 on one score tile ``s = Q_i K_j^T`` (raw, unscaled, fp32).
+
+    Returns ``(p, alpha, m_new, l_new)`` with ``p = exp2(s * qk_scale - m_new)`` and ``alpha = exp2(m_i - m_new)``,
+    the factor the caller applies to ``O`` before adding ``p V_j``. Masked (diagonal / ragged) blocks set
+    invisible scores to ``-inf``; the max used for the exponent is 0 where no key was seen yet (no inf - inf).
+    """
+    if j >= full_end:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = cols[None, :] < N_K
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
+                  o_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows)."""
+    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.convert_layout(m_i, row_l)
+    l_i = gl.convert_layout(l_i, row_l)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row_ok = offs_m < N_Q
+    rows = (o_row0 + offs_m).to(gl.int64)
+    gl.store(LSE + rows, lse, mask=row_ok)
+    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@gluon.jit
+def _issue_kv(desc, smem, bars, tile, row0, hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """TMA-copy key/value tile ``tile`` (if ``tile < hi``) into ring slot ``tile % STAGES``, arriving on its barrier."""
+    slot = tile % STAGES
+    pred = tile < hi
+    bar = bars.index(slot)
+    mbarrier.expect(bar, desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc, [row0 + tile * BLOCK_N, 0], bar, smem.index(slot), pred=pred)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# schedule "overlap": one partition, FA3 Algorithm 2 (intra-warpgroup overlap of softmax with P V)
+# --------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end, hi,
+                       start_m, N_Q, N_K, qk_scale,
+                       turn_bars, WG,
+                       s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                       BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                       LOADS: gl.constexpr, SYNC: gl.constexpr, PINGPONG: gl.constexpr):
+    """Key blocks ``0 .. hi-1`` for one query tile already in ``q_smem``; return ``(acc, m_i, l_i)``.
+
+    FA3 Algorithm 2: iteration ``j`` issues ``S_j = Q K_j^T`` then ``O += P_{j-1} V_{j-1}`` (both async), waits for
+    ``S_j`` only, computes softmax(S_j) while the ``P V`` product runs, then waits for it and rescales ``O``.
+    ``LOADS``: this partition also refills the rings (the "overlap" schedule; ``SYNC``: with two warpgroups, a CTA
+    barrier first, so the leading warpgroup cannot overwrite a tile the other has not multiplied yet); otherwise
+    a producer does, and this partition releases each slot by arriving on its "empty" barrier
+    (``k_bars[STAGES + slot]``, count 2: both consumers). ``PINGPONG``: before each round of matmul issues the
+    warpgroup waits for its turn (``turn_bars[WG]``) and afterwards hands the turn over, so the two consumers'
+    GEMMs alternate and each one's softmax runs under the other's GEMMs.
+    """
+    dtype: gl.constexpr = q_smem.dtype
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if hi > 0:
+        # peeled iteration 0: S_0 and its softmax; no P V yet
+        mbarrier.wait(k_bars.index(0), 0)
+        if PINGPONG:
+            mbarrier.wait(turn_bars.index(WG), 1 - WG)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn_bars.index(1 - WG))
+        s = warpgroup_mma_wait(0, deps=(s,))
+        if SYNC:
+            gl.thread_barrier()
+        if LOADS:
+            _issue_kv(desc_k, k_smem, k_bars, STAGES, kv_row0, hi, BLOCK_N, STAGES)
+        else:
+            mbarrier.arrive(k_bars.index(STAGES))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
+                                             s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, hi):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            if PINGPONG:  # round j of this warpgroup follows round j (WG 1) or j - 1 (WG 0) of the other
+                mbarrier.wait(turn_bars.index(WG), (j & 1) ^ (1 - WG))
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            if PINGPONG:
+                mbarrier.arrive(turn_bars.index(1 - WG))
+            s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
+            if SYNC:
+                gl.thread_barrier()
+            if LOADS:
+                _issue_kv(desc_k, k_smem, k_bars, j + STAGES, kv_row0, hi, BLOCK_N, STAGES)
+            else:
+                mbarrier.arrive(k_bars.index(STAGES + slot))
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+                                                 s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            if SYNC:
+                gl.thread_barrier()
+            if LOADS:
+                _issue_kv(desc_v, v_smem, v_bars, j - 1 + STAGES, kv_row0, hi, BLOCK_N, STAGES)
+            else:
+                mbarrier.arrive(v_bars.index(STAGES + prev))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = (hi - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((hi - 1) // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(turn_bars.index(WG), (hi & 1) ^ (1 - WG))
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(turn_bars.index(1 - WG))
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        if not LOADS:
+            mbarrier.arrive(v_bars.index(STAGES + last))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
+                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
+    """One CTA = one ``BLOCK_M``-row query tile of one (batch, query head); grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``."""
+    dtype: gl.constexpr = desc_q.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # heaviest query blocks first: a shorter tail
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    H_K = H_Q // GROUP
+    start_m = pid_m * BLOCK_M
+    q_row0 = pid_bh * N_Q
+    kv_row0 = (b * H_K + h // GROUP) * N_K
+
+    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+    fence_async_shared()
+
+    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    # FA2 Algorithm 1 line 4 (Q_i) and the first STAGES key/value tiles, all in flight at once
+    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m, 0], q_bar, q_smem)
+    for i in gl.static_range(STAGES):
+        _issue_kv(desc_k, k_smem, k_bars, i, kv_row0, hi, BLOCK_N, STAGES)
+        _issue_kv(desc_v, v_smem, v_bars, i, kv_row0, hi, BLOCK_N, STAGES)
+    mbarrier.wait(q_bar, 0)
+
+    acc, m_i, l_i = _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end,
+                                       hi, start_m, N_Q, N_K, qk_scale, q_bar, 0, s_layout, o_layout, BLOCK_M,
+                                       BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=True, SYNC=num_warps > 4,
+                                       PINGPONG=False)
+    _store_output(acc, m_i, l_i, O, LSE, q_row0, start_m, N_Q, o_layout, BLOCK_M, HEAD_DIM)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# schedule "pingpong": warp specialisation, one producer warp and two consumer warpgroups taking turns
+# --------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
+                 full_end, hi, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, HALF: gl.constexpr,
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """Consumer warpgroup ``WG`` (0: the default partition, 1: a worker): query rows ``WG * HALF ..`` of the tile."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    my_start = start_m + WG * HALF
+    mbarrier.wait(q_bars.index(WG), 0)
+    acc, m_i, l_i = _attend_overlapped(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, k_bars, v_bars, kv_row0,
+                                       full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, s_layout,
+                                       o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
+                                       PINGPONG=True)
+    _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
+
+
+@gluon.jit
+def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
+                 start_m, hi, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: both query halves, then K_t and V_t for t < hi, each once both consumers freed its slot."""
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w), q_smem.index(w))
+    for t in range(hi):
+        slot = t % STAGES
+        free_phase = ((t // STAGES) & 1) ^ 1  # a fresh barrier counts as phase 1 complete: the first pass is free
+        mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
+        mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
+        mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
+                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+    """One CTA = one ``BLOCK_M``-row query tile (two consumers of ``BLOCK_M / 2`` rows) + a producer warp."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = desc_q.dtype
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    H_K = H_Q // GROUP
+    start_m = pid_m * BLOCK_M
+    q_row0 = pid_bh * N_Q
+    kv_row0 = (b * H_K + h // GROUP) * N_K
+
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
+    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(turn_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_bars.index(STAGES + i), count=2)
+        mbarrier.init(v_bars.index(STAGES + i), count=2)
+    fence_async_shared()
+    # both consumers walk the key blocks of the whole tile (same count, so the turn-taking stays paired); each
+    # masks with its own rows
+    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    gl.warp_specialize([
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
+                        full_end, hi, N_Q, N_K, qk_scale, 0, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL)),
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
+                        full_end, hi, N_Q, N_K, qk_scale, 1, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL)),
+        (_ws_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
+                        start_m, hi, HALF, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --------------------------------------------------------------------------------------------------------------
+# host side
+# --------------------------------------------------------------------------------------------------------------
+def _gl_dtype(dtype: torch.dtype):
+    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+
+
+def _tile_descriptor(x2d: torch.Tensor, rows: int, d: int) -> TensorDescriptor:
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], _gl_dtype(x2d.dtype))
+    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, d], layout)
+
+
+def check_gluon_device(device) -> None:
+    """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
+    if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
+        raise RuntimeError("flash_attention_forward_gluon needs a Hopper GPU (compute capability 9.0: H100/H200) "
+                           f"for wgmma, TMA and setmaxnreg; the inputs are on {device} (the Triton interpreter "
+                           "cannot run Gluon kernels)")
+    cap = torch.cuda.get_device_capability(device)
+    if cap != MIN_CAPABILITY:
+        raise RuntimeError(f"flash_attention_forward_gluon needs compute capability 9.0 (Hopper: H100/H200) for "
+                           f"wgmma; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
+
+
+def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="overlap", config=None):
+    """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
+
+    ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
+    non-contiguous inputs are copied. ``schedule``: ``"overlap"`` or ``"pingpong"`` (module docstring).
+    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default ``DEFAULT_CONFIG[schedule]``.
+    """
+    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
+    if q.dtype not in GLUON_DTYPES:
+        raise ValueError(f"flash_attention_forward_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    causal = check_flag(causal, "causal")
+    scale = check_scale(scale, d)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    check_gluon_device(q.device)
+    bm, bn, stages, warps = config or DEFAULT_CONFIG[schedule]
+    q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
+    o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(Nq, bm), B * Hq)
+    args = (_tile_descriptor(q2, bm if schedule == "overlap" else bm // 2, d), _tile_descriptor(k2, bn, d),
+            _tile_descriptor(v2, bn, d), o, lse, Hq, group, Nq, Nk, scale * LOG2E_F)
+    if schedule == "overlap":
+        _fwd_overlap_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
+                                  num_warps=warps)
+    else:
+        _fwd_ws_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
+                             CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps,
+                             maxnreg=PINGPONG_MAXNREG)
+    return o, lse
