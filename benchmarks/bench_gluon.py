@@ -1,0 +1,201 @@
+"""The Gluon FA3-style forward (``reference.triton.flash_gluon``) on Hopper: checks, then timings vs cuDNN.
+
+One GPU call (notes/hopper.md section 1c). Each stage runs in its own subprocess with a time limit, so a kernel
+that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs that stage, not the call:
+
+1. ``check:<schedule>``: ``flash_attention_forward_gluon`` against a float64 torch reference on fresh random
+   inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key: o = 0, lse = -inf), GQA,
+   d = 64, float16, one query row. o relative error and lse absolute error per case.
+2. ``bench``: bf16 forward TFLOP/s of cuDNN (SDPA), our Triton forward (``flash_fwd``, the pinned config of
+   ``bench_hopper.py``) and both Gluon schedules, same run, FlashAttention convention (batch x seqlen = 16k,
+   hidden 2048), d in {128, 64}, causal and not; then Gluon block-config variants at d = 128. Every timed Gluon
+   output is also compared with cuDNN's (relative error), so a race that only shows on large shapes is seen.
+
+    python3 benchmarks/bench_gluon.py --out DIR          # writes DIR/<gpu>-gluon.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+SEQLENS = [1024, 2048, 4096, 8192, 16384]
+TOKENS, HIDDEN = 16384, 2048
+# (B, Hq, Hkv, Nq, Nk, d, causal, dtype)
+CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, True, "bf16"),
+         (1, 4, 4, 1000, 1000, 128, False, "bf16"), (1, 4, 4, 1000, 1000, 128, True, "bf16"),
+         (2, 8, 2, 512, 512, 128, True, "bf16"), (1, 2, 2, 300, 1000, 128, True, "bf16"),
+         (1, 2, 2, 1000, 300, 128, True, "bf16"), (1, 2, 2, 1000, 300, 128, False, "bf16"),
+         (1, 4, 4, 777, 777, 64, False, "bf16"), (1, 4, 4, 777, 777, 64, True, "bf16"),
+         (1, 4, 4, 1024, 1024, 128, True, "fp16"), (1, 2, 2, 1, 5, 64, False, "bf16"),
+         (1, 2, 2, 4096, 4096, 128, True, "bf16")]
+VARIANTS = {"overlap": [(128, 128, 2, 8), (64, 128, 2, 4), (64, 64, 2, 4), (128, 64, 2, 8)],
+            "pingpong": [(128, 128, 2, 4), (128, 64, 2, 4)]}
+O_TOL, LSE_TOL = 1.5e-2, 1e-2
+
+
+def _stage_check(schedule):
+    import torch
+    from benchmarks.bench_hopper import lse_abs, ref64, rel
+    from reference.triton.flash_gluon import flash_attention_forward_gluon
+    out = []
+    for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
+        q = torch.randn(B, Hq, Nq, d, device="cuda", dtype=dtype)
+        k = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
+        v = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
+        row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt}
+        try:
+            o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, schedule=schedule)
+            torch.cuda.synchronize()
+            ro, rl = ref64(q, k, v, causal)
+            row["o_rel"] = rel(o, ro)
+            row["lse_abs"] = lse_abs(lse, rl)
+            empty = ~torch.isfinite(rl)
+            row["empty_rows"] = int(empty.sum())
+            row["empty_ok"] = bool((o[empty] == 0).all()) if row["empty_rows"] else True
+            row["ok"] = bool(row["o_rel"] < O_TOL and row["lse_abs"] < LSE_TOL and row["empty_ok"])
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+            row["ok"] = False
+        print(f"check {schedule} {row}", flush=True)
+        out.append(row)
+    return out
+
+
+def _stage_bench():
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend
+    from benchmarks.bench_attention import _sdpa, matmul_tflops
+    from benchmarks.bench_hopper import FWD_PIN, rel
+    from reference.triton import flash_fwd
+    from reference.triton.flash_fwd import forward_flops
+    from reference.triton.flash_gluon import DEFAULT_CONFIG, flash_attention_forward_gluon
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+    flash_fwd.PIN_CONFIG = FWD_PIN
+    cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
+    impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
+             "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c)[0]}
+    for sched in ("overlap", "pingpong"):
+        impls[f"gluon_{sched}"] = (lambda s: lambda q, k, v, c: flash_attention_forward_gluon(
+            q, k, v, causal=c, schedule=s)[0])(sched)
+    res = {"matmul_TFLOPs": matmul_tflops(), "default_config": DEFAULT_CONFIG, "main": [], "variants": []}
+    print(f"matmul {res['matmul_TFLOPs']:.0f} TFLOP/s", flush=True)
+
+    def timed(fn, q, k, v, causal, ref_o, flops):
+        try:
+            with torch.no_grad():
+                o = fn(q, k, v, causal)
+                err = rel(o, ref_o) if ref_o is not None else 0.0
+                ms = bench(lambda: fn(q, k, v, causal))
+            return {"tflops": flops / ms / 1e9, "ms": ms, "rel_vs_cudnn": err}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+
+    for d in (128, 64):
+        H = HIDDEN // d
+        for causal in (False, True):
+            for N in SEQLENS:
+                B = TOKENS // N
+                q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+                flops = forward_flops(B, H, N, N, d, causal)
+                with torch.no_grad():
+                    ref_o = cudnn(q, k, v, causal)
+                row = {"d": d, "causal": causal, "N": N, "B": B, "H": H}
+                for name, fn in impls.items():
+                    row[name] = timed(fn, q, k, v, causal, ref_o, flops)
+                g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+                print(f"d={d} causal={causal!s:5} N={N:5} cudnn {g('cudnn'):4.0f} triton {g('triton'):4.0f} "
+                      f"overlap {g('gluon_overlap'):4.0f} ({g('gluon_overlap') / g('cudnn'):.2f}) pingpong "
+                      f"{g('gluon_pingpong'):4.0f} ({g('gluon_pingpong') / g('cudnn'):.2f}) err "
+                      f"{row['gluon_overlap'].get('rel_vs_cudnn', -1):.1e} "
+                      f"{row['gluon_pingpong'].get('rel_vs_cudnn', -1):.1e}", flush=True)
+                res["main"].append(row)
+                del q, k, v, ref_o
+    d, H = 128, 16
+    for N in (2048, 8192):
+        for causal in (False, True):
+            B = TOKENS // N
+            q, k, v = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+            flops = forward_flops(B, H, N, N, d, causal)
+            with torch.no_grad():
+                ref_o = cudnn(q, k, v, causal)
+            base = timed(impls["cudnn"], q, k, v, causal, None, flops)
+            for sched, cfgs in VARIANTS.items():
+                for cfg in cfgs:
+                    fn = (lambda s, c: lambda q, k, v, cz: flash_attention_forward_gluon(
+                        q, k, v, causal=cz, schedule=s, config=c)[0])(sched, cfg)
+                    r = timed(fn, q, k, v, causal, ref_o, flops)
+                    r.update({"schedule": sched, "config": list(cfg), "N": N, "causal": causal,
+                              "cudnn_tflops": base.get("tflops")})
+                    print(f"variant {sched} {cfg} N={N} causal={causal}: {r.get('tflops', float('nan')):.0f} "
+                          f"TFLOP/s vs cudnn {base.get('tflops', float('nan')):.0f} err "
+                          f"{r.get('rel_vs_cudnn', -1):.1e} {r.get('error', '')}", flush=True)
+                    res["variants"].append(r)
+            del q, k, v, ref_o
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--stage", default="all", help="all | check:overlap | check:pingpong | bench")
+    ap.add_argument("--stages", default="check:overlap,check:pingpong,bench")
+    ap.add_argument("--timeout", type=int, default=150, help="seconds per check stage (bench gets 3x)")
+    ap.add_argument("--suffix", default="")
+    args = ap.parse_args(argv)
+    if args.stage != "all":  # a child: run one stage, print its JSON last
+        fn = _stage_bench if args.stage == "bench" else (lambda: _stage_check(args.stage.split(":")[1]))
+        result = fn()
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    import torch
+    from benchmarks.bench_attention import gpu_tag
+    os.makedirs(args.out, exist_ok=True)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "capability": list(torch.cuda.get_device_capability()),
+           "convention": "bf16 forward, batch*seqlen=16384, hidden=2048, heads=2048/d; flops 4BHN^2d (x0.5 "
+                         "causal); do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this run only"}
+    import triton
+    res["triton"] = triton.__version__
+    path = os.path.join(args.out, f"{gpu_tag()}-gluon{args.suffix}.json")
+    t0 = time.time()
+    for stage in args.stages.split(","):
+        limit = args.timeout * (3 if stage == "bench" else 1)
+        t = time.time()
+        try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--stage", stage], capture_output=True,
+                               text=True, timeout=limit, cwd=ROOT)
+            lines = p.stdout.splitlines()
+            print("\n".join(x for x in lines if not x.startswith("RESULT ")), flush=True)
+            got = [x for x in lines if x.startswith("RESULT ")]
+            res[stage] = json.loads(got[-1][7:]) if got else {"error": p.stderr[-4000:], "rc": p.returncode}
+            if not got:
+                print(p.stderr[-4000:], flush=True)
+        except subprocess.TimeoutExpired as e:
+            res[stage] = {"error": f"timed out after {limit} s (deadlock?)",
+                          "stdout_tail": (e.stdout or b"")[-3000:].decode(errors="replace")
+                          if isinstance(e.stdout, bytes) else str(e.stdout)[-3000:]}
+            print(f"{stage}: TIMED OUT after {limit} s", flush=True)
+        except Exception:  # noqa: BLE001
+            res[stage] = {"error": traceback.format_exc()[-3000:]}
+        res.setdefault("stage_seconds", {})[stage] = round(time.time() - t, 1)
+        res["seconds"] = round(time.time() - t0, 1)
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
