@@ -379,11 +379,12 @@ def check_gluon_device(device) -> None:
                            f"wgmma; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
 
 
-def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="overlap", config=None):
+def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None):
     """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
-    non-contiguous inputs are copied. ``schedule``: ``"overlap"`` or ``"pingpong"`` (module docstring).
+    non-contiguous inputs are copied. ``schedule``: ``"pingpong"`` (default, the faster) or ``"overlap"``
+    (module docstring).
     ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default ``DEFAULT_CONFIG[schedule]``.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
