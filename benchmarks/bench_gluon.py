@@ -3,11 +3,11 @@
 One GPU call (notes/hopper.md section 1c). Each stage runs in its own subprocess with a time limit, so a kernel
 that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs that stage, not the call:
 
-1. ``check:<schedule>``: ``flash_attention_forward_gluon`` against a float64 torch reference on fresh random
+1. ``check:<schedule>`` (pingpong, specialized, overlap): ``flash_attention_forward_gluon`` against a float64 torch reference on fresh random
    inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key: o = 0, lse = -inf), GQA,
    d = 64, float16, one query row. o relative error and lse absolute error per case.
 2. ``bench``: bf16 forward TFLOP/s of cuDNN (SDPA), our Triton forward (``flash_fwd``, the pinned config of
-   ``bench_hopper.py``) and both Gluon schedules, same run, FlashAttention convention (batch x seqlen = 16k,
+   ``bench_hopper.py``) and the three Gluon schedules, same run, FlashAttention convention (batch x seqlen = 16k,
    hidden 2048), d in {128, 64}, causal and not; then Gluon block-config variants at d = 128. Every timed Gluon
    output is also compared with cuDNN's (relative error), so a race that only shows on large shapes is seen.
 
@@ -37,7 +37,7 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, T
          (1, 4, 4, 1024, 1024, 128, True, "fp16"), (1, 2, 2, 1, 5, 64, False, "bf16"),
          (1, 2, 2, 4096, 4096, 128, True, "bf16")]
 VARIANTS = {"overlap": [(128, 128, 2, 8), (64, 128, 2, 4), (64, 64, 2, 4), (128, 64, 2, 8)],
-            "pingpong": [(128, 128, 2, 4), (128, 64, 2, 4)]}
+            "pingpong": [(128, 128, 2, 4), (128, 64, 2, 4)], "specialized": [(128, 64, 2, 4)]}
 O_TOL, LSE_TOL = 1.5e-2, 1e-2
 
 
@@ -87,7 +87,7 @@ def _stage_bench():
     cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
     impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
              "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c)[0]}
-    for sched in ("overlap", "pingpong"):
+    for sched in ("pingpong", "specialized", "overlap"):
         impls[f"gluon_{sched}"] = (lambda s: lambda q, k, v, c: flash_attention_forward_gluon(
             q, k, v, causal=c, schedule=s)[0])(sched)
     res = {"matmul_TFLOPs": matmul_tflops(), "default_config": DEFAULT_CONFIG, "main": [], "variants": []}
@@ -116,11 +116,9 @@ def _stage_bench():
                 for name, fn in impls.items():
                     row[name] = timed(fn, q, k, v, causal, ref_o, flops)
                 g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
-                print(f"d={d} causal={causal!s:5} N={N:5} cudnn {g('cudnn'):4.0f} triton {g('triton'):4.0f} "
-                      f"overlap {g('gluon_overlap'):4.0f} ({g('gluon_overlap') / g('cudnn'):.2f}) pingpong "
-                      f"{g('gluon_pingpong'):4.0f} ({g('gluon_pingpong') / g('cudnn'):.2f}) err "
-                      f"{row['gluon_overlap'].get('rel_vs_cudnn', -1):.1e} "
-                      f"{row['gluon_pingpong'].get('rel_vs_cudnn', -1):.1e}", flush=True)
+                print(f"d={d} causal={causal!s:5} N={N:5} cudnn {g('cudnn'):4.0f} " + " ".join(
+                    f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, err {row[n].get('rel_vs_cudnn', -1):.0e})"
+                    for n in impls if n != "cudnn"), flush=True)
                 res["main"].append(row)
                 del q, k, v, ref_o
     d, H = 128, 16
@@ -150,8 +148,8 @@ def _stage_bench():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    ap.add_argument("--stage", default="all", help="all | check:overlap | check:pingpong | bench")
-    ap.add_argument("--stages", default="check:overlap,check:pingpong,bench")
+    ap.add_argument("--stage", default="all", help="all | check:<schedule> | bench")
+    ap.add_argument("--stages", default="check:pingpong,check:specialized,check:overlap,bench")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per check stage (bench gets 3x)")
     ap.add_argument("--suffix", default="")
     args = ap.parse_args(argv)

@@ -15,8 +15,14 @@ _ENV = "TRITON_INTERPRET"
 
 HAS_CUDA: bool = bool(torch.cuda.is_available())
 
+#: ``TRITON_INTERPRET=0`` set explicitly on a machine without CUDA: compile-only mode. Nothing can be launched,
+#: but kernels compile ahead of time for a GPU target (``reference.triton._aot``: the Gluon kernels for sm_90a).
+COMPILE_ONLY: bool = not HAS_CUDA and os.environ.get(_ENV) == "0"
+
 if os.environ.get(_ENV, "0") == "1":
     INTERPRET = True
+elif COMPILE_ONLY:
+    INTERPRET = False
 elif not HAS_CUDA:
     os.environ[_ENV] = "1"
     INTERPRET = True
@@ -61,7 +67,7 @@ if INTERPRET:
     _fix_interpreter_range()
 
 # Tensors handed to kernels must live here.
-DEVICE = torch.device("cpu") if INTERPRET else torch.device("cuda")
+DEVICE = torch.device("cpu") if INTERPRET or COMPILE_ONLY else torch.device("cuda")
 
 
 def num_sms() -> int:

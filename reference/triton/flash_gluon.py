@@ -20,6 +20,8 @@ the schedule of the FA3 paper (Shah et al., 2024) itself:
   set by ``setmaxnreg``: few for the producer, the rest for the consumers) each own 64 query rows of a 128-row
   tile and share K/V. Each consumer runs the overlapped loop above; an mbarrier "turn" pair makes the two
   issue their matmuls alternately (the talk's ping-pong: one warpgroup's softmax under the other's GEMMs).
+* ``schedule="specialized"``: the same kernel without the turn barriers (an ablation: warp specialisation and
+  register reallocation alone, the two consumers left to the warp schedulers).
 
 Both keep the FA2 choices of ``flash_fwd``: exp2 with ``log2(e)`` folded into the scale, the running max in base 2,
 a "safe" max of 0 for rows that have seen no key yet, fp32 accumulators, ``lse`` in natural log. Tensors are
@@ -48,9 +50,9 @@ LN2_F = 0.6931471805599453
 GLUON_HEAD_DIMS = (64, 128)
 GLUON_DTYPES = (torch.bfloat16, torch.float16)
 MIN_CAPABILITY = (9, 0)
-SCHEDULES = ("overlap", "pingpong")
+SCHEDULES = ("pingpong", "specialized", "overlap")
 #: per schedule: (BLOCK_M, BLOCK_N, STAGES, num_warps); pingpong's BLOCK_M is the CTA's tile (64 rows per consumer)
-DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": (128, 128, 2, 4)}
+DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": (128, 128, 2, 4), "specialized": (128, 128, 2, 4)}
 #: setmaxnreg budgets of the pingpong worker partitions: (second consumer warpgroup, producer warp)
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
@@ -274,7 +276,7 @@ def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk
 @gluon.jit
 def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
                  full_end, hi, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, HALF: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr):
     """Consumer warpgroup ``WG`` (0: the default partition, 1: a worker): query rows ``WG * HALF ..`` of the tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
@@ -285,7 +287,7 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, L
     acc, m_i, l_i = _attend_overlapped(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, k_bars, v_bars, kv_row0,
                                        full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, s_layout,
                                        o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
-                                       PINGPONG=True)
+                                       PINGPONG=TURNS)
     _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
 
 
@@ -311,7 +313,7 @@ def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars,
 def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                   PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                   PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
     """One CTA = one ``BLOCK_M``-row query tile (two consumers of ``BLOCK_M / 2`` rows) + a producer warp."""
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = desc_q.dtype
@@ -347,9 +349,9 @@ def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scal
     full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     gl.warp_specialize([
         (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
-                        full_end, hi, N_Q, N_K, qk_scale, 0, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL)),
+                        full_end, hi, N_Q, N_K, qk_scale, 0, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
         (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
-                        full_end, hi, N_Q, N_K, qk_scale, 1, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL)),
+                        full_end, hi, N_Q, N_K, qk_scale, 1, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
         (_ws_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
                         start_m, hi, HALF, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -407,6 +409,30 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="p
                                   num_warps=warps)
     else:
         _fwd_ws_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
-                             CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps,
+                             CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1],
+                             TURNS=schedule == "pingpong", num_warps=warps,
                              maxnreg=PINGPONG_MAXNREG)
     return o, lse
+
+
+def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: bool = False, config=None,
+                    dtype: str = "bf16"):
+    """Compile one forward kernel for sm_90a ahead of time (no GPU needed); return the compiled kernel.
+
+    ``reference.triton._aot.resource_usage`` then reads its registers, spills and SASS (tests, notes/hopper.md).
+    """
+    from ._aot import compile_gluon, descriptor_signature
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    bm, bn, stages, warps = config or DEFAULT_CONFIG[schedule]
+    ws = schedule != "overlap"
+    sig = {"desc_q": descriptor_signature(bm // 2 if ws else bm, head_dim, dtype),
+           "desc_k": descriptor_signature(bn, head_dim, dtype), "desc_v": descriptor_signature(bn, head_dim, dtype),
+           "O": f"*{dtype}", "LSE": "*fp32", "H_Q": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32",
+           "qk_scale": "fp32"}
+    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal,
+          "num_warps": warps}
+    if ws:
+        cx.update(CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=schedule == "pingpong")
+        return compile_gluon(_fwd_ws_kernel, sig, cx, warps, maxnreg=PINGPONG_MAXNREG)
+    return compile_gluon(_fwd_overlap_kernel, sig, cx, warps)
