@@ -1,0 +1,104 @@
+"""The Gluon FA3-style forward (``reference.triton.flash_gluon``).
+
+The Triton interpreter cannot run Gluon, so on CPU (CI) the kernels are compiled for sm_90a ahead of time in a
+child process in compile-only mode (``TRITON_INTERPRET=0``): that checks they build, use Hopper's wgmma (HGMMA,
+no HMMA), TMA loads and ``setmaxnreg``, and do not spill. The input checks run everywhere. On an H100/H200 the
+outputs are compared with a float64 oracle (``benchmarks/bench_gluon.py`` does the same at scale and times it).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from reference.triton import DEVICE
+from reference.triton.flash_gluon import flash_attention_forward_gluon
+from tests.oracle import attention_ref, lse_err, rel_err
+
+pytestmark = pytest.mark.triton_gluon
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def _aot(*args) -> dict:
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-m", "reference.triton._aot", *args], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [("pingpong", "--causal"), ("overlap", "--d", "64")])
+def test_compiles_for_hopper_without_spills(args):
+    usage = _aot(*args)
+    assert usage["HGMMA"] > 0 and usage["HMMA"] == 0, usage  # Hopper's wgmma, not the older mma.sync
+    assert usage["UTMALDG"] > 0, usage  # tiles arrive by TMA
+    assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage  # no register spills
+    assert usage["registers"] <= 255
+    if args[0] == "pingpong":  # warp specialisation: register budgets moved between partitions
+        assert usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
+
+
+def test_compile_only_mode_is_refused_under_the_interpreter(monkeypatch):
+    from reference.triton._aot import compile_gluon
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
+        compile_gluon(None, {}, {}, 4)
+
+
+def _qkv(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
+    def t(*shape):
+        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
+    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d)
+
+
+def test_bad_inputs_are_named(rng):
+    q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 64)
+    with pytest.raises(ValueError, match="bfloat16 or float16"):
+        flash_attention_forward_gluon(q.float(), k.float(), v.float())
+    q32, k32, v32 = _qkv(rng, 1, 2, 2, 8, 8, 32)
+    with pytest.raises(ValueError, match="head dimension"):
+        flash_attention_forward_gluon(q32, k32, v32)
+    with pytest.raises(ValueError, match="schedule"):
+        flash_attention_forward_gluon(q, k, v, schedule="fast")
+    q3, k3, v3 = _qkv(rng, 1, 3, 2, 8, 8, 64)
+    with pytest.raises(ValueError, match="Hkv"):
+        flash_attention_forward_gluon(q3, k3, v3)
+
+
+@pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
+def test_needs_a_hopper_gpu(rng):
+    q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 64)
+    with pytest.raises(RuntimeError, match="compute capability 9.0"):
+        flash_attention_forward_gluon(q, k, v)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("schedule", ["pingpong", "specialized", "overlap"])
+@pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, causal", [
+    (2, 4, 4, 256, 256, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2, 8, 2, 333, 333, 128, True),
+    (1, 2, 2, 300, 1000, 128, True), (1, 2, 2, 1000, 300, 64, True), (1, 3, 3, 1, 77, 64, False),
+    (1, 2, 1, 517, 260, 64, False)])
+def test_matches_float64(rng, schedule, B, Hq, Hkv, Nq, Nk, d, causal):
+    q, k, v = _qkv(rng, B, Hq, Hkv, Nq, Nk, d)
+    o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, schedule=schedule)
+    ro, rl, _ = attention_ref(q, k, v, causal=causal)
+    assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == (B, Hq, Nq)
+    assert rel_err(o, ro) < 1e-2  # bf16 output rounding: about 2e-3 measured
+    assert lse_err(lse, rl) < 1e-4  # -inf rows (causal, Nq > Nk) must match exactly
+    empty = ~torch.isfinite(rl.to(lse.device))
+    assert bool((o[empty] == 0).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+def test_float16_and_strided_inputs(rng):
+    q, k, v = _qkv(rng, 1, 4, 4, 512, 512, 128, dtype=torch.float16)
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)  # (B, N, H, d) memory, viewed as (B, H, N, d)
+    o, lse = flash_attention_forward_gluon(qt, k, v, causal=True)
+    ro, rl, _ = attention_ref(q, k, v, causal=True)
+    assert rel_err(o, ro) < 2e-3 and lse_err(lse, rl) < 1e-4
