@@ -366,3 +366,71 @@ for path, r in runs:
         print(f"  causal {what:18s}: one program per item {row['grid_naive_tflops']:4.0f} TFLOP/s, persistent LPT "
               f"{row['persistent_lpt_tflops']:4.0f}, persistent LPT in L2-sized head groups "
               f"{row['persistent_lpt_l2_tflops']:4.0f} ({row['persistent_lpt_over_grid_naive']:.2f}x)")
+
+# %% [markdown]
+# ## 10. Warp specialisation and ping-pong, written out in Gluon
+#
+# Section 9's kernels are plain Triton, and Triton schedules a `tl.dot` loop itself: in one iteration
+# $S_j = QK_j^\top \to \mathrm{softmax} \to O \mathrel{+}= P_jV_j$ runs in order, so the tensor cores wait during
+# every softmax (sections 1-2). Triton 3.6 also ships **Gluon**, a lower-level dialect in which the kernel
+# names the hardware steps: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA copies, mbarriers, and
+# `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.flash_gluon` uses
+# it for three forward schedules (`flash_attention_forward_gluon(q, k, v, causal, schedule=...)`, Hopper only):
+#
+# * `"overlap"`: FA3's intra-warpgroup overlap in one partition: issue $S_j$ and $P_{j-1}V_{j-1}$, wait for $S_j$
+#   only, do its softmax while $P_{j-1}V_{j-1}$ runs;
+# * `"specialized"`: a producer warp issues all TMA copies into a two-slot ring of K/V tiles; two consumer
+#   warpgroups (64 query rows each) run the overlapped loop, with 240 registers each and 24 for the producer;
+# * `"pingpong"`: the same plus a pair of "turn" mbarriers, so the two consumers issue their GEMMs alternately
+#   (section 2's timeline).
+#
+# The interpreter cannot run Gluon, but Triton's compiler can build the kernel for the H100 on any machine.
+# What would the GPU run? Registers per thread, spills, the Hopper matrix instructions (`HGMMA`), TMA loads
+# (`UTMALDG`) and register moves between partitions (`USETMAXREG`), read from the compiled binary:
+
+# %%
+import json
+import os
+import subprocess
+import sys
+
+env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}  # compile-only mode, no GPU needed
+out = subprocess.run([sys.executable, "-m", "reference.triton._aot", "pingpong", "--causal"], env=env,
+                     capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(
+                         hp.__file__))))
+usage = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
+print({k: usage.get(k) for k in ("registers", "stack", "shared_bytes", "HGMMA", "HMMA", "UTMALDG", "USETMAXREG",
+                                 "LDL", "STL", "error") if k in usage})
+
+# %% [markdown]
+# 168 registers is the kernel-wide cap (3 warpgroups x 128 threads x 168 fill the 64K register file); the
+# `setmaxnreg` instructions then move registers from the producer to the two consumers. No `LDL`/`STL`: nothing
+# spills, which is what the plain-Triton 128-row tile could not manage (notes/hopper.md, section 1).
+#
+# Measured (`benchmarks/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
+# forward as a fraction of cuDNN's TFLOP/s at d = 128, next to the plain-Triton kernel of lecture 5:
+
+# %%
+runs = load_results("*-gluon.json")
+if not runs:
+    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 benchmarks/bench_gluon.py` on a "
+          "Hopper GPU.")
+for path, r in runs:
+    checks = {k[6:]: f"{sum(c.get('ok', False) for c in v)}/{len(v)}" for k, v in r.items()
+              if k.startswith("check:") and isinstance(v, list)}
+    print(f"== {path.name}: {r.get('gpu')}; float64 checks passed: {checks}")
+    for row in r.get("bench", {}).get("main", []):
+        if row["d"] != 128 or row["N"] < 2048:
+            continue
+        base = row["cudnn"]["tflops"]
+        cols = "  ".join(f"{name.replace('gluon_', '')} {row[name]['tflops'] / base:.2f}x"
+                         for name in ("triton", "gluon_overlap", "gluon_specialized", "gluon_pingpong")
+                         if "tflops" in row.get(name, {}))
+        print(f"  {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: cuDNN {base:4.0f} TFLOP/s;  {cols}")
+
+# %% [markdown]
+# The order of the talk shows up in the numbers: overlap within one warpgroup alone buys little over plain
+# Triton; a producer warp plus two consumer warpgroups with the registers moved to them is what closes most of
+# the gap to cuDNN (0.84-1.07x of it at N >= 2k); the explicit ping-pong order adds at most a few percent on top
+# of what the warp schedulers already interleave (the talk reports 580 -> 640 TFLOPS for it in FA3's CUDA
+# kernel). The backward is still plain Triton (notes/hopper.md says what it would take).
