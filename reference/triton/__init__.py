@@ -13,6 +13,7 @@ _EXPORTS = {
     "flash_attention_forward": "flash_fwd",
     "flash_attention_forward_fp8": "flash_fp8",
     "flash_attention_forward_persistent": "flash_persistent",
+    "flash_attention_forward_gluon": "flash_gluon",
     "flash_attention": "flash_autograd",
     "flash_decode": "decode",
     "paged_decode": "paged",
