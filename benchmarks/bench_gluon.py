@@ -3,8 +3,8 @@
 One GPU call (notes/hopper.md section 1c). Each stage runs in its own subprocess with a time limit, so a kernel
 that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs that stage, not the call:
 
-1. ``check:<schedule>`` (pingpong, specialized, overlap): ``flash_attention_forward_gluon`` against a float64 torch reference on fresh random
-   inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key: o = 0, lse = -inf), GQA,
+1. ``check:<schedule>`` (``SCHEDULES``): ``flash_attention_forward_gluon`` against a float64 torch reference on
+   fresh random inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key: o = 0, lse = -inf), GQA,
    d = 64, float16, one query row. o relative error and lse absolute error per case.
 2. ``bench``: bf16 forward TFLOP/s of cuDNN (SDPA), our Triton forward (``flash_fwd``, the pinned config of
    ``bench_hopper.py``) and the three Gluon schedules, same run, FlashAttention convention (batch x seqlen = 16k,
@@ -35,16 +35,29 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, T
          (1, 2, 2, 1000, 300, 128, True, "bf16"), (1, 2, 2, 1000, 300, 128, False, "bf16"),
          (1, 4, 4, 777, 777, 64, False, "bf16"), (1, 4, 4, 777, 777, 64, True, "bf16"),
          (1, 4, 4, 1024, 1024, 128, True, "fp16"), (1, 2, 2, 1, 5, 64, False, "bf16"),
-         (1, 2, 2, 4096, 4096, 128, True, "bf16")]
+         (1, 2, 2, 4096, 4096, 128, True, "bf16"),
+         # more query tiles than SMs: a persistent CTA loops over several (ring and turn phases carried over)
+         (4, 8, 2, 1000, 1000, 128, True, "bf16"), (8, 16, 16, 600, 1200, 64, True, "bf16"),
+         (4, 8, 8, 1000, 700, 128, False, "bf16")]
 VARIANTS = {"overlap": [(128, 128, 2, 8), (64, 128, 2, 4), (64, 64, 2, 4), (128, 64, 2, 8)],
             "pingpong": [(128, 128, 2, 4), (128, 64, 2, 4)], "specialized": [(128, 64, 2, 4)]}
 O_TOL, LSE_TOL = 1.5e-2, 1e-2
+#: timed in the main table (and checked); "+persistent": one CTA per SM looping over query tiles
+SCHEDULES = ("pingpong", "pingpong+persistent", "specialized", "overlap")
+
+
+def _gluon(schedule):
+    """``"pingpong+persistent"`` -> flash_attention_forward_gluon with schedule pingpong, persistent=True."""
+    from reference.triton.flash_gluon import flash_attention_forward_gluon
+    name, _, extra = schedule.partition("+")
+    return lambda q, k, v, causal, config=None: flash_attention_forward_gluon(
+        q, k, v, causal=causal, schedule=name, config=config, persistent=extra == "persistent")
 
 
 def _stage_check(schedule):
     import torch
     from benchmarks.bench_hopper import lse_abs, ref64, rel
-    from reference.triton.flash_gluon import flash_attention_forward_gluon
+    gluon = _gluon(schedule)
     out = []
     for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
         dtype = torch.bfloat16 if dt == "bf16" else torch.float16
@@ -53,7 +66,7 @@ def _stage_check(schedule):
         v = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
         row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt}
         try:
-            o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, schedule=schedule)
+            o, lse = gluon(q, k, v, causal)
             torch.cuda.synchronize()
             ro, rl = ref64(q, k, v, causal)
             row["o_rel"] = rel(o, ro)
@@ -78,7 +91,7 @@ def _stage_bench():
     from benchmarks.bench_hopper import FWD_PIN, rel
     from reference.triton import flash_fwd
     from reference.triton.flash_fwd import forward_flops
-    from reference.triton.flash_gluon import DEFAULT_CONFIG, flash_attention_forward_gluon
+    from reference.triton.flash_gluon import DEFAULT_CONFIG
 
     def bench(fn):
         return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
@@ -87,9 +100,8 @@ def _stage_bench():
     cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
     impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
              "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c)[0]}
-    for sched in ("pingpong", "specialized", "overlap"):
-        impls[f"gluon_{sched}"] = (lambda s: lambda q, k, v, c: flash_attention_forward_gluon(
-            q, k, v, causal=c, schedule=s)[0])(sched)
+    for sched in SCHEDULES:
+        impls["gluon_" + sched.replace("+", "_")] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))
     res = {"matmul_TFLOPs": matmul_tflops(), "default_config": DEFAULT_CONFIG, "main": [], "variants": []}
     print(f"matmul {res['matmul_TFLOPs']:.0f} TFLOP/s", flush=True)
 
@@ -132,8 +144,7 @@ def _stage_bench():
             base = timed(impls["cudnn"], q, k, v, causal, None, flops)
             for sched, cfgs in VARIANTS.items():
                 for cfg in cfgs:
-                    fn = (lambda s, c: lambda q, k, v, cz: flash_attention_forward_gluon(
-                        q, k, v, causal=cz, schedule=s, config=c)[0])(sched, cfg)
+                    fn = (lambda g, c: lambda q, k, v, cz: g(q, k, v, cz, c)[0])(_gluon(sched), cfg)
                     r = timed(fn, q, k, v, causal, ref_o, flops)
                     r.update({"schedule": sched, "config": list(cfg), "N": N, "causal": causal,
                               "cudnn_tflops": base.get("tflops")})
@@ -149,7 +160,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     ap.add_argument("--stage", default="all", help="all | check:<schedule> | bench")
-    ap.add_argument("--stages", default="check:pingpong,check:specialized,check:overlap,bench")
+    ap.add_argument("--stages", default=",".join(f"check:{s}" for s in SCHEDULES) + ",bench")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per check stage (bench gets 3x)")
     ap.add_argument("--suffix", default="")
     args = ap.parse_args(argv)
