@@ -36,22 +36,21 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, T
          (1, 4, 4, 777, 777, 64, False, "bf16"), (1, 4, 4, 777, 777, 64, True, "bf16"),
          (1, 4, 4, 1024, 1024, 128, True, "fp16"), (1, 2, 2, 1, 5, 64, False, "bf16"),
          (1, 2, 2, 4096, 4096, 128, True, "bf16"),
-         # more query tiles than SMs: a persistent CTA loops over several (ring and turn phases carried over)
+         # more query tiles than SMs (several waves of CTAs)
          (4, 8, 2, 1000, 1000, 128, True, "bf16"), (8, 16, 16, 600, 1200, 64, True, "bf16"),
          (4, 8, 8, 1000, 700, 128, False, "bf16")]
 VARIANTS = {"overlap": [(128, 128, 2, 8), (64, 128, 2, 4), (64, 64, 2, 4), (128, 64, 2, 8)],
             "pingpong": [(128, 128, 2, 4), (128, 64, 2, 4)], "specialized": [(128, 64, 2, 4)]}
 O_TOL, LSE_TOL = 1.5e-2, 1e-2
-#: timed in the main table (and checked); "+persistent": one CTA per SM looping over query tiles
-SCHEDULES = ("pingpong", "pingpong+persistent", "specialized", "overlap")
+#: timed in the main table (and checked)
+SCHEDULES = ("pingpong", "specialized", "overlap")
 
 
 def _gluon(schedule):
-    """``"pingpong+persistent"`` -> flash_attention_forward_gluon with schedule pingpong, persistent=True."""
+    """``flash_attention_forward_gluon`` with this schedule: ``f(q, k, v, causal, config=None) -> (o, lse)``."""
     from reference.triton.flash_gluon import flash_attention_forward_gluon
-    name, _, extra = schedule.partition("+")
     return lambda q, k, v, causal, config=None: flash_attention_forward_gluon(
-        q, k, v, causal=causal, schedule=name, config=config, persistent=extra == "persistent")
+        q, k, v, causal=causal, schedule=schedule, config=config)
 
 
 def _stage_check(schedule):
@@ -101,7 +100,7 @@ def _stage_bench():
     impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
              "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c)[0]}
     for sched in SCHEDULES:
-        impls["gluon_" + sched.replace("+", "_")] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))
+        impls["gluon_" + sched] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))
     res = {"matmul_TFLOPs": matmul_tflops(), "default_config": DEFAULT_CONFIG, "main": [], "variants": []}
     print(f"matmul {res['matmul_TFLOPs']:.0f} TFLOP/s", flush=True)
 

@@ -57,8 +57,6 @@ DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": (128, 128, 2, 4), "sp
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
 PINGPONG_MAXNREG = 168
-#: default of ``flash_attention_forward_gluon(persistent=...)`` for the warp-specialised schedules
-PERSISTENT = False
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -116,12 +114,12 @@ def _store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
     l_safe = gl.where(empty, 1.0, l_i)
     o = acc / l_safe[:, None]
     lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    offs_m = gl.arange(0, BLOCK_M, layout=row_l)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
     offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row_ok = start_m + offs_m < N_Q
-    first = (o_row0 + start_m).to(gl.int64)  # 64-bit only in the tile's base; int32 offsets inside the tile
-    gl.store(LSE + first + offs_m, lse, mask=row_ok)
-    ptrs = O + first * HEAD_DIM + (offs_m[:, None] * HEAD_DIM + offs_d[None, :])
+    row_ok = offs_m < N_Q
+    rows = (o_row0 + offs_m).to(gl.int64)
+    gl.store(LSE + rows, lse, mask=row_ok)
+    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
     gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
@@ -141,7 +139,7 @@ def _issue_kv(desc, smem, bars, tile, row0, hi, BLOCK_N: gl.constexpr, STAGES: g
 @gluon.jit
 def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end, hi,
                        start_m, N_Q, N_K, qk_scale,
-                       turn_bars, WG, it0, r0,
+                       turn_bars, WG,
                        s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                        LOADS: gl.constexpr, SYNC: gl.constexpr, PINGPONG: gl.constexpr):
@@ -155,11 +153,6 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
     (``k_bars[STAGES + slot]``, count 2: both consumers). ``PINGPONG``: before each round of matmul issues the
     warpgroup waits for its turn (``turn_bars[WG]``) and afterwards hands the turn over, so the two consumers'
     GEMMs alternate and each one's softmax runs under the other's GEMMs.
-
-    ``it0``: how many K/V tiles this CTA's rings have carried before this query tile (a persistent CTA keeps its
-    ring running across tiles: tile ``j`` sits in slot ``(it0 + j) % STAGES``, phase ``(it0 + j) // STAGES``);
-    ``r0``: how many matmul rounds the warpgroups have taken turns on before (``hi + 1`` per tile). Both are 0
-    for the "overlap" schedule, whose refills index the ring by ``j`` alone.
     """
     dtype: gl.constexpr = q_smem.dtype
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -170,11 +163,10 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if hi > 0:
         # peeled iteration 0: S_0 and its softmax; no P V yet
-        mbarrier.wait(k_bars.index(it0 % STAGES), (it0 // STAGES) & 1)
-        if PINGPONG:  # round r of WG 1 follows round r of WG 0; round r of WG 0 follows round r - 1 of WG 1
-            mbarrier.wait(turn_bars.index(WG), (r0 & 1) ^ (1 - WG))
-        s = warpgroup_mma(q_smem, k_smem.index(it0 % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                          is_async=True)
+        mbarrier.wait(k_bars.index(0), 0)
+        if PINGPONG:
+            mbarrier.wait(turn_bars.index(WG), 1 - WG)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn_bars.index(1 - WG))
         s = warpgroup_mma_wait(0, deps=(s,))
@@ -183,17 +175,17 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
         if LOADS:
             _issue_kv(desc_k, k_smem, k_bars, STAGES, kv_row0, hi, BLOCK_N, STAGES)
         else:
-            mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
+            mbarrier.arrive(k_bars.index(STAGES))
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
                                              s_layout, BLOCK_M, BLOCK_N, CAUSAL)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, hi):
-            slot = (it0 + j) % STAGES
-            prev = (it0 + j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
-            mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            if PINGPONG:  # round j of this warpgroup follows round j (WG 1) or j - 1 (WG 0) of the other
+                mbarrier.wait(turn_bars.index(WG), (j & 1) ^ (1 - WG))
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             if PINGPONG:
@@ -216,10 +208,10 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
                 mbarrier.arrive(v_bars.index(STAGES + prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = (it0 + hi - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
+        last = (hi - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((hi - 1) // STAGES) & 1)
         if PINGPONG:
-            mbarrier.wait(turn_bars.index(WG), ((r0 + hi) & 1) ^ (1 - WG))
+            mbarrier.wait(turn_bars.index(WG), (hi & 1) ^ (1 - WG))
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn_bars.index(1 - WG))
@@ -272,7 +264,7 @@ def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk
     mbarrier.wait(q_bar, 0)
 
     acc, m_i, l_i = _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end,
-                                       hi, start_m, N_Q, N_K, qk_scale, q_bar, 0, 0, 0, s_layout, o_layout, BLOCK_M,
+                                       hi, start_m, N_Q, N_K, qk_scale, q_bar, 0, s_layout, o_layout, BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=True, SYNC=num_warps > 4,
                                        PINGPONG=False)
     _store_output(acc, m_i, l_i, O, LSE, q_row0, start_m, N_Q, o_layout, BLOCK_M, HEAD_DIM)
@@ -282,106 +274,69 @@ def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk
 # schedule "pingpong": warp specialisation, one producer warp and two consumer warpgroups taking turns
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _tile_coords(tile, n_m, BH, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                 CAUSAL: gl.constexpr):
-    """Work item ``tile`` -> ``(start_m, q_row0, kv_row0, full_end, hi)``; causal: the heaviest query blocks first."""
-    pid_m = tile // BH
-    if CAUSAL:
-        pid_m = n_m - 1 - pid_m
-    pid_bh = tile % BH
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    start_m = pid_m * BLOCK_M
-    # both consumers walk the key blocks of the whole tile (same count, so the turn-taking stays paired); each
-    # masks with its own rows
-    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    return start_m, pid_bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K, full_end, hi
-
-
-@gluon.jit
-def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_m, BH, H_Q, GROUP, N_Q,
-                 N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
+                 full_end, hi, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, HALF: gl.constexpr,
                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr):
-    """Consumer warpgroup ``WG`` (0: the default partition, 1: a worker): query rows ``WG * BLOCK_M / 2 ..`` of
-    each of this CTA's tiles. ``q_bars[WG]`` says its half of Q arrived, ``q_bars[2 + WG]`` hands the slot back."""
-    HALF: gl.constexpr = BLOCK_M // 2
+    """Consumer warpgroup ``WG`` (0: the default partition, 1: a worker): query rows ``WG * HALF ..`` of the tile."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
-    it = 0
-    rnd = 0
-    count = 0
-    for tile in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
-        start_m, q_row0, kv_row0, full_end, hi = _tile_coords(tile, n_m, BH, H_Q, GROUP, N_Q, N_K, BLOCK_M,
-                                                              BLOCK_N, CAUSAL)
-        my_start = start_m + WG * HALF
-        mbarrier.wait(q_bars.index(WG), count & 1)
-        acc, m_i, l_i = _attend_overlapped(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, k_bars, v_bars,
-                                           kv_row0, full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, it,
-                                           rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES, CAUSAL,
-                                           LOADS=False, SYNC=False, PINGPONG=TURNS)
-        mbarrier.arrive(q_bars.index(2 + WG))  # the producer may load the next tile's Q during this epilogue
-        _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
-        it += hi
-        if hi > 0:
-            rnd += hi + 1
-        count += 1
+    my_start = start_m + WG * HALF
+    mbarrier.wait(q_bars.index(WG), 0)
+    acc, m_i, l_i = _attend_overlapped(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, k_bars, v_bars, kv_row0,
+                                       full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, s_layout,
+                                       o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
+                                       PINGPONG=TURNS)
+    _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
 
 
 @gluon.jit
-def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_m, BH, H_Q, GROUP,
-                 N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                 CAUSAL: gl.constexpr):
-    """The producer warp: per tile, both query halves (once their consumers freed them), then K_t and V_t for
-    ``t < hi``, each into the next ring slot once both consumers freed it. Runs ahead into the next tile."""
-    HALF: gl.constexpr = BLOCK_M // 2
-    it = 0
-    count = 0
-    for tile in range(gl.program_id(0), n_m * BH, gl.num_programs(0)):
-        start_m, q_row0, kv_row0, full_end, hi = _tile_coords(tile, n_m, BH, H_Q, GROUP, N_Q, N_K, BLOCK_M,
-                                                              BLOCK_N, CAUSAL)
-        for w in gl.static_range(2):
-            mbarrier.wait(q_bars.index(2 + w), (count & 1) ^ 1)  # a fresh barrier counts as phase 1 complete
-            mbarrier.expect(q_bars.index(w), desc_q.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w),
-                                            q_smem.index(w))
-        for t in range(hi):
-            slot = it % STAGES
-            free_phase = ((it // STAGES) & 1) ^ 1
-            mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
-            mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot),
-                                            k_smem.index(slot))
-            mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
-            mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
-            tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot),
-                                            v_smem.index(slot))
-            it += 1
-        count += 1
+def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
+                 start_m, hi, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: both query halves, then K_t and V_t for t < hi, each once both consumers freed its slot."""
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w), q_smem.index(w))
+    for t in range(hi):
+        slot = t % STAGES
+        free_phase = ((t // STAGES) & 1) ^ 1  # a fresh barrier counts as phase 1 complete: the first pass is free
+        mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
+        mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
+        mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
 
 
 @gluon.jit
-def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale, BH,
+def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                    STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
-    """Work items = ``BLOCK_M``-row query tiles of each (batch, query head), ``cdiv(N_Q, BLOCK_M) * BH`` of them;
-    CTA ``p`` takes items ``p, p + grid, ...`` (one each when the grid covers them all; persistent otherwise).
-    Per CTA: two consumers of ``BLOCK_M / 2`` rows and one producer warp, sharing the K/V rings."""
+    """One CTA = one ``BLOCK_M``-row query tile (two consumers of ``BLOCK_M / 2`` rows) + a producer warp."""
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = desc_q.dtype
-    n_m = gl.cdiv(N_Q, BLOCK_M)
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    H_K = H_Q // GROUP
+    start_m = pid_m * BLOCK_M
+    q_row0 = pid_bh * N_Q
+    kv_row0 = (b * H_K + h // GROUP) * N_K
+
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # ready x2, then free x2
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
     v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
-        mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turn_bars.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
@@ -389,13 +344,16 @@ def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scal
         mbarrier.init(k_bars.index(STAGES + i), count=2)
         mbarrier.init(v_bars.index(STAGES + i), count=2)
     fence_async_shared()
+    # both consumers walk the key blocks of the whole tile (same count, so the turn-taking stays paired); each
+    # masks with its own rows
+    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     gl.warp_specialize([
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_m, BH, H_Q, GROUP,
-                        N_Q, N_K, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, TURNS)),
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_m, BH, H_Q, GROUP,
-                        N_Q, N_K, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, TURNS)),
-        (_ws_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_m, BH, H_Q,
-                        GROUP, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
+                        full_end, hi, N_Q, N_K, qk_scale, 0, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
+        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
+                        full_end, hi, N_Q, N_K, qk_scale, 1, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
+        (_ws_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
+                        start_m, hi, HALF, BLOCK_N, STAGES)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -423,16 +381,13 @@ def check_gluon_device(device) -> None:
                            f"wgmma; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
 
 
-def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,
-                                  persistent=None):
+def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None):
     """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
     non-contiguous inputs are copied. ``schedule``: ``"pingpong"`` (default, the faster) or ``"overlap"``
     (module docstring).
     ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default ``DEFAULT_CONFIG[schedule]``.
-    ``persistent`` (warp-specialised schedules; default ``PERSISTENT``): one CTA per SM, each looping over query
-    tiles with its K/V ring and producer running ahead into the next tile, instead of one CTA per tile.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
     if q.dtype not in GLUON_DTYPES:
@@ -446,18 +401,14 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="p
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(Nq, bm), B * Hq)
     args = (_tile_descriptor(q2, bm if schedule == "overlap" else bm // 2, d), _tile_descriptor(k2, bn, d),
             _tile_descriptor(v2, bn, d), o, lse, Hq, group, Nq, Nk, scale * LOG2E_F)
-    tiles = triton.cdiv(Nq, bm) * B * Hq
     if schedule == "overlap":
-        grid = (triton.cdiv(Nq, bm), B * Hq)
         _fwd_overlap_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
                                   num_warps=warps)
     else:
-        persistent = PERSISTENT if persistent is None else check_flag(persistent, "persistent")
-        grid = (min(tiles, torch.cuda.get_device_properties(q.device).multi_processor_count) if persistent
-                else tiles,)
-        _fwd_ws_kernel[grid](*args, B * Hq, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
+        _fwd_ws_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
                              CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1],
                              TURNS=schedule == "pingpong", num_warps=warps,
                              maxnreg=PINGPONG_MAXNREG)
@@ -478,11 +429,10 @@ def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: boo
     sig = {"desc_q": descriptor_signature(bm // 2 if ws else bm, head_dim, dtype),
            "desc_k": descriptor_signature(bn, head_dim, dtype), "desc_v": descriptor_signature(bn, head_dim, dtype),
            "O": f"*{dtype}", "LSE": "*fp32", "H_Q": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32",
-           "qk_scale": "fp32", "BH": "i32"}
+           "qk_scale": "fp32"}
     cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal,
           "num_warps": warps}
     if ws:
         cx.update(CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=schedule == "pingpong")
         return compile_gluon(_fwd_ws_kernel, sig, cx, warps, maxnreg=PINGPONG_MAXNREG)
-    del sig["BH"]
     return compile_gluon(_fwd_overlap_kernel, sig, cx, warps)
