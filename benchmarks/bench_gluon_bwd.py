@@ -1,0 +1,184 @@
+"""The Gluon backward (``reference.triton.flash_gluon_bwd``) on Hopper: checks, then timings vs cuDNN and Triton.
+
+One GPU call (notes/hopper.md section 1d). Each stage runs in its own subprocess with a time limit (a wrong
+mbarrier phase hangs the GPU instead of failing):
+
+1. ``check``: ``flash_attention_backward_gluon`` against float64 autograd (``tests/oracle.py``) on fresh random
+   inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key), GQA, d = 64, float16,
+   one query row; ``o, lse`` from our Triton forward. dq/dk/dv relative errors, next to our Triton backward's.
+2. ``bench``: bf16 backward TFLOP/s (FA convention, 2.5x the forward's FLOPs) of cuDNN (SDPA autograd), our
+   Triton backward (``flash_bwd``, ``bench_hopper``'s pinned configs) and the Gluon kernel's variants, same run,
+   batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 4k, 8k}, causal and not; each timed Gluon result is also
+   compared with cuDNN's gradients.
+
+    python3 benchmarks/bench_gluon_bwd.py --out DIR          # writes DIR/<gpu>-gluon-bwd.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+TOKENS, HIDDEN = 16384, 2048
+SEQLENS = [2048, 4096, 8192]
+# (B, Hq, Hkv, Nq, Nk, d, causal, dtype)
+CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, True, "bf16"),
+         (1, 4, 4, 1000, 1000, 128, False, "bf16"), (1, 4, 4, 1000, 1000, 128, True, "bf16"),
+         (2, 8, 2, 512, 512, 128, True, "bf16"), (1, 4, 2, 300, 1000, 128, True, "bf16"),
+         (1, 2, 2, 1000, 300, 128, True, "bf16"), (1, 2, 2, 1000, 300, 128, False, "bf16"),
+         (1, 4, 4, 777, 777, 64, False, "bf16"), (1, 4, 4, 777, 777, 64, True, "bf16"),
+         (1, 4, 4, 1024, 1024, 128, True, "fp16"), (1, 2, 2, 1, 5, 64, False, "bf16"),
+         (1, 2, 2, 2048, 2048, 128, True, "bf16")]
+#: (BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP)
+VARIANTS = [(64, 128, 2, 8, False), (64, 128, 2, 8, True), (64, 128, 3, 8, False)]
+TOL = 2e-2
+
+
+def _stage_check():
+    import torch
+    from reference.triton import flash_bwd, flash_fwd
+    from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
+    from tests.oracle import attention_grads, rel_err
+    out = []
+    for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
+        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
+        q = torch.randn(B, Hq, Nq, d, device="cuda", dtype=dtype)
+        k = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
+        v = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
+        do = torch.randn(B, Hq, Nq, d, device="cuda", dtype=dtype)
+        row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt}
+        try:
+            o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal)
+            ref = attention_grads(q, k, v, do, causal=causal)
+            got = flash_attention_backward_gluon(q, k, v, o, lse, do, causal=causal)
+            torch.cuda.synchronize()
+            tri = flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+            for name, a, t, r in zip(("dq", "dk", "dv"), got, tri, ref):
+                row[name] = rel_err(a, r)
+                row[name + "_triton"] = rel_err(t, r)
+            row["ok"] = all(row[n] < TOL for n in ("dq", "dk", "dv"))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+            row["ok"] = False
+        print(f"check {row}", flush=True)
+        out.append(row)
+    return out
+
+
+def sdpa_bwd_timer(backend, q, k, v, do, causal):
+    """SDPA's backward alone (autograd.grad through a kept graph), returning ``(dq, dk, dv)``."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    with sdpa_kernel(backend):
+        o = sdpa(qg, kg, vg, is_causal=causal)
+    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+
+
+def _stage_bench():
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend
+    from benchmarks.bench_hopper import pin_bf16, rel
+    from reference.triton import flash_bwd, flash_fwd
+    from reference.triton.flash_bwd import backward_flops
+    from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
+
+    def bench(fn):
+        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+    res = {"variants": VARIANTS, "main": []}
+    d, H = 128, HIDDEN // 128
+    for causal in (False, True):
+        pin_bf16(d, causal)
+        for N in SEQLENS:
+            B = TOKENS // N
+            q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            flops = backward_flops(B, H, N, N, d, causal)
+            o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal)
+            row = {"d": d, "causal": causal, "N": N, "B": B, "H": H}
+            cud = sdpa_bwd_timer(SDPBackend.CUDNN_ATTENTION, q, k, v, do, causal)
+            ref = cud()
+            ms = bench(cud)
+            row["cudnn"] = {"tflops": flops / ms / 1e9, "ms": ms}
+            tri = lambda: flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)  # noqa: E731
+            ms = bench(tri)
+            row["triton"] = {"tflops": flops / ms / 1e9, "ms": ms}
+            for cfg in VARIANTS:
+                name = "gluon_" + "_".join(str(int(c)) for c in cfg)
+                try:
+                    fn = (lambda c: lambda: flash_attention_backward_gluon(q, k, v, o, lse, do, causal=causal,
+                                                                           config=c))(cfg)
+                    got = fn()
+                    errs = [rel(a, r) for a, r in zip(got, ref)]
+                    ms = bench(fn)
+                    row[name] = {"tflops": flops / ms / 1e9, "ms": ms, "rel_vs_cudnn": errs}
+                except Exception as e:  # noqa: BLE001
+                    row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+            c = row["cudnn"]["tflops"]
+            print(f"causal={causal!s:5} N={N:5} cudnn {c:4.0f} triton {row['triton']['tflops']:4.0f} "
+                  f"({row['triton']['tflops'] / c:.2f}) " + " ".join(
+                      f"{n} {r.get('tflops', float('nan')):4.0f} ({r.get('tflops', float('nan')) / c:.2f}) "
+                      f"err {max(r.get('rel_vs_cudnn', [-1])):.1e}"
+                      for n, r in row.items() if n.startswith("gluon_")), flush=True)
+            res["main"].append(row)
+            del q, k, v, do, o, lse, ref
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--stage", default="all", help="all | check | bench")
+    ap.add_argument("--stages", default="check,bench")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per stage (bench gets 2x)")
+    args = ap.parse_args(argv)
+    if args.stage != "all":
+        result = _stage_bench() if args.stage == "bench" else _stage_check()
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    import torch
+    import triton
+    from benchmarks.bench_attention import gpu_tag
+    os.makedirs(args.out, exist_ok=True)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "convention": "bf16 backward, batch*seqlen=16384, hidden=2048, d=128; flops 2.5 x 4BHN^2d (x0.5 causal); "
+                         "do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this run only"}
+    path = os.path.join(args.out, f"{gpu_tag()}-gluon-bwd.json")
+    t0 = time.time()
+    for stage in args.stages.split(","):
+        limit = args.timeout * (2 if stage == "bench" else 1)
+        t = time.time()
+        try:
+            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--stage", stage], capture_output=True,
+                               text=True, timeout=limit, cwd=ROOT)
+            lines = p.stdout.splitlines()
+            print("\n".join(x for x in lines if not x.startswith("RESULT ")), flush=True)
+            got = [x for x in lines if x.startswith("RESULT ")]
+            res[stage] = json.loads(got[-1][7:]) if got else {"error": p.stderr[-4000:], "rc": p.returncode}
+            if not got:
+                print(p.stderr[-4000:], flush=True)
+        except subprocess.TimeoutExpired as e:
+            res[stage] = {"error": f"timed out after {limit} s (deadlock?)",
+                          "stdout_tail": (e.stdout or b"")[-3000:].decode(errors="replace")
+                          if isinstance(e.stdout, bytes) else str(e.stdout)[-3000:]}
+            print(f"{stage}: TIMED OUT after {limit} s", flush=True)
+        except Exception:  # noqa: BLE001
+            res[stage] = {"error": traceback.format_exc()[-3000:]}
+        res.setdefault("stage_seconds", {})[stage] = round(time.time() - t, 1)
+        res["seconds"] = round(time.time() - t0, 1)
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+    print(f"wrote {path}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""FlashAttention backward for Hopper in Gluon: one fused kernel, dQ by fp32 atomics (10 N^2 d matmul FLOPs).
+
+``flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None) -> (dq, dk, dv)``, the contract
+of ``flash_bwd.flash_attention_backward`` (FA2 paper, Algorithm 2; GQA, bottom-right causal, ragged N) restricted
+to a Hopper GPU (compute capability 9.0), bfloat16/float16 and ``d`` in {64, 128}.
+
+Why: our Triton backward runs dQ as a separate pass that recomputes ``S`` and ``dP`` (14 N^2 d FLOPs against the
+10 of FA2/FA3), because a fused Triton tile spills at 255 registers (notes/hopper.md section 1b). Gluon writes
+the wgmma calls, their waits and the operand placement itself, as in FA3 (Shah et al., 2024, section 3):
+
+* one CTA (two warpgroups, 8 warps) per ``BLOCK_N = 128``-row key block ``K_j, V_j`` (Algorithm 2, lines 5-7),
+  each warpgroup owning 64 key rows of the transposed tiles; ``dK_j, dV_j`` stay in registers (fp32);
+* the query blocks ``Q_i, dO_i`` that can see the key block stream through a ``STAGES``-deep TMA/mbarrier ring
+  (line 8-9), over every query head of the GQA group; ``L_i`` (base 2) and ``D_i = rowsum(dO_i * O_i)`` come
+  from ``flash_bwd._bwd_preprocess`` (line 4) and are read with plain loads;
+* per query block (lines 10-16, transposed so the key block is the M side of every wgmma):
+  ``S^T = K_j Q_i^T`` and ``dP^T = V_j dO_i^T`` issued back to back, ``P^T = exp2(S^T scale log2 e - L_i)``
+  computed while ``dP^T`` runs; ``dV_j += P^T dO_i`` with ``P^T`` a register operand; ``dS^T = P^T (dP^T - D_i)``;
+  ``dK_j += dS^T Q_i`` (register operand) and ``dQ_i += dS_ij K_j``, whose A operand is ``dS^T`` written to
+  shared memory and read through a transposed view; the dQ tile is added into an fp32 buffer with atomics
+  (line 15) and ``flash_bwd._dq_convert`` scales and casts it at the end.
+
+Ragged ``N``: tensors are viewed as 2-D ``(B * H * N, d)`` for TMA; query rows past ``N_Q`` get ``L = +inf`` (so
+``P = 0``) and are never added into dQ; key rows past ``N_K`` are masked to ``P = 0`` and never stored.
+The interpreter cannot run Gluon; ``tests/test_triton_gluon_bwd.py`` compiles the kernel for sm_90a on CPU.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from . import flash_bwd
+from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
+from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, _tile_descriptor, check_gluon_device
+
+#: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP)
+DEFAULT_CONFIG = (64, 128, 2, 8, False)
+
+
+@gluon.jit
+def _issue_q(desc_q, desc_do, q_smem, do_smem, bars, t, row_of_t, n_iter, STAGES: gl.constexpr):
+    """TMA-copy ``Q_i, dO_i`` of step ``t`` (if ``t < n_iter``) into ring slot ``t % STAGES``."""
+    slot = t % STAGES
+    pred = t < n_iter
+    bar = bars.index(slot)
+    mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc_q, [row_of_t, 0], bar, q_smem.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(desc_do, [row_of_t, 0], bar, do_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_KV, GROUP, N_Q, N_K,
+                qk_scale, sm_scale,
+                HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
+    """One CTA = key block ``j`` of one (batch, kv head); grid ``(cdiv(N_K, BLOCK_N), B * H_KV)`` (Alg. 2 l. 5-19)."""
+    dtype: gl.constexpr = desc_q.dtype
+    # transposed tiles: key rows split over the warpgroups
+    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, BLOCK_M, 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                        instr_shape=[16, HEAD_DIM, 16])
+    # dQ_i (BLOCK_M x d): the warpgroups split the head dimension
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, num_warps // 4],
+                                                        instr_shape=[16, HEAD_DIM // (num_warps // 4), 16])
+    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+    col_l: gl.constexpr = gl.SliceLayout(0, st_layout)
+    key_l: gl.constexpr = gl.SliceLayout(1, st_layout)
+    ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], dtype)
+
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H_KV
+    hk = pid_bh % H_KV
+    start_n = pid_n * BLOCK_N
+    kv_row0 = pid_bh * N_K
+    OFFSET = N_K - N_Q
+
+    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
+    do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_bars.index(i), count=1)
+    fence_async_shared()
+
+    # query blocks that see this key block (row i sees key j iff j <= i + OFFSET): [m_lo, n_m) of BLOCK_M
+    n_m = gl.cdiv(N_Q, BLOCK_M)
+    N_Q_PAD = n_m * BLOCK_M
+    if CAUSAL:
+        m_lo = gl.minimum(gl.maximum(start_n - OFFSET, 0) // BLOCK_M, n_m)
+        # blocks < m_full straddle the diagonal: masked
+        m_full = gl.minimum(gl.cdiv(gl.maximum(start_n + BLOCK_N - 1 - OFFSET, 0), BLOCK_M), n_m)
+    else:
+        m_lo = 0
+        m_full = 0
+    per_head = n_m - m_lo
+    n_iter = per_head * GROUP
+    key_ragged = start_n + BLOCK_N > N_K
+    q_head0 = b * H_KV * GROUP + hk * GROUP  # first query head of the group
+
+    mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc_k, [kv_row0 + start_n, 0], kv_bar, k_smem)
+    tma.async_copy_global_to_shared(desc_v, [kv_row0 + start_n, 0], kv_bar, v_smem)
+    for i in gl.static_range(STAGES):
+        g0 = i // gl.maximum(per_head, 1)
+        m0 = m_lo + i % gl.maximum(per_head, 1)
+        _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, i, (q_head0 + g0) * N_Q + m0 * BLOCK_M, n_iter, STAGES)
+
+    dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
+    st_zero = gl.zeros([BLOCK_N, BLOCK_M], gl.float32, layout=st_layout)
+    dq_zero = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=dq_layout)
+    keys = start_n + gl.arange(0, BLOCK_N, layout=key_l)
+    offs_lm = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [num_warps], [0]))
+    dq_rows_l: gl.constexpr = gl.SliceLayout(1, dq_layout)
+    offs_dq_m = gl.arange(0, BLOCK_M, layout=dq_rows_l)
+    offs_dq_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
+    dq_offs = offs_dq_m[:, None] * HEAD_DIM + offs_dq_d[None, :]
+    mbarrier.wait(kv_bar, 0)
+
+    for t in range(n_iter):
+        g = t // per_head
+        m = m_lo + t % per_head
+        start_m = m * BLOCK_M
+        q_row = (q_head0 + g) * N_Q + start_m
+        slot = t % STAGES
+        # line 9: L_i, D_i (rows past N_Q: L = +inf so P = 0)
+        # (loaded compactly, one value per thread, then broadcast: per-element pointers in the wgmma layout
+        # would hold 2 x 16 64-bit addresses per thread)
+        lrow = (q_head0 + g) * N_Q + start_m
+        lm_ok = offs_lm < N_Q - start_m
+        l2c = gl.load(LSE2 + lrow + offs_lm, mask=lm_ok, other=float("inf"))
+        dic = gl.load(DELTA + lrow + offs_lm, mask=lm_ok, other=0.0)
+        mbarrier.wait(q_bars.index(slot), (t // STAGES) & 1)
+        qs = q_smem.index(slot)
+        dos = do_smem.index(slot)
+        # lines 10 and 13: S^T = K Q^T, dP^T = V dO^T, both in flight
+        sT = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if EARLY_DP:  # dP^T runs under the exponentials (two 128 x BLOCK_M fp32 tiles live at once)
+            dpT = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+            sT = warpgroup_mma_wait(1, deps=(sT,))
+        else:
+            sT = warpgroup_mma_wait(0, deps=(sT,))
+        # line 11: P^T = exp2(S^T * scale * log2 e - L) (masked: causal diagonal, key rows past N_K)
+        l2 = gl.convert_layout(l2c, col_l)
+        pT = gl.exp2(sT * qk_scale - l2[None, :])
+        need_mask = key_ragged
+        if CAUSAL:
+            need_mask = need_mask | (m < m_full)
+        if need_mask:
+            visible = keys[:, None] < N_K
+            if CAUSAL:
+                cols = start_m + gl.arange(0, BLOCK_M, layout=col_l)
+                visible = visible & (keys[:, None] <= cols[None, :] + OFFSET)
+            pT = gl.where(visible, pT, 0.0)
+        # line 12: dV += P^T dO
+        pT = pT.to(dtype)  # kept in 16 bits: dS^T below is rounded to 16 bits anyway
+        p_op = gl.convert_layout(pT, a_layout)
+        if not EARLY_DP:  # dP^T and dV issued together; dS^T is computed while dV runs
+            dpT = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        dv = warpgroup_mma(p_op, dos, dv, is_async=True)
+        dpT = warpgroup_mma_wait(1, deps=(dpT,))
+        # line 14: dS^T = P^T (dP^T - D)
+        di = gl.convert_layout(dic, col_l)
+        dsT = (pT.to(gl.float32) * (dpT - di[None, :])).to(dtype)
+        ds_smem.store(dsT)
+        fence_async_shared()
+        gl.thread_barrier()  # dS^T of both warpgroups written before either reads it for dQ
+        # line 16: dK += dS^T Q; line 15: dQ_i += dS K (A: the transposed view of dS^T in shared memory)
+        dk = warpgroup_mma(ds_smem, qs, dk, is_async=True)
+        dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
+        gl.thread_barrier()  # every warp is done with slot and ds_smem
+        nt = t + STAGES
+        ng = nt // per_head
+        nm = m_lo + nt % per_head
+        _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, nt, (q_head0 + ng) * N_Q + nm * BLOCK_M, n_iter, STAGES)
+        # DQ_ACC is padded to whole query blocks per head: no mask, every row exists
+        dq_base = DQ_ACC + ((q_head0 + g) * N_Q_PAD + start_m).to(gl.int64) * HEAD_DIM
+        gl.atomic_add(dq_base + dq_offs, dq, sem="relaxed")
+
+    # lines 17-18: write dK_j (scaled once here), dV_j
+    out_keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
+    ok = (out_keys[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    off = (kv_row0 + out_keys).to(gl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+    gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None, config=None):
+    """Gradients ``(dq, dk, dv)`` of ``sum(o * do)``, as ``flash_bwd.flash_attention_backward``, on Hopper.
+
+    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP)``, default ``DEFAULT_CONFIG``; ``EARLY_DP``
+    issues ``dP^T = V dO^T`` right after ``S^T`` (it runs under the exponentials, at the cost of registers).
+    """
+    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
+    if q.dtype not in GLUON_DTYPES:
+        raise ValueError(f"flash_attention_backward_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    causal = check_flag(causal, "causal")
+    scale = check_scale(scale, d)
+    for name, t in (("o", o), ("do", do)):
+        check_tensor(t, name, ndim=4)
+        if t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    check_same_dtype(q=q, o=o, do=do)
+    check_tensor(lse, "lse", ndim=3, dtypes=(torch.float32,))
+    if lse.shape != q.shape[:3]:
+        raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
+    check_gluon_device(q.device)
+    bm, bn, stages, warps, early_dp = config or DEFAULT_CONFIG
+    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
+    lse = lse.contiguous()
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    st = lambda t: t.stride()  # noqa: E731
+    pre = flash_bwd.PRE_BLOCK
+    flash_bwd._bwd_preprocess[(triton.cdiv(Nq, pre), B * Hq)](
+        o, do, lse, delta, lse2, *st(o), *st(do), lse.stride(0), lse.stride(1), Hq, Nq, lse, BLOCK_M=pre,
+        HEAD_DIM=d)
+    nq_pad = triton.cdiv(Nq, bm) * bm
+    dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
+    _bwd_kernel[(triton.cdiv(Nk, bn), B * Hkv)](
+        _tile_descriptor(q2, bm, d), _tile_descriptor(k2, bn, d), _tile_descriptor(v2, bn, d),
+        _tile_descriptor(do2, bm, d), dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, EARLY_DP=early_dp, num_warps=warps)
+    if nq_pad != Nq:
+        return (dq_acc[:, :, :Nq] * scale).to(q.dtype), dk, dv
+    dq = torch.empty_like(q)
+    n = dq.numel()
+    flash_bwd._dq_convert[(triton.cdiv(n, flash_bwd.CONVERT_BLOCK),)](dq_acc, dq, n, scale,
+                                                                      BLOCK=flash_bwd.CONVERT_BLOCK)
+    return dq, dk, dv
+
+
+__all__ = ["flash_attention_backward_gluon", "DEFAULT_CONFIG"]
