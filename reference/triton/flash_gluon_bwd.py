@@ -37,8 +37,8 @@ from . import flash_bwd
 from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
 from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, _tile_descriptor, check_gluon_device
 
-#: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP)
-DEFAULT_CONFIG = (64, 128, 2, 8, False)
+#: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP, DK_RS)
+DEFAULT_CONFIG = (64, 128, 2, 8, False, False)
 
 
 @gluon.jit
@@ -56,7 +56,7 @@ def _issue_q(desc_q, desc_do, q_smem, do_smem, bars, t, row_of_t, n_iter, STAGES
 def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_KV, GROUP, N_Q, N_K,
                 qk_scale, sm_scale,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, num_warps: gl.constexpr):
+                CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, DK_RS: gl.constexpr, num_warps: gl.constexpr):
     """One CTA = key block ``j`` of one (batch, kv head); grid ``(cdiv(N_K, BLOCK_N), B * H_KV)`` (Alg. 2 l. 5-19)."""
     dtype: gl.constexpr = desc_q.dtype
     # transposed tiles: key rows split over the warpgroups
@@ -80,8 +80,8 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     kv_row0 = pid_bh * N_K
     OFFSET = N_K - N_Q
 
-    k_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, HEAD_DIM], desc_v.layout)
+    k_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], desc_v.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
     ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
@@ -108,8 +108,8 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     q_head0 = b * H_KV * GROUP + hk * GROUP  # first query head of the group
 
     mbarrier.expect(kv_bar, desc_k.block_type.nbytes + desc_v.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_k, [kv_row0 + start_n, 0], kv_bar, k_smem)
-    tma.async_copy_global_to_shared(desc_v, [kv_row0 + start_n, 0], kv_bar, v_smem)
+    tma.async_copy_global_to_shared(desc_k, [kv_row0 + start_n, 0], kv_bar, k_buf.index(0))
+    tma.async_copy_global_to_shared(desc_v, [kv_row0 + start_n, 0], kv_bar, v_buf.index(0))
     for i in gl.static_range(STAGES):
         g0 = i // gl.maximum(per_head, 1)
         m0 = m_lo + i % gl.maximum(per_head, 1)
@@ -133,6 +133,10 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         start_m = m * BLOCK_M
         q_row = (q_head0 + g) * N_Q + start_m
         slot = t % STAGES
+        # index 0 written so that the compiler cannot hoist K's and V's wgmma descriptors out of the loop: held
+        # across it, a dozen 64-bit descriptors spill (measured with the sm_90a compile: 25 spills -> see notes)
+        k_smem = k_buf.index(t >> 30)
+        v_smem = v_buf.index(t >> 30)
         # line 9: L_i, D_i (rows past N_Q: L = +inf so P = 0)
         # (loaded compactly, one value per thread, then broadcast: per-element pointers in the wgmma layout
         # would hold 2 x 16 64-bit addresses per thread)
@@ -176,7 +180,10 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         fence_async_shared()
         gl.thread_barrier()  # dS^T of both warpgroups written before either reads it for dQ
         # line 16: dK += dS^T Q; line 15: dQ_i += dS K (A: the transposed view of dS^T in shared memory)
-        dk = warpgroup_mma(ds_smem, qs, dk, is_async=True)
+        if DK_RS:  # A operand from registers (a layout shuffle) or from the shared copy written for dQ
+            dk = warpgroup_mma(gl.convert_layout(dsT, a_layout), qs, dk, is_async=True)
+        else:
+            dk = warpgroup_mma(ds_smem, qs, dk, is_async=True)
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
         dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
         gl.thread_barrier()  # every warp is done with slot and ds_smem
@@ -200,8 +207,9 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
 def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None, config=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)``, as ``flash_bwd.flash_attention_backward``, on Hopper.
 
-    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP)``, default ``DEFAULT_CONFIG``; ``EARLY_DP``
-    issues ``dP^T = V dO^T`` right after ``S^T`` (it runs under the exponentials, at the cost of registers).
+    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS)``, default ``DEFAULT_CONFIG``;
+    ``EARLY_DP`` issues ``dP^T = V dO^T`` right after ``S^T`` (it runs under the exponentials, at the cost of
+    registers); ``DK_RS`` feeds ``dS^T`` to ``dK += dS^T Q`` from registers instead of shared memory.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
     if q.dtype not in GLUON_DTYPES:
@@ -217,7 +225,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     if lse.shape != q.shape[:3]:
         raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
     check_gluon_device(q.device)
-    bm, bn, stages, warps, early_dp = config or DEFAULT_CONFIG
+    bm, bn, stages, warps, early_dp, dk_rs = config or DEFAULT_CONFIG
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
@@ -235,7 +243,8 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     _bwd_kernel[(triton.cdiv(Nk, bn), B * Hkv)](
         _tile_descriptor(q2, bm, d), _tile_descriptor(k2, bn, d), _tile_descriptor(v2, bn, d),
         _tile_descriptor(do2, bm, d), dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
-        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, EARLY_DP=early_dp, num_warps=warps)
+        HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, EARLY_DP=early_dp, DK_RS=dk_rs,
+        num_warps=warps)
     if nq_pad != Nq:
         return (dq_acc[:, :, :Nq] * scale).to(q.dtype), dk, dv
     dq = torch.empty_like(q)
