@@ -37,8 +37,9 @@ from . import flash_bwd
 from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
 from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, _tile_descriptor, check_gluon_device
 
-#: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP, DK_RS)
-DEFAULT_CONFIG = (64, 128, 2, 8, False, False)
+#: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP, DK_RS,
+#: DQ_VEC: 1 scalar atomics, 2 / 4 vector reductions of 2 / 4 floats)
+DEFAULT_CONFIG = (64, 128, 2, 8, False, False, 2)
 
 
 @gluon.jit
@@ -53,10 +54,41 @@ def _issue_q(desc_q, desc_do, q_smem, do_smem, bars, t, row_of_t, n_iter, STAGES
 
 
 @gluon.jit
+def _load_rows(LSE2, DELTA, t, n_iter, per_head, m_lo, q_head0, N_Q, offs, BLOCK_M: gl.constexpr):
+    """``L_i`` (base 2) and ``D_i`` of step ``t``'s query block, one value per thread (rows past ``N_Q``, or no
+    step ``t``: ``L = +inf``, so ``P = 0``). Per-element pointers in the wgmma layout would hold 2 x 16 64-bit
+    addresses per thread; the caller broadcasts with a layout conversion instead."""
+    start_m = (m_lo + t % per_head) * BLOCK_M
+    row0 = (q_head0 + t // per_head) * N_Q + start_m
+    ok = (offs < N_Q - start_m) & (t < n_iter)
+    l2 = gl.load(LSE2 + row0 + offs, mask=ok, other=float("inf"))
+    di = gl.load(DELTA + row0 + offs, mask=ok, other=0.0)
+    return l2, di
+
+
+@gluon.jit
+def _red_add_v(ptrs, x, VEC: gl.constexpr):
+    """``*ptrs += x`` with sm_90's vector reduction ``red.global.add.v{VEC}.f32`` (Triton emits one scalar atomic
+    per element); each thread's ``VEC`` consecutive elements must be contiguous and ``4 VEC``-byte aligned."""
+    addr = ptrs.to(gl.int64, bitcast=True)
+    bits = x.to(gl.int32, bitcast=True)
+    if VEC == 4:
+        gl.inline_asm_elementwise(
+            "red.relaxed.gpu.global.add.v4.f32 [$4], {$8, $9, $10, $11};\n"
+            "mov.b32 $0, 0;\nmov.b32 $1, 0;\nmov.b32 $2, 0;\nmov.b32 $3, 0;",
+            "=r,=r,=r,=r,l,l,l,l,r,r,r,r", [addr, bits], dtype=gl.int32, is_pure=False, pack=4)
+    else:
+        gl.inline_asm_elementwise(
+            "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\nmov.b32 $0, 0;\nmov.b32 $1, 0;",
+            "=r,=r,l,l,r,r", [addr, bits], dtype=gl.int32, is_pure=False, pack=2)
+
+
+@gluon.jit
 def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_KV, GROUP, N_Q, N_K,
                 qk_scale, sm_scale,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, DK_RS: gl.constexpr, num_warps: gl.constexpr):
+                CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, DK_RS: gl.constexpr,
+                DQ_VEC: gl.constexpr, num_warps: gl.constexpr):
     """One CTA = key block ``j`` of one (batch, kv head); grid ``(cdiv(N_K, BLOCK_N), B * H_KV)`` (Alg. 2 l. 5-19)."""
     dtype: gl.constexpr = desc_q.dtype
     # transposed tiles: key rows split over the warpgroups
@@ -125,6 +157,10 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     offs_dq_m = gl.arange(0, BLOCK_M, layout=dq_rows_l)
     offs_dq_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, dq_layout))
     dq_offs = offs_dq_m[:, None] * HEAD_DIM + offs_dq_d[None, :]
+    red_layout: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [num_warps, 1], [1, 0])
+    red_offs = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_layout))[:, None] * HEAD_DIM
+                + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, red_layout))[None, :])
+    l2n, din = _load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
     mbarrier.wait(kv_bar, 0)
 
     for t in range(n_iter):
@@ -137,13 +173,10 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         # across it, a dozen 64-bit descriptors spill (measured with the sm_90a compile: 25 spills -> see notes)
         k_smem = k_buf.index(t >> 30)
         v_smem = v_buf.index(t >> 30)
-        # line 9: L_i, D_i (rows past N_Q: L = +inf so P = 0)
-        # (loaded compactly, one value per thread, then broadcast: per-element pointers in the wgmma layout
-        # would hold 2 x 16 64-bit addresses per thread)
-        lrow = (q_head0 + g) * N_Q + start_m
-        lm_ok = offs_lm < N_Q - start_m
-        l2c = gl.load(LSE2 + lrow + offs_lm, mask=lm_ok, other=float("inf"))
-        dic = gl.load(DELTA + lrow + offs_lm, mask=lm_ok, other=0.0)
+        # line 9: L_i, D_i were loaded one step ahead (their latency hides under this step); fetch the next ones
+        l2c = l2n
+        dic = din
+        l2n, din = _load_rows(LSE2, DELTA, t + 1, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
         mbarrier.wait(q_bars.index(slot), (t // STAGES) & 1)
         qs = q_smem.index(slot)
         dos = do_smem.index(slot)
@@ -193,7 +226,12 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, nt, (q_head0 + ng) * N_Q + nm * BLOCK_M, n_iter, STAGES)
         # DQ_ACC is padded to whole query blocks per head: no mask, every row exists
         dq_base = DQ_ACC + ((q_head0 + g) * N_Q_PAD + start_m).to(gl.int64) * HEAD_DIM
-        gl.atomic_add(dq_base + dq_offs, dq, sem="relaxed")
+        if DQ_VEC == 1:
+            gl.atomic_add(dq_base + dq_offs, dq, sem="relaxed")
+        elif DQ_VEC == 2:  # the wgmma layout holds column pairs
+            _red_add_v(dq_base + dq_offs, dq, 2)
+        else:  # through shared memory into 4 consecutive columns per thread
+            _red_add_v(dq_base + red_offs, gl.convert_layout(dq, red_layout), 4)
 
     # lines 17-18: write dK_j (scaled once here), dV_j
     out_keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -207,9 +245,10 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
 def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None, config=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)``, as ``flash_bwd.flash_attention_backward``, on Hopper.
 
-    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS)``, default ``DEFAULT_CONFIG``;
+    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS, DQ_VEC)``, default ``DEFAULT_CONFIG``;
     ``EARLY_DP`` issues ``dP^T = V dO^T`` right after ``S^T`` (it runs under the exponentials, at the cost of
-    registers); ``DK_RS`` feeds ``dS^T`` to ``dK += dS^T Q`` from registers instead of shared memory.
+    registers); ``DK_RS`` feeds ``dS^T`` to ``dK += dS^T Q`` from registers instead of shared memory;
+    ``DQ_VEC`` (1, 2, 4) floats per atomic add into the dQ accumulator.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
     if q.dtype not in GLUON_DTYPES:
@@ -225,7 +264,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     if lse.shape != q.shape[:3]:
         raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
     check_gluon_device(q.device)
-    bm, bn, stages, warps, early_dp, dk_rs = config or DEFAULT_CONFIG
+    bm, bn, stages, warps, early_dp, dk_rs, dq_vec = config or DEFAULT_CONFIG
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
@@ -244,7 +283,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
         _tile_descriptor(q2, bm, d), _tile_descriptor(k2, bn, d), _tile_descriptor(v2, bn, d),
         _tile_descriptor(do2, bm, d), dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, EARLY_DP=early_dp, DK_RS=dk_rs,
-        num_warps=warps)
+        DQ_VEC=dq_vec, num_warps=warps)
     if nq_pad != Nq:
         return (dq_acc[:, :, :Nq] * scale).to(q.dtype), dk, dv
     dq = torch.empty_like(q)
