@@ -31,15 +31,16 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import flash_bwd
 from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
 from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, _tile_descriptor, check_gluon_device
 
 #: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP, DK_RS,
-#: DQ_VEC: 1 scalar atomics, 2 / 4 vector reductions of 2 / 4 floats)
-DEFAULT_CONFIG = (64, 128, 2, 8, False, False, 2)
+#: DQ_VEC: 1 scalar atomics, 2 / 4 vector reductions of 2 / 4 floats; PIPE: step t's dK/dQ products and dQ
+#: atomics overlap step t+1's S^T)
+DEFAULT_CONFIG = (64, 128, 3, 8, False, False, 2, True)
 
 
 @gluon.jit
@@ -51,6 +52,27 @@ def _issue_q(desc_q, desc_do, q_smem, do_smem, bars, t, row_of_t, n_iter, STAGES
     mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(desc_q, [row_of_t, 0], bar, q_smem.index(slot), pred=pred)
     tma.async_copy_global_to_shared(desc_do, [row_of_t, 0], bar, do_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _q_row(t, per_head, m_lo, q_head0, N_Q, BLOCK_M: gl.constexpr):
+    """Row of step ``t``'s query block in the 2-D ``(B * Hq * N_Q, d)`` view: head ``t // per_head`` of the group,
+    block ``m_lo + t % per_head``."""
+    return (q_head0 + t // per_head) * N_Q + (m_lo + t % per_head) * BLOCK_M
+
+
+@gluon.jit
+def _dq_add(dq_base, dq, dq_offs, red_offs, red_layout: gl.constexpr, DQ_VEC: gl.constexpr):
+    """Algorithm 2 line 15 across CTAs: ``dQ_i += dS_ij K_j`` into the fp32 accumulator, ``DQ_VEC`` floats per
+    reduction (1: Triton's scalar atomics; 2: the wgmma layout's column pairs; 4: after a layout conversion)."""
+    if DQ_VEC == 0:  # timing ablation only (wrong dQ): plain stores in place of the reductions
+        gl.store(dq_base + dq_offs, dq)
+    elif DQ_VEC == 1:
+        gl.atomic_add(dq_base + dq_offs, dq, sem="relaxed")
+    elif DQ_VEC == 2:
+        _red_add_v(dq_base + dq_offs, dq, 2)
+    else:
+        _red_add_v(dq_base + red_offs, gl.convert_layout(dq, red_layout), 4)
 
 
 @gluon.jit
@@ -88,7 +110,7 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
                 qk_scale, sm_scale,
                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                 CAUSAL: gl.constexpr, EARLY_DP: gl.constexpr, DK_RS: gl.constexpr,
-                DQ_VEC: gl.constexpr, num_warps: gl.constexpr):
+                DQ_VEC: gl.constexpr, PIPE: gl.constexpr, num_warps: gl.constexpr):
     """One CTA = key block ``j`` of one (batch, kv head); grid ``(cdiv(N_K, BLOCK_N), B * H_KV)`` (Alg. 2 l. 5-19)."""
     dtype: gl.constexpr = desc_q.dtype
     # transposed tiles: key rows split over the warpgroups
@@ -116,7 +138,7 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     v_buf = gl.allocate_shared_memory(dtype, [1, BLOCK_N, HEAD_DIM], desc_v.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
-    ds_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_M], ds_layout)
+    ds_bufs = gl.allocate_shared_memory(dtype, [2 if PIPE else 1, BLOCK_N, BLOCK_M], ds_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     q_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
@@ -143,9 +165,8 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     tma.async_copy_global_to_shared(desc_k, [kv_row0 + start_n, 0], kv_bar, k_buf.index(0))
     tma.async_copy_global_to_shared(desc_v, [kv_row0 + start_n, 0], kv_bar, v_buf.index(0))
     for i in gl.static_range(STAGES):
-        g0 = i // gl.maximum(per_head, 1)
-        m0 = m_lo + i % gl.maximum(per_head, 1)
-        _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, i, (q_head0 + g0) * N_Q + m0 * BLOCK_M, n_iter, STAGES)
+        _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, i, _q_row(i, gl.maximum(per_head, 1), m_lo, q_head0, N_Q,
+                 BLOCK_M), n_iter, STAGES)
 
     dk = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_DIM], gl.float32, layout=kv_layout)
@@ -161,6 +182,15 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     red_offs = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, red_layout))[:, None] * HEAD_DIM
                 + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, red_layout))[None, :])
     l2n, din = _load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
+    dq = dq_zero
+    prev_base = DQ_ACC
+    # P^T as dV's register operand: kept alive (a wait's deps) until its product retires
+    p_op = gl.zeros([BLOCK_N, BLOCK_M], dtype, layout=a_layout)
+    gl.static_assert(not (PIPE and DK_RS), "PIPE keeps dS^T's operand in shared memory (DK_RS=False)")
+    if PIPE:  # the products are carried across iterations unfinished: loop-carried as wgmma accumulators
+        dk = warpgroup_mma_init(dk)
+        dv = warpgroup_mma_init(dv)
+        dq = warpgroup_mma_init(dq)
     mbarrier.wait(kv_bar, 0)
 
     for t in range(n_iter):
@@ -180,10 +210,16 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         mbarrier.wait(q_bars.index(slot), (t // STAGES) & 1)
         qs = q_smem.index(slot)
         dos = do_smem.index(slot)
+        ds_smem = ds_bufs.index(t % 2 if PIPE else 0)
         # lines 10 and 13: S^T = K Q^T, dP^T = V dO^T, both in flight
         sT = warpgroup_mma(k_smem, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
         if EARLY_DP:  # dP^T runs under the exponentials (two 128 x BLOCK_M fp32 tiles live at once)
             dpT = warpgroup_mma(v_smem, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+        if PIPE:  # step t-1's products retire first (in order); its dQ atomics run under S^T (and dP^T)
+            dv, dk, dq, p_op = warpgroup_mma_wait(2 if EARLY_DP else 1, deps=(dv, dk, dq, p_op))
+            if t > 0:
+                _dq_add(prev_base, dq, dq_offs, red_offs, red_layout, DQ_VEC)
+        if EARLY_DP:
             sT = warpgroup_mma_wait(1, deps=(sT,))
         else:
             sT = warpgroup_mma_wait(0, deps=(sT,))
@@ -212,26 +248,32 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         ds_smem.store(dsT)
         fence_async_shared()
         gl.thread_barrier()  # dS^T of both warpgroups written before either reads it for dQ
+        if PIPE:
+            if t > 0:  # every warp is past step t-1's dK/dV/dQ: its Q/dO slot is free
+                _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, t - 1 + STAGES,
+                         _q_row(t - 1 + STAGES, per_head, m_lo, q_head0, N_Q, BLOCK_M), n_iter, STAGES)
         # line 16: dK += dS^T Q; line 15: dQ_i += dS K (A: the transposed view of dS^T in shared memory)
-        if DK_RS:  # A operand from registers (a layout shuffle) or from the shared copy written for dQ
-            dk = warpgroup_mma(gl.convert_layout(dsT, a_layout), qs, dk, is_async=True)
+        if DK_RS:  # A operand from registers (a layout shuffle; waited for below) or from the shared copy
+            ds_op = gl.convert_layout(dsT, a_layout)
+            dk = warpgroup_mma(ds_op, qs, dk, is_async=True)
         else:
             dk = warpgroup_mma(ds_smem, qs, dk, is_async=True)
         dq = warpgroup_mma(ds_smem.permute((1, 0)), k_smem, dq_zero, use_acc=False, is_async=True)
-        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
-        gl.thread_barrier()  # every warp is done with slot and ds_smem
-        nt = t + STAGES
-        ng = nt // per_head
-        nm = m_lo + nt % per_head
-        _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, nt, (q_head0 + ng) * N_Q + nm * BLOCK_M, n_iter, STAGES)
         # DQ_ACC is padded to whole query blocks per head: no mask, every row exists
         dq_base = DQ_ACC + ((q_head0 + g) * N_Q_PAD + start_m).to(gl.int64) * HEAD_DIM
-        if DQ_VEC == 1:
-            gl.atomic_add(dq_base + dq_offs, dq, sem="relaxed")
-        elif DQ_VEC == 2:  # the wgmma layout holds column pairs
-            _red_add_v(dq_base + dq_offs, dq, 2)
-        else:  # through shared memory into 4 consecutive columns per thread
-            _red_add_v(dq_base + red_offs, gl.convert_layout(dq, red_layout), 4)
+        if DK_RS:
+            dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
+        if not PIPE:
+            dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
+            gl.thread_barrier()  # every warp is done with slot and ds_smem
+            _issue_q(desc_q, desc_do, q_smem, do_smem, q_bars, t + STAGES, _q_row(t + STAGES, per_head, m_lo, q_head0,
+                     N_Q, BLOCK_M), n_iter, STAGES)
+            _dq_add(dq_base, dq, dq_offs, red_offs, red_layout, DQ_VEC)
+        prev_base = dq_base
+    if PIPE:  # the last step's dQ
+        dv, dk, dq, p_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op))
+        if n_iter > 0:
+            _dq_add(prev_base, dq, dq_offs, red_offs, red_layout, DQ_VEC)
 
     # lines 17-18: write dK_j (scaled once here), dV_j
     out_keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
@@ -245,10 +287,14 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
 def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None, config=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)``, as ``flash_bwd.flash_attention_backward``, on Hopper.
 
-    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS, DQ_VEC)``, default ``DEFAULT_CONFIG``;
+    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS, DQ_VEC, PIPE)``, default
+    ``DEFAULT_CONFIG``;
     ``EARLY_DP`` issues ``dP^T = V dO^T`` right after ``S^T`` (it runs under the exponentials, at the cost of
     registers); ``DK_RS`` feeds ``dS^T`` to ``dK += dS^T Q`` from registers instead of shared memory;
-    ``DQ_VEC`` (1, 2, 4) floats per atomic add into the dQ accumulator.
+    ``DQ_VEC`` (1, 2, 4; 0: a timing ablation with plain stores, wrong dQ) floats per atomic add into the dQ
+    accumulator; ``PIPE`` leaves step ``t``'s ``dK``/``dQ``
+    products running into step ``t + 1`` (whose ``S^T`` they share the tensor cores with) and adds ``dQ_t``
+    there (two ``dS^T`` buffers; use ``STAGES >= 3``, since a Q/dO slot is refilled one step later).
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
     if q.dtype not in GLUON_DTYPES:
@@ -264,7 +310,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     if lse.shape != q.shape[:3]:
         raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
     check_gluon_device(q.device)
-    bm, bn, stages, warps, early_dp, dk_rs, dq_vec = config or DEFAULT_CONFIG
+    bm, bn, stages, warps, early_dp, dk_rs, dq_vec, pipe = config or DEFAULT_CONFIG
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     lse = lse.contiguous()
     delta = torch.empty_like(lse)
@@ -283,7 +329,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
         _tile_descriptor(q2, bm, d), _tile_descriptor(k2, bn, d), _tile_descriptor(v2, bn, d),
         _tile_descriptor(do2, bm, d), dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, EARLY_DP=early_dp, DK_RS=dk_rs,
-        DQ_VEC=dq_vec, num_warps=warps)
+        DQ_VEC=dq_vec, PIPE=pipe, num_warps=warps)
     if nq_pad != Nq:
         return (dq_acc[:, :, :Nq] * scale).to(q.dtype), dk, dv
     dq = torch.empty_like(q)
