@@ -339,4 +339,19 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     return dq, dk, dv
 
 
-__all__ = ["flash_attention_backward_gluon", "DEFAULT_CONFIG"]
+def compile_backward(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):
+    """Compile the backward kernel for sm_90a ahead of time (no GPU needed); return the compiled kernel
+    (``reference.triton._aot.resource_usage`` reads its registers, spills and SASS). Run in a process with
+    ``TRITON_INTERPRET=0``."""
+    from ._aot import compile_gluon, descriptor_signature
+    bm, bn, stages, warps, early_dp, dk_rs, dq_vec, pipe = config or DEFAULT_CONFIG
+    sig = {"desc_q": descriptor_signature(bm, head_dim, dtype), "desc_k": descriptor_signature(bn, head_dim, dtype),
+           "desc_v": descriptor_signature(bn, head_dim, dtype), "desc_do": descriptor_signature(bm, head_dim, dtype),
+           "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
+           "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal,
+          "EARLY_DP": early_dp, "DK_RS": dk_rs, "DQ_VEC": dq_vec, "PIPE": pipe, "num_warps": warps}
+    return compile_gluon(_bwd_kernel, sig, cx, warps)
+
+
+__all__ = ["flash_attention_backward_gluon", "compile_backward", "DEFAULT_CONFIG"]
