@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
-import traceback
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
@@ -169,6 +166,7 @@ def main(argv=None):
         print("RESULT " + json.dumps(result), flush=True)
         return
     import torch
+    from benchmarks._staged import run_stages
     from benchmarks.bench_attention import gpu_tag
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -178,31 +176,7 @@ def main(argv=None):
     import triton
     res["triton"] = triton.__version__
     path = os.path.join(args.out, f"{gpu_tag()}-gluon{args.suffix}.json")
-    t0 = time.time()
-    for stage in args.stages.split(","):
-        limit = args.timeout * (3 if stage == "bench" else 1)
-        t = time.time()
-        try:
-            p = subprocess.run([sys.executable, os.path.abspath(__file__), "--stage", stage], capture_output=True,
-                               text=True, timeout=limit, cwd=ROOT)
-            lines = p.stdout.splitlines()
-            print("\n".join(x for x in lines if not x.startswith("RESULT ")), flush=True)
-            got = [x for x in lines if x.startswith("RESULT ")]
-            res[stage] = json.loads(got[-1][7:]) if got else {"error": p.stderr[-4000:], "rc": p.returncode}
-            if not got:
-                print(p.stderr[-4000:], flush=True)
-        except subprocess.TimeoutExpired as e:
-            res[stage] = {"error": f"timed out after {limit} s (deadlock?)",
-                          "stdout_tail": (e.stdout or b"")[-3000:].decode(errors="replace")
-                          if isinstance(e.stdout, bytes) else str(e.stdout)[-3000:]}
-            print(f"{stage}: TIMED OUT after {limit} s", flush=True)
-        except Exception:  # noqa: BLE001
-            res[stage] = {"error": traceback.format_exc()[-3000:]}
-        res.setdefault("stage_seconds", {})[stage] = round(time.time() - t, 1)
-        res["seconds"] = round(time.time() - t0, 1)
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
-    print(f"wrote {path}", flush=True)
+    run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (3 if st == "bench" else 1), res, path)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,15 @@ def check_attention_inputs(q, k, v, head_dims=HEAD_DIMS):
     if q.device != k.device or q.device != v.device:
         raise ValueError(f"q, k and v must be on the same device, got {q.device}, {k.device}, {v.device}")
     return B, Hq, Hkv, Nq, Nk, d, group
+
+
+def check_backward_inputs(q, o, lse, do) -> None:
+    """The backward's extra inputs: ``o`` and ``do`` of ``q``'s shape and dtype, ``lse`` float32 ``(B, Hq, Nq)``."""
+    for name, t in (("o", o), ("do", do)):
+        check_tensor(t, name, ndim=4)
+        if t.shape != q.shape:
+            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+    check_same_dtype(q=q, o=o, do=do)
+    check_tensor(lse, "lse", ndim=3, dtypes=(torch.float32,))
+    if lse.shape != q.shape[:3]:
+        raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")

@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
+from ._checks import check_attention_inputs, check_backward_inputs, check_flag, check_scale
 from ._kernel_helpers import LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
 from . import flash_fwd
 from ._runtime import INTERPRET
@@ -510,14 +510,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
-    for name, t in (("o", o), ("do", do)):
-        check_tensor(t, name, ndim=4)
-        if t.shape != q.shape:
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
-    check_same_dtype(q=q, o=o, do=do)
-    check_tensor(lse, "lse", ndim=3, dtypes=(torch.float32,))
-    if lse.shape != q.shape[:3]:
-        raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
+    check_backward_inputs(q, o, lse, do)
     lse = lse.contiguous()
     dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, Hkv, Nk, d), dtype=k.dtype, device=k.device)

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import flash_bwd
-from ._checks import check_attention_inputs, check_flag, check_same_dtype, check_scale, check_tensor
+from ._checks import check_attention_inputs, check_backward_inputs, check_flag, check_scale
 from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, _tile_descriptor, check_gluon_device
 
 #: (BLOCK_M query rows per step, BLOCK_N key rows per CTA, STAGES of the Q/dO ring, num_warps, EARLY_DP, DK_RS,
@@ -303,14 +303,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
         raise ValueError(f"flash_attention_backward_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
-    for name, t in (("o", o), ("do", do)):
-        check_tensor(t, name, ndim=4)
-        if t.shape != q.shape:
-            raise ValueError(f"{name} must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
-    check_same_dtype(q=q, o=o, do=do)
-    check_tensor(lse, "lse", ndim=3, dtypes=(torch.float32,))
-    if lse.shape != q.shape[:3]:
-        raise ValueError(f"lse must have shape (B, Hq, Nq) = {tuple(q.shape[:3])}, got {tuple(lse.shape)}")
+    check_backward_inputs(q, o, lse, do)
     try:
         check_gluon_device(q.device)
     except RuntimeError as e:  # the shared check names the forward
