@@ -433,4 +433,5 @@ for path, r in runs:
 # Triton; a producer warp plus two consumer warpgroups with the registers moved to them is what closes most of
 # the gap to cuDNN (0.84-1.07x of it at N >= 2k); the explicit ping-pong order adds at most a few percent on top
 # of what the warp schedulers already interleave (the talk reports 580 -> 640 TFLOPS for it in FA3's CUDA
-# kernel). The backward is still plain Triton (notes/hopper.md says what it would take).
+# kernel). A Gluon backward exists too (`reference.triton.flash_gluon_bwd`: one fused kernel, fewer FLOPs), but
+# without warp specialisation it is slower than the plain-Triton backward (notes/hopper.md, section 1d).
