@@ -50,16 +50,21 @@ def _gluon(schedule):
         q, k, v, causal=causal, schedule=schedule, config=config)
 
 
+def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):
+    """Fresh standard-normal ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` (and ``do`` like q) on the GPU."""
+    import torch
+    dtype = torch.bfloat16 if dt == "bf16" else torch.float16
+    shapes = [(B, Hq, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d)] + ([(B, Hq, Nq, d)] if with_do else [])
+    return [torch.randn(*s, device="cuda", dtype=dtype) for s in shapes]
+
+
 def _stage_check(schedule):
     import torch
     from benchmarks.bench_hopper import lse_abs, ref64, rel
     gluon = _gluon(schedule)
     out = []
     for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
-        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
-        q = torch.randn(B, Hq, Nq, d, device="cuda", dtype=dtype)
-        k = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
-        v = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
+        q, k, v = case_tensors(B, Hq, Hkv, Nq, Nk, d, dt)
         row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt}
         try:
             o, lse = gluon(q, k, v, causal)

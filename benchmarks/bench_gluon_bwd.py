@@ -23,7 +23,7 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
-from benchmarks.bench_gluon import CASES as FWD_CASES  # noqa: E402
+from benchmarks.bench_gluon import CASES as FWD_CASES, case_tensors  # noqa: E402
 
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = [2048, 8192]
@@ -47,11 +47,7 @@ def _stage_check():
     from tests.oracle import attention_grads, rel_err
     out = []
     for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
-        dtype = torch.bfloat16 if dt == "bf16" else torch.float16
-        q = torch.randn(B, Hq, Nq, d, device="cuda", dtype=dtype)
-        k = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
-        v = torch.randn(B, Hkv, Nk, d, device="cuda", dtype=dtype)
-        do = torch.randn(B, Hq, Nq, d, device="cuda", dtype=dtype)
+        q, k, v, do = case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=True)
         try:
             pin_bf16(d, causal)  # our Triton kernels without autotuning
             o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal)

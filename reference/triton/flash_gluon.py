@@ -80,6 +80,20 @@ def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
+def _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """This CTA's query tile: ``(start_m, q_row0, kv_row0)``, the tile's first query row within its head and the
+    first rows of its (batch, query head) and of the kv head it reads (GQA: ``h // GROUP``) in the 2-D views.
+    Grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``; causal: the heaviest query blocks launch first (a shorter tail)."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    return pid_m * BLOCK_M, pid_bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
+
+
+@gluon.jit
 def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
                     s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """FA2 Algorithm 1, lines 9-10 on one score tile ``s = Q_i K_j^T`` (raw, unscaled, fp32).
@@ -231,16 +245,7 @@ def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
-    pid_m = gl.program_id(0)
-    if CAUSAL:  # heaviest query blocks first: a shorter tail
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    H_K = H_Q // GROUP
-    start_m = pid_m * BLOCK_M
-    q_row0 = pid_bh * N_Q
-    kv_row0 = (b * H_K + h // GROUP) * N_K
+    start_m, q_row0, kv_row0 = _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
@@ -317,16 +322,7 @@ def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scal
     """One CTA = one ``BLOCK_M``-row query tile (two consumers of ``BLOCK_M / 2`` rows) + a producer warp."""
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = desc_q.dtype
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    H_K = H_Q // GROUP
-    start_m = pid_m * BLOCK_M
-    q_row0 = pid_bh * N_Q
-    kv_row0 = (b * H_K + h // GROUP) * N_K
+    start_m, q_row0, kv_row0 = _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
 
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
