@@ -53,7 +53,7 @@ def _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
 
 def test_bad_inputs_are_named(rng):
     q, k, v, do = _inputs(rng, 1, 2, 2, 8, 8, 64)
-    lse = torch.zeros(1, 2, 8)
+    lse = torch.zeros(1, 2, 8, device=DEVICE)
     with pytest.raises(ValueError, match="bfloat16 or float16"):
         flash_attention_backward_gluon(q.float(), k.float(), v.float(), q.float(), lse, do.float())
     with pytest.raises(ValueError, match="do must have"):
@@ -69,7 +69,7 @@ def test_bad_inputs_are_named(rng):
 def test_needs_a_hopper_gpu(rng):
     q, k, v, do = _inputs(rng, 1, 2, 2, 8, 8, 64)
     with pytest.raises(RuntimeError, match="compute capability 9.0"):
-        flash_attention_backward_gluon(q, k, v, q, torch.zeros(1, 2, 8), do)
+        flash_attention_backward_gluon(q, k, v, q, torch.zeros(1, 2, 8, device=DEVICE), do)
 
 
 @pytest.mark.gpu
