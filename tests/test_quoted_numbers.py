@@ -33,3 +33,22 @@ def test_readme_decode_and_cpu_numbers_match_the_results_files():
     row = re.search(r"\| paged decode \(block 16\).*?\| ([0-9.]+)x-([0-9.]+)x", readme)
     paged = [p["vs_contiguous_graph"] for p in decode["paged"] if p.get("block_size") == 16]
     assert row and (float(row[1]), float(row[2])) == (round(min(paged), 2), round(max(paged), 2))
+
+
+def _gluon_span(gpu, schedule, causal, d=128, n_min=2048):
+    r = json.loads((RESULTS / f"{gpu}-gluon.json").read_text())
+    xs = [row[schedule]["tflops"] / row["cudnn"]["tflops"] for row in r["bench"]["main"]
+          if row["d"] == d and row["causal"] == causal and row["N"] >= n_min]
+    return f"{min(xs):.2f}-{max(xs):.2f}"
+
+
+def test_readme_gluon_forward_ratios_match_the_results_files():
+    """The Gluon row quotes, per GPU, min-max of ping-pong / cuDNN at d=128, N >= 2k, non-causal / causal."""
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| **Gluon FA3-style forward**"))
+    for gpu in ("h100", "h200"):
+        spans = [_gluon_span(gpu, "gluon_pingpong", causal) for causal in (False, True)]
+        quoted = f"{gpu.upper()} {spans[0]} / {spans[1]}"
+        assert quoted in row, quoted
+        r = json.loads((RESULTS / f"{gpu}-gluon.json").read_text())
+        assert all(c["ok"] for k, v in r.items() if k.startswith("check:") for c in v)  # checked before timed
