@@ -426,7 +426,8 @@ for path, r in runs:
         cols = "  ".join(f"{name.replace('gluon_', '')} {row[name]['tflops'] / base:.2f}x"
                          for name in ("triton", "gluon_overlap", "gluon_specialized", "gluon_pingpong")
                          if "tflops" in row.get(name, {}))
-        print(f"  {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: cuDNN {base:4.0f} TFLOP/s;  {cols}")
+        what = "causal" if row["causal"] else "non-causal"
+        print(f"  {what:10s} N={row['N']:5d}: cuDNN {base:4.0f} TFLOP/s;  {cols}")
 
 # %% [markdown]
 # The order of the talk shows up in the numbers: overlap within one warpgroup alone buys little over plain
