@@ -5,7 +5,8 @@ that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs th
 
 1. ``check:<schedule>`` (``SCHEDULES``): ``flash_attention_forward_gluon`` against a float64 torch reference on
    fresh random inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key: o = 0,
-   lse = -inf), GQA, d = 64, float16, one query row, more query tiles than SMs. o relative error and lse absolute error per case.
+   lse = -inf), GQA, d = 64, float16, one query row, more query tiles than SMs. o relative error and lse
+   absolute error per case.
 2. ``bench``: bf16 forward TFLOP/s of cuDNN (SDPA), our Triton forward (``flash_fwd``, the pinned config of
    ``bench_hopper.py``) and the three Gluon schedules, same run, FlashAttention convention (batch x seqlen = 16k,
    hidden 2048), d in {128, 64}, causal and not; then Gluon block-config variants at d = 128. Every timed Gluon
