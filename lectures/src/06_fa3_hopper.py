@@ -432,7 +432,7 @@ for path, r in runs:
 # %% [markdown]
 # The order of the talk shows up in the numbers: overlap within one warpgroup alone buys little over plain
 # Triton; a producer warp plus two consumer warpgroups with the registers moved to them is what closes most of
-# the gap to cuDNN (0.82-1.07x of it at N >= 2k over our runs); the explicit ping-pong order adds at most a few percent on top
-# of what the warp schedulers already interleave (the talk reports 580 -> 640 TFLOPS for it in FA3's CUDA
-# kernel). A Gluon backward exists too (`reference.triton.flash_gluon_bwd`: one fused kernel, fewer FLOPs), but
+# the gap to cuDNN (0.82-1.07x of it at N >= 2k over our runs); the explicit ping-pong order adds at most a few
+# percent on top of what the warp schedulers already interleave (the talk reports 580 -> 640 TFLOPS for it in
+# FA3's CUDA kernel). A Gluon backward exists too (`reference.triton.flash_gluon_bwd`: one fused kernel, fewer FLOPs), but
 # without warp specialisation it is slower than the plain-Triton backward (notes/hopper.md, section 1d).
