@@ -102,3 +102,21 @@ def test_float16_and_strided_inputs(rng):
     o, lse = flash_attention_forward_gluon(qt, k, v, causal=True)
     ro, rl, _ = attention_ref(q, k, v, causal=True)
     assert rel_err(o, ro) < 2e-3 and lse_err(lse, rl) < 1e-4
+
+
+@pytest.mark.parametrize("schedule, config, match", [
+    ("pingpong", (128, 128, 2), "tuple of 4 ints"), ("pingpong", (64, 128, 2, 4), "BLOCK_M = 128"),
+    ("overlap", (128, 128, 2, 4), "16 \\* num_warps"), ("overlap", (128, 96, 2, 8), "BLOCK_N"),
+    ("specialized", (128, 128, 2, 8), "num_warps = 4"), ("overlap", [64, 64, True, 4], "4 ints")])
+def test_bad_config_is_named(rng, schedule, config, match):
+    q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 128)
+    with pytest.raises(ValueError, match=match):
+        flash_attention_forward_gluon(q, k, v, schedule=schedule, config=config)
+
+
+def test_every_config_measured_passes_the_check():
+    from benchmarks.bench_gluon import VARIANTS
+    from reference.triton.flash_gluon import DEFAULT_CONFIG, check_gluon_config
+    for schedule, configs in {**VARIANTS, **{s: [c] for s, c in DEFAULT_CONFIG.items()}}.items():
+        for cfg in configs:
+            assert check_gluon_config(cfg, schedule) == tuple(cfg)

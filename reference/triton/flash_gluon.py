@@ -365,6 +365,31 @@ def _tile_descriptor(x2d: torch.Tensor, rows: int, d: int) -> TensorDescriptor:
     return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, d], layout)
 
 
+def check_gluon_config(config, schedule: str) -> tuple:
+    """Validate ``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)`` for ``schedule``; return it (default if None).
+
+    The kernels' layouts fix what is legal: one warp per 16 query rows in the "overlap" schedule; two consumer
+    warpgroups of 64 rows (``BLOCK_M = 128``, ``num_warps = 4`` per consumer) in the warp-specialised ones.
+    (Shared memory needs no check here: the largest legal config, 128 x 128 tiles with 3 stages at d = 128, takes
+    224 KiB of the 227 KiB a Hopper CTA may have.)
+    """
+    if config is None:
+        return DEFAULT_CONFIG[schedule]
+    if (not isinstance(config, (tuple, list)) or len(config) != 4
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
+        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
+    bm, bn, stages, warps = config
+    if bn not in (64, 128) or stages not in (2, 3):
+        raise ValueError(f"config: BLOCK_N must be 64 or 128 and STAGES 2 or 3, got {tuple(config)}")
+    if schedule == "overlap" and (warps not in (4, 8) or bm != 16 * warps):
+        raise ValueError(f"config for schedule 'overlap': num_warps 4 or 8 and BLOCK_M = 16 * num_warps (one warp "
+                         f"per 16 query rows), got {tuple(config)}")
+    if schedule != "overlap" and (bm != 128 or warps != 4):
+        raise ValueError(f"config for schedule {schedule!r}: BLOCK_M = 128 and num_warps = 4 (two consumer "
+                         f"warpgroups of 64 rows), got {tuple(config)}")
+    return tuple(config)
+
+
 def check_gluon_device(device) -> None:
     """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
     if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
@@ -392,8 +417,8 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="p
     scale = check_scale(scale, d)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    bm, bn, stages, warps = check_gluon_config(config, schedule)
     check_gluon_device(q.device)
-    bm, bn, stages, warps = config or DEFAULT_CONFIG[schedule]
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
@@ -420,7 +445,7 @@ def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: boo
     from ._aot import compile_gluon, descriptor_signature
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    bm, bn, stages, warps = config or DEFAULT_CONFIG[schedule]
+    bm, bn, stages, warps = check_gluon_config(config, schedule)
     ws = schedule != "overlap"
     sig = {"desc_q": descriptor_signature(bm // 2 if ws else bm, head_dim, dtype),
            "desc_k": descriptor_signature(bn, head_dim, dtype), "desc_v": descriptor_signature(bn, head_dim, dtype),

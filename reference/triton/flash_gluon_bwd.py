@@ -304,6 +304,9 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
     check_backward_inputs(q, o, lse, do)
+    if config is not None and (not isinstance(config, (tuple, list)) or len(config) != 8):
+        raise ValueError("config must be a tuple of 8 (BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS, DQ_VEC, "
+                         f"PIPE), got {config!r}")
     try:
         check_gluon_device(q.device)
     except RuntimeError as e:  # the shared check names the forward
