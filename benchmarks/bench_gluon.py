@@ -8,9 +8,12 @@ that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs th
    lse = -inf), GQA, d = 64, float16, one query row, more query tiles than SMs. o relative error and lse
    absolute error per case.
 2. ``bench``: bf16 forward TFLOP/s of cuDNN (SDPA), our Triton forward (``flash_fwd``, the pinned config of
-   ``bench_hopper.py``) and the three Gluon schedules, same run, FlashAttention convention (batch x seqlen = 16k,
-   hidden 2048), d in {128, 64}, causal and not; then Gluon block-config variants at d = 128. Every timed Gluon
+   ``bench_hopper.py``) and the Gluon schedules (``SCHEDULES``), same run, FlashAttention convention (batch x
+   seqlen = 16k, hidden 2048), d in {128, 64}, causal and not; then ``VARIANTS`` at d = 128. Every timed Gluon
    output is also compared with cuDNN's (relative error), so a race that only shows on large shapes is seen.
+   A schedule whose check stage failed or hung is left out of the timings.
+3. ``ncu``: Nsight Compute over one forward of cuDNN and of the Gluon ping-pong kernel, one CTA per tile and
+   persistent (``NCU_CASES``): duration, tensor-pipe activity, throughputs, registers (CSV next to the JSON).
 
     python3 benchmarks/bench_gluon.py --out DIR          # writes DIR/<gpu>-gluon.json
 """
@@ -37,18 +40,24 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, T
          # more query tiles than SMs (several waves of CTAs)
          (4, 8, 2, 1000, 1000, 128, True, "bf16"), (8, 16, 16, 600, 1200, 64, True, "bf16"),
          (4, 8, 8, 1000, 700, 128, False, "bf16")]
-VARIANTS = {"overlap": [(128, 128, 2, 8), (64, 128, 2, 4), (64, 64, 2, 4), (128, 64, 2, 8)],
-            "pingpong": [(128, 128, 2, 4), (128, 64, 2, 4)], "specialized": [(128, 64, 2, 4)]}
+#: timed again after the main table (the earlier runs' block-size variants are in notes/hopper.md section 1c): a
+#: second timing of the two ping-pong kernels in the same run, for the noise
+VARIANTS = {"pingpong": [(128, 128, 2, 4)], "pingpong+persistent": [(128, 128, 2, 4)]}
 O_TOL, LSE_TOL = 1.5e-2, 1e-2
-#: timed in the main table (and checked)
-SCHEDULES = ("pingpong", "specialized", "overlap")
+#: timed in the main table (and checked); "+persistent": one CTA per SM looping over query tiles
+SCHEDULES = ("pingpong", "pingpong+persistent", "specialized", "specialized+persistent", "overlap")
+#: profiled by the ``ncu`` stage: (N, causal) at d = 128, and the implementations
+NCU_CASES = [(2048, False), (2048, True), (8192, False)]
+NCU_IMPLS = ("cudnn", "pingpong", "pingpong+persistent")
 
 
-def _gluon(schedule):
-    """``flash_attention_forward_gluon`` with this schedule: ``f(q, k, v, causal, config=None) -> (o, lse)``."""
+def _gluon(name):
+    """``flash_attention_forward_gluon`` for ``name`` = ``schedule[+persistent]``:
+    ``f(q, k, v, causal, config=None) -> (o, lse)``."""
     from reference.triton.flash_gluon import flash_attention_forward_gluon
+    schedule, _, mode = name.partition("+")
     return lambda q, k, v, causal, config=None: flash_attention_forward_gluon(
-        q, k, v, causal=causal, schedule=schedule, config=config)
+        q, k, v, causal=causal, schedule=schedule, config=config, persistent=mode == "persistent")
 
 
 def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):
@@ -102,8 +111,9 @@ def _stage_bench():
     cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
     impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
              "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c)[0]}
-    for sched in SCHEDULES:
-        impls["gluon_" + sched] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))
+    skip = set(os.environ.get("BENCH_SKIP", "").split(","))  # schedules whose check stage failed or hung
+    for sched in (s for s in SCHEDULES if s not in skip):
+        impls["gluon_" + sched.replace("+", "_")] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))
     res = {"matmul_TFLOPs": matmul_tflops(), "default_config": DEFAULT_CONFIG, "main": [], "variants": []}
     print(f"matmul {res['matmul_TFLOPs']:.0f} TFLOP/s", flush=True)
 
@@ -158,16 +168,67 @@ def _stage_bench():
     return res
 
 
+def _profile():
+    """Under ncu (``--profile-from-start off``): one forward of each of ``NCU_IMPLS`` per ``NCU_CASES`` shape
+    (warmed up first, so compilation is outside the profiled region)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    from benchmarks.bench_attention import _sdpa
+    cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
+    d, H = 128, HIDDEN // 128
+    for N, causal in NCU_CASES:
+        q, k, v = (torch.randn(TOKENS // N, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        runs = [(lambda: cudnn(q, k, v, causal)) if name == "cudnn" else
+                (lambda g=_gluon(name): g(q, k, v, causal)) for name in NCU_IMPLS]
+        with torch.no_grad():
+            for fn in runs:
+                fn()
+            for fn in runs:
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStart()
+                fn()
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
+
+
+def _stage_ncu():
+    """ncu of ``_profile`` (``--clock-control none``; the sections and metrics of the backward's profile,
+    ``tune_bwd_hopper``): per kernel duration, tensor-pipe activity, SM/L2/DRAM throughput, registers."""
+    import subprocess
+    from benchmarks.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
+    q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
+    names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
+    metrics = [m + suf for m, suf in NCU_EXTRA.items() if m in names]
+    csv_path = os.path.join(os.environ.get("BENCH_OUT", "/tmp"), "ncu_gluon_fwd.csv")
+    cmd = ["ncu", "--csv", "--page", "details", "--clock-control", "none", "--profile-from-start", "off",
+           *sum((["--section", s] for s in NCU_SECTIONS), []), "--metrics", ",".join(metrics),
+           sys.executable, os.path.abspath(__file__), "--stage", "profile"]
+    with open(csv_path, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    print("ncu rc", r.returncode, r.stderr[-1500:], flush=True)
+    kernels = summarize_ncu(csv_path)
+    labels = [f"{name} N={N} causal={causal}" for N, causal in NCU_CASES for name in NCU_IMPLS]
+    if len(kernels) == len(labels):  # one kernel per forward (cuDNN's included)
+        for kern, label in zip(kernels, labels):
+            kern["case"] = label
+    for kern in kernels:
+        print("ncu", json.dumps(kern), flush=True)
+    return {"cases": [list(c) for c in NCU_CASES], "impls": list(NCU_IMPLS), "kernels": kernels}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
-    ap.add_argument("--stage", default="all", help="all | check:<schedule> | bench")
-    ap.add_argument("--stages", default=",".join(f"check:{s}" for s in SCHEDULES) + ",bench")
+    ap.add_argument("--stage", default="all", help="all | check:<schedule> | bench | ncu | profile")
+    ap.add_argument("--stages", default=",".join(f"check:{s}" for s in SCHEDULES) + ",bench,ncu")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per check stage (bench gets 3x)")
     ap.add_argument("--suffix", default="")
     args = ap.parse_args(argv)
+    if args.stage == "profile":  # under ncu
+        return _profile()
     if args.stage != "all":  # a child: run one stage, print its JSON last
-        fn = _stage_bench if args.stage == "bench" else (lambda: _stage_check(args.stage.split(":")[1]))
+        fn = {"bench": _stage_bench, "ncu": _stage_ncu}.get(args.stage) or (
+            lambda: _stage_check(args.stage.split(":")[1]))
         result = fn()
         print("RESULT " + json.dumps(result), flush=True)
         return
@@ -182,7 +243,13 @@ def main(argv=None):
     import triton
     res["triton"] = triton.__version__
     path = os.path.join(args.out, f"{gpu_tag()}-gluon{args.suffix}.json")
-    run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (3 if st == "bench" else 1), res, path)
+    def env_of(stage, res):
+        failed = [st.split(":", 1)[1] for st, r in res.items() if st.startswith("check:")
+                  and not (isinstance(r, list) and all(row.get("ok") for row in r))]
+        return {"BENCH_OUT": args.out, "BENCH_SKIP": ",".join(failed)}
+
+    run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (1 if st.startswith("check") else 3),
+               res, path, env_of)
 
 
 if __name__ == "__main__":

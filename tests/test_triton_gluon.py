@@ -31,7 +31,7 @@ def _aot(*args) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [("pingpong", "--causal"), ("overlap", "--d", "64")])
+@pytest.mark.parametrize("args", [("pingpong", "--causal"), ("overlap", "--d", "64"), ("pingpong", "--persistent")])
 def test_compiles_for_hopper_without_spills(args):
     usage = _aot(*args)
     assert usage["HGMMA"] > 0 and usage["HMMA"] == 0, usage  # Hopper's wgmma, not the older mma.sync
@@ -64,6 +64,10 @@ def test_bad_inputs_are_named(rng):
         flash_attention_forward_gluon(q32, k32, v32)
     with pytest.raises(ValueError, match="schedule"):
         flash_attention_forward_gluon(q, k, v, schedule="fast")
+    with pytest.raises(ValueError, match="persistent=True needs a warp-specialised schedule"):
+        flash_attention_forward_gluon(q, k, v, schedule="overlap", persistent=True)
+    with pytest.raises((TypeError, ValueError), match="persistent"):
+        flash_attention_forward_gluon(q, k, v, persistent="yes")
     q3, k3, v3 = _qkv(rng, 1, 3, 2, 8, 8, 64)
     with pytest.raises(ValueError, match="Hkv"):
         flash_attention_forward_gluon(q3, k3, v3)
@@ -78,14 +82,16 @@ def test_needs_a_hopper_gpu(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("schedule", ["pingpong", "specialized", "overlap"])
+@pytest.mark.parametrize("schedule", ["pingpong", "specialized", "overlap", "pingpong+persistent"])
 @pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, causal", [
     (2, 4, 4, 256, 256, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2, 8, 2, 333, 333, 128, True),
     (1, 2, 2, 300, 1000, 128, True), (1, 2, 2, 1000, 300, 64, True), (1, 3, 3, 1, 77, 64, False),
     (1, 2, 1, 517, 260, 64, False)])
 def test_matches_float64(rng, schedule, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v = _qkv(rng, B, Hq, Hkv, Nq, Nk, d)
-    o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, schedule=schedule)
+    schedule, _, mode = schedule.partition("+")
+    o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, schedule=schedule,
+                                           persistent=mode == "persistent")
     ro, rl, _ = attention_ref(q, k, v, causal=causal)
     assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == (B, Hq, Nq)
     assert rel_err(o, ro) < 1e-2  # bf16 output rounding: about 2e-3 measured
@@ -119,4 +125,4 @@ def test_every_config_measured_passes_the_check():
     from reference.triton.flash_gluon import DEFAULT_CONFIG, check_gluon_config
     for schedule, configs in {**VARIANTS, **{s: [c] for s, c in DEFAULT_CONFIG.items()}}.items():
         for cfg in configs:
-            assert check_gluon_config(cfg, schedule) == tuple(cfg)
+            assert check_gluon_config(cfg, schedule.partition("+")[0]) == tuple(cfg)

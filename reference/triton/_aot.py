@@ -9,7 +9,7 @@ Run it in a process started with ``TRITON_INTERPRET=0`` (``reference.triton``'s 
 without CUDA): under the interpreter, the ``@triton.jit`` helpers that Gluon code calls (``gl.max``, ``gl.sum``)
 are interpreter objects that the compiler rejects. ``python -m reference.triton._aot`` does this for the forward:
 
-    TRITON_INTERPRET=0 python -m reference.triton._aot [pingpong|specialized|overlap] [--d 128] [--causal]
+    TRITON_INTERPRET=0 python -m reference.triton._aot [pingpong|specialized|overlap] [--d 128] [--causal] [--persistent]
 """
 from __future__ import annotations
 
@@ -84,10 +84,12 @@ def main(argv=None) -> None:
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--config", default=None, help="BLOCK_M,BLOCK_N,STAGES,num_warps")
+    ap.add_argument("--persistent", action="store_true", help="the persistent warp-specialised kernel")
     args = ap.parse_args(argv)
     cfg = tuple(int(x) for x in args.config.split(",")) if args.config else None
-    usage = resource_usage(compile_forward(args.schedule, args.d, args.causal, cfg))
-    print(json.dumps({"schedule": args.schedule, "d": args.d, "causal": args.causal, "config": cfg, **usage}))
+    usage = resource_usage(compile_forward(args.schedule, args.d, args.causal, cfg, persistent=args.persistent))
+    print(json.dumps({"schedule": args.schedule, "d": args.d, "causal": args.causal, "config": cfg,
+                      "persistent": args.persistent, **usage}))
 
 
 if __name__ == "__main__":

@@ -57,6 +57,8 @@ DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": (128, 128, 2, 4), "sp
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
 PINGPONG_MAXNREG = 168
+#: default of ``flash_attention_forward_gluon(persistent=...)`` (the warp-specialised schedules)
+PERSISTENT = False
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -153,7 +155,7 @@ def _issue_kv(desc, smem, bars, tile, row0, hi, BLOCK_N: gl.constexpr, STAGES: g
 @gluon.jit
 def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end, hi,
                        start_m, N_Q, N_K, qk_scale,
-                       turn_bars, WG,
+                       turn_bars, WG, it0, r0,
                        s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                        LOADS: gl.constexpr, SYNC: gl.constexpr, PINGPONG: gl.constexpr):
@@ -167,6 +169,11 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
     (``k_bars[STAGES + slot]``, count 2: both consumers). ``PINGPONG``: before each round of matmul issues the
     warpgroup waits for its turn (``turn_bars[WG]``) and afterwards hands the turn over, so the two consumers'
     GEMMs alternate and each one's softmax runs under the other's GEMMs.
+
+    ``it0``: how many K/V tiles the rings carried before this query tile (a persistent CTA keeps its rings
+    running across tiles: key block ``j`` sits in slot ``(it0 + j) % STAGES`` with phase ``(it0 + j) // STAGES``);
+    ``r0``: how many matmul rounds the two consumers took turns on before (``hi + 1`` per tile). Both 0 for a CTA
+    that owns one tile (the "overlap" schedule's refills index the ring by ``j`` alone).
     """
     dtype: gl.constexpr = q_smem.dtype
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -177,10 +184,11 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if hi > 0:
         # peeled iteration 0: S_0 and its softmax; no P V yet
-        mbarrier.wait(k_bars.index(0), 0)
-        if PINGPONG:
-            mbarrier.wait(turn_bars.index(WG), 1 - WG)
-        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        mbarrier.wait(k_bars.index(it0 % STAGES), (it0 // STAGES) & 1)
+        if PINGPONG:  # round r of WG 1 follows round r of WG 0; round r of WG 0 follows round r - 1 of WG 1
+            mbarrier.wait(turn_bars.index(WG), (r0 & 1) ^ (1 - WG))
+        s = warpgroup_mma(q_smem, k_smem.index(it0 % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                          is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn_bars.index(1 - WG))
         s = warpgroup_mma_wait(0, deps=(s,))
@@ -189,17 +197,17 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
         if LOADS:
             _issue_kv(desc_k, k_smem, k_bars, STAGES, kv_row0, hi, BLOCK_N, STAGES)
         else:
-            mbarrier.arrive(k_bars.index(STAGES))
+            mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
         p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
                                              s_layout, BLOCK_M, BLOCK_N, CAUSAL)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, hi):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
-            if PINGPONG:  # round j of this warpgroup follows round j (WG 1) or j - 1 (WG 0) of the other
-                mbarrier.wait(turn_bars.index(WG), (j & 1) ^ (1 - WG))
+            slot = (it0 + j) % STAGES
+            prev = (it0 + j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
+            mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
+            if PINGPONG:
+                mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             if PINGPONG:
@@ -222,10 +230,10 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
                 mbarrier.arrive(v_bars.index(STAGES + prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
-        last = (hi - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), ((hi - 1) // STAGES) & 1)
+        last = (it0 + hi - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
         if PINGPONG:
-            mbarrier.wait(turn_bars.index(WG), (hi & 1) ^ (1 - WG))
+            mbarrier.wait(turn_bars.index(WG), ((r0 + hi) & 1) ^ (1 - WG))
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         if PINGPONG:
             mbarrier.arrive(turn_bars.index(1 - WG))
@@ -269,7 +277,7 @@ def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk
     mbarrier.wait(q_bar, 0)
 
     acc, m_i, l_i = _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end,
-                                       hi, start_m, N_Q, N_K, qk_scale, q_bar, 0, s_layout, o_layout, BLOCK_M,
+                                       hi, start_m, N_Q, N_K, qk_scale, q_bar, 0, 0, 0, s_layout, o_layout, BLOCK_M,
                                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=True, SYNC=num_warps > 4,
                                        PINGPONG=False)
     _store_output(acc, m_i, l_i, O, LSE, q_row0, start_m, N_Q, o_layout, BLOCK_M, HEAD_DIM)
@@ -290,7 +298,7 @@ def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, L
     my_start = start_m + WG * HALF
     mbarrier.wait(q_bars.index(WG), 0)
     acc, m_i, l_i = _attend_overlapped(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, k_bars, v_bars, kv_row0,
-                                       full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, s_layout,
+                                       full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, 0, 0, s_layout,
                                        o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
                                        PINGPONG=TURNS)
     _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
@@ -354,6 +362,155 @@ def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scal
 
 
 # --------------------------------------------------------------------------------------------------------------
+# the warp-specialised schedules, persistent: one CTA per SM looping over work items
+# --------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as ``_tile_origin``).
+
+    Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
+    time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
+    tile; measured at 0.54-0.59x cuDNN at N = 2k, notes/hopper.md section 1c.) Non-causal: one tile per item.
+    Causal: item ``i`` of a head pairs query block ``n_m - 1 - i`` (the most key blocks) with block ``i`` (the
+    fewest), so every item costs about ``n_m + 1`` key blocks and a static round-robin over items is balanced.
+    """
+    if CAUSAL:
+        per_head = (n_m + 1) // 2
+    else:
+        per_head = n_m
+    bh = item // per_head
+    i = item % per_head
+    if CAUSAL:
+        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
+    else:
+        pid_m = i
+    valid = (sub == 0) | (pid_m < n_m - 1 - pid_m)  # an odd n_m's middle block is sub 0 of its item only
+    b = bh // H_Q
+    h = bh % H_Q
+    return valid, pid_m * BLOCK_M, bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
+
+
+@gluon.jit
+def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m, H_Q,
+                            GROUP, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
+                            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                            CAUSAL: gl.constexpr, TURNS: gl.constexpr):
+    """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order.
+
+    Q is double-buffered (tile ``c`` of this CTA in buffer ``c % 2``): ``q_bars[2 * buf + WG]`` says this
+    warpgroup's half arrived, ``q_bars[4 + 2 * buf + WG]`` hands it back after the tile's last matmul, so the
+    producer loads the tile after next while this one runs, and the next tile's K/V fill the ring under this
+    tile's epilogue.
+    """
+    HALF: gl.constexpr = BLOCK_M // 2
+    SUBS: gl.constexpr = 2 if CAUSAL else 1
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    it = 0
+    rnd = 0
+    count = 0
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        for sub in range(SUBS):  # a loop, not unrolled: one copy of the body
+            valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
+            if valid:
+                full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+                my_start = start_m + WG * HALF
+                q_slot = 2 * (count % 2) + WG
+                mbarrier.wait(q_bars.index(q_slot), (count // 2) & 1)
+                acc, m_i, l_i = _attend_overlapped(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_bars,
+                                                   v_bars, kv_row0, full_end, hi, my_start, N_Q, N_K, qk_scale,
+                                                   turn_bars, WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N,
+                                                   HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
+                                                   PINGPONG=TURNS)
+                mbarrier.arrive(q_bars.index(4 + q_slot))
+                _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
+                it += hi
+                rnd += gl.where(hi > 0, hi + 1, 0)
+                count += 1
+
+
+@gluon.jit
+def _ws_producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m,
+                            H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """The producer warp of a persistent CTA: per tile, both query halves into the free Q buffer, then K_t, V_t
+    for ``t < hi`` into the ring slots as both consumers free them, running ahead into the next tile."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    SUBS: gl.constexpr = 2 if CAUSAL else 1
+    it = 0
+    count = 0
+    for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        for sub in range(SUBS):  # a loop, not unrolled: one copy of the body
+            valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
+            if valid:
+                full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+                for w in gl.static_range(2):
+                    q_slot = 2 * (count % 2) + w
+                    mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
+                    mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
+                    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
+                                                    q_smem.index(q_slot))
+                for t in range(hi):
+                    slot = it % STAGES
+                    free_phase = ((it // STAGES) & 1) ^ 1
+                    mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
+                    mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
+                    tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot),
+                                                    k_smem.index(slot))
+                    mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
+                    mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
+                    tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot),
+                                                    v_smem.index(slot))
+                    it += 1
+                count += 1
+
+
+@gluon.jit
+def _fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale, BH,
+                              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                              STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                              PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
+    """Grid = min(work items, SMs); CTA ``p`` takes items ``p, p + grid, ...`` (``_work_item``), each with the
+    producer/consumer partitions of ``_fwd_ws_kernel`` and the K/V ring and turn phases carried across tiles."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = desc_q.dtype
+    n_m = gl.cdiv(N_Q, BLOCK_M)
+    if CAUSAL:
+        n_items = BH * ((n_m + 1) // 2)
+    else:
+        n_items = BH * n_m
+    q_smem = gl.allocate_shared_memory(dtype, [4, HALF, HEAD_DIM], desc_q.layout)  # 2 buffers x 2 halves
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())  # ready x4, then free x4
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
+    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(8):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_bars.index(STAGES + i), count=2)
+        mbarrier.init(v_bars.index(STAGES + i), count=2)
+    fence_async_shared()
+    gl.warp_specialize([
+        (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m,
+                                   H_Q, GROUP, N_Q, N_K, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                                   TURNS)),
+        (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m,
+                                   H_Q, GROUP, N_Q, N_K, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
+                                   TURNS)),
+        (_ws_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items,
+                                   n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
 def _gl_dtype(dtype: torch.dtype):
@@ -402,13 +559,16 @@ def check_gluon_device(device) -> None:
                            f"wgmma; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
 
 
-def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None):
+def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,
+                                  persistent=None):
     """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
     non-contiguous inputs are copied. ``schedule``: ``"pingpong"`` (default, the faster) or ``"overlap"``
     (module docstring).
     ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default ``DEFAULT_CONFIG[schedule]``.
+    ``persistent`` (the warp-specialised schedules; default ``PERSISTENT``): one CTA per SM looping over query
+    tiles (``_fwd_ws_persistent_kernel``) instead of one CTA per tile.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
     if q.dtype not in GLUON_DTYPES:
@@ -418,6 +578,10 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="p
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     bm, bn, stages, warps = check_gluon_config(config, schedule)
+    persistent = (PERSISTENT and schedule != "overlap") if persistent is None else check_flag(persistent, "persistent")
+    if persistent and schedule == "overlap":
+        raise ValueError("persistent=True needs a warp-specialised schedule ('pingpong' or 'specialized'), got "
+                         "schedule='overlap'")
     check_gluon_device(q.device)
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
@@ -425,19 +589,24 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="p
     grid = (triton.cdiv(Nq, bm), B * Hq)
     args = (_tile_descriptor(q2, bm if schedule == "overlap" else bm // 2, d), _tile_descriptor(k2, bn, d),
             _tile_descriptor(v2, bn, d), o, lse, Hq, group, Nq, Nk, scale * LOG2E_F)
+    ws_kwargs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
+                     CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=schedule == "pingpong",
+                     num_warps=warps, maxnreg=PINGPONG_MAXNREG)
     if schedule == "overlap":
         _fwd_overlap_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
                                   num_warps=warps)
+    elif persistent:
+        n_m = triton.cdiv(Nq, bm)
+        items = B * Hq * ((n_m + 1) // 2 if causal else n_m)
+        grid = (min(items, torch.cuda.get_device_properties(q.device).multi_processor_count),)
+        _fwd_ws_persistent_kernel[grid](*args, B * Hq, **ws_kwargs)
     else:
-        _fwd_ws_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
-                             CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1],
-                             TURNS=schedule == "pingpong", num_warps=warps,
-                             maxnreg=PINGPONG_MAXNREG)
+        _fwd_ws_kernel[grid](*args, **ws_kwargs)
     return o, lse
 
 
 def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: bool = False, config=None,
-                    dtype: str = "bf16"):
+                    dtype: str = "bf16", persistent: bool = False):
     """Compile one forward kernel for sm_90a ahead of time (no GPU needed); return the compiled kernel.
 
     ``reference.triton._aot.resource_usage`` then reads its registers, spills and SASS (tests, notes/hopper.md).
@@ -455,5 +624,7 @@ def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: boo
           "num_warps": warps}
     if ws:
         cx.update(CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=schedule == "pingpong")
+        if persistent:
+            return compile_gluon(_fwd_ws_persistent_kernel, dict(sig, BH="i32"), cx, warps, maxnreg=PINGPONG_MAXNREG)
         return compile_gluon(_fwd_ws_kernel, sig, cx, warps, maxnreg=PINGPONG_MAXNREG)
     return compile_gluon(_fwd_overlap_kernel, sig, cx, warps)
