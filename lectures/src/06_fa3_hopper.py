@@ -382,7 +382,11 @@ for path, r in runs:
 # * `"specialized"`: a producer warp issues all TMA copies into a two-slot ring of K/V tiles; two consumer
 #   warpgroups (64 query rows each) run the overlapped loop, with 240 registers each and 24 for the producer;
 # * `"pingpong"`: the same plus a pair of "turn" mbarriers, so the two consumers issue their GEMMs alternately
-#   (section 2's timeline).
+#   (section 2's timeline);
+# * `persistent=True` (the default for the last two): one CTA per SM loops over query tiles, so the next tile's
+#   Q and K/V load under the current tile's epilogue instead of after a new CTA starts. The tiles go in
+#   head-major order (CTAs that run together share their heads' K/V in L2) and, causal, in heavy/light pairs
+#   (query block $n-1-i$ with block $i$), the static version of section 5's balancing.
 #
 # The interpreter cannot run Gluon, but Triton's compiler can build the kernel for the H100 on any machine.
 # What would the GPU run? Registers per thread, spills, the Hopper matrix instructions (`HGMMA`), TMA loads
@@ -424,7 +428,8 @@ for path, r in runs:
             continue
         base = row["cudnn"]["tflops"]
         cols = "  ".join(f"{name.replace('gluon_', '')} {row[name]['tflops'] / base:.2f}x"
-                         for name in ("triton", "gluon_overlap", "gluon_specialized", "gluon_pingpong")
+                         for name in ("triton", "gluon_overlap", "gluon_specialized", "gluon_pingpong",
+                                      "gluon_pingpong_persistent")
                          if "tflops" in row.get(name, {}))
         what = "causal" if row["causal"] else "non-causal"
         print(f"  {what:10s} N={row['N']:5d}: cuDNN {base:4.0f} TFLOP/s;  {cols}")
@@ -432,7 +437,12 @@ for path, r in runs:
 # %% [markdown]
 # The order of the talk shows up in the numbers: overlap within one warpgroup alone buys little over plain
 # Triton; a producer warp plus two consumer warpgroups with the registers moved to them is what closes most of
-# the gap to cuDNN (0.82-1.07x of it at N >= 2k over our runs); the explicit ping-pong order adds at most a few
-# percent on top of what the warp schedulers already interleave (the talk reports 580 -> 640 TFLOPS for it in
-# FA3's CUDA kernel). A Gluon backward exists too (`reference.triton.flash_gluon_bwd`: one fused kernel, fewer FLOPs), but
+# the gap to cuDNN; the explicit ping-pong order adds at most a few percent on top of what the warp schedulers
+# already interleave (the talk reports 580 -> 640 TFLOPS for it in FA3's CUDA kernel). With one 164 KB CTA per
+# SM, a CTA per tile pays its start (Q and the first K/V tile from memory) and its epilogue with the tensor
+# cores idle: at N = 2k a tile has only 16 key blocks, and ncu shows the tensor pipe busy 64% of the time
+# against cuDNN's 74%. The persistent kernel hides both (69%; causal 55% -> 63%) and lifts N = 2k from
+# 0.84-0.85x to 0.89-0.97x (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an
+# earlier version that ran the tiles head-minor (neighbouring CTAs on different heads) read every head's K/V
+# from memory once per query tile and fell to 0.54-0.59x. A Gluon backward exists too (`reference.triton.flash_gluon_bwd`: one fused kernel, fewer FLOPs), but
 # without warp specialisation it is slower than the plain-Triton backward (notes/hopper.md, section 1d).

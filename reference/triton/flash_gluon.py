@@ -22,6 +22,10 @@ the schedule of the FA3 paper (Shah et al., 2024) itself:
   issue their matmuls alternately (the talk's ping-pong: one warpgroup's softmax under the other's GEMMs).
 * ``schedule="specialized"``: the same kernel without the turn barriers (an ablation: warp specialisation and
   register reallocation alone, the two consumers left to the warp schedulers).
+* ``persistent=True`` (default for the two warp-specialised schedules; ``_fwd_ws_persistent_kernel``): one CTA
+  per SM loops over query tiles, its producer loading the next tile's Q (double-buffered) and K/V while the
+  consumers finish the current one, so a tile's start and epilogue no longer idle the tensor cores (FA3
+  section 3.1's persistent kernel). Tiles go head-major, and causal ones in heavy/light pairs (``_work_item``).
 
 Both keep the FA2 choices of ``flash_fwd``: exp2 with ``log2(e)`` folded into the scale, the running max in base 2,
 a "safe" max of 0 for rows that have seen no key yet, fp32 accumulators, ``lse`` in natural log. Tensors are
@@ -58,7 +62,7 @@ PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
 PINGPONG_MAXNREG = 168
 #: default of ``flash_attention_forward_gluon(persistent=...)`` (the warp-specialised schedules)
-PERSISTENT = False
+PERSISTENT = True
 
 
 # --------------------------------------------------------------------------------------------------------------
