@@ -15,7 +15,8 @@ that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs th
 3. ``ncu``: Nsight Compute over one forward of cuDNN and of the Gluon ping-pong kernel, one CTA per tile and
    persistent (``NCU_CASES``): duration, tensor-pipe activity, throughputs, registers (CSV next to the JSON).
 
-    python3 benchmarks/bench_gluon.py --out DIR          # writes DIR/<gpu>-gluon.json
+    python3 benchmarks/bench_gluon.py --out DIR          # writes DIR/<gpu>-gluon.json and .png
+    python3 benchmarks/bench_gluon.py --plot FILE.json   # only the plot, from a results file
 """
 from __future__ import annotations
 
@@ -216,6 +217,29 @@ def _stage_ncu():
     return {"cases": [list(c) for c in NCU_CASES], "impls": list(NCU_IMPLS), "kernels": kernels}
 
 
+def plot(res, path):
+    """Ours / cuDNN against N at d = 128 (non-causal and causal panels), one line per timed kernel, the 0.85 bar."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = [r for r in res["bench"]["main"] if r["d"] == 128]
+    names = [n for n in rows[0] if n not in ("d", "causal", "N", "B", "H", "cudnn") and "tflops" in rows[0][n]]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, causal in zip(axes, (False, True)):
+        sel = [r for r in rows if r["causal"] == causal]
+        for n in names:
+            ax.plot([r["N"] for r in sel], [r[n]["tflops"] / r["cudnn"]["tflops"] for r in sel], marker="o", label=n)
+        ax.axhline(0.85, color="k", ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length N (batch x N = 16k)")
+        ax.set_title(f"{res['gpu']}, bf16 d=128, {'causal' if causal else 'non-causal'}")
+    axes[0].set_ylabel("forward TFLOP/s / cuDNN's (same run)")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(names), fontsize=8)
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
@@ -223,7 +247,11 @@ def main(argv=None):
     ap.add_argument("--stages", default=",".join(f"check:{s}" for s in SCHEDULES) + ",bench,ncu")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per check stage (bench gets 3x)")
     ap.add_argument("--suffix", default="")
+    ap.add_argument("--plot", default=None, help="only plot this results JSON (next to it, .png)")
     args = ap.parse_args(argv)
+    if args.plot:
+        with open(args.plot) as f:
+            return plot(json.load(f), args.plot[:-len(".json")] + ".png")
     if args.stage == "profile":  # under ncu
         return _profile()
     if args.stage != "all":  # a child: run one stage, print its JSON last
@@ -250,6 +278,8 @@ def main(argv=None):
 
     run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (1 if st.startswith("check") else 3),
                res, path, env_of)
+    if "main" in res.get("bench", {}):
+        plot(res, path[:-len(".json")] + ".png")
 
 
 if __name__ == "__main__":
