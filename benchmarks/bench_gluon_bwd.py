@@ -1,18 +1,20 @@
-"""The Gluon backward (``reference.triton.flash_gluon_bwd``) on Hopper: checks, then timings vs cuDNN and Triton.
+"""The Gluon backwards on Hopper: checks, then timings vs cuDNN and Triton.
 
-One GPU call (notes/hopper.md section 1d). Each stage runs in its own subprocess with a time limit (a wrong
+``reference.triton.flash_gluon_bwd`` (serial, notes/hopper.md section 1d) and ``flash_gluon_bwd_ws``
+(warp-specialised, section 1e), one GPU call. Each stage runs in its own subprocess with a time limit (a wrong
 mbarrier phase hangs the GPU instead of failing):
 
 1. ``check``: ``flash_attention_backward_gluon`` against float64 autograd (``tests/oracle.py``) on fresh random
    inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key), GQA, d = 64, float16,
    one query row; ``o, lse`` from our Triton forward. dq/dk/dv relative errors of the serial and the pipelined
-   configuration, next to our Triton backward's.
+   configuration and of the warp-specialised kernel's dQ modes, next to our Triton backward's.
 2. ``bench``: bf16 backward TFLOP/s (FA convention, 2.5x the forward's FLOPs) of cuDNN (SDPA autograd), our
    Triton backward (``flash_bwd``, ``bench_hopper``'s pinned configs) and the Gluon kernel's variants, same run,
    batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 8k}, causal and not (all variants), and d = 64 at 8k
    (the default); each timed Gluon result is also compared with cuDNN's gradients.
 
     python3 benchmarks/bench_gluon_bwd.py --out DIR          # writes DIR/<gpu>-gluon-bwd.json
+    python3 benchmarks/bench_gluon_bwd.py --out DIR --set ws --suffix=-wsbwd   # serial + warp-specialised only
 """
 from __future__ import annotations
 
@@ -33,9 +35,40 @@ CASES = [c for c in FWD_CASES if c[0] * c[1] * c[3] * c[4] <= 1 << 23] + [(1, 2,
 #: plain stores: wrong values, the cost of the atomics)
 SERIAL = (64, 128, 2, 8, False, False, 2, False)
 PIPED = (64, 128, 3, 8, False, False, 2, True)
-CHECK_CONFIGS = [SERIAL, PIPED]
-VARIANTS = [(64, 128, 2, 8, False, False, 1, False), SERIAL, (64, 128, 2, 8, False, False, 0, False), PIPED,
-            (64, 128, 3, 8, True, False, 2, True), (64, 128, 3, 8, False, False, 0, True)]
+#: the warp-specialised kernel: ("ws", dq_mode, BLOCK_M, STAGES, DQ_TMA, DEFER[, "noadd": timing ablation])
+WS_SPLIT = ("ws", "split", 64, 2, False, False)
+WS_OWN = ("ws", "own", 64, 2, False, False)
+WS_SPLIT_TMA = ("ws", "split", 64, 2, True, False)
+WS_OWN_TMA = ("ws", "own", 64, 2, True, False)
+WS_DEFER_TMA = ("ws", "split", 64, 2, True, True)
+WS_NOADD = ("ws", "split", 64, 2, True, False, "noadd")
+SETS = {"all": {"check": [SERIAL, PIPED, WS_SPLIT, WS_OWN],
+                "time": [(64, 128, 2, 8, False, False, 1, False), SERIAL, (64, 128, 2, 8, False, False, 0, False),
+                         PIPED, (64, 128, 3, 8, True, False, 2, True), (64, 128, 3, 8, False, False, 0, True),
+                         WS_SPLIT, WS_OWN],
+                "d64": [PIPED, WS_SPLIT]},
+        "ws": {"check": [WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA],
+               "time": [SERIAL, WS_SPLIT, WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_NOADD],
+               "d64": [SERIAL, WS_SPLIT, WS_SPLIT_TMA]}}
+
+
+def _set():
+    return SETS[os.environ.get("GLUON_BWD_SET", "all")]
+
+
+def variant_name(cfg):
+    return "gluon_" + "_".join(str(c) if isinstance(c, str) else str(int(c)) for c in cfg)
+
+
+def gluon_backward(cfg):
+    """``f(q, k, v, o, lse, do, causal) -> (dq, dk, dv)`` of one variant: a serial config or a ``("ws", ...)``."""
+    if cfg[0] == "ws":
+        from reference.triton.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+        return lambda *a, causal: flash_attention_backward_gluon_ws(*a, causal=causal, dq_mode=cfg[1],
+                                                                    config=tuple(cfg[2:6]),
+                                                                    _ablate_dq_add=cfg[6:] == ("noadd",))
+    from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
+    return lambda *a, causal: flash_attention_backward_gluon(*a, causal=causal, config=cfg)
 TOL = 2e-2
 
 
@@ -43,7 +76,6 @@ def _stage_check():
     import torch
     from benchmarks.bench_hopper import pin_bf16
     from reference.triton import flash_bwd, flash_fwd
-    from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
     from tests.oracle import attention_grads, rel_err
     out = []
     for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
@@ -56,10 +88,10 @@ def _stage_check():
         except Exception as e:  # noqa: BLE001
             out.append({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "error": f"reference: {e}", "ok": False})
             continue
-        for cfg in CHECK_CONFIGS:
+        for cfg in _set()["check"]:
             row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt, "config": list(cfg)}
             try:
-                got = flash_attention_backward_gluon(q, k, v, o, lse, do, causal=causal, config=cfg)
+                got = gluon_backward(cfg)(q, k, v, o, lse, do, causal=causal)
                 torch.cuda.synchronize()
                 for name, a, t, r in zip(("dq", "dk", "dv"), got, tri, ref):
                     row[name] = rel_err(a, r)
@@ -91,12 +123,11 @@ def _stage_bench():
     from benchmarks.bench_hopper import pin_bf16, rel
     from reference.triton import flash_bwd, flash_fwd
     from reference.triton.flash_bwd import backward_flops
-    from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
 
     def bench(fn):
         return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
-    res = {"variants": VARIANTS, "main": []}
+    res = {"variants": _set()["time"], "main": []}
     for d, causal, N in [(128, c, n) for c in (False, True) for n in SEQLENS] + [(64, False, 8192), (64, True, 8192)]:
         H = HIDDEN // d
         pin_bf16(d, causal)
@@ -112,13 +143,12 @@ def _stage_bench():
         tri = lambda: flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)  # noqa: E731
         ms = bench(tri)
         row["triton"] = {"tflops": flops / ms / 1e9, "ms": ms}
-        for cfg in (VARIANTS if d == 128 else [PIPED]):
-            if cfg[-1] and os.environ.get("GLUON_BWD_NO_PIPE"):  # the checks of PIPE hung: skip it
+        for cfg in _set()["time" if d == 128 else "d64"]:
+            if str(cfg) in os.environ.get("GLUON_BWD_SKIP", "").split(";"):  # its checks hung: skip it
                 continue
-            name = "gluon_" + "_".join(str(int(c)) for c in cfg)
+            name = variant_name(cfg)
             try:
-                fn = (lambda c: lambda: flash_attention_backward_gluon(q, k, v, o, lse, do, causal=causal,
-                                                                       config=c))(cfg)
+                fn = (lambda f: lambda: f(q, k, v, o, lse, do, causal=causal))(gluon_backward(cfg))
                 got = fn()
                 errs = [rel(a, r) for a, r in zip(got, ref)]
                 ms = bench(fn)
@@ -136,13 +166,17 @@ def _stage_bench():
     return res
 
 
-def _skip_pipe_after_hang(stage, res):
-    """The bench skips the PIPE configurations if the check stage ran out of time right after a serial check
-    (the PIPE check that followed may have hung)."""
+def _skip_after_hang(stage, res):
+    """If the check stage ran out of time, the bench skips the variant checked after the last one that printed
+    (it may have hung), and the serial kernel's PIPE variants, which hung in an earlier version."""
     chk = res.get("check", {})
-    rows = [x for x in str(chk.get("stdout_tail", "")).splitlines() if x.startswith("check")] \
-        if isinstance(chk, dict) else []
-    return {"GLUON_BWD_NO_PIPE": "1"} if rows and str(list(SERIAL)) in rows[-1] else {}
+    if not (isinstance(chk, dict) and "timed out" in str(chk.get("error", ""))):
+        return {}
+    rows = [x for x in str(chk.get("stdout_tail", "")).splitlines() if x.startswith("check")]
+    order = _set()["check"]
+    last = next((i for i, c in enumerate(order) if rows and str(list(c)) in rows[-1]), -1)
+    skip = {order[(last + 1) % len(order)]} | {c for c in _set()["time"] if c[0] != "ws" and c[-1]}
+    return {"GLUON_BWD_SKIP": ";".join(str(c) for c in skip)}
 
 
 def main(argv=None):
@@ -151,7 +185,11 @@ def main(argv=None):
     ap.add_argument("--stage", default="all", help="all | check | bench")
     ap.add_argument("--stages", default="check,bench")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per stage (bench gets 2x)")
+    ap.add_argument("--set", default=None, choices=sorted(SETS), help="variants to check and time (default all)")
+    ap.add_argument("--suffix", default="", help="appended to the JSON file name")
     args = ap.parse_args(argv)
+    if args.set:
+        os.environ["GLUON_BWD_SET"] = args.set  # the stage processes inherit it
     if args.stage != "all":
         result = _stage_bench() if args.stage == "bench" else _stage_check()
         print("RESULT " + json.dumps(result), flush=True)
@@ -164,9 +202,10 @@ def main(argv=None):
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "convention": "bf16 backward, batch*seqlen=16384, hidden=2048, d=128; flops 2.5 x 4BHN^2d (x0.5 causal); "
                          "do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this run only"}
-    path = os.path.join(args.out, f"{gpu_tag()}-gluon-bwd.json")
+    res["set"] = args.set or "all"
+    path = os.path.join(args.out, f"{gpu_tag()}-gluon-bwd{args.suffix}.json")
     run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (2 if st == "bench" else 1), res, path,
-               env_of=_skip_pipe_after_hang)
+               env_of=_skip_after_hang)
 
 
 if __name__ == "__main__":

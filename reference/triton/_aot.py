@@ -32,7 +32,7 @@ SASS_OPS = ("HGMMA", "HMMA", "LDL", "STL", "UTMALDG", "BAR.SYNC", "MUFU.EX2", "U
 def descriptor_signature(rows: int, cols: int, dtype: str = "bf16") -> str:
     """Signature string of a host ``TensorDescriptor`` argument with block ``[rows, cols]``, as the launcher
     mangles it."""
-    gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[dtype]
     layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl_dtype)
     return f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
 

@@ -286,6 +286,53 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
     gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
 
 
+def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attention_backward_gluon"):
+    """The input checks of the Gluon backwards (``name`` is the entry point the messages name); return
+    ``(B, Hq, Hkv, Nq, Nk, d, group, causal, scale)``. The device check comes last, so a bad argument is named
+    before a missing GPU."""
+    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
+    if q.dtype not in GLUON_DTYPES:
+        raise ValueError(f"{name}: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    causal = check_flag(causal, "causal")
+    scale = check_scale(scale, d)
+    check_backward_inputs(q, o, lse, do)
+    return B, Hq, Hkv, Nq, Nk, d, group, causal, scale
+
+
+def check_backward_device(device, name="flash_attention_backward_gluon"):
+    """``check_gluon_device`` with the message naming the backward entry point ``name``."""
+    try:
+        check_gluon_device(device)
+    except RuntimeError as e:  # the shared check names the forward
+        raise RuntimeError(str(e).replace("flash_attention_forward_gluon", name)) from None
+
+
+def backward_preprocess(o, do, lse, Nq):
+    """FA2 Algorithm 2 line 4 with ``flash_bwd._bwd_preprocess``: ``(delta, lse2)``, ``D = rowsum(dO * O)`` and
+    ``L`` in base 2, both ``(B, Hq, Nq)`` float32."""
+    delta = torch.empty_like(lse)
+    lse2 = torch.empty_like(lse)
+    B, Hq = lse.shape[:2]
+    st = lambda t: t.stride()  # noqa: E731
+    pre = flash_bwd.PRE_BLOCK
+    flash_bwd._bwd_preprocess[(triton.cdiv(Nq, pre), B * Hq)](
+        o, do, lse, delta, lse2, *st(o), *st(do), lse.stride(0), lse.stride(1), Hq, Nq, lse, BLOCK_M=pre,
+        HEAD_DIM=o.shape[-1])
+    return delta, lse2
+
+
+def finish_dq(dq_acc, q, scale):
+    """``dq = scale * dq_acc`` in ``q``'s dtype; ``dq_acc (B, Hq, Nq_pad, d)`` fp32, padded to whole query blocks."""
+    Nq = q.shape[2]
+    if dq_acc.shape[2] != Nq:
+        return (dq_acc[:, :, :Nq] * scale).to(q.dtype)
+    dq = torch.empty_like(q)
+    n = dq.numel()
+    flash_bwd._dq_convert[(triton.cdiv(n, flash_bwd.CONVERT_BLOCK),)](dq_acc, dq, n, scale,
+                                                                      BLOCK=flash_bwd.CONVERT_BLOCK)
+    return dq
+
+
 def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None, config=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)``, as ``flash_bwd.flash_attention_backward``, on Hopper.
 
@@ -298,29 +345,15 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
     products running into step ``t + 1`` (whose ``S^T`` they share the tensor cores with) and adds ``dQ_t``
     there (two ``dS^T`` buffers; use ``STAGES >= 3``, since a Q/dO slot is refilled one step later).
     """
-    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
-    if q.dtype not in GLUON_DTYPES:
-        raise ValueError(f"flash_attention_backward_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
-    causal = check_flag(causal, "causal")
-    scale = check_scale(scale, d)
-    check_backward_inputs(q, o, lse, do)
+    B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale)
     if config is not None and (not isinstance(config, (tuple, list)) or len(config) != 8):
         raise ValueError("config must be a tuple of 8 (BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS, DQ_VEC, "
                          f"PIPE), got {config!r}")
-    try:
-        check_gluon_device(q.device)
-    except RuntimeError as e:  # the shared check names the forward
-        raise RuntimeError(str(e).replace("forward_gluon", "backward_gluon")) from None
+    check_backward_device(q.device)
     bm, bn, stages, warps, early_dp, dk_rs, dq_vec, pipe = config or DEFAULT_CONFIG
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     lse = lse.contiguous()
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
-    st = lambda t: t.stride()  # noqa: E731
-    pre = flash_bwd.PRE_BLOCK
-    flash_bwd._bwd_preprocess[(triton.cdiv(Nq, pre), B * Hq)](
-        o, do, lse, delta, lse2, *st(o), *st(do), lse.stride(0), lse.stride(1), Hq, Nq, lse, BLOCK_M=pre,
-        HEAD_DIM=d)
+    delta, lse2 = backward_preprocess(o, do, lse, Nq)
     nq_pad = triton.cdiv(Nq, bm) * bm
     dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k)
@@ -331,13 +364,7 @@ def flash_attention_backward_gluon(q, k, v, o, lse, do, causal=False, scale=None
         _tile_descriptor(do2, bm, d), dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
         HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, EARLY_DP=early_dp, DK_RS=dk_rs,
         DQ_VEC=dq_vec, PIPE=pipe, num_warps=warps)
-    if nq_pad != Nq:
-        return (dq_acc[:, :, :Nq] * scale).to(q.dtype), dk, dv
-    dq = torch.empty_like(q)
-    n = dq.numel()
-    flash_bwd._dq_convert[(triton.cdiv(n, flash_bwd.CONVERT_BLOCK),)](dq_acc, dq, n, scale,
-                                                                      BLOCK=flash_bwd.CONVERT_BLOCK)
-    return dq, dk, dv
+    return finish_dq(dq_acc, q, scale), dk, dv
 
 
 def compile_backward(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):

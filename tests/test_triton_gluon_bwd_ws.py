@@ -1,0 +1,105 @@
+"""The warp-specialised Gluon backward for Hopper (``reference.triton.flash_gluon_bwd_ws``).
+
+On CPU (CI) the kernel is compiled for sm_90a ahead of time in a child process in compile-only mode
+(``TRITON_INTERPRET=0``; the interpreter cannot run Gluon): it must build with a producer warp and two consumer
+warpgroups (``setmaxnreg``), TMA loads, the five wgmma products of FA2 Algorithm 2 lines 10-16 per consumer and
+step, and no spills. Bad arguments raise naming the argument. On an H100/H200 the gradients are compared with
+float64 autograd (``benchmarks/bench_gluon_bwd.py --set ws`` does it at scale).
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from reference.triton import DEVICE
+from reference.triton.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+from tests.oracle import attention_grads, attention_ref, rel_err
+
+pytestmark = pytest.mark.triton_gluon
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+G_TOL = 2e-2
+
+_CHILD = """
+import json, sys
+from reference.triton._aot import resource_usage
+from reference.triton.flash_gluon_bwd_ws import compile_backward_ws
+for d, causal, mode in json.loads(sys.argv[1]):
+    print(json.dumps(resource_usage(compile_backward_ws(d, causal, mode))))
+"""
+
+
+@pytest.mark.slow
+def test_compiles_for_hopper_warp_specialised_without_spills():
+    # the default dq_mode "split" at d = 128 causal and non-causal, and d = 64
+    cases = [[128, True, "split"], [128, False, "split"], [64, True, "split"]]
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    usages = [json.loads(x) for x in out.stdout.strip().splitlines()]
+    assert len(usages) == len(cases)
+    for (d, _, _), usage in zip(cases, usages):
+        # per consumer and step: S^T, dP^T (d/16 k-steps each), dV, dK (BLOCK_M/16 = 4 each), dQ (2 x 4: the
+        # consumer's column half over both consumers' keys); two consumers. A recomputing kernel has more.
+        assert usage["HGMMA"] == 2 * (2 * d // 16 + 4 + 4 + 8), usage
+        assert usage["HMMA"] == 0, usage
+        assert usage["UTMALDG"] > 0, usage
+        assert usage["USETMAXREG"] > 0, usage  # warp_specialize with register budgets
+        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
+
+
+def _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
+    def t(*shape):
+        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
+    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)
+
+
+def test_bad_inputs_are_named(rng):
+    q, k, v, do = _inputs(rng, 1, 2, 2, 8, 8, 64)
+    lse = torch.zeros(1, 2, 8, device=DEVICE)
+    f = flash_attention_backward_gluon_ws
+    with pytest.raises(ValueError, match="flash_attention_backward_gluon_ws: q, k, v must be bfloat16 or float16"):
+        f(q.float(), k.float(), v.float(), q.float(), lse, do.float())
+    with pytest.raises(ValueError, match="do must have"):
+        f(q, k, v, q, lse, do[:, :, :4])
+    with pytest.raises(ValueError, match="lse must have"):
+        f(q, k, v, q, lse[:, :1], do)
+    q32, k32, v32, do32 = _inputs(rng, 1, 2, 2, 8, 8, 32)
+    with pytest.raises(ValueError, match="head dimension"):
+        f(q32, k32, v32, q32, lse, do32)
+    with pytest.raises(ValueError, match="dq_mode must be one of"):
+        f(q, k, v, q, lse, do, dq_mode="rows")
+    with pytest.raises(ValueError, match="config must be a tuple"):
+        f(q, k, v, q, lse, do, config=(64, 2))
+    with pytest.raises(ValueError, match="BLOCK_M must be 64"):
+        f(q, k, v, q, lse, do, config=(128, 2, False, False))
+    with pytest.raises(ValueError, match="DEFER needs dq_mode='split'"):
+        f(q, k, v, q, lse, do, dq_mode="own", config=(64, 2, False, True))
+
+
+@pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
+def test_needs_a_hopper_gpu(rng):
+    q, k, v, do = _inputs(rng, 1, 2, 2, 8, 8, 64)
+    with pytest.raises(RuntimeError, match="flash_attention_backward_gluon_ws needs .*compute capability 9.0"):
+        flash_attention_backward_gluon_ws(q, k, v, q, torch.zeros(1, 2, 8, device=DEVICE), do)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("dq_mode", ["split", "own"])
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", [
+    (2, 4, 4, 256, 256, 128, False, torch.bfloat16), (1, 4, 2, 300, 1000, 128, True, torch.bfloat16),
+    (1, 2, 2, 1000, 300, 128, True, torch.bfloat16), (1, 2, 2, 333, 333, 64, False, torch.float16),
+    (1, 2, 2, 1, 5, 64, True, torch.bfloat16)])
+def test_gradients_match_float64_autograd(rng, dq_mode, B, Hq, Hkv, Nq, Nk, d, causal, dtype):
+    q, k, v, do = _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype)
+    o, lse, _ = attention_ref(q, k, v, causal=causal)
+    got = flash_attention_backward_gluon_ws(q, k, v, o.to(DEVICE, dtype), lse.to(DEVICE, torch.float32), do,
+                                            causal=causal, dq_mode=dq_mode)
+    for name, a, r in zip(("dq", "dk", "dv"), got, attention_grads(q, k, v, do, causal=causal)):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, r) < G_TOL, (name, rel_err(a, r))
