@@ -35,21 +35,29 @@ CASES = [c for c in FWD_CASES if c[0] * c[1] * c[3] * c[4] <= 1 << 23] + [(1, 2,
 #: plain stores: wrong values, the cost of the atomics)
 SERIAL = (64, 128, 2, 8, False, False, 2, False)
 PIPED = (64, 128, 3, 8, False, False, 2, True)
-#: the warp-specialised kernel: ("ws", dq_mode, BLOCK_M, STAGES, DQ_TMA, DEFER[, "noadd": timing ablation])
-WS_SPLIT = ("ws", "split", 64, 2, False, False)
-WS_OWN = ("ws", "own", 64, 2, False, False)
-WS_SPLIT_TMA = ("ws", "split", 64, 2, True, False)
-WS_OWN_TMA = ("ws", "own", 64, 2, True, False)
-WS_DEFER_TMA = ("ws", "split", 64, 2, True, True)
-WS_NOADD = ("ws", "split", 64, 2, True, False, "noadd")
-SETS = {"all": {"check": [SERIAL, PIPED, WS_SPLIT, WS_OWN],
+#: the warp-specialised kernel: ("ws", dq_mode, BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA[, "noadd": timing ablation,
+#: dQ never added]); WS is its default (notes/hopper.md section 1e has the attempts)
+WS = ("ws", "split", 64, 2, True, True, True)
+WS_SPLIT = ("ws", "split", 64, 2, False, False, False)
+WS_OWN = ("ws", "own", 64, 2, False, False, False)
+WS_SPLIT_TMA = ("ws", "split", 64, 2, True, False, False)
+WS_OWN_TMA = ("ws", "own", 64, 2, True, False, False)
+WS_DEFER_TMA = ("ws", "split", 64, 2, True, True, False)
+WS_SPLIT_TMA_LD = ("ws", "split", 64, 2, True, False, True)
+WS_NOADD = WS + ("noadd",)
+SETS = {"all": {"check": [SERIAL, PIPED, WS],
                 "time": [(64, 128, 2, 8, False, False, 1, False), SERIAL, (64, 128, 2, 8, False, False, 0, False),
-                         PIPED, (64, 128, 3, 8, True, False, 2, True), (64, 128, 3, 8, False, False, 0, True),
-                         WS_SPLIT, WS_OWN],
-                "d64": [PIPED, WS_SPLIT]},
-        "ws": {"check": [WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA],
-               "time": [SERIAL, WS_SPLIT, WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_NOADD],
-               "d64": [SERIAL, WS_SPLIT, WS_SPLIT_TMA]}}
+                         PIPED, (64, 128, 3, 8, True, False, 2, True), (64, 128, 3, 8, False, False, 0, True), WS],
+                "d64": [PIPED, WS]},
+        # the warp-specialised kernel's final run: its default (and the own-mode variant) checked; timed next to
+        # the serial kernel, the first TMA-reduce version and the no-dQ-add ablation, N = 2k..16k
+        "ws": {"check": [WS, WS_OWN_TMA], "time": [SERIAL, WS_SPLIT_TMA, WS, WS_NOADD], "d64": [SERIAL, WS],
+               "seqlens": [2048, 4096, 8192, 16384]},
+        # every attempt (H200 exploration run)
+        "ws_attempts": {"check": [WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS],
+                        "time": [SERIAL, WS_SPLIT, WS_OWN, WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD,
+                                 WS, WS_NOADD],
+                        "d64": [SERIAL, WS_SPLIT_TMA, WS]}}
 
 
 def _set():
@@ -65,8 +73,8 @@ def gluon_backward(cfg):
     if cfg[0] == "ws":
         from reference.triton.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
         return lambda *a, causal: flash_attention_backward_gluon_ws(*a, causal=causal, dq_mode=cfg[1],
-                                                                    config=tuple(cfg[2:6]),
-                                                                    _ablate_dq_add=cfg[6:] == ("noadd",))
+                                                                    config=tuple(cfg[2:7]),
+                                                                    _ablate_dq_add=cfg[7:] == ("noadd",))
     from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
     return lambda *a, causal: flash_attention_backward_gluon(*a, causal=causal, config=cfg)
 TOL = 2e-2
@@ -128,7 +136,8 @@ def _stage_bench():
         return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
     res = {"variants": _set()["time"], "main": []}
-    for d, causal, N in [(128, c, n) for c in (False, True) for n in SEQLENS] + [(64, False, 8192), (64, True, 8192)]:
+    seqlens = _set().get("seqlens", SEQLENS)
+    for d, causal, N in [(128, c, n) for c in (False, True) for n in seqlens] + [(64, False, 8192), (64, True, 8192)]:
         H = HIDDEN // d
         pin_bf16(d, causal)
         B = TOKENS // N

@@ -91,6 +91,33 @@ def _load_rows(LSE2, DELTA, t, n_iter, per_head, m_lo, q_head0, N_Q, offs, BLOCK
 
 
 @gluon.jit
+def _mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l: gl.constexpr, BLOCK_M: gl.constexpr,
+             CAUSAL: gl.constexpr):
+    """``P^T`` (key rows ``keys``, query columns ``start_m ..``) set to 0 where a key is past ``N_K`` or, causal
+    (bottom-right), after the query: row ``i`` sees key ``j`` iff ``j <= i + N_K - N_Q``. Only if ``need_mask``."""
+    if need_mask:
+        visible = keys[:, None] < N_K
+        if CAUSAL:
+            cols = start_m + gl.arange(0, BLOCK_M, layout=col_l)
+            visible = visible & (keys[:, None] <= cols[None, :] + (N_K - N_Q))
+        pT = gl.where(visible, pT, 0.0)
+    return pT
+
+
+@gluon.jit
+def _store_dkdv(dk, dv, DK, DV, kv_row0, key0, N_K, sm_scale, layout: gl.constexpr, ROWS: gl.constexpr,
+                HEAD_DIM: gl.constexpr):
+    """Algorithm 2 lines 17-18: write ``dK`` (scaled once here) and ``dV`` of key rows ``key0 .. key0 + ROWS - 1``
+    (those ``< N_K``) of the kv head whose first row is ``kv_row0``."""
+    out_keys = key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    ok = (out_keys[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    off = (kv_row0 + out_keys).to(gl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+    gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
 def _red_add_v(ptrs, x, VEC: gl.constexpr):
     """``*ptrs += x`` with sm_90's vector reduction ``red.global.add.v{VEC}.f32`` (Triton emits one scalar atomic
     per element); each thread's ``VEC`` consecutive elements must be contiguous and ``4 VEC``-byte aligned."""
@@ -231,12 +258,7 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         need_mask = key_ragged
         if CAUSAL:
             need_mask = need_mask | (m < m_full)
-        if need_mask:
-            visible = keys[:, None] < N_K
-            if CAUSAL:
-                cols = start_m + gl.arange(0, BLOCK_M, layout=col_l)
-                visible = visible & (keys[:, None] <= cols[None, :] + OFFSET)
-            pT = gl.where(visible, pT, 0.0)
+        pT = _mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l, BLOCK_M, CAUSAL)
         # line 12: dV += P^T dO
         pT = pT.to(dtype)  # kept in 16 bits: dS^T below is rounded to 16 bits anyway
         p_op = gl.convert_layout(pT, a_layout)
@@ -277,13 +299,7 @@ def _bwd_kernel(desc_q, desc_k, desc_v, desc_do, DQ_ACC, DK, DV, LSE2, DELTA, H_
         if n_iter > 0:
             _dq_add(prev_base, dq, dq_offs, red_offs, red_layout, DQ_VEC)
 
-    # lines 17-18: write dK_j (scaled once here), dV_j
-    out_keys = start_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, kv_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    ok = (out_keys[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    off = (kv_row0 + out_keys).to(gl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(DK + off, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
-    gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
+    _store_dkdv(dk, dv, DK, DV, kv_row0, start_n, N_K, sm_scale, kv_layout, BLOCK_N, HEAD_DIM)
 
 
 def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attention_backward_gluon"):
@@ -307,11 +323,18 @@ def check_backward_device(device, name="flash_attention_backward_gluon"):
         raise RuntimeError(str(e).replace("flash_attention_forward_gluon", name)) from None
 
 
-def backward_preprocess(o, do, lse, Nq):
+def backward_preprocess(o, do, lse, Nq, rows=None):
     """FA2 Algorithm 2 line 4 with ``flash_bwd._bwd_preprocess``: ``(delta, lse2)``, ``D = rowsum(dO * O)`` and
-    ``L`` in base 2, both ``(B, Hq, Nq)`` float32."""
-    delta = torch.empty_like(lse)
-    lse2 = torch.empty_like(lse)
+    ``L`` in base 2, both ``(B, Hq, rows)`` float32; ``rows >= Nq`` pads each head (``D = 0``, ``L = +inf``: no
+    probability mass) so that a TMA box of whole query blocks never crosses a head."""
+    rows = rows or Nq
+    if rows != Nq:
+        lse = torch.nn.functional.pad(lse, (0, rows - Nq))
+        delta = torch.zeros_like(lse)
+        lse2 = torch.full_like(lse, float("inf"))
+    else:
+        delta = torch.empty_like(lse)
+        lse2 = torch.empty_like(lse)
     B, Hq = lse.shape[:2]
     st = lambda t: t.stride()  # noqa: E731
     pre = flash_bwd.PRE_BLOCK

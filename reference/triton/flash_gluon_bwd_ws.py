@@ -1,34 +1,40 @@
 """FlashAttention backward for Hopper in Gluon, warp-specialised (FA3 section 3.1 applied to FA2 Algorithm 2).
 
-``flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split")
--> (dq, dk, dv)``: the contract and checks of ``flash_gluon_bwd.flash_attention_backward_gluon`` (GQA,
-bottom-right causal, ragged N; Hopper, bfloat16/float16, ``d`` in {64, 128}), whose preprocess (``L`` in base 2,
-``D = rowsum(dO * O)``) and final dQ scale/cast it reuses.
+``flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split",
+config=None) -> (dq, dk, dv)``: the contract and checks of ``flash_gluon_bwd.flash_attention_backward_gluon``
+(GQA, bottom-right causal, ragged N; Hopper, bfloat16/float16, ``d`` in {64, 128}), whose preprocess (``L`` in
+base 2, ``D = rowsum(dO * O)``), final dQ scale/cast and device helpers it reuses.
 
 The serial Gluon kernel (notes/hopper.md section 1d) runs one partition of 8 warps that waits for each matmul
-with two CTA barriers per step; this one splits the CTA by role, as the Gluon forward's ping-pong kernel does:
+with CTA barriers and adds dQ with atomics from its own threads; this one splits the CTA by role, as the Gluon
+forward's ping-pong kernel does (section 1e has the attempts and numbers):
 
 * one CTA per ``BLOCK_N = 128``-row key block ``K_j, V_j`` (Algorithm 2, lines 5-7); ``gl.warp_specialize``
-  partitions: a **producer** warp that TMA-loads ``K_j, V_j`` once and then ``Q_i, dO_i`` (``BLOCK_M = 64`` rows)
-  of every query block that sees the key block into a ``STAGES``-deep ring (ready/empty mbarriers, the empty
-  ones counting both consumers), and two **consumer** warpgroups, consumer ``w`` owning key rows
-  ``64 w .. 64 w + 63`` with its own fp32 ``dK, dV`` (64 x d each), ``setmaxnreg`` budgets (many registers for the
-  consumers, few for the producer);
+  partitions: a **producer** warp that TMA-loads ``K_j, V_j`` once and then, per step, ``Q_i, dO_i``
+  (``BLOCK_M = 64`` rows) and the rows ``L_i, D_i`` of every query block that sees the key block into a
+  ``STAGES``-deep ring (ready/empty mbarriers, the empty ones counting both consumers); two **consumer**
+  warpgroups, consumer ``w`` owning key rows ``64 w .. 64 w + 63`` with its own fp32 ``dK, dV`` (64 x d each);
+  ``setmaxnreg`` budgets (240 registers per consumer thread, 24 for the producer);
 * per step and consumer (lines 10-16, transposed so the key rows are the wgmma M side): ``S^T = K_w Q_i^T`` and
   ``dP^T = V_w dO_i^T`` in flight together, ``P^T = exp2(S^T scale log2 e - L_i)`` (masked on the causal diagonal
-  and past ``N_K``), ``dV_w += P^T dO_i`` (``P^T`` a register operand), ``dS^T = P^T (dP^T - D_i)``,
+  and past ``N_K`` only), ``dV_w += P^T dO_i`` (``P^T`` a register operand), ``dS^T = P^T (dP^T - D_i)``,
   ``dK_w += dS^T Q_i`` (register operand), then line 15, ``dQ_i += dS_ij K_j``, by ``dq_mode``:
 
-  - ``"own"``: each consumer multiplies its own 64 keys, ``dS_w K_w`` (64 x d), and adds it into the fp32 dQ
-    buffer with sm_90 vector reductions: the consumers never wait for each other, at twice FA3's reductions;
-  - ``"split"`` (default): both write ``dS^T`` to shared memory (double-buffered by step), meet on an
-    mbarrier, and consumer ``w`` computes the head-dimension half ``d/2 w ..`` of ``dQ_i`` over all 128 keys,
-    ``sum_u dS_u K_u[:, half w]``: one reduction per dQ element per key block, as in FA3.
+  - ``"split"`` (default): both consumers write ``dS^T`` to shared memory and meet on an mbarrier; consumer
+    ``w`` computes the head-dimension half ``w`` of ``dQ_i`` over all 128 keys, ``sum_u dS_u K_u[:, half w]``:
+    one reduction per dQ element per key block, as in FA3;
+  - ``"own"``: each consumer multiplies its own 64 keys, ``dS_w K_w`` (64 x d): no meeting, twice the reductions;
 
-``L_i`` and ``D_i`` are read by the consumers with plain loads one step ahead. Ragged ``N`` as in the serial
-kernel: query rows past ``N_Q`` get ``L = +inf`` (``P = 0``) and land in the padded rows of the dQ buffer; key
-rows past ``N_K`` are masked to ``P = 0`` and never stored. The interpreter cannot run Gluon; the kernel is
-compiled for sm_90a on CPU by ``tests/test_triton_gluon_bwd_ws.py``.
+* ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``, default ``(64, 2, True, True, True)``: ``DQ_TMA`` stages
+  the dQ tile in shared memory and has the copy engine add it into the fp32 buffer (a TMA reduce,
+  ``cp.reduce.async.bulk.tensor``), instead of ``red.global.add.v2.f32`` from the consumers' registers;
+  ``DEFER`` issues step ``t``'s dQ product at the end of step ``t + 1``, so the consumers wait for each other's
+  ``dS^T`` one step late; ``LD_TMA`` has the producer copy ``L_i, D_i`` (padded per head) into the ring,
+  instead of the consumers loading and shuffling them. The non-default values are the measured attempts.
+
+Ragged ``N`` as in the serial kernel: query rows past ``N_Q`` get ``L = +inf`` (``P = 0``) and land in the
+padded rows of the dQ buffer; key rows past ``N_K`` are masked to ``P = 0`` and never stored. The interpreter
+cannot run Gluon; ``tests/test_triton_gluon_bwd_ws.py`` compiles the kernel for sm_90a on CPU.
 """
 from __future__ import annotations
 
@@ -44,17 +50,17 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .flash_gluon import LOG2E_F, _tile_descriptor
-from .flash_gluon_bwd import (_load_rows, _q_row, _red_add_v, backward_preprocess, check_backward_args,
-                              check_backward_device, finish_dq)
+from .flash_gluon_bwd import (_load_rows, _mask_pt, _q_row, _red_add_v, _store_dkdv, backward_preprocess,
+                              check_backward_args, check_backward_device, finish_dq)
 
 NAME = "flash_attention_backward_gluon_ws"
 DQ_MODES = ("split", "own")
-#: (BLOCK_M query rows per step, STAGES of the Q/dO ring, DQ_TMA, DEFER); the key block is 128 rows, 64 per
-#: consumer
-DEFAULT_CONFIG = (64, 2, False, False)
+#: (BLOCK_M query rows per step, STAGES of the Q/dO ring, DQ_TMA, DEFER, LD_TMA); the key block is 128 rows, 64
+#: per consumer
+DEFAULT_CONFIG = (64, 2, True, True, True)
 BLOCK_N = 128
 #: setmaxnreg budgets (second consumer warpgroup, producer warp) and the kernel-wide cap they are carved from
-#: (3 warpgroups... 2 x 128 x 240 + 32 x 24 <= 64K registers), as in the forward's ping-pong kernel
+#: (2 x 128 x 240 + 32 x 24 <= 64K registers), as in the forward's ping-pong kernel
 WS_REGS = (240, 24)
 WS_MAXNREG = 168
 
@@ -84,11 +90,11 @@ def _query_blocks(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-              kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q,
-              HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: ``K_j, V_j`` (two 64-row halves each, one per consumer), then ``Q_i, dO_i`` of step
-    ``t`` into slot ``t % STAGES`` once both consumers released it."""
+def _producer(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, k_smem, v_smem, q_smem, do_smem, l_smem, d_smem,
+              kv_bar, ready, empty, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q,
+              HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, LD_TMA: gl.constexpr):
+    """The producer warp: ``K_j, V_j`` (two 64-row halves each, one per consumer), then ``Q_i, dO_i`` (and with
+    ``LD_TMA`` the rows ``L_i, D_i``) of step ``t`` into slot ``t % STAGES`` once both consumers released it."""
     mbarrier.expect(kv_bar, 2 * desc_k.block_type.nbytes + 2 * desc_v.block_type.nbytes)
     for w in gl.static_range(2):
         tma.async_copy_global_to_shared(desc_k, [kv_row0 + start_n + w * HALF, 0], kv_bar, k_smem.index(w))
@@ -97,10 +103,18 @@ def _producer(desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, 
         slot = t % STAGES
         mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1: first round free
         bar = ready.index(slot)
-        mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
+        if LD_TMA:
+            mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes + 2 * desc_l.block_type.nbytes)
+        else:
+            mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
         row = _q_row(t, per_head, m_lo, q_head0, N_Q, BLOCK_M)
         tma.async_copy_global_to_shared(desc_q, [row, 0], bar, q_smem.index(slot))
         tma.async_copy_global_to_shared(desc_do, [row, 0], bar, do_smem.index(slot))
+        if LD_TMA:  # (B * Hq, N_Q_PAD) views: row = query head, column = the block's first query
+            head = q_head0 + t // per_head
+            col = (m_lo + t % per_head) * BLOCK_M
+            tma.async_copy_global_to_shared(desc_l, [head, col], bar, l_smem.index(slot))
+            tma.async_copy_global_to_shared(desc_d, [head, col], bar, d_smem.index(slot))
 
 
 @gluon.jit
@@ -121,10 +135,10 @@ def _dq_issue(ds_smem, k_smem, buf, t, dq_zero, WG: gl.constexpr, DQ_COLS: gl.co
 
 
 @gluon.jit
-def _dq_add(dq, dq_smem, desc_dq, dq_ptrs, row, WG: gl.constexpr, DQ_COLS: gl.constexpr, DQ_TMA: gl.constexpr):
+def _dq_add(dq, dq_smem, desc_dq, dq_ptrs, row, COL0: gl.constexpr, DQ_TMA: gl.constexpr):
     """Add a finished ``dQ_i`` share into the fp32 buffer: staged in shared memory and reduce-added by the copy
-    engine (``DQ_TMA``), or by ``red.global.add.v2.f32`` from the registers (``DQ_TMA = 2``: a timing ablation
-    that drops the add, wrong dQ)."""
+    engine (``DQ_TMA``; the tile's first column ``COL0``), or by ``red.global.add.v2.f32`` from the registers
+    (``DQ_TMA = 2``: a timing ablation that drops the add, wrong dQ)."""
     if DQ_TMA == 2:
         pass
     elif DQ_TMA:
@@ -133,18 +147,19 @@ def _dq_add(dq, dq_smem, desc_dq, dq_ptrs, row, WG: gl.constexpr, DQ_COLS: gl.co
         dq_smem.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(desc_dq, [row, WG * DQ_COLS], dq_smem)
+        _tma_reduce_add(desc_dq, [row, COL0], dq_smem)
     else:
         _red_add_v(dq_ptrs, dq, 2)
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, empty, ds_bars, desc_dq,
+def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem, kv_bar, ready, empty, ds_bars,
+              desc_dq,
               DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q, N_K,
               qk_scale, sm_scale,
               WG: gl.constexpr, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, DQ_TMA: gl.constexpr,
-              DEFER: gl.constexpr):
+              DEFER: gl.constexpr, LD_TMA: gl.constexpr):
     """Consumer warpgroup ``WG``: key rows ``start_n + HALF * WG ..`` (Algorithm 2 lines 8-18 for them).
 
     ``DEFER`` ("split" only): step ``t``'s dQ product is issued at the end of step ``t + 1`` (where the
@@ -157,6 +172,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, HEAD_DIM, 16])
     DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM
+    COL0: gl.constexpr = WG * DQ_COLS if SPLIT else 0  # this consumer's first dQ column
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, DQ_COLS, 16])
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
@@ -183,7 +199,8 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
         skip_below = m_lo  # both consumers take part in every step (they meet on ds_bars)
     else:
         skip_below = my_lo
-    l2n, din = _load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
+    if not LD_TMA:
+        l2n, din = _load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
     prev_row = q_head0 * N_Q_PAD
     mbarrier.wait(kv_bar, 0)
     for t in range(n_iter):
@@ -195,9 +212,10 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
         # when held across it; notes/hopper.md section 1d, G4)
         k_w = k_smem.index(WG + (t >> 30))
         v_w = v_smem.index(WG + (t >> 30))
-        l2c = l2n
-        dic = din
-        l2n, din = _load_rows(LSE2, DELTA, t + 1, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
+        if not LD_TMA:  # L_i, D_i loaded one step ahead (their latency hides under this step)
+            l2c = l2n
+            dic = din
+            l2n, din = _load_rows(LSE2, DELTA, t + 1, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         qs = q_smem.index(slot)
         dos = do_smem.index(slot)
@@ -210,25 +228,26 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
             dpT = warpgroup_mma(v_w, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
             sT = warpgroup_mma_wait(1, deps=(sT,))
             # line 11: P^T = exp2(S^T scale log2 e - L) (masked on the diagonal and past N_K)
-            l2 = gl.convert_layout(l2c, col_l)
-            pT = gl.exp2(sT * qk_scale - l2[None, :])
+            if LD_TMA:  # (1, BLOCK_M) rows read straight into the score layout: a broadcast, no shuffle
+                pT = gl.exp2(sT * qk_scale - l_smem.index(slot).load(st_layout))
+            else:
+                l2 = gl.convert_layout(l2c, col_l)
+                pT = gl.exp2(sT * qk_scale - l2[None, :])
             need_mask = key_ragged
             if CAUSAL:
                 need_mask = need_mask | (m < my_full)
-            if need_mask:
-                visible = keys[:, None] < N_K
-                if CAUSAL:
-                    cols = start_m + gl.arange(0, BLOCK_M, layout=col_l)
-                    visible = visible & (keys[:, None] <= cols[None, :] + (N_K - N_Q))
-                pT = gl.where(visible, pT, 0.0)
+            pT = _mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l, BLOCK_M, CAUSAL)
             # line 12: dV += P^T dO
             pT = pT.to(dtype)
             p_op = gl.convert_layout(pT, a_layout)
             dv = warpgroup_mma(p_op, dos, dv, is_async=True)
             dpT = warpgroup_mma_wait(1, deps=(dpT,))
             # line 14: dS^T = P^T (dP^T - D)
-            di = gl.convert_layout(dic, col_l)
-            dsT = (pT.to(gl.float32) * (dpT - di[None, :])).to(dtype)
+            if LD_TMA:
+                dsT = (pT.to(gl.float32) * (dpT - d_smem.index(slot).load(st_layout))).to(dtype)
+            else:
+                di = gl.convert_layout(dic, col_l)
+                dsT = (pT.to(gl.float32) * (dpT - di[None, :])).to(dtype)
             # line 16: dK += dS^T Q (register operand)
             ds_op = gl.convert_layout(dsT, a_layout)
             dk = warpgroup_mma(ds_op, qs, dk, is_async=True)
@@ -246,7 +265,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
                 mbarrier.arrive(empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
                 if t > 0:
                     _dq_add(dq, dq_smem, desc_dq, DQ_ACC + prev_row.to(gl.int64) * HEAD_DIM + dq_offs, prev_row,
-                            WG, DQ_COLS, DQ_TMA)
+                            COL0, DQ_TMA)
             else:
                 if SPLIT:
                     mbarrier.arrive(ds_bars.index(t % 2))
@@ -254,8 +273,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
                 dq = _dq_issue(ds_smem, k_smem, buf, t, dq_zero, WG, DQ_COLS, SPLIT)
                 dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
                 mbarrier.arrive(empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
-                _dq_add(dq, dq_smem, desc_dq, DQ_ACC + row.to(gl.int64) * HEAD_DIM + dq_offs, row, WG, DQ_COLS,
-                        DQ_TMA)
+                _dq_add(dq, dq_smem, desc_dq, DQ_ACC + row.to(gl.int64) * HEAD_DIM + dq_offs, row, COL0, DQ_TMA)
                 if not SPLIT:
                     gl.thread_barrier()  # every warp's dQ product has read dS^T before the next step writes it
         prev_row = row
@@ -265,25 +283,20 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_bar, ready, 
             mbarrier.wait(ds_bars.index(last % NBUF), (last // NBUF) & 1)
             dq = _dq_issue(ds_smem, k_smem, (last % NBUF) * 2, last, dq_zero, WG, DQ_COLS, SPLIT)
             dq = warpgroup_mma_wait(0, deps=(dq,))
-            _dq_add(dq, dq_smem, desc_dq, DQ_ACC + prev_row.to(gl.int64) * HEAD_DIM + dq_offs, prev_row, WG,
-                    DQ_COLS, DQ_TMA)
+            _dq_add(dq, dq_smem, desc_dq, DQ_ACC + prev_row.to(gl.int64) * HEAD_DIM + dq_offs, prev_row, COL0,
+                    DQ_TMA)
     if DQ_TMA == 1:
         tma.store_wait(0)
 
-    # lines 17-18: write dK (scaled once here) and dV of this consumer's keys
-    out_keys = my_n + gl.arange(0, HALF, layout=gl.SliceLayout(1, kv_layout))
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, kv_layout))
-    ok = (out_keys[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
-    off = (kv_row0 + out_keys).to(gl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(DK + off, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
-    gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
+    _store_dkdv(dk, dv, DK, DV, kv_row0, my_n, N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
 
 
 @gluon.jit
-def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, H_KV, GROUP, N_Q, N_K,
+def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV, GROUP, N_Q, N_K,
                    qk_scale, sm_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   SPLIT: gl.constexpr, DQ_TMA: gl.constexpr, DEFER: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                   SPLIT: gl.constexpr, DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr,
+                   CONSUMER_REGS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """One CTA = key block ``j`` (128 rows) of one (batch, kv head); grid ``(cdiv(N_K, 128), B * H_KV)``; the
     default partition is consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
@@ -310,6 +323,8 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, DQ_ACC, DK, DV, LSE
         dq_smem = gl.allocate_shared_memory(gl.float32, [2] + desc_dq.block_type.shape, desc_dq.layout)
     else:
         dq_smem = ds_smem  # unused
+    l_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_l.block_type.shape, desc_l.layout)
+    d_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_d.block_type.shape, desc_d.layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -322,30 +337,33 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, DQ_ACC, DK, DV, LSE
         mbarrier.init(ds_bars.index(i), count=2)
     fence_async_shared()
     gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(0), kv_bar, ready, empty, ds_bars,
-                     desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q,
-                     N_K, qk_scale, sm_scale, 0, HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SPLIT, DQ_TMA, DEFER)),
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(1), kv_bar, ready, empty, ds_bars,
-                     desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q,
-                     N_K, qk_scale, sm_scale, 1, HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SPLIT, DQ_TMA, DEFER)),
-        (_producer, (desc_q, desc_k, desc_v, desc_do, k_smem, v_smem, q_smem, do_smem, kv_bar, ready, empty,
-                     kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q, HALF, BLOCK_M, STAGES)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(0), l_smem, d_smem, kv_bar, ready,
+                     empty, ds_bars, desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo,
+                     q_head0, N_Q, N_K, qk_scale, sm_scale, 0, HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SPLIT,
+                     DQ_TMA, DEFER, LD_TMA)),
+        (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(1), l_smem, d_smem, kv_bar, ready,
+                     empty, ds_bars, desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo,
+                     q_head0, N_Q, N_K, qk_scale, sm_scale, 1, HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SPLIT,
+                     DQ_TMA, DEFER, LD_TMA)),
+        (_producer, (desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, k_smem, v_smem, q_smem, do_smem, l_smem,
+                     d_smem, kv_bar, ready, empty, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q, HALF,
+                     BLOCK_M, STAGES, LD_TMA)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def check_ws_config(config, dq_mode):
-    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER)`` (default ``DEFAULT_CONFIG``) and ``dq_mode`` in ``DQ_MODES``;
-    return the config as a tuple."""
+    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIG``) and ``dq_mode`` in
+    ``DQ_MODES``; return the config as a tuple."""
     if dq_mode not in DQ_MODES:
         raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
     if config is None:
         config = DEFAULT_CONFIG
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
+    if (not isinstance(config, (tuple, list)) or len(config) != 5
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in config[:2])
             or not all(isinstance(x, bool) for x in config[2:])):
-        raise ValueError(f"config must be a tuple (BLOCK_M: int, STAGES: int, DQ_TMA: bool, DEFER: bool), got "
-                         f"{config!r}")
-    bm, stages, _, defer = config
+        raise ValueError("config must be a tuple (BLOCK_M: int, STAGES: int, DQ_TMA: bool, DEFER: bool, LD_TMA: "
+                         f"bool), got {config!r}")
+    bm, stages, _, defer, _ = config
     if bm != 64 or stages not in (2, 3):
         raise ValueError(f"config: BLOCK_M must be 64 (one wgmma N tile per step) and STAGES 2 or 3, got "
                          f"{tuple(config)}")
@@ -354,9 +372,9 @@ def check_ws_config(config, dq_mode):
     return tuple(config)
 
 
-def _dq_descriptor(dq_acc2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+def _fp32_descriptor(x2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
     layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
-    return TensorDescriptor(dq_acc2d, list(dq_acc2d.shape), list(dq_acc2d.stride()), [rows, cols], layout)
+    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, cols], layout)
 
 
 def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split",
@@ -365,26 +383,33 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
 
     ``q, o, do (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` bfloat16/float16, ``d`` in {64, 128}, ``lse (B, Hq, Nq)``
     float32 (natural log, ``-inf`` for rows that see no key); ``dq_mode`` ``"split"`` or ``"own"``;
-    ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER)``: ``DQ_TMA`` adds dQ with the copy engine's reduce-add from
-    shared memory instead of vector atomics from registers; ``DEFER`` issues each dQ product one step late.
+    ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``: ``DQ_TMA`` adds dQ with the copy engine's reduce-add
+    from shared memory instead of vector atomics from registers; ``DEFER`` issues each dQ product one step late;
+    ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
+    loading them.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
-    bm, stages, dq_tma, defer = check_ws_config(config, dq_mode)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
     check_backward_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
-    delta, lse2 = backward_preprocess(o, do, lse.contiguous(), Nq)
-    dq_acc = torch.zeros((B, Hq, triton.cdiv(Nq, bm) * bm, d), dtype=torch.float32, device=q.device)
+    nq_pad = triton.cdiv(Nq, bm) * bm
+    delta, lse2 = backward_preprocess(o, do, lse.contiguous(), Nq, rows=nq_pad if ld_tma else Nq)
+    if ld_tma:
+        desc_l, desc_d = (_fp32_descriptor(x.view(-1, nq_pad), 1, bm) for x in (lse2, delta))
+    else:  # unused by the kernel
+        desc_l = desc_d = _fp32_descriptor(torch.empty((1, bm), dtype=torch.float32, device=q.device), 1, bm)
+    dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
     _bwd_ws_kernel[(triton.cdiv(Nk, BLOCK_N), B * Hkv)](
         _tile_descriptor(q2, bm, d), _tile_descriptor(k2, BLOCK_N // 2, d), _tile_descriptor(v2, BLOCK_N // 2, d),
-        _tile_descriptor(do2, bm, d), _dq_descriptor(dq_acc.view(-1, d), bm, d // 2 if dq_mode == "split" else d),
-        dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
+        _tile_descriptor(do2, bm, d), _fp32_descriptor(dq_acc.view(-1, d), bm, d // 2 if dq_mode == "split" else d),
+        desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
         HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal, SPLIT=dq_mode == "split",
         DQ_TMA=2 if _ablate_dq_add else int(dq_tma),
-        DEFER=defer, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4, maxnreg=WS_MAXNREG)
+        DEFER=defer, LD_TMA=ld_tma, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4, maxnreg=WS_MAXNREG)
     return finish_dq(dq_acc, q, scale), dk, dv
 
 
@@ -393,16 +418,17 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, dq_mode: str 
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton._aot.resource_usage``."""
     from ._aot import compile_gluon, descriptor_signature
-    bm, stages, dq_tma, defer = check_ws_config(config, dq_mode)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
     half = BLOCK_N // 2
     dq_cols = head_dim // 2 if dq_mode == "split" else head_dim
     sig = {"desc_q": descriptor_signature(bm, head_dim, dtype), "desc_k": descriptor_signature(half, head_dim, dtype),
            "desc_v": descriptor_signature(half, head_dim, dtype), "desc_do": descriptor_signature(bm, head_dim, dtype),
-           "desc_dq": descriptor_signature(bm, dq_cols, "fp32"),
+           "desc_dq": descriptor_signature(bm, dq_cols, "fp32"), "desc_l": descriptor_signature(1, bm, "fp32"),
+           "desc_d": descriptor_signature(1, bm, "fp32"),
            "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
            "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
     cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "SPLIT": dq_mode == "split",
-          "DQ_TMA": int(dq_tma), "DEFER": defer, "CONSUMER_REGS": WS_REGS[0], "PRODUCER_REGS": WS_REGS[1],
+          "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0], "PRODUCER_REGS": WS_REGS[1],
           "num_warps": 4}
     return compile_gluon(_bwd_ws_kernel, sig, cx, 4, maxnreg=WS_MAXNREG)
 
