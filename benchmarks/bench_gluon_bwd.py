@@ -10,8 +10,8 @@ mbarrier phase hangs the GPU instead of failing):
    configuration and of the warp-specialised kernel's dQ modes, next to our Triton backward's.
 2. ``bench``: bf16 backward TFLOP/s (FA convention, 2.5x the forward's FLOPs) of cuDNN (SDPA autograd), our
    Triton backward (``flash_bwd``, ``bench_hopper``'s pinned configs) and the Gluon kernel's variants, same run,
-   batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 8k}, causal and not (all variants), and d = 64 at 8k
-   (the default); each timed Gluon result is also compared with cuDNN's gradients.
+   batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 8k} ({2k, 4k, 8k, 16k} with ``--set ws``), causal and
+   not (all variants), and d = 64 at 8k; each timed Gluon result is also compared with cuDNN's gradients.
 
     python3 benchmarks/bench_gluon_bwd.py --out DIR          # writes DIR/<gpu>-gluon-bwd.json
     python3 benchmarks/bench_gluon_bwd.py --out DIR --set ws --suffix=-wsbwd   # serial + warp-specialised only
