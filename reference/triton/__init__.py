@@ -14,6 +14,8 @@ _EXPORTS = {
     "flash_attention_forward_fp8": "flash_fp8",
     "flash_attention_forward_persistent": "flash_persistent",
     "flash_attention_forward_gluon": "flash_gluon",
+    "flash_attention_backward_gluon_ws": "flash_gluon_bwd_ws",
+    "flash_attention_gluon": "flash_gluon_autograd",
     "flash_attention": "flash_autograd",
     "flash_decode": "decode",
     "paged_decode": "paged",

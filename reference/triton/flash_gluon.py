@@ -551,16 +551,16 @@ def check_gluon_config(config, schedule: str) -> tuple:
     return tuple(config)
 
 
-def check_gluon_device(device) -> None:
+def check_gluon_device(device, name: str = "flash_attention_forward_gluon") -> None:
     """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
     if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
-        raise RuntimeError("flash_attention_forward_gluon needs a Hopper GPU (compute capability 9.0: H100/H200) "
-                           f"for wgmma, TMA and setmaxnreg; the inputs are on {device} (the Triton interpreter "
-                           "cannot run Gluon kernels)")
+        raise RuntimeError(f"{name} needs a Hopper GPU (compute capability 9.0: H100/H200) for wgmma, TMA and "
+                           f"setmaxnreg; the inputs are on {device} (the Triton interpreter cannot run Gluon "
+                           "kernels)")
     cap = torch.cuda.get_device_capability(device)
     if cap != MIN_CAPABILITY:
-        raise RuntimeError(f"flash_attention_forward_gluon needs compute capability 9.0 (Hopper: H100/H200) for "
-                           f"wgmma; {torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
+        raise RuntimeError(f"{name} needs compute capability 9.0 (Hopper: H100/H200) for wgmma; "
+                           f"{torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
 
 
 def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,

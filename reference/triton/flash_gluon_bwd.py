@@ -317,10 +317,7 @@ def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attentio
 
 def check_backward_device(device, name="flash_attention_backward_gluon"):
     """``check_gluon_device`` with the message naming the backward entry point ``name``."""
-    try:
-        check_gluon_device(device)
-    except RuntimeError as e:  # the shared check names the forward
-        raise RuntimeError(str(e).replace("flash_attention_forward_gluon", name)) from None
+    check_gluon_device(device, name)
 
 
 def backward_preprocess(o, do, lse, Nq, rows=None):

@@ -1,0 +1,95 @@
+"""A training step's attention on Hopper: forward + backward through autograd, ours vs cuDNN, in one run.
+
+``reference.triton.flash_attention_gluon`` (the persistent Gluon forward + the warp-specialised Gluon backward)
+against SDPA's cuDNN backend and our Triton ``flash_attention`` (FA2 forward + two-kernel backward), bf16,
+FlashAttention convention (batch x seqlen = 16k, hidden 2048, d = 128; FLOPs 3.5 x the forward's: forward +
+2.5 x for the backward). Per shape, the three gradients of each implementation are first compared with
+cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
+The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
+
+    python3 benchmarks/bench_gluon_train.py --out DIR      # writes DIR/<gpu>-gluon-train.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
+
+SEQLENS = [2048, 4096, 8192, 16384]
+TOKENS, HIDDEN, D = 16384, 2048, 128
+
+
+def _stage_bench():
+    import torch
+    import triton
+    from torch.nn.attention import SDPBackend
+    from benchmarks.bench_attention import _sdpa
+    from benchmarks.bench_hopper import FWD_PIN, rel
+    from reference.triton import flash_attention, flash_attention_gluon, flash_fwd
+    from reference.triton.flash_fwd import forward_flops
+
+    flash_fwd.PIN_CONFIG = FWD_PIN
+    impls = {"cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon}
+    out = []
+    for causal in (False, True):
+        for N in SEQLENS:
+            B, H = TOKENS // N, HIDDEN // D
+            q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            leaves = [x.requires_grad_(True) for x in (q, k, v)]
+            flops = 3.5 * forward_flops(B, H, N, N, D, causal)
+
+            def step(fn):
+                for x in leaves:
+                    x.grad = None
+                fn(*leaves, causal).backward(do)
+
+            row = {"N": N, "B": B, "H": H, "causal": causal}
+            ref = None
+            for name, fn in impls.items():
+                try:
+                    step(fn)
+                    grads = [x.grad.clone() for x in leaves]
+                    if ref is None:
+                        ref = grads
+                    ms = triton.testing.do_bench(lambda: step(fn), warmup=10, rep=40, return_mode="median")
+                    row[name] = {"ms": ms, "tflops": flops / ms / 1e9,
+                                 "grad_rel_vs_cudnn": max(rel(g, r) for g, r in zip(grads, ref))}
+                except Exception as e:  # noqa: BLE001
+                    row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+            g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+            print(f"causal={causal!s:5} N={N:5}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
+                f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
+                for n in ("triton", "gluon")), flush=True)
+            out.append(row)
+            del q, k, v, do, leaves, ref
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--stage", default="all", help="all | bench")
+    ap.add_argument("--timeout", type=int, default=300)
+    args = ap.parse_args(argv)
+    if args.stage == "bench":
+        print("RESULT " + json.dumps(_stage_bench()), flush=True)
+        return
+    import torch
+    import triton
+    from benchmarks._staged import run_stages
+    from benchmarks.bench_attention import gpu_tag
+    os.makedirs(args.out, exist_ok=True)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "convention": "bf16 forward+backward via autograd, batch*seqlen=16384, hidden=2048, d=128; flops "
+                         "3.5 x 4BHN^2d (x0.5 causal); do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this "
+                         "run only"}
+    path = os.path.join(args.out, f"{gpu_tag()}-gluon-train.json")
+    run_stages(__file__, ["bench"], lambda st: args.timeout, res, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Differentiable FlashAttention on Hopper from the Gluon kernels: the FA3-style forward
+(``flash_gluon.flash_attention_forward_gluon``, persistent ping-pong) and the warp-specialised backward
+(``flash_gluon_bwd_ws.flash_attention_backward_gluon_ws``) as one ``torch.autograd.Function``.
+
+The same recomputation contract as ``flash_autograd.flash_attention`` (FA2 section 3.1.2): the forward saves
+``q, k, v, o`` and the per-row ``lse``, never P; the backward recomputes P from them. Hopper GPUs only
+(compute capability 9.0), bfloat16/float16, ``d`` in {64, 128}: elsewhere use ``flash_attention``.
+"""
+from __future__ import annotations
+
+import torch
+
+from ._checks import check_attention_inputs, check_flag, check_scale
+from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, check_gluon_device, flash_attention_forward_gluon
+from .flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+
+
+class FlashAttentionGluonFunction(torch.autograd.Function):
+    """``o = softmax(scale * q k^T [+ causal mask]) v``; forward and backward by the Gluon kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale):
+        o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, scale=scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.scale = causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = flash_attention_backward_gluon_ws(q, k, v, o, lse, do.to(q.dtype), causal=ctx.causal,
+                                                       scale=ctx.scale)
+        return dq, dk, dv, None, None
+
+
+def flash_attention_gluon(q, k, v, causal=False, scale=None):
+    """Differentiable attention on an H100/H200 with the Gluon forward and warp-specialised backward.
+
+    ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``
+    (GQA: ``k.grad``/``v.grad`` sum over each kv head's query heads), bottom-right causal. Returns ``o``;
+    ``o.backward(do)`` fills ``q.grad``, ``k.grad``, ``v.grad``.
+    """
+    *_, d, _group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
+    if q.dtype not in GLUON_DTYPES:
+        raise ValueError(f"flash_attention_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    causal = check_flag(causal, "causal")
+    scale = check_scale(scale, d)
+    check_gluon_device(q.device, "flash_attention_gluon")
+    return FlashAttentionGluonFunction.apply(q, k, v, causal, scale)
+
+
+__all__ = ["flash_attention_gluon", "FlashAttentionGluonFunction"]
