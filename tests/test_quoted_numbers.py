@@ -53,3 +53,28 @@ def test_readme_gluon_forward_ratios_match_the_results_files():
         assert quoted in row, quoted
         r = json.loads((RESULTS / f"{gpu}-gluon.json").read_text())
         assert all(c["ok"] for k, v in r.items() if k.startswith("check:") for c in v)  # checked before timed
+
+
+def _span(xs):
+    return f"{min(xs):.2f}-{max(xs):.2f}"
+
+
+def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files():
+    """The backward row quotes the default warp-specialised config / cuDNN per GPU (d=128, N >= 2k, non-causal /
+    causal); the training-step row the autograd op / cuDNN on the H100."""
+    from reference.triton.flash_gluon_bwd_ws import DEFAULT_CONFIG
+    readme = (ROOT / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| **Gluon warp-specialised backward**"))
+    key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)
+    for gpu in ("h100", "h200"):
+        r = json.loads((RESULTS / f"{gpu}-gluon-wsbwd.json").read_text())
+        assert all(c["ok"] for c in r["check"])
+        spans = [_span([x[key]["tflops"] / x["cudnn"]["tflops"] for x in r["bench"]["main"]
+                        if x["d"] == 128 and x["causal"] == causal and x["N"] >= 2048]) for causal in (False, True)]
+        quoted = f"{gpu.upper()} {spans[0]} / {spans[1]}"
+        assert quoted in row, quoted
+    row = next(line for line in readme.splitlines() if line.startswith("| **Gluon training step**"))
+    r = json.loads((RESULTS / "h100-gluon-train.json").read_text())["bench"]
+    spans = [_span([x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in r if x["causal"] == c]) for c in (False, True)]
+    assert f"H100 {spans[0]} / {spans[1]}" in row
+    assert _span([x["triton"]["tflops"] / x["cudnn"]["tflops"] for x in r]) in row

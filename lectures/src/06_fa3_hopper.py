@@ -444,5 +444,33 @@ for path, r in runs:
 # against cuDNN's 74%. The persistent kernel hides both (69%; causal 55% -> 63%) and lifts N = 2k from
 # 0.84-0.85x to 0.89-0.97x (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an
 # earlier version that ran the tiles head-minor (neighbouring CTAs on different heads) read every head's K/V
-# from memory once per query tile and fell to 0.54-0.59x. A Gluon backward exists too (`reference.triton.flash_gluon_bwd`: one fused kernel, fewer FLOPs), but
-# without warp specialisation it is slower than the plain-Triton backward (notes/hopper.md, section 1d).
+# from memory once per query tile and fell to 0.54-0.59x.
+#
+# The backward repeated the lesson. One fused Gluon kernel (`reference.triton.flash_gluon_bwd`: FA2 Algorithm 2
+# with $dQ$ added by atomics, $10N^2d$ FLOPs instead of the two Triton kernels' $14N^2d$) in a single partition
+# was *slower* than plain Triton: each step waits for its own matmuls. The warp-specialised version
+# (`flash_attention_backward_gluon_ws`) gives it the forward's structure: one CTA per 128-key block, a producer
+# warp streaming $Q_i, dO_i$ (and $L_i, D_i$) by TMA, two consumer warpgroups of 64 keys each holding their own
+# $dK, dV$ in registers, and $dQ_i$ written to shared memory and added into global memory by the copy engine
+# (a TMA reduce-add), so no consumer ever waits on an atomic. `flash_attention_gluon` wraps both kernels as
+# one autograd op. Ratios to cuDNN from the committed runs (notes/hopper.md, section 1e):
+
+# %%
+from reference.triton.flash_gluon_bwd_ws import DEFAULT_CONFIG
+
+key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)  # the default kernel's column
+for path, r in load_results("*-gluon-wsbwd.json"):
+    print(f"== {path.name}: {r.get('gpu')}; float64 gradient checks passed: "
+          f"{sum(c.get('ok', False) for c in r['check'])}/{len(r['check'])}")
+    for row in r["bench"]["main"]:
+        if row["d"] == 128 and key in row:
+            base = row["cudnn"]["tflops"]
+            print(f"  backward {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: cuDNN {base:4.0f} "
+                  f"TFLOP/s;  triton {row['triton']['tflops'] / base:.2f}x  gluon ws {row[key]['tflops'] / base:.2f}x")
+for path, r in load_results("*-gluon-train.json"):
+    print(f"== {path.name}: {r.get('gpu')}: forward + backward through autograd")
+    for row in r["bench"]:
+        base = row["cudnn"]["tflops"]
+        print(f"  step {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: cuDNN {base:4.0f} TFLOP/s;"
+              f"  flash_attention (Triton) {row['triton']['tflops'] / base:.2f}x  flash_attention_gluon "
+              f"{row['gluon']['tflops'] / base:.2f}x")
