@@ -7,7 +7,8 @@ Nothing here runs on a GPU; each function turns one slide into arithmetic or a s
   (SMs of a persistent kernel) over a tile order, each next tile going to the worker that frees up first, as the
   hardware block scheduler does. ``order="naive"`` walks tiles in launch order; ``order="lpt"`` sorts them
   longest-processing-time-first (Graham, 1969). The talk's example, 2 batches x 4 query blocks on 3 workers,
-  gives per-worker work ``[9, 5, 6]`` naive and ``[7, 7, 6]`` LPT.
+  gives per-worker work ``[9, 5, 6]`` naive and ``[7, 7, 6]`` LPT. ``kv_traffic`` counts the K/V bytes an order
+  reads from HBM through the L2 cache (head-major vs head-minor tile order).
 * FP8 with incoherent processing (slide 24): ``fp8_incoherent_experiment`` quantises Q, K (and V) to float8
   e4m3 with per-tensor scaling and measures the error of ``S = Q K^T`` and of the attention output against
   float64, with and without first multiplying Q and K by ``J = diag(random +-1) H / sqrt(d)`` (Sylvester
@@ -30,7 +31,7 @@ import numpy as np
 from ._args import check_flag, check_gqa, check_positive_int
 
 __all__ = [
-    "tile_visits", "Tile", "Schedule", "causal_tiles", "order_tiles", "schedule", "makespan_lower_bound",
+    "tile_visits", "Tile", "Schedule", "causal_tiles", "order_tiles", "schedule", "makespan_lower_bound", "kv_traffic",
     "sylvester_hadamard", "random_hadamard", "quantize_fp8", "outlier_qkv", "fp8_incoherent_experiment",
     "aligned_error", "HARDWARE", "tile_cycles", "pingpong_utilisation", "persistent_time", "gqa_packing",
     "accumulator_registers", "decode_intensity", "split_kv_time",
@@ -166,6 +167,41 @@ def makespan_lower_bound(tiles, n_workers) -> int:
     n_workers = check_positive_int(n_workers, "n_workers")
     costs = [t.cost for t in tiles]
     return max(max(costs, default=0), -(-sum(costs) // n_workers))
+
+
+def kv_traffic(tiles, n_sms, l2_bytes, kv_bytes):
+    """K/V bytes read from HBM when ``tiles`` run in this order, ``n_sms`` at a time, over an L2 cache.
+
+    A deliberately coarse model of the order lesson of the Gluon forward (notes/hopper.md section 1c): tiles run
+    in waves of ``n_sms`` consecutive ones; every tile streams the whole K/V of its (batch, head), ``kv_bytes``;
+    the tiles of one head in the same wave share one read; the L2 keeps whole heads' K/V, ``l2_bytes`` in all,
+    least recently used out. Returns ``(hbm_bytes, ratio)``, ``ratio`` = ``hbm_bytes`` over reading each head's
+    K/V once. Head-major order (a head's query blocks side by side) reads each head about once; head-minor order
+    (one query block of every head, then the next block) re-reads every head once per query block when the heads
+    do not all fit in L2.
+    """
+    from collections import OrderedDict
+    tiles = list(tiles)
+    if not all(isinstance(t, Tile) for t in tiles):
+        raise TypeError("tiles must be a sequence of reference.hopper.Tile")
+    n_sms = check_positive_int(n_sms, "n_sms")
+    l2, kv = _nonneg(l2_bytes, "l2_bytes"), _nonneg(kv_bytes, "kv_bytes")
+    if kv == 0:
+        raise ValueError("kv_bytes must be > 0")
+    capacity = int(l2 // kv)  # whole heads that fit
+    cache: OrderedDict = OrderedDict()
+    reads = 0
+    for w in range(0, len(tiles), n_sms):
+        for head in dict.fromkeys((t.batch, t.head) for t in tiles[w:w + n_sms]):  # first-appearance order
+            if head in cache:
+                cache.move_to_end(head)
+                continue
+            reads += 1
+            cache[head] = True
+            while len(cache) > capacity:
+                cache.popitem(last=False)
+    heads = len({(t.batch, t.head) for t in tiles})
+    return reads * kv, (reads / heads if heads else 0.0)
 
 
 # --------------------------------------------------------------------------------------------------------------

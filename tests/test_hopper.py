@@ -238,3 +238,40 @@ def test_split_kv_time_model():
     assert big["sm_utilisation"] > 0.95  # 2048 blocks in 16 waves of 132
     with pytest.raises(ValueError, match="num_splits"):
         hp.split_kv_time(1, 1, 1, 0)
+
+
+def _tiles(n_heads, n_q_blocks, head_major=True):
+    """Non-causal tiles of one batch: head-major (a head's query blocks side by side) or head-minor."""
+    pairs = [(h, i) for h in range(n_heads) for i in range(n_q_blocks)]
+    if not head_major:
+        pairs.sort(key=lambda p: (p[1], p[0]))
+    return [hp.Tile(0, h, i, n_q_blocks) for h, i in pairs]
+
+
+def test_kv_traffic_head_minor_rereads_each_head_once_per_query_block():
+    # the Gluon forward at N = 2k: 128 heads of 1 MiB K/V, 16 query blocks, 132 SMs, 50 MB of L2
+    mib = 1 << 20
+    hbm, ratio = hp.kv_traffic(_tiles(128, 16, True), 132, 50e6, mib)
+    assert ratio == 1.0 and hbm == 128 * mib
+    hbm, ratio = hp.kv_traffic(_tiles(128, 16, False), 132, 50e6, mib)
+    # 16 reads per head, less the few heads whose next query block falls into the same or the next wave
+    # (132 SMs, 128 heads)
+    assert 15 < ratio < 16 and hbm == ratio * 128 * mib
+    # everything fits in L2: every order reads each head once
+    assert hp.kv_traffic(_tiles(128, 16, False), 132, 200 * mib, mib)[1] == 1.0
+
+
+def test_kv_traffic_matches_a_hand_count():
+    # 3 heads x 2 query blocks, 2 SMs, L2 holds 2 heads. Head-minor waves: {h0, h1}, {h2, h0}, {h1, h2}:
+    # reads h0, h1 | h2 (evicts h0), h0 again (evicts h1) | h1 again (evicts h2), h2 again = 6 reads
+    assert hp.kv_traffic(_tiles(3, 2, False), 2, 2.0, 1.0) == (6.0, 2.0)
+    # head-major waves {h0}, {h1}, {h2}: each read once
+    assert hp.kv_traffic(_tiles(3, 2, True), 2, 2.0, 1.0) == (3.0, 1.0)
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    (([1, 2], 4, 1.0, 1.0), TypeError, "Tile"), ((_tiles(2, 2), 0, 1.0, 1.0), ValueError, "n_sms"),
+    ((_tiles(2, 2), 4, -1.0, 1.0), ValueError, "l2_bytes"), ((_tiles(2, 2), 4, 1.0, 0.0), ValueError, "kv_bytes")])
+def test_kv_traffic_rejects_bad_input(args, exc, match):
+    with pytest.raises(exc, match=match):
+        hp.kv_traffic(*args)

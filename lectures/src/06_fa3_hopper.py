@@ -444,7 +444,23 @@ for path, r in runs:
 # against cuDNN's 74%. The persistent kernel hides both (69%; causal 55% -> 63%) and lifts N = 2k from
 # 0.84-0.85x to 0.89-0.97x (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an
 # earlier version that ran the tiles head-minor (neighbouring CTAs on different heads) read every head's K/V
-# from memory once per query tile and fell to 0.54-0.59x.
+# from memory once per query tile and fell to 0.54-0.59x. `reference.hopper.kv_traffic` counts it with a coarse
+# model (waves of 132 tiles, an LRU L2 holding whole heads' K/V) for that shape: B = 8, H = 16, N = 2k,
+# d = 128, sixteen 128-row query tiles per head:
+
+# %%
+tiles_head_major = [hp.Tile(0, h, i, 16) for h in range(128) for i in range(16)]
+tiles_head_minor = sorted(tiles_head_major, key=lambda t: (t.q_block, t.head))
+flops = 4 * 128 * 2048 * 2048 * 128  # forward FLOPs, all heads
+for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_minor)):
+    hbm, ratio = hp.kv_traffic(tiles, n_sms=132, l2_bytes=50e6, kv_bytes=2 * 2048 * 128 * 2)
+    print(f"{name}: K/V from HBM {hbm / 2**30:.2f} GiB ({ratio:.1f}x one read per head) = "
+          f"{hbm / 3.35e12 * 1e3:.2f} ms at 3.35 TB/s, against {flops / 650e12 * 1e3:.2f} ms of matmuls at "
+          f"650 TFLOP/s")
+
+# %% [markdown]
+# Head-minor order turns a compute-bound kernel memory-bound; the GPU's own launch order of a 2-D grid
+# (query blocks fastest) had been head-major all along, which is why only the persistent loop showed it.
 #
 # The backward repeated the lesson. One fused Gluon kernel (`reference.triton.flash_gluon_bwd`: FA2 Algorithm 2
 # with $dQ$ added by atomics, $10N^2d$ FLOPs instead of the two Triton kernels' $14N^2d$) in a single partition
