@@ -399,17 +399,18 @@ import subprocess
 import sys
 
 env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}  # compile-only mode, no GPU needed
-out = subprocess.run([sys.executable, "-m", "reference.triton._aot", "pingpong", "--causal"], env=env,
-                     capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(
-                         hp.__file__))))
-usage = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
-print({k: usage.get(k) for k in ("registers", "stack", "shared_bytes", "HGMMA", "HMMA", "UTMALDG", "USETMAXREG",
-                                 "LDL", "STL", "error") if k in usage})
+for args in (["pingpong", "--causal"], ["pingpong", "--persistent"]):  # one CTA per tile; the persistent kernel
+    out = subprocess.run([sys.executable, "-m", "reference.triton._aot", *args], env=env, capture_output=True,
+                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(hp.__file__))))
+    usage = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
+    print(" ".join(args), {k: usage.get(k) for k in ("registers", "stack", "shared_bytes", "HGMMA", "HMMA",
+                                                     "UTMALDG", "USETMAXREG", "LDL", "STL", "error") if k in usage})
 
 # %% [markdown]
 # 168 registers is the kernel-wide cap (3 warpgroups x 128 threads x 168 fill the 64K register file); the
 # `setmaxnreg` instructions then move registers from the producer to the two consumers. No `LDL`/`STL`: nothing
-# spills, which is what the plain-Triton 128-row tile could not manage (notes/hopper.md, section 1).
+# spills, which is what the plain-Triton 128-row tile could not manage (notes/hopper.md, section 1). The persistent
+# kernel (below) needs 32 KB more shared memory for a second Q buffer and is otherwise the same code.
 #
 # Measured (`benchmarks/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
 # forward as a fraction of cuDNN's TFLOP/s at d = 128, next to the plain-Triton kernel of lecture 5:
