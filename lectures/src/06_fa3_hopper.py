@@ -410,7 +410,8 @@ for args in (["pingpong", "--causal"], ["pingpong", "--persistent"]):  # one CTA
 # 168 registers is the kernel-wide cap (3 warpgroups x 128 threads x 168 fill the 64K register file); the
 # `setmaxnreg` instructions then move registers from the producer to the two consumers. No `LDL`/`STL`: nothing
 # spills, which is what the plain-Triton 128-row tile could not manage (notes/hopper.md, section 1). The persistent
-# kernel (below) needs 32 KB more shared memory for a second Q buffer and is otherwise the same code.
+# kernel (below) runs the same per-tile code inside a loop over tiles, with 32 KB more shared memory for a second
+# Q buffer.
 #
 # Measured (`benchmarks/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
 # forward as a fraction of cuDNN's TFLOP/s at d = 128, next to the plain-Triton kernel of lecture 5:
