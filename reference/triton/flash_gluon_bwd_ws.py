@@ -292,8 +292,8 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem,
 
 
 @gluon.jit
-def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV, GROUP, N_Q, N_K,
-                   qk_scale, sm_scale,
+def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV,
+                   GROUP, N_Q, N_K, qk_scale, sm_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    SPLIT: gl.constexpr, DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr,
                    CONSUMER_REGS: gl.constexpr,
@@ -409,7 +409,8 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
         desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
         HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal, SPLIT=dq_mode == "split",
         DQ_TMA=2 if _ablate_dq_add else int(dq_tma),
-        DEFER=defer, LD_TMA=ld_tma, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4, maxnreg=WS_MAXNREG)
+        DEFER=defer, LD_TMA=ld_tma, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4,
+        maxnreg=WS_MAXNREG)
     return finish_dq(dq_acc, q, scale), dk, dv
 
 
