@@ -36,6 +36,7 @@ class Child:
         self.traps = None
         self.device = "cpu"
         self.flush_buf = None
+        self.audit = None          # audit.OpAudit of the graded calls of Triton parts (torch assignments)
 
     def report(self, threat, what):
         try:
@@ -52,6 +53,11 @@ class Child:
             if self.device.startswith("cuda"):
                 torch.cuda.init()
                 self.flush_buf = torch.empty(256 << 20, dtype=torch.int8, device=self.device)
+        if h.get("torch"):
+            from .audit import LaunchHook, OpAudit
+            LaunchHook.install()
+            self.audit = OpAudit(h.get("given"))
+            LaunchHook.audit = self.audit
         stub = types.ModuleType("autograder.check")
         stub.check = lambda *a, **k: True
         sys.modules["autograder.check"] = stub
@@ -98,12 +104,12 @@ class Child:
             self.traps.launches = 0
         try:
             if h.get("timed"):
-                result = self._timed(fn, header, arrays)
+                result = self._timed(fn, header, arrays, self.audit if h.get("audit") else None)
             else:
                 self._active(True)
                 try:
                     result = execute(fn, header, arrays, self.device, trace_memory=h.get("trace_memory", False),
-                                     native=True)
+                                     native=True, audit=self.audit if h.get("audit") else None)
                 finally:
                     self._active(False)
         except BaseException as exc:  # noqa: BLE001 -- the student's exception is the answer
@@ -115,29 +121,9 @@ class Child:
         arrs = {str(i): a for i, a in enumerate(result.pop("arrays"))}
         result.update(t="result", launches=self.traps.launches if self.traps else None,
                       patched=self.traps.patched() if self.traps else [])
-        if h.get("triton_check") and self.traps is not None and not h.get("timed"):
-            result["poisoned"] = self._poisoned(fn, header, arrays, arrs)
         self.chan.send(result, arrs)
 
-    def _poisoned(self, fn, header, arrays, arrs):
-        """The same call again with every element the Triton kernels store overwritten by NaN right after
-        each launch (``Traps._count_launches``). Output infos go in the result, arrays as ``p0``, ``p1``..."""
-        self.traps.poison, self.traps.stores = True, 0
-        self._active(True)
-        try:
-            from .traps import nan_filled_allocations
-            with nan_filled_allocations():
-                res = execute(fn, header, arrays, self.device, native=True)
-        except BaseException as exc:  # noqa: BLE001 -- reported to the parent, who decides
-            return {"error": f"{type(exc).__name__}: {str(exc)[:200]}", "stores": self.traps.stores}
-        finally:
-            self._active(False)
-            self.traps.poison = False
-        for i, a in enumerate(res.pop("arrays")):
-            arrs[f"p{i}"] = a
-        return {"outs": res["outs"], "stores": self.traps.stores}
-
-    def _timed(self, fn, header, arrays):
+    def _timed(self, fn, header, arrays, audit=None):
         """A timed call: arguments ready (drawn here from the parent's seeds, nothing large travels), caches
         flushed, then the parent says go and its clock runs too. After ``done`` the parent says which outputs
         to send: all of them, or a sample at indices from a seed the child could not know in advance (T16)."""
@@ -152,6 +138,9 @@ class Child:
         if go.get("t") != "go":
             raise RuntimeError("protocol: expected go")
         threads_before = threading.active_count()
+        audited = None
+        if audit is not None:
+            audit.begin(list(args) + list(kwargs.values()))
         self._active(True)
         try:
             t0 = _clock()
@@ -166,6 +155,8 @@ class Child:
             elapsed = _clock() - t0
         finally:
             self._active(False)
+            if audit is not None:
+                audited = audit.end()
         self.chan.send({"t": "done", "elapsed": elapsed})
         threads = threading.active_count() - threads_before
         fetch, _ = self.chan.recv()
@@ -176,12 +167,13 @@ class Child:
         items = list(raw) if multi and type(raw) in (tuple, list) else [raw]
         if len(items) != header["n_outs"]:
             return {"outs": [], "arrays": [], "hashes": compare_snapshot(snap), "elapsed": elapsed, "peak": None,
-                    "script": None, "threads": threads, "shape_error": f"expected {header['n_outs']} outputs"}
+                    "script": None, "threads": threads, "shape_error": f"expected {header['n_outs']} outputs",
+                    "audit": audited}
         described = [describe(x, True, None if sample is None else (sample[0] + i, sample[1]))
                      for i, x in enumerate(items)]
         return {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
                 "hashes": compare_snapshot(snap), "elapsed": elapsed, "peak": None, "script": None,
-                "threads": threads}
+                "threads": threads, "audit": audited}
 
     def serve(self, isolation=None):
         self.chan.send({"t": "hello", "pid": os.getpid(), "net": _netns(), "uid": os.getuid(),

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import isolation
 from . import specs as specs_mod
-from .evaluate import Verdict, evaluate, triton_made
+from .evaluate import Verdict, audit_verdict, evaluate
 from .load_errors import cell_failures, failed_names, looks_like
 from .runner import array_hash, call_to_wire, from_wire
 from .specs._base import Call, Out
@@ -35,7 +35,8 @@ EXPLAIN = {
     "T1": "tried to write files or forge output", "T2": "tried to read files, hidden cases or expected outputs",
     "T3": "tampered with libraries or the grader (monkeypatching, introspection)",
     "T4": "used pickling hooks", "T5": "replayed cached answers", "T6": "modified its inputs",
-    "T10": "used a forbidden library function instead of implementing it",
+    "T10": "the answer was not computed by the required implementation (a library function, or torch doing a "
+           "Triton part's work)",
     "T11": "a forbidden call was caught by try/except (still recorded)",
     "T12": "returned lower precision than asked", "T13": "hid work from the timer (threads/streams)",
     "T14": "returned an array subclass or lazy object", "T15": "patched timers",
@@ -147,7 +148,7 @@ class Grader:
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", "cells": [[c.index, c.source] for c in self.cells], "names": self._graded_names(),
                  "device": self.device, "torch": self.spec.needs_torch,
-                 "forbidden": list(self.spec.forbidden_imports)})
+                 "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells)})
         self._isolation = isolation.describe(sb.isolation)
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
@@ -224,31 +225,43 @@ class Grader:
         """Send one case, return the raw result header+arrays (or an error header)."""
         header, arrays = call_to_wire(call)
         sb.send({"t": "call", "name": task.name, "header": header, "trace_memory": trace_memory,
-                 "triton_check": task.framework == "torch"}, arrays)
+                 "audit": task.framework == "torch"}, arrays)
         h, arrs = sb.recv(timeout or task.case_timeout, expect=("result", "error"), on_trap=on_trap)
         return h, arrs, {k: array_hash(a) for k, a in arrays.items()}
 
-    def judge(self, task, call, h, arrs, sent, memory_limit=None) -> Verdict:
+    def judge(self, task, call, h, arrs, sent, memory_limit=None, test=None, params=None) -> Verdict:
         if h["t"] == "error":
             msg = "not implemented yet (NotImplementedError)" if h["exc"] == "NotImplementedError" else \
                 f"raised {h['exc']}: {h['msg']}" + (f" [{h['tb'].splitlines()[-1]}]" if h.get("tb") else "")
             self._after_call(task, h)
             return Verdict(False, float("inf"), msg)
         h["arrays"] = _host_arrays(h, arrs)
-        poisoned = [from_wire(i, arrs.get(f"p{n}")) for n, i in enumerate((h.get("poisoned") or {}).get("outs", []))]
         v = evaluate(call, h, sent, self.device, memory_limit)
         for threat, msg in v.flags:
             self.flag(threat, [task.id], msg, "runtime")
         self._after_call(task, h)
-        if v.passed and task.framework == "torch" and h.get("launches") == 0:
-            self.flag("T10", [task.id], "no Triton kernel was launched (the work must be done in Triton)", "runtime")
-            return Verdict(False, v.err, "no Triton kernel was launched")
-        why = triton_made(call, h.get("poisoned"), h["arrays"], poisoned) if v.passed and task.framework == "torch" \
-            else None
+        why = self._authorship(task, h, v.passed)
+        if why:
+            return Verdict(False, v.err, why)
+        if v.passed and test is not None and test.evidence is not None:
+            lacking = test.evidence(params or {}, h.get("audit") or {})
+            if lacking:
+                return Verdict(False, v.err, lacking)
+        return v
+
+    def _authorship(self, task, h, passed=True) -> str | None:
+        """A Triton part's call (``framework == "torch"``) is judged by what it did, never by its values
+        (docs/design.md §6, T10/T20): the op audit's findings (``evaluate.audit_verdict``) and whether any
+        Triton kernel ran at all (asked only of a correct answer: an unfinished function that returns zeros
+        launches nothing and is merely wrong). Either is positive evidence and flags T10."""
+        if task.framework != "torch":
+            return None
+        why = audit_verdict(task, h.get("audit"))
+        if why is None and passed and h.get("launches") == 0:
+            why = "no Triton kernel was launched (the work must be done in Triton)"
         if why:
             self.flag("T10", [task.id], why, "runtime")
-            return Verdict(False, v.err, why)
-        return v
+        return why
 
     def _after_call(self, task, h):
         for name in h.get("patched", []) or []:
@@ -335,7 +348,7 @@ class Grader:
                 call.expected = task.oracle(call)
             limit = test.memory_limit(params) if test.memory_limit else None
             h, arrs, sent = self.run_call(sb, task, call, trace_memory=limit is not None, on_trap=self._on_trap)
-            v = self.judge(task, call, h, arrs, sent, limit)
+            v = self.judge(task, call, h, arrs, sent, limit, test=test, params=params)
             n += 1
             if not v.passed:
                 res.output = f"{v.message} [case {n}: {_describe(params)}]"
@@ -352,7 +365,8 @@ class Grader:
     def _timed(self, sb, task, header, arrays, fetch, on_trap=None):
         """One timed call: ``call`` (inputs as seeds) -> ``armed`` -> go (parent clock starts) -> ``done`` ->
         ``fetch`` (whole outputs or a seeded sample, decided by the parent only now) -> ``result``."""
-        sb.send({"t": "call", "name": task.name, "header": header, "timed": True}, arrays)
+        sb.send({"t": "call", "name": task.name, "header": header, "timed": True,
+                 "audit": task.framework == "torch"}, arrays)
         h, _ = sb.recv(task.case_timeout, expect=("armed", "error"), on_trap=on_trap)
         if h["t"] == "error":
             return h, {}, None, None
@@ -383,6 +397,9 @@ class Grader:
         v = evaluate(call, hs, sent, self.device, None)
         for threat, msg in v.flags:
             self.flag(threat, [task.id], msg, "runtime")
+        why = self._authorship(task, hs, v.passed)         # timed calls are audited like every other call
+        if why:
+            return Verdict(False, v.err, why, [("T10", why)])
         return v
 
     def _speed(self, test, task, res):
@@ -542,6 +559,13 @@ def _probe_network(device):
         finally:
             sb.stop()
     return _NET[device]
+
+
+def given_ranges(cells) -> dict:
+    """cell index -> [(first line, last line)] of its top-level functions that are the assignment's given code
+    (``autograder.given``): the op audit exempts what they compute (a3b's torch forward)."""
+    from .given import given_functions
+    return given_functions(cells)
 
 
 def _host_arrays(h, arrs):

@@ -110,34 +110,37 @@ def fmt_err(err: float) -> str:
     return f"{err:.1e}" if np.isfinite(err) else str(err)
 
 
-TRITON_SHARE = 0.5      # least share of each output's elements that must change when the kernels' stores do
+def audit_verdict(task, audited) -> str | None:
+    """None when the op audit of a Triton part's call (``audit.OpAudit``) found nothing the task allows
+    itself, else the T10 verdict, naming each op and where the submission called it (docs/design.md §6).
 
-
-def triton_made(call, poisoned, normal_arrays, poisoned_arrays) -> str | None:
-    """None when the outputs were produced by the Triton kernels, else why not (docs/design.md §6).
-
-    ``poisoned`` is the child's report of the same call re-run with every element the Triton kernels stored
-    overwritten by NaN right after each launch (``traps.poison_changed``). An output that the kernels
-    produced (directly, or through torch post-processing of what they stored: a cast, a merge of partial
-    results) changes; one computed by torch beside a launched kernel does not. At least ``TRITON_SHARE`` of
-    the elements of every output must change (rows with nothing to attend may be written by torch), except
-    an output the assignment's given code computes (``Out.from_kernels`` False: a3b's given forward)."""
-    if poisoned is None:
+    Positive evidence only: a compute op (matmul, exp, a reduction, elementwise arithmetic, ``where``...)
+    performed by the submission on input-derived data, or input data handed to NumPy/Python (``numpy()``,
+    ``__array__``, ``tolist``, ``item``, storage access, printing most of the inputs). ``task.audit_allow``
+    lists what a task may do all the same: ``"mm"`` (any), or ``"mm:1"`` (with at most one operand derived
+    from the inputs: a3's Hadamard rotation ``q @ J`` by a constant matrix); ``task.audit_given`` names the
+    given functions (``autograder.given``) that may compute for the task (a3b's ``attention_forward``)."""
+    if not audited:
         return None
-    if poisoned.get("error"):
-        return (f"re-run with the Triton kernels' stores replaced by NaN, it raised {poisoned['error']} "
-                "(the output must be computed by the kernels)")
-    if not poisoned.get("stores"):
-        return "the launched Triton kernels stored nothing into their tensor arguments"
-    for out, a, b in zip(call.outs, normal_arrays, poisoned_arrays):
-        if not out.from_kernels:
+    allow = {}
+    for a in getattr(task, "audit_allow", ()) or ():
+        op, _, n = a.partition(":")
+        allow[op] = int(n) if n else 99
+    bad = []
+    for f in audited.get("findings", []):
+        op = f["op"].split(".", 1)[-1]
+        if f.get("given") and f["given"] in (getattr(task, "audit_given", ()) or ()):
             continue
-        if a is None or b is None or np.shape(a) != np.shape(b) or np.size(a) == 0:
-            return f"{out.name}: could not compare with the poisoned re-run"
-        a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        same = (a64 == b64) | (np.isnan(a64) & np.isnan(b64))
-        share = 1.0 - float(same.mean())
-        if share < TRITON_SHARE:
-            return (f"{out.name} is not produced by the Triton kernels: with their stores replaced by NaN, only "
-                    f"{100 * share:.0f}% of it changed (torch did the work beside a launched kernel?)")
-    return None
+        if op in allow and f.get("tainted", 0) <= allow[op]:
+            continue
+        bad.append(f)
+    if not bad:
+        return None
+    what = "; ".join(f"{f['op']} at {f['where']}" + (f" (x{f['count']})" if f.get("count", 1) > 1 else "")
+                     for f in bad[:4])
+    more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+    kinds = {f["kind"] for f in bad}
+    head = ("torch computed on input data in a Triton part" if kinds == {"compute"} else
+            "input data left torch for NumPy/Python in a Triton part" if kinds == {"escape"} else
+            "torch computed on input data, and input data left torch, in a Triton part")
+    return f"{head}: {what}{more} (torch may only allocate, view, copy and cast here; the kernels compute)"

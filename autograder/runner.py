@@ -313,12 +313,18 @@ def _plain(v):
     return f"<{type(v).__name__}>"
 
 
-def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
+def call_inputs(args, kwargs):
+    """The argument objects of a call, positional then keyword (what the op audit taints)."""
+    return list(args) + list(kwargs.values())
+
+
+def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False, audit=None):
     """Call ``fn`` on fresh arguments built from the wire form; returns a result dict (no judging here).
 
     Keys: ``outs`` (list of describe infos), ``arrays`` (host arrays or None), ``hashes`` (inputs after the
     call), ``elapsed`` (s, trusted clock, device synchronised), ``peak`` (tracemalloc peak bytes during the
-    call, when asked), ``script`` (script results), ``threads`` (threads left running after the call, T13).
+    call, when asked), ``script`` (script results), ``threads`` (threads left running after the call, T13),
+    ``audit`` (with an ``audit.OpAudit``: the torch ops on input data and the Triton launches of the call).
     Exceptions raised by ``fn`` propagate to the caller.
     """
     if header["mode"] == "script":
@@ -334,6 +340,9 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
     if trace_memory:
         tracemalloc.start()
         tracemalloc.reset_peak()
+    audited = None
+    if audit is not None:
+        audit.begin(call_inputs(args, kwargs))
     t0 = _clock()
     try:
         if header["mode"] == "autograd":
@@ -349,6 +358,8 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
         sync(device)
         elapsed = _clock() - t0
     finally:
+        if audit is not None:
+            audited = audit.end()
         peak = None
         if trace_memory:
             peak = tracemalloc.get_traced_memory()[1]
@@ -365,11 +376,11 @@ def execute(fn, header, arrays, device="cpu", trace_memory=False, native=False):
         ln = f" of length {len(raw)}" if type(raw) in (tuple, list) else ""
         return {"outs": [], "arrays": [], "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed,
                 "peak": peak, "script": None, "threads": threading.active_count() - threads_before,
-                "shape_error": f"expected a tuple of {n} outputs, got {tp}{ln}"}
+                "shape_error": f"expected a tuple of {n} outputs, got {tp}{ln}", "audit": audited}
     described = [describe(x, native) for x in items]
     res = {"outs": [d[0] for d in described], "arrays": [d[1] for d in described],
            "hashes": input_hashes(header, args, kwargs), "elapsed": elapsed, "peak": peak, "script": None,
-           "threads": threading.active_count() - threads_before}
+           "threads": threading.active_count() - threads_before, "audit": audited}
     if _SOURCES:
         res["reads"] = [dict(log) for _, _, log in _SOURCES]
     return res

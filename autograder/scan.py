@@ -11,7 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from .traps import FORBIDDEN_ROOTS, ALLOWED_SUBMODULES
+from .traps import ALLOWED_SUBMODULES, FORBIDDEN_ROOTS, forbidden_prefix
 
 # attribute names (on anything) that reach a library implementation of what the student must write
 FORBIDDEN_ATTR_PARTS = ("softmax", "scaled_dot_product", "flash_attn", "sdpa", "multi_head_attention_forward",
@@ -83,6 +83,8 @@ class _Scan(ast.NodeVisitor):
         root = name.split(".")[0]
         if root in FORBIDDEN_ROOTS:
             self.add(node, FORBIDDEN_ROOTS[root], f"imports {name}")
+        elif forbidden_prefix(name):
+            self.add(node, forbidden_prefix(name), f"imports {name} (torch internals: the op audit's blind side)")
         elif root in self.extra:
             self.add(node, "T10", f"imports {name}, which this assignment does not allow")
 
@@ -157,6 +159,9 @@ class _Scan(ast.NodeVisitor):
                 return
         if attr in DUNDER:
             self.add(node, DUNDER[attr], f"uses {attr}")
+        if owner_module and forbidden_prefix(f"{owner_module}.{attr}") and not forbidden_prefix(owner_module):
+            self.add(node, forbidden_prefix(f"{owner_module}.{attr}"), f"uses {owner_module}.{attr} (torch "
+                                                                       "internals: the op audit's blind side)")
         if owner_module:
             table = MODULE_ATTRS.get(owner_module, {})
             if attr in table:

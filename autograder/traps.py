@@ -34,6 +34,21 @@ FORBIDDEN_ROOTS = {
     "pickle": "T4", "marshal": "T4", "dill": "T4", "cloudpickle": "T4", "shelve": "T4", "copyreg": "T4",
     "gc": "T3", "inspect": "T3", "builtins": "T3", "autograder": "T3", "tracemalloc": "T3", "unittest": "T3",
 }
+# torch internals that switch the op audit off (``autograder.audit``) or compute behind it: importing them is
+# refused like a forbidden root (the static scan flags their attribute spellings too)
+FORBIDDEN_PREFIXES = {
+    "torch._C": "T3", "torch.overrides": "T3", "torch.utils._python_dispatch": "T3", "torch._subclasses": "T3",
+    "torch._ops": "T3", "torch.utils.dlpack": "T10", "torch._dynamo": "T10", "torch._inductor": "T10",
+    "torch.fx": "T10", "torch.func": "T10", "torch._functorch": "T10", "functorch": "T10", "torch.library": "T10",
+    "torch._prims": "T10", "torch._refs": "T10", "torch._decomp": "T10", "torch.compiler": "T10",
+}
+# functions that pop or disable the audit's torch modes: refused when the submission calls them
+MODE_ESCAPES = [("torch._C", "DisableTorchFunction"), ("torch._C", "_DisableTorchDispatch"),
+                ("torch._C", "_pop_torch_function_stack"), ("torch._C", "_pop_torch_dispatch_stack"),
+                ("torch._C", "_set_torch_function_mode"), ("torch._C", "_unset_dispatch_mode"),
+                ("torch.utils._python_dispatch", "_disable_current_modes"),
+                ("torch.utils._python_dispatch", "_pop_mode_temporarily"), ("torch.overrides", "_pop_mode"),
+                ("torch.overrides", "_pop_mode_temporarily")]
 ALLOWED_SUBMODULES = {"autograder.check"}      # stubbed in the child: check() does nothing there
 
 OS_TRAPS = {
@@ -117,6 +132,14 @@ class _Audit:
         raise exc(f"autograder: {what} is not allowed in a submission")
 
 
+def forbidden_prefix(name: str):
+    """The threat of importing ``name`` when it is (inside) one of ``FORBIDDEN_PREFIXES``, else None."""
+    for p, threat in FORBIDDEN_PREFIXES.items():
+        if name == p or name.startswith(p + "."):
+            return threat
+    return None
+
+
 def _inside(path, root):
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -144,8 +167,6 @@ class Traps:
         self.report = report                  # report(threat, what) -> sends a message to the parent
         self.active = False
         self.launches = 0
-        self.poison = False                   # poison mode of the Triton launch wrapper (``_count_launches``)
-        self.stores = 0                       # elements changed by Triton kernels in poison mode
         self.extra = {m: "T10" for m in extra_forbidden}
         self.snapshot = {}
 
@@ -164,7 +185,7 @@ class Traps:
         if name in ALLOWED_SUBMODULES:
             return None
         root = name.split(".")[0]
-        return FORBIDDEN_ROOTS.get(root) or self.extra.get(root)
+        return FORBIDDEN_ROOTS.get(root) or self.extra.get(root) or forbidden_prefix(name)
 
     # -- installation -------------------------------------------------------------------------------------
     def install(self):
@@ -221,6 +242,13 @@ class Traps:
             if orig is None:
                 continue
             setattr(obj, attr, self._guard_active(orig, f"{modname}.{attr}"))
+        import torch.overrides  # noqa: F401
+        import torch.utils._python_dispatch  # noqa: F401
+        for modname, attr in MODE_ESCAPES:
+            mod = sys.modules.get(modname)
+            orig = getattr(mod, attr, None) if mod is not None else None
+            if orig is not None:
+                setattr(mod, attr, self._guard_caller(orig, f"{modname}.{attr} (switches the op audit off)", "T3"))
         tr = sys.modules.get("triton")
         if tr is not None:
             self._count_launches()
@@ -235,38 +263,14 @@ class Traps:
         return guard
 
     def _count_launches(self):
-        """Wrap every Triton launch (compiled and interpreted): count it, and in *poison mode* overwrite with
-        NaN every floating-point element that the kernel changed in its tensor arguments, right after it ran.
-        The grader runs each Triton task's call once more in poison mode: a result that does not change (is
-        not NaN where the kernels wrote) was not produced by the Triton kernels (a launched kernel that does
-        nothing, or writes a scratch buffer, while torch computes the answer)."""
-        traps = self
-        classes = []
-        try:
-            from triton.runtime.jit import JITFunction
-            classes.append(JITFunction)
-        except ImportError:
-            pass
-        try:
-            from triton.runtime.interpreter import InterpretedFunction
-            classes.append(InterpretedFunction)
-        except ImportError:
-            pass
-        for cls in classes:
-            orig = cls.run
+        """Count every Triton launch (compiled and interpreted) through the shared launch hook
+        (``audit.LaunchHook``), which also shows each launch to the op audit of the current call."""
+        from .audit import LaunchHook
+        LaunchHook.install()
 
-            def run(self, *args, __orig=orig, **kwargs):
-                if kwargs.get("warmup", False):
-                    return __orig(self, *args, **kwargs)
-                traps.launches += 1
-                if not traps.poison:
-                    return __orig(self, *args, **kwargs)
-                tensors = _float_tensors(list(args) + list(kwargs.values()))
-                before = [t.detach().clone() for t in tensors]
-                out = __orig(self, *args, **kwargs)
-                traps.stores += poison_changed(tensors, before)
-                return out
-            cls.run = run
+        def count():
+            self.launches += 1
+        LaunchHook.count = count
 
     # -- monkeypatch detection ----------------------------------------------------------------------------
     def take_snapshot(self):
@@ -283,67 +287,3 @@ class Traps:
             if mod is None or getattr(mod, attr, None) is not obj:
                 out.append(f"{modname}.{attr}")
         return out
-
-
-def _float_tensors(objs):
-    """Floating-point torch tensors among kernel arguments (a TMA descriptor's ``base`` counts too)."""
-    torch = sys.modules.get("torch")
-    out = []
-    for a in objs:
-        t = a if torch is not None and isinstance(a, torch.Tensor) else getattr(a, "base", None)
-        if torch is not None and isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1:
-            out.append(t)
-    return out
-
-
-def poison_changed(tensors, before) -> int:
-    """Set to NaN the elements of ``tensors`` that differ from ``before`` (NaN == NaN); return how many."""
-    torch = sys.modules["torch"]
-    n = 0
-    if tensors and tensors[0].is_cuda:
-        torch.cuda.synchronize()
-    with torch.no_grad():
-        for t, b in zip(tensors, before):
-            d = t.data
-            changed = (d != b) & ~(torch.isnan(d) & torch.isnan(b))
-            k = int(changed.sum())
-            if k:
-                d.masked_fill_(changed, float("nan"))
-                n += k
-    return n
-
-
-class nan_filled_allocations:
-    """Inside: every floating-point tensor from ``torch.empty``, ``empty_like``, ``empty_strided`` and
-    ``Tensor.new_empty`` starts as NaN (fp8 types excluded, as in ``_float_tensors``).
-
-    Used for the poison-mode re-run: ``poison_changed`` sees a store only where it changes memory, and an
-    uninitialised output of the re-run may reuse the freed buffer of the normal run (the caching allocator on
-    a GPU, malloc on a CPU), which already holds the values the kernel writes again. A correct solution was
-    flagged that way (a3b's dK/dV: 2% of dv "changed"). Starting from NaN, every non-NaN store counts."""
-
-    NAMES = (("torch", "empty"), ("torch", "empty_like"), ("torch", "empty_strided"), ("torch.Tensor", "new_empty"))
-
-    def __enter__(self):
-        torch = sys.modules.get("torch")
-        self.saved = []
-        if torch is None:
-            return self
-        owners = {"torch": torch, "torch.Tensor": torch.Tensor}
-        for owner, attr in self.NAMES:
-            obj = owners[owner]
-            orig = getattr(obj, attr)
-
-            def nan_first(*args, __orig=orig, **kwargs):
-                t = __orig(*args, **kwargs)
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.element_size() > 1:
-                    t.fill_(float("nan"))
-                return t
-            self.saved.append((obj, attr, orig))
-            setattr(obj, attr, nan_first)
-        return self
-
-    def __exit__(self, *exc):
-        for obj, attr, orig in reversed(self.saved):
-            setattr(obj, attr, orig)
-        return False

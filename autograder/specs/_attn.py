@@ -172,11 +172,9 @@ def build_triton_autograd(p, rng):
 
 
 def build_triton_autograd_given_forward(p, rng):
-    """a3b.flash_attention: as ``build_triton_autograd``, but ``o`` comes from the notebook's given torch forward,
-    so only the gradients must be produced by the student's Triton kernels."""
-    c = build_triton_autograd(p, rng)
-    c.outs[0].from_kernels = False
-    return c
+    """a3b.flash_attention: as ``build_triton_autograd``; ``o`` comes from the notebook's given torch forward,
+    whose ops the op audit exempts (``autograder.given``), so only the gradients are the student's kernels'."""
+    return build_triton_autograd(p, rng)
 
 
 def oracle_triton_autograd(call):

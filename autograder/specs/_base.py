@@ -45,7 +45,6 @@ class Out:
     dtypes: tuple            # allowed dtype names, e.g. ("float32",) or ("float32", "float64")
     tol: float
     framework: str = "numpy"  # "numpy": exactly np.ndarray; "torch": exactly torch.Tensor
-    from_kernels: bool = True  # Triton tasks: must come from the launched kernels (False: given code makes it)
 
 
 @dataclass
@@ -91,6 +90,9 @@ class Test:
     speed_full: float = 1.25
     speed_zero: float = 3.0
     reps: int = 5
+    # evidence(params, audit) -> why the call lacks the task's defining property, or None; ``audit`` is the
+    # op audit's record of the call (``launches``: kernel, grid, float8 arguments). Checked on passing cases.
+    evidence: Callable[[dict, dict], str | None] | None = None
 
     def hidden_cases(self, rng):
         return list(self.hidden(rng)) if self.hidden else list(self.visible)
@@ -108,6 +110,10 @@ class Task:
     reference_kwargs: dict = field(default_factory=dict)   # bound into the reference when timing it (keep its
     #                                                        input checks: tests/test_speed_fairness.py)
     case_timeout: float = 20.0
+    # Triton parts (framework "torch"): torch ops the op audit lets pass on input-derived data (``"op"`` or
+    # ``"op:N"``, at most N operands derived from the inputs; ``autograder.evaluate.audit_verdict``)
+    audit_allow: tuple = ()
+    audit_given: tuple = ()   # given functions (``autograder.given``) whose torch ops count as given code
 
 
 @dataclass

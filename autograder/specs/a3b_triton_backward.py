@@ -103,7 +103,8 @@ TASKS = {
                                          reference="reference.triton.flash_bwd:flash_attention_backward",
                                          case_timeout=300),
     "a3b.flash_attention": Task("a3b.flash_attention", "flash_attention", build_triton_autograd_given_forward,
-                                oracle_triton_autograd, framework="torch", case_timeout=300),
+                                oracle_triton_autograd, framework="torch", case_timeout=300,
+                                audit_given=("attention_forward",)),
 }
 
 ASSIGNMENT = Spec("a3b_triton_backward", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
