@@ -1,0 +1,150 @@
+"""No false accusation (issue: grader integrity, docs/design.md §6 T20): correct but unusual Triton submissions
+are never judged "not computed by Triton", on 200 seeds of every hidden generator; a torch-compute + copy-kernel
+cheat is judged so on every one of them.
+
+The authorship verdict rests on the op audit (``autograder.audit``): which torch ops the call made on
+input-derived data, and whether a Triton kernel ran. It does not depend on values, so the sweep runs each
+submission's wrapper code in-process on the real hidden cases of 200 seeds with the kernels' bodies skipped
+(``LaunchHook.dry``: the launch is recorded and taints its arguments, nothing is computed): seconds instead of
+hours of interpreter time. That the same submissions also score full with their kernels running is the
+selftest's job (``autograder/submissions/*/correct/own_zeros_alloc``, graded on fresh seeds in every run).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import reference.triton  # noqa: E402,F401 -- the interpreter switch on CPU, before any kernel is defined
+from autograder import specs  # noqa: E402
+from autograder.audit import LaunchHook, OpAudit  # noqa: E402
+from autograder.evaluate import audit_verdict  # noqa: E402
+from autograder.given import given_functions  # noqa: E402
+from autograder.runner import call_to_wire, execute  # noqa: E402
+from autograder.selftest import SUB, materialise_mutant  # noqa: E402
+from autograder.submission import load_cells  # noqa: E402
+
+pytestmark = pytest.mark.autograder
+ROOT = Path(__file__).resolve().parents[1]
+SEEDS = 200
+HONEST = {
+    "a3_triton": ["assignments/a3_triton/a3_triton_solution.py", "a3_triton/correct/own_zeros_alloc"],
+    "a3b_triton_backward": ["assignments/a3b_triton_backward/a3b_triton_backward_solution.py",
+                            "a3b_triton_backward/correct/own_zeros_alloc"],
+    "a4_decoding": ["assignments/a4_decoding/a4_decoding_solution.py", "a4_decoding/correct/own_zeros_alloc"],
+    "a5_paged": ["assignments/a5_paged/a5_paged_solution.py", "a5_paged/correct/own_zeros_alloc"],
+}
+CHEATED = {"a3_triton": "a3.flash_attention_forward", "a3b_triton_backward": "a3b.flash_bwd_dkdv",
+           "a4_decoding": "a4.flash_decode", "a5_paged": "a5.paged_decode"}
+
+
+def _path(entry):
+    if entry.startswith("assignments/"):
+        return ROOT / entry
+    return materialise_mutant(SUB / f"{entry}.mutant.json")
+
+
+def _load(path):
+    """The submission's namespace, each cell compiled as ``<cell N>`` as the grader's child does."""
+    import sys
+    import types
+    stub = types.ModuleType("autograder.check")
+    stub.check = lambda *a, **k: True
+    saved = sys.modules.get("autograder.check")
+    sys.modules["autograder.check"] = stub
+    cells = load_cells(path)
+    ns = {"__name__": "__main__"}
+    try:
+        for c in cells:
+            exec(compile(c.source, f"<cell {c.index}>", "exec"), ns)  # noqa: S102
+    finally:
+        if saved is not None:
+            sys.modules["autograder.check"] = saved
+    return ns, given_functions(cells)
+
+
+class _Dry:
+    """Kernel launches are recorded and taint their arguments but run nothing."""
+
+    def __enter__(self):
+        LaunchHook.install()
+        self.saved = LaunchHook.dry
+        LaunchHook.dry = True
+        return self
+
+    def __exit__(self, *exc):
+        LaunchHook.dry = self.saved
+
+
+class _NoGC:
+    """``runner.execute`` collects garbage before each call (memory tests); 0.1 s a call, not needed here."""
+
+    def __enter__(self):
+        import types
+        from autograder import runner
+        self.saved, runner.gc = runner.gc, types.SimpleNamespace(collect=lambda: 0)
+
+    def __exit__(self, *exc):
+        from autograder import runner
+        runner.gc = self.saved
+
+
+def _verdicts(aid, path, tasks=None):
+    """task id -> list of verdicts (None = no finding) over every correctness case of SEEDS seeds."""
+    spec = specs.load(aid)
+    ns, given = _load(path)
+    audit = OpAudit(given)
+    LaunchHook.audit = audit
+    out = {}
+    try:
+        with _Dry(), _NoGC():
+            for seed in range(SEEDS):
+                rng = np.random.default_rng([seed, 7])
+                for test in spec.tests:
+                    task = spec.tasks[test.task]
+                    if task.framework != "torch" or test.kind != "correctness" or test.gpu_only:
+                        continue
+                    if tasks and task.id not in tasks:
+                        continue
+                    for params in test.hidden_cases(rng):
+                        if params.get("gpu"):
+                            continue
+                        call = task.build(params, rng)
+                        header, arrays = call_to_wire(call)
+                        launches = [0]
+                        LaunchHook.count = lambda: launches.__setitem__(0, launches[0] + 1)
+                        try:
+                            res = execute(ns[task.name], header, arrays, "cpu", audit=audit)
+                        except Exception as exc:  # noqa: BLE001 -- dry kernels may leave garbage a later step rejects
+                            res = {"audit": audit.end() if audit.on else None, "error": repr(exc)}
+                        why = audit_verdict(task, res.get("audit"))
+                        if why is None and launches[0] == 0 and "error" not in res:
+                            why = "no Triton kernel was launched"
+                        out.setdefault(task.id, []).append((why, test.name, params))
+    finally:
+        LaunchHook.audit, LaunchHook.count = None, None
+    return out
+
+
+@pytest.mark.parametrize("aid", sorted(HONEST))
+def test_unusual_correct_submissions_are_never_accused(aid):
+    for entry in HONEST[aid]:
+        verdicts = _verdicts(aid, _path(entry))
+        assert verdicts, f"{entry}: no Triton case was drawn"
+        n = sum(len(v) for v in verdicts.values())
+        accused = [(t, name, why) for t, vs in verdicts.items() for why, name, _ in vs if why]
+        assert not accused, f"{entry}: {len(accused)} of {n} cases accused, first: {accused[0]}"
+
+
+@pytest.mark.parametrize("aid", sorted(CHEATED))
+def test_torch_compute_copy_kernel_cheat_is_caught_on_every_seed(aid):
+    task = CHEATED[aid]
+    verdicts = _verdicts(aid, _path(f"{aid}/cheat/t10_torch_compute_copy_kernel"), tasks={task})
+    cases = verdicts[task]
+    assert len(cases) >= SEEDS
+    missed = [(name, p) for why, name, p in cases if why is None]
+    assert not missed, f"{len(missed)} of {len(cases)} cases not flagged, first: {missed[0]}"
