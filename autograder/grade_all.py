@@ -50,7 +50,8 @@ def grade_one(assignment, path, json_path, device="auto", timeout=None, extra=()
         with open(json_path) as f:
             return json.load(f)
     result = {"assignment": spec.id, "submission": str(path), "score": 0.0, "max_score": spec.max_points,
-              "bonus": 0.0, "max_bonus": spec.max_bonus, "device": device, "tests": [], "flags": [], "grader_error": err or "no result written",
+              "bonus": 0.0, "max_bonus": spec.max_bonus, "device": device, "tests": [], "flags": [],
+              "grader_error": err or "no result written",
               "execution_time": round(time.monotonic() - t0, 3)}
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
