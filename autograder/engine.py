@@ -515,12 +515,14 @@ class Grader:
         return self.report(path, time.monotonic() - t0, error)
 
     def report(self, path, elapsed, error=None) -> dict:
-        tests = [r.as_dict() for r in self.results]
+        from .report import totals as report_totals
+        # optional tests (``Test.optional``) are bonus: ``score``/``max_score`` count the required ones only
+        optional = {t.name for t in self.spec.tests if t.optional}
+        tests = [{**r.as_dict(), "optional": r.name in optional} for r in self.results]
         flags = [{k: v for k, v in f.items() if k != "_key"} for f in self.flags]
         return {
             "assignment": self.spec.id, "submission": str(path), "seed": str(self.seed),
-            "score": round(sum(t["score"] for t in tests), 4),
-            "max_score": round(sum(t["max_score"] for t in tests), 4),
+            **report_totals(tests),
             "device": self.device, "tests": tests, "flags": flags,
             "submission_error": error, "load": self.load_info, "hint": self.hint,
             "sandbox": {"network": self.sandbox_network(), **self.sandbox_isolation(),

@@ -50,7 +50,8 @@ def grade_one(assignment, path, json_path, device="auto", timeout=None, extra=()
         with open(json_path) as f:
             return json.load(f)
     result = {"assignment": spec.id, "submission": str(path), "score": 0.0, "max_score": spec.max_points,
-              "device": device, "tests": [], "flags": [], "grader_error": err or "no result written",
+              "bonus": 0.0, "max_bonus": spec.max_bonus, "device": device, "tests": [], "flags": [],
+              "grader_error": err or "no result written",
               "execution_time": round(time.monotonic() - t0, 3)}
     with open(json_path, "w") as f:
         json.dump(result, f, indent=1)
@@ -77,7 +78,7 @@ def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True,
                 results[p] = fut.result()
             except Exception as exc:  # noqa: BLE001 -- one failure never stops the others
                 results[p] = {"assignment": assignment, "submission": str(p), "score": 0.0, "max_score": 0.0,
-                              "tests": [], "flags": [], "grader_error": repr(exc)}
+                              "bonus": 0.0, "max_bonus": 0.0, "tests": [], "flags": [], "grader_error": repr(exc)}
             if bar:
                 bar.update(1)
     if bar:
@@ -85,21 +86,26 @@ def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True,
     return results
 
 
+COLUMNS = ["student", "score", "max_score", "percent", "bonus", "max_bonus", "flags", "status", "submission"]
+
+
 def write_csv(results: dict, path, names=None):
+    """One row per student: ``score``/``max_score`` over the required tests and ``percent`` = score / max_score;
+    ``bonus``/``max_bonus`` the optional tests' points, apart (they add on top: percent never counts them)."""
     rows = []
     for p, r in sorted(results.items(), key=lambda kv: str(kv[0])):
         mx = r.get("max_score") or 0.0
         rows.append({
             "student": (names or {}).get(p, Path(p).stem), "score": r.get("score", 0.0), "max_score": mx,
             "percent": round(100.0 * r.get("score", 0.0) / mx, 2) if mx else 0.0,
+            "bonus": r.get("bonus", 0.0), "max_bonus": r.get("max_bonus", 0.0),
             "flags": " ".join(sorted({f["id"] for f in r.get("flags", [])})),
             "status": status(r),
             "submission": str(p),
         })
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["student", "score", "max_score", "percent",
-                                                                     "flags", "status", "submission"])
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
     return rows
@@ -123,6 +129,9 @@ def summary(rows) -> str:
     pct = [r["percent"] for r in rows]
     flagged = sum(1 for r in rows if r["flags"])
     count = {s: sum(1 for r in rows if r["status"] == s) for s in ("grader-error", "unreadable", "load-error")}
+    bonus = sum(1 for r in rows if r.get("bonus"))
     return (f"{len(rows)} submission(s): mean {statistics.mean(pct):.1f}%, median {statistics.median(pct):.1f}%, "
-            f"min {min(pct):.1f}%, max {max(pct):.1f}%; {flagged} flagged; {count['grader-error']} grader error(s), "
+            f"min {min(pct):.1f}%, max {max(pct):.1f}% (required parts)"
+            + (f", {bonus} with bonus points" if any(r.get("max_bonus") for r in rows) else "")
+            + f"; {flagged} flagged; {count['grader-error']} grader error(s), "
             f"{count['unreadable']} unreadable, {count['load-error']} with cells that failed while loading")

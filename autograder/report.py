@@ -1,4 +1,5 @@
-"""Presenting a grading result: the score table, the JSON of docs/design.md §6 and Gradescope's results.json schema."""
+"""Presenting a grading result: the score table, the JSON of docs/design.md §6 and Gradescope's results.json schema.
+Scores: required tests out of ``max_score``, optional (bonus) tests apart, ``+ bonus / max_bonus`` (``totals``)."""
 from __future__ import annotations
 
 import json
@@ -6,6 +7,26 @@ import os
 import shlex
 import shutil
 import textwrap
+
+
+def totals(tests: list) -> dict:
+    """``score``/``max_score`` over the required tests, ``bonus``/``max_bonus`` over the optional ones (a test
+    dict with ``"optional": true``): bonus points add on top and stay out of the denominator, so every required
+    test right is 100% whether or not the bonus was tried. "not run" tests have ``max_score`` 0 already."""
+    req = [t for t in tests if not t.get("optional")]
+    opt = [t for t in tests if t.get("optional")]
+    return {"score": round(sum(t["score"] for t in req), 4), "max_score": round(sum(t["max_score"] for t in req), 4),
+            "bonus": round(sum(t["score"] for t in opt), 4), "max_bonus": round(sum(t["max_score"] for t in opt), 4)}
+
+
+def score_line(result: dict) -> str:
+    """``80 / 80 (100.0%) + 7 / 7 bonus``: the required score, its percentage, and the bonus (only where the
+    result has bonus tests that ran); a result without the bonus keys (older JSON) shows no bonus."""
+    pct = 100.0 * result["score"] / result["max_score"] if result["max_score"] else 0.0
+    line = f"{result['score']:.4g} / {result['max_score']:.4g} ({pct:.1f}%)"
+    if result.get("max_bonus"):
+        line += f" + {result.get('bonus', 0.0):.4g} / {result['max_bonus']:.4g} bonus"
+    return line
 
 
 def table(result: dict, width: int | None = None, verbose: bool = False) -> str:
@@ -25,6 +46,7 @@ def table(result: dict, width: int | None = None, verbose: bool = False) -> str:
     rows = [("test", "points", "status", "time", "error / note")]
     for t in result["tests"]:
         pts = f"{t['score']:.4g}/{t['max_score']:.4g}" if t["status"] != "not run" else "-"
+        pts += " bonus" if t.get("optional") else ""
         rows.append((t["name"], pts, t["status"], f"{t['time']:.2f}s",
                      t["output"] if t["status"] != "passed" or verbose else ""))
     w = [max(len(r[i]) for r in rows) for i in range(4)]
@@ -47,9 +69,8 @@ def table(result: dict, width: int | None = None, verbose: bool = False) -> str:
         where = f" [{f['where']}]" if f.get("where") else ""
         tasks = ", ".join(f["tasks"]) if f.get("tasks") else "all"
         lines.append(f"FLAG {f['id']} ({tasks}): {f['message']}{where} -- {f.get('explanation', '')}")
-    pct = 100.0 * result["score"] / result["max_score"] if result["max_score"] else 0.0
     not_run = sum(1 for t in result["tests"] if t["status"] == "not run")
-    lines.append(f"score {result['score']:.4g} / {result['max_score']:.4g} ({pct:.1f}%) on {result['device']}"
+    lines.append(f"score {score_line(result)} on {result['device']}"
                  + (f"; {not_run} test(s) not run (excluded)" if not_run else "")
                  + f"; graded in {result['execution_time']:.1f} s")
     repro = reproduce(result)
@@ -79,15 +100,20 @@ def write_json(result: dict, path) -> None:
         json.dump(result, f, indent=1, default=float)
 
 
+_BONUS_NOTE = "Bonus test (optional part): its points add on top of the required score. "
+
+
 def to_gradescope(result: dict) -> dict:
     """Gradescope's results.json: tests (name, score, max_score, status, output, visibility), execution_time,
-    and a leaderboard of speedups over the reference for the timed (GPU) tests."""
+    and a leaderboard of speedups over the reference for the timed (GPU) tests. Gradescope's ``score`` is the
+    required score plus the bonus (it is out of the points set on Gradescope, the required total: the bonus
+    adds on top); a bonus test's name ends in ``[bonus]`` and its output says so."""
     tests = []
     for t in result["tests"]:
-        tests.append({"name": t["name"], "score": t["score"], "max_score": t["max_score"],
-                      "status": "passed" if t["status"] == "passed" else "failed",
-                      "output": t["output"] if t["status"] != "not run" else t["output"],
-                      "visibility": "visible"})
+        bonus = bool(t.get("optional"))
+        tests.append({"name": t["name"] + (" [bonus]" if bonus else ""), "score": t["score"],
+                      "max_score": t["max_score"], "status": "passed" if t["status"] == "passed" else "failed",
+                      "output": (_BONUS_NOTE if bonus else "") + t["output"], "visibility": "visible"})
     board = [{"name": t["name"].split(": ")[0] + " speedup", "value": round(t["speedup"], 4), "order": "desc"}
              for t in result["tests"] if t.get("speedup") is not None]
     flags = "\n".join(f"FLAG {f['id']}: {f['message']} -- {f.get('explanation', '')}" for f in result.get("flags", []))
@@ -99,9 +125,12 @@ def to_gradescope(result: dict) -> dict:
     errors = (result.get("load") or {}).get("errors") or []
     if errors:
         first += ["Cells that failed while loading (the functions they define were not graded):", *errors]
-    out = {"score": result["score"], "execution_time": result["execution_time"],
+    total = round(result["score"] + result.get("bonus", 0.0), 4)
+    extra = (f" (Gradescope score {total:.4g}: the bonus adds on top of the required {result['max_score']:.4g})"
+             if result.get("max_bonus") else "")
+    out = {"score": total, "execution_time": result["execution_time"],
            "output": "".join(f"{x}\n" for x in first)
-                     + f"graded on {result['device']}; {result['score']:.4g} / {result['max_score']:.4g}"
+                     + f"graded on {result['device']}; {score_line(result)}{extra}"
                      + (f"\n{flags}" if flags else ""),
            "tests": tests, "stdout_visibility": "visible"}
     if board:

@@ -1,10 +1,12 @@
 """``python -m autograder selftest``: grade every bundled submission and fail unless each lands in its band.
 
 Bundled: ``autograder/submissions/<aid>/{correct,wrong,cheat}/*`` with ``expected.json`` per folder (file name
--> expectation), the assignments' solution sources (must score 100% of what the device can grade) and the
+-> expectation), the assignments' solution sources (must score 100% of what the device can grade, the
+bonus included) and the
 generated student notebooks (all stubs: must score 0 without breaking the grader). Expectation keys:
 
-* ``score``: ``[lo, hi]`` percent of max_score;
+* ``score``: ``[lo, hi]`` percent of max_score, the required tests' points (optional tests are bonus, outside
+  it); ``bonus``: ``[lo, hi]`` percent of max_bonus (checked only where bonus tests ran);
 * ``fail``: substrings of test names that must score 0; ``others_pass``: every other test must pass in full;
   ``pass``: substrings of test names that must pass in full (each must match a test that ran);
 * ``flags``: threat ids that must be raised; ``zero_tasks``: task ids whose tests must all score 0;
@@ -99,10 +101,11 @@ def collect(only=None):
                         items.append((aid, p, exp.get(p.name, default), f"{aid}/{kind}/{p.name}"))
         sol = Path(REPO) / "assignments" / aid / f"{aid}_solution.py"
         if sol.exists():
-            items.append((aid, sol, {"score": [100, 100], "others_pass": True}, f"{aid}/solution source"))
+            items.append((aid, sol, {"score": [100, 100], "bonus": [100, 100], "others_pass": True},
+                          f"{aid}/solution source"))
         nb = Path(REPO) / "assignments" / aid / f"{aid}.ipynb"
         if nb.exists():
-            items.append((aid, nb, {"score": [0, 0]}, f"{aid}/student notebook (stubs)"))
+            items.append((aid, nb, {"score": [0, 0], "bonus": [0, 0]}, f"{aid}/student notebook (stubs)"))
     return items
 
 
@@ -111,18 +114,23 @@ def check_expectation(result, exp):
     problems = []
     if result.get("grader_error"):
         return [f"grader error: {result['grader_error'][:300]}"]
-    mx = result["max_score"] or 1.0
     tests = [t for t in result["tests"] if t["status"] != "not run"]
     # A speed test on partial credit reflects machine load as much as the code (CI runs the selftest beside
     # other tests on 2 cores): its missing points are slack, and it counts as passing for ``others_pass``.
     # A speed test at 0 (wrong timed output, hidden work, a crash, or >= the zero ratio) is still a failure.
     partial = [t for t in tests if t.get("kind") == "speed" or "speed" in t["name"]]
     partial = [t for t in partial if 0 < t["score"] < t["max_score"]]
-    slack = sum(t["max_score"] - t["score"] for t in partial)
-    pct, pct_hi = 100.0 * result["score"] / mx, 100.0 * (result["score"] + slack) / mx
-    lo, hi = exp.get("score", [0, 100])
-    if pct_hi < lo - 1e-6 or pct > hi + 1e-6:
-        problems.append(f"score {pct:.1f}% outside [{lo}, {hi}]")
+    # the score band is over the required tests (result["score"]), the bonus band over the optional ones
+    for key, total, optional in (("score", "max_score", False), ("bonus", "max_bonus", True)):
+        if optional and (key not in exp or not result.get(total)):
+            continue                      # no band, or no bonus test ran here (none in the spec, or not here)
+        mx = result.get(total) or 1.0
+        slack = sum(t["max_score"] - t["score"] for t in partial if bool(t.get("optional")) == optional)
+        got = result.get(key, 0.0)
+        pct, pct_hi = 100.0 * got / mx, 100.0 * (got + slack) / mx
+        lo, hi = exp.get(key, [0, 100])
+        if pct_hi < lo - 1e-6 or pct > hi + 1e-6:
+            problems.append(f"{key} {pct:.1f}% outside [{lo}, {hi}]")
     must_fail = exp.get("fail", [])
     for pat in must_fail:
         hit = [t for t in tests if pat in t["name"]]
@@ -210,10 +218,12 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
             r = results[(aid, p)]
             problems = check_expectation(r, exp)
             pct = 100.0 * r["score"] / r["max_score"] if r.get("max_score") else 0.0
+            bonus = f" + {r.get('bonus', 0):g}/{r['max_bonus']:g} bonus" if r.get("max_bonus") else ""
             flags = ",".join(sorted({f["id"] for f in r.get("flags", [])}))
             status = "ok  " if not problems else "FAIL"
             bad += bool(problems)
-            lines.append(f"{status} {label:55s} {pct:6.1f}%  flags [{flags}]  {r.get('execution_time', 0):.1f}s")
+            lines.append(f"{status} {label:55s} {pct:6.1f}%{bonus}  flags [{flags}]  "
+                         f"{r.get('execution_time', 0):.1f}s")
             for prob in problems:
                 lines.append(f"       - {prob}")
     left = survivors()

@@ -44,10 +44,12 @@ def main():
         ran = [t for t in r["tests"] if t["status"] != "not run"]
         slowest = max(ran, key=lambda t: t["time"]) if ran else None
         rows.append({"assignment": aid, "seconds": round(dt, 2), "score": r["score"], "max_score": r["max_score"],
+                     "bonus": r.get("bonus", 0.0), "max_bonus": r.get("max_bonus", 0.0),
                      "tests_run": len(ran), "tests_not_run": len(r["tests"]) - len(ran),
                      "slowest_test": slowest["name"] if slowest else None,
                      "slowest_test_s": round(slowest["time"], 2) if slowest else None})
-        print(f"{aid:16s} {dt:7.1f} s  score {r['score']:g}/{r['max_score']:g}  {len(ran)} tests run"
+        bonus = f" + {r['bonus']:g}/{r['max_bonus']:g} bonus" if r.get("max_bonus") else ""
+        print(f"{aid:16s} {dt:7.1f} s  score {r['score']:g}/{r['max_score']:g}{bonus}  {len(ran)} tests run"
               f"  (slowest: {slowest['name']} {slowest['time']:.1f} s)", flush=True)
     verdict = "PASS" if total <= 120 else "FAIL"
     print(f"total {total:.1f} s for all {device.upper()}-gradable parts (bar: <= 120 s on 2 cores): {verdict}")

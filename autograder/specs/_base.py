@@ -74,7 +74,8 @@ class Call:
 
 @dataclass
 class Test:
-    """One graded line: ``points`` if every case passes (correctness, memory, behaviour), ramped for speed."""
+    """One graded line: ``points`` if every case passes (correctness, memory, behaviour), ramped for speed.
+    ``optional``: a bonus test, outside the denominator (``Spec.max_bonus``)."""
     name: str
     task: str
     points: float
@@ -85,6 +86,9 @@ class Test:
     # on a GPU: the least compute capability the test needs, e.g. (9, 0) for FP8 tensor cores; an older GPU
     # reports the test "not run" (excluded from max_score). CPU grading (the interpreter) is not affected.
     min_capability: tuple | None = None
+    # an optional part (bonus): its points add on top of the required total and stay out of max_score, so a
+    # submission with every required test right scores 100% whether or not it tries the bonus (docs/design.md §6)
+    optional: bool = False
     memory_limit: Callable[[dict], int] | None = None
     # speed: ratio student/reference -> full points at <= full, linear to 0 at zero
     speed_full: float = 1.25
@@ -135,4 +139,10 @@ class Spec:
 
     @property
     def max_points(self) -> float:
-        return float(sum(t.points for t in self.tests))
+        """Points of the required tests (100 on a GPU for a1, a3, a3b, a4); the optional ones are ``max_bonus``."""
+        return float(sum(t.points for t in self.tests if not t.optional))
+
+    @property
+    def max_bonus(self) -> float:
+        """Points of the optional (bonus) tests, on top of ``max_points``."""
+        return float(sum(t.points for t in self.tests if t.optional))

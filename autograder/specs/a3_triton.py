@@ -1,11 +1,12 @@
 """Spec of assignment a3_triton, in three parts on torch tensors: fused softmax; the FlashAttention-2 forward
 without a mask (``flash_attention_forward_basic``, Hq == Hkv); the forward with a bottom-right causal mask and
 GQA (``flash_attention_forward``). The backward is assignment a3b_triton_backward. An optional fourth part, an
-FP8 forward (``flash_attention_forward_fp8``, ``_fp8.py``), adds 10 bonus points on a Hopper GPU (7 on CPU).
+FP8 forward (``flash_attention_forward_fp8``, ``_fp8.py``), adds 10 bonus points on a Hopper GPU (7 on CPU),
+outside the denominator (``Test.optional``: ``max_bonus``, not ``max_score``).
 
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed tests are "not run"
-(excluded from max_score). Points total 100 on a GPU, plus the bonus (110, as a4's 105 with its optional part).
-Each graded call must launch at least one Triton kernel.
+(excluded from max_score). Required points total 100 on a GPU (80 without one), plus up to 10 bonus points
+(``score 80 / 80 (100.0%) + 7 / 7 bonus`` on CPU). Each graded call must launch at least one Triton kernel.
 """
 from __future__ import annotations
 

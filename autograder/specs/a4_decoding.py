@@ -1,7 +1,8 @@
 """Spec of assignment a4_decoding: Flash-Decoding in NumPy (``flash_decoding``) and Triton (``flash_decode``).
 
-Points total 105 (95 without a GPU: the Triton speed test is "not run" there and excluded), of which 5 are the
-optional FlashAttention-3 part (``lpt_schedule``, graded exactly: its tie rules make the schedule unique).
+Required points total 100 (90 without a GPU: the Triton speed test is "not run" there and excluded), plus 5
+bonus points outside the denominator for the optional FlashAttention-3 part (``lpt_schedule``, ``optional=True``,
+graded exactly: its tie rules make the schedule unique).
 """
 from __future__ import annotations
 
@@ -109,11 +110,12 @@ TESTS = [
     _t("lpt_schedule", "optional (FA3): distinct costs, longest first (1 worker, more workers than tiles)", 3,
        [dict(kind="distinct", n_tiles=8, n_workers=3)],
        lambda r: [dict(kind="distinct", n_tiles=int(r.integers(5, 60)), n_workers=int(r.integers(2, 9))),
-                  dict(kind="distinct", n_tiles=7, n_workers=1), dict(kind="distinct", n_tiles=5, n_workers=9)]),
+                  dict(kind="distinct", n_tiles=7, n_workers=1), dict(kind="distinct", n_tiles=5, n_workers=9)],
+       optional=True),
     _t("lpt_schedule", "optional (FA3): equal costs (ties: launch order, lowest free worker)", 2,
        [dict(kind="equal", n_tiles=7, n_workers=3)],
        lambda r: [dict(kind="equal", n_tiles=int(r.integers(5, 60)), n_workers=int(r.integers(2, 9)))
-                  for _ in range(2)]),
+                  for _ in range(2)], optional=True),
 ]
 
 TASKS = {
