@@ -96,6 +96,9 @@ def build_zip(assignment, out) -> Path:
                 if pkg == "autograder" and rel.parts[1:2] == ("submissions",):
                     continue            # the cheat zoo stays home
                 z.write(p, str(rel))
+        # the given cells' code: the op audit recognises a3b's given torch forward by it (autograder.given)
+        for p in sorted((Path(REPO) / "assignments" / "given").glob("*.py")):
+            z.write(p, str(p.relative_to(REPO)))
     return out
 
 

@@ -242,3 +242,27 @@ def test_triton_launch_taints_its_arguments_and_hides_the_launcher(monkeypatch):
         assert "aten.mul" in audit_verdict(TASK, rec)
     finally:
         LaunchHook.audit = None
+
+
+def test_given_functions_are_recognised_up_to_comments_and_docstrings(tmp_path):
+    """a3b's given torch forward is recognised in the student notebook, with its comments or docstring
+    edited; a copy whose code changed is the student's own (judged as such)."""
+    from autograder.given import given_functions
+    from autograder.submission import Cell, load_cells
+    nb = load_cells("assignments/a3b_triton_backward/a3b_triton_backward.ipynb")
+    names = {n for rs in given_functions(nb).values() for *_, n in rs}
+    assert "attention_forward" in names
+    src = next(c.source for c in nb if "def attention_forward" in c.source)
+    soft = src.replace('"""Given:', '"""Given (edited docstring):').replace("    group = Hq // Hkv",
+                                                                             "    group = Hq // Hkv  # a comment")
+    hard = src.replace("    group = Hq // Hkv", "    group = Hq // Hkv\n    group = group * 1")
+    for text, found in ((soft, True), (hard, False)):
+        rs = given_functions([Cell(7, text, ())])
+        assert ("attention_forward" in {n for *_, n in rs.get(7, [])}) is found
+
+
+def test_gradescope_zip_ships_the_given_code(tmp_path):
+    import zipfile
+    from autograder.gradescope import build_zip
+    names = zipfile.ZipFile(build_zip("a3b", tmp_path / "a3b.zip")).namelist()
+    assert "assignments/given/attention_forward_torch.py" in names and "autograder/audit.py" in names
