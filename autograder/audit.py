@@ -1,7 +1,7 @@
 """The op audit of a graded call of a Triton part (docs/design.md §6, T10): which torch operations the call
 performed on input-derived data, and which input data left torch for NumPy or Python.
 
-Runs in the child (trusted harness code). Two torch modes are pushed for the duration of one graded call:
+Runs in the child (trusted harness code). A torch dispatch mode is pushed for the duration of one graded call, and a few tensor methods report to it:
 
 * a ``TorchDispatchMode`` sees every aten operation, whatever Python spelling reached it (``q @ k.mT``,
   ``torch.einsum``, ``F.linear``, ``torch.ops.aten.mm``, the ops autograd runs for ``torch.autograd.grad``).
@@ -10,9 +10,13 @@ Runs in the child (trusted harness code). Two torch modes are pushed for the dur
   derived data into any of them); allocation (``empty``, ``zeros_like``, ``full``...) and ``zero_``/``fill_``
   with a number give clean outputs. An op on tainted data that is not structural (views, reshapes, copies,
   casts, gathers, concatenation) is a *compute* finding;
-* a ``TorchFunctionMode`` sees Python-level tensor methods: ``numpy()``, ``__array__``, ``tolist()``,
-  ``item()``, ``untyped_storage()``, ``__dlpack__`` on tainted data are *escape* findings; ``repr``/``str`` of
-  tainted tensors counts the elements turned into text (an escape once they exceed half of the inputs).
+* the tensor methods that hand data to NumPy/Python are wrapped (``MethodGuards``): ``numpy()``, ``__array__``,
+  ``tolist()``, ``item()``, ``untyped_storage()``, ``__dlpack__`` on tainted data are *escape* findings (the
+  spellings that would reach the C methods past the wrappers, ``torch._C.TensorBase`` or a two-argument
+  ``super()``, are refused by the static scan); ``repr``/``str`` of
+  tainted tensors counts the elements turned into text (an escape once they exceed half of the inputs), and so
+  does a copy of input-derived GPU data to the host (``.cpu()``, ``tolist`` and storage reads on a GPU): a
+  debug print of a few values is no evidence, moving the inputs to the host is.
 
 Attribution: an op is the submission's when a frame of its code (``<cell N>``) is on the stack, with one
 exception: inside a Triton launch (``launch_depth > 0``: the launcher's own argument handling, the
@@ -50,12 +54,14 @@ full full_like new_full arange scalar_tensor randn randn_like rand rand_like ran
 linspace logspace normal_ uniform_ random_ bernoulli_
 """.split())
 CLEARS = frozenset({"zero_", "fill_"})
+COPIES = frozenset({"_to_copy", "copy_", "_copy_from", "_copy_from_and_resize", "to"})
 # ops whose result is a Python value read from the data
 ESCAPE_ATEN = frozenset({"_local_scalar_dense", "equal", "is_nonzero"})
 # Python-level tensor methods that hand the data to NumPy/Python
 ESCAPE_FUNCS = frozenset({"numpy", "__array__", "tolist", "item", "untyped_storage", "storage", "_typed_storage",
-                          "__dlpack__", "__array_interface__", "__cuda_array_interface__", "__reduce_ex__"})
+                          "__dlpack__", "__reduce_ex__"})
 TEXT_FUNCS = frozenset({"__repr__", "__str__", "__format__"})
+WATCHED = ESCAPE_FUNCS | TEXT_FUNCS
 
 _HERE = os.path.abspath(__file__)
 
@@ -74,6 +80,7 @@ class OpAudit:
         self._reset()
         import torch
         self._torch = torch
+        self._storage = torch._C.TensorBase.untyped_storage      # past the method guards
         self._torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 
     def _reset(self):
@@ -81,12 +88,13 @@ class OpAudit:
         self.findings = {}
         self.launches = []
         self.text_elems = 0
+        self.host_elems = 0
         self.input_elems = 0
 
     # -- storage keys ------------------------------------------------------------------------------------
     def key(self, t):
         try:
-            ptr = t.untyped_storage().data_ptr()
+            ptr = self._storage(t).data_ptr()
         except Exception:  # noqa: BLE001 -- a tensor without storage carries no data
             return None
         return (t.device.type, t.device.index, ptr) if ptr else None
@@ -139,7 +147,6 @@ class OpAudit:
 
     # -- the call ----------------------------------------------------------------------------------------
     def begin(self, inputs):
-        from torch.overrides import TorchFunctionMode
         from torch.utils._python_dispatch import TorchDispatchMode
         torch = self._torch
         self._reset()
@@ -153,25 +160,26 @@ class OpAudit:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 return audit._dispatch(func, args, kwargs or {})
 
-        class _Function(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                return audit._function(func, args, kwargs or {})
-
-        self._modes = (_Function(), _Dispatch())
+        _install_method_guards()
+        MethodGuards.audit = self
+        self._modes = (_Dispatch(),)
         self._modes[0].__enter__()
-        self._modes[1].__enter__()
         self.on = True
 
     def end(self):
         if self._modes is not None:
             self.on = False
-            fmode, dmode = self._modes
+            (dmode,) = self._modes
             self._modes = None
             dmode.__exit__(None, None, None)
-            fmode.__exit__(None, None, None)
+            MethodGuards.audit = None
         if self.input_elems and self.text_elems > max(1000, self.input_elems // 2):
             self.record("escape", "repr/str", f"{self.text_elems} elements of input-derived tensors turned "
                                               f"into text ({self.input_elems} input elements)", 0)
+        if self.input_elems and self.host_elems > max(1024, self.input_elems // 2):
+            self.record("escape", "device-to-host copy", f"{self.host_elems} elements of input-derived GPU "
+                                                         f"tensors copied to the host ({self.input_elems} input "
+                                                         "elements)", 0)
         return {"findings": list(self.findings.values()), "launches": list(self.launches),
                 "text": self.text_elems}
 
@@ -199,52 +207,62 @@ class OpAudit:
         return result
 
     def _after_op(self, func, args, kwargs, result):
-        judged, where, given = self.where()
-        if self.launch_depth and not judged:
-            return                           # the launcher's own work on its arguments
         name = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
-        ins = self._tensors(args, self._tensors(kwargs, []))
-        n_tainted = sum(1 for t in ins if self.is_tainted(t))
+        ins = self._tensors(args, self._tensors(kwargs, [])) if self.tainted else []
+        tainted = [t for t in ins if self.is_tainted(t)]
+        inplace = name.endswith("_") or "out" in kwargs
+        if not tainted and (inplace or not self.tainted):
+            return                               # nothing input-derived in or out: the fast path
+        if self.launch_depth and not self.where()[0]:
+            return                               # the launcher's own work on its arguments
         outs = self._tensors(result, [])
         if name in ALLOC or (name in CLEARS and not any(isinstance(a, self._torch.Tensor) for a in args[1:])):
             for t in outs:
                 self.set_taint(t, False)
             return
-        if name.endswith("_") or "out" in kwargs:        # in place: a tainted input taints the target
-            if n_tainted:
-                for t in outs:
-                    self.set_taint(t, True)
+        if inplace:                              # a tainted input taints the target
+            for t in outs:
+                self.set_taint(t, True)
         else:
             for t in outs:
-                self.set_taint(t, n_tainted > 0)
-        if n_tainted and name not in STRUCTURAL and judged:
-            self.record("escape" if name in ESCAPE_ATEN else "compute", f"aten.{name}", where, n_tainted, given)
+                self.set_taint(t, bool(tainted))
+        if not tainted:
+            return
+        if name in STRUCTURAL:
+            if name in COPIES and any(t.device.type != "cpu" for t in tainted) and \
+                    any(t.device.type == "cpu" for t in outs):
+                self.host_elems += sum(t.numel() for t in outs if t.device.type == "cpu")
+            return
+        judged, where, given = self.where()
+        if judged:
+            self.record("escape" if name in ESCAPE_ATEN else "compute", f"aten.{name}", where, len(tainted), given)
 
-    def _function(self, func, args, kwargs):
+    def method(self, name, orig, this, args, kwargs):
+        """A watched tensor method (``MethodGuards``) was called on ``this``: record an escape of input data,
+        or count the elements a text conversion reads, then run it (ops inside a text conversion are not
+        judged: printing runs reductions)."""
         if not self.on or self.busy or self.text_depth:
-            return func(*args, **kwargs)
+            return orig(this, *args, **kwargs)
         self.busy = True
         try:
-            name = getattr(func, "__name__", "")
-            if name == "__get__":                 # a property: name the attribute
-                name = getattr(getattr(func, "__self__", None), "__name__", name)
-            tainted = [t for t in self._tensors(args[:1], []) if self.is_tainted(t)]
+            tainted = self.is_tainted(this)
             if tainted and name in TEXT_FUNCS:
                 from torch._tensor_str import PRINT_OPTS
-                self.text_elems += sum(t.numel() for t in tainted if t.numel() <= PRINT_OPTS.threshold)
-            elif tainted and name in ESCAPE_FUNCS:
+                n = this.numel()
+                self.text_elems += n if n <= PRINT_OPTS.threshold else 0
+            elif tainted:
                 judged, where, given = self.where()
                 if judged:
-                    self.record("escape", f"Tensor.{name}", where, len(tainted), given)
+                    self.record("escape", f"Tensor.{name}", where, 1, given)
         finally:
             self.busy = False
         if name in TEXT_FUNCS:
             self.text_depth += 1
             try:
-                return func(*args, **kwargs)
+                return orig(this, *args, **kwargs)
             finally:
                 self.text_depth -= 1
-        return func(*args, **kwargs)
+        return orig(this, *args, **kwargs)
 
     # -- Triton launches ---------------------------------------------------------------------------------
     def launch(self, fn, args, kwargs, run):
@@ -287,6 +305,33 @@ class OpAudit:
         if self.on and any(self.is_tainted(t) for t in tensors):
             for t in tensors:
                 self.set_taint(t, True)
+
+
+class MethodGuards:
+    """The watched tensor methods, wrapped once per process on ``torch.Tensor`` (cheaper than a torch-function
+    mode, which would see every ``.shape`` and ``.stride()``): they report to the current audit, if any."""
+    audit = None
+    installed = False
+
+
+def _install_method_guards():
+    if MethodGuards.installed:
+        return
+    import torch
+    MethodGuards.installed = True
+    for name in sorted(WATCHED):
+        orig = getattr(torch.Tensor, name, None)
+        if orig is None or isinstance(orig, property):
+            continue
+
+        def guard(this, *args, __orig=orig, __name=name, **kwargs):
+            audit = MethodGuards.audit
+            if audit is None:
+                return __orig(this, *args, **kwargs)
+            return audit.method(__name, __orig, this, args, kwargs)
+        guard.__name__ = name
+        guard.__doc__ = getattr(orig, "__doc__", None)
+        setattr(torch.Tensor, name, guard)
 
 
 class LaunchHook:

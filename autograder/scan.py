@@ -24,7 +24,7 @@ DUNDER = {
     "__reduce_ex__": "T4", "__getstate__": "T4", "__setstate__": "T4", "__array__": "T14",
     "__array_ufunc__": "T14", "__array_function__": "T14", "__array_finalize__": "T14", "__array_wrap__": "T14",
     "__array_interface__": "T14", "__torch_function__": "T14", "__torch_dispatch__": "T14", "__class__": "T14",
-    "__del__": "T3",
+    "__del__": "T3", "__bases__": "T3", "__mro__": "T3", "TensorBase": "T3",
 }
 # module attributes that must not be used, by module (file/process/network/introspection)
 MODULE_ATTRS = {
@@ -187,6 +187,8 @@ class _Scan(ast.NodeVisitor):
     def visit_Call(self, node):
         f = node.func
         if isinstance(f, ast.Name):
+            if f.id == "super" and len(node.args) == 2 and ast.unparse(node.args[0]).endswith("Tensor"):
+                self.add(node, "T3", "super(torch.Tensor, ...) reaches tensor methods past the grader's op audit")
             if f.id in BUILTIN_CALLS and f.id not in self.aliases:
                 self.add(node, BUILTIN_CALLS[f.id], f"calls {f.id}()")
             if f.id in GETATTR_LIKE and len(node.args) >= 2:
