@@ -91,9 +91,34 @@ class Test:
     speed_full: float = 1.25
     speed_zero: float = 3.0
     reps: int = 5
+    # the defining property of its task (a1: online_softmax streams): if this test fails, every test of the task
+    # scores 0 (``engine.apply_gates``), so a plain softmax posing as the online one earns nothing
+    gate: bool = False
 
     def hidden_cases(self, rng):
         return list(self.hidden(rng)) if self.hidden else list(self.visible)
+
+
+def spans_tiles(n: int, tile: int) -> bool:
+    """``n`` covers at least two whole tiles plus a ragged (partial) last tile."""
+    return tile >= 1 and n > 2 * tile and n % tile != 0
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """One tiled axis of a task: every grading draws at least one hidden case (outside ``gpu`` cases) whose
+    ``length(params)`` spans >= 2 tiles of ``tile(params)`` plus a ragged tail (``spans_tiles``;
+    ``tests/test_hidden_tiles.py``). ``tile`` is the spec's ``MAX_TILE`` (the largest tile it expects a kernel
+    to use, e.g. 64 for a3's BLOCK_M/BLOCK_N) or, for NumPy functions tiled by an argument, the call's own block."""
+    axis: str                                   # for messages, e.g. "key length Nk"
+    length: Callable[[dict], int]
+    tile: Callable[[dict], int]
+
+
+def tiled(axis: str, key: str, tile) -> Tiled:
+    """``Tiled`` for a case parameter ``key`` cut into ``tile`` (an int) or the case's own ``tile`` parameter."""
+    size = (lambda p: int(tile)) if isinstance(tile, int) else (lambda p: int(p[tile]))
+    return Tiled(axis, lambda p: int(p[key]), size)
 
 
 @dataclass
@@ -108,6 +133,7 @@ class Task:
     reference_kwargs: dict = field(default_factory=dict)   # bound into the reference when timing it (keep its
     #                                                        input checks: tests/test_speed_fairness.py)
     case_timeout: float = 20.0
+    tiled: tuple = ()              # ``Tiled`` axes (hidden cases must span >= 2 tiles + a ragged tail in each)
 
 
 @dataclass
