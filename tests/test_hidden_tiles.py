@@ -10,7 +10,8 @@ and decode kernels, 4096 columns for a3's softmax) or, for NumPy functions tiled
 
 Before the fix hidden lengths stayed within one 64-wide tile (a3 N <= 70, a4/a5 Triton <= 80/60, a3b Nq <= 70),
 so a kernel that never rescaled its accumulator across key tiles scored full CPU points.
-NumPy and the specs only: fast.
+NumPy and the specs only: fast. Also here: the property gate (``Test.gate``, ``engine.apply_gates``), which zeroes a
+function whose defining property failed (a1's online_softmax that does not stream).
 """
 from __future__ import annotations
 
@@ -89,3 +90,39 @@ def test_spans_tiles():
     assert spans_tiles(129, 64) and spans_tiles(191, 64) and spans_tiles(255, 64)
     assert not spans_tiles(128, 64) and not spans_tiles(192, 64) and not spans_tiles(70, 64)
     assert not spans_tiles(1, 64) and not spans_tiles(5, 0)
+
+
+def test_failed_gate_zeroes_its_task_only():
+    """engine.apply_gates: a1's streaming test (gate=True) failing zeroes every other online_softmax test, not
+    those of other tasks; a gate that passed or did not run (``--test``) zeroes nothing."""
+    from autograder.engine import TestResult, apply_gates
+
+    spec = specs.load("a1")
+    gate = next(t for t in spec.tests if t.gate)
+    assert gate.task == "a1.online_softmax" and "streaming" in gate.name
+
+    def results(gate_status):
+        out = []
+        for t in spec.tests:
+            ok = t is not gate or gate_status == "passed"
+            r = TestResult(t.name, t.task, float(t.points), float(t.points) if ok else 0.0,
+                           "passed" if ok else "failed", "fine" if ok else "read 96 columns of x at once")
+            if t is gate and gate_status == "absent":
+                continue
+            out.append(r)
+        return out
+
+    for status in ("passed", "absent"):
+        rs = results(status)
+        apply_gates(spec, rs)
+        assert all(r.score == r.max_score for r in rs)
+    rs = results("failed")
+    apply_gates(spec, rs)
+    for r in rs:
+        if r.task != "a1.online_softmax":
+            assert r.score == r.max_score and r.output == "fine"
+        elif r.name == gate.name:
+            assert r.output.startswith("read 96 columns")
+        else:
+            assert r.score == 0 and r.status == "failed"
+            assert r.output == f"zeroed: {gate.name} failed (the defining property of online_softmax)"
