@@ -29,12 +29,13 @@ def _t(task, name, points, visible, hidden, **kw):
     return Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", points, visible, hidden, **kw)
 
 
-def _long(r, dtype="float32", causal=False, **kw):
+def _long(r, dtype="float32", causal=False, same=False, **kw):
     """Nq and Nk of 2-3 tiles of ``MAX_TILE`` plus a ragged tail (d = 16): dK/dV must visit >= 3 query blocks per
-    key block, dQ >= 3 key blocks per query block."""
+    key block, dQ >= 3 key blocks per query block. ``same``: Nq == Nk (Part 4: no fully masked rows)."""
     if causal:
         kw["causal"] = True
-    return _att(r, dtype, nq=multi_tile(r, MAX_TILE), nk=multi_tile(r, MAX_TILE), d=16, **kw)
+    nq = multi_tile(r, MAX_TILE)
+    return _att(r, dtype, nq=nq, nk=nq if same else multi_tile(r, MAX_TILE), d=16, **kw)
 
 
 def _masked_rows(r):
@@ -101,11 +102,11 @@ TESTS = [
     # causal offset, fully masked rows, the order of the query heads of a group -- costs only that line)
     _t("flash_attention_backward", "Parts 1-3 together (causal, MQA)", 5, [_v(Hq=4, Hkv=1, causal=True)],
        lambda r: [_att(r), _att(r, hq=2, hkv=1, causal=True), _att(r, "float16", causal=True),
-                  _long(r, hq=1, causal=True)]),
+                  _long(r, hq=1, causal=True, same=True)]),
     _t("flash_attention_backward", "speed vs reference FA2 backward (GPU)", 8, [], lambda r: GPU_BWD,
        kind="speed", gpu_only=True, reps=4, speed_full=1.5),  # reference: autotuned, causal split; not calibrated
     _t("flash_attention", "autograd (ragged N, causal and not, MQA)", 5, [_v(), _v(Hq=4, Hkv=1, causal=True)],
-       lambda r: [_att(r), _att(r, hq=4, hkv=1, causal=True), _long(r, hq=1)]),
+       lambda r: [_att(r), _att(r, hq=4, hkv=1, causal=True), _long(r, hq=1, same=True)]),
     _t("flash_attention", "autograd: scale argument", 5, [_v(scale=0.3, causal=True)],
        lambda r: [_att(r, scale=float(r.uniform(0.05, 0.5)), causal=True)]),
 ]
