@@ -5,7 +5,8 @@ FP8 forward (``flash_attention_forward_fp8``, ``_fp8.py``), adds 10 bonus points
 
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed tests are "not run"
 (excluded from max_score). Points total 100 on a GPU, plus the bonus (110, as a4's 105 with its optional part).
-Each graded call must launch at least one Triton kernel.
+Each graded call must launch at least one Triton kernel. Tiles: at most ``MAX_TILE`` = 64 (BLOCK_M, BLOCK_N; the
+softmax's column block at most 4096, FP8 64 x 128); hidden lengths reach 2-3 tiles plus a ragged tail.
 """
 from __future__ import annotations
 

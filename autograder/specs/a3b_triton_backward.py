@@ -5,6 +5,7 @@ with ``lse`` and ``delta`` from the exact float64 forward, so a bug in one stage
 
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed test is "not run"
 (excluded from max_score). Points total 100 on a GPU. Each graded call must launch at least one Triton kernel.
+Tiles: at most ``MAX_TILE`` = 64; hidden lengths reach 2-3 tiles plus a ragged tail (dK/dV: >= 3 query blocks).
 """
 from __future__ import annotations
 

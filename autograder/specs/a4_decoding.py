@@ -2,6 +2,7 @@
 
 Points total 105 (95 without a GPU: the Triton speed test is "not run" there and excluded), of which 5 are the
 optional FlashAttention-3 part (``lpt_schedule``, graded exactly: its tie rules make the schedule unique).
+Tiles: ``flash_decode``'s key tiles at most ``MAX_TILE`` = 64; a hidden split holds 2-3 of them plus a ragged tail.
 """
 from __future__ import annotations
 

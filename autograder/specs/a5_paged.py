@@ -4,6 +4,7 @@ BlockAllocator is graded by scripts of operations run on a fresh instance and ju
 follows the submission's own block ids (any allocation order is fine). Copy-on-write (``cow_fork``,
 ``cow_append``) is graded as pure functions on a cache state: fresh blocks are the lowest-numbered free ones,
 so the expected block table and reference counts are exact. Points total 115 (105 without a GPU).
+Tiles: ``paged_decode``'s key tiles at most ``MAX_TILE`` = 64; hidden sequences reach 2-3 of them plus a tail.
 """
 from __future__ import annotations
 
