@@ -512,6 +512,7 @@ class Grader:
             if r.task in self.zeroed and r.score > 0:
                 r.score, r.status = 0.0, "failed"
                 r.output = f"zeroed: {self.zeroed[r.task]}"
+        apply_gates(self.spec, self.results)
         return self.report(path, time.monotonic() - t0, error)
 
     def report(self, path, elapsed, error=None) -> dict:
@@ -547,6 +548,18 @@ class Grader:
 
 
 _NET, _ISO = {}, {}
+
+
+def apply_gates(spec, results) -> None:
+    """A failed gate test (``Test.gate``: the defining property of its task, e.g. a1's online_softmax streams)
+    zeroes every other test of that task. Only a gate that ran and failed counts (``--test`` may leave it out)."""
+    gates = {t.name for t in spec.tests if t.gate}
+    failed = {r.task: r.name for r in results if r.name in gates and r.status == "failed"}
+    for r in results:
+        if r.task in failed and r.name != failed[r.task] and r.score > 0:
+            fn = spec.tasks[r.task].name
+            r.score, r.status = 0.0, "failed"
+            r.output = f"zeroed: {failed[r.task]} failed (the defining property of {fn})"
 
 
 def _probe_network(device):

@@ -8,8 +8,14 @@ from __future__ import annotations
 import numpy as np
 
 from .. import oracles
-from ._base import TOL, TOL_TRITON, TOL_TRITON_GRAD, Call
+from ._base import TOL, TOL_TRITON, TOL_TRITON_GRAD, Call, tiled
 from ._gen import NP, arr, lse_dtypes, out, ragged, randn
+
+
+def tiled_qk(tile_q, tile_k=None):
+    """``Task.tiled`` of an attention kernel tiled over queries and keys: ``tile_*`` an int (the spec's
+    ``MAX_TILE``) or the name of the case's own block parameter (``"block_q"``)."""
+    return (tiled("query length Nq", "Nq", tile_q), tiled("key length Nk", "Nk", tile_k or tile_q))
 
 
 def shapes(p):

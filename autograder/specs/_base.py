@@ -97,9 +97,34 @@ class Test:
     # evidence(params, audit) -> why the call lacks the task's defining property, or None; ``audit`` is the
     # op audit's record of the call (``launches``: kernel, grid, float8 arguments). Checked on passing cases.
     evidence: Callable[[dict, dict], str | None] | None = None
+    # the defining property of its task (a1: online_softmax streams): if this test fails, every test of the task
+    # scores 0 (``engine.apply_gates``), so a plain softmax posing as the online one earns nothing
+    gate: bool = False
 
     def hidden_cases(self, rng):
         return list(self.hidden(rng)) if self.hidden else list(self.visible)
+
+
+def spans_tiles(n: int, tile: int) -> bool:
+    """``n`` covers at least two whole tiles plus a ragged (partial) last tile."""
+    return tile >= 1 and n > 2 * tile and n % tile != 0
+
+
+@dataclass(frozen=True)
+class Tiled:
+    """One tiled axis of a task: every grading draws at least one hidden case (outside ``gpu`` cases) whose
+    ``length(params)`` spans >= 2 tiles of ``tile(params)`` plus a ragged tail (``spans_tiles``;
+    ``tests/test_hidden_tiles.py``). ``tile`` is the spec's ``MAX_TILE`` (the largest tile it expects a kernel
+    to use, e.g. 64 for a3's BLOCK_M/BLOCK_N) or, for NumPy functions tiled by an argument, the call's own block."""
+    axis: str                                   # for messages, e.g. "key length Nk"
+    length: Callable[[dict], int]
+    tile: Callable[[dict], int]
+
+
+def tiled(axis: str, key: str, tile) -> Tiled:
+    """``Tiled`` for a case parameter ``key`` cut into ``tile`` (an int) or the case's own ``tile`` parameter."""
+    size = (lambda p: int(tile)) if isinstance(tile, int) else (lambda p: int(p[tile]))
+    return Tiled(axis, lambda p: int(p[key]), size)
 
 
 @dataclass
@@ -118,6 +143,7 @@ class Task:
     # ``"op:N"``, at most N operands derived from the inputs; ``autograder.evaluate.audit_verdict``)
     audit_allow: tuple = ()
     audit_given: tuple = ()   # given functions (``autograder.given``) whose torch ops count as given code
+    tiled: tuple = ()              # ``Tiled`` axes (hidden cases must span >= 2 tiles + a ragged tail in each)
 
 
 @dataclass

@@ -46,3 +46,9 @@ def ragged(rng, lo, hi, avoid=(16, 32, 64, 128)) -> int:
         if all(n % b for b in avoid if b < n):
             return n
     return int(n)
+
+
+def multi_tile(rng, tile, max_tiles=2, avoid=(16, 32, 64, 128)) -> int:
+    """A length spanning >= 2 whole tiles of ``tile`` plus a ragged tail, at most ``max_tiles`` whole tiles plus
+    the tail: in ``(2 tile, (max_tiles + 1) tile)``, not a multiple of ``tile`` (nor of a common block size)."""
+    return ragged(rng, 2 * tile + 1, (max_tiles + 1) * tile - 1, avoid=tuple(avoid) + (int(tile),))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._attn import (build_flash_backward, build_flash_forward, oracle_flash_backward, oracle_flash_forward)
+from ._attn import (build_flash_backward, build_flash_forward, oracle_flash_backward, oracle_flash_forward,
+                    tiled_qk)
 from ._base import Call, Out, Spec, Task, Test
 from ._gen import ragged
 
@@ -158,10 +159,12 @@ TESTS = _tests("flash_attention_forward", [8, 8, 8, 7, 5, 5, 4, 5]) + [
 TASKS = {
     "a2.flash_attention_forward": Task("a2.flash_attention_forward", "flash_attention_forward",
                                        build_flash_forward, oracle_flash_forward,
-                                       reference="reference.numpy.flash:flash_attention_forward"),
+                                       reference="reference.numpy.flash:flash_attention_forward",
+                                       tiled=tiled_qk("block_q", "block_k")),
     "a2.flash_attention_backward": Task("a2.flash_attention_backward", "flash_attention_backward",
                                         build_flash_backward, oracle_flash_backward,
-                                        reference="reference.numpy.flash:flash_attention_backward"),
+                                        reference="reference.numpy.flash:flash_attention_backward",
+                                        tiled=tiled_qk("block_q", "block_k")),
     "a2.forward_hbm_bytes": Task("a2.forward_hbm_bytes", "forward_hbm_bytes", build_hbm, oracle_hbm),
 }
 

@@ -7,19 +7,25 @@ outside the denominator (``Test.optional``: ``max_bonus``, not ``max_score``).
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed tests are "not run"
 (excluded from max_score). Required points total 100 on a GPU (80 without one), plus up to 10 bonus points
 (``score 80 / 80 (100.0%) + 7 / 7 bonus`` on CPU). Each graded call must launch at least one Triton kernel.
+Tiles: at most ``MAX_TILE`` = 64 (BLOCK_M, BLOCK_N; the softmax's column block at most 4096, FP8 64 x 128);
+hidden lengths reach 2-3 tiles plus a ragged tail.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._attn import build_triton_forward, oracle_triton_forward, triton_case, triton_visible
-from ._base import TOL_TRITON, Call, Spec, Task, Test
+from ._attn import build_triton_forward, oracle_triton_forward, tiled_qk, triton_case, triton_visible
+from ._base import TOL_TRITON, Call, Spec, Task, Test, Tiled
 from ._fp8 import fp8_task, fp8_tests
-from ._gen import arr, out, ragged, randn
+from ._gen import arr, multi_tile, out, ragged, randn
 from .. import oracles
 
 SHORT = "a3"
 FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn", "xformers")
+# The largest tiles the spec expects (the solution's BLOCK_M = BLOCK_N = 64, on a GPU and in the interpreter; the
+# softmax's column block capped at 4096): every grading has hidden lengths of 2-3 such tiles plus a ragged tail.
+MAX_TILE = 64
+SOFTMAX_MAX_TILE = 4096
 
 
 def build_softmax(p, rng):
@@ -41,6 +47,16 @@ _att, _v = triton_case, triton_visible
 
 def _t(task, name, points, visible, hidden, **kw):
     return Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", points, visible, hidden, **kw)
+
+
+def _long(rng, causal=False, same=False, **kw):
+    """Nq and Nk of 2-3 tiles of ``MAX_TILE`` plus a ragged tail (one head, d = 16: cheap in the interpreter):
+    the kernel must carry (m, l, acc) over several key tiles, rescaling by alpha, in several query blocks.
+    ``same``: Nq == Nk (the causal test, where a top-left mask is still right)."""
+    nq = multi_tile(rng, MAX_TILE)
+    if causal:
+        kw["causal"] = True
+    return _att(rng, nq=nq, nk=nq if same else multi_tile(rng, MAX_TILE), hq=1, hkv=1, d=16, **kw)
 
 
 def _mha(rng, **kw):
@@ -67,7 +83,7 @@ TESTS = [
                   dict(shape=(2, 3, ragged(r, 5, 100)), dtype="float32")]),
     _t("softmax", "long rows", 4, [dict(shape=(2, 4500), dtype="float32")],
        lambda r: [dict(shape=(3, ragged(r, 1025, 5000)), dtype="float32"),
-                  dict(shape=(2, ragged(r, 4097, 6000)), dtype="float32")]),
+                  dict(shape=(2, multi_tile(r, SOFTMAX_MAX_TILE)), dtype="float32")]),
     _t("softmax", "large logits", 4, [dict(shape=(3, 40), dtype="float32", shift=100.0)],
        lambda r: [dict(shape=(4, ragged(r, 5, 300)), dtype="float32", shift=100.0)]),
     _t("softmax", "float16 / bfloat16", 2, [dict(shape=(3, 40), dtype="float16")],
@@ -79,7 +95,7 @@ TESTS = [
 
     # Part 2: the forward kernel without a mask, Hq == Hkv
     _t("flash_attention_forward_basic", "basic (ragged N, N = 1)", 12, [_v(), _v(Nq=1, Nk=1)],
-       lambda r: [_mha(r), _mha(r, nq=1, nk=1), _mha(r, d=64)]),
+       lambda r: [_mha(r), _mha(r, nq=1, nk=1), _mha(r, d=64), _long(r, same=True)]),
     _t("flash_attention_forward_basic", "Nq != Nk", 8, [_v(Nq=7, Nk=45)],
        lambda r: [_mha(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90)),
                   _mha(r, nq=ragged(r, 40, 90), nk=ragged(r, 2, 30))]),
@@ -94,11 +110,12 @@ TESTS = [
 
     # Part 3: bottom-right causal mask and GQA
     _t("flash_attention_forward", "causal", 10, [_v(causal=True)],
-       lambda r: [_att(r, causal=True), _att(r, causal=True, d=32)]),
+       lambda r: [_att(r, causal=True), _att(r, causal=True, d=32), _long(r, causal=True, same=True)]),
     _t("flash_attention_forward", "causal, Nq != Nk (bottom-right; fully masked rows)", 8,
        [_v(Nq=7, Nk=19, causal=True), _v(Nq=19, Nk=7, causal=True)],
        lambda r: [_att(r, causal=True, nq=ragged(r, 5, 30), nk=ragged(r, 40, 80)),
-                  _att(r, causal=True, nq=ragged(r, 40, 80), nk=ragged(r, 5, 30))]),
+                  _att(r, causal=True, nq=ragged(r, 40, 80), nk=ragged(r, 5, 30)),
+                  _att(r, causal=True, nq=ragged(r, 17, 40), nk=multi_tile(r, MAX_TILE), hq=1, d=16)]),
     _t("flash_attention_forward", "GQA / MQA (causal and not)", 8, [_v(Hq=4, Hkv=2)],
        lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=2, causal=True), _att(r, hq=4, hkv=1, causal=True)]),
     _t("flash_attention_forward", "float16 / bfloat16", 3, [_v(dtype="float16", causal=True)],
@@ -112,14 +129,16 @@ TESTS = [
 
 TASKS = {
     "a3.softmax": Task("a3.softmax", "softmax", build_softmax, oracle_softmax, framework="torch",
-                       reference="reference.triton:softmax", case_timeout=120),
+                       reference="reference.triton:softmax", case_timeout=120,
+                       tiled=(Tiled("row length", lambda p: p["shape"][-1], lambda p: SOFTMAX_MAX_TILE),)),
     "a3.flash_attention_forward_basic": Task("a3.flash_attention_forward_basic", "flash_attention_forward_basic",
                                              build_triton_forward, oracle_triton_forward, framework="torch",
                                              reference="reference.triton:flash_attention_forward",
-                                             case_timeout=180),
+                                             case_timeout=180, tiled=tiled_qk(MAX_TILE)),
     "a3.flash_attention_forward": Task("a3.flash_attention_forward", "flash_attention_forward",
                                        build_triton_forward, oracle_triton_forward, framework="torch",
-                                       reference="reference.triton:flash_attention_forward", case_timeout=180),
+                                       reference="reference.triton:flash_attention_forward", case_timeout=180,
+                                       tiled=tiled_qk(MAX_TILE)),
     "a3.flash_attention_forward_fp8": fp8_task(SHORT),
 }
 

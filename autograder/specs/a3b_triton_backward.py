@@ -5,18 +5,22 @@ with ``lse`` and ``delta`` from the exact float64 forward, so a bug in one stage
 
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed test is "not run"
 (excluded from max_score). Points total 100 on a GPU. Each graded call must launch at least one Triton kernel.
+Tiles: at most ``MAX_TILE`` = 64; hidden lengths reach 2-3 tiles plus a ragged tail (dK/dV: >= 3 query blocks).
 """
 from __future__ import annotations
 
 from ._attn import (build_triton_autograd_given_forward, build_triton_backward, build_triton_bwd_dkdv, build_triton_bwd_dq,
                     build_triton_bwd_preprocess, oracle_triton_autograd, oracle_triton_backward,
                     oracle_triton_bwd_dkdv, oracle_triton_bwd_dq, oracle_triton_bwd_preprocess, triton_case,
-                    triton_visible)
-from ._base import Spec, Task, Test
-from ._gen import ragged
+                    tiled_qk, triton_visible)
+from ._base import Spec, Task, Test, tiled
+from ._gen import multi_tile, ragged
 
 SHORT = "a3b"
 FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn", "xformers")
+# The largest tile the spec expects (the solution's BLOCK_M = BLOCK_N = 64): every grading has hidden lengths of
+# 2-3 such tiles plus a ragged tail, so dK/dV loops over >= 3 query blocks and dQ over >= 3 key blocks.
+MAX_TILE = 64
 
 
 _att, _v = triton_case, triton_visible
@@ -24,6 +28,15 @@ _att, _v = triton_case, triton_visible
 
 def _t(task, name, points, visible, hidden, **kw):
     return Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", points, visible, hidden, **kw)
+
+
+def _long(r, dtype="float32", causal=False, same=False, **kw):
+    """Nq and Nk of 2-3 tiles of ``MAX_TILE`` plus a ragged tail (d = 16): dK/dV must visit >= 3 query blocks per
+    key block, dQ >= 3 key blocks per query block. ``same``: Nq == Nk (Part 4: no fully masked rows)."""
+    if causal:
+        kw["causal"] = True
+    nq = multi_tile(r, MAX_TILE)
+    return _att(r, dtype, nq=nq, nk=nq if same else multi_tile(r, MAX_TILE), d=16, **kw)
 
 
 def _masked_rows(r):
@@ -37,19 +50,26 @@ def _masked_rows(r):
 
 
 def _stage_tests(task, p):
-    """The four correctness lines shared by the dK/dV and dQ stages (points ``p``: basic, causal, GQA, dtypes)."""
+    """The four correctness lines shared by the dK/dV and dQ stages (points ``p``: basic, causal, GQA, dtypes).
+    Each dK/dV line also has a case of >= 3 query blocks (``_long``): a query loop that stops early loses them all."""
+    dkdv = task.endswith("dkdv")
+
+    def long(r, *a, **kw):
+        return [_long(r, *a, **kw)] if dkdv else []
+
     return [
         # (Nq = 1 with many keys, not N = 1: with one key P = 1 and dS = P o (dP - D) = 0, so dq = dk = 0)
         _t(task, "basic (ragged N, Nq = 1)", p[0], [_v()],
            lambda r: [_att(r), _att(r, nq=1, nk=ragged(r, 5, 90)),
-                      _att(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90))]),
+                      _att(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90)), _long(r, hq=1)]),
         _t(task, "causal (Nq != Nk; fully masked rows)", p[1],
            [_v(causal=True), _v(Nq=19, Nk=7, causal=True), _v(Nq=7, Nk=70, causal=True)],
-           lambda r: [_att(r, causal=True), *_masked_rows(r)]),
+           lambda r: [_att(r, causal=True), *_masked_rows(r), *long(r, hq=1, causal=True)]),
         _t(task, "GQA (summed over the group)" if task.endswith("dkdv") else "GQA", p[2], [_v(Hq=4, Hkv=2)],
-           lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=2, causal=True)]),
+           lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=2, causal=True), *long(r, hq=2, hkv=1)]),
         _t(task, "float16 / bfloat16", p[3], [_v(dtype="float16")],
-           lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", gpu=True)]),
+           lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", gpu=True),
+                      *long(r, "float16", hq=1)]),
     ]
 
 
@@ -64,7 +84,8 @@ TESTS = [
                        dtype="float32")]),
     _t("flash_bwd_preprocess", "ragged N, N = 1", 3, [dict(B=1, Hq=2, Nq=37, d=16, dtype="float32")],
        lambda r: [dict(B=1, Hq=2, Nq=ragged(r, 2, 200), d=32, dtype="float32"),
-                  dict(B=1, Hq=1, Nq=1, d=16, dtype="float32")]),
+                  dict(B=1, Hq=1, Nq=1, d=16, dtype="float32"),
+                  dict(B=1, Hq=1, Nq=multi_tile(r, MAX_TILE), d=16, dtype="float32")]),
     _t("flash_bwd_preprocess", "batch B > 1", 3, [dict(B=2, Hq=2, Nq=20, d=16, dtype="float32")],
        lambda r: [dict(B=int(r.integers(2, 4)), Hq=int(r.integers(1, 4)), Nq=ragged(r, 5, 100), d=16,
                        dtype="float32")]),
@@ -81,11 +102,12 @@ TESTS = [
     # (B = 1, Nq == Nk, MQA rather than GQA: a bug that Parts 1-3 grade on its own line -- batch strides, the
     # causal offset, fully masked rows, the order of the query heads of a group -- costs only that line)
     _t("flash_attention_backward", "Parts 1-3 together (causal, MQA)", 5, [_v(Hq=4, Hkv=1, causal=True)],
-       lambda r: [_att(r), _att(r, hq=2, hkv=1, causal=True), _att(r, "float16", causal=True)]),
+       lambda r: [_att(r), _att(r, hq=2, hkv=1, causal=True), _att(r, "float16", causal=True),
+                  _long(r, hq=1, causal=True, same=True)]),
     _t("flash_attention_backward", "speed vs reference FA2 backward (GPU)", 8, [], lambda r: GPU_BWD,
        kind="speed", gpu_only=True, reps=4, speed_full=1.5),  # reference: autotuned, causal split; not calibrated
     _t("flash_attention", "autograd (ragged N, causal and not, MQA)", 5, [_v(), _v(Hq=4, Hkv=1, causal=True)],
-       lambda r: [_att(r), _att(r, hq=4, hkv=1, causal=True)]),
+       lambda r: [_att(r), _att(r, hq=4, hkv=1, causal=True), _long(r, hq=1, same=True)]),
     _t("flash_attention", "autograd: scale argument", 5, [_v(scale=0.3, causal=True)],
        lambda r: [_att(r, scale=float(r.uniform(0.05, 0.5)), causal=True)]),
 ]
@@ -97,19 +119,19 @@ GQA_SUM = ("sum",)
 TASKS = {
     "a3b.flash_bwd_preprocess": Task("a3b.flash_bwd_preprocess", "flash_bwd_preprocess",
                                      build_triton_bwd_preprocess, oracle_triton_bwd_preprocess, framework="torch",
-                                     case_timeout=120),
+                                     case_timeout=120, tiled=(tiled("query length Nq", "Nq", MAX_TILE),)),
     "a3b.flash_bwd_dkdv": Task("a3b.flash_bwd_dkdv", "flash_bwd_dkdv", build_triton_bwd_dkdv,
                                oracle_triton_bwd_dkdv, framework="torch", case_timeout=300,
-                               audit_allow=GQA_SUM),
+                               audit_allow=GQA_SUM, tiled=tiled_qk(MAX_TILE)),
     "a3b.flash_bwd_dq": Task("a3b.flash_bwd_dq", "flash_bwd_dq", build_triton_bwd_dq, oracle_triton_bwd_dq,
-                             framework="torch", case_timeout=300),
+                             framework="torch", case_timeout=300, tiled=tiled_qk(MAX_TILE)),
     "a3b.flash_attention_backward": Task("a3b.flash_attention_backward", "flash_attention_backward",
                                          build_triton_backward, oracle_triton_backward, framework="torch",
                                          reference="reference.triton.flash_bwd:flash_attention_backward",
-                                         case_timeout=300, audit_allow=GQA_SUM),
+                                         case_timeout=300, audit_allow=GQA_SUM, tiled=tiled_qk(MAX_TILE)),
     "a3b.flash_attention": Task("a3b.flash_attention", "flash_attention", build_triton_autograd_given_forward,
                                 oracle_triton_autograd, framework="torch", case_timeout=300,
-                                audit_allow=GQA_SUM, audit_given=("attention_forward",)),
+                                audit_allow=GQA_SUM, audit_given=("attention_forward",), tiled=tiled_qk(MAX_TILE)),
 }
 
 ASSIGNMENT = Spec("a3b_triton_backward", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,

@@ -3,6 +3,7 @@
 Required points total 100 (90 without a GPU: the Triton speed test is "not run" there and excluded), plus 5
 bonus points outside the denominator for the optional FlashAttention-3 part (``lpt_schedule``, ``optional=True``,
 graded exactly: its tie rules make the schedule unique).
+Tiles: ``flash_decode``'s key tiles at most ``MAX_TILE`` = 64; a hidden split holds 2-3 of them plus a ragged tail.
 """
 from __future__ import annotations
 
@@ -10,20 +11,36 @@ import heapq
 
 import numpy as np
 
-from ._base import Call, Out, Spec, Task, Test
+from ._base import Call, Out, Spec, Task, Test, Tiled
 from ._decode import build_decoding, oracle_decoding
-from ._gen import arr, ragged
+from ._gen import arr, multi_tile, ragged
 
 INT_OUT = ("int64", "int32")
 
 SHORT = "a4"
 FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn")
+# The largest key tile the spec expects of ``flash_decode`` (the solution's BLOCK_N = 64): every grading has a
+# hidden case whose split holds 2-3 such tiles plus a ragged tail (``num_splits`` given), so the split kernel must
+# loop over key tiles with the online softmax. ``flash_decoding`` (NumPy) is tiled by its own ``num_splits``.
+MAX_TILE = 64
 
 
-def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_len=True, **extra):
+def _chunk(p):
+    """Keys per split: ``ceil(N / num_splits)`` (the default ``num_splits`` of ``flash_decoding`` is 4)."""
+    return -(-p["N"] // max(1, p.get("num_splits") or 4))
+
+
+def _split_keys(p):
+    """Keys of the longest sequence in one split of ``flash_decode``: 0 when ``num_splits`` is left to the
+    kernel (it may choose one tile per split)."""
+    return _chunk(p) if p.get("num_splits") else 0
+
+
+def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_len=True, n=None, b=None,
+         **extra):
     hkv = hkv if hkv is not None else int(rng.integers(1, 3))
-    b = int(rng.integers(2 if lens else 1, 4))        # ragged lengths need >= 2 sequences (B=1 is not ragged)
-    n = ragged(rng, 20, 150) if not torch else ragged(rng, 9, 80)
+    b = b or int(rng.integers(2 if lens else 1, 4))   # ragged lengths need >= 2 sequences (B=1 is not ragged)
+    n = n or (ragged(rng, 20, 150) if not torch else ragged(rng, 9, 80))
     p = dict(B=b, Hq=hq or hkv, Hkv=hkv, N=n, d=int(rng.choice([16, 32])), dtype=dtype, **extra)
     if lens:
         ls = [int(x) for x in rng.integers(1, n + 1, size=b)]
@@ -89,7 +106,10 @@ TESTS = [
        lambda r: [_dec(r, "float16", num_splits=2), _dec(r, "float64", num_splits=3)]),
 
     _t("flash_decode", "basic (Triton)", 12, [_v(torch=True)],
-       lambda r: [_dec(r, torch=True), _dec(r, torch=True, num_splits=3)]),
+       lambda r: [_dec(r, torch=True), _dec(r, torch=True, num_splits=3),
+                  # one split of 2-3 key tiles plus a ragged tail: the online softmax must rescale across tiles
+                  # (16 query rows, so that the running max of some row grows after the first tile)
+                  _dec(r, torch=True, num_splits=1, n=multi_tile(r, MAX_TILE), b=2, hq=8, hkv=2)]),
     _t("flash_decode", "ragged seq_lens", 12, [_v(torch=True, lens=[13, 6])],
        lambda r: [_dec(r, torch=True, lens=True, zero_len=False), _dec(r, torch=True, lens=True, zero_len=False,
                                                                        num_splits=2)]),
@@ -120,10 +140,12 @@ TESTS = [
 
 TASKS = {
     "a4.flash_decoding": Task("a4.flash_decoding", "flash_decoding", build_decoding, oracle_decoding,
-                              reference="reference.numpy.decoding:flash_decoding"),
+                              reference="reference.numpy.decoding:flash_decoding",
+                              tiled=(Tiled("key length N", lambda p: p["N"], _chunk),)),
     "a4.lpt_schedule": Task("a4.lpt_schedule", "lpt_schedule", build_lpt, oracle_lpt),
     "a4.flash_decode": Task("a4.flash_decode", "flash_decode", build_decoding, oracle_decoding, framework="torch",
-                            reference="autograder.baselines:flash_decode", case_timeout=120),
+                            reference="autograder.baselines:flash_decode", case_timeout=120,
+                            tiled=(Tiled("keys per split", _split_keys, lambda p: MAX_TILE),)),
 }
 
 ASSIGNMENT = Spec("a4_decoding", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,

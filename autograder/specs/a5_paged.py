@@ -4,17 +4,22 @@ BlockAllocator is graded by scripts of operations run on a fresh instance and ju
 follows the submission's own block ids (any allocation order is fine). Copy-on-write (``cow_fork``,
 ``cow_append``) is graded as pure functions on a cache state: fresh blocks are the lowest-numbered free ones,
 so the expected block table and reference counts are exact. Points total 115 (105 without a GPU).
+Tiles: ``paged_decode``'s key tiles at most ``MAX_TILE`` = 64; hidden sequences reach 2-3 of them plus a tail.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ._base import Call, Out, Spec, Task, Test
+from ._base import Call, Out, Spec, Task, Test, Tiled
 from ._decode import build_paged, oracle_paged
-from ._gen import arr, out, randn, ragged
+from ._gen import arr, multi_tile, out, randn, ragged
 
 SHORT = "a5"
 FORBIDDEN = ("scipy", "jax", "tensorflow", "flash_attn", "vllm")
+# The largest key tile the spec expects of ``paged_decode`` (the solution's BLOCK_N = 64): every grading has a
+# hidden sequence of 2-3 such tiles plus a ragged tail, in a batch of B * Hkv = 8 kv heads (one split each with
+# the solution's CPU heuristic), so the split kernel must loop over key tiles with the online softmax.
+MAX_TILE = 64
 
 
 # --- BlockAllocator scripts ------------------------------------------------------------------------------------
@@ -163,6 +168,15 @@ def _pg(rng, dtype="float32", torch=False, hq=None, hkv=None, zero_len=False, **
     return p
 
 
+def _pg_long(rng):
+    """Four sequences, two kv heads (B * Hkv = 8 programs: one split each with the solution's CPU heuristic),
+    two of them 2-3 key tiles of ``MAX_TILE`` plus a ragged tail long: the split kernel must rescale across
+    tiles (8 query heads: some row's running max grows after the first tile)."""
+    lens = [multi_tile(rng, MAX_TILE) for _ in range(2)] + [int(ragged(rng, 1, 60)) for _ in range(2)]
+    return dict(Hq=8, Hkv=2, d=16, dtype="float32", block_size=int(rng.choice([4, 8, 16])),
+                lens=[int(x) for x in rng.permutation(lens)], torch=True)
+
+
 def _v(**kw):
     base = dict(Hq=2, Hkv=2, d=16, dtype="float32", block_size=4, lens=[9, 4])
     base.update(kw)
@@ -211,7 +225,7 @@ TESTS = [
        lambda r: [_pg(r, "float16"), _pg(r, "float64")]),
 
     _t("paged_decode", "basic (Triton, scattered blocks)", 12, [_v(torch=True)],
-       lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=16)]),
+       lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=16), _pg_long(r)]),
     _t("paged_decode", "ragged seq_lens", 10, [_v(torch=True, lens=[9, 1, 5])],
        lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=8)]),
     _t("paged_decode", "GQA / MQA", 8, [_v(torch=True, Hq=4, Hkv=2)],
@@ -231,9 +245,12 @@ TASKS = {
     "a5.cow_fork": Task("a5.cow_fork", "cow_fork", build_fork, oracle_fork),
     "a5.cow_append": Task("a5.cow_append", "cow_append", build_cow_append, oracle_cow_append),
     "a5.paged_attention": Task("a5.paged_attention", "paged_attention", build_paged, oracle_paged,
-                               reference="reference.numpy.paged:paged_attention"),
+                               reference="reference.numpy.paged:paged_attention",
+                               tiled=(Tiled("longest sequence (cache blocks)", lambda p: max(p["lens"]),
+                                            lambda p: p["block_size"]),)),
     "a5.paged_decode": Task("a5.paged_decode", "paged_decode", build_paged, oracle_paged, framework="torch",
-                            reference="autograder.baselines:paged_decode", case_timeout=120),
+                            reference="autograder.baselines:paged_decode", case_timeout=120,
+                            tiled=(Tiled("longest sequence", lambda p: max(p["lens"]), lambda p: MAX_TILE),)),
 }
 
 ASSIGNMENT = Spec("a5_paged", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
