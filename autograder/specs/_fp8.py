@@ -108,6 +108,18 @@ def fp8_task(short):
                 tiled=tiled_qk(MAX_TILE_M, MAX_TILE_N))
 
 
+def fp8_evidence(params, audit):
+    """The FP8 part's defining property (docs/design.md §6): float8 tiles reach the matmuls. Evidence from the op
+    audit's record of the Triton launches: some kernel receives at least two float8 (e4m3) tensors (Q8 and K8,
+    or K8 and V8). A forward that never quantises (an fp32 or bf16 kernel passes the accuracy bounds) has none."""
+    launches = audit.get("launches", [])
+    if not launches or max(g.get("float8_args", 0) for g in launches) >= 2:
+        return None
+    return ("no Triton kernel received float8 tensors (Q8/K8/V8): the FP8 forward must feed e4m3 tiles to "
+            f"tl.dot ({len(launches)} launch(es), float8 arguments per launch: "
+            f"{[g.get('float8_args', 0) for g in launches][:6]})")
+
+
 def fp8_tests(short, points=(4, 3, 3)):
     """The three bonus tests: accuracy on normal inputs, accuracy with outliers, speed (Hopper only)."""
     tid = f"{short}.flash_attention_forward_fp8"
@@ -119,12 +131,13 @@ def fp8_tests(short, points=(4, 3, 3)):
     return [
         t("accuracy, normal inputs (ragged N, causal Nq != Nk, GQA)", points[0], [_visible()],
           lambda r: [_case(r), _case(r, causal=True, nq=ragged(r, 30, 70), nk=ragged(r, 5, 25)),
-                     _case(r, hq=4, hkv=2, causal=True), _long(r)]),
+                     _case(r, hq=4, hkv=2, causal=True), _long(r)], gate=True, evidence=fp8_evidence),
         t(f"accuracy, outlier channels (x{OUTLIER_FACTOR:.0f}), V at 1e-4 / 1e4 by head and 1e-2..1e2 along N",
           points[1], [_visible(outliers=3, d=64)],
           lambda r: [_case(r, hkv=2, outliers=int(r.integers(2, 5))),
                      _case(r, hq=4, hkv=2, outliers=int(r.integers(2, 5)), causal=True),
-                     _case(r, v_ramp=True, nk=ragged(r, 70, 130), causal=bool(r.integers(2)))]),
+                     _case(r, v_ramp=True, nk=ragged(r, 70, 130), causal=bool(r.integers(2)))],
+          evidence=fp8_evidence),
         t("speed vs the reference bf16 forward (Hopper GPU)", points[2], [], lambda r: GPU_CASES,
           kind="speed", gpu_only=True, speed_full=SPEED_FULL, speed_zero=SPEED_ZERO, reps=4),
     ]

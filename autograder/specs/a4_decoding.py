@@ -53,6 +53,33 @@ def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_
     return p
 
 
+def _split_case(rng, splits):
+    """A gate case: one plain float32 MHA sequence of at least one key tile of 64 per split, ragged tail."""
+    h = int(rng.integers(1, 3))
+    return dict(B=1, Hq=h, Hkv=h, N=splits * MAX_TILE + ragged(rng, 1, MAX_TILE - 1), d=16, dtype="float32",
+                torch=True, num_splits=splits)
+
+
+def split_evidence(params, audit):
+    """Flash-Decoding's defining property (docs/design.md §6): asked for ``num_splits`` = S >= 2 on a sequence of
+    at least S key tiles, the kernels run S programs per (sequence, kv head) at least: some launch's grid holds
+    >= B * Hkv * S programs (one split per program; a GQA-packed or per-query-head design has as many or more).
+    The grids come from the op audit's record of the call's Triton launches."""
+    s = params.get("num_splits") or 1
+    if s < 2 or params["N"] < s * MAX_TILE:
+        return None
+    need = params["B"] * params["Hkv"] * s
+    grids = [g["grid"] for g in audit.get("launches", []) if g.get("grid")]
+    if not grids:
+        return None                         # no grid could be read: no evidence either way
+    most = max(int(np.prod(g)) for g in grids)
+    if most >= need:
+        return None
+    return (f"asked for num_splits={s}, the largest Triton launch had {most} programs for B*Hkv = "
+            f"{params['B'] * params['Hkv']} (B={params['B']}, Hkv={params['Hkv']}): the KV range was not split "
+            f"(need >= {need} programs, one per split)")
+
+
 def _v(**kw):
     base = dict(B=2, Hq=2, Hkv=2, N=13, d=16, dtype="float32")
     base.update(kw)
@@ -105,7 +132,11 @@ TESTS = [
     _t("flash_decoding", "dtypes float16/float64", 6, [_v(dtype="float64")],
        lambda r: [_dec(r, "float16", num_splits=2), _dec(r, "float64", num_splits=3)]),
 
-    _t("flash_decode", "basic (Triton)", 12, [_v(torch=True)],
+    _t("flash_decode", "splits the KV range when asked (num_splits = 2-4, one tile or more per split)", 3,
+       [_v(torch=True, N=140, num_splits=2)],
+       lambda r: [_split_case(r, int(r.integers(2, 5))), _split_case(r, 2)],
+       gate=True, evidence=split_evidence),
+    _t("flash_decode", "basic (Triton)", 9, [_v(torch=True)],
        lambda r: [_dec(r, torch=True), _dec(r, torch=True, num_splits=3),
                   # one split of 2-3 key tiles plus a ragged tail: the online softmax must rescale across tiles
                   # (16 query rows, so that the running max of some row grows after the first tile)
