@@ -362,11 +362,13 @@ class Grader:
         res.output = f"{n} case(s) passed, max relative error {worst:.1e}" + \
             (f", peak {res.extra['peak_mib']} MiB" if "peak_mib" in res.extra else "")
 
-    def _timed(self, sb, task, header, arrays, fetch, on_trap=None):
+    def _timed(self, sb, task, header, arrays, fetch, on_trap=None, audit=False):
         """One timed call: ``call`` (inputs as seeds) -> ``armed`` -> go (parent clock starts) -> ``done`` ->
-        ``fetch`` (whole outputs or a seeded sample, decided by the parent only now) -> ``result``."""
+        ``fetch`` (whole outputs or a seeded sample, decided by the parent only now) -> ``result``. ``audit``:
+        under the op audit (the warm-up rep of a Triton part, in both children; timed reps run without it, since
+        its per-op cost, 40-290 us a call on an H100, would move the ratio: benchmarks/bench_audit_overhead.py)."""
         sb.send({"t": "call", "name": task.name, "header": header, "timed": True,
-                 "audit": task.framework == "torch"}, arrays)
+                 "audit": bool(audit) and task.framework == "torch"}, arrays)
         h, _ = sb.recv(task.case_timeout, expect=("armed", "error"), on_trap=on_trap)
         if h["t"] == "error":
             return h, {}, None, None
@@ -444,7 +446,8 @@ class Grader:
             out = {}
             for who in order:
                 sb = self.student() if who == 0 else ref
-                out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None)
+                out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None,
+                                       audit=rep == 0)
             (hs, as_, ws, cs), (hr, ar, wr, cr) = out[0], out[1]
             if hr["t"] != "result":
                 timing.stop, timing.status = f"not run: the reference failed ({hr.get('exc')}: {hr.get('msg')})", \

@@ -2,11 +2,12 @@
 # One GPU call that validates what CI cannot: every Triton test on CUDA, the assignments' Triton solutions
 # compiled and graded by the autograder on the GPU (speed points included), and a stub notebook graded to 0.
 # Usage on the device machine: OUT=/some/dir bash benchmarks/gpu_validate.sh [tests|grade|fp8|all]
-# (parts that each fit one 10-minute device call: `tests` = every Triton test compiled, `grade` = the
+# (parts that each fit one 10-minute device call: `audit` = the op-audit zoo on CUDA (AUDIT_ONLY="a4 a5"
+# picks assignments), `tests` = every Triton test compiled, `grade` = the
 # autograder on CUDA, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
 # the speed ratio against the bf16 reference forward, the two FP8 mutants; default `all`)
 set -u
-STAGES=" ${*:-tests fp8 grade slow holes} "
+STAGES=" ${*:-tests fp8 grade slow holes audit} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_validate}; mkdir -p "$OUT"
@@ -70,5 +71,18 @@ print('[gpu_validate] sandbox:', r['sandbox'].get('checkout'), '|', r['sandbox']
     | tee -a "$OUT/selftest_gpu_holes.log"
 sleep 1; pgrep -af autograder-escape-test && echo "[gpu_validate] SURVIVING SUBMISSION PROCESSES" \
     | tee -a "$OUT/selftest_gpu_holes.log"
+fi
+if has audit; then
+# The op audit on CUDA (grader integrity): per Triton assignment, the zeros-allocating correct submission must
+# score 100% (speed included, the audit on in every timed call of both children), the torch-compute +
+# copy-kernel cheat and the poisoned-run detector must be zeroed with T10; w_ignores_num_splits must lose every
+# flash_decode test (the split gate reads the compiled launches' grids). AUDIT_ONLY picks assignments.
+for a in ${AUDIT_ONLY:-a4 a5 a3b a3}; do
+    timeout 560 python3 -m autograder selftest --only $a --device cuda -j 1 --out /tmp/selftest_gpu_audit_$a \
+        --match own_zeros_alloc t10_torch_compute t19_poison w_ignores_num_splits w_fp8_no_float8 2>&1 \
+        | tr '\r' '\n' | grep -v 'sub/s' | tail -8 | tee -a "$OUT/selftest_gpu_audit.log"
+    cp /tmp/selftest_gpu_audit_$a/*.json "$OUT/" 2>/dev/null
+    echo "[gpu_validate] audit $a done at ${SECONDS}s" | tee -a "$OUT/selftest_gpu_audit.log"
+done
 fi
 echo "[gpu_validate] total ${SECONDS}s"

@@ -53,7 +53,7 @@ def test_grade_all_twenty_mixed(tmp_path):
         return materialise_mutant(p, tmp_path / "mutants") if p.name.endswith(".mutant.json") else p
     wrong = sorted((SUB / "wrong").glob("*.py")) + sorted((SUB / "wrong").glob("*.mutant.json"))
     cheat = sorted((SUB / "cheat").glob("t0*.py")) + sorted((SUB / "cheat").glob("t0*.mutant.json"))
-    picks = [real(p) for p in wrong + cheat[:8]]
+    picks = [real(p) for p in (wrong + cheat)[:14]]        # 14 + 2 below + 4 broken = 20
     picks += [SUB / "correct" / "own_numpy.py", REPO / "autograder" / "examples" / "a1_attention_example.ipynb"]
     expected = {}
     for i, p in enumerate(picks):

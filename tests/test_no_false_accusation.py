@@ -1,6 +1,6 @@
 """No false accusation (issue: grader integrity, docs/design.md §6 T20): correct but unusual Triton submissions
 are never judged "not computed by Triton", on 200 seeds of every hidden generator; a torch-compute + copy-kernel
-cheat is judged so on every one of them.
+cheat is judged so on every case of 25 of them.
 
 The authorship verdict rests on the op audit (``autograder.audit``): which torch ops the call made on
 input-derived data, and whether a Triton kernel ran. It does not depend on values, so the sweep runs each
@@ -30,7 +30,8 @@ from autograder.submission import load_cells  # noqa: E402
 
 pytestmark = pytest.mark.autograder
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS = 200
+SEEDS = 200           # honest submissions: every hidden generator, 200 grading seeds
+CHEAT_SEEDS = 25      # the cheat is caught by the same code path on every case; fewer seeds keep CI short
 HONEST = {
     "a3_triton": ["assignments/a3_triton/a3_triton_solution.py", "a3_triton/correct/own_zeros_alloc"],
     "a3b_triton_backward": ["assignments/a3b_triton_backward/a3b_triton_backward_solution.py",
@@ -93,7 +94,7 @@ class _NoGC:
         runner.gc = self.saved
 
 
-def _verdicts(aid, path, tasks=None):
+def _verdicts(aid, path, tasks=None, seeds=SEEDS):
     """task id -> list of verdicts (None = no finding) over every correctness case of SEEDS seeds."""
     spec = specs.load(aid)
     ns, given = _load(path)
@@ -102,7 +103,7 @@ def _verdicts(aid, path, tasks=None):
     out = {}
     try:
         with _Dry(), _NoGC():
-            for seed in range(SEEDS):
+            for seed in range(seeds):
                 rng = np.random.default_rng([seed, 7])
                 for test in spec.tests:
                     task = spec.tasks[test.task]
@@ -143,8 +144,8 @@ def test_unusual_correct_submissions_are_never_accused(aid):
 @pytest.mark.parametrize("aid", sorted(CHEATED))
 def test_torch_compute_copy_kernel_cheat_is_caught_on_every_seed(aid):
     task = CHEATED[aid]
-    verdicts = _verdicts(aid, _path(f"{aid}/cheat/t10_torch_compute_copy_kernel"), tasks={task})
+    verdicts = _verdicts(aid, _path(f"{aid}/cheat/t10_torch_compute_copy_kernel"), tasks={task}, seeds=CHEAT_SEEDS)
     cases = verdicts[task]
-    assert len(cases) >= SEEDS
+    assert len(cases) >= CHEAT_SEEDS
     missed = [(name, p) for why, name, p in cases if why is None]
     assert not missed, f"{len(missed)} of {len(cases)} cases not flagged, first: {missed[0]}"

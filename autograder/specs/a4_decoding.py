@@ -54,19 +54,21 @@ def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_
 
 
 def _split_case(rng, splits):
-    """A gate case: one plain float32 MHA sequence of at least one key tile of 64 per split, ragged tail."""
+    """A gate case: one plain float32 MHA sequence of ``splits`` key tiles of 64, the last one ragged, so that an
+    even split gives every split keys, and no split needs more than one tile (the gate tests splitting alone;
+    crossing tiles inside a split is "basic"'s job)."""
     h = int(rng.integers(1, 3))
-    return dict(B=1, Hq=h, Hkv=h, N=splits * MAX_TILE + ragged(rng, 1, MAX_TILE - 1), d=16, dtype="float32",
-                torch=True, num_splits=splits)
+    return dict(B=1, Hq=h, Hkv=h, N=(splits - 1) * MAX_TILE + ragged(rng, 1, MAX_TILE - 1), d=16,
+                dtype="float32", torch=True, num_splits=splits)
 
 
 def split_evidence(params, audit):
     """Flash-Decoding's defining property (docs/design.md §6): asked for ``num_splits`` = S >= 2 on a sequence of
-    at least S key tiles, the kernels run S programs per (sequence, kv head) at least: some launch's grid holds
+    more than S - 1 key tiles, the kernels run S programs per (sequence, kv head) at least: some launch's grid holds
     >= B * Hkv * S programs (one split per program; a GQA-packed or per-query-head design has as many or more).
     The grids come from the op audit's record of the call's Triton launches."""
     s = params.get("num_splits") or 1
-    if s < 2 or params["N"] < s * MAX_TILE:
+    if s < 2 or params["N"] <= (s - 1) * MAX_TILE:
         return None
     need = params["B"] * params["Hkv"] * s
     grids = [g["grid"] for g in audit.get("launches", []) if g.get("grid")]
@@ -132,8 +134,8 @@ TESTS = [
     _t("flash_decoding", "dtypes float16/float64", 6, [_v(dtype="float64")],
        lambda r: [_dec(r, "float16", num_splits=2), _dec(r, "float64", num_splits=3)]),
 
-    _t("flash_decode", "splits the KV range when asked (num_splits = 2-4, one tile or more per split)", 3,
-       [_v(torch=True, N=140, num_splits=2)],
+    _t("flash_decode", "splits the KV range when asked (num_splits = 2-4, a key tile per split)", 3,
+       [_v(torch=True, N=120, num_splits=2)],
        lambda r: [_split_case(r, int(r.integers(2, 5))), _split_case(r, 2)],
        gate=True, evidence=split_evidence),
     _t("flash_decode", "basic (Triton)", 9, [_v(torch=True)],
@@ -165,7 +167,8 @@ TESTS = [
        optional=True),
     _t("lpt_schedule", "optional (FA3): equal costs (ties: launch order, lowest free worker)", 2,
        [dict(kind="equal", n_tiles=7, n_workers=3)],
-       lambda r: [dict(kind="equal", n_tiles=int(r.integers(5, 60)), n_workers=int(r.integers(2, 9)))
+       # >= 3 workers: with 2, reversed ties give the same schedule whenever n_tiles is odd (a selftest flake)
+       lambda r: [dict(kind="equal", n_tiles=int(r.integers(5, 60)), n_workers=int(r.integers(3, 9)))
                   for _ in range(2)], optional=True),
 ]
 
