@@ -157,6 +157,10 @@ class OpAudit:
         audit = self
 
         class _Dispatch(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls):
+                return False        # no torch._dynamo wrapper: 1.2 s of import per child, and a cost per op
+
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 return audit._dispatch(func, args, kwargs or {})
 
