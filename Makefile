@@ -56,9 +56,11 @@ bench:
 gradescope:
 	$(PY) -m autograder gradescope $(or $(ASSIGNMENT),a1_attention) -o build/gradescope_$(or $(ASSIGNMENT),a1_attention).zip
 
-# what students get: lectures, stub notebooks, check() with the visible cases; no solution or reference code
+# what students get: lectures, stub notebooks, check() with the visible cases; no solution or reference code.
+# EXCLUDE="05_triton_kernels a6" leaves out lectures / assignments (numbers and short ids work too).
+EXCLUDE ?=
 student-release:
-	$(PY) -m assignments.release -o build/student-release
+	$(PY) -m assignments.release -o build/student-release $(foreach x,$(EXCLUDE),--exclude $(x))
 
 clean:
 	rm -rf build dist grades .pytest_cache .hypothesis *.egg-info

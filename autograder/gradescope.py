@@ -4,7 +4,10 @@
 The zip holds ``setup.sh`` (a virtual environment with the assignment's pinned requirements,
 ``requirements-<assignment>.txt``: NumPy, plus torch and Triton for the Triton assignments), ``run_autograder``
 (grades the notebook or .py found in ``$AUTOGRADER_ROOT/submission`` with the environment's Python and writes
-``$AUTOGRADER_ROOT/results/results.json``), the ``autograder`` and ``reference`` packages (the reference only serves speed baselines, in a separate sandboxed child).
+``$AUTOGRADER_ROOT/results/results.json``), and only the modules grading this assignment imports
+(``grading_files``): the autograder's core, this assignment's spec and the shared spec helpers it imports, the
+oracles, the ``reference`` modules its speed tests time (a baseline runs in a separate trusted child; a1 has no
+speed test and ships no reference code) and ``assignments/given/*.py`` (the op audit recognises given code by it).
 ``AUTOGRADER_ROOT`` defaults to ``/autograder``; a test points it at a fake tree.
 """
 from __future__ import annotations
@@ -77,6 +80,107 @@ def setup_sh(assignment) -> str:
 
 
 PACKAGES = ("autograder", "reference")
+# what every grading imports: the CLI entry point run_autograder calls, the engine, the sandboxed child (staged
+# from isolation.CHILD_MODULES, started through launch.py, which runs as a script)
+ROOTS = ("autograder.gradescope", "autograder.engine", "autograder.child", "autograder.launch",
+         "autograder.isolation")
+
+
+def _module_file(mod: str) -> Path | None:
+    base = Path(REPO).joinpath(*mod.split("."))
+    for p in (base.with_suffix(".py"), base / "__init__.py"):
+        if p.is_file():
+            return p
+    return None
+
+
+def _lazy_exports(path: Path) -> dict:
+    """A package's ``_EXPORTS`` (``reference._lazy``): public name -> submodule, imported on first use."""
+    import ast
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "_EXPORTS" for t in node.targets):
+            try:
+                return ast.literal_eval(node.value)
+            except ValueError:
+                return {}
+    return {}
+
+
+def _imports(mod: str, path: Path) -> set:
+    """The course modules ``mod`` imports anywhere in its file (function-level imports included), with the
+    submodules a lazy package resolves ``from pkg import name`` to."""
+    import ast
+    pkg = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")
+                base = base[:len(base) - node.level + 1]
+                src = ".".join(base + ([node.module] if node.module else []))
+            else:
+                src = node.module or ""
+            found.add(src)
+            for a in node.names:
+                found.add(f"{src}.{a.name}")        # a submodule imported by name (from . import oracles)
+    out = set()
+    for name in found:
+        if name.split(".")[0] not in PACKAGES:
+            continue
+        while name and _module_file(name) is None:   # from pkg.mod import func -> pkg.mod
+            head, _, tail = name.rpartition(".")
+            init = _module_file(head) if head else None
+            if init is not None and init.name == "__init__.py" and tail in _lazy_exports(init):
+                out.add(f"{head}.{_lazy_exports(init)[tail]}")
+            name = head
+        if name:
+            out.add(name)
+    return out
+
+
+def grading_modules(assignment) -> list:
+    """The course modules grading ``assignment`` imports, in the parent, the sandboxed child and the trusted
+    reference child: the closure of ``ROOTS``, the assignment's spec, and the reference of every task with a
+    speed test (``Task.reference``, the only place the reference package serves), parent packages included."""
+    spec = specs.load(assignment)
+    todo = set(ROOTS) | {f"autograder.specs.{spec.id}", "autograder.specs"}
+    timed = {t.task for t in spec.tests if t.kind == "speed"}
+    for task in spec.tasks.values():
+        if task.id in timed and task.reference:
+            mod, _, name = task.reference.partition(":")
+            todo |= {mod, f"{mod}.{name}"}
+    todo = {m for m in (_resolve(x) for x in todo) for m in m}
+    seen = set()
+    while todo:
+        mod = todo.pop()
+        if mod in seen:
+            continue
+        seen.add(mod)
+        parts = mod.split(".")
+        todo |= {".".join(parts[:i]) for i in range(1, len(parts))} - seen      # parent packages
+        todo |= _imports(mod, _module_file(mod)) - seen
+    return sorted(seen)
+
+
+def _resolve(name: str) -> set:
+    """``pkg.mod.func`` or a lazily exported ``pkg.name`` -> the module(s) that hold it."""
+    out = set()
+    while name and _module_file(name) is None:
+        head, _, tail = name.rpartition(".")
+        init = _module_file(head) if head else None
+        if init is not None and init.name == "__init__.py" and tail in _lazy_exports(init):
+            out.add(f"{head}.{_lazy_exports(init)[tail]}")
+        name = head
+    return out | ({name} if name else set())
+
+
+def grading_files(assignment) -> list:
+    """Repository-relative paths the zip carries besides setup.sh, run_autograder and the requirements."""
+    files = {str(_module_file(m).relative_to(REPO)) for m in grading_modules(assignment)}
+    files |= {str(p.relative_to(REPO)) for p in (Path(REPO) / "assignments" / "given").glob("*.py")}
+    return sorted(files)
 
 
 def build_zip(assignment, out) -> Path:
@@ -88,17 +192,9 @@ def build_zip(assignment, out) -> Path:
         _add(z, "run_autograder", RUN_AUTOGRADER.format(assignment=aid))
         z.writestr("assignment.txt", aid + "\n")
         z.writestr(f"requirements-{aid}.txt", requirements(aid))
-        for pkg in PACKAGES:
-            for p in sorted((Path(REPO) / pkg).rglob("*")):
-                rel = p.relative_to(REPO)
-                if p.is_dir() or "__pycache__" in rel.parts or p.suffix in (".pyc",):
-                    continue
-                if pkg == "autograder" and rel.parts[1:2] == ("submissions",):
-                    continue            # the cheat zoo stays home
-                z.write(p, str(rel))
-        # the given cells' code: the op audit recognises a3b's given torch forward by it (autograder.given)
-        for p in sorted((Path(REPO) / "assignments" / "given").glob("*.py")):
-            z.write(p, str(p.relative_to(REPO)))
+        # the given cells' code is among them: the op audit recognises a3b's given torch forward by it
+        for rel in grading_files(aid):
+            z.write(Path(REPO) / rel, rel)
     return out
 
 

@@ -1,4 +1,4 @@
-"""Print every performance number the README and the notes quote, derived from ``benchmarks/results/*.json``.
+"""Print every performance number ``docs/results.md`` and the notes quote, derived from ``benchmarks/results/*.json``.
 
     python benchmarks/quoted_numbers.py
 

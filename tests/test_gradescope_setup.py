@@ -160,3 +160,62 @@ def test_real_setup_of_a_numpy_assignment(tmp_path):
     assert "torch" not in got and got["numpy"] == NUMPY_PINS[new_python].split("==")[1].split(";")[0]
     res = _grade_example(root, env)
     assert 0 < res["score"] < 100
+
+
+UNZIPPED_GRADE = r"""
+import sys
+# the course's editable install must not fill in a module the zip lacks: only the unzipped tree counts
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in getattr(f, "__module__", "")
+                    and "editable" not in getattr(type(f), "__module__", "")]
+root = sys.argv[1]
+import autograder
+assert autograder.__file__.startswith(root), autograder.__file__
+from autograder.gradescope import run
+run(sys.argv[2])
+from autograder import specs
+from autograder.engine import _reference_source
+spec = specs.load(sys.argv[2])
+timed = {t.task for t in spec.tests if t.kind == "speed"}
+for task in spec.tasks.values():          # what the trusted reference child imports for a speed test
+    if task.id in timed:
+        exec(_reference_source(task)[1], {})
+outside = [n for n, m in list(sys.modules.items()) if n.split(".")[0] in ("autograder", "reference")
+           and not (getattr(m, "__file__", None) or root).startswith(root)]
+assert not outside, outside
+print("reference modules:", sorted(n for n in sys.modules if n.split(".")[0] == "reference"))
+"""
+
+
+@pytest.mark.parametrize("aid,most", [("a1_attention", 40), ("a3_triton", 50)])
+def test_zip_carries_only_what_grading_imports_and_grades_the_solution(tmp_path, aid, most):
+    """The zip holds the modules grading imports (no other assignment's spec, no reference code beyond the speed
+    baselines, no cheat zoo or examples); unzipped alone, with nothing of the course on the import path, it
+    grades the solution at 100% (a3 on a CPU: 80 / 80 plus the interpreter-run FP8 bonus)."""
+    z = build_zip(aid, tmp_path / f"{aid}.zip")
+    with zipfile.ZipFile(z) as f:
+        names = set(f.namelist())
+        f.extractall(tmp_path / "root" / "source")
+    assert len(names) <= most, sorted(names)
+    other = [n for n in names if re.match(r"autograder/specs/a\d", n) and aid not in n]
+    assert not other and not [n for n in names if "submissions/" in n or "examples/" in n]
+    spec = specs.load(aid)
+    refs = {n for n in names if n.startswith("reference/")}
+    if aid == "a1_attention":
+        assert not refs                       # no speed test: the NumPy assignment ships no reference code
+    else:
+        assert "reference/triton/flash_fwd.py" in refs and "reference/triton/paged.py" not in refs
+    assert {f"assignments/given/{p.name}" for p in (REPO / "assignments" / "given").glob("*.py")} <= names
+    root = tmp_path / "root"
+    (root / "submission").mkdir()
+    shutil.copy(REPO / "assignments" / aid / f"{aid}_solution.py", root / "submission" / "sub.py")
+    env = {"PATH": SYSTEM_PATH, "HOME": str(tmp_path), "AUTOGRADER_ROOT": str(root), "LANG": "C.UTF-8",
+           "PYTHONPATH": str(root / "source")}
+    p = subprocess.run([sys.executable, "-c", UNZIPPED_GRADE, str(root / "source"), aid], cwd=root / "source",
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    res = json.loads((root / "results" / "results.json").read_text())
+    required = sum(t["max_score"] for t in res["tests"] if not t["name"].endswith("[bonus]"))
+    assert required == 100 or (aid == "a3_triton" and required == 80)   # a3 on a CPU: GPU speed tests not run
+    assert [t for t in res["tests"] if t["score"] != t["max_score"]] == []
+    assert res["score"] == sum(t["max_score"] for t in res["tests"])  # 100% (+ the bonus on top)
+    assert spec.needs_torch == ("reference.triton" in p.stdout)

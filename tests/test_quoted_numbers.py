@@ -1,4 +1,6 @@
-"""The numbers the README quotes are the ones ``benchmarks/quoted_numbers.py`` derives from the results files."""
+"""The numbers ``docs/results.md`` (the measured-number table, moved out of the README by issue 23) quotes are
+the ones ``benchmarks/quoted_numbers.py`` derives from the results files, and each row names the GPU its files
+were measured on."""
 import json
 import re
 import subprocess
@@ -7,6 +9,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+QUOTED = ROOT / "docs" / "results.md"
+
+
+def _quoted() -> str:
+    return QUOTED.read_text()
 
 
 def test_script_prints_every_results_file_and_the_missed_bars():
@@ -19,7 +26,7 @@ def test_script_prints_every_results_file_and_the_missed_bars():
 
 
 def test_readme_decode_and_cpu_numbers_match_the_results_files():
-    readme = (ROOT / "README.md").read_text()
+    readme = _quoted()
     decode = json.loads((RESULTS / "h200-decode.json").read_text())
     by = {(x["batch"], x["context"], x["impl"]): x["ms_graph"] for x in decode["results"] if "ms_graph" in x}
     one = " / ".join(f"{by[(1, n, 'one_split')] / by[(1, n, 'split_kv')]:.1f}x" for n in (32768, 65536, 131072))
@@ -45,7 +52,7 @@ def _gluon_span(gpu, schedule, causal, d=128, n_min=2048):
 def test_readme_gluon_forward_ratios_match_the_results_files():
     """The Gluon row quotes, per GPU, min-max of the default (persistent ping-pong) / cuDNN at d=128, N >= 2k,
     non-causal / causal."""
-    readme = (ROOT / "README.md").read_text()
+    readme = _quoted()
     row = next(line for line in readme.splitlines() if line.startswith("| **Gluon FA3-style forward**"))
     for gpu in ("h100", "h200"):
         spans = [_gluon_span(gpu, "gluon_pingpong_persistent", causal) for causal in (False, True)]
@@ -63,7 +70,7 @@ def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files(
     """The backward row quotes the default warp-specialised config / cuDNN per GPU (d=128, N >= 2k, non-causal /
     causal); the training-step row the autograd op / cuDNN on the H100."""
     from reference.triton.flash_gluon_bwd_ws import DEFAULT_CONFIG
-    readme = (ROOT / "README.md").read_text()
+    readme = _quoted()
     row = next(line for line in readme.splitlines() if line.startswith("| **Gluon warp-specialised backward**"))
     key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)
     for gpu in ("h100", "h200"):
@@ -78,3 +85,33 @@ def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files(
     spans = [_span([x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in r if x["causal"] == c]) for c in (False, True)]
     assert f"H100 {spans[0]} / {spans[1]}" in row
     assert _span([x["triton"]["tflops"] / x["cudnn"]["tflops"] for x in r]) in row
+
+
+def _gpu_of(name: str) -> str:
+    r = json.loads((RESULTS / name).read_text())
+    gpu = r.get("gpu") or (r.get("meta") or {}).get("gpu") or ""
+    return "H100" if "H100" in gpu else "H200" if "H200" in gpu else ""
+
+
+def test_every_row_names_the_gpu_its_files_were_measured_on():
+    """The "measured on" column of each row names exactly the GPUs of the results files the row cites (``same``
+    carries the row above's files); the README keeps no measured-number row and links docs/results.md."""
+    rows = [line for line in _quoted().splitlines() if line.startswith("| ") and not line.startswith("| claim")]
+    assert len(rows) >= 25
+    files = []
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        on, cited = cells[1], cells[3]
+        if cited != "same":
+            files = []
+            for tok in re.findall(r"[\w*<>\-]+\.json", cited):
+                files += [p.name for p in sorted(RESULTS.glob(tok.replace("<gpu>", "*")))]
+        gpus = {_gpu_of(f) for f in files if f.endswith(".json")} - {""}
+        named = {g for g in ("H100", "H200") if g in on}
+        if "not measured" in on:
+            assert not gpus, row
+        else:
+            assert named == gpus, (row[:80], named, gpus)
+    readme = (ROOT / "README.md").read_text()
+    assert "docs/results.md" in readme and "All GPU numbers: one NVIDIA H200" not in readme
+    assert not [line for line in readme.splitlines() if line.startswith("| ") and "benchmarks/results/" in line]

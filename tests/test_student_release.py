@@ -1,6 +1,8 @@
 """The student release (``make student-release``): lectures, stub notebooks, check() with stored visible cases,
 and no implementation of any graded function (no solution, no reference, no bundled correct submission, no
-example notebook). check() in the release passes the solutions and reports the stubs as not implemented."""
+example notebook, no lecture output that prints graded code); READMEs and assignment notebooks cite only files
+that ship; ``--exclude`` leaves lectures or assignments out. check() in the release passes the solutions and
+reports the stubs as not implemented."""
 import ast
 import json
 import os
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from assignments.release import ASSIGNMENTS, build
+from assignments.release import ASSIGNMENTS, build, find_leaks, notebook_texts, solution_regions
 from autograder import specs
 from autograder.percent import parse_percent
 
@@ -86,6 +88,130 @@ def test_release_holds_what_students_need_and_no_graded_implementation(release):
     with tarfile.open(archive) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames()}
     assert names == files
+
+
+def _shipped_texts(folder: Path):
+    """``(where, text)`` for everything a student reads in the release: notebook cells and outputs, READMEs,
+    code."""
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if p.suffix == ".ipynb":
+            for where, text in notebook_texts(json.loads(p.read_text())):
+                yield f"{rel} {where}", text
+        elif p.suffix in (".py", ".md", ".txt", ".toml"):
+            yield str(rel), p.read_text()
+
+
+def test_release_shows_no_graded_code(release):
+    """No cell output, cell, README or module of the release shows a graded function's solution, up to names,
+    spacing and comments (``find_leaks`` against every SOLUTION region). Lecture 05's printout of the forward
+    kernel's key-block step (the core of a3 Parts 2-3) was in every release before issue 23: it is replaced by a
+    note now."""
+    out, _ = release
+    regions = solution_regions()
+    leaks = [f"{where}: {hit}" for where, text in _shipped_texts(out) for hit in find_leaks(text, regions)]
+    assert leaks == []
+    # independent of the matcher: no line run of the reference's key-block step ships
+    import reference.triton.flash_fwd as ff
+    import inspect
+    for fn in (ff.attend_key_block, ff.mask_running_max):
+        body = inspect.getsource(getattr(fn, "fn", fn)).split('"""')[2]
+        lines = [l.strip() for l in body.splitlines() if len(l.strip()) > 20 and not l.strip().startswith("#")]
+        assert len(lines) >= 4
+        for where, text in _shipped_texts(out):
+            assert sum(l in text for l in lines) < 3, (fn.__name__, where)
+    lec = json.loads((out / "lectures" / "05_triton_kernels.ipynb").read_text())
+    assert any("output removed from the student release" in "".join(o.get("text", ""))
+               for c in lec["cells"] for o in c.get("outputs", []))
+
+
+def test_the_leak_scan_finds_solution_code():
+    """Positive controls: the repository's lecture 05 (as it ships without stripping) and reference modules that
+    implement graded functions in their own words are flagged; a stub notebook is not."""
+    regions = solution_regions()
+    lec = json.loads((REPO / "lectures" / "05_triton_kernels.ipynb").read_text())
+    hits = [h for _, text in notebook_texts(lec) for h in find_leaks(text, regions)]
+    assert any(h.startswith("a3_triton:_fwd_block") for h in hits), hits
+    for path, what in (("reference/numpy/flash.py", "a2_flash_numpy:flash_attention_forward"),
+                       ("reference/triton/fused_softmax.py", "a3_triton:_softmax_kernel"),
+                       ("reference/numpy/ring.py", "a6_ring:ring_step"),
+                       ("reference/triton/decode.py", "a4_decoding:_decode_split_kernel")):
+        assert any(h.startswith(what) for h in find_leaks((REPO / path).read_text(), regions)), path
+    stub = json.loads((REPO / "assignments" / "a3_triton" / "a3_triton.ipynb").read_text())
+    assert not [h for _, text in notebook_texts(stub) for h in find_leaks(text, regions)]
+
+
+def test_exclude_leaves_out_lectures_and_assignments(tmp_path):
+    out = tmp_path / "rel"
+    build(out, exclude=["05_triton_kernels", "a6"])
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert "lectures/05_triton_kernels.ipynb" not in files and "lectures/04_backward_recomputation.ipynb" in files
+    assert not [f for f in files if f.startswith("assignments/a6_ring/")]
+    readme = (out / "README.md").read_text()
+    assert "05_triton_kernels" not in readme and "a6_ring" not in readme and "a3_triton.ipynb" in readme
+    with pytest.raises(ValueError, match="names no lecture or assignment"):
+        build(tmp_path / "x", exclude=["99_nothing"])
+    p = subprocess.run([sys.executable, "-m", "assignments.release", "-o", str(tmp_path / "cli"), "--exclude",
+                        "05,a6"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "cli" / "lectures" / "05_triton_kernels.ipynb").exists()
+    assert "EXCLUDE" in (REPO / "Makefile").read_text()
+
+
+_EXT = r"(?:py|md|ipynb|json|txt|toml|csv|png|npz|zip|gz|sh|cfg|yaml|yml)"
+_PATH = re.compile(r"^(?:\.{1,2}/)?[\w.\-]+(?:/[\w.\-]+)*(?:\.%s|/)$" % _EXT)
+
+
+def _file_references(text: str) -> set:
+    """Relative file references in markdown: link targets, and `code` spans that look like a path (a folder
+    with a trailing slash or a file with a known extension; globs and placeholders like <aid> are skipped)."""
+    out = {m.group(1) for m in re.finditer(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text)}
+    for m in re.finditer(r"`([^`\n]+)`", text):
+        for part in re.split(r"[\s,;()]+", m.group(1)):
+            if _PATH.match(part) and ("/" in part or re.match(r"^[\w.\-]+\.%s$" % _EXT, part)):
+                out.add(part)
+    out |= {m.group(1) for m in re.finditer(r"(?<![\w/`.])((?:[\w\-]+/)+[\w\-]+\.%s)\b" % _EXT, text)}
+    return {r for r in out if not r.startswith(("http", "/", "mailto")) and "*" not in r and "<" not in r}
+
+
+def test_shipped_readmes_and_assignment_notebooks_reference_only_shipped_files(release):
+    """Every relative path a shipped README or assignment notebook cites exists in the release (relative to the
+    citing file or to the release's root). Before issue 23 every assignment README cited
+    autograder/specs/<aid>.py and the a1/a2 notebooks docs/design.md. (The lectures are executed notebooks of
+    the course repository, read as they are; the release README says their paths are the repository's.)"""
+    out, _ = release
+    missing = []
+    for p in sorted(out.rglob("*")):
+        if p.suffix == ".md":
+            text = p.read_text()
+        elif p.suffix == ".ipynb" and p.parts[-3] == "assignments":
+            text = "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"])
+        else:
+            continue
+        for ref in sorted(_file_references(text)):
+            if not ((p.parent / ref).exists() or (out / ref).exists()):
+                missing.append(f"{p.relative_to(out)}: {ref}")
+    assert missing == []
+    assert _file_references("see `autograder/specs/a1_attention.py` and [x](../docs/design.md#s)") == \
+        {"autograder/specs/a1_attention.py", "../docs/design.md"}
+
+
+def test_assignment_readme_point_tables_match_the_specs():
+    """Each assignment README states its points per graded function (required, GPU-only, bonus) as a table; the
+    numbers are the spec's."""
+    for aid in ASSIGNMENTS:
+        spec = specs.load(aid)
+        want = {}
+        for t in spec.tests:
+            key = (spec.tasks[t.task].name, bool(t.optional))
+            pts, gpu = want.get(key, (0, 0))
+            want[key] = (pts + t.points, gpu + (t.points if t.gpu_only else 0))
+        text = (REPO / "assignments" / aid / "README.md").read_text()
+        got = {(m[1], bool(m[2])): (int(m[3]), 0 if m[4] == "-" else int(m[4])) for m in
+               re.finditer(r"^\| `(\w+)`( \(bonus\))? \| (\d+) \| (\d+|-) \|$", text, re.M)}
+        assert got == want, aid
+        total = re.search(r"^\| \*\*required\*\* \| \*\*(\d+)\*\* \|", text, re.M)
+        assert total and int(total[1]) == sum(p for (_, opt), (p, _) in want.items() if not opt), aid
 
 
 def test_the_scan_finds_implementations():

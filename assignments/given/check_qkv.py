@@ -1,5 +1,6 @@
 def check_qkv(q, k, v):
-    """Given: validate shapes (docs/design.md §3) and return ``(q, k, v, group)`` with ``group = Hq // Hkv``."""
+    """Given: validate shapes (``q (..., Hq, Nq, d)``, ``k, v (..., Hkv, Nk, d)``, ``Hq % Hkv == 0``) and return
+    ``(q, k, v, group)`` with ``group = Hq // Hkv``."""
     q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
     if q.ndim < 2 or not q.ndim == k.ndim == v.ndim:
         raise ValueError(f"q, k, v must have the same rank >= 2, got {q.shape}, {k.shape}, {v.shape}")
