@@ -107,8 +107,9 @@ def _compile_error_line(exc):
     jit = None
     while tb is not None:
         cand = tb.tb_frame.f_locals.get("self")
-        if hasattr(cand, "starting_line_number") and hasattr(cand, "raw_src") and hasattr(cand, "fn"):
-            jit = cand
+        for c in (cand, getattr(cand, "fn", None)):          # JITFunction.run, or ASTSource (triton.compile)
+            if hasattr(c, "starting_line_number") and hasattr(c, "raw_src") and hasattr(c, "fn"):
+                jit = c
         tb = tb.tb_next
     if jit is None:
         return None
@@ -117,6 +118,20 @@ def _compile_error_line(exc):
         return None
     offset = next((i for i, line in enumerate(jit.raw_src) if re.match(r"\s*def\s", line)), 0)
     return code.co_filename, jit.starting_line_number + offset + node.lineno - 1, code.co_name
+
+
+def _compile_error_message(exc):
+    """A Triton ``CompilationError`` on one line: its message and the kernel line it points at (its ``str`` is
+    the kernel's source up to that line, a caret and the message)."""
+    node, src = getattr(exc, "node", None), getattr(exc, "src", None)
+    if node is None or not hasattr(exc, "error_message"):
+        return None
+    line = ""
+    if src and hasattr(node, "lineno"):
+        lines = src.split("\n")
+        line = lines[node.lineno - 1].strip() if 0 < node.lineno <= len(lines) else ""
+    text = (exc.error_message or "").strip().splitlines()
+    return (text[-1] if text else "does not compile") + (f" at `{line}`" if line else "")
 
 
 def innermost(exc):
@@ -137,7 +152,8 @@ def exc_line(exc, limit: int = 300) -> str:
     r = root(exc)
     fr = innermost(exc)
     where = f" ({place(*fr)})" if fr else ""
-    msg = _CELL_IN_TEXT.sub(lambda m: label(m.group(0)) or m.group(0), str(r)[:limit])   # SyntaxError: (<cell 4>, ...)
+    msg = _compile_error_message(r) or str(r)
+    msg = _CELL_IN_TEXT.sub(lambda m: label(m.group(0)) or m.group(0), msg[:limit])   # SyntaxError: (<cell 4>, ...)
     return f"{type(r).__name__}: {msg}{where}"
 
 

@@ -97,7 +97,7 @@ def test_cells_are_named_as_jupyter_shows_them(tmp_path):
     assert [c.name for c in load_cells(py)] == ["cell [1]", "cell [2]"]
 
 
-def test_child_messages_name_the_cell_and_the_line_inside_a_triton_kernel():
+def test_child_messages_name_the_cell_and_the_line_inside_a_triton_kernel(monkeypatch):
     """The child's one-line error and traceback: the cell as Jupyter shows it, and for an exception raised
     inside a Triton kernel (interpreter: InterpreterError from the kernel's exception) the kernel's own line,
     not the launch line."""
@@ -113,7 +113,7 @@ def test_child_messages_name_the_cell_and_the_line_inside_a_triton_kernel():
     where.CELL_LABELS[fname] = "cell [4]"
     try:
         ns = {}
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+        monkeypatch.setenv("TRITON_INTERPRET", "1")            # read when @triton.jit decorates
         import torch
         if torch.cuda.is_available():
             pytest.skip("the interpreter case: no GPU")
@@ -127,6 +127,35 @@ def test_child_messages_name_the_cell_and_the_line_inside_a_triton_kernel():
             exec(compile("def g():\n    return 1 +\n", fname, "exec"), {})  # noqa: S102
         except SyntaxError as exc:
             assert "(cell [4], line 2)" in where.exc_line(exc)
+    finally:
+        where.CELL_LABELS.pop(fname, None)
+
+
+def test_a_triton_compilation_error_names_the_kernel_line(monkeypatch):
+    """On a GPU a kernel that does not compile raises CompilationError at the launch; its node's line counts
+    from the kernel's def. Compiled here for a CUDA target on the CPU (the front end needs no GPU)."""
+    import linecache
+
+    from autograder import where
+    triton = pytest.importorskip("triton")
+    GPUTarget = pytest.importorskip("triton.backends.compiler").GPUTarget
+    src = ("import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(x_ptr, n, B: tl.constexpr):\n"
+           "    offs = tl.arange(0, B)\n    x = tl.load(x_ptr + offs, mask=offs < n)\n"
+           "    y = tl.reshape(x, (3, 5))\n    tl.store(x_ptr + offs, x, mask=offs < n)\n")
+    fname = "<cell 8>"
+    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+    where.CELL_LABELS[fname] = "cell [6]"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # a compiled kernel, not an interpreted one
+    try:
+        ns = {}
+        exec(compile(src, fname, "exec"), ns)  # noqa: S102
+        source = triton.compiler.ASTSource(fn=ns["k"], signature={"x_ptr": "*fp32", "n": "i32", "B": "constexpr"},
+                                           constexprs={"B": 16})
+        with pytest.raises(Exception) as info:
+            triton.compile(source, target=GPUTarget("cuda", 80, 32))
+        line = where.exc_line(info.value)
+        assert line.startswith("CompilationError: ") and "\n" not in line, line
+        assert line.endswith("at `y = tl.reshape(x, (3, 5))` (cell [6], line 8, in k)"), line
     finally:
         where.CELL_LABELS.pop(fname, None)
 
