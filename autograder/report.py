@@ -111,7 +111,12 @@ def _wrap(text, cols, indent):
 def fold_command(cmd: str, cols: int, indent: str = "  ") -> list:
     """``cmd`` as shell lines of at most ``cols`` columns, continued with `` \\`` (an argument longer than a
     line stays whole)."""
-    words = [shlex.quote(a) for a in shlex.split(cmd)]
+    words = []
+    for a in (shlex.quote(a) for a in shlex.split(cmd)):
+        if words and words[-1].startswith("--") and " " not in words[-1] and not a.startswith("-"):
+            words[-1] += " " + a                        # an option stays with its value
+        else:
+            words.append(a)
     lines, cur = [], indent
     for word in words:
         if cur.strip() and len(cur) + 1 + len(word) + 2 > cols:
