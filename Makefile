@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 JOBS   ?= 2
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 
-.PHONY: setup test test-fast lab lectures assignments grade selftest bench bench-cpu gradescope student-release clean
+.PHONY: setup test test-fast check lab lectures assignments grade selftest bench bench-cpu gradescope student-release clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ test:
 # everything but the notebooks and the grader's self-test
 test-fast:
 	$(PY) -m pytest -n $(JOBS) -q -m "not notebooks and not selftest and not slow"
+
+# the visible checks of an assignment on your own notebook, through pytest; MARK: one function's checks
+#   make check ASSIGNMENT=a1_attention [SUBMISSION=my.ipynb] [MARK=online_softmax]
+check:
+	$(PY) -m pytest autograder/tests_visible -q -p no:cacheprovider \
+		--assignment $(or $(ASSIGNMENT),$(error give ASSIGNMENT=a1_attention (and SUBMISSION=..., MARK=...))) \
+		$(if $(SUBMISSION),--submission "$(SUBMISSION)") $(if $(MARK),-m "$(MARK)")
 
 lab:
 	$(BIN)/jupyter lab

@@ -9,8 +9,10 @@ What students get, and nothing that implements a graded function:
 - ``assignments/<aid>/<aid>.ipynb`` and its ``README.md``: the stub notebooks, as ``make assignments`` makes them;
 - ``autograder/``: ``check()`` and what it needs to run a function on a case and judge the outputs, with the
   visible cases stored as files (inputs and expected outputs, ``autograder.visible.export``) instead of the
-  specs, oracles and reference code that would make them;
-- ``README.md``, ``requirements.txt``, ``pyproject.toml`` (``pip install -e .`` makes ``autograder`` importable).
+  specs, oracles and reference code that would make them; and ``make check``'s pytest tests of those cases
+  on the student's own notebook (``autograder/tests_visible``, ``autograder/adapter.py``);
+- ``README.md``, ``Makefile`` (``make check``), ``requirements.txt``, ``pyproject.toml`` (``pip install -e .``
+  makes ``autograder`` importable).
 
 Left out: ``reference/``, ``assignments/*/*_solution.py``, the autograder's specs, oracles, sandbox and
 bundled submissions (correct ones included), the example notebook, lecture sources, tests, benchmarks, notes,
@@ -34,8 +36,11 @@ REPO = Path(__file__).resolve().parent.parent
 ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged",
                "a6_ring")
 # the part of the autograder that check() imports: running a call, judging outputs, the case data classes
-CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py",
-               "specs/__init__.py", "specs/_base.py")
+CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py", "where.py",
+               "specs/__init__.py", "specs/_base.py",
+               # make check: the visible cases as pytest tests on the student's own notebook
+               "adapter.py", "submission.py", "percent.py", "load_errors.py",
+               "tests_visible/__init__.py", "tests_visible/conftest.py", "tests_visible/test_visible.py")
 
 INIT = '''"""The in-notebook checker of the attention course (student release).
 
@@ -70,6 +75,20 @@ triton>=3.2; platform_system == "Linux"
 matplotlib>=3.8
 jupyter
 ipykernel
+pytest
+'''
+
+MAKEFILE = '''# make check ASSIGNMENT=a1_attention [SUBMISSION=path/to/notebook.ipynb] [MARK=online_softmax]
+PY ?= .venv/bin/python
+
+.PHONY: check lab
+check:
+\t$(PY) -m pytest autograder/tests_visible -q -p no:cacheprovider \\
+\t\t--assignment $(or $(ASSIGNMENT),$(error give ASSIGNMENT=a1_attention (and SUBMISSION=..., MARK=...))) \\
+\t\t$(if $(SUBMISSION),--submission "$(SUBMISSION)") $(if $(MARK),-m "$(MARK)")
+
+lab:
+\t.venv/bin/jupyter lab
 '''
 
 README = '''# Fast attention, from NumPy to PagedAttention (student release)
@@ -94,6 +113,17 @@ python3 -m venv .venv
 `check()` compares your outputs with stored expected outputs (computed in float64) and prints one row per
 case; it never raises. Grading runs hidden cases of the same kinds, plus speed on a GPU for assignments 3-5.
 Each assignment's README gives its points per function and an estimate of the time it takes.
+
+The same visible cases run as pytest tests on your saved notebook, one marker per function:
+
+```bash
+make check ASSIGNMENT=a1_attention                   # every function of assignments/a1_attention/a1_attention.ipynb
+make check ASSIGNMENT=a1_attention MARK=online_softmax SUBMISSION=my_copy.ipynb
+```
+
+Use `check(...)` while you write a function (in the notebook, on the code you just ran) and `make check` on
+the saved file before you submit, or from an editor or a script (it runs the file's code cells in order, as
+the grader does, so a cell that fails on a fresh run shows here too). A stub fails as "not implemented yet".
 
 The lecture notebooks import the course's reference implementation, which is not part of this release: they
 are here to be read, not re-run, and the file paths they mention (`reference/...`, `benchmarks/...`) are the
@@ -135,6 +165,7 @@ def build(out: Path, exclude=()) -> Path:
     export(out / "autograder" / "visible")
     (out / "pyproject.toml").write_text(PYPROJECT)
     (out / "requirements.txt").write_text(REQUIREMENTS)
+    (out / "Makefile").write_text(MAKEFILE)
     (out / "README.md").write_text(README.format(order="\n".join(order)))
     return _archive(out)
 

@@ -36,6 +36,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .where import place
+
 MAX_FINDINGS = 40
 
 # aten ops (overload packet names) that move or reinterpret data without computing on it
@@ -115,7 +117,7 @@ class OpAudit:
     # -- attribution -------------------------------------------------------------------------------------
     def where(self):
         """``(judged, where, given)``: whether the op is the submission's, the innermost submission frame
-        ("cell 4, line 12, in f"), and the name of the given function that frame lies in (or None)."""
+        ("cell [5], line 12, in f": ``where.place``), and the name of the given function that frame lies in (or None)."""
         f = sys._getframe(1)
         innermost_other = None           # first frame that is neither torch nor this module
         while f is not None:
@@ -130,7 +132,7 @@ class OpAudit:
                     cell = -1
                 line = f.f_lineno
                 given = next((name for lo, hi, name in self.given.get(cell, ()) if lo <= line <= hi), None)
-                return True, f"cell {cell}, line {line}, in {f.f_code.co_name}", given
+                return True, place(fn, line, f.f_code.co_name), given
             if innermost_other is None and not fn.startswith(self._torch_dir) and fn != _HERE:
                 innermost_other = fn
             f = f.f_back

@@ -14,7 +14,6 @@ from __future__ import annotations
 import inspect
 import os
 import sys
-import traceback
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +21,7 @@ import numpy as np
 from . import visible
 from .evaluate import evaluate, fmt_err
 from .runner import array_hash, execute, materialise
+from .where import exc_line, root
 
 
 def _device(framework) -> str:
@@ -90,6 +90,28 @@ def reproduce_line(fn, index: int, mode: str) -> str:
     return f"out = {name}(*{c}.args, **{c}.kwargs)"
 
 
+NOT_IMPLEMENTED = "not implemented yet"
+
+
+def run_case(case, fn, device):
+    """Run ``fn`` on one visible case and judge it: ``(passed, rel. error, message, tolerance)``. Never raises
+    for the student's exceptions: ``NotImplementedError`` (also inside a Triton kernel) is "not implemented yet",
+    another exception its type, message and innermost place in the student's code (``where.exc_line``: the
+    kernel's own line for an error inside a Triton kernel)."""
+    call, limit = case.call, case.memory_limit
+    sent = {k: array_hash(a) for k, a in case.arrays.items()}
+    try:
+        result = execute(fn, case.header, case.arrays, device, trace_memory=limit is not None)
+    except Exception as exc:  # noqa: BLE001 -- feedback, not a crash
+        if isinstance(root(exc), NotImplementedError):
+            return False, float("inf"), NOT_IMPLEMENTED, None
+        return False, float("inf"), exc_line(exc), None
+    v = evaluate(call, result, sent, device, limit)
+    tol = min((o.tol for o in call.outs), default=0.0)
+    msg = v.message or (f"peak {result['peak'] / 2**20:.1f} MiB" if limit else "")
+    return v.passed, v.err, msg, tol
+
+
 def _run_cases(task_id, fn, seed=None):
     """Yield ``(test, label, result tuple, case, device)`` for every visible case of ``task_id``."""
     device = _device(visible.framework(task_id))
@@ -98,23 +120,8 @@ def _run_cases(task_id, fn, seed=None):
     for case in visible.cases(task_id, rng):
         if case.gpu and device == "cpu":
             continue
-        test, label, call, limit = case.test, case.label, case.call, case.memory_limit
-        arrays = case.arrays
-        sent = {k: array_hash(a) for k, a in arrays.items()}
-        try:
-            result = execute(fn, case.header, arrays, device, trace_memory=limit is not None)
-        except NotImplementedError:
-            yield test, label, (False, float("inf"), "not implemented yet"), case, device
-            continue
-        except Exception as exc:  # noqa: BLE001 -- feedback, not a crash
-            tb = traceback.extract_tb(exc.__traceback__)
-            where = f" (line {tb[-1].lineno} in {tb[-1].name})" if tb else ""
-            yield test, label, (False, float("inf"), f"{type(exc).__name__}: {exc}{where}"), case, device
-            continue
-        v = evaluate(call, result, sent, device, limit)
-        tol = min((o.tol for o in call.outs), default=0.0)
-        msg = v.message or (f"peak {result['peak'] / 2**20:.1f} MiB" if limit else "")
-        yield test, label, (v.passed, v.err, msg, tol), case, device
+        res = run_case(case, fn, device)
+        yield case.test, case.label, res if res[3] is not None else res[:3], case, device
 
 
 def run_visible(task_id, fn, seed=None):
@@ -137,7 +144,7 @@ def check(task_id, fn, verbose=True) -> bool:
             all_ok &= ok
             rows.append((label, "PASS" if ok else "FAIL", fmt_err(err) if err != float("inf") else "-",
                          f"{tol:.0e}" if tol else "-", msg))
-            if not ok and msg != "not implemented yet":
+            if not ok and msg != NOT_IMPLEMENTED:
                 args, kwargs = materialise(case.header, case.arrays, device)
                 failed.append(FailedCase(label, case.header["mode"], args, kwargs, case.header.get("script"),
                                          describe_case(fn, case, args, kwargs)))

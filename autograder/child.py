@@ -18,13 +18,13 @@ import linecache
 import os
 import sys
 import threading
-import traceback
 import types
 
 import numpy as np
 
 from .protocol import ChildChannel
 from .runner import _clock, compare_snapshot, describe, execute, materialise, poison, snapshot_inputs, sync
+from .where import CELL_LABELS, exc_line, root, student_tb
 
 NS_NAME = "__main__"
 
@@ -68,12 +68,15 @@ class Child:
             self.traps.take_snapshot()
         cells = []
         t0 = _clock()
-        for i, (index, src) in enumerate(h["cells"]):
+        for i, cell in enumerate(h["cells"]):
+            index, src = cell[0], cell[1]
             ok, err = True, None
+            fname = f"<cell {index}>"
+            if len(cell) > 2 and cell[2]:
+                CELL_LABELS[fname] = cell[2]         # messages name the cell as Jupyter shows it: "cell [5]"
             try:
                 # register the cell's text like Jupyter does, so inspect.getsource works (Triton's @jit needs it
                 # on a GPU, and tracebacks show the line)
-                fname = f"<cell {index}>"
                 linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
                 code = compile(src, fname, "exec")
                 self._active(True)
@@ -114,7 +117,8 @@ class Child:
                     self._active(False)
         except BaseException as exc:  # noqa: BLE001 -- the student's exception is the answer
             self._active(False)
-            self.chan.send({"t": "error", "exc": type(exc).__name__, "msg": str(exc)[:500],
+            r = root(exc)                    # a Triton InterpreterError: the kernel's own exception
+            self.chan.send({"t": "error", "exc": type(r).__name__, "msg": str(r)[:500],
                             "tb": _student_tb(exc), "launches": self.traps.launches if self.traps else None,
                             "patched": self.traps.patched() if self.traps else []})
             return
@@ -197,19 +201,14 @@ def _netns():
 
 
 def _exc_line(exc) -> str:
-    tb = traceback.extract_tb(exc.__traceback__)
-    where = ""
-    for fr in reversed(tb):
-        if fr.filename.startswith("<cell"):
-            where = f" ({fr.filename[1:-1]}, line {fr.lineno})"
-            break
-    return f"{type(exc).__name__}: {str(exc)[:300]}{where}"
+    """``ValueError: msg (cell [5], line 12, in f)``: the innermost place in the submission's cells (inside a
+    Triton kernel when the kernel raised: ``where.py``)."""
+    return exc_line(exc)
 
 
 def _student_tb(exc) -> str:
-    """The traceback lines inside the submission's cells (not the harness)."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell")]
-    return "\n".join(f"{f.filename[1:-1]}, line {f.lineno}, in {f.name}" for f in frames[-5:])
+    """The traceback lines inside the submission's cells (not the harness), through Triton's wrapped errors."""
+    return student_tb(exc)
 
 
 def main(argv=None):

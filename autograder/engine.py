@@ -146,7 +146,7 @@ class Grader:
     def _start_student(self):
         sb = Sandbox(self.device, self.limits, "student")
         sb.start(timeout=self.spec.load_timeout)
-        sb.send({"t": "load", "cells": [[c.index, c.source] for c in self.cells], "names": self._graded_names(),
+        sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
                  "device": self.device, "torch": self.spec.needs_torch,
                  "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells)})
         self._isolation = isolation.describe(sb.isolation)
@@ -483,10 +483,11 @@ class Grader:
         if not error:
             findings, attribution = scan(self.cells, self._graded_names(), self.spec.forbidden_imports)
             by_name = {t.name: t.id for t in self.spec.tasks.values()}
+            cell_names = {c.index: c.name for c in self.cells}
             for f, names in zip(findings, attribution):
                 if names:
                     self.flag(f.threat, [by_name[n] for n in names], f.message, "static",
-                              f"cell {f.cell}, line {f.line}" + (f", in {f.scope}" if f.scope else ""))
+                              f"{cell_names.get(f.cell, f'cell {f.cell}')}, line {f.line}" + (f", in {f.scope}" if f.scope else ""))
         tests = [t for t in self.spec.tests if not self.only or any(o in t.name for o in self.only)]
         if not tests:
             raise ValueError(f"no test of {self.spec.id} matches {self.only}")

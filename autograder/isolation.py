@@ -19,7 +19,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = str(HERE.parent)
-CHILD_MODULES = ("child.py", "runner.py", "protocol.py", "traps.py", "audit.py", "specs/_base.py")
+CHILD_MODULES = ("child.py", "runner.py", "protocol.py", "traps.py", "audit.py", "where.py", "specs/_base.py")
 ENV_SWITCH = "AUTOGRADER_SANDBOX_NAMESPACES"      # "0": no mount/PID namespaces (debugging a new machine)
 
 

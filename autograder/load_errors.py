@@ -2,9 +2,10 @@
 
 The child runs every code cell in order and reports, per cell, whether it raised (``child.py``). A cell that
 fails takes the graded names it defines with it: each test of such a name fails with
-``cell 3 failed while loading: SyntaxError: '(' was never closed (line 12)`` instead of "safe_softmax is not
+``cell [3] ("def f(x):") failed while loading: SyntaxError: '(' was never closed (line 12)`` instead of "safe_softmax is not
 defined". Which names a cell defines is read from its text (a cell that does not parse is read line by line),
-the last cell defining a name wins, like re-running a notebook top to bottom.
+the last cell defining a name wins, like re-running a notebook top to bottom. Cells are named as Jupyter shows
+them (``cell [5]``: the fifth code cell, ``submission.Cell.name``).
 """
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import ast
 import re
 
 _TOP_DEF = re.compile(r"^(?:async\s+)?(?:def|class)\s+([A-Za-z_]\w*)|^([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)")
-_WHERE = re.compile(r"\s*\((?:<cell -?\d+>|cell -?\d+), line (\d+)\)\s*$")
+# the place a child's message ends with: "(cell [5], line 12)", "(cell [5], line 3, in f)", "(<cell 4>, line 12)"
+_WHERE = re.compile(r"\s*\((?P<cell><cell -?\d+>|cell -?\d+|cell \[\d+\]|cell In \[\d+\]|[\w.-]+\.py), "
+                    r"line (?P<line>\d+)(?P<fn>, in [\w<>]+)?\)\s*$")
 _EFBIG = ("File too large", "[Errno 27]")
 
 
@@ -40,13 +43,14 @@ def defined_names(source: str) -> set:
     return out
 
 
-def explain(error: str, file_limit: int | None = None) -> str:
-    """The child's one-line error made readable: its ``(cell N, line L)`` suffix becomes ``(line L)`` (the
-    cell is named by the caller) and known causes get a hint."""
+def explain(error: str, file_limit: int | None = None, cell: str | None = None) -> str:
+    """The child's one-line error made readable: its ``(cell [5], line L)`` suffix becomes ``(line L)`` when
+    that is the failing cell ``cell`` (named by the caller; None: any cell), and stays when the error happened
+    in another cell (a function defined there, called at load time); known causes get a hint."""
     error = error or "unknown error"
     m = _WHERE.search(error)
-    if m:
-        error = error[: m.start()] + f" (line {m.group(1)})"
+    if m and (cell is None or m.group("cell") == cell or m.group("cell").startswith("<")):
+        error = error[: m.start()] + f" (line {m.group('line')}{m.group('fn') or ''})"
     if any(s in error for s in _EFBIG):
         mib = f"{file_limit >> 20} MiB" if file_limit else "the file-size limit"
         error = error.replace("[Errno 27] File too large", "file too large").rstrip() + \
@@ -73,8 +77,9 @@ def cell_failures(cells, reports, file_limit=None) -> list:
         if r.get("ok"):
             continue
         cell = by_index.get(r.get("index"))
-        where = f'cell {r.get("index")}' + (f' ("{_first_line(cell.source)}")' if cell is not None else "")
-        out.append((cell, f"{where} failed while loading: {explain(r.get('error'), file_limit)}"))
+        name = cell.name if cell is not None else f'cell {r.get("index")}'
+        where = name + (f' ("{_first_line(cell.source)}")' if cell is not None else "")
+        out.append((cell, f"{where} failed while loading: {explain(r.get('error'), file_limit, name)}"))
     return out
 
 

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import shutil
+import sys
 import textwrap
 
 
@@ -29,11 +30,20 @@ def score_line(result: dict) -> str:
     return line
 
 
+MIN_NOTE = 40          # narrower than this beside the row, a note moves to its own line(s) under the row
+NOTE_LINES = 3         # lines of a note shown without --verbose (enough for a failing case's shapes)
+
+
 def table(result: dict, width: int | None = None, verbose: bool = False) -> str:
     """Plain-text report: what stopped the submission from loading (first: it explains the failures below),
-    then the table (test, points, status, time, error or note) fitted to ``width`` columns (default: the
-    terminal's; a longer note is cut, or with ``verbose`` wrapped in full, passed tests' notes too), the flags, the total, and a command that re-runs the first
-    failing test with the same inputs."""
+    then the table (test, points, status, time, error or note), the flags, the total, and a command that
+    re-runs the first failing test with the same inputs.
+
+    Every line fits ``width`` columns (default: the terminal's, ``$COLUMNS``): a test name longer than its
+    share wraps inside the name column; a note goes beside the row when at least ``MIN_NOTE`` columns are left
+    there, else on the line(s) under the row; a note is wrapped, cut after ``NOTE_LINES`` lines (``verbose``:
+    in full, passed tests' notes too); the re-run command is folded into shell continuation lines."""
+    cols = max(40, (width or shutil.get_terminal_size((120, 24)).columns) - 1)
     head = []
     if result.get("submission_error"):
         head.append(f"SUBMISSION UNREADABLE: {result['submission_error']}")
@@ -50,33 +60,72 @@ def table(result: dict, width: int | None = None, verbose: bool = False) -> str:
         rows.append((t["name"], pts, t["status"], f"{t['time']:.2f}s",
                      t["output"] if t["status"] != "passed" or verbose else ""))
     w = [max(len(r[i]) for r in rows) for i in range(4)]
-    indent = sum(w) + 2 * 4
-    room = max(30, (width or shutil.get_terminal_size((120, 24)).columns) - 1 - indent)
-    lines = [*head, ""] if head else []
+    rest = w[1] + w[2] + w[3] + 6                       # points, status, time and their separators
+    w[0] = max(16, min(w[0], cols - rest))
+    indent = w[0] + rest
+    room = cols - indent - 2
+    inline = room >= MIN_NOTE
+    if not inline:
+        room = cols - 4
+    lines = [ln for h in head for ln in _wrap(h, cols, "      ")] + [""] if head else []
     for i, r in enumerate(rows):
-        left = "  ".join(c.ljust(w[j]) if j != 3 else c.rjust(w[j]) for j, c in enumerate(r[:4]))
-        note = r[4]
-        if verbose:
-            parts = textwrap.wrap(note, room) or [""]
+        names = textwrap.wrap(r[0], w[0], subsequent_indent="  ", break_on_hyphens=False) or [""]
+        left = "  ".join([names[0].ljust(w[0])] + [c.ljust(w[j]) if j != 3 else c.rjust(w[j])
+                                                     for j, c in enumerate(r[1:4], 1)])
+        note = r[4] if i else (r[4] if inline else "")
+        parts = textwrap.wrap(note, room, break_on_hyphens=False) or [""]
+        if not verbose and len(parts) > NOTE_LINES:
+            parts = parts[:NOTE_LINES - 1] + [parts[NOTE_LINES - 1][: room - 3] + "..."]
+        if inline:
+            lines.append(f"{left}  {parts[0]}".rstrip())
+            lines += names[1:]
+            lines += [" " * (indent + 2) + p for p in parts[1:]]
         else:
-            parts = [note if len(note) <= room else note[: room - 3] + "..."]
-        lines.append(f"{left}  {parts[0]}".rstrip())
-        lines += [" " * (indent) + p for p in parts[1:]]
+            lines.append(left.rstrip())
+            lines += names[1:]
+            lines += ["    " + p for p in parts if p]
         if i == 0:
-            lines.append("  ".join("-" * x for x in w) + "  " + "-" * min(room, max(len(r[4]) for r in rows)))
+            dash = ("  " + "-" * min(room, max(len(r[4]) for r in rows))) if inline else ""
+            lines.append("  ".join("-" * x for x in w) + dash)
     lines.append("")
     for f in result.get("flags", []):
         where = f" [{f['where']}]" if f.get("where") else ""
         tasks = ", ".join(f["tasks"]) if f.get("tasks") else "all"
-        lines.append(f"FLAG {f['id']} ({tasks}): {f['message']}{where} -- {f.get('explanation', '')}")
+        lines += _wrap(f"FLAG {f['id']} ({tasks}): {f['message']}{where} -- {f.get('explanation', '')}", cols, "    ")
     not_run = sum(1 for t in result["tests"] if t["status"] == "not run")
-    lines.append(f"score {score_line(result)} on {result['device']}"
-                 + (f"; {not_run} test(s) not run (excluded)" if not_run else "")
-                 + f"; graded in {result['execution_time']:.1f} s")
+    lines += _wrap(f"score {score_line(result)} on {result['device']}"
+                   + (f"; {not_run} test(s) not run (excluded)" if not_run else "")
+                   + f"; graded in {result['execution_time']:.1f} s", cols, "    ")
     repro = reproduce(result)
     if repro:
-        lines.append(f"first failure, again with the same inputs: {repro}")
+        lines.append("first failure, again with the same inputs:")
+        lines += fold_command(repro, cols)
     return "\n".join(lines)
+
+
+def _wrap(text, cols, indent):
+    return textwrap.wrap(text, cols, subsequent_indent=indent, break_on_hyphens=False, break_long_words=False) \
+        or [""]
+
+
+def fold_command(cmd: str, cols: int, indent: str = "  ") -> list:
+    """``cmd`` as shell lines of at most ``cols`` columns, continued with `` \\`` (an argument longer than a
+    line stays whole)."""
+    words = []
+    for a in (shlex.quote(a) for a in shlex.split(cmd)):
+        if words and words[-1].startswith("--") and " " not in words[-1] and not a.startswith("-"):
+            words[-1] += " " + a                        # an option stays with its value
+        else:
+            words.append(a)
+    lines, cur = [], indent
+    for word in words:
+        if cur.strip() and len(cur) + 1 + len(word) + 2 > cols:
+            lines.append(cur + " \\")
+            cur = indent + "    " + word
+        else:
+            cur = cur + (" " if cur.strip() else "") + word
+    lines.append(cur)
+    return lines
 
 
 # failures that re-running one test would only repeat: the fix is in the notebook, not in a case
@@ -84,13 +133,26 @@ _NOT_REPRODUCIBLE = ("failed while loading", "is not defined in the submission",
                      "submission unreadable", "zeroed:")
 
 
+def python_command() -> str:
+    """The interpreter that runs the grader, as a command: relative (``.venv/bin/python``) when it lies under
+    the current folder (the repository), else its absolute path; so the command works without an activated
+    virtual environment."""
+    exe = sys.executable or "python"
+    try:
+        rel = os.path.relpath(exe)
+    except ValueError:                                  # another drive (Windows)
+        rel = exe
+    return shlex.quote(rel if not rel.startswith("..") and os.sep in rel else exe)
+
+
 def reproduce(result: dict) -> str | None:
-    """One command line that grades only the first failed test, with the seed of this run (same cases)."""
+    """One command line that grades only the first failed test, with the seed of this run (same cases), with
+    the interpreter of this run (``python_command``)."""
     first = next((t for t in result["tests"] if t["status"] in ("failed", "partial")
                   and not any(m in t["output"] for m in _NOT_REPRODUCIBLE)), None)
     if first is None or not result.get("seed") or not result.get("submission"):
         return None
-    return (f"python -m autograder grade {result['assignment']} {shlex.quote(result['submission'])} "
+    return (f"{python_command()} -m autograder grade {result['assignment']} {shlex.quote(result['submission'])} "
             f"--device {result['device']} --seed {result['seed']} --test {shlex.quote(first['name'])}")
 
 

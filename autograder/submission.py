@@ -3,7 +3,8 @@
 The grader runs the code cells in order and skips what is not part of the answer (the shared contract):
 markdown and raw cells, cells tagged ``check`` or ``skip``, cells that start with a cell magic (``%%``), and single
 lines that start with ``!`` or ``%`` (shell escapes, line magics). A ``.py`` without ``# %%`` markers is one
-cell.
+cell. Messages name a cell as Jupyter shows it: ``cell [5]`` is the fifth code cell (``In [5]`` after "Restart &
+Run All"; markdown cells do not count, skipped ones do); a plain ``.py`` is named by its file name.
 """
 from __future__ import annotations
 
@@ -18,9 +19,14 @@ SKIP_TAGS = {"check", "skip"}
 
 @dataclass
 class Cell:
-    index: int
+    index: int           # position among all cells of the file, from 0 (the grader's key: ``<cell index>``)
     source: str
     tags: tuple = ()
+    label: str = ""      # how the student sees it: "cell [5]" (5th code cell: Jupyter's In [5] after Run All)
+
+    @property
+    def name(self) -> str:
+        return self.label or f"cell {self.index}"
 
 
 class SubmissionError(ValueError):
@@ -49,7 +55,7 @@ def read_notebook(text: str):
         src = c.get("source", "")
         src = "".join(src) if isinstance(src, list) else str(src)
         tags = tuple((c.get("metadata") or {}).get("tags") or ())
-        cells.append(Cell(i, src, tags))
+        cells.append(Cell(i, src, tags, f"cell [{len(cells) + 1}]"))
     return cells
 
 
@@ -57,8 +63,8 @@ def read_percent(text: str):
     """The code cells of a percent-format module (``autograder.percent``); a module without markers is one."""
     if not has_markers(text):
         return [Cell(0, text)]
-    return [Cell(c.index, c.source, tuple(c.tags))
-            for c in parse_percent(text, preamble="code", trim=False) if c.kind == "code"]
+    code = [c for c in parse_percent(text, preamble="code", trim=False) if c.kind == "code"]
+    return [Cell(c.index, c.source, tuple(c.tags), f"cell [{n}]") for n, c in enumerate(code, 1)]
 
 
 def load_cells(path) -> list:
@@ -72,11 +78,13 @@ def load_cells(path) -> list:
         cells = read_notebook(text)
     elif path.suffix == ".py":
         cells = read_percent(text)
+        if len(cells) == 1 and not cells[0].label:
+            cells[0].label = path.name          # a plain module: "my_sub.py, line 12"
     else:
         raise SubmissionError(f"submission must be a .ipynb notebook or a .py module, got {path.name}")
     kept = []
     for c in cells:
         if SKIP_TAGS & set(c.tags) or c.source.lstrip().startswith("%%"):
             continue
-        kept.append(Cell(c.index, _strip_magics(c.source), c.tags))
+        kept.append(Cell(c.index, _strip_magics(c.source), c.tags, c.label))
     return kept

@@ -41,6 +41,20 @@ def framework(task_id: str) -> str:
     return specs.find_task(task_id)[1].framework
 
 
+def tasks(assignment: str) -> dict:
+    """``{task_id: function name}`` of the graded functions of ``assignment`` (an id or a short id) that have
+    visible cases, in the spec's order."""
+    if released():
+        from .specs import resolve
+        aid = resolve(assignment)
+        return {tid: info.get("name", tid.split(".", 1)[1]) for tid, info in _index()["tasks"].items()
+                if info["assignment"] == aid}
+    from . import specs
+    spec = specs.load(assignment)
+    return {tid: t.name for tid, t in spec.tasks.items()
+            if any(x.visible for x in spec.tests_of(tid) if x.kind != "speed")}
+
+
 def cases(task_id: str, rng):
     """The visible cases of ``task_id`` in order (speed tests have none)."""
     if released():
@@ -74,7 +88,7 @@ def export(folder, seed=0) -> list:
         rng = np.random.default_rng(seed)
         rows, blobs = [], {}
         for task_id, task in spec.tasks.items():
-            index["tasks"][task_id] = {"assignment": aid, "framework": task.framework}
+            index["tasks"][task_id] = {"assignment": aid, "framework": task.framework, "name": task.name}
             for c in cases(task_id, rng):
                 n = len(rows)
                 for k, a in c.arrays.items():

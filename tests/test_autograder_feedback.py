@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from autograder.load_errors import defined_names, explain, failed_names
-from autograder.report import reproduce, table
-from autograder.submission import Cell
+from autograder import specs
+from autograder.load_errors import cell_failures, defined_names, explain, failed_names
+from autograder.report import fold_command, python_command, reproduce, table
+from autograder.submission import Cell, load_cells, read_notebook
 
 pytestmark = pytest.mark.autograder
 REPO = Path(__file__).resolve().parent.parent
@@ -58,6 +59,10 @@ def test_defined_names_and_explain():
     assert msg == "OSError: file too large (line 75) (output over 64 MiB; remove the prints in the loop)"
     assert explain("SyntaxError: '(' was never closed (<cell 4>, line 12)") == \
         "SyntaxError: '(' was never closed (line 12)"
+    # the failing cell's own place is shortened; a place in another cell (a function called at load) is kept
+    assert explain("ValueError: no (cell [5], line 3, in f)", cell="cell [5]") == "ValueError: no (line 3, in f)"
+    assert explain("ValueError: no (cell [2], line 3, in f)", cell="cell [5]") == \
+        "ValueError: no (cell [2], line 3, in f)"
     cells = [Cell(1, "def f(): pass"), Cell(2, "def f(:\n"), Cell(3, "def g(): pass\nraise ValueError"),
              Cell(5, "def h(): pass")]
     reports = [{"index": 1, "ok": True}, {"index": 2, "ok": False, "error": "SyntaxError: bad (<cell 2>, line 1)"},
@@ -68,13 +73,100 @@ def test_defined_names_and_explain():
     assert out["g"].startswith('cell 3 ("def g(): pass") failed while loading: ValueError')
 
 
+def test_cells_are_named_as_jupyter_shows_them(tmp_path):
+    """``cell [n]``: the n-th code cell (Jupyter's In [n] after Run All), markdown cells not counted, skipped
+    (check) cells counted; the same name in load errors; a plain .py module is named by its file name."""
+    nb = {"cells": [{"cell_type": "markdown", "source": "# title"},
+                    {"cell_type": "code", "source": "import numpy as np", "metadata": {}},
+                    {"cell_type": "markdown", "source": "text"},
+                    {"cell_type": "code", "source": "check(1)", "metadata": {"tags": ["check"]}},
+                    {"cell_type": "code", "source": "def f(x):\n    return np.max((x,\n", "metadata": {}}],
+          "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    cells = load_cells(path)
+    assert [(c.index, c.name) for c in cells] == [(1, "cell [1]"), (4, "cell [3]")]
+    assert [c.name for c in read_notebook(json.dumps(nb))] == ["cell [1]", "cell [2]", "cell [3]"]
+    msgs = cell_failures(cells, [{"index": 4, "ok": False, "error": "SyntaxError: '(' was never closed "
+                                  "(cell [3], line 2)"}])
+    assert msgs[0][1] == 'cell [3] ("def f(x):") failed while loading: SyntaxError: \'(\' was never closed (line 2)'
+    py = tmp_path / "mine.py"
+    py.write_text("x = 1\n")
+    assert [c.name for c in load_cells(py)] == ["mine.py"]
+    py.write_text("# %% [markdown]\n# hi\n# %%\nx = 1\n# %%\ny = 2\n")
+    assert [c.name for c in load_cells(py)] == ["cell [1]", "cell [2]"]
+
+
+def test_child_messages_name_the_cell_and_the_line_inside_a_triton_kernel(monkeypatch):
+    """The child's one-line error and traceback: the cell as Jupyter shows it, and for an exception raised
+    inside a Triton kernel (interpreter: InterpreterError from the kernel's exception) the kernel's own line,
+    not the launch line."""
+    import linecache
+
+    from autograder import where
+    src = ("import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(x_ptr, n, B: tl.constexpr):\n"
+           "    offs = tl.arange(0, B)\n    x = tl.load(x_ptr + offs, mask=offs < n)\n"
+           "    y = tl.reshape(x, (3, 5))\n    tl.store(x_ptr + offs, x, mask=offs < n)\n\n"
+           "def f(x):\n    k[(1,)](x, x.numel(), B=16)\n    return x\n")
+    fname = "<cell 9>"
+    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+    where.CELL_LABELS[fname] = "cell [4]"
+    try:
+        ns = {}
+        monkeypatch.setenv("TRITON_INTERPRET", "1")            # read when @triton.jit decorates
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("the interpreter case: no GPU")
+        exec(compile(src, fname, "exec"), ns)  # noqa: S102
+        with pytest.raises(Exception) as info:
+            ns["f"](torch.zeros(10))
+        line = where.exc_line(info.value)
+        assert line.startswith("ValueError: ") and line.endswith("(cell [4], line 8, in k)"), line
+        assert where.student_tb(info.value).splitlines() == ["cell [4], line 12, in f", "cell [4], line 8, in k"]
+        try:
+            exec(compile("def g():\n    return 1 +\n", fname, "exec"), {})  # noqa: S102
+        except SyntaxError as exc:
+            assert "(cell [4], line 2)" in where.exc_line(exc)
+    finally:
+        where.CELL_LABELS.pop(fname, None)
+
+
+def test_a_triton_compilation_error_names_the_kernel_line(monkeypatch):
+    """On a GPU a kernel that does not compile raises CompilationError at the launch; its node's line counts
+    from the kernel's def. Compiled here for a CUDA target on the CPU (the front end needs no GPU)."""
+    import linecache
+
+    from autograder import where
+    triton = pytest.importorskip("triton")
+    GPUTarget = pytest.importorskip("triton.backends.compiler").GPUTarget
+    src = ("import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(x_ptr, n, B: tl.constexpr):\n"
+           "    offs = tl.arange(0, B)\n    x = tl.load(x_ptr + offs, mask=offs < n)\n"
+           "    y = tl.reshape(x, (3, 5))\n    tl.store(x_ptr + offs, x, mask=offs < n)\n")
+    fname = "<cell 8>"
+    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+    where.CELL_LABELS[fname] = "cell [6]"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # a compiled kernel, not an interpreted one
+    try:
+        ns = {}
+        exec(compile(src, fname, "exec"), ns)  # noqa: S102
+        source = triton.compiler.ASTSource(fn=ns["k"], signature={"x_ptr": "*fp32", "n": "i32", "B": "constexpr"},
+                                           constexprs={"B": 16})
+        with pytest.raises(Exception) as info:
+            triton.compile(source, target=GPUTarget("cuda", 80, 32))
+        line = where.exc_line(info.value)
+        assert line.startswith("CompilationError: ") and "\n" not in line, line
+        assert line.endswith("at `y = tl.reshape(x, (3, 5))` (cell [6], line 8, in k)"), line
+    finally:
+        where.CELL_LABELS.pop(fname, None)
+
+
 def _result(tests, **kw):
     return {"assignment": "a1_attention", "submission": "my sub.ipynb", "score": 0, "max_score": 10,
             "device": "cpu", "execution_time": 1.0, "seed": "42", "flags": [], "tests": tests, **kw}
 
 
 def test_table_width_verbose_and_reproduction():
-    long = "o: relative error 1.5e+00 > tolerance 2e-05 [case 1: " + ", ".join(f"p{i}={i}" for i in range(40)) + "]"
+    long = "o: relative error 1.5e+00 > tolerance 2e-05 [case 1: " + ", ".join(f"p{i}={i}" for i in range(90)) + "]"
     tests = [{"name": "a1.x: basic", "score": 0, "max_score": 5, "status": "failed", "output": "x is not defined "
               "in the submission", "time": 0.0},
              {"name": "a1.x: causal", "score": 0, "max_score": 5, "status": "failed", "output": long, "time": 0.1}]
@@ -82,16 +174,59 @@ def test_table_width_verbose_and_reproduction():
     for width in (80, 200):
         lines = table(r, width=width).splitlines()
         assert max(len(x) for x in lines if not x.startswith("first failure")) <= width
-    assert long not in table(r, width=200) and "p39=39" not in table(r, width=200)
+    assert long not in table(r, width=200) and "p89=89" not in table(r, width=200)
+    assert "p5=5" in table(r, width=100)                    # a cut note still shows its first lines
     verbose = table(r, width=100, verbose=True)
-    assert "p39=39]" in verbose and max(len(x) for x in verbose.splitlines()[:-1]) <= 100
-    # the reproduction skips failures a re-run would only repeat (undefined names, load errors)
-    assert reproduce(r) == ("python -m autograder grade a1_attention 'my sub.ipynb' --device cpu --seed 42 "
-                            "--test 'a1.x: causal'")
-    assert table(r).splitlines()[-1].endswith(reproduce(r))
-    r["load"] = {"errors": ['cell 3 ("def x():") failed while loading: SyntaxError: oops (line 2)']}
+    assert "p89=89]" in verbose and max(len(x) for x in verbose.splitlines()) <= 100
+    # the reproduction skips failures a re-run would only repeat (undefined names, load errors), and runs the
+    # grader with this interpreter (no activated venv needed)
+    assert reproduce(r) == (f"{python_command()} -m autograder grade a1_attention 'my sub.ipynb' --device cpu "
+                            "--seed 42 --test 'a1.x: causal'")
+    assert table(r, width=200).splitlines()[-1] == "  " + reproduce(r)
+    assert shlex.split(" ".join(x.rstrip(" \\") for x in table(r, width=60).splitlines()[-3:])) == \
+        shlex.split(reproduce(r))
+    assert fold_command("a b c", 80) == ["  a b c"]
+    r["load"] = {"errors": ['cell [3] ("def x():") failed while loading: SyntaxError: oops (line 2)']}
     lines = table(r).splitlines()
     assert lines[0].startswith("LOAD ERRORS") and "SyntaxError: oops" in lines[1]
+
+
+def test_python_command_is_this_interpreter(tmp_path, monkeypatch):
+    exe = Path(sys.executable)
+    monkeypatch.chdir(tmp_path)
+    assert python_command() in (shlex.quote(str(exe)), shlex.quote(os.path.relpath(exe)))
+    if exe.is_relative_to(REPO):
+        monkeypatch.chdir(REPO)
+        assert python_command() == shlex.quote(os.path.relpath(exe)) and not python_command().startswith("/")
+
+
+def _failing(status, points):
+    return ("o: relative error 1.5e+00 > tolerance 5e-03 [case 2: q: float32 (1, 4, 19, 16), k: float32 (1, 2, 7, "
+            "16), v: float32 (1, 2, 7, 16), causal=True]") if status != "passed" else ""
+
+
+@pytest.mark.parametrize("aid", ["a1_attention", "a3_triton"])
+def test_every_line_fits_a_100_column_terminal(aid, monkeypatch):
+    """a1 rows were 134 columns and a3 rows about 200 on a 100-column terminal (issue 23): every line of the
+    table, flags and re-run command included, fits $COLUMNS, and a failing case's shapes stay visible."""
+    spec = specs.load(aid)
+    statuses = ["passed", "failed", "not run", "partial"]
+    tests = [{"name": t.name, "score": 0, "max_score": t.points, "status": statuses[i % 4],
+              "output": _failing(statuses[i % 4], t.points), "time": 12.34, "optional": t.optional}
+             for i, t in enumerate(spec.tests)]
+    r = _result(tests, assignment=aid, submission=f"assignments/{aid}/{aid}.ipynb", seed="123456789012",
+                bonus=0, max_bonus=spec.max_bonus,
+                flags=[{"id": "T10", "tasks": [f"{spec.short}.x"], "message": "aten.exp on input-derived data",
+                        "where": "cell [7], line 12, in softmax", "explanation": "a Triton part must compute "
+                        "with Triton kernels; torch may only allocate, view, copy, cast and index"}],
+                load={"errors": ['cell [5] ("def softmax(x):") failed while loading: NameError: name \'tl\' '
+                                 'is not defined (line 3, in softmax)']})
+    monkeypatch.setenv("COLUMNS", "100")
+    for verbose in (False, True):
+        out = table(r, verbose=verbose)
+        assert max(len(x) for x in out.splitlines()) <= 100, max(out.splitlines(), key=len)
+        assert "k: float32 (1, 2, 7, 16)" in out.replace("\n    ", " ")     # the failing case's shapes
+        assert all(t.name.split(": ", 1)[1].split()[0] in out for t in spec.tests)
 
 
 def test_syntax_error_shown_first_and_reproduction_replays_the_case(tmp_path):
@@ -106,8 +241,9 @@ def test_syntax_error_shown_first_and_reproduction_replays_the_case(tmp_path):
     assert safe and all("failed while loading: SyntaxError" in t["output"] and t["score"] == 0 for t in safe)
     assert all(t["status"] == "passed" for t in r["tests"] if "online_softmax" in t["name"])
     # the example's deliberate bug (causal with Nq != Nk) is the first reproducible failure
-    cmd = out[-1].split("same inputs: ", 1)[1]
-    assert "Nq != Nk" in cmd
+    at = next(i for i, x in enumerate(out) if x.startswith("first failure, again with the same inputs:"))
+    cmd = " ".join(x.strip().rstrip("\\") for x in out[at + 1:])
+    assert "Nq != Nk" in cmd and shlex.split(cmd)[0] == python_command()
     argv = shlex.split(cmd)[3:] + ["--json", str(tmp_path / "again.json")]
     p2 = _grader(*argv)
     assert p2.returncode == 0, p2.stderr

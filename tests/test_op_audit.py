@@ -149,6 +149,19 @@ def test_harness_ops_are_not_the_submissions():
     assert "cell 1, line 2, in helper" in audit_verdict(TASK, rec)
 
 
+def test_the_verdict_names_the_cell_as_jupyter_shows_it():
+    """The grader's child registers each cell's label (``where.CELL_LABELS``: ``cell [n]``, the n-th code cell,
+    Jupyter's In [n] after Run All), and the audit's place uses it."""
+    from autograder import where
+    where.CELL_LABELS["<cell 7>"] = "cell [4]"
+    try:
+        ns = _cell("def f(q, k, v):\n    return torch.exp(q)\n", index=7)
+        _, rec = _audit(ns["f"], *_qkv())
+        assert "aten.exp at cell [4], line 2, in f" in audit_verdict(TASK, rec)
+    finally:
+        where.CELL_LABELS.pop("<cell 7>", None)
+
+
 def test_given_function_is_exempt_only_for_tasks_that_allow_it():
     ns = _cell("""
     def attention_forward(q, k, v):

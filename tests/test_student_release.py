@@ -265,3 +265,41 @@ def test_release_check_passes_solutions_and_reports_stubs(release, tmp_path):
         res = json.loads(p.stdout.strip().splitlines()[-1])
         assert all(res[t] is True for t, _ in tasks), res
         assert res["stub"] and set(res["stub"]) == {"not implemented yet"}
+
+
+MAKE_CHECK = r"""
+import sys
+import pytest
+rc = pytest.main(sys.argv[2:])
+import autograder
+assert autograder.__file__.startswith(sys.argv[1]), autograder.__file__     # the release's own package
+print("RC", int(rc))
+"""
+
+
+def test_make_check_in_the_release_fails_stubs_and_passes_the_solution(release, tmp_path):
+    """``make check`` (issue 23): the visible cases as pytest tests on the student's own file, one marker per
+    function; shipped in the release and run there with ``reference`` unimportable."""
+    out, _ = release
+    assert (out / "Makefile").read_text().count("autograder/tests_visible") == 1
+    noref = tmp_path / "noref" / "reference"
+    noref.mkdir(parents=True)
+    (noref / "__init__.py").write_text("raise ImportError('reference/ is not part of the student release')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ASSIGNMENT", "SUBMISSION")}
+    env["PYTHONPATH"] = str(noref.parent)
+    path = REPO / "assignments" / "a1_attention" / "a1_attention_solution.py"
+    sol = tmp_path / "a1_solved.py"           # the solution as a student's .py: given cells filled in
+    sol.write_text("\n\n".join(("# %% tags=" + json.dumps(c.tags) if c.tags else "# %%") + "\n" + c.source
+                               for c in parse_percent(path.read_text(), str(path)) if c.kind == "code") + "\n")
+
+    def run(*args):
+        p = subprocess.run([sys.executable, "-c", MAKE_CHECK, str(out), "autograder/tests_visible", "-q",
+                            "-p", "no:cacheprovider", "--assignment", "a1", *args], cwd=out, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert "RC" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+        return int(p.stdout.rsplit("RC", 1)[1].split()[0]), p.stdout
+    rc, text = run("-m", "online_softmax")                 # the untouched stub notebook
+    assert rc == 1 and "online_softmax: not implemented yet" in text and "merge_states" not in text, text[-2000:]
+    assert re.search(r"(\d+) failed, (\d+) deselected", text)
+    rc, text = run("--submission", str(sol))
+    assert rc == 0 and re.search(r"\d+ passed", text) and "failed" not in text, text[-2000:]

@@ -129,11 +129,12 @@ def fp8_tests(short, points=(4, 3, 3)):
                     optional=True, **kw)
 
     return [
-        t("accuracy, normal inputs (ragged N, causal Nq != Nk, GQA)", points[0], [_visible()],
+        t("accuracy, normal inputs (ragged N, causal Nq != Nk, GQA)", points[0],
+          [_visible(), _visible(Hq=4, Hkv=2, Nq=40, Nk=19, causal=True)],
           lambda r: [_case(r), _case(r, causal=True, nq=ragged(r, 30, 70), nk=ragged(r, 5, 25)),
                      _case(r, hq=4, hkv=2, causal=True), _long(r)], gate=True, evidence=fp8_evidence),
         t(f"accuracy, outlier channels (x{OUTLIER_FACTOR:.0f}), V at 1e-4 / 1e4 by head and 1e-2..1e2 along N",
-          points[1], [_visible(outliers=3, d=64)],
+          points[1], [_visible(outliers=3, d=64), _visible(outliers=3, Hq=4, Hkv=2, Nq=40, Nk=19, causal=True)],
           lambda r: [_case(r, hkv=2, outliers=int(r.integers(2, 5))),
                      _case(r, hq=4, hkv=2, outliers=int(r.integers(2, 5)), causal=True),
                      _case(r, v_ramp=True, nk=ragged(r, 70, 130), causal=bool(r.integers(2)))],

@@ -59,15 +59,15 @@ def _stage_tests(task, p):
 
     return [
         # (Nq = 1 with many keys, not N = 1: with one key P = 1 and dS = P o (dP - D) = 0, so dq = dk = 0)
-        _t(task, "basic (ragged N, Nq = 1)", p[0], [_v()],
+        _t(task, "basic (ragged N, Nq = 1)", p[0], [_v(), _v(Hq=4, Hkv=2, Nq=1, Nk=20)],
            lambda r: [_att(r), _att(r, nq=1, nk=ragged(r, 5, 90)),
                       _att(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90)), _long(r, hq=1)]),
         _t(task, "causal (Nq != Nk; fully masked rows)", p[1],
-           [_v(causal=True), _v(Nq=19, Nk=7, causal=True), _v(Nq=7, Nk=70, causal=True)],
+           [_v(causal=True), _v(Hq=4, Hkv=2, Nq=19, Nk=7, causal=True), _v(Nq=7, Nk=70, causal=True)],
            lambda r: [_att(r, causal=True), *_masked_rows(r), *long(r, hq=1, causal=True)]),
         _t(task, "GQA (summed over the group)" if task.endswith("dkdv") else "GQA", p[2], [_v(Hq=4, Hkv=2)],
            lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=2, causal=True), *long(r, hq=2, hkv=1)]),
-        _t(task, "float16 / bfloat16", p[3], [_v(dtype="float16")],
+        _t(task, "float16 / bfloat16", p[3], [_v(dtype="float16", Hq=4, Hkv=2, Nq=20, Nk=27, causal=True)],
            lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", gpu=True),
                       *long(r, "float16", hq=1)]),
     ]
@@ -101,7 +101,8 @@ TESTS = [
     # Part 4: the backward end to end, and autograd on top of the given forward
     # (B = 1, Nq == Nk, MQA rather than GQA: a bug that Parts 1-3 grade on its own line -- batch strides, the
     # causal offset, fully masked rows, the order of the query heads of a group -- costs only that line)
-    _t("flash_attention_backward", "Parts 1-3 together (causal, MQA)", 5, [_v(Hq=4, Hkv=1, causal=True)],
+    _t("flash_attention_backward", "Parts 1-3 together (causal, MQA)", 5,
+       [_v(Hq=4, Hkv=1, causal=True), _v(Hq=2, Hkv=1, causal=True, dtype="float16")],
        lambda r: [_att(r), _att(r, hq=2, hkv=1, causal=True), _att(r, "float16", causal=True),
                   _long(r, hq=1, causal=True, same=True)]),
     _t("flash_attention_backward", "speed vs reference FA2 backward (GPU)", 8, [], lambda r: GPU_BWD,

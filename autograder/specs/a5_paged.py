@@ -218,17 +218,19 @@ TESTS = [
     _t("paged_attention", "basic (scattered blocks)", 10, [_v()], lambda r: [_pg(r), _pg(r)]),
     _t("paged_attention", "ragged seq_lens (incl. 0)", 8, [_v(lens=[9, 1, 0])],
        lambda r: [_pg(r, zero_len=True), _pg(r, block_size=1)]),
-    _t("paged_attention", "GQA / MQA", 7, [_v(Hq=4, Hkv=2)], lambda r: [_pg(r, hq=4, hkv=2), _pg(r, hq=6, hkv=1)]),
+    _t("paged_attention", "GQA / MQA", 7, [_v(Hq=4, Hkv=2, lens=[9, 1])],
+       lambda r: [_pg(r, hq=4, hkv=2), _pg(r, hq=6, hkv=1)]),
     _t("paged_attention", "block sizes (1, 16, larger than a sequence)", 5, [_v(block_size=16)],
        lambda r: [_pg(r, block_size=1), _pg(r, block_size=16), _pg(r, block_size=128)]),
-    _t("paged_attention", "dtypes float16/float64", 5, [_v(dtype="float64")],
+    _t("paged_attention", "dtypes float16/float64", 5,
+       [_v(dtype="float16", lens=[9, 1]), _v(dtype="float64", lens=[9, 1])],
        lambda r: [_pg(r, "float16"), _pg(r, "float64")]),
 
     _t("paged_decode", "basic (Triton, scattered blocks)", 12, [_v(torch=True)],
        lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=16), _pg_long(r)]),
     _t("paged_decode", "ragged seq_lens", 10, [_v(torch=True, lens=[9, 1, 5])],
        lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=8)]),
-    _t("paged_decode", "GQA / MQA", 8, [_v(torch=True, Hq=4, Hkv=2)],
+    _t("paged_decode", "GQA / MQA", 8, [_v(torch=True, Hq=4, Hkv=2, lens=[9, 1])],
        lambda r: [_pg(r, torch=True, hq=4, hkv=2), _pg(r, torch=True, hq=4, hkv=1)]),
     # Long contexts, 8 reps and full points up to 1.5x (two launches vs the reference's one), as in a4's decode
     # speed test (notes/speed_calibration.md).

@@ -103,9 +103,9 @@ TESTS = [
                   _ring(r, unseen=True, empty_state=1.0)]),
     _t("GQA / MQA", 8, [_v(Hq=4, Hkv=2)],
        lambda r: [_ring(r, sees_all=True, hq=4, hkv=2), _ring(r, causal=False, hq=6, hkv=1)]),
-    _t("large logits (exp overflows without the max trick)", 6, [_v(mag=30.0)],
+    _t("large logits (exp overflows without the max trick)", 6, [_v(mag=30.0), _v(dtype="float64", mag=300.0)],
        lambda r: [_ring(r, sees_all=True, dtype="float64", mag=300.0), _ring(r, causal=False, mag=30.0)]),
-    _t("dtypes float16/float64", 6, [_v(dtype="float64")],
+    _t("dtypes float16/float64", 6, [_v(dtype="float16"), _v(dtype="float64")],
        lambda r: [_ring(r, sees_all=True, dtype="float16"), _ring(r, causal=False, dtype="float64")]),
 ]
 
