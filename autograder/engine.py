@@ -79,6 +79,30 @@ def gpu_capability():
         return None
 
 
+#: bfloat16 tensor cores (and Triton's bf16 ``tl.dot``) need sm_80; a T4 (sm_75) has none
+BF16_CAPABILITY = (8, 0)
+
+
+def bf16_fallback(cases, capability):
+    """GPU grading on a GPU without bfloat16 (``capability`` ``(major, minor, name)`` below ``BF16_CAPABILITY``:
+    a T4): every ``dtype="bfloat16"`` case runs as float16 instead (the same shapes and checks, float16's
+    tolerance), so that the test still grades the kernel rather than the GPU; returns ``(cases, note)``, the
+    note ("" if nothing changed) for the test's output. Where ``capability`` is None (CPU grading, or unknown)
+    nothing changes: the interpreter computes bfloat16."""
+    if capability is None or tuple(capability[:2]) >= BF16_CAPABILITY:
+        return list(cases), ""
+    out, n = [], 0
+    for p in cases:
+        if p.get("dtype") == "bfloat16":
+            p, n = dict(p, dtype="float16"), n + 1
+        out.append(p)
+    if not n:
+        return out, ""
+    name = capability[2] if len(capability) > 2 else "this GPU"
+    return out, (f"{n} bfloat16 case(s) run as float16: bfloat16 needs compute capability >= 8.0 (sm_80), "
+                 f"{name} is sm_{capability[0]}{capability[1]}")
+
+
 def detect_device(requested="auto") -> str:
     if requested == "cpu":
         return "cpu"
@@ -118,6 +142,7 @@ class Grader:
         self.ref_task = None             # the task whose reference the reference child has loaded
         self.ref_error = ""              # why the reference child is broken
         self.results = []                # TestResults of the current grade()
+        self.case_notes = {}             # test name -> how its cases were adapted to this GPU (bf16 -> fp16)
         self.dead_tasks = {}             # task id -> why its tests are skipped (it crashed the sandbox)
         self._flooded = set()            # output floods already reported
 
@@ -284,6 +309,10 @@ class Grader:
 
     def cases_for(self, test):
         cases = [p for p in test.hidden_cases(self.rng) if not (p.get("gpu") and self.device == "cpu")]
+        if self.device != "cpu":
+            cases, note = bf16_fallback(cases, gpu_capability())
+            if note:
+                self.case_notes[test.name] = note
         if test.kind in ("correctness",) and cases:
             cases.append(dict(cases[0]))     # the same shape again with fresh values: defeats caching (T5)
         return cases
@@ -333,6 +362,9 @@ class Grader:
         finally:
             self.current_task = None
             res.time = time.monotonic() - t0
+            if test.name in self.case_notes:
+                res.output = f"{res.output} ({self.case_notes[test.name]})" if res.output else \
+                    self.case_notes[test.name]
         if self.sandbox is not None:
             for f in set(self.sandbox.floods()) - self._flooded:
                 self._flooded.add(f)

@@ -11,6 +11,7 @@ import torch
 
 # the checks every part shares; re-exported so the Triton modules import their checks from one place
 from .._args import check_dtype, check_flag, check_gqa, check_positive_int, check_scale  # noqa: F401
+from ._device import check_bf16
 from ._runtime import DEVICE, INTERPRET
 
 #: dtypes the attention/softmax kernels accept (fp32 runs its dots in TF32 on a GPU; see notes).
@@ -30,7 +31,8 @@ def check_device(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def check_tensor(x, name: str, ndim: int | None = None, dtypes=FLOAT_DTYPES, device: bool = True) -> torch.Tensor:
-    """``x`` is a ``torch.Tensor`` with a dtype in ``dtypes``, rank ``ndim`` (if given), on ``DEVICE``."""
+    """``x`` is a ``torch.Tensor`` with a dtype in ``dtypes``, rank ``ndim`` (if given), on ``DEVICE``; bfloat16
+    on a GPU older than sm_80 raises ``TypeError`` (``_device.check_bf16``: no bf16 tensor cores there)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if dtypes is not None:
@@ -39,6 +41,7 @@ def check_tensor(x, name: str, ndim: int | None = None, dtypes=FLOAT_DTYPES, dev
         raise ValueError(f"{name} must have {ndim} dimensions, got shape {tuple(x.shape)}")
     if device:
         check_device(x, name)
+        check_bf16(x, name)
     return x
 
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks, _fastlaunch
+from . import _checks, _device, _fastlaunch
 from ._kernel_helpers import LOG2E
 from ._runtime import INTERPRET, num_sms
 
@@ -291,12 +291,28 @@ def check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: 
     return seq_lens.contiguous()
 
 
-def launch_config(dtype, paged=False, num_splits=None):
+def base_config(dtype, paged=False, num_splits=None) -> dict:
+    """The tuned stage-1 configuration for these inputs (measured on an H200)."""
     if dtype == torch.float32:
         return FP32_CONFIG
     if paged:
         return PAGED_ONE_SPLIT_CONFIG if num_splits == 1 else PAGED_CONFIG
     return CONFIG
+
+
+def decode_need(cfg: dict, d: int, es: int, limits, group: int = 1) -> _device.Need:
+    return _device.Need(_device.smem_decode(cfg["block_n"], cfg["num_stages"], d, es, limits, _block_m(group)),
+                        cfg["num_warps"])
+
+
+def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None, group: int = 1) -> dict:
+    """``base_config``, or on a GPU with less shared memory than it needs (T4, sm_86/89 at d = 128) the first
+    of its fallbacks that fits (fewer stages, then shorter key blocks: ``_device.stage_ladder``).
+    ``limits`` defaults to the current device's (``_device.device_limits``)."""
+    limits = _device.device_limits() if limits is None else limits
+    es = dtype.itemsize
+    return _device.pick_config(_device.stage_ladder(base_config(dtype, paged, num_splits), "block_n"),
+                               lambda c: decode_need(c, d, es, limits, group), limits)
 
 
 _COUNTERS: dict = {}
@@ -330,8 +346,8 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     """
     B, Hq, d = q.shape
     paged = block_tables is not None
-    cfg = launch_config(q.dtype, paged, num_splits)
     group = Hq // n_kv_heads
+    cfg = launch_config(q.dtype, paged, num_splits, d, _device.device_limits(q.device), group)
     out = torch.empty_like(q)
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
         sk = (k.stride(0), k.stride(2), k.stride(1))
@@ -469,7 +485,8 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     if seq_lens is not None:
         seq_lens = check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype)["block_n"])
+        cfg = launch_config(q.dtype, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv)
+        num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     direct = q.is_contiguous() and k.stride(-1) == 1 and v.stride(-1) == 1  # no copies: a launch to record

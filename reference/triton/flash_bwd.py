@@ -43,7 +43,8 @@ from ._checks import check_attention_inputs, check_backward_inputs, check_flag, 
 from ._kernel_helpers import LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
 from . import flash_fwd
 from ._runtime import INTERPRET
-from .flash_fwd import SMEM_LIMIT, Varlen, _load_tile, packed_strides, tuning_bench
+from . import _device
+from .flash_fwd import Varlen, _load_tile, packed_strides, tuning_bench
 
 #: ``{"dkdv": {...}, "dq": {...}}`` with ``BLOCK_M, BLOCK_N, num_warps, num_stages`` each, or ``None`` to autotune.
 PIN_CONFIG: dict | None = (
@@ -378,20 +379,38 @@ DKDV_CONFIGS = [(64, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (32, 128, 8, 3)
 DQ_CONFIGS = [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
 # the dK/dV kernel with dQ fused (DQ_MODE "atomic"/"tma_atomic"): a third fp32 tile, dQ_i's share, per step
 FUSED_CONFIGS = [(64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 2), (32, 64, 4, 3)]
+#: smaller GPUs (T4, sm_86/89), used only where no entry of the table above fits (notes/any_gpu.md); dK/dV
+#: owns the key block (BLOCK_M <= BLOCK_N), dQ the query block (BLOCK_M >= BLOCK_N), as in the tables
+DKDV_FALLBACK = [(32, 64, 4, 2), (32, 32, 4, 2), (16, 32, 4, 1)]
+DQ_FALLBACK = [(64, 32, 4, 2), (32, 32, 4, 2), (32, 16, 4, 1)]
 
 
-def _prune_bwd(configs, named_args, **kwargs):
-    d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-    es = named_args["Q"].element_size()
-    kept = []
-    for c in configs:
-        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        if (bm + bn) * d * es * 2 * max(c.num_stages - 1, 1) > SMEM_LIMIT:
-            continue
-        if d >= 128 and bn * d > 8192 and c.num_warps < 8:
-            continue
-        kept.append(c)
-    return kept or configs[-1:]
+def bwd_need(cfg, d: int, es: int, limits) -> _device.Need:
+    bm, bn, w, s = cfg
+    return _device.Need(_device.smem_backward(bm, bn, s, d, es, limits), w)
+
+
+def bwd_configs_for(table, fallback, d: int, es: int, limits) -> list:
+    """The configs of ``table`` to autotune over on ``limits``: those that fit the device (and 8 warps for
+    wide tiles at d = 128); if the warp rule drops all, the last that fits; if none fits, the first fitting
+    entry of ``fallback``."""
+    fit = [c for c in table if _device.fits(bwd_need(c, d, es, limits), limits)]
+    kept = [c for c in fit if not (d >= 128 and c[1] * d > 8192 and c[2] < 8)]
+    if kept:
+        return kept
+    if fit:
+        return fit[-1:]
+    return [_device.pick_config(fallback, lambda c: bwd_need(c, d, es, limits), limits)]
+
+
+def _prune_for(table, fallback):
+    def prune(configs, named_args, **kwargs):
+        d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+        q = named_args["Q"]
+        want = bwd_configs_for(table, fallback, d, q.element_size(), _device.device_limits(q.device))
+        kept = [c for c in configs if (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages) in want]
+        return kept or configs[-1:]
+    return prune
 
 
 _KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP", "VARLEN", "USE_TMA", "DQ_MODE"]
@@ -405,16 +424,18 @@ def _set_block_shapes(nargs):
             nargs[name].block_shape = [1, 1, rows, d]
 
 
-def _tuner(kernel, table, reset=None):
+def _tuner(kernel, table, fallback, reset=None):
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_set_block_shapes)
-               for bm, bn, w, s in table]
-    return triton.autotune(configs=configs, key=_KEY, prune_configs_by={"early_config_prune": _prune_bwd},
+               for bm, bn, w, s in table + fallback]
+    return triton.autotune(configs=configs, key=_KEY,
+                           prune_configs_by={"early_config_prune": _prune_for(table, fallback)},
                            reset_to_zero=reset, do_bench=tuning_bench)(kernel)
 
 
-_bwd_dkdv_tuned = _tuner(_bwd_dkdv, DKDV_CONFIGS)
-_bwd_dkdv_fused_tuned = _tuner(_bwd_dkdv, FUSED_CONFIGS, reset=["DQ_ACC"])  # its atomics accumulate: re-zero
-_bwd_dq_tuned = _tuner(_bwd_dq, DQ_CONFIGS)
+_bwd_dkdv_tuned = _tuner(_bwd_dkdv, DKDV_CONFIGS, DKDV_FALLBACK)
+# the fused kernel's atomics accumulate: re-zero between tuning runs
+_bwd_dkdv_fused_tuned = _tuner(_bwd_dkdv, FUSED_CONFIGS, DKDV_FALLBACK, reset=["DQ_ACC"])
+_bwd_dq_tuned = _tuner(_bwd_dq, DQ_CONFIGS, DQ_FALLBACK)
 
 
 @triton.jit

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _device
 from ._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
 from ._runtime import INTERPRET
 from ._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
@@ -205,7 +206,7 @@ def _attn_fwd_fp8(Q, K, VT, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
 # host side
 # --------------------------------------------------------------------------------------------------------------
 def _device_capability(device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
+    return tuple(_device.device_limits(device).capability)
 
 
 def check_fp8_device(device) -> None:
@@ -214,7 +215,7 @@ def check_fp8_device(device) -> None:
         return
     cap = _device_capability(device)
     if tuple(cap) < MIN_CAPABILITY:
-        name = torch.cuda.get_device_name(device) if torch.cuda.is_available() else str(device)
+        name = _device.device_limits(device).name if torch.cuda.is_available() else str(device)
         raise RuntimeError(
             f"flash_attention_forward_fp8 needs a GPU of compute capability >= 9.0 (Hopper: H100/H200 or newer) "
             f"for FP8 e4m3 tensor-core matmuls; this GPU ({name}) has compute capability {cap[0]}.{cap[1]}")

@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import _device
 from ._checks import check_attention_inputs, check_flag, check_scale
 from ._kernel_helpers import (LN2, LOG2E, causal_key_range, dot, dot_acc, mask_running_max, pinned_or_tuned,
                               varlen_bounds)
@@ -227,7 +228,7 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
 # --------------------------------------------------------------------------------------------------------------
 # configs and autotuning
 # --------------------------------------------------------------------------------------------------------------
-SMEM_LIMIT = 200 * 1024  # H100/H200 allow 227 KB per block; keep headroom for Triton's own scratch
+SMEM_LIMIT = 200 * 1024  # an H100's usable shared memory (227 KB x 7/8); other GPUs: _device.device_limits
 
 
 def _set_block_shapes(nargs):
@@ -241,33 +242,62 @@ def _set_block_shapes(nargs):
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). Measured on an H200 (notes/triton_attention.md): (64, 64, 4, 3)
 # wins most shapes, (64, 128, 4, 3) d=64 at long N, (128, 128, 8, 3) is close for d=128.
 FWD_CONFIGS = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 64, 4, 3)]
+#: smaller GPUs (T4: 64 KB, sm_86/89: 99 KB of shared memory) when none of FWD_CONFIGS fits, e.g. float32 at
+#: d = 128; never tuned on a GPU where a FWD_CONFIGS entry fits (notes/any_gpu.md)
+FWD_FALLBACK = [(64, 32, 4, 2), (32, 32, 4, 2), (32, 16, 4, 1)]
 
 
 def _fwd_configs():
     out = []
-    for bm, bn, w, s in FWD_CONFIGS:
+    for bm, bn, w, s in FWD_CONFIGS + FWD_FALLBACK:
         out.append(triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s,
                                  pre_hook=_set_block_shapes))
     return out
 
 
-def _prune_fwd(configs, named_args, **kwargs):
-    """Drop configs whose K/V pipeline does not fit in shared memory, or whose blocks dwarf the sequence."""
-    d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
-    es = named_args["Q"].element_size()
-    n_q, n_k = named_args["N_Q"], named_args["N_K"]
+def fwd_need(cfg, d: int, es: int, limits) -> _device.Need:
+    """What a forward config ``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` needs of the device."""
+    bm, bn, w, s = cfg
+    return _device.Need(_device.smem_forward(bm, bn, s, d, es, limits), w)
+
+
+def fwd_configs_for(d: int, es: int, n_q: int, n_k: int, limits) -> list:
+    """The forward configs to autotune over on ``limits``: those of FWD_CONFIGS that fit the device and suit
+    the shape (blocks not much larger than the sequence; 8 warps for 128-key tiles at d = 128); if the shape
+    rules drop all, the last that fits; if none fits, the first fitting FWD_FALLBACK entry."""
+    fit = [c for c in FWD_CONFIGS if _device.fits(fwd_need(c, d, es, limits), limits)]
     kept = []
-    for c in configs:
-        bm, bn = c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]
-        smem = (bm * d + 2 * max(c.num_stages - 1, 1) * bn * d) * es
-        if smem > SMEM_LIMIT:
-            continue
+    for c in fit:
+        bm, bn, w, _ = c
         if bm > max(64, triton.next_power_of_2(n_q)) or bn > max(32, triton.next_power_of_2(n_k)):
             continue
-        if d >= 128 and bn == 128 and c.num_warps < 8:
+        if d >= 128 and bn == 128 and w < 8:
             continue
         kept.append(c)
-    return kept or configs[-1:]
+    if kept:
+        return kept
+    if fit:
+        return fit[-1:]
+    return [_device.pick_config(FWD_FALLBACK, lambda c: fwd_need(c, d, es, limits), limits)]
+
+
+def _as_tuple(c) -> tuple:
+    return (c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+
+
+def _prune_fwd(configs, named_args, **kwargs):
+    """Keep the configs of ``fwd_configs_for`` (device limits from the tensors' GPU)."""
+    d = kwargs.get("HEAD_DIM", named_args.get("HEAD_DIM"))
+    q = named_args["Q"]
+    want = fwd_configs_for(d, q.element_size(), named_args["N_Q"], named_args["N_K"], _device.device_limits(q.device))
+    return [c for c in configs if _as_tuple(c) in want] or configs[-1:]
+
+
+def small_q_config(d: int, es: int, limits) -> dict:
+    """``SMALL_Q_CONFIG``, or the first of its fallbacks (fewer stages, shorter key blocks) that fits."""
+    return _device.pick_config(
+        _device.stage_ladder(SMALL_Q_CONFIG, "BLOCK_N"),
+        lambda c: fwd_need((c["BLOCK_M"], c["BLOCK_N"], c["num_warps"], c["num_stages"]), d, es, limits), limits)
 
 
 def tuning_bench(kernel_call, quantiles):
@@ -288,7 +318,7 @@ def _tma_ok(*tensors) -> bool:
     if USE_TMA is False:
         return False
     if USE_TMA is None:
-        if INTERPRET or torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+        if INTERPRET or not _device.hopper(_device.device_limits(tensors[0].device)):
             return False
     for t in tensors:
         es = t.element_size()
@@ -359,7 +389,8 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varl
     rows = Nq if varlen is None else varlen.max_q
     pin = PIN_CONFIG
     if varlen is not None and varlen.max_q <= SMALL_Q_CONFIG["BLOCK_M"]:
-        pin = SMALL_Q_CONFIG  # a few query rows per sequence (decode-like): one 16-row tile, no autotuning
+        # a few query rows per sequence (decode-like): one 16-row tile, no autotuning
+        pin = small_q_config(d, q.element_size(), _device.device_limits(q.device))
     kernel = pinned_or_tuned(_attn_fwd, _attn_fwd_tuned, pin, pre_hook=_set_block_shapes)
     kernel[lambda meta: (triton.cdiv(rows, meta["BLOCK_M"]), B * Hq)](
         q, k, v, o, lse, dq, dk, dv, do_, *strides, Hq, group, Nq, Nk, scale * LOG2E.value, *extra,

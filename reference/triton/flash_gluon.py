@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from . import _device
 from ._checks import check_attention_inputs, check_flag, check_scale
 
 LOG2E_F = 1.4426950408889634
@@ -551,16 +552,22 @@ def check_gluon_config(config, schedule: str) -> tuple:
     return tuple(config)
 
 
+def gluon_supported(limits) -> bool:
+    """The Gluon kernels are compiled for sm_90a: Hopper exactly (not sm_80/89, not sm_100)."""
+    return tuple(limits.capability) == MIN_CAPABILITY
+
+
 def check_gluon_device(device, name: str = "flash_attention_forward_gluon") -> None:
     """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
     if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
         raise RuntimeError(f"{name} needs a Hopper GPU (compute capability 9.0: H100/H200) for wgmma, TMA and "
                            f"setmaxnreg; the inputs are on {device} (the Triton interpreter cannot run Gluon "
                            "kernels)")
-    cap = torch.cuda.get_device_capability(device)
-    if cap != MIN_CAPABILITY:
+    limits = _device.device_limits(device)
+    if not gluon_supported(limits):
+        cap = limits.capability
         raise RuntimeError(f"{name} needs compute capability 9.0 (Hopper: H100/H200) for wgmma; "
-                           f"{torch.cuda.get_device_name(device)} has {cap[0]}.{cap[1]}")
+                           f"{limits.name} has {cap[0]}.{cap[1]}")
 
 
 def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,

@@ -30,6 +30,7 @@ import triton.language as tl
 
 from reference.hopper import Tile, order_tiles
 
+from . import _device
 from ._checks import INT_DTYPES, check_attention_inputs, check_flag, check_scale, check_tensor
 from ._kernel_helpers import LN2, LOG2E, causal_key_range
 from ._runtime import INTERPRET, num_sms
@@ -147,6 +148,14 @@ def _check_seq_lens(seq_lens, B: int, N: int, nq: int, nk: int):
     return tuple(lens)
 
 
+def persistent_config(d: int, es: int, limits) -> dict:
+    """``CONFIG``, or the first of its fallbacks (fewer stages, shorter key blocks) that fits ``limits``."""
+    return _device.pick_config(
+        _device.stage_ladder(CONFIG, "BLOCK_N"),
+        lambda c: _device.Need(_device.smem_forward(c["BLOCK_M"], c["BLOCK_N"], c["num_stages"], d, es, limits),
+                               c["num_warps"]), limits)
+
+
 def l2_heads_per_group(k: torch.Tensor, group: int) -> int:
     """Query heads whose K and V fill at most half the L2 cache (at least one KV head's worth)."""
     l2 = 50 * 2 ** 20 if INTERPRET else torch.cuda.get_device_properties(k.device).L2_cache_size
@@ -171,7 +180,8 @@ def flash_attention_forward_persistent(q, k, v, causal=True, scale=None, seq_len
     persistent = check_flag(persistent, "persistent")
     hpg = l2_heads_per_group(k, group) if check_flag(l2_group, "l2_group") and order == "lpt" else None
     lens = _check_seq_lens(seq_lens, B, Nq, Nq, Nk)
-    bm, bn = CONFIG["BLOCK_M"], CONFIG["BLOCK_N"]
+    cfg = persistent_config(d, q.element_size(), _device.device_limits(q.device))
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
     items, sl, n_items = _plan(B, Hq, Nq, Nk, lens, causal, bm, bn, order, hpg, q.device)
     counter = torch.zeros(1, dtype=torch.int32, device=q.device)
     if lens is None:
@@ -180,13 +190,13 @@ def flash_attention_forward_persistent(q, k, v, causal=True, scale=None, seq_len
     else:
         o = torch.zeros((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
         lse = torch.full((B, Hq, Nq), float("-inf"), dtype=torch.float32, device=q.device)
-    grid = (min(num_sms() * CONFIG["programs_per_sm"], n_items),) if persistent else (n_items,)
+    grid = (min(num_sms() * cfg["programs_per_sm"], n_items),) if persistent else (n_items,)
     _attn_fwd_persistent[grid](q, k, v, o, lse, items, counter, sl, n_items,
                                *q.stride(), *k.stride(), *v.stride(), *o.stride(),
                                Hq, group, Nq, Nk, scale * LOG2E.value,
                                HEAD_DIM=d, CAUSAL=causal, VARLEN=lens is not None, DYNAMIC=persistent,
                                INTERP=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
-                               num_warps=CONFIG["num_warps"], num_stages=CONFIG["num_stages"])
+                               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return o, lse
 
 

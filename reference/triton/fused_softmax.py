@@ -89,6 +89,19 @@ def _num_warps(elems: int) -> int:
     return max(4, min(32, elems // ELEMS_PER_WARP))
 
 
+def launch_params(n_rows: int, n_cols: int, limit: int = MAX_SINGLE) -> tuple:
+    """``(online, BLOCK_R, BLOCK_C, num_warps)`` of a launch: rows of up to ``limit`` columns in one block
+    (``ELEMS_PER_PROGRAM`` elements per program), longer rows by the online path in ``ONLINE_BLOCK`` columns.
+    Rows live in registers; shared memory only holds the cross-warp reductions (``_device.smem_softmax``), so
+    these fit every GPU from sm_75 on (``tests/test_any_gpu.py``)."""
+    block_c = triton.next_power_of_2(n_cols)
+    if block_c <= limit:
+        block_r = max(1, min(ELEMS_PER_PROGRAM // block_c, triton.next_power_of_2(n_rows)))
+        return False, block_r, block_c, _num_warps(block_r * block_c)
+    block_c = min(ONLINE_BLOCK, limit)
+    return True, 1, block_c, _num_warps(block_c)
+
+
 def softmax(x, *, max_single: int | None = None):
     """Softmax over the last axis of ``x`` (any shape, fp16/bf16/fp32, on ``reference.triton.DEVICE``).
 
@@ -110,17 +123,13 @@ def softmax(x, *, max_single: int | None = None):
         x2 = x2.contiguous()
     n_rows = x2.shape[0]
     y = torch.empty((n_rows, n_cols), dtype=x.dtype, device=x.device)
-    block_c = triton.next_power_of_2(n_cols)
-    if block_c <= limit:
-        block_r = max(1, min(ELEMS_PER_PROGRAM // block_c, triton.next_power_of_2(n_rows)))
+    online, block_r, block_c, num_warps = launch_params(n_rows, n_cols, limit)
+    if not online:
         _softmax_rows[(triton.cdiv(n_rows, block_r),)](
-            x2, y, x2.stride(0), y.stride(0), n_rows, n_cols, BLOCK_R=block_r, BLOCK_C=block_c,
-            num_warps=_num_warps(block_r * block_c))
+            x2, y, x2.stride(0), y.stride(0), n_rows, n_cols, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=num_warps)
     else:
-        block_c = min(ONLINE_BLOCK, limit)
         _softmax_rows_online[(n_rows,)](
-            x2, y, x2.stride(0), y.stride(0), n_rows, n_cols, BLOCK_R=1, BLOCK_C=block_c,
-            num_warps=_num_warps(block_c))
+            x2, y, x2.stride(0), y.stride(0), n_rows, n_cols, BLOCK_R=1, BLOCK_C=block_c, num_warps=num_warps)
     return y.view(x.shape)
 
 

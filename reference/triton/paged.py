@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _checks
+from . import _checks, _device
 from .decode import (_FAST, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, fast_key, fast_launch,
                      launch_config, launch_decode)
 
@@ -75,7 +75,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     n_max = block_tables.shape[1] * block_size
     if num_splits is None:
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=launch_config(q.dtype, paged=True)["block_n"])
+        cfg = launch_config(q.dtype, paged=True, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv)
+        num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     direct = (q.is_contiguous() and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
