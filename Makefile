@@ -25,7 +25,7 @@ endif
 	$(PY) -c "import numpy, torch, matplotlib, nbclient; print('torch', torch.__version__, '| cuda:', torch.cuda.is_available())"
 
 test:
-	$(PY) -m pytest -n $(JOBS) -q
+	$(PY) -m pytest -n $(JOBS) --dist worksteal -q --durations=15
 
 # everything but the notebooks and the grader's self-test
 test-fast:

@@ -32,12 +32,15 @@ pytestmark = pytest.mark.autograder
 ROOT = Path(__file__).resolve().parents[1]
 SEEDS = 200           # honest submissions: every hidden generator, 200 grading seeds
 CHEAT_SEEDS = 25      # the cheat is caught by the same code path on every case; fewer seeds keep CI short
+# (submission, seeds): the unusual correct submissions (zeros-allocated outputs, prints) on 200 seeds, the plain
+# solutions on 50 (the same code path with empty-allocated outputs)
 HONEST = {
-    "a3_triton": ["assignments/a3_triton/a3_triton_solution.py", "a3_triton/correct/own_zeros_alloc"],
-    "a3b_triton_backward": ["assignments/a3b_triton_backward/a3b_triton_backward_solution.py",
-                            "a3b_triton_backward/correct/own_zeros_alloc"],
-    "a4_decoding": ["assignments/a4_decoding/a4_decoding_solution.py", "a4_decoding/correct/own_zeros_alloc"],
-    "a5_paged": ["assignments/a5_paged/a5_paged_solution.py", "a5_paged/correct/own_zeros_alloc"],
+    "a3_triton": [("assignments/a3_triton/a3_triton_solution.py", 50), ("a3_triton/correct/own_zeros_alloc", SEEDS)],
+    "a3b_triton_backward": [("assignments/a3b_triton_backward/a3b_triton_backward_solution.py", 50),
+                            ("a3b_triton_backward/correct/own_zeros_alloc", SEEDS)],
+    "a4_decoding": [("assignments/a4_decoding/a4_decoding_solution.py", 50),
+                    ("a4_decoding/correct/own_zeros_alloc", SEEDS)],
+    "a5_paged": [("assignments/a5_paged/a5_paged_solution.py", 50), ("a5_paged/correct/own_zeros_alloc", SEEDS)],
 }
 CHEATED = {"a3_triton": "a3.flash_attention_forward", "a3b_triton_backward": "a3b.flash_bwd_dkdv",
            "a4_decoding": "a4.flash_decode", "a5_paged": "a5.paged_decode"}
@@ -133,8 +136,8 @@ def _verdicts(aid, path, tasks=None, seeds=SEEDS):
 
 @pytest.mark.parametrize("aid", sorted(HONEST))
 def test_unusual_correct_submissions_are_never_accused(aid):
-    for entry in HONEST[aid]:
-        verdicts = _verdicts(aid, _path(entry))
+    for entry, seeds in HONEST[aid]:
+        verdicts = _verdicts(aid, _path(entry), seeds=seeds)
         assert verdicts, f"{entry}: no Triton case was drawn"
         n = sum(len(v) for v in verdicts.values())
         accused = [(t, name, why) for t, vs in verdicts.items() for why, name, _ in vs if why]
