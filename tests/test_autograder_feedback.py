@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import textwrap
 import sys
 import zipfile
 from pathlib import Path
@@ -131,33 +132,36 @@ def test_child_messages_name_the_cell_and_the_line_inside_a_triton_kernel(monkey
         where.CELL_LABELS.pop(fname, None)
 
 
-def test_a_triton_compilation_error_names_the_kernel_line(monkeypatch):
+def test_a_triton_compilation_error_names_the_kernel_line():
     """On a GPU a kernel that does not compile raises CompilationError at the launch; its node's line counts
-    from the kernel's def. Compiled here for a CUDA target on the CPU (the front end needs no GPU)."""
-    import linecache
-
-    from autograder import where
-    triton = pytest.importorskip("triton")
-    GPUTarget = pytest.importorskip("triton.backends.compiler").GPUTarget
-    src = ("import triton\nimport triton.language as tl\n\n@triton.jit\ndef k(x_ptr, n, B: tl.constexpr):\n"
-           "    offs = tl.arange(0, B)\n    x = tl.load(x_ptr + offs, mask=offs < n)\n"
-           "    y = tl.reshape(x, (3, 5))\n    tl.store(x_ptr + offs, x, mask=offs < n)\n")
-    fname = "<cell 8>"
-    linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
-    where.CELL_LABELS[fname] = "cell [6]"
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)      # a compiled kernel, not an interpreted one
-    try:
+    from the kernel's def. Compiled here for a CUDA target on the CPU (the front end needs no GPU), in a fresh
+    process: the interpreter (TRITON_INTERPRET=1, set by other tests in this one) patches triton.language."""
+    pytest.importorskip("triton.backends.compiler")
+    script = textwrap.dedent('''
+        import linecache
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from autograder import where
+        src = ("import triton\\nimport triton.language as tl\\n\\n@triton.jit\\ndef k(x_ptr, n, B: tl.constexpr):\\n"
+               "    offs = tl.arange(0, B)\\n    x = tl.load(x_ptr + offs, mask=offs < n)\\n"
+               "    y = tl.reshape(x, (3, 5))\\n    tl.store(x_ptr + offs, x, mask=offs < n)\\n")
+        fname = "<cell 8>"
+        linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
+        where.CELL_LABELS[fname] = "cell [6]"
         ns = {}
-        exec(compile(src, fname, "exec"), ns)  # noqa: S102
+        exec(compile(src, fname, "exec"), ns)
         source = triton.compiler.ASTSource(fn=ns["k"], signature={"x_ptr": "*fp32", "n": "i32", "B": "constexpr"},
                                            constexprs={"B": 16})
-        with pytest.raises(Exception) as info:
+        try:
             triton.compile(source, target=GPUTarget("cuda", 80, 32))
-        line = where.exc_line(info.value)
-        assert line.startswith("CompilationError: ") and "\n" not in line, line
-        assert line.endswith("at `y = tl.reshape(x, (3, 5))` (cell [6], line 8, in k)"), line
-    finally:
-        where.CELL_LABELS.pop(fname, None)
+        except Exception as exc:
+            print(where.exc_line(exc))
+        ''')
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    line = p.stdout.strip()
+    assert line.startswith("CompilationError: ") and "\n" not in line, (line, p.stderr[-2000:])
+    assert line.endswith("at `y = tl.reshape(x, (3, 5))` (cell [6], line 8, in k)"), line
 
 
 def _result(tests, **kw):
