@@ -323,10 +323,16 @@ class Grader:
         if why:
             res.status, res.output = "not run", why
             return res
-        # a task already flagged still runs (its traps and limits are exercised, the student sees what
-        # happened); it is zeroed at the end
+        # a task flagged by the static scan still runs (its traps and limits are exercised, the student sees
+        # what happened); one already zeroed by a flag raised while it ran is not run again: every test of it
+        # scores 0 whatever it returns (the flag says why), and a cheat's remaining cases cost grading time
         if task.id in self.dead_tasks:
             res.output = f"skipped: {self.dead_tasks[task.id]}"
+            return res
+        caught = next((f for f in self.flags if f["source"] == "runtime" and f["id"] in ZEROING
+                       and task.id in f["tasks"]), None)
+        if caught is not None:
+            res.output = f"skipped: zeroed ({caught['id']}: {caught['message']})"
             return res
         t0 = time.monotonic()
         try:
