@@ -22,15 +22,13 @@ GQA: the dK/dV program of kv head ``hk`` loops over the ``group`` query heads th
 contributions in registers, so no per-query-head dK/dV copy is ever allocated (the alternative -- per query
 head dK/dV, then a sum over the group -- costs ``group`` times the dK/dV memory). Causal key/query ranges are
 split, as in the forward, into unmasked blocks and masked diagonal/ragged blocks; blocks that cannot see each
-other are skipped. ``PIN_CONFIG`` pins one block configuration (interpreter default; the tests use it).
+other are skipped.
 
-Measured alternatives, kept as module switches (``benchmarks/tune_bwd_hopper.py``, notes/hopper.md section 1):
-``DQ_MODE = "atomic"`` / ``"tma_atomic"`` fuses line 15 into the dK/dV kernel (fp32 atomic adds, plain or
-through the copy engine's reduce-add, then ``_dq_convert`` scales and casts) -- the FA2/FA3 organisation, 10
-N^2 d FLOPs -- but on an H100 at d=128 the fused tile needs a third fp32 accumulator, spills at 255 registers
-and runs 10-30% slower than the two-kernel default; ``STAGGER`` rotates each key block's query loop so that
-concurrent programs add into different dQ rows; ``USE_TMA`` loads the inner loops' tiles through tensor
-descriptors (within noise of pointer loads). The defaults are the fastest measured: ``"pass"``, pointers.
+Configuration is passed, never set on the module: ``config={"dkdv": {...}, "dq": {...}}`` pins one block
+configuration per kernel (default ``reference.triton.configs.backward_pin()``: pinned in the interpreter,
+autotuned on a GPU); ``use_tma`` loads the inner loops' tiles through tensor descriptors (``None``: where the
+GPU and strides allow; default ``False``, pointer loads, as fast within noise on an H100). The fused atomic-dQ
+variants that lost on speed are described, with their numbers, in notes/experiments_removed.md.
 """
 from __future__ import annotations
 
@@ -43,24 +41,10 @@ from ._checks import check_attention_inputs, check_backward_inputs, check_flag, 
 from ._kernel_helpers import LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
 from . import flash_fwd
 from ._runtime import INTERPRET
-from . import _device
-from .flash_fwd import Varlen, _load_tile, packed_strides, tuning_bench
+from . import _device, configs
+from .flash_fwd import Varlen, load_tile, packed_strides, tuning_bench
 
-#: ``{"dkdv": {...}, "dq": {...}}`` with ``BLOCK_M, BLOCK_N, num_warps, num_stages`` each, or ``None`` to autotune.
-PIN_CONFIG: dict | None = (
-    {"dkdv": {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1},
-     "dq": {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1}} if INTERPRET else None)
-#: dQ organisation: "pass" (a separate dQ kernel, deterministic), "atomic" (dQ in the dK/dV kernel, fp32 atomic
-#: adds, then a cast), "tma_atomic" (the same through the copy engine's reduce-add; Hopper, else "atomic")
-DQ_MODE = "pass"
-_DQ_MODES = {"pass": 0, "atomic": 1, "tma_atomic": 2}
-#: atomic modes: rotate each key block's unmasked query loop so concurrent programs add into different rows
-STAGGER = False
-#: tensor descriptors for the loads of the loops (Q, dO in dK/dV; K, V in dQ): None = when the GPU and strides
-#: allow it (Hopper), False = plain pointer loads
-USE_TMA: bool | None = False
 PRE_BLOCK = 64
-CONVERT_BLOCK = 1024
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -102,20 +86,18 @@ def _bwd_preprocess(O, DO, LSE, DELTA, LSE2,
 # dK, dV: one program per key block (Algorithm 2, lines 5-19)
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q, desc_do, desc_dq, b, h,
-                start_m, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd,
+def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do, b, h,
+                start_m, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
                 N_Q, OFFSET, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                MASK_ROWS: tl.constexpr, INTERP: tl.constexpr, USE_TMA: tl.constexpr, DQ_MODE: tl.constexpr):
-    """Lines 9-16 of Algorithm 2 for query block ``i`` (starting at ``start_m``), computed transposed
-    (``P^T``, ``dS^T`` of shape ``BLOCK_N x BLOCK_M``) so the key block stays the row operand.
-
-    ``DQ_MODE`` 1 (pointer atomics) or 2 (the copy engine's reduce-add, ``USE_TMA`` only) also does line 15,
-    ``dQ_i += dS_ij K_j``, as an fp32 atomic add into ``dq_base`` (unscaled; the caller scales and casts)."""
+                MASK_ROWS: tl.constexpr, INTERP: tl.constexpr, USE_TMA: tl.constexpr):
+    """Lines 9-14 and 16 of Algorithm 2 for query block ``i`` (starting at ``start_m``), computed transposed
+    (``P^T``, ``dS^T`` of shape ``BLOCK_N x BLOCK_M``) so the key block stays the row operand; line 15 (dQ) is
+    the separate ``_bwd_dq`` pass."""
     rows = start_m + offs_m
     # line 9: load Q_i, dO_i, L_i, D_i (rows past N_Q: zeros and L = +inf, so P = 0 there)
-    q = _load_tile(q_base, desc_q, b, h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q, q_base, 0,
+    q = load_tile(q_base, desc_q, b, h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q, q_base, 0,
                    BLOCK_M, HEAD_DIM, USE_TMA, MASK_ROWS)
-    do = _load_tile(do_base, desc_do, b, h, start_m, offs_m, offs_d, stride_dom, stride_dod, N_Q, do_base, 0,
+    do = load_tile(do_base, desc_do, b, h, start_m, offs_m, offs_d, stride_dom, stride_dod, N_Q, do_base, 0,
                     BLOCK_M, HEAD_DIM, USE_TMA, MASK_ROWS)
     if MASK_ROWS:
         rm = rows < N_Q
@@ -136,52 +118,39 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, d
     dsT = (pT * (dpT - di[None, :])).to(q.dtype)
     # line 16: dK_j += dS^T Q_i (the softmax scale is applied once, at the end)
     dk = dot_acc(dsT, q, dk, INTERP)
-    if DQ_MODE > 0:  # line 15: dQ_i += dS_ij K_j, summed across key-block programs by atomics
-        dq = dot(tl.trans(dsT), k, INTERP)
-        if DQ_MODE == 2:
-            desc_dq.atomic_add([b, h, start_m, 0], dq.reshape(1, 1, BLOCK_M, HEAD_DIM))
-        else:
-            dq_ptrs = dq_base + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd
-            if MASK_ROWS:
-                tl.atomic_add(dq_ptrs, dq, mask=rows[:, None] < N_Q, sem="relaxed")
-            else:
-                tl.atomic_add(dq_ptrs, dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit
-def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q, desc_do, desc_dq,
+def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
                        b, h, lo, hi, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
-                       stride_dqm, stride_dqd, N_Q, OFFSET, qk_scale,
+                       N_Q, OFFSET, qk_scale,
                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_CAUSAL: tl.constexpr,
-                       MASK_ROWS: tl.constexpr, INTERP: tl.constexpr, USE_TMA: tl.constexpr, DQ_MODE: tl.constexpr):
+                       MASK_ROWS: tl.constexpr, INTERP: tl.constexpr, USE_TMA: tl.constexpr):
     """Line 8: loop over query blocks ``[lo, hi)``."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
-        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q, desc_do,
-                             desc_dq, b, h, start_m, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
-                             stride_dod, stride_dqm, stride_dqd, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM,
-                             MASK_CAUSAL, MASK_ROWS, INTERP, USE_TMA, DQ_MODE)
+        dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
+                             b, h, start_m, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
+                             stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM,
+                             MASK_CAUSAL, MASK_ROWS, INTERP, USE_TMA)
     return dk, dv
 
 
 @triton.jit
-def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, DQ_ACC, desc_q, desc_do, desc_dq,
+def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
               stride_qb, stride_qh, stride_qm, stride_qd,
               stride_kb, stride_kh, stride_kn, stride_kd,
               stride_vb, stride_vh, stride_vn, stride_vd,
               stride_dob, stride_doh, stride_dom, stride_dod,
               stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-              stride_dqb, stride_dqh, stride_dqm, stride_dqd,
               stride_lb, stride_lh, H_KV, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False,
-              USE_TMA: tl.constexpr = False, DQ_MODE: tl.constexpr = 0, STAGGER: tl.constexpr = False):
+              USE_TMA: tl.constexpr = False):
     """One program = key block ``j`` of one (batch, kv head): Algorithm 2, lines 6-18, summed over the GQA group.
     (``VARLEN``: packed sequences, as in ``flash_fwd._attn_fwd``; dK/dV share K's layout.) ``USE_TMA``: Q and
-    dO through tensor descriptors. ``DQ_MODE > 0``: line 15 too, atomically into the fp32 ``DQ_ACC`` (see
-    ``_dkdv_block``); ``STAGGER`` starts each key block's unmasked query loop at a different query block, so
-    that programs running at the same time add into different dQ rows."""
+    dO through tensor descriptors."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H_KV
@@ -226,37 +195,24 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, DQ_ACC, desc_q, desc_do, desc_dq
         q_even = tl.where(live, q_even, 0)
         q_tail = tl.where(live, q_tail, 0)
         q_end = tl.where(live, q_end, 0)
-    q_mid = q_full  # STAGGER: the unmasked range runs [q_mid, q_even) then [q_full, q_mid)
-    if STAGGER:
-        n_full = tl.maximum((q_even - q_full) // BLOCK_M, 1)
-        q_mid = tl.minimum(q_full + (pid_n % n_full) * BLOCK_M, tl.maximum(q_even, q_full))
 
     for g in range(GROUP):  # GQA: every query head of this kv head's group
         h32 = hk * GROUP + g  # descriptor coordinates are int32, addresses int64
         h = h32.to(tl.int64)
         q_base = Q + b64 * stride_qb + h * stride_qh + q_start * stride_qm
         do_base = DO + b64 * stride_dob + h * stride_doh + q_start * stride_dom
-        dq_base = DQ_ACC + b64 * stride_dqb + h * stride_dqh + q_start * stride_dqm
         lse2_base = LSE2 + b64 * stride_lb + h * stride_lh + q_start
         delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
         # line 8: for each query block i
-        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q, desc_do,
-                                    desc_dq, b, h32, q_lo, q_full, offs_m, offs_n, offs_d, stride_qm, stride_qd,
-                                    stride_dom, stride_dod, stride_dqm, stride_dqd, N_Q, OFFSET, qk_scale,
-                                    BLOCK_M, HEAD_DIM, CAUSAL, True, INTERP, USE_TMA, DQ_MODE)
-        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q, desc_do,
-                                    desc_dq, b, h32, q_mid, q_even, offs_m, offs_n, offs_d, stride_qm, stride_qd,
-                                    stride_dom, stride_dod, stride_dqm, stride_dqd, N_Q, OFFSET, qk_scale,
-                                    BLOCK_M, HEAD_DIM, False, False, INTERP, USE_TMA, DQ_MODE)
-        if STAGGER:
-            dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q,
-                                        desc_do, desc_dq, b, h32, q_full, q_mid, offs_m, offs_n, offs_d, stride_qm,
-                                        stride_qd, stride_dom, stride_dod, stride_dqm, stride_dqd, N_Q, OFFSET,
-                                        qk_scale, BLOCK_M, HEAD_DIM, False, False, INTERP, USE_TMA, DQ_MODE)
-        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, dq_base, desc_q, desc_do,
-                                    desc_dq, b, h32, q_tail, q_end, offs_m, offs_n, offs_d, stride_qm, stride_qd,
-                                    stride_dom, stride_dod, stride_dqm, stride_dqd, N_Q, OFFSET, qk_scale,
-                                    BLOCK_M, HEAD_DIM, False, True, INTERP, USE_TMA, DQ_MODE)
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
+                                    b, h32, q_lo, q_full, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
+                                    stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, CAUSAL, True, INTERP, USE_TMA)
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
+                                    b, h32, q_full, q_even, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
+                                    stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, False, False, INTERP, USE_TMA)
+        dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
+                                    b, h32, q_tail, q_end, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
+                                    stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, False, True, INTERP, USE_TMA)
 
     # line 18: write dK_j (times the softmax scale, since S = scale * Q K^T) and dV_j
     dk_off = (b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + (k_start + offs_n)[:, None] * stride_dkn
@@ -275,9 +231,9 @@ def _dq_block(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b, hk, start_n,
               USE_TMA: tl.constexpr):
     """Recompute P_ij and dS_ij for key block ``j`` and add ``dS_ij K_j`` to dQ_i (lines 10-15)."""
     cols = start_n + offs_n
-    k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, k_base, 0,
+    k = load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, k_base, 0,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
-    v = _load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, v_base, 0,
+    v = load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, v_base, 0,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
     # lines 10-11: P_ij = exp(scale * Q_i K_j^T - L_i)
     p = tl.math.exp2(dot(q, tl.trans(k), INTERP) * qk_scale - l2[:, None])
@@ -377,8 +333,6 @@ def _configs(table):
 # H100 sweep at d=128 (notes/hopper.md section 1): (64, 64, 4, 2) + (128, 64, 8, 3) lead non-causal.
 DKDV_CONFIGS = [(64, 64, 4, 2), (64, 128, 8, 2), (32, 64, 4, 3), (32, 128, 8, 3)]
 DQ_CONFIGS = [(128, 64, 8, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 3)]
-# the dK/dV kernel with dQ fused (DQ_MODE "atomic"/"tma_atomic"): a third fp32 tile, dQ_i's share, per step
-FUSED_CONFIGS = [(64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 2), (32, 64, 4, 3)]
 #: smaller GPUs (T4, sm_86/89), used only where no entry of the table above fits (notes/any_gpu.md); dK/dV
 #: owns the key block (BLOCK_M <= BLOCK_N), dQ the query block (BLOCK_M >= BLOCK_N), as in the tables
 DKDV_FALLBACK = [(32, 64, 4, 2), (32, 32, 4, 2), (16, 32, 4, 1)]
@@ -413,37 +367,27 @@ def _prune_for(table, fallback):
     return prune
 
 
-_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP", "VARLEN", "USE_TMA", "DQ_MODE"]
+_KEY = ["N_Q", "N_K", "HEAD_DIM", "CAUSAL", "GROUP", "VARLEN", "USE_TMA"]
 
 
 def _set_block_shapes(nargs):
     """Config pre-hook: a host tensor descriptor carries its block shape, which depends on the config."""
     bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]
-    for name, rows in (("desc_q", bm), ("desc_do", bm), ("desc_dq", bm), ("desc_k", bn), ("desc_v", bn)):
+    for name, rows in (("desc_q", bm), ("desc_do", bm), ("desc_k", bn), ("desc_v", bn)):
         if isinstance(nargs.get(name), TensorDescriptor):
             nargs[name].block_shape = [1, 1, rows, d]
 
 
-def _tuner(kernel, table, fallback, reset=None):
+def _tuner(kernel, table, fallback):
     configs = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s, pre_hook=_set_block_shapes)
                for bm, bn, w, s in table + fallback]
     return triton.autotune(configs=configs, key=_KEY,
                            prune_configs_by={"early_config_prune": _prune_for(table, fallback)},
-                           reset_to_zero=reset, do_bench=tuning_bench)(kernel)
+                           do_bench=tuning_bench)(kernel)
 
 
 _bwd_dkdv_tuned = _tuner(_bwd_dkdv, DKDV_CONFIGS, DKDV_FALLBACK)
-# the fused kernel's atomics accumulate: re-zero between tuning runs
-_bwd_dkdv_fused_tuned = _tuner(_bwd_dkdv, FUSED_CONFIGS, DKDV_FALLBACK, reset=["DQ_ACC"])
 _bwd_dq_tuned = _tuner(_bwd_dq, DQ_CONFIGS, DQ_FALLBACK)
-
-
-@triton.jit
-def _dq_convert(DQ_ACC, DQ, n, scale, BLOCK: tl.constexpr):
-    """``dQ = scale * dQ_acc`` cast to dQ's dtype (the atomic ``DQ_MODE``s accumulate unscaled fp32)."""
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < n
-    tl.store(DQ + offs, (tl.load(DQ_ACC + offs, mask=ok, other=0.0) * scale).to(DQ.dtype.element_ty), mask=ok)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -453,11 +397,28 @@ def _desc(t, d):  # block shape set per config by _set_block_shapes
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, d])
 
 
+def preprocess(o, do, lse, delta, lse2, Nq: int, varlen: Varlen | None = None) -> None:
+    """Algorithm 2 line 4 (``_bwd_preprocess``): write ``delta = rowsum(do * o)`` and ``lse2`` (``lse`` in base 2,
+    ``+inf`` for rows that saw no key) for the first ``Nq`` rows of each head. ``delta``, ``lse2`` have ``lse``'s
+    layout: dense ``(B, Hq, rows >= Nq)``, or ``(Hq, total_q)`` with ``varlen`` (packed ``o``, ``do``)."""
+    d = o.shape[-1]
+    if varlen is None:
+        B, Hq = lse.shape[:2]
+        st = lambda t: t.stride()  # noqa: E731
+        lstr, cu_q, rows = (lse.stride(0), lse.stride(1)), lse, Nq
+    else:
+        B, Hq = varlen.batch, o.shape[1]
+        st, lstr, cu_q, rows = packed_strides, (0, lse.stride(0)), varlen.cu_q, varlen.max_q
+    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK), B * Hq)](
+        o, do, lse, delta, lse2, *st(o), *st(do), *lstr, Hq, Nq, cu_q, BLOCK_M=PRE_BLOCK, HEAD_DIM=d,
+        VARLEN=varlen is not None)
+
+
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, group: int,
-                    varlen: Varlen | None = None) -> None:
+                    varlen: Varlen | None = None, config: dict | None = None, use_tma: bool | None = False) -> None:
     """Run the backward kernels on validated inputs, writing ``dq, dk, dv`` in place (layouts as in
-    ``flash_fwd.launch_forward``; with ``varlen`` every tensor is packed, never paged). ``DQ_MODE`` and
-    ``USE_TMA`` (module switches) choose the dQ organisation and the load path."""
+    ``flash_fwd.launch_forward``; with ``varlen`` every tensor is packed, never paged). ``config``: see
+    ``flash_attention_backward``; ``use_tma``: tensor-descriptor loads (``None``: where the GPU allows)."""
     d = q.shape[-1]
     if varlen is None:
         B, Hq, Nq, _ = q.shape
@@ -471,41 +432,23 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         rows = varlen.max_q
         st = packed_strides
         cu_q, cu_k = varlen.cu_q, varlen.cu_k
-    if DQ_MODE not in _DQ_MODES:
-        raise ValueError(f"flash_bwd.DQ_MODE must be one of {sorted(_DQ_MODES)}, got {DQ_MODE!r}")
-    mode = _DQ_MODES[DQ_MODE]
-    use_tma = varlen is None and _use_tma(q, k, v, do)
-    if mode == 2 and not use_tma:
-        mode = 1  # the copy engine's reduce-add needs descriptors: pointer atomics instead
+    use_tma = varlen is None and _use_tma(use_tma, q, k, v, do)
     delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
     lse2 = torch.empty_like(delta)
     lstr = (lse.stride(0), lse.stride(1)) if varlen is None else (0, lse.stride(0))
-    vl = varlen is not None
-    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK), B * Hq)](
-        o, do, lse, delta, lse2, *st(o), *st(do), *lstr, Hq, Nq, cu_q, BLOCK_M=PRE_BLOCK, HEAD_DIM=d, VARLEN=vl)
+    preprocess(o, do, lse, delta, lse2, Nq, varlen)
 
     qk_scale = scale * LOG2E.value
     common = (*st(q), *st(k), *st(v), *st(do))
-    kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET, VARLEN=vl, USE_TMA=use_tma)
+    kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET, VARLEN=varlen is not None, USE_TMA=use_tma)
     keys = Nk if varlen is None else varlen.max_k
-    pin = PIN_CONFIG or {}
-    dq_acc = torch.zeros(dq.shape, dtype=torch.float32, device=dq.device) if mode else dq
-    descs = (_desc(q, d), _desc(do, d), _desc(dq_acc, d) if mode == 2 else q) if use_tma else (q, q, q)
-    if mode:
-        dkdv = pinned_or_tuned(_bwd_dkdv, _bwd_dkdv_fused_tuned, pin.get("fused", pin.get("dkdv")),
-                               pre_hook=_set_block_shapes)
-    else:
-        dkdv = pinned_or_tuned(_bwd_dkdv, _bwd_dkdv_tuned, pin.get("dkdv"), pre_hook=_set_block_shapes)
+    pin = configs.backward_pin() if config is None else config
+    pin = pin or {}
+    descs = (_desc(q, d), _desc(do, d)) if use_tma else (q, q)
+    dkdv = pinned_or_tuned(_bwd_dkdv, _bwd_dkdv_tuned, pin.get("dkdv"), pre_hook=_set_block_shapes)
     dkdv[lambda m: (triton.cdiv(keys, m["BLOCK_N"]), B * Hkv)](
-        q, k, v, do, dk, dv, lse2, delta, dq_acc, *descs, *common, *st(dk), *st(dq_acc), *lstr, Hkv, Nq, Nk, scale,
-        qk_scale, cu_q, cu_k, GROUP=group, DQ_MODE=mode, STAGGER=STAGGER and mode > 0, **kw)
-    if mode:
-        if dq.is_contiguous():
-            n = dq.numel()
-            _dq_convert[(triton.cdiv(n, CONVERT_BLOCK),)](dq_acc, dq, n, scale, BLOCK=CONVERT_BLOCK)
-        else:
-            dq.copy_(dq_acc * scale)
-        return
+        q, k, v, do, dk, dv, lse2, delta, *descs, *common, *st(dk), *lstr, Hkv, Nq, Nk, scale,
+        qk_scale, cu_q, cu_k, GROUP=group, **kw)
     descs = (_desc(k, d), _desc(v, d)) if use_tma else (k, v)
     dq_kernel = pinned_or_tuned(_bwd_dq, _bwd_dq_tuned, pin.get("dq"), pre_hook=_set_block_shapes)
     dq_kernel[lambda m: (triton.cdiv(rows, m["BLOCK_M"]), B * Hq)](
@@ -513,20 +456,24 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
         **kw)
 
 
-def _use_tma(*tensors) -> bool:
-    if USE_TMA is False:
+def _use_tma(use_tma, *tensors) -> bool:
+    if use_tma is False:
         return False
-    ok = flash_fwd._tma_ok(*tensors)
-    if USE_TMA and not ok:
-        raise ValueError("flash_bwd.USE_TMA=True needs a Hopper GPU and 16-byte aligned strides")
+    ok = flash_fwd.tma_ok(None, *tensors)
+    if use_tma and not ok:
+        raise ValueError("flash_attention_backward: use_tma=True needs a Hopper GPU and 16-byte aligned strides")
     return ok
 
 
-def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, *, config=None, use_tma=False):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` for ``o = attention(q, k, v)`` (FA2 Algorithm 2).
 
     ``o, lse`` are the forward's outputs (``flash_attention_forward``); ``do`` has ``o``'s shape. ``dk, dv``
     have ``k``'s shape: for GQA they are summed over the query heads of each kv head's group.
+    ``config``: ``{"dkdv": {...}, "dq": {...}}`` (``BLOCK_M, BLOCK_N, num_warps, num_stages`` each) pins one
+    configuration per kernel; ``None`` takes ``reference.triton.configs.backward_pin()`` (a pin in the
+    interpreter, autotuning on a GPU). ``use_tma``: ``False`` (default) pointer loads, ``None`` tensor descriptors
+    where the GPU and strides allow, ``True`` insists on them.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
     causal = check_flag(causal, "causal")
@@ -536,7 +483,7 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, scale=None):
     dq = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     dk = torch.empty((B, Hkv, Nk, d), dtype=k.dtype, device=k.device)
     dv = torch.empty((B, Hkv, Nk, d), dtype=v.dtype, device=v.device)
-    launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale, group)
+    launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal, scale, group, config=config, use_tma=use_tma)
     return dq, dk, dv
 
 
@@ -546,4 +493,4 @@ def backward_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool) -> fl
     return f / 2 if causal else f
 
 
-__all__ = ["flash_attention_backward", "backward_flops", "PIN_CONFIG"]
+__all__ = ["flash_attention_backward", "backward_flops", "preprocess", "launch_backward"]

@@ -16,15 +16,17 @@ Implementation choices a reader should know:
   A row that sees no key (``Nq > Nk``) keeps ``l = 0`` and writes ``o = 0``, ``lse = -inf``: the masked loop
   subtracts a "safe" max of 0 where the running max is still ``-inf``, so no ``inf - inf`` NaN appears.
 * GQA: query head ``h`` reads kv head ``h // group`` through its base pointer; K/V are never copied.
-* Loads: plain pointer loads with arbitrary strides, or (``USE_TMA``, Hopper and later) 4-D tensor
+* Loads: plain pointer loads with arbitrary strides, or (``use_tma``, Hopper and later) 4-D tensor
   descriptors over ``(B, H, N, d)`` whose out-of-range rows are zero-filled by the copy engine.
 * float32 inputs are accepted; on a GPU ``tl.dot`` then runs in TF32 (about 1e-3 relative error).
 
-Module switches (set them before the first call):
-``PIN_CONFIG`` -- ``None`` autotunes (GPU default); a dict ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}``
-pins one config (the interpreter default, and what the tests use, so they are fast and deterministic): the
-kernel is then autotuned over that single config, which Triton launches without benchmarking.
-``USE_TMA`` -- ``None`` picks tensor descriptors when the GPU is Hopper or newer and the strides allow it.
+Keyword arguments (``flash_attention_forward(..., config=None, use_tma=None)``):
+``config`` -- a dict ``{"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}`` pins one config (the kernel is then
+autotuned over that single config, which Triton launches without benchmarking); ``None`` takes
+``reference.triton.configs.forward_pin()`` (the interpreter pin on CPU, autotuning on a GPU). The tuned pins of
+the benchmarks and tests live in ``reference.triton.configs``.
+``use_tma`` -- ``None`` picks tensor descriptors when the GPU is Hopper or newer and the strides allow it;
+``False`` forces pointer loads.
 """
 from __future__ import annotations
 
@@ -35,15 +37,12 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import _device
+from . import _device, configs
 from ._checks import check_attention_inputs, check_flag, check_scale
 from ._kernel_helpers import (LN2, LOG2E, causal_key_range, dot, dot_acc, mask_running_max, pinned_or_tuned,
                               varlen_bounds)
 from ._runtime import INTERPRET
 
-PIN_CONFIG: dict | None = (
-    {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1} if INTERPRET else None)
-USE_TMA: bool | None = None
 #: packed launches whose longest sequence has at most 16 query rows (decode steps, the suffix pass of cascade
 #: decode): a 16-row tile instead of the 64-128 rows the autotuned configurations would mostly leave empty
 SMALL_Q_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
@@ -53,7 +52,7 @@ SMALL_Q_CONFIG = {"BLOCK_M": 16, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
 # kernels
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows, bt, stride_page,
+def load_tile(base, desc, b, h, start, offs, offs_d, stride_n, stride_d, n_rows, bt, stride_page,
                BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, USE_TMA: tl.constexpr, BOUNDS: tl.constexpr,
                PAGE: tl.constexpr = 0):
     """Load rows ``[start, start + BLOCK)`` of one head as a ``(BLOCK, HEAD_DIM)`` tile (zeros past ``n_rows``).
@@ -92,7 +91,7 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
     """FA2 Algorithm 1, lines 7-10, for the key block starting at ``start_n``: the heart of the forward kernel.
 
     A teaching API: lecture 05 prints this function's source next to lecture 03's NumPy loop. It is a
-    ``@triton.jit`` device function, callable only from inside a kernel (here: ``_fwd_key_blocks``).
+    ``@triton.jit`` device function, callable only from inside a kernel (here: ``fwd_key_blocks``).
 
     State of one program's ``BLOCK_M`` query rows, updated and returned: ``acc (BLOCK_M, HEAD_DIM)`` the
     unnormalised output O_i, ``l_i`` the running row sums, ``m_i`` the running row maxima in base-2 units
@@ -104,7 +103,7 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
     arithmetic. ``INTERP`` widens dot operands to fp32 for the Triton interpreter.
     """
     # line 7: load K_j (V_j is loaded just before its use, below)
-    k = _load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, bt, stride_kp,
+    k = load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, bt, stride_kp,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     # line 8: S_ij = Q_i K_j^T, already scaled into base-2 units
     s = dot(q, tl.trans(k), INTERP) * qk_scale
@@ -114,7 +113,7 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
     alpha = tl.math.exp2(m_i - m_use)
     l_i = l_i * alpha + tl.sum(p, 1)
     # line 10: O_i = diag(alpha) O_i + P_ij V_j
-    v = _load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, bt, stride_vp,
+    v = load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, bt, stride_vp,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED, PAGE)
     acc = acc * alpha[:, None]
     acc = dot_acc(p.to(v.dtype), v, acc, INTERP)
@@ -122,7 +121,7 @@ def attend_key_block(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, st
 
 
 @triton.jit
-def _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo, hi,
+def fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo, hi,
                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
                     bt, stride_kp, stride_vp,
                     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
@@ -186,7 +185,7 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
         v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + k_start * stride_vn
 
     # line 4: load Q_i (rows past N_Q read as zeros and are never stored)
-    q = _load_tile(q_base, desc_q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q, bt, 0,
+    q = load_tile(q_base, desc_q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q, bt, 0,
                    BLOCK_M, HEAD_DIM, USE_TMA, True)
     # line 5: O_i = 0, l_i = 0, m_i = -inf
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
@@ -199,11 +198,11 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
         full_end = tl.where(start_m < N_Q, full_end, 0)
         hi = tl.where(start_m < N_Q, hi, 0)
     # line 6: key blocks every row fully sees, then the diagonal / ragged tail with the mask
-    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, 0, full_end,
+    acc, l_i, m_i = fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, 0, full_end,
                                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
                                     N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
                                     BLOCK_N, HEAD_DIM, CAUSAL, False, USE_TMA, INTERP, PAGE)
-    acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, full_end, hi,
+    acc, l_i, m_i = fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, full_end, hi,
                                     offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
                                     N_K, OFFSET, qk_scale, bt, stride_kp, stride_vp,
                                     BLOCK_N, HEAD_DIM, CAUSAL, True, USE_TMA, INTERP, PAGE)
@@ -313,11 +312,13 @@ _attn_fwd_tuned = triton.autotune(
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def _tma_ok(*tensors) -> bool:
-    """Tensor descriptors need Hopper+, a contiguous last axis and 16-byte aligned base and strides."""
-    if USE_TMA is False:
+def tma_ok(use_tma, *tensors) -> bool:
+    """Whether to load ``tensors`` through tensor descriptors: never if ``use_tma is False``; with ``None`` only on
+    Hopper+ (not in the interpreter); in both other cases only if each has a contiguous last axis and 16-byte
+    aligned base and strides (the descriptors' requirement)."""
+    if use_tma is False:
         return False
-    if USE_TMA is None:
+    if use_tma is None:
         if INTERPRET or not _device.hopper(_device.device_limits(tensors[0].device)):
             return False
     for t in tensors:
@@ -359,17 +360,19 @@ def paged_strides(cache: torch.Tensor) -> tuple:
     return (0, cache.stride(2), cache.stride(1), cache.stride(3))
 
 
-def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varlen: Varlen | None = None) -> None:
+def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varlen: Varlen | None = None,
+                   config: dict | None = None, use_tma: bool | None = None) -> None:
     """Launch the forward kernel on validated inputs, writing ``o`` and ``lse`` in place.
 
     Dense: ``q, o (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, ``lse (B, Hq, Nq)``. With ``varlen``: ``q, o
     (total_q, Hq, d)``, ``lse (Hq, total_q)``, and k, v packed ``(total_k, Hkv, d)`` or paged caches.
+    ``config``, ``use_tma``: as in ``flash_attention_forward``.
     """
     d = q.shape[-1]
     if varlen is None:
         B, Hq, Nq, _ = q.shape
         Nk = k.shape[2]
-        use_tma = _tma_ok(q, k, v, o)
+        use_tma = tma_ok(use_tma, q, k, v, o)
         strides = (*q.stride(), *k.stride(), *v.stride(), *o.stride(), lse.stride(0), lse.stride(1))
         extra = (q, q, q, 0, 0, 0)  # no cu_seqlens / block table: dummy pointers, zero strides
     else:
@@ -387,7 +390,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varl
     else:
         dq, dk, dv, do_ = q, k, v, o
     rows = Nq if varlen is None else varlen.max_q
-    pin = PIN_CONFIG
+    pin = configs.forward_pin() if config is None else configs.check_pin(config, "config")
     if varlen is not None and varlen.max_q <= SMALL_Q_CONFIG["BLOCK_M"]:
         # a few query rows per sequence (decode-like): one 16-row tile, no autotuning
         pin = small_q_config(d, q.element_size(), _device.device_limits(q.device))
@@ -398,7 +401,7 @@ def launch_forward(q, k, v, o, lse, causal: bool, scale: float, group: int, varl
         PAGE=varlen.page if varlen is not None else 0)
 
 
-def flash_attention_forward(q, k, v, causal=False, scale=None):
+def flash_attention_forward(q, k, v, causal=False, scale=None, *, config=None, use_tma=None):
     """FlashAttention-2 forward (Algorithm 1): return ``(o, lse)``.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` on ``reference.triton.DEVICE``, float16/bfloat16/float32,
@@ -406,13 +409,15 @@ def flash_attention_forward(q, k, v, causal=False, scale=None):
     natural-log log-sum-exp of the scaled scores, float32 ``(B, Hq, Nq)``; rows that see no key (causal with
     ``Nq > Nk``) give ``o = 0`` and ``lse = -inf``. Inputs may be strided (any strides; the tensor-descriptor
     path needs a contiguous last axis and 16-byte aligned strides, else the pointer path is used).
+    ``config``: one pinned block configuration (module docstring; default ``configs.forward_pin()``);
+    ``use_tma``: ``None`` tensor descriptors where possible, ``False`` pointer loads.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    launch_forward(q, k, v, o, lse, causal, scale, group)
+    launch_forward(q, k, v, o, lse, causal, scale, group, config=config, use_tma=use_tma)
     return o, lse
 
 
@@ -422,4 +427,4 @@ def forward_flops(B: int, H: int, Nq: int, Nk: int, d: int, causal: bool) -> flo
     return f / 2 if causal else f
 
 
-__all__ = ["flash_attention_forward", "forward_flops", "attend_key_block", "PIN_CONFIG", "USE_TMA"]
+__all__ = ["flash_attention_forward", "forward_flops", "attend_key_block", "launch_forward", "load_tile", "tma_ok"]

@@ -7,9 +7,10 @@ the SASS), shared memory, and how many Hopper matrix instructions (``HGMMA``) an
 
 Run it in a process started with ``TRITON_INTERPRET=0`` (``reference.triton``'s compile-only mode on a machine
 without CUDA): under the interpreter, the ``@triton.jit`` helpers that Gluon code calls (``gl.max``, ``gl.sum``)
-are interpreter objects that the compiler rejects. ``python -m reference.triton._aot`` does this for the forward:
+are interpreter objects that the compiler rejects. The kernel modules call ``compile_gluon`` / ``compile_triton``
+(their ``compile_*`` functions); ``python -m reference.triton.hopper.aot_report`` prints the usage of each:
 
-    TRITON_INTERPRET=0 python -m reference.triton._aot [pingpong|specialized|overlap] [--d 128] [--causal] [--persistent]
+    TRITON_INTERPRET=0 python -m reference.triton.hopper.aot_report [fwd|bwd|fp8|persistent|all] [--d 128] [--causal]
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import tempfile
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -37,10 +39,9 @@ def descriptor_signature(rows: int, cols: int, dtype: str = "bf16") -> str:
     return f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
 
 
-def compile_gluon(kernel, signature: dict, constexprs: dict, num_warps: int, maxnreg: int | None = None):
-    """``triton.compile`` of a ``@gluon.jit`` kernel for sm_90a; ``signature`` maps every non-constexpr argument."""
+def _source(cls, kernel, signature: dict, constexprs: dict, who: str):
     if os.environ.get("TRITON_INTERPRET") == "1":
-        raise RuntimeError("compile_gluon: TRITON_INTERPRET=1 is set in this process, so Triton's @jit helpers are "
+        raise RuntimeError(f"{who}: TRITON_INTERPRET=1 is set in this process, so Triton's @jit helpers are "
                            "interpreter objects the compiler rejects; run with TRITON_INTERPRET=0 (compile-only)")
     names = kernel.arg_names
     sig = dict(signature)
@@ -48,12 +49,23 @@ def compile_gluon(kernel, signature: dict, constexprs: dict, num_warps: int, max
         sig[name] = "constexpr"
     missing = [n for n in names if n not in sig]
     if missing:
-        raise ValueError(f"compile_gluon: no signature or constexpr value for {missing}")
-    src = GluonASTSource(kernel, {n: sig[n] for n in names}, {(names.index(k),): v for k, v in constexprs.items()})
+        raise ValueError(f"{who}: no signature or constexpr value for {missing}")
+    return cls(kernel, {n: sig[n] for n in names}, {(names.index(k),): v for k, v in constexprs.items()})
+
+
+def compile_gluon(kernel, signature: dict, constexprs: dict, num_warps: int, maxnreg: int | None = None):
+    """``triton.compile`` of a ``@gluon.jit`` kernel for sm_90a; ``signature`` maps every non-constexpr argument."""
+    src = _source(GluonASTSource, kernel, signature, constexprs, "compile_gluon")
     options = {"num_warps": num_warps}
     if maxnreg is not None:
         options["maxnreg"] = maxnreg
     return triton.compile(src, target=HOPPER, options=options)
+
+
+def compile_triton(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
+    """``triton.compile`` of a ``@triton.jit`` kernel for sm_90a (the FP8 and persistent Triton kernels)."""
+    src = _source(ASTSource, kernel, signature, constexprs, "compile_triton")
+    return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def resource_usage(compiled) -> dict:
@@ -73,24 +85,3 @@ def resource_usage(compiled) -> dict:
     for op in SASS_OPS:
         out[op] = sum(1 for o in opcodes if o == op or o.startswith(op + "."))
     return out
-
-
-def main(argv=None) -> None:
-    import argparse
-    import json
-    from .flash_gluon import SCHEDULES, compile_forward
-    ap = argparse.ArgumentParser(description="Compile a Gluon forward kernel for sm_90a; print its resource usage")
-    ap.add_argument("schedule", nargs="?", default="pingpong", choices=SCHEDULES)
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--config", default=None, help="BLOCK_M,BLOCK_N,STAGES,num_warps")
-    ap.add_argument("--persistent", action="store_true", help="the persistent warp-specialised kernel")
-    args = ap.parse_args(argv)
-    cfg = tuple(int(x) for x in args.config.split(",")) if args.config else None
-    usage = resource_usage(compile_forward(args.schedule, args.d, args.causal, cfg, persistent=args.persistent))
-    print(json.dumps({"schedule": args.schedule, "d": args.d, "causal": args.causal, "config": cfg,
-                      "persistent": args.persistent, **usage}))
-
-
-if __name__ == "__main__":
-    main()

@@ -37,10 +37,10 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _device
-from ._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
-from ._runtime import INTERPRET
-from ._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
+from .. import _device
+from .._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
+from .._runtime import INTERPRET
+from .._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -277,6 +277,17 @@ def attention_fp8(x: Fp8Inputs, out_dtype=torch.bfloat16, config=None, return_ke
                         BLOCK_M=bm, BLOCK_N=bn, num_warps=cfg.get("num_warps", 4),
                         num_stages=cfg.get("num_stages", 2))
     return (o, lse, kern) if return_kernel else (o, lse)
+
+
+def compile_fp8(head_dim: int = 128, causal: bool = True):
+    """Compile the kernel for sm_90a without a GPU (run with ``TRITON_INTERPRET=0``), with the GPU ``CONFIG``'s
+    64 x 128 blocks, 4 warps, 3 stages; ``_aot.resource_usage`` reads registers, spills and SASS."""
+    from ._aot import compile_triton
+    sig = {n: "*fp8e4nv" for n in ("Q", "K", "VT")}
+    sig.update(SQ="*fp32", SK="*fp32", SV_LOG2="*fp32", SV_MAX="*fp32", O="*bf16", LSE="*fp32", H_Q="i32",
+               H_KV="i32", GROUP="i32", N_Q="i32", N_K="i32", N_PAD_Q="i32", N_PAD_K="i32", sm_scale_log2="fp32")
+    cx = dict(HEAD_DIM=head_dim, CAUSAL=causal, INTERP=False, BLOCK_M=64, BLOCK_N=128)
+    return compile_triton(_attn_fwd_fp8, sig, cx, 4, 3)
 
 
 def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0):

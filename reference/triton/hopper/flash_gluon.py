@@ -2,40 +2,40 @@
 
 ``flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None) -> (o, lse)``, the same contract
 as ``flash_attention_forward`` (FA2 Algorithm 1, bottom-right causal, GQA, ragged N) restricted to what the
-kernels are written for: a Hopper GPU (compute capability 9.0), bfloat16/float16, ``d`` in {64, 128}.
+kernel is written for: a Hopper GPU (compute capability 9.0), bfloat16/float16, ``d`` in {64, 128}.
 
 Why Gluon: Triton decides the schedule of a ``tl.dot`` loop itself, and its software pipeliner keeps the chain
 ``S_j = Q K_j^T -> softmax(S_j) -> O += P_j V_j`` of one iteration in order, so the tensor cores idle while the
 warpgroup does its softmax (measured: SM throughput 55% vs cuDNN's 75%, notes/hopper.md section 1). Gluon
 exposes the asynchronous ``warpgroup_mma`` (wgmma), its wait, TMA copies and mbarriers, so the kernel writes
-the schedule of the FA3 paper (Shah et al., 2024) itself:
+the schedule of the FA3 paper (Shah et al., 2024) itself. The production kernel (``fwd_ws_persistent_kernel``)
+combines three of its ideas:
 
-* ``schedule="overlap"`` (``_fwd_overlap_kernel``): FA3 Algorithm 2, "intra-warpgroup overlapping". In
-  iteration ``j`` the warps issue ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, wait only for
-  ``S_j`` (wgmma groups retire in order), and run the softmax of ``S_j`` while ``P_{j-1} V_{j-1}`` is still on the
-  tensor cores. K and V tiles stream through ``STAGES``-deep shared-memory rings filled by TMA, each slot with
-  its own mbarrier; a K slot is refilled as soon as its ``S`` retires, a V slot once its ``P V`` does.
-* ``schedule="pingpong"`` (``_fwd_ws_kernel``): warp specialisation, FA3 section 3.1. One producer warp
-  issues every TMA copy; two consumer warpgroups (``gl.warp_specialize`` partitions, with their register budgets
-  set by ``setmaxnreg``: few for the producer, the rest for the consumers) each own 64 query rows of a 128-row
-  tile and share K/V. Each consumer runs the overlapped loop above; an mbarrier "turn" pair makes the two
-  issue their matmuls alternately (the talk's ping-pong: one warpgroup's softmax under the other's GEMMs).
-* ``schedule="specialized"``: the same kernel without the turn barriers (an ablation: warp specialisation and
-  register reallocation alone, the two consumers left to the warp schedulers).
-* ``persistent=True`` (default for the two warp-specialised schedules; ``_fwd_ws_persistent_kernel``): one CTA
-  per SM loops over query tiles, its producer loading the next tile's Q (double-buffered) and K/V while the
-  consumers finish the current one, so a tile's start and epilogue no longer idle the tensor cores (FA3
-  section 3.1's persistent kernel). Tiles go head-major, and causal ones in heavy/light pairs (``_work_item``).
+* intra-warpgroup overlap, FA3 Algorithm 2 (``attend_overlapped``): in iteration ``j`` the warps issue
+  ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, wait only for ``S_j`` (wgmma groups retire in
+  order), and run the softmax of ``S_j`` while ``P_{j-1} V_{j-1}`` is still on the tensor cores;
+* warp specialisation with ping-pong, FA3 section 3.1: one producer warp issues every TMA copy into
+  ``STAGES``-deep K/V rings (ready/empty mbarriers); two consumer warpgroups (``gl.warp_specialize``
+  partitions, register budgets set by ``setmaxnreg``: few for the producer, the rest for the consumers) each
+  own 64 query rows of a 128-row tile; an mbarrier "turn" pair makes them issue their matmuls alternately (one
+  warpgroup's softmax under the other's GEMMs);
+* persistence: one CTA per SM loops over query tiles, its producer loading the next tile's Q (double-buffered)
+  and K/V while the consumers finish the current one. Tiles go head-major, causal ones in heavy/light pairs
+  (``_work_item``).
 
-Both keep the FA2 choices of ``flash_fwd``: exp2 with ``log2(e)`` folded into the scale, the running max in base 2,
-a "safe" max of 0 for rows that have seen no key yet, fp32 accumulators, ``lse`` in natural log. Tensors are
-viewed as 2-D ``(B * H * N, d)`` for the TMA descriptors: a query tile that runs past its head's ``N`` reads the
-next head's rows (or the copy engine's zeros past the end), which are never stored; a key tile that does is
-masked to ``-inf`` like the causal diagonal, so ragged ``N`` needs no padding.
+The ablations lecture 06 measures (the overlap-only kernel, warp specialisation without the turns, one CTA per
+tile) are in ``experiments/gluon_schedules.py``, built from this module's pieces; their numbers are in
+notes/hopper.md section 1c.
+
+FA2 choices as in ``flash_fwd``: exp2 with ``log2(e)`` folded into the scale, the running max in base 2, a "safe"
+max of 0 for rows that have seen no key yet, fp32 accumulators, ``lse`` in natural log. Tensors are viewed as
+2-D ``(B * H * N, d)`` for the TMA descriptors: a query tile that runs past its head's ``N`` reads the next
+head's rows (or the copy engine's zeros past the end), which are never stored; a key tile that does is masked
+to ``-inf`` like the causal diagonal, so ragged ``N`` needs no padding.
 
 The interpreter cannot run Gluon: on a machine without a Hopper GPU the entry point raises ``RuntimeError``
-naming the requirement, and the kernels are only compiled (``tests/test_triton_gluon.py`` compiles them for
-sm_90a ahead of time on CPU, which checks the code and reports registers and spills without a GPU).
+naming the requirement, and the kernel is only compiled (``compile_forward``; ``tests/test_triton_gluon.py``
+compiles it for sm_90a ahead of time on CPU, which checks the code and reports registers and spills).
 """
 from __future__ import annotations
 
@@ -45,32 +45,24 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from . import _device
-from ._checks import check_attention_inputs, check_flag, check_scale
+from ._aot import compile_gluon, descriptor_signature
+from .common import LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, tile_descriptor
 
-LOG2E_F = 1.4426950408889634
-LN2_F = 0.6931471805599453
-GLUON_HEAD_DIMS = (64, 128)
-GLUON_DTYPES = (torch.bfloat16, torch.float16)
-MIN_CAPABILITY = (9, 0)
-SCHEDULES = ("pingpong", "specialized", "overlap")
-#: per schedule: (BLOCK_M, BLOCK_N, STAGES, num_warps); pingpong's BLOCK_M is the CTA's tile (64 rows per consumer)
-DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": (128, 128, 2, 4), "specialized": (128, 128, 2, 4)}
-#: setmaxnreg budgets of the pingpong worker partitions: (second consumer warpgroup, producer warp)
+#: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
+#: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
+DEFAULT_CONFIG = (128, 128, 2, 4)
+#: setmaxnreg budgets of the worker partitions: (second consumer warpgroup, producer warp)
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
 PINGPONG_MAXNREG = 168
-#: default of ``flash_attention_forward_gluon(persistent=...)`` (the warp-specialised schedules)
-PERSISTENT = True
 
 
 # --------------------------------------------------------------------------------------------------------------
-# shared pieces
+# the steps of one query tile (shared with the ablations in experiments/gluon_schedules.py)
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+def key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """Key blocks ``[0, hi)`` this query block reads; blocks ``>= full_end`` need the mask (FA2 Alg. 1 line 6).
 
     Bottom-right causal: row ``i`` sees key ``j`` iff ``j <= i + (N_K - N_Q)``.
@@ -87,21 +79,7 @@ def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """This CTA's query tile: ``(start_m, q_row0, kv_row0)``, the tile's first query row within its head and the
-    first rows of its (batch, query head) and of the kv head it reads (GQA: ``h // GROUP``) in the 2-D views.
-    Grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``; causal: the heaviest query blocks launch first (a shorter tail)."""
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    return pid_m * BLOCK_M, pid_bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
-
-
-@gluon.jit
-def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+def online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
                     s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
     """FA2 Algorithm 1, lines 9-10 on one score tile ``s = Q_i K_j^T`` (raw, unscaled, fp32).
 
@@ -125,7 +103,7 @@ def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
 
 
 @gluon.jit
-def _store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
+def store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
                   o_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
     """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows)."""
     row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -145,7 +123,7 @@ def _store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
 
 
 @gluon.jit
-def _issue_kv(desc, smem, bars, tile, row0, hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def issue_kv(desc, smem, bars, tile, row0, hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """TMA-copy key/value tile ``tile`` (if ``tile < hi``) into ring slot ``tile % STAGES``, arriving on its barrier."""
     slot = tile % STAGES
     pred = tile < hi
@@ -154,11 +132,8 @@ def _issue_kv(desc, smem, bars, tile, row0, hi, BLOCK_N: gl.constexpr, STAGES: g
     tma.async_copy_global_to_shared(desc, [row0 + tile * BLOCK_N, 0], bar, smem.index(slot), pred=pred)
 
 
-# --------------------------------------------------------------------------------------------------------------
-# schedule "overlap": one partition, FA3 Algorithm 2 (intra-warpgroup overlap of softmax with P V)
-# --------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end, hi,
+def attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end, hi,
                        start_m, N_Q, N_K, qk_scale,
                        turn_bars, WG, it0, r0,
                        s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -200,10 +175,10 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
         if SYNC:
             gl.thread_barrier()
         if LOADS:
-            _issue_kv(desc_k, k_smem, k_bars, STAGES, kv_row0, hi, BLOCK_N, STAGES)
+            issue_kv(desc_k, k_smem, k_bars, STAGES, kv_row0, hi, BLOCK_N, STAGES)
         else:
             mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
-        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
+        p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
                                              s_layout, BLOCK_M, BLOCK_N, CAUSAL)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
         for j in range(1, hi):
@@ -221,16 +196,16 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
             if SYNC:
                 gl.thread_barrier()
             if LOADS:
-                _issue_kv(desc_k, k_smem, k_bars, j + STAGES, kv_row0, hi, BLOCK_N, STAGES)
+                issue_kv(desc_k, k_smem, k_bars, j + STAGES, kv_row0, hi, BLOCK_N, STAGES)
             else:
                 mbarrier.arrive(k_bars.index(STAGES + slot))
-            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+            p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
                                                  s_layout, BLOCK_M, BLOCK_N, CAUSAL)
             acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
             if SYNC:
                 gl.thread_barrier()
             if LOADS:
-                _issue_kv(desc_v, v_smem, v_bars, j - 1 + STAGES, kv_row0, hi, BLOCK_N, STAGES)
+                issue_kv(desc_v, v_smem, v_bars, j - 1 + STAGES, kv_row0, hi, BLOCK_N, STAGES)
             else:
                 mbarrier.arrive(v_bars.index(STAGES + prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -249,129 +224,29 @@ def _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, k
 
 
 @gluon.jit
-def _fwd_overlap_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
-                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, num_warps: gl.constexpr):
-    """One CTA = one ``BLOCK_M``-row query tile of one (batch, query head); grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``."""
-    dtype: gl.constexpr = desc_q.dtype
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    start_m, q_row0, kv_row0 = _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-    fence_async_shared()
-
-    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    # FA2 Algorithm 1 line 4 (Q_i) and the first STAGES key/value tiles, all in flight at once
-    mbarrier.expect(q_bar, desc_q.block_type.nbytes)
-    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m, 0], q_bar, q_smem)
-    for i in gl.static_range(STAGES):
-        _issue_kv(desc_k, k_smem, k_bars, i, kv_row0, hi, BLOCK_N, STAGES)
-        _issue_kv(desc_v, v_smem, v_bars, i, kv_row0, hi, BLOCK_N, STAGES)
-    mbarrier.wait(q_bar, 0)
-
-    acc, m_i, l_i = _attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv_row0, full_end,
-                                       hi, start_m, N_Q, N_K, qk_scale, q_bar, 0, 0, 0, s_layout, o_layout, BLOCK_M,
-                                       BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=True, SYNC=num_warps > 4,
-                                       PINGPONG=False)
-    _store_output(acc, m_i, l_i, O, LSE, q_row0, start_m, N_Q, o_layout, BLOCK_M, HEAD_DIM)
-
-
-# --------------------------------------------------------------------------------------------------------------
-# schedule "pingpong": warp specialisation, one producer warp and two consumer warpgroups taking turns
-# --------------------------------------------------------------------------------------------------------------
-@gluon.jit
-def _ws_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
-                 full_end, hi, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, HALF: gl.constexpr,
-                 BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr):
-    """Consumer warpgroup ``WG`` (0: the default partition, 1: a worker): query rows ``WG * HALF ..`` of the tile."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    my_start = start_m + WG * HALF
-    mbarrier.wait(q_bars.index(WG), 0)
-    acc, m_i, l_i = _attend_overlapped(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, k_bars, v_bars, kv_row0,
-                                       full_end, hi, my_start, N_Q, N_K, qk_scale, turn_bars, WG, 0, 0, s_layout,
-                                       o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
-                                       PINGPONG=TURNS)
-    _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
-
-
-@gluon.jit
-def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
-                 start_m, hi, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: both query halves, then K_t and V_t for t < hi, each once both consumers freed its slot."""
-    for w in gl.static_range(2):
-        mbarrier.expect(q_bars.index(w), desc_q.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w), q_smem.index(w))
+def produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, BLOCK_N: gl.constexpr,
+               STAGES: gl.constexpr):
+    """The producer's key loop: ``K_t, V_t`` for ``t < hi`` into ring slot ``it % STAGES`` (``it`` counts the tiles
+    the rings carried before), each once both consumers freed it; return the new ``it``."""
     for t in range(hi):
-        slot = t % STAGES
-        free_phase = ((t // STAGES) & 1) ^ 1  # a fresh barrier counts as phase 1 complete: the first pass is free
+        slot = it % STAGES
+        free_phase = ((it // STAGES) & 1) ^ 1  # a fresh barrier counts as phase 1 complete: the first pass is free
         mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
         mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
         mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
         mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
-
-
-@gluon.jit
-def _fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                   PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
-    """One CTA = one ``BLOCK_M``-row query tile (two consumers of ``BLOCK_M / 2`` rows) + a producer warp."""
-    HALF: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = desc_q.dtype
-    start_m, q_row0, kv_row0 = _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
-
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
-    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-        mbarrier.init(turn_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(k_bars.index(STAGES + i), count=2)
-        mbarrier.init(v_bars.index(STAGES + i), count=2)
-    fence_async_shared()
-    # both consumers walk the key blocks of the whole tile (same count, so the turn-taking stays paired); each
-    # masks with its own rows
-    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    gl.warp_specialize([
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
-                        full_end, hi, N_Q, N_K, qk_scale, 0, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
-        (_ws_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, kv_row0, start_m,
-                        full_end, hi, N_Q, N_K, qk_scale, 1, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
-        (_ws_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
-                        start_m, hi, HALF, BLOCK_N, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+        it += 1
+    return it
 
 
 # --------------------------------------------------------------------------------------------------------------
-# the warp-specialised schedules, persistent: one CTA per SM looping over work items
+# the production kernel: warp-specialised, ping-pong, persistent (one CTA per SM looping over work items)
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
 def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as ``_tile_origin``).
+    """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as the one-tile kernels of experiments/gluon_schedules.py).
 
     Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
     time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
@@ -420,17 +295,17 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn
         for sub in range(SUBS):  # a loop, not unrolled: one copy of the body
             valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
             if valid:
-                full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+                full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
                 my_start = start_m + WG * HALF
                 q_slot = 2 * (count % 2) + WG
                 mbarrier.wait(q_bars.index(q_slot), (count // 2) & 1)
-                acc, m_i, l_i = _attend_overlapped(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_bars,
+                acc, m_i, l_i = attend_overlapped(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_bars,
                                                    v_bars, kv_row0, full_end, hi, my_start, N_Q, N_K, qk_scale,
                                                    turn_bars, WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N,
                                                    HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
                                                    PINGPONG=TURNS)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
-                _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
+                store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
                 it += hi
                 rnd += gl.where(hi > 0, hi + 1, 0)
                 count += 1
@@ -450,30 +325,19 @@ def _ws_producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_ba
         for sub in range(SUBS):  # a loop, not unrolled: one copy of the body
             valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
             if valid:
-                full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+                full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
                 for w in gl.static_range(2):
                     q_slot = 2 * (count % 2) + w
                     mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
                     mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
                     tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
                                                     q_smem.index(q_slot))
-                for t in range(hi):
-                    slot = it % STAGES
-                    free_phase = ((it // STAGES) & 1) ^ 1
-                    mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
-                    mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
-                    tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot),
-                                                    k_smem.index(slot))
-                    mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
-                    mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
-                    tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot),
-                                                    v_smem.index(slot))
-                    it += 1
+                it = produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, BLOCK_N, STAGES)
                 count += 1
 
 
 @gluon.jit
-def _fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale, BH,
+def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale, BH,
                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                               PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
@@ -497,11 +361,7 @@ def _fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N
         mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_bars.index(i), count=1)
-        mbarrier.init(v_bars.index(i), count=1)
-        mbarrier.init(k_bars.index(STAGES + i), count=2)
-        mbarrier.init(v_bars.index(STAGES + i), count=2)
+    init_ring_barriers(k_bars, v_bars, STAGES, 2)
     fence_async_shared()
     gl.warp_specialize([
         (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m,
@@ -518,124 +378,89 @@ def _fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def _gl_dtype(dtype: torch.dtype):
-    return gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+def check_gluon_config(config) -> tuple:
+    """Validate ``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)``; return it (``DEFAULT_CONFIG`` if None).
 
-
-def _tile_descriptor(x2d: torch.Tensor, rows: int, d: int) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for([rows, d], _gl_dtype(x2d.dtype))
-    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, d], layout)
-
-
-def check_gluon_config(config, schedule: str) -> tuple:
-    """Validate ``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)`` for ``schedule``; return it (default if None).
-
-    The kernels' layouts fix what is legal: one warp per 16 query rows in the "overlap" schedule; two consumer
-    warpgroups of 64 rows (``BLOCK_M = 128``, ``num_warps = 4`` per consumer) in the warp-specialised ones.
-    (Shared memory needs no check here: the largest legal config, 128 x 128 tiles with 3 stages at d = 128, takes
-    224 KiB of the 227 KiB a Hopper CTA may have.)
+    The kernel's layouts fix what is legal: two consumer warpgroups of 64 rows (``BLOCK_M = 128``,
+    ``num_warps = 4`` per consumer). (Shared memory needs no check here: the largest legal config, 128 x 128
+    tiles with 3 stages at d = 128, takes 224 KiB of the 227 KiB a Hopper CTA may have.)
     """
     if config is None:
-        return DEFAULT_CONFIG[schedule]
+        return DEFAULT_CONFIG
     if (not isinstance(config, (tuple, list)) or len(config) != 4
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
         raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
     bm, bn, stages, warps = config
     if bn not in (64, 128) or stages not in (2, 3):
         raise ValueError(f"config: BLOCK_N must be 64 or 128 and STAGES 2 or 3, got {tuple(config)}")
-    if schedule == "overlap" and (warps not in (4, 8) or bm != 16 * warps):
-        raise ValueError(f"config for schedule 'overlap': num_warps 4 or 8 and BLOCK_M = 16 * num_warps (one warp "
-                         f"per 16 query rows), got {tuple(config)}")
-    if schedule != "overlap" and (bm != 128 or warps != 4):
-        raise ValueError(f"config for schedule {schedule!r}: BLOCK_M = 128 and num_warps = 4 (two consumer "
-                         f"warpgroups of 64 rows), got {tuple(config)}")
+    if bm != 128 or warps != 4:
+        raise ValueError(f"config: BLOCK_M = 128 and num_warps = 4 (two consumer warpgroups of 64 rows), got "
+                         f"{tuple(config)}")
     return tuple(config)
 
 
-def gluon_supported(limits) -> bool:
-    """The Gluon kernels are compiled for sm_90a: Hopper exactly (not sm_80/89, not sm_100)."""
-    return tuple(limits.capability) == MIN_CAPABILITY
+def ws_constexprs(d: int, config: tuple, causal: bool, turns: bool = True) -> dict:
+    """The constexpr arguments of the warp-specialised kernels for ``config`` (``turns``: the ping-pong order)."""
+    bm, bn, stages, warps = config
+    return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, CONSUMER_REGS=PINGPONG_REGS[0],
+                PRODUCER_REGS=PINGPONG_REGS[1], TURNS=turns, num_warps=warps)
 
 
-def check_gluon_device(device, name: str = "flash_attention_forward_gluon") -> None:
-    """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
-    if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
-        raise RuntimeError(f"{name} needs a Hopper GPU (compute capability 9.0: H100/H200) for wgmma, TMA and "
-                           f"setmaxnreg; the inputs are on {device} (the Triton interpreter cannot run Gluon "
-                           "kernels)")
-    limits = _device.device_limits(device)
-    if not gluon_supported(limits):
-        cap = limits.capability
-        raise RuntimeError(f"{name} needs compute capability 9.0 (Hopper: H100/H200) for wgmma; "
-                           f"{limits.name} has {cap[0]}.{cap[1]}")
+def forward_args(q, k, v, o, lse, config: tuple, q_rows: int, scale: float, group: int) -> tuple:
+    """The runtime arguments every Gluon forward kernel starts with: TMA descriptors of the 2-D views of q (boxes
+    of ``q_rows``), k and v (boxes of ``BLOCK_N``), then ``O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale``."""
+    d = q.shape[-1]
+    q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
+    bn = config[1]
+    return (tile_descriptor(q2, q_rows, d), tile_descriptor(k2, bn, d), tile_descriptor(v2, bn, d), o, lse,
+            q.shape[1], group, q.shape[2], k.shape[2], scale * LOG2E_F)
 
 
-def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,
-                                  persistent=None):
+def forward_signature(q_rows: int, bn: int, head_dim: int, dtype: str = "bf16") -> dict:
+    """``compile_gluon`` signature of ``forward_args`` (for the sm_90a compile without a GPU)."""
+    return {"desc_q": descriptor_signature(q_rows, head_dim, dtype), "desc_k": descriptor_signature(bn, head_dim, dtype),
+            "desc_v": descriptor_signature(bn, head_dim, dtype), "O": f"*{dtype}", "LSE": "*fp32", "H_Q": "i32",
+            "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32"}
+
+
+def persistent_grid(B: int, Hq: int, Nq: int, bm: int, causal: bool, n_sms: int) -> tuple:
+    """One CTA per SM, at most one per work item (a causal item is a heavy/light pair of query tiles)."""
+    n_m = triton.cdiv(Nq, bm)
+    items = B * Hq * ((n_m + 1) // 2 if causal else n_m)
+    return (min(items, n_sms),)
+
+
+def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None):
     """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
-    non-contiguous inputs are copied. ``schedule``: ``"pingpong"`` (default, the faster) or ``"overlap"``
-    (module docstring).
-    ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default ``DEFAULT_CONFIG[schedule]``.
-    ``persistent`` (the warp-specialised schedules; default ``PERSISTENT``): one CTA per SM looping over query
-    tiles (``_fwd_ws_persistent_kernel``) instead of one CTA per tile.
+    non-contiguous inputs are copied. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
+    ``DEFAULT_CONFIG`` (``check_gluon_config`` says what is legal).
     """
-    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
-    if q.dtype not in GLUON_DTYPES:
-        raise ValueError(f"flash_attention_forward_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
-    causal = check_flag(causal, "causal")
-    scale = check_scale(scale, d)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    bm, bn, stages, warps = check_gluon_config(config, schedule)
-    persistent = (PERSISTENT and schedule != "overlap") if persistent is None else check_flag(persistent, "persistent")
-    if persistent and schedule == "overlap":
-        raise ValueError("persistent=True needs a warp-specialised schedule ('pingpong' or 'specialized'), got "
-                         "schedule='overlap'")
+    B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_gluon_inputs(q, k, v, causal, scale,
+                                                                     "flash_attention_forward_gluon")
+    config = check_gluon_config(config)
     check_gluon_device(q.device)
-    q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(Nq, bm), B * Hq)
-    args = (_tile_descriptor(q2, bm if schedule == "overlap" else bm // 2, d), _tile_descriptor(k2, bn, d),
-            _tile_descriptor(v2, bn, d), o, lse, Hq, group, Nq, Nk, scale * LOG2E_F)
-    ws_kwargs = dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
-                     CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=schedule == "pingpong",
-                     num_warps=warps, maxnreg=PINGPONG_MAXNREG)
-    if schedule == "overlap":
-        _fwd_overlap_kernel[grid](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal,
-                                  num_warps=warps)
-    elif persistent:
-        n_m = triton.cdiv(Nq, bm)
-        items = B * Hq * ((n_m + 1) // 2 if causal else n_m)
-        grid = (min(items, torch.cuda.get_device_properties(q.device).multi_processor_count),)
-        _fwd_ws_persistent_kernel[grid](*args, B * Hq, **ws_kwargs)
-    else:
-        _fwd_ws_kernel[grid](*args, **ws_kwargs)
+    bm = config[0]
+    grid = persistent_grid(B, Hq, Nq, bm, causal, torch.cuda.get_device_properties(q.device).multi_processor_count)
+    fwd_ws_persistent_kernel[grid](*forward_args(q, k, v, o, lse, config, bm // 2, scale, group), B * Hq,
+                                   **ws_constexprs(d, config, causal), maxnreg=PINGPONG_MAXNREG)
     return o, lse
 
 
-def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: bool = False, config=None,
-                    dtype: str = "bf16", persistent: bool = False):
-    """Compile one forward kernel for sm_90a ahead of time (no GPU needed); return the compiled kernel.
+def compile_forward(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16", turns: bool = True):
+    """Compile the production kernel for sm_90a ahead of time (no GPU needed); return the compiled kernel.
 
-    ``reference.triton._aot.resource_usage`` then reads its registers, spills and SASS (tests, notes/hopper.md).
+    ``reference.triton.hopper._aot.resource_usage`` then reads its registers, spills and SASS (tests,
+    notes/hopper.md). ``turns=False``: without the ping-pong turn barriers (the "specialized" ablation).
     """
-    from ._aot import compile_gluon, descriptor_signature
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    bm, bn, stages, warps = check_gluon_config(config, schedule)
-    ws = schedule != "overlap"
-    sig = {"desc_q": descriptor_signature(bm // 2 if ws else bm, head_dim, dtype),
-           "desc_k": descriptor_signature(bn, head_dim, dtype), "desc_v": descriptor_signature(bn, head_dim, dtype),
-           "O": f"*{dtype}", "LSE": "*fp32", "H_Q": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32",
-           "qk_scale": "fp32"}
-    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "BLOCK_N": bn, "STAGES": stages, "CAUSAL": causal,
-          "num_warps": warps}
-    if ws:
-        cx.update(CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=schedule == "pingpong")
-        if persistent:
-            return compile_gluon(_fwd_ws_persistent_kernel, dict(sig, BH="i32"), cx, warps, maxnreg=PINGPONG_MAXNREG)
-        return compile_gluon(_fwd_ws_kernel, sig, cx, warps, maxnreg=PINGPONG_MAXNREG)
-    return compile_gluon(_fwd_overlap_kernel, sig, cx, warps)
+    config = check_gluon_config(config)
+    bm, _, _, warps = config
+    sig = dict(forward_signature(bm // 2, config[1], head_dim, dtype), BH="i32")
+    return compile_gluon(fwd_ws_persistent_kernel, sig, ws_constexprs(head_dim, config, causal, turns), warps,
+                         maxnreg=PINGPONG_MAXNREG)
+
+
+__all__ = ["flash_attention_forward_gluon", "compile_forward", "check_gluon_config", "DEFAULT_CONFIG"]

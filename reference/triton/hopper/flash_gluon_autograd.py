@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import check_attention_inputs, check_flag, check_scale
-from .flash_gluon import GLUON_DTYPES, GLUON_HEAD_DIMS, check_gluon_device, flash_attention_forward_gluon
+from .common import check_gluon_device, check_gluon_inputs
+from .flash_gluon import flash_attention_forward_gluon
 from .flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 
 
@@ -40,11 +40,7 @@ def flash_attention_gluon(q, k, v, causal=False, scale=None):
     (GQA: ``k.grad``/``v.grad`` sum over each kv head's query heads), bottom-right causal. Returns ``o``;
     ``o.backward(do)`` fills ``q.grad``, ``k.grad``, ``v.grad``.
     """
-    *_, d, _group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
-    if q.dtype not in GLUON_DTYPES:
-        raise ValueError(f"flash_attention_gluon: q, k, v must be bfloat16 or float16, got {q.dtype}")
-    causal = check_flag(causal, "causal")
-    scale = check_scale(scale, d)
+    *_, causal, scale = check_gluon_inputs(q, k, v, causal, scale, "flash_attention_gluon")
     check_gluon_device(q.device, "flash_attention_gluon")
     return FlashAttentionGluonFunction.apply(q, k, v, causal, scale)
 

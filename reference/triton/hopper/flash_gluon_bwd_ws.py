@@ -1,13 +1,14 @@
 """FlashAttention backward for Hopper in Gluon, warp-specialised (FA3 section 3.1 applied to FA2 Algorithm 2).
 
 ``flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split",
-config=None) -> (dq, dk, dv)``: the contract and checks of ``flash_gluon_bwd.flash_attention_backward_gluon``
-(GQA, bottom-right causal, ragged N; Hopper, bfloat16/float16, ``d`` in {64, 128}), whose preprocess (``L`` in
-base 2, ``D = rowsum(dO * O)``), final dQ scale/cast and device helpers it reuses.
+config=None) -> (dq, dk, dv)``: the contract of ``flash_bwd.flash_attention_backward`` (FA2 Algorithm 2; GQA,
+bottom-right causal, ragged N) on Hopper, bfloat16/float16, ``d`` in {64, 128}. The preprocess (``L`` in base 2,
+``D = rowsum(dO * O)``), the final dQ scale/cast and the checks are the wing's (``hopper.common``).
 
-The serial Gluon kernel (notes/hopper.md section 1d) runs one partition of 8 warps that waits for each matmul
-with CTA barriers and adds dQ with atomics from its own threads; this one splits the CTA by role, as the Gluon
-forward's ping-pong kernel does (section 1e has the attempts and numbers):
+It superseded a serial Gluon kernel (one partition of 8 warps waiting for each matmul with CTA barriers and
+adding dQ with atomics from its own threads; notes/hopper.md section 1d, notes/experiments_removed.md): this
+one splits the CTA by role, as the Gluon forward's ping-pong kernel does (section 1e has the attempts and
+numbers):
 
 * one CTA per ``BLOCK_N = 128``-row key block ``K_j, V_j`` (Algorithm 2, lines 5-7); ``gl.warp_specialize``
   partitions: a **producer** warp that TMA-loads ``K_j, V_j`` once and then, per step, ``Q_i, dO_i``
@@ -32,7 +33,7 @@ forward's ping-pong kernel does (section 1e has the attempts and numbers):
   ``dS^T`` one step late; ``LD_TMA`` has the producer copy ``L_i, D_i`` (padded per head) into the ring,
   instead of the consumers loading and shuffling them. The non-default values are the measured attempts.
 
-Ragged ``N`` as in the serial kernel: query rows past ``N_Q`` get ``L = +inf`` (``P = 0``) and land in the
+Ragged ``N``: query rows past ``N_Q`` get ``L = +inf`` (``P = 0``) and land in the
 padded rows of the dQ buffer; key rows past ``N_K`` are masked to ``P = 0`` and never stored. The interpreter
 cannot run Gluon; ``tests/test_triton_gluon_bwd_ws.py`` compiles the kernel for sm_90a on CPU.
 """
@@ -47,11 +48,9 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-from .flash_gluon import LOG2E_F, _tile_descriptor
-from .flash_gluon_bwd import (_load_rows, _mask_pt, _q_row, _red_add_v, _store_dkdv, backward_preprocess,
-                              check_backward_args, check_backward_device, finish_dq)
+from ._aot import compile_gluon, descriptor_signature
+from .common import (LOG2E_F, backward_preprocess, check_backward_args, check_gluon_device, finish_dq, load_rows,
+                     mask_pt, q_row, red_add_v2, store_dkdv, tile_descriptor)
 
 NAME = "flash_attention_backward_gluon_ws"
 DQ_MODES = ("split", "own")
@@ -107,7 +106,7 @@ def _producer(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, k_smem, v_smem, q
             mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes + 2 * desc_l.block_type.nbytes)
         else:
             mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
-        row = _q_row(t, per_head, m_lo, q_head0, N_Q, BLOCK_M)
+        row = q_row(t, per_head, m_lo, q_head0, N_Q, BLOCK_M)
         tma.async_copy_global_to_shared(desc_q, [row, 0], bar, q_smem.index(slot))
         tma.async_copy_global_to_shared(desc_do, [row, 0], bar, do_smem.index(slot))
         if LD_TMA:  # (B * Hq, N_Q_PAD) views: row = query head, column = the block's first query
@@ -149,7 +148,7 @@ def _dq_add(dq, dq_smem, desc_dq, dq_ptrs, row, COL0: gl.constexpr, DQ_TMA: gl.c
         gl.thread_barrier()
         _tma_reduce_add(desc_dq, [row, COL0], dq_smem)
     else:
-        _red_add_v(dq_ptrs, dq, 2)
+        red_add_v2(dq_ptrs, dq)
 
 
 @gluon.jit
@@ -200,7 +199,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem,
     else:
         skip_below = my_lo
     if not LD_TMA:
-        l2n, din = _load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
+        l2n, din = load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
     prev_row = q_head0 * N_Q_PAD
     mbarrier.wait(kv_bar, 0)
     for t in range(n_iter):
@@ -215,7 +214,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem,
         if not LD_TMA:  # L_i, D_i loaded one step ahead (their latency hides under this step)
             l2c = l2n
             dic = din
-            l2n, din = _load_rows(LSE2, DELTA, t + 1, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
+            l2n, din = load_rows(LSE2, DELTA, t + 1, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
         mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
         qs = q_smem.index(slot)
         dos = do_smem.index(slot)
@@ -236,7 +235,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem,
             need_mask = key_ragged
             if CAUSAL:
                 need_mask = need_mask | (m < my_full)
-            pT = _mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l, BLOCK_M, CAUSAL)
+            pT = mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l, BLOCK_M, CAUSAL)
             # line 12: dV += P^T dO
             pT = pT.to(dtype)
             p_op = gl.convert_layout(pT, a_layout)
@@ -288,7 +287,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem,
     if DQ_TMA == 1:
         tma.store_wait(0)
 
-    _store_dkdv(dk, dv, DK, DV, kv_row0, my_n, N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
+    store_dkdv(dk, dv, DK, DV, kv_row0, my_n, N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
 
 
 @gluon.jit
@@ -372,11 +371,6 @@ def check_ws_config(config, dq_mode):
     return tuple(config)
 
 
-def _fp32_descriptor(x2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float32)
-    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, cols], layout)
-
-
 def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split",
                                       config=None, _ablate_dq_add=False):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` on Hopper, warp-specialised (module docstring).
@@ -391,21 +385,21 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
-    check_backward_device(q.device, NAME)
+    check_gluon_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     nq_pad = triton.cdiv(Nq, bm) * bm
     delta, lse2 = backward_preprocess(o, do, lse.contiguous(), Nq, rows=nq_pad if ld_tma else Nq)
     if ld_tma:
-        desc_l, desc_d = (_fp32_descriptor(x.view(-1, nq_pad), 1, bm) for x in (lse2, delta))
+        desc_l, desc_d = (tile_descriptor(x.view(-1, nq_pad), 1, bm) for x in (lse2, delta))
     else:  # unused by the kernel
-        desc_l = desc_d = _fp32_descriptor(torch.empty((1, bm), dtype=torch.float32, device=q.device), 1, bm)
+        desc_l = desc_d = tile_descriptor(torch.empty((1, bm), dtype=torch.float32, device=q.device), 1, bm)
     dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
     _bwd_ws_kernel[(triton.cdiv(Nk, BLOCK_N), B * Hkv)](
-        _tile_descriptor(q2, bm, d), _tile_descriptor(k2, BLOCK_N // 2, d), _tile_descriptor(v2, BLOCK_N // 2, d),
-        _tile_descriptor(do2, bm, d), _fp32_descriptor(dq_acc.view(-1, d), bm, d // 2 if dq_mode == "split" else d),
+        tile_descriptor(q2, bm, d), tile_descriptor(k2, BLOCK_N // 2, d), tile_descriptor(v2, BLOCK_N // 2, d),
+        tile_descriptor(do2, bm, d), tile_descriptor(dq_acc.view(-1, d), bm, d // 2 if dq_mode == "split" else d),
         desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
         HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal, SPLIT=dq_mode == "split",
         DQ_TMA=2 if _ablate_dq_add else int(dq_tma),
@@ -418,7 +412,6 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, dq_mode: str 
                         dtype: str = "bf16"):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton._aot.resource_usage``."""
-    from ._aot import compile_gluon, descriptor_signature
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
     half = BLOCK_N // 2
     dq_cols = head_dim // 2 if dq_mode == "split" else head_dim

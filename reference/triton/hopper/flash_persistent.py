@@ -17,7 +17,7 @@ balancing (slides 26-45), which ``reference.hopper.schedule`` simulates, made re
   is ``-inf``. A batch of mixed lengths is where the order matters most: its items' costs vary by a factor of
   ``max L / BLOCK_N``.
 
-Each item runs the same FA2 Algorithm 1 body as ``flash_fwd`` (``_fwd_key_blocks``: unmasked key blocks, then
+Each item runs the same FA2 Algorithm 1 body as ``flash_fwd`` (``fwd_key_blocks``: unmasked key blocks, then
 the masked diagonal and ragged tail), with plain pointer loads.
 """
 from __future__ import annotations
@@ -30,11 +30,11 @@ import triton.language as tl
 
 from reference.hopper import Tile, order_tiles
 
-from . import _device
-from ._checks import INT_DTYPES, check_attention_inputs, check_flag, check_scale, check_tensor
-from ._kernel_helpers import LN2, LOG2E, causal_key_range
-from ._runtime import INTERPRET, num_sms
-from .flash_fwd import _fwd_key_blocks, _load_tile
+from .. import _device
+from .._checks import INT_DTYPES, check_attention_inputs, check_flag, check_scale, check_tensor
+from .._kernel_helpers import LN2, LOG2E, causal_key_range
+from .._runtime import INTERPRET, num_sms
+from ..flash_fwd import fwd_key_blocks, load_tile
 
 #: one block configuration (items are fixed before launch, so no autotuning): BLOCK_M, BLOCK_N, warps, stages,
 #: and programs per SM: the 64 x 64 tile with 3 stages takes 113 KB of shared memory, so two fit on an SM
@@ -78,18 +78,18 @@ def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items,
         q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
         k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
         v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
-        q = _load_tile(q_base, Q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q, Q, 0,
+        q = load_tile(q_base, Q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q, Q, 0,
                        BLOCK_M, HEAD_DIM, False, True)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
         OFFSET = N_K - N_Q
         full_end, hi = causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
-        acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, K, V, b, hk, 0, full_end,
+        acc, l_i, m_i = fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, K, V, b, hk, 0, full_end,
                                         offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
                                         N_K, OFFSET, qk_scale, Q, 0, 0, BLOCK_N, HEAD_DIM, CAUSAL, False, False,
                                         INTERP, 0)
-        acc, l_i, m_i = _fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, K, V, b, hk, full_end, hi,
+        acc, l_i, m_i = fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, K, V, b, hk, full_end, hi,
                                         offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
                                         N_K, OFFSET, qk_scale, Q, 0, 0, BLOCK_N, HEAD_DIM, CAUSAL, True, False,
                                         INTERP, 0)
@@ -161,6 +161,17 @@ def l2_heads_per_group(k: torch.Tensor, group: int) -> int:
     l2 = 50 * 2 ** 20 if INTERPRET else torch.cuda.get_device_properties(k.device).L2_cache_size
     per_kv_head = 2 * k.shape[2] * k.shape[3] * k.element_size()
     return max(1, (l2 // 2) // per_kv_head) * group
+
+
+def compile_persistent(head_dim: int = 128, causal: bool = True):
+    """Compile the kernel (dynamic work queue) for sm_90a without a GPU (run with ``TRITON_INTERPRET=0``) with
+    128 x 64 blocks, 8 warps, 3 stages; ``_aot.resource_usage`` reads registers, spills and SASS."""
+    from ._aot import compile_triton
+    kernel = _attn_fwd_persistent
+    sig = {n: ("*bf16" if n in "QKVO" else "*fp32" if n == "LSE" else "*i32" if n in ("ITEMS", "COUNTER", "SEQ_LENS")
+               else "fp32" if n == "qk_scale" else "i32") for n in kernel.arg_names}
+    cx = dict(HEAD_DIM=head_dim, CAUSAL=causal, VARLEN=False, DYNAMIC=True, INTERP=False, BLOCK_M=128, BLOCK_N=64)
+    return compile_triton(kernel, sig, cx, 8, 3)
 
 
 def flash_attention_forward_persistent(q, k, v, causal=True, scale=None, seq_lens=None, order="lpt",

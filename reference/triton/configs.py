@@ -1,0 +1,123 @@
+"""One home for the tuned block configurations ("pins") of the Triton FlashAttention kernels.
+
+A pin is one configuration the kernel is launched with instead of autotuning (``triton.autotune`` over a list
+of one, which Triton launches without timing). Callers pass pins explicitly
+(``flash_attention_forward(..., config=FWD_PINS["serving"])``); nothing sets a module variable of a kernel.
+Each entry says which measurement chose it, so the numbers quoted from a benchmark can be traced to the
+configuration that produced them. The device-dependent choices (what fits a given GPU's shared memory, which
+paths need Hopper) stay in ``_device.py``, which the kernels ask with the limits of the GPU the tensors are on.
+
+``forward_pin()`` / ``backward_pin()`` are the defaults of ``flash_attention_forward`` / ``flash_attention_backward``
+(and of every entry point built on them: autograd, varlen, paged prefill) when no ``config`` is passed: the
+small interpreter pin under ``TRITON_INTERPRET=1`` (fast on CPU), ``None`` (autotune) on a GPU. A caller that
+cannot reach the ``config`` argument (a serving engine calling the kernels several layers down, a test suite)
+scopes a default explicitly, without touching a module variable::
+
+    with configs.pinned(fwd=FWD_PINS["serving"], bwd=BWD_PINS["serving"]):
+        engine.run(...)
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+from ._runtime import INTERPRET
+
+
+def _pin(block_m: int, block_n: int, num_warps: int, num_stages: int) -> dict:
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": num_warps, "num_stages": num_stages}
+
+
+#: forward pins (``flash_fwd._attn_fwd``), by the job they were chosen for
+FWD_PINS = {
+    # the interpreter default: small tiles, one stage (interpreter time grows with the tile, not with the grid)
+    "interpreter": _pin(32, 16, 4, 1),
+    # the autotuner's pick for bf16 on an H200 (benchmarks/results/h200.json); the Hopper and Gluon benchmarks'
+    # Triton FA2 baseline (bench_hopper, bench_gluon, bench_gluon_train, tune_bwd_hopper)
+    "hopper_bench": _pin(64, 64, 4, 3),
+    # bench_serving's packed-vs-padded prefill on an H100 (notes/serving.md): one pin for both sides, so the
+    # comparison is about the work and not the tuning
+    "serving": _pin(128, 64, 8, 3),
+    # the GPU tests (tests/common.py): small enough that every ragged / causal / multi-tile branch runs at the
+    # tests' shapes, and no autotuning per shape
+    "tests": _pin(64, 32, 4, 2),
+    # bench_serving --smoke (CPU interpreter): the interpreter pin with 16-key blocks
+    "smoke": _pin(32, 16, 4, 1),
+}
+
+#: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
+BWD_PINS = {
+    "interpreter": {"dkdv": _pin(16, 32, 4, 1), "dq": _pin(32, 16, 4, 1)},
+    # bench_serving on an H100 (the same reasoning as FWD_PINS["serving"])
+    "serving": {"dkdv": _pin(32, 128, 8, 3), "dq": _pin(128, 64, 8, 2)},
+    "tests": {"dkdv": _pin(32, 64, 4, 2), "dq": _pin(64, 32, 4, 2)},
+}
+
+#: the Hopper benchmarks' backward pins per (head dim, causal): the autotuner's H200 picks, d = 128 non-causal
+#: from the H100 sweep of benchmarks/tune_bwd_hopper.py (notes/hopper.md section 1: 0.77-0.80x cuDNN at 2k-8k)
+HOPPER_BENCH_BWD = {
+    (64, False): {"dkdv": _pin(32, 64, 4, 3), "dq": _pin(64, 64, 4, 3)},
+    (64, True): {"dkdv": _pin(64, 64, 4, 3), "dq": _pin(64, 64, 4, 3)},
+    (128, False): {"dkdv": _pin(64, 64, 4, 2), "dq": _pin(128, 64, 8, 3)},
+    (128, True): {"dkdv": _pin(32, 64, 4, 3), "dq": _pin(128, 32, 4, 3)},
+}
+
+
+_SCOPED: contextvars.ContextVar = contextvars.ContextVar("reference_triton_pins", default={})
+
+
+_KEYS = {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}
+
+
+def check_pin(pin, name: str, backward: bool = False):
+    """``pin`` if it is a forward pin (a dict with ``_KEYS``) or, ``backward``, ``{"dkdv": pin, "dq": pin}`` (either
+    may be left out); ``ValueError`` naming ``name`` otherwise."""
+    ok = isinstance(pin, dict) and (
+        all(k in ("dkdv", "dq") and isinstance(v, dict) and set(v) == _KEYS for k, v in pin.items())
+        if backward else set(pin) == _KEYS)
+    if not ok:
+        want = "{'dkdv': pin, 'dq': pin}" if backward else f"a dict with keys {sorted(_KEYS)}"
+        raise ValueError(f"{name} must be {want}, got {pin!r}")
+    return pin
+
+
+@contextlib.contextmanager
+def pinned(fwd: dict | None = None, bwd: dict | None = None):
+    """Within the ``with`` block (this thread / task only), ``forward_pin()`` returns ``fwd`` and
+    ``backward_pin()`` returns ``bwd`` (each only if given)."""
+    scoped = dict(_SCOPED.get())
+    if fwd is not None:
+        scoped["fwd"] = check_pin(fwd, "fwd")
+    if bwd is not None:
+        scoped["bwd"] = check_pin(bwd, "bwd", backward=True)
+    token = _SCOPED.set(scoped)
+    try:
+        yield
+    finally:
+        _SCOPED.reset(token)
+
+
+def forward_pin() -> dict | None:
+    """The forward's default: a scoped ``pinned(fwd=...)``, else the interpreter pin under
+    ``TRITON_INTERPRET=1``, else ``None`` (autotune)."""
+    scoped = _SCOPED.get()
+    if "fwd" in scoped:
+        return dict(scoped["fwd"])
+    return dict(FWD_PINS["interpreter"]) if INTERPRET else None
+
+
+def backward_pin() -> dict | None:
+    """The backward's default: a scoped ``pinned(bwd=...)``, else the interpreter pins under
+    ``TRITON_INTERPRET=1``, else ``None`` (autotune)."""
+    scoped = _SCOPED.get()
+    if "bwd" in scoped:
+        return {k: dict(v) for k, v in scoped["bwd"].items()}
+    return {k: dict(v) for k, v in BWD_PINS["interpreter"].items()} if INTERPRET else None
+
+
+def as_tuple(pin: dict) -> tuple:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a pin."""
+    return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
+
+
+__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple"]

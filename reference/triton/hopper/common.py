@@ -1,0 +1,191 @@
+"""Shared pieces of the Hopper wing (public inside ``reference.triton.hopper``): what the Gluon forward, the
+warp-specialised Gluon backward and their autograd op have in common.
+
+* constants and input checks of the Gluon kernels (sm_90a only: wgmma, TMA, ``setmaxnreg``);
+* host helpers: TMA tensor descriptors, FA2 Algorithm 2 line 4 (``backward_preprocess``) and the final dQ
+  scale/cast (``finish_dq``) around a kernel that accumulates dQ in fp32;
+* ``@gluon.jit`` helpers of the backward (the query-block row of a step, ``L_i``/``D_i`` loads, the ``P^T``
+  mask, the dK/dV store, a vector reduction) and of the forward's rings (``init_ring_barriers``).
+
+Nothing here launches a kernel on its own but ``backward_preprocess`` / ``finish_dq`` (plain Triton kernels,
+which run in the interpreter too).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .. import _device
+from .. import flash_bwd
+from .._checks import check_attention_inputs, check_backward_inputs, check_flag, check_scale
+
+LOG2E_F = 1.4426950408889634
+LN2_F = 0.6931471805599453
+GLUON_HEAD_DIMS = (64, 128)
+GLUON_DTYPES = (torch.bfloat16, torch.float16)
+MIN_CAPABILITY = (9, 0)
+CONVERT_BLOCK = 1024
+
+
+# --------------------------------------------------------------------------------------------------------------
+# checks
+# --------------------------------------------------------------------------------------------------------------
+def gluon_supported(limits) -> bool:
+    """The Gluon kernels are compiled for sm_90a: Hopper exactly (not sm_80/89, not sm_100)."""
+    return tuple(limits.capability) == MIN_CAPABILITY
+
+
+def check_gluon_device(device, name: str = "flash_attention_forward_gluon") -> None:
+    """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
+    if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
+        raise RuntimeError(f"{name} needs a Hopper GPU (compute capability 9.0: H100/H200) for wgmma, TMA and "
+                           f"setmaxnreg; the inputs are on {device} (the Triton interpreter cannot run Gluon "
+                           "kernels)")
+    limits = _device.device_limits(device)
+    if not gluon_supported(limits):
+        cap = limits.capability
+        raise RuntimeError(f"{name} needs compute capability 9.0 (Hopper: H100/H200) for wgmma; "
+                           f"{limits.name} has {cap[0]}.{cap[1]}")
+
+
+def check_gluon_inputs(q, k, v, causal, scale, name: str):
+    """Shapes (``d`` in ``GLUON_HEAD_DIMS``), dtype (``GLUON_DTYPES``), ``causal`` and ``scale`` of a Gluon entry
+    point ``name``; return ``(B, Hq, Hkv, Nq, Nk, d, group, causal, scale)``."""
+    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
+    if q.dtype not in GLUON_DTYPES:
+        raise ValueError(f"{name}: q, k, v must be bfloat16 or float16, got {q.dtype}")
+    return B, Hq, Hkv, Nq, Nk, d, group, check_flag(causal, "causal"), check_scale(scale, d)
+
+
+def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attention_backward_gluon_ws"):
+    """The input checks of a Gluon backward (``name`` is the entry point the messages name); return
+    ``(B, Hq, Hkv, Nq, Nk, d, group, causal, scale)``. The device check comes after (``check_gluon_device``),
+    so a bad argument is named before a missing GPU."""
+    out = check_gluon_inputs(q, k, v, causal, scale, name)
+    check_backward_inputs(q, o, lse, do)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# host helpers
+# --------------------------------------------------------------------------------------------------------------
+def gl_dtype(dtype: torch.dtype):
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+
+
+def tile_descriptor(x2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
+    """TMA descriptor of the 2-D view ``x2d`` with box ``[rows, cols]`` in the default NVMMA shared layout."""
+    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl_dtype(x2d.dtype))
+    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, cols], layout)
+
+
+def backward_preprocess(o, do, lse, Nq, rows=None):
+    """FA2 Algorithm 2 line 4 (``flash_bwd.preprocess``): ``(delta, lse2)``, ``D = rowsum(dO * O)`` and ``L`` in
+    base 2, both ``(B, Hq, rows)`` float32; ``rows >= Nq`` pads each head (``D = 0``, ``L = +inf``: no
+    probability mass) so that a TMA box of whole query blocks never crosses a head."""
+    rows = rows or Nq
+    if rows != Nq:
+        lse = torch.nn.functional.pad(lse, (0, rows - Nq))
+        delta = torch.zeros_like(lse)
+        lse2 = torch.full_like(lse, float("inf"))
+    else:
+        delta = torch.empty_like(lse)
+        lse2 = torch.empty_like(lse)
+    flash_bwd.preprocess(o, do, lse, delta, lse2, Nq)
+    return delta, lse2
+
+
+@triton.jit
+def _dq_convert(DQ_ACC, DQ, n, scale, BLOCK: tl.constexpr):
+    """``dQ = scale * dQ_acc`` cast to dQ's dtype (the kernels accumulate unscaled fp32)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < n
+    tl.store(DQ + offs, (tl.load(DQ_ACC + offs, mask=ok, other=0.0) * scale).to(DQ.dtype.element_ty), mask=ok)
+
+
+def finish_dq(dq_acc, q, scale):
+    """``dq = scale * dq_acc`` in ``q``'s dtype; ``dq_acc (B, Hq, Nq_pad, d)`` fp32, padded to whole query blocks."""
+    Nq = q.shape[2]
+    if dq_acc.shape[2] != Nq:
+        return (dq_acc[:, :, :Nq] * scale).to(q.dtype)
+    dq = torch.empty_like(q)
+    n = dq.numel()
+    _dq_convert[(triton.cdiv(n, CONVERT_BLOCK),)](dq_acc, dq, n, scale, BLOCK=CONVERT_BLOCK)
+    return dq
+
+
+# --------------------------------------------------------------------------------------------------------------
+# @gluon.jit helpers
+# --------------------------------------------------------------------------------------------------------------
+@gluon.jit
+def init_ring_barriers(k_bars, v_bars, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """K/V rings of ``STAGES`` slots filled by a producer: barrier ``slot`` says the tile arrived (one TMA
+    arrival), barrier ``STAGES + slot`` that all ``CONSUMERS`` released it."""
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_bars.index(STAGES + i), count=CONSUMERS)
+        mbarrier.init(v_bars.index(STAGES + i), count=CONSUMERS)
+
+
+@gluon.jit
+def q_row(t, per_head, m_lo, q_head0, N_Q, BLOCK_M: gl.constexpr):
+    """Row of step ``t``'s query block in the 2-D ``(B * Hq * N_Q, d)`` view: head ``t // per_head`` of the group,
+    block ``m_lo + t % per_head``."""
+    return (q_head0 + t // per_head) * N_Q + (m_lo + t % per_head) * BLOCK_M
+
+
+@gluon.jit
+def load_rows(LSE2, DELTA, t, n_iter, per_head, m_lo, q_head0, N_Q, offs, BLOCK_M: gl.constexpr):
+    """``L_i`` (base 2) and ``D_i`` of step ``t``'s query block, one value per thread (rows past ``N_Q``, or no
+    step ``t``: ``L = +inf``, so ``P = 0``). Per-element pointers in the wgmma layout would hold 2 x 16 64-bit
+    addresses per thread; the caller broadcasts with a layout conversion instead."""
+    start_m = (m_lo + t % per_head) * BLOCK_M
+    row0 = (q_head0 + t // per_head) * N_Q + start_m
+    ok = (offs < N_Q - start_m) & (t < n_iter)
+    l2 = gl.load(LSE2 + row0 + offs, mask=ok, other=float("inf"))
+    di = gl.load(DELTA + row0 + offs, mask=ok, other=0.0)
+    return l2, di
+
+
+@gluon.jit
+def mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l: gl.constexpr, BLOCK_M: gl.constexpr,
+            CAUSAL: gl.constexpr):
+    """``P^T`` (key rows ``keys``, query columns ``start_m ..``) set to 0 where a key is past ``N_K`` or, causal
+    (bottom-right), after the query: row ``i`` sees key ``j`` iff ``j <= i + N_K - N_Q``. Only if ``need_mask``."""
+    if need_mask:
+        visible = keys[:, None] < N_K
+        if CAUSAL:
+            cols = start_m + gl.arange(0, BLOCK_M, layout=col_l)
+            visible = visible & (keys[:, None] <= cols[None, :] + (N_K - N_Q))
+        pT = gl.where(visible, pT, 0.0)
+    return pT
+
+
+@gluon.jit
+def store_dkdv(dk, dv, DK, DV, kv_row0, key0, N_K, sm_scale, layout: gl.constexpr, ROWS: gl.constexpr,
+               HEAD_DIM: gl.constexpr):
+    """Algorithm 2 lines 17-18: write ``dK`` (scaled once here) and ``dV`` of key rows ``key0 .. key0 + ROWS - 1``
+    (those ``< N_K``) of the kv head whose first row is ``kv_row0``."""
+    out_keys = key0 + gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, layout))
+    ok = (out_keys[:, None] < N_K) & (offs_d[None, :] < HEAD_DIM)
+    off = (kv_row0 + out_keys).to(gl.int64)[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(DK + off, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+    gl.store(DV + off, dv.to(DV.dtype.element_ty), mask=ok)
+
+
+@gluon.jit
+def red_add_v2(ptrs, x):
+    """``*ptrs += x`` with sm_90's vector reduction ``red.global.add.v2.f32`` (Triton emits one scalar atomic per
+    element); each thread's 2 consecutive elements must be contiguous and 8-byte aligned."""
+    addr = ptrs.to(gl.int64, bitcast=True)
+    bits = x.to(gl.int32, bitcast=True)
+    gl.inline_asm_elementwise(
+        "red.relaxed.gpu.global.add.v2.f32 [$2], {$4, $5};\nmov.b32 $0, 0;\nmov.b32 $1, 0;",
+        "=r,=r,l,l,r,r", [addr, bits], dtype=gl.int32, is_pure=False, pack=2)

@@ -1,0 +1,252 @@
+"""Layout rules of the code base (issue 22), checked on the source with ``ast``, not by running it.
+
+1. No module assigns another module's UPPERCASE global (``flash_fwd.PIN_CONFIG = ...``, ``setattr(mod, "X", ...)``,
+   ``monkeypatch.setattr(mod, "X", ...)``): configuration is passed as arguments (``reference.triton.configs``).
+2. The modules of ``reference`` import each other without a circle (module-level and function-level imports both
+   count: a lazy import inside a function still ties the two modules' designs together).
+3. No module of ``reference`` imports a private name (``_x``) from another module.
+
+Each rule is a function of a source tree, so the tests also run it on small trees built here that break the rule,
+and check that it reports them (a rule that can never fail would prove nothing).
+"""
+from __future__ import annotations
+
+import ast
+import os
+import textwrap
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SKIP_DIRS = {".git", ".venv", "node_modules", "__pycache__", ".ipynb_checkpoints", "build", "dist"}
+
+
+def python_files(root: str, sub: str = ""):
+    """``(relative path, source)`` of every ``.py`` file under ``root/sub``."""
+    top = os.path.join(root, sub)
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                with open(path, encoding="utf-8") as f:
+                    yield os.path.relpath(path, root), f.read()
+
+
+def module_name(rel: str) -> str:
+    parts = rel[:-3].split(os.sep)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _is_upper_global(name: str) -> bool:
+    return len(name) >= 3 and name.lstrip("_").isupper()
+
+
+def foreign_global_assignments(files) -> list[str]:
+    """``path:line target`` for each assignment to an UPPERCASE attribute of an imported module (or of any name
+    bound by an ``import``): ``mod.X = v``, ``mod.X += v``, ``setattr(mod, "X", v)`` and
+    ``monkeypatch.setattr(mod, "X", v)``. Attributes of ``self``/``cls``/instances are not module globals."""
+    found = []
+    for rel, src in files:
+        tree = ast.parse(src, rel)
+        imported = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported.update((a.asname or a.name).split(".")[0] for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                imported.update(a.asname or a.name for a in node.names)
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                targets = [t for tgt in targets for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])]
+                for t in targets:
+                    if (isinstance(t, ast.Attribute) and _is_upper_global(t.attr)
+                            and _root_name(t.value) in imported):
+                        found.append(f"{rel}:{node.lineno} {ast.unparse(t)}")
+            elif isinstance(node, ast.Call):
+                f = node.func
+                is_setattr = (isinstance(f, ast.Name) and f.id == "setattr") or (
+                    isinstance(f, ast.Attribute) and f.attr == "setattr")
+                if (is_setattr and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                        and isinstance(node.args[1].value, str) and _is_upper_global(node.args[1].value)
+                        and _root_name(node.args[0]) in imported):
+                    found.append(f"{rel}:{node.lineno} setattr({ast.unparse(node.args[0])}, {node.args[1].value!r})")
+    return found
+
+
+def _root_name(node):
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _resolve(module: str, is_pkg: bool, level: int, target: str | None) -> str:
+    """Absolute name of ``from <level dots><target> import ...`` written in ``module``."""
+    if level == 0:
+        return target or ""
+    base = module.split(".") if is_pkg else module.split(".")[:-1]
+    base = base[:len(base) - (level - 1)] if level > 1 else base
+    return ".".join(base + ([target] if target else []))
+
+
+def import_graph(files, package: str = "reference") -> dict[str, set[str]]:
+    """Module -> the modules of ``package`` it imports (``from pkg import sub`` counts as importing ``pkg.sub``
+    when that is a module; importing ``pkg.sub.x`` also runs ``pkg`` and ``pkg.sub``, but a package importing
+    its own submodules is its job, so only the named module is an edge)."""
+    files = list(files)
+    modules = {module_name(rel): rel for rel, _ in files}
+    graph = {m: set() for m in modules if m.split(".")[0] == package}
+    for rel, src in files:
+        mod = module_name(rel)
+        if mod not in graph:
+            continue
+        is_pkg = rel.endswith("__init__.py")
+        for node in ast.walk(ast.parse(src, rel)):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(mod, is_pkg, node.level, node.module)
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for name in names:
+                while name and name not in modules:
+                    name = name.rpartition(".")[0]
+                if name and name in graph and name != mod:
+                    graph[mod].add(name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def private_imports(files, package: str = "reference") -> list[str]:
+    """``path:line from X import _y`` for each private name a module of ``package`` imports from another module
+    (a package's ``__init__`` importing from its own submodules included). A package-private *module*
+    (``from . import _checks``) is not a private name: its public functions are the package's internal API."""
+    files = list(files)
+    modules = {module_name(rel) for rel, _ in files}
+    found = []
+    for rel, src in files:
+        mod = module_name(rel)
+        if mod.split(".")[0] != package:
+            continue
+        is_pkg = rel.endswith("__init__.py")
+        for node in ast.walk(ast.parse(src, rel)):
+            if isinstance(node, ast.ImportFrom):
+                source = _resolve(mod, is_pkg, node.level, node.module)
+                for a in node.names:
+                    private = a.name.startswith("_") and not a.name.startswith("__")
+                    if private and source != mod and f"{source}.{a.name}" not in modules:  # a module is no name
+                        found.append(f"{rel}:{node.lineno} from {source} import {a.name}")
+    return found
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the rules on this repository
+# ----------------------------------------------------------------------------------------------------------------
+def test_no_module_sets_another_modules_config_global():
+    found = foreign_global_assignments(python_files(ROOT))
+    assert not found, "configuration set from outside a module (pass it as an argument instead):\n" + "\n".join(found)
+
+
+def test_reference_has_no_import_circle():
+    graph = import_graph(python_files(ROOT, "reference"))
+    assert "reference.triton.hopper.flash_gluon" in graph  # the scan sees the wing
+    assert not cycles(graph), cycles(graph)
+
+
+def test_reference_imports_no_private_name_across_modules():
+    found = private_imports(python_files(ROOT, "reference"))
+    assert not found, "\n".join(found)
+
+
+def test_experiments_are_not_imported_by_reference():
+    """``experiments/`` may import the wing, never the other way round."""
+    bad = []
+    for rel, src in python_files(ROOT, "reference"):
+        for node in ast.walk(ast.parse(src, rel)):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            bad += [f"{rel}:{node.lineno} {n}" for n in names if n.split(".")[0] == "experiments"]
+    assert not bad, bad
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the rules can fail: small trees that break them
+# ----------------------------------------------------------------------------------------------------------------
+def _tree(tmp_path, files: dict[str, str]):
+    for rel, src in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(src))
+    return list(python_files(str(tmp_path)))
+
+
+@pytest.mark.parametrize("src", [
+    "from reference.triton import flash_fwd\nflash_fwd.PIN_CONFIG = {}\n",
+    "import reference.triton.decode as dec\ndec.FUSE_MERGE, x = False, 1\n",
+    "from reference.triton import decode\ndef f(monkeypatch):\n    monkeypatch.setattr(decode, 'FAST_LAUNCH', 0)\n",
+    "import reference.triton.flash_bwd\nsetattr(reference.triton.flash_bwd, 'DQ_MODE', 'atomic')\n",
+])
+def test_foreign_global_assignment_is_found(tmp_path, src):
+    assert len(foreign_global_assignments(_tree(tmp_path, {"bench.py": src}))) == 1
+
+
+def test_own_and_instance_attributes_are_not_flagged(tmp_path):
+    src = "class A:\n    def f(self):\n        self.LIMIT = 3\nCONFIG = 1\nobj = A()\nobj.LIMIT = 4\n"
+    assert foreign_global_assignments(_tree(tmp_path, {"m.py": src})) == []
+
+
+def test_an_import_circle_is_found(tmp_path):
+    files = _tree(tmp_path, {
+        "reference/__init__.py": "",
+        "reference/triton/__init__.py": "",
+        "reference/triton/a.py": "from .b import g\n",
+        "reference/triton/b.py": "def g():\n    from . import c\n",  # a lazy import closes the circle too
+        "reference/triton/c.py": "from reference.triton.a import *\n",
+        "reference/triton/d.py": "from . import a\n",
+    })
+    assert cycles(import_graph(files)) == [["reference.triton.a", "reference.triton.b", "reference.triton.c"]]
+
+
+def test_a_private_import_is_found(tmp_path):
+    files = _tree(tmp_path, {
+        "reference/__init__.py": "",
+        "reference/triton/__init__.py": "",
+        "reference/triton/a.py": "def _helper():\n    pass\nfrom .a import _helper as h\n",
+        "reference/triton/_checks.py": "_LIMIT = 1\n",
+        "reference/triton/b.py": "from .a import _helper, public\nfrom . import _checks\nfrom ._checks import _LIMIT\n",
+    })
+    assert private_imports(files) == ["reference/triton/b.py:1 from reference.triton.a import _helper",
+                                      "reference/triton/b.py:3 from reference.triton._checks import _LIMIT"]
