@@ -1,4 +1,4 @@
-"""The Gluon FA3-style forward (``reference.triton.flash_gluon``) on Hopper: checks, then timings vs cuDNN.
+"""The Gluon FA3-style forward (``reference.triton.hopper.flash_gluon``) on Hopper: checks, then timings vs cuDNN.
 
 One GPU call (notes/hopper.md section 1c). Each stage runs in its own subprocess with a time limit, so a kernel
 that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs that stage, not the call:
@@ -53,12 +53,17 @@ NCU_IMPLS = ("cudnn", "pingpong", "pingpong+persistent")
 
 
 def _gluon(name):
-    """``flash_attention_forward_gluon`` for ``name`` = ``schedule[+persistent]``:
-    ``f(q, k, v, causal, config=None) -> (o, lse)``."""
-    from reference.triton.flash_gluon import flash_attention_forward_gluon
+    """The forward for ``name`` = ``schedule[+persistent]``: ``f(q, k, v, causal, config=None) -> (o, lse)``.
+    ``pingpong+persistent`` is the production kernel (``flash_attention_forward_gluon``); the others are the
+    ablations of ``experiments/gluon_schedules.py``."""
     schedule, _, mode = name.partition("+")
-    return lambda q, k, v, causal, config=None: flash_attention_forward_gluon(
-        q, k, v, causal=causal, schedule=schedule, config=config, persistent=mode == "persistent")
+    if name == "pingpong+persistent":
+        from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+        return lambda q, k, v, causal, config=None: flash_attention_forward_gluon(q, k, v, causal=causal,
+                                                                                 config=config)
+    from experiments.gluon_schedules import forward
+    return lambda q, k, v, causal, config=None: forward(q, k, v, causal=causal, schedule=schedule, config=config,
+                                                        persistent=mode == "persistent")
 
 
 def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):
@@ -100,18 +105,19 @@ def _stage_bench():
     import triton
     from torch.nn.attention import SDPBackend
     from benchmarks.bench_attention import _sdpa, matmul_tflops
-    from benchmarks.bench_hopper import FWD_PIN, rel
+    from benchmarks.bench_hopper import rel
     from reference.triton import flash_fwd
+    from reference.triton.configs import FWD_PINS
     from reference.triton.flash_fwd import forward_flops
-    from reference.triton.flash_gluon import DEFAULT_CONFIG
+    from reference.triton.hopper.flash_gluon import DEFAULT_CONFIG
 
     def bench(fn):
         return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
-    flash_fwd.PIN_CONFIG = FWD_PIN
+    pin = FWD_PINS["hopper_bench"]
     cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
     impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
-             "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c)[0]}
+             "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c, config=pin)[0]}
     skip = set(os.environ.get("BENCH_SKIP", "").split(","))  # schedules whose check stage failed or hung
     for sched in (s for s in SCHEDULES if s not in skip):
         impls["gluon_" + sched.replace("+", "_")] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))

@@ -1,20 +1,20 @@
 """The Gluon backwards on Hopper: checks, then timings vs cuDNN and Triton.
 
-``reference.triton.flash_gluon_bwd`` (serial, notes/hopper.md section 1d) and ``flash_gluon_bwd_ws``
-(warp-specialised, section 1e), one GPU call. Each stage runs in its own subprocess with a time limit (a wrong
-mbarrier phase hangs the GPU instead of failing):
+``reference.triton.hopper.flash_gluon_bwd_ws`` (warp-specialised, notes/hopper.md section 1e; the serial kernel
+of section 1d it superseded is gone: notes/experiments_removed.md), one GPU call. Each stage runs in its own
+subprocess with a time limit (a wrong mbarrier phase hangs the GPU instead of failing):
 
 1. ``check``: ``flash_attention_backward_gluon`` against float64 autograd (``tests/oracle.py``) on fresh random
    inputs: ragged N, bottom-right causal with Nq < Nk and Nq > Nk (rows that see no key), GQA, d = 64, float16,
-   one query row; ``o, lse`` from our Triton forward. dq/dk/dv relative errors of the serial and the pipelined
-   configuration and of the warp-specialised kernel's dQ modes, next to our Triton backward's.
+   one query row; ``o, lse`` from our Triton forward. dq/dk/dv relative errors of the warp-specialised kernel's
+   variants, next to our Triton backward's.
 2. ``bench``: bf16 backward TFLOP/s (FA convention, 2.5x the forward's FLOPs) of cuDNN (SDPA autograd), our
    Triton backward (``flash_bwd``, ``bench_hopper``'s pinned configs) and the Gluon kernel's variants, same run,
    batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 8k} ({2k, 4k, 8k, 16k} with ``--set ws``), causal and
    not (all variants), and d = 64 at 8k; each timed Gluon result is also compared with cuDNN's gradients.
 
     python3 benchmarks/bench_gluon_bwd.py --out DIR          # writes DIR/<gpu>-gluon-bwd.json
-    python3 benchmarks/bench_gluon_bwd.py --out DIR --set ws --suffix=-wsbwd   # serial + warp-specialised only
+    python3 benchmarks/bench_gluon_bwd.py --out DIR --set ws --suffix=-wsbwd   # the warp-specialised run
 """
 from __future__ import annotations
 
@@ -31,10 +31,7 @@ TOKENS, HIDDEN = 16384, 2048
 SEQLENS = [2048, 8192]
 # the forward's check shapes (B, Hq, Hkv, Nq, Nk, d, causal, dtype) small enough for a CPU float64 autograd oracle
 CASES = [c for c in FWD_CASES if c[0] * c[1] * c[3] * c[4] <= 1 << 23] + [(1, 2, 2, 2048, 2048, 128, True, "bf16")]
-#: (BLOCK_M, BLOCK_N, STAGES, num_warps, EARLY_DP, DK_RS, DQ_VEC, PIPE); DQ_VEC 0 is a timing ablation (dQ by
-#: plain stores: wrong values, the cost of the atomics)
-SERIAL = (64, 128, 2, 8, False, False, 2, False)
-PIPED = (64, 128, 3, 8, False, False, 2, True)
+# (the serial Gluon kernel's configs were timed here until it was superseded: notes/experiments_removed.md)
 #: the warp-specialised kernel: ("ws", dq_mode, BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA[, "noadd": timing ablation,
 #: dQ never added]); WS is its default (notes/hopper.md section 1e has the attempts)
 WS = ("ws", "split", 64, 2, True, True, True)
@@ -45,19 +42,16 @@ WS_OWN_TMA = ("ws", "own", 64, 2, True, False, False)
 WS_DEFER_TMA = ("ws", "split", 64, 2, True, True, False)
 WS_SPLIT_TMA_LD = ("ws", "split", 64, 2, True, False, True)
 WS_NOADD = WS + ("noadd",)
-SETS = {"all": {"check": [SERIAL, PIPED, WS],
-                "time": [(64, 128, 2, 8, False, False, 1, False), SERIAL, (64, 128, 2, 8, False, False, 0, False),
-                         PIPED, (64, 128, 3, 8, True, False, 2, True), (64, 128, 3, 8, False, False, 0, True), WS],
-                "d64": [PIPED, WS]},
+SETS = {"all": {"check": [WS], "time": [WS], "d64": [WS]},
         # the warp-specialised kernel's final run: its default (and the own-mode variant) checked; timed next to
-        # the serial kernel, the first TMA-reduce version and the no-dQ-add ablation, N = 2k..16k
-        "ws": {"check": [WS, WS_OWN_TMA], "time": [SERIAL, WS_SPLIT_TMA, WS, WS_NOADD], "d64": [SERIAL, WS],
+        # the first TMA-reduce version and the no-dQ-add ablation, N = 2k..16k
+        "ws": {"check": [WS, WS_OWN_TMA], "time": [WS_SPLIT_TMA, WS, WS_NOADD], "d64": [WS],
                "seqlens": [2048, 4096, 8192, 16384]},
         # every attempt (H200 exploration run)
         "ws_attempts": {"check": [WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS],
-                        "time": [SERIAL, WS_SPLIT, WS_OWN, WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD,
+                        "time": [WS_SPLIT, WS_OWN, WS_SPLIT_TMA, WS_OWN_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD,
                                  WS, WS_NOADD],
-                        "d64": [SERIAL, WS_SPLIT_TMA, WS]}}
+                        "d64": [WS_SPLIT_TMA, WS]}}
 
 
 def _set():
@@ -69,30 +63,28 @@ def variant_name(cfg):
 
 
 def gluon_backward(cfg):
-    """``f(q, k, v, o, lse, do, causal) -> (dq, dk, dv)`` of one variant: a serial config or a ``("ws", ...)``."""
-    if cfg[0] == "ws":
-        from reference.triton.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
-        return lambda *a, causal: flash_attention_backward_gluon_ws(*a, causal=causal, dq_mode=cfg[1],
-                                                                    config=tuple(cfg[2:7]),
-                                                                    _ablate_dq_add=cfg[7:] == ("noadd",))
-    from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
-    return lambda *a, causal: flash_attention_backward_gluon(*a, causal=causal, config=cfg)
+    """``f(q, k, v, o, lse, do, causal) -> (dq, dk, dv)`` of one ``("ws", ...)`` variant."""
+    from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+    return lambda *a, causal: flash_attention_backward_gluon_ws(*a, causal=causal, dq_mode=cfg[1],
+                                                                config=tuple(cfg[2:7]),
+                                                                _ablate_dq_add=cfg[7:] == ("noadd",))
 TOL = 2e-2
 
 
 def _stage_check():
     import torch
-    from benchmarks.bench_hopper import pin_bf16
-    from reference.triton import flash_bwd, flash_fwd
+    from reference.triton import configs, flash_bwd, flash_fwd
     from tests.oracle import attention_grads, rel_err
     out = []
     for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
         q, k, v, do = case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=True)
         try:
-            pin_bf16(d, causal)  # our Triton kernels without autotuning
-            o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal)
+            # our Triton kernels without autotuning
+            o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal,
+                                                       config=configs.FWD_PINS["hopper_bench"])
             ref = attention_grads(q, k, v, do, causal=causal)
-            tri = flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
+            tri = flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal,
+                                                     config=configs.HOPPER_BENCH_BWD[(d, causal)])
         except Exception as e:  # noqa: BLE001
             out.append({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "error": f"reference: {e}", "ok": False})
             continue
@@ -128,8 +120,8 @@ def _stage_bench():
     import torch
     import triton
     from torch.nn.attention import SDPBackend
-    from benchmarks.bench_hopper import pin_bf16, rel
-    from reference.triton import flash_bwd, flash_fwd
+    from benchmarks.bench_hopper import rel
+    from reference.triton import configs, flash_bwd, flash_fwd
     from reference.triton.flash_bwd import backward_flops
 
     def bench(fn):
@@ -139,17 +131,18 @@ def _stage_bench():
     seqlens = _set().get("seqlens", SEQLENS)
     for d, causal, N in [(128, c, n) for c in (False, True) for n in seqlens] + [(64, False, 8192), (64, True, 8192)]:
         H = HIDDEN // d
-        pin_bf16(d, causal)
+        fwd_pin, bwd_pin = configs.FWD_PINS["hopper_bench"], configs.HOPPER_BENCH_BWD[(d, causal)]
         B = TOKENS // N
         q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         flops = backward_flops(B, H, N, N, d, causal)
-        o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal)
+        o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal, config=fwd_pin)
         row = {"d": d, "causal": causal, "N": N, "B": B, "H": H}
         cud = sdpa_bwd_timer(SDPBackend.CUDNN_ATTENTION, q, k, v, do, causal)
         ref = cud()
         ms = bench(cud)
         row["cudnn"] = {"tflops": flops / ms / 1e9, "ms": ms}
-        tri = lambda: flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)  # noqa: E731
+        tri = lambda: flash_bwd.flash_attention_backward(  # noqa: E731
+            q, k, v, o, lse, do, causal=causal, config=bwd_pin)
         ms = bench(tri)
         row["triton"] = {"tflops": flops / ms / 1e9, "ms": ms}
         for cfg in _set()["time" if d == 128 else "d64"]:

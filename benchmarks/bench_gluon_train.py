@@ -24,15 +24,21 @@ TOKENS, HIDDEN, D = 16384, 2048, 128
 
 
 def _stage_bench():
+    """The timings with the Triton forward pinned (``configs.FWD_PINS["hopper_bench"]``), as before."""
+    from reference.triton import configs
+    with configs.pinned(fwd=configs.FWD_PINS["hopper_bench"]):
+        return _timings()
+
+
+def _timings():
     import torch
     import triton
     from torch.nn.attention import SDPBackend
     from benchmarks.bench_attention import _sdpa
-    from benchmarks.bench_hopper import FWD_PIN, rel
-    from reference.triton import flash_attention, flash_attention_gluon, flash_fwd
+    from benchmarks.bench_hopper import rel
+    from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
-    flash_fwd.PIN_CONFIG = FWD_PIN
     impls = {"cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon}
     out = []
     for causal in (False, True):

@@ -7,9 +7,9 @@ medians against baselines measured in the same run:
 1. ``main``: our bf16 forward/backward (pinned best configs of notes/triton_attention.md) vs SDPA's cuDNN and
    FLASH backends, d in {64, 128}, causal and not, N = 512..16k, FlashAttention convention (batch x seqlen =
    16k, hidden 2048, heads = 2048 / d).
-2. ``variants``: the d=128 forward under other block shapes / warps / pipeline depths, and a warp-specialised
-   loop (``tl.range(..., warp_specialize=True)``), with each compiled kernel's registers, spills, shared memory
-   and SASS matrix instructions (HGMMA = Hopper wgmma, HMMA = the older mma.sync path).
+2. ``variants``: the d=128 forward under other block shapes / warps / pipeline depths (the warp-specialised
+   ``tl.range`` loop that lost: notes/experiments_removed.md), with each compiled kernel's registers, spills,
+   shared memory and SASS matrix instructions (HGMMA = Hopper wgmma, HMMA = the older mma.sync path).
 3. ``fp8``: ``flash_attention_forward_fp8`` vs our bf16 forward at d=128, N >= 4k (kernel alone on quantised
    inputs, and with quantisation included); FP8 config sweep; error vs float64, plain vs Hadamard, on normal
    inputs and with outlier channels (x10, x30, x100) and the FA3 paper's outlier entries.
@@ -21,6 +21,7 @@ medians against baselines measured in the same run:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -30,13 +31,13 @@ import traceback
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from benchmarks.bench_attention import _sdpa, gpu_tag, matmul_tflops  # noqa: E402
 from reference.triton import flash_attention, flash_bwd, flash_fwd  # noqa: E402
-from reference.triton import flash_fp8, flash_persistent  # noqa: E402
+from reference.triton import configs  # noqa: E402
+from reference.triton.hopper import flash_fp8, flash_persistent  # noqa: E402
 from reference.triton._kernel_helpers import LOG2E  # noqa: E402
 from reference.triton.flash_fwd import forward_flops  # noqa: E402
 
@@ -44,9 +45,8 @@ TOKENS, HIDDEN = 16384, 2048
 DT = torch.bfloat16
 # Pinned bf16 configs: the autotuner's picks on an H200 (benchmarks/results/h200.json), per (d, causal); d=128
 # non-causal backward from the H100 sweep (benchmarks/tune_bwd_hopper.py, notes/hopper.md section 1).
-FWD_PIN = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-BWD_PIN = {(64, False): ((32, 64, 4, 3), (64, 64, 4, 3)), (64, True): ((64, 64, 4, 3), (64, 64, 4, 3)),
-           (128, False): ((64, 64, 4, 2), (128, 64, 8, 3)), (128, True): ((32, 64, 4, 3), (128, 32, 4, 3))}
+# (the pins live in reference/triton/configs.py, with the measurement that chose each)
+FWD_PIN = configs.FWD_PINS["hopper_bench"]
 VARIANTS = [(64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 2),
             (128, 64, 4, 3)]
 FP8_CONFIGS = [(128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4, 3)]
@@ -92,10 +92,17 @@ def lse_abs(a, b) -> float:
 
 
 def pin_bf16(d, causal):
-    flash_fwd.PIN_CONFIG = FWD_PIN
-    dkdv, dq = BWD_PIN[(d, causal)]
-    flash_bwd.PIN_CONFIG = {name: dict(zip(("BLOCK_M", "BLOCK_N", "num_warps", "num_stages"), c))
-                            for name, c in (("dkdv", dkdv), ("dq", dq))}
+    """Our Triton kernels without autotuning, inside ``with pin_bf16(d, causal):``."""
+    return configs.pinned(fwd=FWD_PIN, bwd=configs.HOPPER_BENCH_BWD[(d, causal)])
+
+
+def with_fwd_pin(fn):
+    """Run ``fn`` with the Triton forward pinned (``FWD_PIN``): its baselines then skip autotuning."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with configs.pinned(fwd=FWD_PIN):
+            return fn(*args, **kwargs)
+    return wrapped
 
 
 def kernel_report(compiled) -> dict:
@@ -181,61 +188,39 @@ def main_table(log, seqlens):
     for d in (128, 64):
         H = HIDDEN // d
         for causal in (False, True):
-            pin_bf16(d, causal)
-            for N in seqlens:
-                B = TOKENS // N
-                row = {"d": d, "causal": causal, "N": N, "B": B, "H": H}
-                q, k, v = (randn(B, H, N, d).requires_grad_(True) for _ in range(3))
-                do = randn(B, H, N, d)
-                ff = forward_flops(B, H, N, N, d, causal)
-                fb = flash_bwd.backward_flops(B, H, N, N, d, causal)
-                outs = {}
-                for name, fn in impls.items():
-                    try:
-                        with torch.no_grad():
-                            outs[name] = fn(q, k, v, causal)
-                            tf = bench(lambda: fn(q, k, v, causal))
-                        o = fn(q, k, v, causal)
-                        tb = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
-                        row[name] = {"fwd_tflops": ff / tf / 1e9, "bwd_tflops": fb / tb / 1e9}
-                        del o
-                    except RuntimeError as e:
-                        row[name] = {"error": str(e).splitlines()[0][:200]}
-                row["o_rel_vs_flash"] = rel(outs["ours"], outs["flash"])
-                rows.append(row)
-                g = lambda n, p: row[n].get(f"{p}_tflops", float("nan"))  # noqa: E731
-                log(f"bf16 d={d} causal={causal!s:5} N={N:5} fwd ours {g('ours', 'fwd'):5.0f} cudnn "
-                    f"{g('cudnn', 'fwd'):5.0f} flash {g('flash', 'fwd'):5.0f} /cudnn "
-                    f"{g('ours', 'fwd') / g('cudnn', 'fwd'):.2f} | bwd ours {g('ours', 'bwd'):5.0f} cudnn "
-                    f"{g('cudnn', 'bwd'):5.0f} /cudnn {g('ours', 'bwd') / g('cudnn', 'bwd'):.2f} | "
-                    f"err {row['o_rel_vs_flash']:.1e}")
-                del q, k, v, do, outs
+            with pin_bf16(d, causal):
+                for N in seqlens:
+                    B = TOKENS // N
+                    row = {"d": d, "causal": causal, "N": N, "B": B, "H": H}
+                    q, k, v = (randn(B, H, N, d).requires_grad_(True) for _ in range(3))
+                    do = randn(B, H, N, d)
+                    ff = forward_flops(B, H, N, N, d, causal)
+                    fb = flash_bwd.backward_flops(B, H, N, N, d, causal)
+                    outs = {}
+                    for name, fn in impls.items():
+                        try:
+                            with torch.no_grad():
+                                outs[name] = fn(q, k, v, causal)
+                                tf = bench(lambda: fn(q, k, v, causal))
+                            o = fn(q, k, v, causal)
+                            tb = bench(lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True))
+                            row[name] = {"fwd_tflops": ff / tf / 1e9, "bwd_tflops": fb / tb / 1e9}
+                            del o
+                        except RuntimeError as e:
+                            row[name] = {"error": str(e).splitlines()[0][:200]}
+                    row["o_rel_vs_flash"] = rel(outs["ours"], outs["flash"])
+                    rows.append(row)
+                    g = lambda n, p: row[n].get(f"{p}_tflops", float("nan"))  # noqa: E731
+                    log(f"bf16 d={d} causal={causal!s:5} N={N:5} fwd ours {g('ours', 'fwd'):5.0f} cudnn "
+                        f"{g('cudnn', 'fwd'):5.0f} flash {g('flash', 'fwd'):5.0f} /cudnn "
+                        f"{g('ours', 'fwd') / g('cudnn', 'fwd'):.2f} | bwd ours {g('ours', 'bwd'):5.0f} cudnn "
+                        f"{g('cudnn', 'bwd'):5.0f} /cudnn {g('ours', 'bwd') / g('cudnn', 'bwd'):.2f} | "
+                        f"err {row['o_rel_vs_flash']:.1e}")
+                    del q, k, v, do, outs
     return rows
 
 
 # ---------------------------------------------------------------- 2. d=128 forward variants
-@triton.jit
-def _attn_fwd_ws(Q, K, V, O, N, qk_scale, H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr):
-    """Non-causal forward, N a multiple of both blocks, contiguous (B, H, N, d): the inner loop as
-    ``tl.range(..., warp_specialize=True)`` (Triton's producer/consumer split) around flash_fwd's block body."""
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    base = bh * N * HEAD_DIM
-    q = tl.load(Q + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :])
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    for start_n in tl.range(0, N, BLOCK_N, warp_specialize=True):
-        acc, l_i, m_i = flash_fwd.attend_key_block(acc, l_i, m_i, q, K + base, V + base, K, V, 0, 0, start_n, offs_m,
-                                                   offs_n, offs_d, HEAD_DIM, 1, HEAD_DIM, 1, N, 0, qk_scale, K, 0, 0,
-                                                   BLOCK_N, HEAD_DIM, False, False, False, False, 0)
-    tl.store(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], (acc / l_i[:, None]).to(O.dtype.element_ty))
-
-
 def run_variant(q, k, v, causal, cfg, want_kernel=False):
     """Our forward kernel (flash_fwd._attn_fwd, TMA path) under one (BLOCK_M, BLOCK_N, warps, stages)."""
     bm, bn, w, s = cfg
@@ -273,35 +258,16 @@ def variants(log, seqlens):
                 out.append(r)
                 log(f"variant d=128 causal={causal!s:5} N={N:5} {cfg} {r.get('tflops', float('nan')):6.1f} TFLOP/s "
                     f"{r.get('kernel', r.get('error', ''))}")
-            if not causal:
-                for bm, bn, w, s in ((128, 128, 8, 3), (128, 64, 8, 3), (64, 64, 4, 3)):
-                    r = {"variant": "warp_specialize", "config": [bm, bn, w, s], "causal": False, "N": N}
-                    o = torch.empty_like(q)
-                    try:
-                        def go():
-                            return _attn_fwd_ws[(N // bm, B * H)](q, k, v, o, N, d ** -0.5 * LOG2E.value, H=H,
-                                                                  HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, num_warps=w,
-                                                                  num_stages=s)
-                        kern = go()
-                        r["o_rel_vs_ours"] = rel(o, run_variant(q, k, v, False, (64, 64, 4, 3))[0])
-                        r["tflops"] = ff / bench(go) / 1e9
-                        if N == seqlens[0]:
-                            r["kernel"] = kernel_report(kern)
-                    except Exception as e:  # noqa: BLE001
-                        r["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-                    out.append(r)
-                    log(f"variant warp_specialize N={N:5} {(bm, bn, w, s)} {r.get('tflops', float('nan')):6.1f} "
-                        f"err-vs-ours {r.get('o_rel_vs_ours', float('nan')):.1e} {r.get('kernel', r.get('error', ''))}")
             del q, k, v
     return out
 
 
 # ---------------------------------------------------------------- 3. FP8
+@with_fwd_pin
 def fp8_speed(log, seqlens):
     out = []
     d = 128
     H = HIDDEN // d
-    flash_fwd.PIN_CONFIG = FWD_PIN
     best = None
     for causal in (False, True):
         for N in seqlens:
@@ -349,12 +315,12 @@ def fp8_speed(log, seqlens):
     return out
 
 
+@with_fwd_pin
 def fp8_accuracy(log):
     """FP8 error vs float64, plain vs Hadamard, and bf16's for scale; normal and outlier inputs."""
     out = []
     B, H, N, d = ACC_SHAPE
     g = torch.Generator(device=DEV).manual_seed(7)
-    flash_fwd.PIN_CONFIG = FWD_PIN
     for kind, factor in (("normal", 1), ("channels", 10), ("channels", 30), ("channels", 100), ("entries", 10)):
         x = [torch.randn(B, H, N, d, device=DEV, generator=g) for _ in range(3)]
         if kind == "channels":  # a few channels of Q and K scaled (outlier features, as in the FA3 talk)
@@ -388,12 +354,12 @@ def fp8_accuracy(log):
 
 
 # ---------------------------------------------------------------- 4. persistent LPT
+@with_fwd_pin
 def persistent(log, seqlens):
     out = []
     d = 128
     H = HIDDEN // d
     fp = flash_persistent.flash_attention_forward_persistent
-    flash_fwd.PIN_CONFIG = FWD_PIN
     shapes = [(TOKENS // N, N, None) for N in seqlens]
     gen = torch.Generator().manual_seed(11)
     nseq, longest = MIXED_BATCH
@@ -422,12 +388,12 @@ def persistent(log, seqlens):
     return out
 
 
+@with_fwd_pin
 def profile_once():
     """One call each of our bf16 forward, cuDNN's and our FP8 forward, d=128, N=8k, non-causal (run under ncu)."""
     from torch.nn.attention import SDPBackend
     B, H, N, d = 2, 16, 8192, 128
     q, k, v = randn(B, H, N, d), randn(B, H, N, d), randn(B, H, N, d)
-    flash_fwd.PIN_CONFIG = FWD_PIN
     x = flash_fp8.prepare_fp8(q, k, v)
     for _ in range(2):  # the first call compiles
         flash_fwd.flash_attention_forward(q, k, v)

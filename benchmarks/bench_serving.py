@@ -42,16 +42,15 @@ import bench_decode as bd  # noqa: E402  (bench, graph_ms, gpu_slug, rel, to_pag
 from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention, flash_attention_forward,  # noqa: E402
                               flash_attention_varlen, flash_attention_varlen_forward, flash_decode, paged_decode,
                               paged_prefill)
-from reference.triton import decode, flash_bwd, flash_fwd  # noqa: E402
+from reference.triton import configs, decode  # noqa: E402
 
 HQ, HKV, D = bd.HQ, bd.HKV, bd.D
 DTYPE = torch.bfloat16
 SMOKE = False
 #: one pinned configuration per kernel, so the run spends its time measuring, not autotuning every new shape
 #: (the same configuration for packed and padded: the comparison is about the work, not the tuning)
-FWD_PIN = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
-BWD_PIN = {"dkdv": {"BLOCK_M": 32, "BLOCK_N": 128, "num_warps": 8, "num_stages": 3},
-           "dq": {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}}
+FWD_PIN = configs.FWD_PINS["serving"]
+BWD_PIN = configs.BWD_PINS["serving"]
 
 
 def randn(*shape):
@@ -238,13 +237,8 @@ def prefill_section(log):
 # ------------------------------------------------------------------------------------------------------------
 def cascade_section(log):
     """Autotuned (not pinned) forward configurations: the prefix pass has B * G query rows per kv head."""
-    pinned = flash_fwd.PIN_CONFIG
-    if not SMOKE:
-        flash_fwd.PIN_CONFIG = None
-    try:
+    with configs.pinned(fwd=None if SMOKE else configs.AUTOTUNE):
         return _cascade(log)
-    finally:
-        flash_fwd.PIN_CONFIG = pinned
 
 
 def _cascade(log):
@@ -419,9 +413,13 @@ def main(argv=None):
         print("bench_serving.py needs a CUDA GPU; nothing run (try --smoke).")
         return 0
     os.makedirs(args.out, exist_ok=True)
-    flash_fwd.PIN_CONFIG = {"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1} if SMOKE else FWD_PIN
-    if not SMOKE:
-        flash_bwd.PIN_CONFIG = BWD_PIN
+    fwd_pin = configs.FWD_PINS["smoke"] if SMOKE else FWD_PIN
+    bwd_pin = None if SMOKE else BWD_PIN
+    with configs.pinned(fwd=fwd_pin, bwd=bwd_pin):
+        return _run(args, fwd_pin, bwd_pin)
+
+
+def _run(args, fwd_pin, bwd_pin):
     t0 = time.time()
 
     def log(msg):
@@ -430,7 +428,7 @@ def main(argv=None):
     slug = bd.gpu_slug()
     out = dict(meta=dict(gpu=bd.meta_name(), slug=slug, torch=torch.__version__,
                          triton=__import__("triton").__version__, dtype="bfloat16", hq=HQ, hkv=HKV, d=D,
-                         fwd_config=flash_fwd.PIN_CONFIG, bwd_config=flash_bwd.PIN_CONFIG,
+                         fwd_config=fwd_pin, bwd_config=bwd_pin or configs.backward_pin(),
                          date=time.strftime("%Y-%m-%d %H:%M:%S"),
                          timing="ms: do_bench median (L2 flushed per call); ms_graph: CUDA-graph replay GPU time; "
                                 "ms_loop: wall time per call of back-to-back eager calls"))

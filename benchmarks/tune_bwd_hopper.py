@@ -1,15 +1,14 @@
 """Tune the d=128 bf16 backward on Hopper against SDPA's cuDNN and FLASH backends measured in the same run.
 
 One GPU call (notes/hopper.md section 1). Each *plan* fixes the module switches of ``reference.triton.flash_bwd``:
-the dK/dV and dQ block configs (``PIN_CONFIG``), the load path (``USE_TMA``), the dQ organisation (``DQ_MODE``:
-a separate dQ pass, or dQ fused into the dK/dV kernel with fp32 atomics through pointers or the copy engine's
-reduce-add) and ``STAGGER``. Steps:
+the dK/dV and dQ block configs (``config=``) and the load path (``use_tma=``). (The fused atomic-dQ organisations
+this sweep also timed lost and were removed: notes/experiments_removed.md.) Steps:
 
 1. every kernel of every plan is compiled and checked against float64 autograd on fresh random inputs (outputs
    poisoned with NaN first), in parallel worker processes (compilation dominates a cold run);
 2. plans are timed (``launch_backward`` alone: preprocess + kernels, ``do_bench`` medians) at N = 2k and 8k,
    causal and not, FlashAttention convention (batch x seqlen = 16k, 16 heads of d=128);
-3. the best separate-pass plan and the best fused plan are timed at N = 2k..16k next to SDPA cuDNN and FLASH
+3. the best separate-pass plan is timed at N = 2k..16k next to SDPA cuDNN and FLASH
    (their backward through autograd, as ``bench_hopper.py`` does); ratios printed, JSON written.
 
     python3 benchmarks/tune_bwd_hopper.py --out DIR        # DIR/<gpu>-bwd-tuning.json, DIR/best_plan.json
@@ -33,7 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 # reference.triton first: on a machine without a GPU it sets TRITON_INTERPRET before Triton reads it
-from reference.triton import flash_bwd  # noqa: E402
+from reference.triton import configs, flash_bwd  # noqa: E402
 from reference.triton._runtime import INTERPRET  # noqa: E402
 
 import triton  # noqa: E402
@@ -42,7 +41,7 @@ from benchmarks.bench_hopper import timestamped_log  # noqa: E402
 
 TOKENS, H, D = 16384, 16, 128
 DT = torch.bfloat16
-FWD_PIN = {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
+FWD_PIN = configs.FWD_PINS["hopper_bench"]
 # the pins bench_hopper.py used so far (the autotuner's picks on an H200): the baseline of every ratio here
 BASE = {False: ((64, 128, 8, 2), (128, 32, 4, 3)), True: ((32, 64, 4, 3), (128, 32, 4, 3))}
 DKDV_SWEEP = [(64, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 3), (64, 128, 8, 3), (32, 128, 8, 4), (64, 64, 4, 3),
@@ -50,12 +49,9 @@ DKDV_SWEEP = [(64, 128, 8, 2), (32, 128, 8, 3), (32, 64, 4, 3), (64, 128, 8, 3),
 DQ_SWEEP = [(128, 32, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 3), (64, 32, 4, 3),
             (128, 32, 4, 4), (64, 128, 8, 2)]
 TMA_PAIRS = [((64, 128, 8, 2), (128, 32, 4, 3)), ((32, 128, 8, 3), (128, 64, 8, 2)), ((32, 64, 4, 3), (128, 64, 8, 3))]
-FUSED = [("atomic", False, False, c) for c in ((64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 2), (32, 64, 4, 3),
-                                               (64, 128, 8, 3))]
-FUSED += [("atomic", False, True, c) for c in ((64, 128, 8, 2), (32, 128, 8, 3))]          # + STAGGER
-FUSED += [("tma_atomic", True, False, c) for c in ((64, 128, 8, 2), (32, 128, 8, 3), (64, 64, 4, 2),
-                                                   (32, 64, 4, 3))]
-FUSED += [("atomic", True, False, c) for c in ((64, 128, 8, 2), (32, 128, 8, 3))]          # TMA loads, ptr atomics
+#: the fused atomic-dQ plans (DQ_MODE "atomic"/"tma_atomic", STAGGER) lost and their kernels are gone; their
+#: numbers are in notes/experiments_removed.md and benchmarks/results/h100-bwd-tuning*.json
+FUSED: list = []
 SWEEP_N = [2048, 8192]
 FINAL_N = [2048, 4096, 8192, 16384]
 CHECK_SHAPE = (2, 4, 512)  # B, H, N (the timed shapes still compile once more: Triton specialises them apart)
@@ -92,16 +88,8 @@ def seed_plans():
 
 
 def apply(p):
-    """Set flash_bwd's module switches to plan ``p``."""
-    pin = {}
-    if p["fused"]:
-        pin["fused"] = cfg(p["fused"])
-    if p["dkdv"]:
-        pin["dkdv"], pin["dq"] = cfg(p["dkdv"]), cfg(p["dq"])
-    flash_bwd.PIN_CONFIG = pin
-    flash_bwd.DQ_MODE = p["mode"]
-    flash_bwd.USE_TMA = p["tma"]
-    flash_bwd.STAGGER = p["stagger"]
+    """``launch_backward``'s keyword arguments for plan ``p``."""
+    return dict(config={"dkdv": cfg(p["dkdv"]), "dq": cfg(p["dq"])}, use_tma=p["tma"])
 
 
 def dev():
@@ -137,10 +125,9 @@ def grads_ref(q, k, v, do, causal):
 
 
 def run_plan(p, q, k, v, o, lse, do, causal, out=None):
-    apply(p)
     if out is None:
         out = tuple(torch.full_like(t, float("nan")) for t in (q, k, v))
-    flash_bwd.launch_backward(q, k, v, o, lse, do, *out, causal, q.shape[-1] ** -0.5, 1)
+    flash_bwd.launch_backward(q, k, v, o, lse, do, *out, causal, q.shape[-1] ** -0.5, 1, **apply(p))
     return out
 
 
@@ -246,14 +233,13 @@ def pick(rows):
         ps = {p["name"]: p for p in plans_for(causal)}
         dk = max((p for p in ps.values() if p["name"].startswith("dkdv")), key=lambda p: gmean(rr, p["name"]))
         dq = max((p for p in ps.values() if p["name"].startswith("dq")), key=lambda p: gmean(rr, p["name"]))
-        fused = max((p for p in ps.values() if p["fused"]), key=lambda p: gmean(rr, p["name"]))
         tmas = [p for p in ps.values() if p["name"].startswith("tma")]
         use_tma = False
         if tmas:  # descriptors only where they beat pointers by more than the noise
             tma = max(tmas, key=lambda p: gmean(rr, p["name"]))
             use_tma = gmean(rr, tma["name"]) > 1.02 * gmean(rr, tma["name"].replace("tma", "pair", 1))
         best[causal] = {"pass": plan("best-pass", dk["dkdv"], dq["dq"], tma=use_tma),
-                        "fused": fused, "base": plan("base", *BASE[causal]),
+                        "base": plan("base", *BASE[causal]),
                         "gmeans": {p: gmean(rr, p) for p in ps}}
     return best
 
@@ -263,13 +249,13 @@ def final(log, res, best, seqlens):
     for causal in CAUSALS:
         for N in seqlens:
             (q, k, v, o, lse, do), out, fl, row = shape_row(log, causal, N, seed=7 * N + causal)
-            for key in ("base", "pass", "fused"):
+            for key in ("base", "pass"):
                 p = best[causal][key]
                 run_plan(p, q, k, v, o, lse, do, causal, out)
                 row["tflops"][key] = fl / bench(lambda: run_plan(p, q, k, v, o, lse, do, causal, out)) / 1e9
             t = row["tflops"]
             c = t["cudnn"] or float("nan")
-            row["over_cudnn"] = {key: t[key] / c for key in ("base", "pass", "fused")}
+            row["over_cudnn"] = {key: t[key] / c for key in ("base", "pass")}
             rows.append(row)
             log(f"final causal={causal!s:5} N={N:5} cudnn {c:5.0f} flash {t['flash'] or 0:5.0f} | base {t['base']:5.0f}"
                 f" ({t['base'] / c:.2f}) pass {t['pass']:5.0f} ({t['pass'] / c:.2f}) fused {t['fused']:5.0f} "
@@ -329,7 +315,7 @@ def profile(plan_path):
         q, k, v, o, lse, do = make(B, H, N, D, causal)
         out = tuple(torch.empty_like(t) for t in (q, k, v))
         runs = [lambda p=best[str(causal)][key]: run_plan(p, q, k, v, o, lse, do, causal, out)
-                for key in ("base", "pass", "fused")]
+                for key in ("base", "pass")]
         runs.append(sdpa_bwd_timer(baselines()["cudnn"], q, k, v, do, causal))
         for fn in runs:
             fn()
@@ -408,7 +394,6 @@ def main(argv=None):
         DKDV_SWEEP, DQ_SWEEP = [(16, 32, 4, 1), (32, 32, 4, 1)], [(32, 16, 4, 1), (16, 16, 4, 1)]
         BASE = {False: (DKDV_SWEEP[0], DQ_SWEEP[0]), True: (DKDV_SWEEP[0], DQ_SWEEP[0])}
         TMA_PAIRS = []
-        FUSED = [("atomic", False, False, (16, 32, 4, 1)), ("atomic", False, True, (16, 32, 4, 1))]
         SWEEP_N, FINAL_N, CHECK_SHAPE = [64], [64, 128], (1, 2, 48)
     elif not torch.cuda.is_available():
         sys.exit("needs a CUDA GPU (or --cpu)")

@@ -205,7 +205,8 @@ def forward(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,
     args = fg.forward_args(q, k, v, o, lse, config, bm // 2, scale, group)
     cx = fg.ws_constexprs(d, config, causal, turns=schedule == "pingpong")
     if persistent:
-        grid = fg.persistent_grid(B, Hq, Nq, bm, causal, torch.cuda.get_device_properties(q.device).multi_processor_count)
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+        grid = fg.persistent_grid(B, Hq, Nq, bm, causal, sms)
         fg.fwd_ws_persistent_kernel[grid](*args, B * Hq, **cx, maxnreg=fg.PINGPONG_MAXNREG)
     else:
         fwd_ws_kernel[(triton.cdiv(Nq, bm), B * Hq)](*args, **cx, maxnreg=fg.PINGPONG_MAXNREG)

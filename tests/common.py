@@ -40,21 +40,17 @@ FLASH_O_TOL = {torch.float16: 3e-3, torch.bfloat16: 2e-2, torch.float32: 1e-5 if
 FLASH_G_TOL = {torch.float16: 6e-3, torch.bfloat16: 4e-2, torch.float32: 1e-5 if INTERPRET else 1e-2}
 FLASH_LSE_TOL = {torch.float16: 1e-5, torch.bfloat16: 1e-5, torch.float32: 1e-6 if INTERPRET else 1e-3}
 
-# one block configuration per kernel on a GPU (the interpreter default is already pinned)
-FWD_PIN_GPU = {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-BWD_PIN_GPU = {"dkdv": {"BLOCK_M": 32, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2},
-               "dq": {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}}
-
-
 @pytest.fixture(autouse=True)
-def pinned_flash_configs(monkeypatch):
-    """One block configuration per FlashAttention kernel (the interpreter default is already pinned), so tests
-    are fast and deterministic; a test file turns it on with ``from tests.common import pinned_flash_configs``."""
-    from reference.triton import flash_bwd, flash_fwd
-    if flash_fwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_fwd, "PIN_CONFIG", FWD_PIN_GPU)
-    if flash_bwd.PIN_CONFIG is None:
-        monkeypatch.setattr(flash_bwd, "PIN_CONFIG", BWD_PIN_GPU)
+def pinned_flash_configs():
+    """One block configuration per FlashAttention kernel (``configs.FWD_PINS["tests"]``, ``BWD_PINS["tests"]``
+    on a GPU; the interpreter default is already a pin), so tests are fast and deterministic; a test file turns it
+    on with ``from tests.common import pinned_flash_configs``."""
+    from reference.triton import configs
+    if INTERPRET:
+        yield
+        return
+    with configs.pinned(fwd=configs.FWD_PINS["tests"], bwd=configs.BWD_PINS["tests"]):
+        yield
 
 # Decode: fp32 dots run in true fp32; fp16/bf16 round P to the input dtype before the P @ V dot.
 DECODE_TOL = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}

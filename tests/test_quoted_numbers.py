@@ -69,7 +69,7 @@ def _span(xs):
 def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files():
     """The backward row quotes the default warp-specialised config / cuDNN per GPU (d=128, N >= 2k, non-causal /
     causal); the training-step row the autograd op / cuDNN on the H100."""
-    from reference.triton.flash_gluon_bwd_ws import DEFAULT_CONFIG
+    from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIG
     readme = _quoted()
     row = next(line for line in readme.splitlines() if line.startswith("| **Gluon warp-specialised backward**"))
     key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)

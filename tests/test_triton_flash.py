@@ -5,14 +5,14 @@ zero gradients, never NaN), GQA, ragged N, N = 1, every head dim, fp16/bf16/fp32
 inputs and both load paths (pointers and tensor descriptors); bad input is tested in ``test_spec_api.py``.
 
 Runs on CUDA when there is one, else in the Triton interpreter on CPU (small shapes: the interpreter is slow).
-Block configurations are pinned (``PIN_CONFIG``) so the tests are fast and deterministic; the benchmark
+Block configurations are pinned (``reference.triton.configs``) so the tests are fast and deterministic; the benchmark
 exercises the autotuned configurations and checks them against SDPA.
 """
 import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET, flash_attention, flash_attention_forward
-from reference.triton import flash_bwd, flash_fwd
+from reference.triton import flash_bwd
 from tests.common import FLASH_G_TOL as G_TOL
 from tests.common import FLASH_LSE_TOL as LSE_TOL
 from tests.common import FLASH_O_TOL as O_TOL
@@ -28,8 +28,8 @@ def make(rng, B, Hq, Hkv, Nq, Nk, d, dtype, spread=1.0):
     return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d)
 
 
-def check_forward(q, k, v, causal, scale=None):
-    o, lse = flash_attention_forward(q, k, v, causal=causal, scale=scale)
+def check_forward(q, k, v, causal, scale=None, forward=flash_attention_forward):
+    o, lse = forward(q, k, v, causal=causal, scale=scale)
     ro, rl, _ = attention_ref(q, k, v, causal=causal, scale=scale)
     assert o.shape == q.shape and o.dtype == q.dtype and o.device.type == DEVICE.type
     assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
@@ -67,19 +67,21 @@ def test_forward_matches_oracle(rng, B, Hq, Hkv, Nq, Nk, d, causal, dtype):
 
 @pytest.mark.triton_flash_forward
 @pytest.mark.parametrize("use_tma", [False, True])
-def test_forward_pointer_and_descriptor_paths(rng, monkeypatch, use_tma):
+def test_forward_pointer_and_descriptor_paths(rng, use_tma):
     if use_tma and not INTERPRET and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("tensor descriptors need a Hopper or newer GPU")
-    monkeypatch.setattr(flash_fwd, "USE_TMA", use_tma)
-    check_forward(*make(rng, 1, 4, 2, 70, 53, 64, torch.float16), causal=True)
+    q, k, v = make(rng, 1, 4, 2, 70, 53, 64, torch.float16)
+    check_forward(q, k, v, causal=True,
+                  forward=lambda *a, **kw: flash_attention_forward(*a, **kw, use_tma=use_tma))
 
 
 @pytest.mark.triton_flash_forward
-def test_forward_block_n_larger_than_block_m(rng, monkeypatch):
+def test_forward_block_n_larger_than_block_m(rng):
     """The causal key-range split must hold for any block shapes, e.g. BLOCK_N > BLOCK_M."""
-    monkeypatch.setattr(flash_fwd, "PIN_CONFIG", {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2})
-    check_forward(*make(rng, 1, 1, 1, 75, 58, 32, torch.float16), causal=True)
-    check_forward(*make(rng, 1, 1, 1, 41, 66, 32, torch.float16), causal=True)
+    pin = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    fwd = lambda *a, **kw: flash_attention_forward(*a, **kw, config=pin)  # noqa: E731
+    check_forward(*make(rng, 1, 1, 1, 75, 58, 32, torch.float16), causal=True, forward=fwd)
+    check_forward(*make(rng, 1, 1, 1, 41, 66, 32, torch.float16), causal=True, forward=fwd)
 
 
 @pytest.mark.triton_flash_forward
@@ -168,45 +170,12 @@ def test_backward_function_api(rng):
 
 
 
-# (B, Hq, Hkv, Nq, Nk, d, causal, dtype): the fused-dQ paths on GQA, ragged, Nq != Nk (fully masked rows), N = 1
-FUSED_CASES = [
-    (2, 4, 2, 45, 70, 32, True, torch.float16),
-    (1, 2, 1, 77, 29, 16, True, torch.float32),
-    (1, 2, 2, 70, 50, 64, False, torch.bfloat16),
-    (1, 2, 2, 1, 40, 16, True, torch.float32),
-]
-
-
 @pytest.mark.triton_flash_backward
-@pytest.mark.parametrize("stagger", [False, True])
-@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", FUSED_CASES)
-def test_backward_fused_dq_atomics(rng, monkeypatch, B, Hq, Hkv, Nq, Nk, d, causal, dtype, stagger):
-    """``DQ_MODE = "atomic"``: dQ summed by fp32 atomic adds inside the dK/dV kernel (with and without the
-    staggered query order) gives the oracle's gradients; ``"tma_atomic"`` falls back to it off Hopper."""
-    monkeypatch.setattr(flash_bwd, "DQ_MODE", "tma_atomic" if stagger else "atomic")
-    monkeypatch.setattr(flash_bwd, "STAGGER", stagger)
-    if flash_bwd.PIN_CONFIG is not None:  # a small fused tile, so the causal and ragged paths all run
-        monkeypatch.setattr(flash_bwd, "PIN_CONFIG", {**flash_bwd.PIN_CONFIG, "fused": {
-            "BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}})
-    q, k, v = make(rng, B, Hq, Hkv, Nq, Nk, d, dtype)
-    do = make(rng, B, Hq, Hq, Nq, 1, d, dtype)[0]
-    o, lse = flash_attention_forward(q, k, v, causal=causal)
-    dq, dk, dv = flash_bwd.flash_attention_backward(q, k, v, o, lse, do, causal=causal)
-    rq, rk, rv = attention_grads(q, k, v, do, causal=causal)
-    for name, g, r in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
-        assert g.dtype == dtype and not torch.isnan(g).any(), name
-        assert rel_err(g, r) < G_TOL[dtype], (name, rel_err(g, r))
-
-
-@pytest.mark.triton_flash_backward
-def test_backward_switch_errors(rng, monkeypatch):
+def test_backward_option_errors(rng):
     q, k, v = make(rng, 1, 1, 1, 8, 8, 16, torch.float32)
     o, lse = flash_attention_forward(q, k, v)
-    monkeypatch.setattr(flash_bwd, "DQ_MODE", "fast")
-    with pytest.raises(ValueError, match="DQ_MODE must be one of"):
-        flash_bwd.flash_attention_backward(q, k, v, o, lse, o)
-    monkeypatch.setattr(flash_bwd, "DQ_MODE", "pass")
+    with pytest.raises(ValueError, match="config must be"):
+        flash_attention_forward(q, k, v, config={"BLOCK_M": 16})
     if INTERPRET:  # tensor descriptors need a Hopper GPU: asking for them elsewhere is an error, not a fallback
-        monkeypatch.setattr(flash_bwd, "USE_TMA", True)
-        with pytest.raises(ValueError, match="USE_TMA=True needs a Hopper GPU"):
-            flash_bwd.flash_attention_backward(q, k, v, o, lse, o)
+        with pytest.raises(ValueError, match="use_tma=True needs a Hopper GPU"):
+            flash_bwd.flash_attention_backward(q, k, v, o, lse, o, use_tma=True)

@@ -1,4 +1,5 @@
-"""The Gluon FA3-style forward (``reference.triton.flash_gluon``).
+"""The Gluon FA3-style forward (``reference.triton.hopper.flash_gluon``) and its ablation schedules
+(``experiments.gluon_schedules``, built from the same pieces).
 
 The Triton interpreter cannot run Gluon, so on CPU (CI) the kernels are compiled for sm_90a ahead of time in a
 child process in compile-only mode (``TRITON_INTERPRET=0``): that checks they build, use Hopper's wgmma (HGMMA,
@@ -14,7 +15,8 @@ import pytest
 import torch
 
 from reference.triton import DEVICE
-from reference.triton.flash_gluon import flash_attention_forward_gluon
+from experiments import gluon_schedules
+from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
 from tests.oracle import attention_ref, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_gluon
@@ -22,28 +24,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
-def _aot(*args) -> dict:
+def _aot(module: str, *args) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-m", "reference.triton._aot", *args], cwd=ROOT, env=env,
+    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("args", [("pingpong", "--causal"), ("overlap", "--d", "64"), ("pingpong", "--persistent")])
-def test_compiles_for_hopper_without_spills(args):
-    usage = _aot(*args)
+@pytest.mark.parametrize("module, args", [
+    ("reference.triton.hopper.aot_report", ("fwd",)),  # the production kernel (persistent ping-pong)
+    ("experiments.gluon_schedules", ("pingpong", "--causal", "--one-cta-per-tile")),
+    ("experiments.gluon_schedules", ("overlap", "--d", "64"))])
+def test_compiles_for_hopper_without_spills(module, args):
+    usage = _aot(module, *args)
     assert usage["HGMMA"] > 0 and usage["HMMA"] == 0, usage  # Hopper's wgmma, not the older mma.sync
     assert usage["UTMALDG"] > 0, usage  # tiles arrive by TMA
     assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage  # no register spills
     assert usage["registers"] <= 255
-    if args[0] == "pingpong":  # warp specialisation: register budgets moved between partitions
+    if args[0] != "overlap":  # warp specialisation: register budgets moved between partitions
         assert usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
 
 
 def test_compile_only_mode_is_refused_under_the_interpreter(monkeypatch):
-    from reference.triton._aot import compile_gluon
+    from reference.triton.hopper._aot import compile_gluon
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(RuntimeError, match="TRITON_INTERPRET=0"):
         compile_gluon(None, {}, {}, 4)
@@ -62,12 +67,12 @@ def test_bad_inputs_are_named(rng):
     q32, k32, v32 = _qkv(rng, 1, 2, 2, 8, 8, 32)
     with pytest.raises(ValueError, match="head dimension"):
         flash_attention_forward_gluon(q32, k32, v32)
+    with pytest.raises((TypeError, ValueError), match="causal"):
+        flash_attention_forward_gluon(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="schedule"):
-        flash_attention_forward_gluon(q, k, v, schedule="fast")
+        gluon_schedules.forward(q, k, v, schedule="fast")
     with pytest.raises(ValueError, match="persistent=True needs a warp-specialised schedule"):
-        flash_attention_forward_gluon(q, k, v, schedule="overlap", persistent=True)
-    with pytest.raises((TypeError, ValueError), match="persistent"):
-        flash_attention_forward_gluon(q, k, v, persistent="yes")
+        gluon_schedules.forward(q, k, v, schedule="overlap", persistent=True)
     q3, k3, v3 = _qkv(rng, 1, 3, 2, 8, 8, 64)
     with pytest.raises(ValueError, match="Hkv"):
         flash_attention_forward_gluon(q3, k3, v3)
@@ -90,8 +95,10 @@ def test_needs_a_hopper_gpu(rng):
 def test_matches_float64(rng, schedule, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v = _qkv(rng, B, Hq, Hkv, Nq, Nk, d)
     schedule, _, mode = schedule.partition("+")
-    o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, schedule=schedule,
-                                           persistent=mode == "persistent")
+    if schedule == "pingpong" and mode == "persistent":  # the production kernel, through the public name
+        o, lse = flash_attention_forward_gluon(q, k, v, causal=causal)
+    else:  # an ablation (experiments/gluon_schedules.py)
+        o, lse = gluon_schedules.forward(q, k, v, causal=causal, schedule=schedule, persistent=mode == "persistent")
     ro, rl, _ = attention_ref(q, k, v, causal=causal)
     assert o.dtype == q.dtype and o.shape == q.shape and lse.shape == (B, Hq, Nq)
     assert rel_err(o, ro) < 1e-2  # bf16 output rounding: about 2e-3 measured
@@ -117,12 +124,14 @@ def test_float16_and_strided_inputs(rng):
 def test_bad_config_is_named(rng, schedule, config, match):
     q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 128)
     with pytest.raises(ValueError, match=match):
-        flash_attention_forward_gluon(q, k, v, schedule=schedule, config=config)
+        gluon_schedules.forward(q, k, v, schedule=schedule, config=config, persistent=False)
+    if schedule == "pingpong":  # the production kernel checks the same way
+        with pytest.raises(ValueError, match=match):
+            flash_attention_forward_gluon(q, k, v, config=config)
 
 
-def test_every_config_measured_passes_the_check():
-    from benchmarks.bench_gluon import VARIANTS
-    from reference.triton.flash_gluon import DEFAULT_CONFIG, check_gluon_config
-    for schedule, configs in {**VARIANTS, **{s: [c] for s, c in DEFAULT_CONFIG.items()}}.items():
-        for cfg in configs:
-            assert check_gluon_config(cfg, schedule.partition("+")[0]) == tuple(cfg)
+def test_default_configs_pass_the_check():
+    from reference.triton.hopper.flash_gluon import DEFAULT_CONFIG, check_gluon_config
+    assert check_gluon_config(None) == check_gluon_config(DEFAULT_CONFIG) == DEFAULT_CONFIG
+    for schedule, cfg in gluon_schedules.DEFAULT_CONFIG.items():
+        assert gluon_schedules.check_config(cfg, schedule) == tuple(cfg)

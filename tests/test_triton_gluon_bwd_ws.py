@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon backward for Hopper (``reference.triton.flash_gluon_bwd_ws``).
+"""The warp-specialised Gluon backward for Hopper (``reference.triton.hopper.flash_gluon_bwd_ws``).
 
 On CPU (CI) the kernel is compiled for sm_90a ahead of time in a child process in compile-only mode
 (``TRITON_INTERPRET=0``; the interpreter cannot run Gluon): it must build with a producer warp and two consumer
@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from reference.triton import DEVICE
-from reference.triton.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 from tests.oracle import attention_grads, attention_ref, rel_err
-from tests.test_triton_gluon_bwd import _inputs
+
 
 pytestmark = pytest.mark.triton_gluon
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,11 +26,18 @@ G_TOL = 2e-2
 
 _CHILD = """
 import json, sys
-from reference.triton._aot import resource_usage
-from reference.triton.flash_gluon_bwd_ws import compile_backward_ws
+from reference.triton.hopper._aot import resource_usage
+from reference.triton.hopper.flash_gluon_bwd_ws import compile_backward_ws
 for d, causal, mode in json.loads(sys.argv[1]):
     print(json.dumps(resource_usage(compile_backward_ws(d, causal, mode))))
 """
+
+
+def _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
+    """Fresh random ``q, k, v, do`` (standard normal, never zeros) on DEVICE."""
+    def t(*shape):
+        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
+    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)
 
 
 @pytest.mark.slow

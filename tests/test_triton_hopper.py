@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from reference import hopper as hp
-from reference.triton import DEVICE, INTERPRET, flash_fp8, flash_persistent
-from reference.triton.flash_fp8 import attention_fp8, flash_attention_forward_fp8, prepare_fp8, quantize_fp8_blocks
-from reference.triton.flash_persistent import flash_attention_forward_persistent, work_items
+from reference.triton import DEVICE, INTERPRET
+from reference.triton.hopper import flash_fp8, flash_persistent
+from reference.triton.hopper.flash_fp8 import (attention_fp8, flash_attention_forward_fp8, prepare_fp8,
+                                               quantize_fp8_blocks)
+from reference.triton.hopper.flash_persistent import flash_attention_forward_persistent, work_items
 from tests.oracle import attention_ref, lse_err, rel_err, tf32_lse_violation
 
 pytestmark = pytest.mark.triton_hopper

@@ -117,7 +117,7 @@ def test_cascade_bad_input_raises(rng):
 def test_recorded_launch_matches_full_path(rng, monkeypatch):
     """A second call with the same shapes goes through the recorded launch and still computes on ITS inputs."""
     from reference.triton import decode, flash_decode, paged_decode
-    monkeypatch.setattr(decode, "_FAST", type(decode._FAST)())
+    monkeypatch.setattr(decode, "LAUNCH_CACHE", type(decode.LAUNCH_CACHE)())
     B, hq, hkv, n, d, bs = 2, 8, 2, 300, 64, 16
 
     def inputs():
@@ -127,7 +127,7 @@ def test_recorded_launch_matches_full_path(rng, monkeypatch):
     sets = [inputs() for _ in range(3)]
     lens = torch.tensor([n, 77], dtype=torch.int32, device=DEVICE)
     fast = [flash_decode(q, k, v, seq_lens=lens, validate=False) for q, k, v in sets]
-    assert len(decode._FAST) == 1
+    assert len(decode.LAUNCH_CACHE) == 1
     monkeypatch.setattr(decode, "FAST_LAUNCH", False)
     slow = [flash_decode(q, k, v, seq_lens=lens, validate=False) for q, k, v in sets]
     for a, b in zip(fast, slow):

@@ -374,8 +374,9 @@ for path, r in runs:
 # $S_j = QK_j^\top \to \mathrm{softmax} \to O \mathrel{+}= P_jV_j$ runs in order, so the tensor cores wait during
 # every softmax (sections 1-2). Triton 3.6 also ships **Gluon**, a lower-level dialect in which the kernel
 # names the hardware steps: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA copies, mbarriers, and
-# `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.flash_gluon` uses
-# it for three forward schedules (`flash_attention_forward_gluon(q, k, v, causal, schedule=...)`, Hopper only):
+# `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.hopper.flash_gluon`
+# uses it for the production forward (`flash_attention_forward_gluon(q, k, v, causal)`, Hopper only, the last two
+# items below together); `experiments/gluon_schedules.py` builds the ablations from the same pieces:
 #
 # * `"overlap"`: FA3's intra-warpgroup overlap in one partition: issue $S_j$ and $P_{j-1}V_{j-1}$, wait for $S_j$
 #   only, do its softmax while $P_{j-1}V_{j-1}$ runs;
@@ -383,7 +384,7 @@ for path, r in runs:
 #   warpgroups (64 query rows each) run the overlapped loop, with 240 registers each and 24 for the producer;
 # * `"pingpong"`: the same plus a pair of "turn" mbarriers, so the two consumers issue their GEMMs alternately
 #   (section 2's timeline);
-# * `persistent=True` (the default for the last two): one CTA per SM loops over query tiles, so the next tile's
+# * persistent (the production kernel; `persistent=False` in the experiments): one CTA per SM loops over query tiles, so the next tile's
 #   Q and K/V load under the current tile's epilogue instead of after a new CTA starts. The tiles go in
 #   head-major order (CTAs that run together share their heads' K/V in L2) and, causal, in heavy/light pairs
 #   (query block $n-1-i$ with block $i$), the static version of section 5's balancing.
@@ -399,8 +400,9 @@ import subprocess
 import sys
 
 env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}  # compile-only mode, no GPU needed
-for args in (["pingpong", "--causal"], ["pingpong", "--persistent"]):  # one CTA per tile; the persistent kernel
-    out = subprocess.run([sys.executable, "-m", "reference.triton._aot", *args], env=env, capture_output=True,
+for args in (["experiments.gluon_schedules", "pingpong", "--causal", "--one-cta-per-tile"],  # one CTA per tile
+             ["reference.triton.hopper.aot_report", "fwd"]):  # the production (persistent) kernel
+    out = subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True,
                          text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(hp.__file__))))
     usage = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
     print(" ".join(args), {k: usage.get(k) for k in ("registers", "stack", "shared_bytes", "HGMMA", "HMMA",
@@ -464,7 +466,7 @@ for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_
 # Head-minor order turns a compute-bound kernel memory-bound; the GPU's own launch order of a 2-D grid
 # (query blocks fastest) had been head-major all along, which is why only the persistent loop showed it.
 #
-# The backward repeated the lesson. One fused Gluon kernel (`reference.triton.flash_gluon_bwd`: FA2 Algorithm 2
+# The backward repeated the lesson. One fused Gluon kernel (FA2 Algorithm 2
 # with $dQ$ added by atomics, $10N^2d$ FLOPs instead of the two Triton kernels' $14N^2d$) in a single partition
 # was *slower* than plain Triton: each step waits for its own matmuls. The warp-specialised version
 # (`flash_attention_backward_gluon_ws`) gives it the forward's structure: one CTA per 128-key block, a producer
@@ -474,7 +476,7 @@ for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_
 # one autograd op. Ratios to cuDNN from the committed runs (notes/hopper.md, section 1e):
 
 # %%
-from reference.triton.flash_gluon_bwd_ws import DEFAULT_CONFIG
+from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIG
 
 key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)  # the default kernel's column
 for path, r in load_results("*-gluon-wsbwd.json"):

@@ -63,6 +63,8 @@ HOPPER_BENCH_BWD = {
 }
 
 
+#: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
+AUTOTUNE = "autotune"
 _SCOPED: contextvars.ContextVar = contextvars.ContextVar("reference_triton_pins", default={})
 
 
@@ -84,12 +86,12 @@ def check_pin(pin, name: str, backward: bool = False):
 @contextlib.contextmanager
 def pinned(fwd: dict | None = None, bwd: dict | None = None):
     """Within the ``with`` block (this thread / task only), ``forward_pin()`` returns ``fwd`` and
-    ``backward_pin()`` returns ``bwd`` (each only if given)."""
+    ``backward_pin()`` returns ``bwd`` (each only if given; ``AUTOTUNE``: autotune)."""
     scoped = dict(_SCOPED.get())
     if fwd is not None:
-        scoped["fwd"] = check_pin(fwd, "fwd")
+        scoped["fwd"] = None if fwd is AUTOTUNE else check_pin(fwd, "fwd")
     if bwd is not None:
-        scoped["bwd"] = check_pin(bwd, "bwd", backward=True)
+        scoped["bwd"] = None if bwd is AUTOTUNE else check_pin(bwd, "bwd", backward=True)
     token = _SCOPED.set(scoped)
     try:
         yield
@@ -102,7 +104,7 @@ def forward_pin() -> dict | None:
     ``TRITON_INTERPRET=1``, else ``None`` (autotune)."""
     scoped = _SCOPED.get()
     if "fwd" in scoped:
-        return dict(scoped["fwd"])
+        return None if scoped["fwd"] is None else dict(scoped["fwd"])
     return dict(FWD_PINS["interpreter"]) if INTERPRET else None
 
 
@@ -111,7 +113,7 @@ def backward_pin() -> dict | None:
     ``TRITON_INTERPRET=1``, else ``None`` (autotune)."""
     scoped = _SCOPED.get()
     if "bwd" in scoped:
-        return {k: dict(v) for k, v in scoped["bwd"].items()}
+        return None if scoped["bwd"] is None else {k: dict(v) for k, v in scoped["bwd"].items()}
     return {k: dict(v) for k, v in BWD_PINS["interpreter"].items()} if INTERPRET else None
 
 
@@ -120,4 +122,5 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
-__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple"]
+__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
+           "AUTOTUNE"]

@@ -339,7 +339,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
                   fast_key=None):
     """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout.
 
-    ``fast_key``: record this launch under that key (``_FAST``) so that the next call with the same key skips
+    ``fast_key``: record this launch under that key (``LAUNCH_CACHE``) so that the next call with the same key skips
     the checks and Triton's argument binding (``reference.triton._fastlaunch``); only single-kernel launches
     (one split, or the fused merge) are recorded. Their scratch buffers are then reused by the recorded
     launch: one stream runs its launches in order, and the key includes the stream.
@@ -387,7 +387,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     return out
 
 
-_FAST = _fastlaunch.LaunchCache()
+LAUNCH_CACHE = _fastlaunch.LaunchCache()
 _SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out")
 
 
@@ -421,7 +421,7 @@ def fast_key(kind: str, tensors, *options):
 def _record(key, grid, args, kwargs):
     rec = _fastlaunch.launch_and_record(_split_kv_kernel, grid, args, kwargs, _SLOTS)
     if rec is not None:
-        _FAST.put(key, rec)
+        LAUNCH_CACHE.put(key, rec)
 
 
 def fast_launch(rec, q, k, v, seq_lens, block_tables):
@@ -470,7 +470,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     bounds.
     """
     key = fast_key("contiguous", (q, k, v, seq_lens), num_splits, scale)
-    rec = _FAST.get(key) if key is not None else None
+    rec = LAUNCH_CACHE.get(key) if key is not None else None
     if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
         if validate and seq_lens is not None:       # only the value checks remain
             check_seq_lens(seq_lens, q.shape[0], k.shape[2], "Nmax = k.shape[2]", True)

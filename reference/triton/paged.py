@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _device
-from .decode import (_FAST, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, fast_key, fast_launch,
-                     launch_config, launch_decode)
+from .decode import (LAUNCH_CACHE, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, fast_key,
+                     fast_launch, launch_config, launch_decode)
 
 
 def check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
@@ -64,7 +64,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     kernel still never reads through a negative index.
     """
     key = fast_key("paged", (q, k_cache, v_cache, block_tables, seq_lens), num_splits, scale)
-    rec = _FAST.get(key) if key is not None else None
+    rec = LAUNCH_CACHE.get(key) if key is not None else None
     if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
         if validate:                                # only the value checks remain
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)

@@ -246,7 +246,8 @@ def produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, 
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
 def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as the one-tile kernels of experiments/gluon_schedules.py).
+    """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as ``tile_origin`` of the
+    one-tile kernels in experiments/gluon_schedules.py).
 
     Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
     time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
@@ -418,7 +419,8 @@ def forward_args(q, k, v, o, lse, config: tuple, q_rows: int, scale: float, grou
 
 def forward_signature(q_rows: int, bn: int, head_dim: int, dtype: str = "bf16") -> dict:
     """``compile_gluon`` signature of ``forward_args`` (for the sm_90a compile without a GPU)."""
-    return {"desc_q": descriptor_signature(q_rows, head_dim, dtype), "desc_k": descriptor_signature(bn, head_dim, dtype),
+    return {"desc_q": descriptor_signature(q_rows, head_dim, dtype),
+            "desc_k": descriptor_signature(bn, head_dim, dtype),
             "desc_v": descriptor_signature(bn, head_dim, dtype), "O": f"*{dtype}", "LSE": "*fp32", "H_Q": "i32",
             "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32"}
 

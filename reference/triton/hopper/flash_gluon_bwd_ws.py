@@ -422,7 +422,8 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, dq_mode: str 
            "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
            "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
     cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "SPLIT": dq_mode == "split",
-          "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0], "PRODUCER_REGS": WS_REGS[1],
+          "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0],
+          "PRODUCER_REGS": WS_REGS[1],
           "num_warps": 4}
     return compile_gluon(_bwd_ws_kernel, sig, cx, 4, maxnreg=WS_MAXNREG)
 
