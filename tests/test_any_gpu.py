@@ -81,7 +81,7 @@ def test_forward_configs_fit(fake, es):
 
 @pytest.mark.parametrize("es", [2, 4])
 def test_backward_configs_fit(fake, es):
-    tables = [(flash_bwd.DKDV_CONFIGS, flash_bwd.DKDV_FALLBACK), (flash_bwd.FUSED_CONFIGS, flash_bwd.DKDV_FALLBACK),
+    tables = [(flash_bwd.DKDV_CONFIGS, flash_bwd.DKDV_FALLBACK),
               (flash_bwd.DQ_CONFIGS, flash_bwd.DQ_FALLBACK)]
     for table, fallback in tables:
         for d in HEAD_DIMS:
@@ -134,7 +134,6 @@ def test_hopper_chooses_what_it_chose_before():
             for n_q, n_k in SHAPES:
                 assert flash_fwd.fwd_configs_for(d, es, n_q, n_k, h100) == old_fwd(d, es, n_q, n_k)
             for table, fb in ((flash_bwd.DKDV_CONFIGS, flash_bwd.DKDV_FALLBACK),
-                              (flash_bwd.FUSED_CONFIGS, flash_bwd.DKDV_FALLBACK),
                               (flash_bwd.DQ_CONFIGS, flash_bwd.DQ_FALLBACK)):
                 assert flash_bwd.bwd_configs_for(table, fb, d, es, h100) == old_bwd(table, d, es)
     for d in HEAD_DIMS:
