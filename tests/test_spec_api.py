@@ -84,6 +84,8 @@ EXTRA_KWONLY = {
     "reference.triton.softmax": {"max_single": None},           # override of the one-pass row limit (tests)
     "reference.triton.flash_decode": {"validate": True},        # False skips the seq_lens range check's sync
     "reference.triton.paged_decode": {"num_splits": None, "validate": True},
+    # a pinned block configuration and the load path, passed explicitly (reference/triton/configs.py)
+    "reference.triton.flash_attention_forward": {"config": None, "use_tma": None},
 }
 # Defaults the implementation adds to a parameter the design lists without one.
 EXTRA_DEFAULTS = {
