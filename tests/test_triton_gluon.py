@@ -3,7 +3,7 @@
 The Triton interpreter cannot run Gluon, so on CPU (CI) the kernels are compiled for sm_90a ahead of time in a
 child process in compile-only mode (``TRITON_INTERPRET=0``): that checks they build, use Hopper's wgmma (HGMMA,
 no HMMA), TMA loads and ``setmaxnreg``, and do not spill. The input checks run everywhere. On an H100/H200 the
-outputs are compared with a float64 oracle (``benchmarks/bench_gluon.py`` does the same at scale and times it).
+outputs are compared with a float64 oracle (``benchmarks/course/bench_gluon.py`` does the same at scale and times it).
 """
 import json
 import os
@@ -121,7 +121,7 @@ def test_bad_config_is_named(rng, schedule, config, match):
 
 
 def test_every_config_measured_passes_the_check():
-    from benchmarks.bench_gluon import VARIANTS
+    from benchmarks.course.bench_gluon import VARIANTS
     from reference.triton.flash_gluon import DEFAULT_CONFIG, check_gluon_config
     for schedule, configs in {**VARIANTS, **{s: [c] for s, c in DEFAULT_CONFIG.items()}}.items():
         for cfg in configs:

@@ -3,7 +3,7 @@
 On CPU (CI) the kernel is compiled for sm_90a ahead of time in a child process in compile-only mode
 (``TRITON_INTERPRET=0``; the interpreter cannot run Gluon): it must build, use wgmma (HGMMA: the five matmuls of
 FA2 Algorithm 2 lines 10-16, no recomputation), TMA loads and vector reductions for dQ, and not spill. On an
-H100/H200 the gradients are compared with float64 autograd (``benchmarks/bench_gluon_bwd.py`` does it at scale).
+H100/H200 the gradients are compared with float64 autograd (``benchmarks/course/bench_gluon_bwd.py`` does it at scale).
 """
 import json
 import os

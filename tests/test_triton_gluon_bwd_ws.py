@@ -4,7 +4,7 @@ On CPU (CI) the kernel is compiled for sm_90a ahead of time in a child process i
 (``TRITON_INTERPRET=0``; the interpreter cannot run Gluon): it must build with a producer warp and two consumer
 warpgroups (``setmaxnreg``), TMA loads, the five wgmma products of FA2 Algorithm 2 lines 10-16 per consumer and
 step, and no spills. Bad arguments raise naming the argument. On an H100/H200 the gradients are compared with
-float64 autograd (``benchmarks/bench_gluon_bwd.py --set ws`` does it at scale).
+float64 autograd (``benchmarks/course/bench_gluon_bwd.py --set ws`` does it at scale).
 """
 import json
 import os

@@ -5,7 +5,7 @@ FP8 there: the interpreter's float32 -> float8 cast rounds wrongly), so there it
 (float32 output, 1e-5) against a float64 oracle fed the *dequantised* Q, K, V: that pins every scale, the
 P x 256 and V-scale folds, the masks and the GQA indexing. Quantisation and the Hadamard rotation are checked
 in torch on CPU. On a GPU the same tests run compiled, with FP8 P (looser tolerance), and
-``benchmarks/bench_hopper.py`` measures the error against float64 at scale.
+``benchmarks/course/bench_hopper.py`` measures the error against float64 at scale.
 """
 import pytest
 import torch

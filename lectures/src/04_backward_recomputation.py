@@ -164,7 +164,7 @@ plt.tight_layout()
 # tolerances and a re-run gives identical bits), needs no fp32 scratch buffer or conversion kernel, runs
 # unchanged under the Triton interpreter, and gives the assignment two small kernels instead of one large one.
 # The price is the 40% extra backward FLOPs; on the H200 the backward still runs 1.16-1.66x the speed of SDPA's
-# FlashAttention-2 backend (`benchmarks/results/h200.json`, lecture 5), which uses atomics. The NumPy reference
+# FlashAttention-2 backend (`benchmarks/results/h200-attention.json`, lecture 5), which uses atomics. The NumPy reference
 # (assignment 2) is sequential, so its line 15 is a plain `+=`.
 
 # %% [markdown]

@@ -205,7 +205,7 @@ print("paged_decode       : block size 16, shuffled pages: max |diff| vs flash_d
 # %% [markdown]
 # ## 5. On a GPU
 #
-# `benchmarks/bench_attention.py` times the same kernels against PyTorch's SDPA backends (FLASH_ATTENTION is
+# `benchmarks/course/bench_attention.py` times the same kernels against PyTorch's SDPA backends (FLASH_ATTENTION is
 # FlashAttention-2; cuDNN) in the FlashAttention convention (batch × seqlen = 16k, hidden 2048, bf16). The course's
 # bars (docs/design.md §7) are ≥ 1.0x SDPA-flash in the forward and ≥ 0.9x in the backward.
 # If a result file is present:
@@ -213,7 +213,7 @@ print("paged_decode       : block size 16, shuffled pages: max |diff| vs flash_d
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]
 if not gpu:
-    not_run("GPU attention benchmark", "<gpu>.json")
+    not_run("GPU attention benchmark", "<gpu>-attention.json")
 for path, r in gpu:
     rows = r["attention"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)

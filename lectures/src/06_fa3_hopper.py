@@ -282,7 +282,7 @@ for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 1
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]
 if not gpu:
-    print("GPU benchmark results (benchmarks/results/<gpu>.json) are not there yet -- `make bench` has not "
+    print("GPU benchmark results (benchmarks/results/<gpu>-attention.json) are not there yet -- `make bench` has not "
           "been run on a GPU for this checkout, so no GPU numbers are shown (none are invented).")
 for path, r in gpu:
     for causal in (False, True):
@@ -332,17 +332,17 @@ for name, (o, _) in (("FP8", flash_attention_forward_fp8(q, k, v, causal=True)),
     print(f"{name:15s}: relative error vs float64 {err:.1e}")
 
 # %% [markdown]
-# On the GPU (`benchmarks/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
+# On the GPU (`benchmarks/course/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
 # notes in `notes/hopper.md`): how close the course's bf16 FA2 kernel gets to cuDNN at d = 128, what FP8 buys,
 # how much error the rotation removes, and what the persistent LPT kernel changes. Without a results file
 # nothing is shown (no number is invented). One H100 number is an outlier: the causal N = 2048 forward at
-# 0.38x cuDNN was 0.82x when re-run (`h100-hopper-rerun.json`); the persistent rows come from re-runs after the
+# 0.38x cuDNN was 0.82x when re-run (`main_rerun` in `h100-hopper.json`); the persistent rows come from re-runs after the
 # kernel learned to launch two programs per SM (the notes give both runs and the ncu profile that showed why).
 
 # %%
 runs = load_results("*-hopper.json")
 if not runs:
-    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 benchmarks/bench_hopper.py` on "
+    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 -m benchmarks.course.bench_hopper` on "
           "a Hopper GPU.")
 for path, r in runs:
     print(f"== {path.name}: {r.get('gpu')}")
@@ -413,13 +413,13 @@ for args in (["pingpong", "--causal"], ["pingpong", "--persistent"]):  # one CTA
 # kernel (below) runs the same per-tile code inside a loop over tiles, with 32 KB more shared memory for a second
 # Q buffer.
 #
-# Measured (`benchmarks/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
+# Measured (`benchmarks/course/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
 # forward as a fraction of cuDNN's TFLOP/s at d = 128, next to the plain-Triton kernel of lecture 5:
 
 # %%
 runs = load_results("*-gluon.json")
 if not runs:
-    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 benchmarks/bench_gluon.py` on a "
+    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 -m benchmarks.course.bench_gluon` on a "
           "Hopper GPU.")
 for path, r in runs:
     checks = {k[6:]: f"{sum(c.get('ok', False) for c in v)}/{len(v)}" for k, v in r.items()

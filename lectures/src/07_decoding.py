@@ -209,7 +209,7 @@ print("weights of the two outputs:", o12[0].tolist())
 # with GQA packing — the query heads of a group share each K/V load; stage 2: the merge), with a heuristic choice
 # of `num_splits` that fills the GPU. The seeds claim **"Flash-Decoding is up to 8x faster than prior work"**
 # (the PyTorch blog, Oct 2023, CodeLlama-34B, against FlashAttention-2 and a native PyTorch implementation at long
-# context). Our benchmark (`benchmarks/bench_decode.py`: bf16, Hq = 32, Hkv = 8, d = 128) compares the same kernel
+# context). Our benchmark (`benchmarks/course/bench_decode.py`: bf16, Hq = 32, Hkv = 8, d = 128) compares the same kernel
 # with one split, PyTorch SDPA and a naive PyTorch implementation:
 
 # %%
@@ -241,7 +241,7 @@ for path, r in decode:
             best = max(ratios)
             print(f"{gpu_name}: split-KV vs {base:13s}: up to {best[0]:5.1f}x (batch {best[1]}, context {best[2]})")
         else:
-            print(f"{gpu_name}: split-KV vs {base:13s}: not in {path.name} (re-run benchmarks/bench_decode.py)")
+            print(f"{gpu_name}: split-KV vs {base:13s}: not in {path.name} (re-run benchmarks/course/bench_decode.py)")
     copy_bw = r.get("meta", {}).get("copy_bw_bytes_per_s")
     flash_b1 = [x for x in rows if x["impl"] == "sdpa_flash" and x["batch"] == 1 and x.get("kv_bytes")]
     if copy_bw and flash_b1:

@@ -66,13 +66,13 @@ for name, r in reports.items():
 # The static policy stores real tokens in about a fifth of the pool — the bottom of the seeds' 20–40% range;
 # reserving the next power of two ("pow2") or even the exact final length ("oracle", impossible in practice)
 # still wastes half or more, because a reservation is held while the output is generated and variable-sized
-# holes fragment the pool. The committed full-size run (`benchmarks/fragmentation.py`: 1000 requests, an
+# holes fragment the pool. The committed full-size run (`benchmarks/course/fragmentation.py`: 1000 requests, an
 # OPT-13B cache of 800 KiB per token in a 40 GB pool, 3 seeds) gives:
 
 # %%
-saved = load_results("fragmentation.json")
+saved = load_results("cpu-fragmentation.json")
 if not saved:
-    print("benchmarks/results/fragmentation.json is not there yet (run `python benchmarks/fragmentation.py`).")
+    print("benchmarks/results/cpu-fragmentation.json is not there yet (run `python -m benchmarks.course.fragmentation`).")
 for path, res in saved:
     print(f"benchmarks/results/{path.name} ({res['pool']['model']}):")
     for pol, s in res["summary"].items():

@@ -15,7 +15,7 @@
 #
 # Code: `reference.numpy.varlen`, `reference.numpy.serving` (readable), `reference.triton.varlen` and
 # `reference.triton.serving` (fast), `reference.engine` (the mini engine). GPU numbers come from
-# `benchmarks/bench_serving.py` (committed JSON under `benchmarks/results/`).
+# `benchmarks/course/bench_serving.py` (committed JSON under `benchmarks/results/`).
 #
 # **Reading path:** lecture 8 and assignment `a5_paged` → this lecture.
 

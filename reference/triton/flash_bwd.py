@@ -24,7 +24,7 @@ head dK/dV, then a sum over the group -- costs ``group`` times the dK/dV memory)
 split, as in the forward, into unmasked blocks and masked diagonal/ragged blocks; blocks that cannot see each
 other are skipped. ``PIN_CONFIG`` pins one block configuration (interpreter default; the tests use it).
 
-Measured alternatives, kept as module switches (``benchmarks/tune_bwd_hopper.py``, notes/hopper.md section 1):
+Measured alternatives, kept as module switches (``benchmarks/tuning/tune_bwd_hopper.py``, notes/hopper.md section 1):
 ``DQ_MODE = "atomic"`` / ``"tma_atomic"`` fuses line 15 into the dK/dV kernel (fp32 atomic adds, plain or
 through the copy engine's reduce-add, then ``_dq_convert`` scales and casts) -- the FA2/FA3 organisation, 10
 N^2 d FLOPs -- but on an H100 at d=128 the fused tile needs a third fp32 accumulator, spills at 255 registers
