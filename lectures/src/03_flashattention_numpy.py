@@ -24,7 +24,7 @@ import numpy as np
 from lectures._exercise import check_guess
 from lectures._measure import peak_mb
 from lectures._plots import load_results, not_run, setup, tile_grid
-from reference.hopper import tile_visits
+from reference.simulators.scheduling import tile_visits
 from reference.numpy.attention import attention
 from reference.numpy.flash import flash_attention_forward
 from reference.numpy.softmax import merge_softmax_stats, softmax_stats

@@ -38,7 +38,7 @@ import torch
 from lectures._exercise import check_guess
 from lectures._measure import peak_mb
 from lectures._plots import setup, tile_grid
-from reference import iosim
+from reference.simulators import iosim
 from reference.numpy.attention import attention, attention_backward
 from reference.numpy.flash import flash_attention_backward, flash_attention_forward
 

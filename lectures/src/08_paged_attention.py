@@ -7,7 +7,7 @@
 # in fixed-size pages, through a table — and attends through the table.
 #
 # Code: `reference.numpy.paged` (`BlockAllocator`, `PagedKVCache`, `paged_attention`) and the simulator
-# `reference.fragmentation`.
+# `reference.simulators.fragmentation`.
 #
 # **Reading path:** lecture 7 → this lecture → assignment `a5_paged`.
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import load_results, setup
-from reference import fragmentation as fr
+from reference.simulators import fragmentation as fr
 from reference.numpy.attention import attention
 from reference.numpy.paged import BlockAllocator, PagedKVCache, paged_attention
 
@@ -36,7 +36,7 @@ rng = np.random.default_rng(8)
 #   reservations have different sizes.
 #
 # The vLLM paper (Kwon et al., SOSP 2023, Figure 3) draws the same three kinds of waste; the simulator keeps
-# them as separate categories (`reference.fragmentation.CATEGORIES`), and the bar chart below shows each. Some
+# them as separate categories (`reference.simulators.fragmentation.CATEGORIES`), and the bar chart below shows each. Some
 # texts count reservations as internal fragmentation; here "internal" means never used.
 #
 # The seeds (vLLM slides): *"only 20–40% of KV cache is utilized to store actual token states."* The simulator

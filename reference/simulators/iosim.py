@@ -2,7 +2,7 @@
 
 For standard attention and for FlashAttention (forward and backward) it counts, pass by pass, the FLOPs and the
 HBM bytes read and written for given ``(batch, heads, N, d, dtype, sram_bytes)``. Nothing is executed: every
-number is a closed-form count of what the algorithm listing loads and stores. Run ``python -m reference.iosim``
+number is a closed-form count of what the algorithm listing loads and stores. Run ``python -m reference.simulators.iosim``
 for the seeds' table and the scaling sweep (``--json PATH`` also writes the numbers).
 
 The model
@@ -93,7 +93,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._args import check_flag, check_positive_int, check_positive_real
+from .._args import check_flag, check_positive_int, check_positive_real
 
 __all__ = [
     "Pass",
@@ -631,7 +631,7 @@ def matmul_sweep(verbose: bool = True) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m reference.iosim", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m reference.simulators.iosim", description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="PATH", help="also write the numbers as JSON to PATH")
     ap.add_argument("--sram-kib", type=float, default=192.0, help="SRAM per SM in KiB (default 192, A100)")
     args = ap.parse_args(argv)
@@ -641,7 +641,7 @@ def main(argv=None) -> int:
     result = {"seeds_table": seeds_table(sram_bytes=sram), "scaling": scaling_sweep(),
               "matmul": matmul_sweep()}
     if args.json:
-        result["note"] = ("Produced by `python -m reference.iosim --json`; counts from the IO model, runtimes are "
+        result["note"] = ("Produced by `python -m reference.simulators.iosim --json`; counts from the IO model, runtimes are "
                           "roofline estimates, not measurements.")
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2, default=float)
