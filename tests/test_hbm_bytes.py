@@ -15,7 +15,7 @@ import pytest
 
 from autograder.specs import a2_flash_numpy as spec
 from reference.simulators import iosim
-from tests.common import load_solution as _load_solution
+from tests.common_numpy import load_solution as _load_solution
 
 pytestmark = pytest.mark.autograder
 

@@ -9,7 +9,7 @@ import torch
 
 from reference.triton import DEVICE, flash_attention_gluon
 from tests.oracle import attention_grads, attention_ref, rel_err
-from tests.test_triton_gluon_bwd import _inputs
+from tests.common import gluon_bwd_inputs as _inputs
 
 pytestmark = pytest.mark.triton_gluon
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)

@@ -15,6 +15,7 @@ import torch
 
 from reference.triton import DEVICE
 from reference.triton.flash_gluon_bwd import flash_attention_backward_gluon
+from tests.common import gluon_bwd_inputs as _inputs
 from tests.oracle import attention_grads, attention_ref, rel_err
 
 pytestmark = pytest.mark.triton_gluon
@@ -43,12 +44,6 @@ def test_compiles_for_hopper_without_spills():
     assert usage["UTMALDG"] > 0, usage
     assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
     assert usage["registers"] <= 255, usage
-
-
-def _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
-    def t(*shape):
-        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
-    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)
 
 
 def test_bad_inputs_are_named(rng):

@@ -17,7 +17,7 @@ import torch
 from reference.triton import DEVICE
 from reference.triton.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 from tests.oracle import attention_grads, attention_ref, rel_err
-from tests.test_triton_gluon_bwd import _inputs
+from tests.common import gluon_bwd_inputs as _inputs
 
 pytestmark = pytest.mark.triton_gluon
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
