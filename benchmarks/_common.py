@@ -14,7 +14,7 @@ import torch
 
 from benchmarks import RESULTS, ROOT
 
-__all__ = ["RESULTS", "ROOT", "bench", "copy_bandwidth", "gpu_tag", "lse_abs", "matmul_tflops", "ref64",
+__all__ = ["RESULTS", "ROOT", "bench", "check_row", "copy_bandwidth", "gpu_tag", "lse_abs", "matmul_tflops", "ref64",
            "rel_err", "sdpa", "sdpa_bwd_timer", "sync", "timestamped_log"]
 
 # Vendor words dropped from a device name before its first word becomes the tag ("NVIDIA H100 80GB HBM3" -> h100).
@@ -124,6 +124,17 @@ def sdpa_bwd_timer(backend, q, k, v, do, causal):
     qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
     o = sdpa(backend)(qg, kg, vg, causal)
     return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+
+
+def check_row(row: dict, fill) -> dict:
+    """Run one correctness check: ``fill(row)`` records the errors and ``row["ok"]``; an exception (a kernel that
+    fails to compile or launch) records ``row["error"]`` and ``ok = False`` instead of ending the benchmark."""
+    try:
+        fill(row)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+        row["ok"] = False
+    return row
 
 
 def timestamped_log(t0: float):

@@ -124,6 +124,16 @@ def time_softmax(rows, n, reps_bytes=256 << 20):
 
 
 # ---------------------------------------------------------------- plotting / report
+def _log2_axes(ax, title, xlabel, ylabel):
+    """A log2 x axis from the smallest size, y from 0, a light grid: every panel of ``plot``."""
+    ax.set_xscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
 def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -143,12 +153,7 @@ def plot(results, path):
                        if impl in r and r[impl].get(f"{pass_}_tflops")]
                 if pts:
                     ax.plot(*zip(*pts), styles[impl], label=impl)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{pass_} d={d} {'causal' if causal else 'non-causal'}")
-            ax.set_xlabel("seqlen")
-            ax.set_ylabel("TFLOP/s")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
+            _log2_axes(ax, f"{pass_} d={d} {'causal' if causal else 'non-causal'}", "seqlen", "TFLOP/s")
             if i == 0 and j == 0:
                 ax.legend(fontsize=8)
     ax = fig.add_subplot(gs[len(ds), :2])
@@ -157,13 +162,8 @@ def plot(results, path):
                      ("torch_graph", "s--"), ("copy_same_size_graph", "k.:")):
         ax.plot([r["N"] for r in sm], [r[impl] for r in sm], st, label=impl, alpha=0.45 if "graph" in impl else 1)
     ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls="-.", label="device copy, 1 GiB")
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"softmax, {sm[0]['rows'] if sm else 0} rows, bf16")
-    ax.set_xlabel("row length N")
-    ax.set_ylabel("GB/s (read + write)")
-    ax.set_ylim(bottom=0)
+    _log2_axes(ax, f"softmax, {sm[0]['rows'] if sm else 0} rows, bf16", "row length N", "GB/s (read + write)")
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     c = results["ceilings"]
     fig.suptitle(f"{results['gpu']}: bf16, batch x seqlen = 16k, hidden 2048 | matmul {c['matmul_TFLOPs']:.0f} TFLOP/s, "
                  f"copy {c['copy_GBps']:.0f} GB/s")

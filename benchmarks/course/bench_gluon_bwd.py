@@ -80,6 +80,7 @@ TOL = 2e-2
 
 def _stage_check():
     import torch
+    from benchmarks._common import check_row
     from benchmarks.course.bench_hopper import pin_bf16
     from reference.triton import flash_bwd, flash_fwd
     from tests.oracle import attention_grads, rel_err
@@ -95,17 +96,15 @@ def _stage_check():
             out.append({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "error": f"reference: {e}", "ok": False})
             continue
         for cfg in _set()["check"]:
-            row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt, "config": list(cfg)}
-            try:
+            def fill(row, cfg=cfg):
                 got = gluon_backward(cfg)(q, k, v, o, lse, do, causal=causal)
                 torch.cuda.synchronize()
                 for name, a, t, r in zip(("dq", "dk", "dv"), got, tri, ref):
                     row[name] = rel_err(a, r)
                     row[name + "_triton"] = rel_err(t, r)
                 row["ok"] = all(row[n] < TOL for n in ("dq", "dk", "dv"))
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
-                row["ok"] = False
+            row = check_row({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt, "config": list(cfg)},
+                            fill)
             print(f"check {row}", flush=True)
             out.append(row)
     return out
