@@ -19,7 +19,7 @@ import torch
 
 from lectures._exercise import check_guess
 from lectures._plots import gantt, load_results, not_run, setup
-from reference.simulators import scheduling as sched
+from reference.simulators import scheduling
 from reference.numpy.attention import attention
 from reference.numpy.merge import merge_many
 
@@ -60,12 +60,12 @@ for B, H, N, bm in ((1, 16, 2048, 128), (8, 16, 2048, 128), (1, 32, 512, 128), (
 # The same greedy scheduler, simulated with `reference.simulators.scheduling.schedule` on a small "GPU" of 6 SMs:
 
 # %%
-tiles = sched.causal_tiles(n_batches=2, n_q_blocks=8, n_heads=2)
-sched = sched.schedule(tiles, 6, "naive")
+tiles = scheduling.causal_tiles(n_batches=2, n_q_blocks=8, n_heads=2)
+sched = scheduling.schedule(tiles, 6, "naive")
 fig, ax = plt.subplots(figsize=(8, 2.8))
 gantt(ax, sched, "dynamic scheduling, causal, 32 blocks on 6 SMs:", label=lambda t: f"{t.q_block}")
 plt.tight_layout()
-print(f"busy fraction {sched.efficiency:.1%}; lower bound on the finish time {sched.makespan_lower_bound(tiles, 6)}, "
+print(f"busy fraction {sched.efficiency:.1%}; lower bound on the finish time {scheduling.makespan_lower_bound(tiles, 6)}, "
       f"achieved {sched.makespan}")
 
 # %% [markdown]
