@@ -54,11 +54,11 @@ selftest:
 	$(PY) -m autograder selftest
 
 bench-cpu:
-	$(PY) benchmarks/cpu_numpy.py
+	$(PY) -m benchmarks.course.cpu_numpy
 
 bench:
-	$(PY) benchmarks/bench_attention.py
-	$(PY) benchmarks/bench_decode.py
+	$(PY) -m benchmarks.course.bench_attention
+	$(PY) -m benchmarks.course.bench_decode
 
 gradescope:
 	$(PY) -m autograder gradescope $(or $(ASSIGNMENT),a1_attention) -o build/gradescope_$(or $(ASSIGNMENT),a1_attention).zip

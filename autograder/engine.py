@@ -404,7 +404,7 @@ class Grader:
         """One timed call: ``call`` (inputs as seeds) -> ``armed`` -> go (parent clock starts) -> ``done`` ->
         ``fetch`` (whole outputs or a seeded sample, decided by the parent only now) -> ``result``. ``audit``:
         under the op audit (the warm-up rep of a Triton part, in both children; timed reps run without it, since
-        its per-op cost, 40-290 us a call on an H100, would move the ratio: benchmarks/bench_audit_overhead.py)."""
+        its per-op cost, 40-290 us a call on an H100, would move the ratio: benchmarks/grader/bench_audit_overhead.py)."""
         sb.send({"t": "call", "name": task.name, "header": header, "timed": True,
                  "audit": bool(audit) and task.framework == "torch"}, arrays)
         h, _ = sb.recv(task.case_timeout, expect=("armed", "error"), on_trap=on_trap)
@@ -504,8 +504,8 @@ class Grader:
                 return timing
             if rep == 0:
                 continue
-            timing.student.append(_pick(ws, cs))
-            timing.reference.append(_pick(wr, cr))
+            timing.student.append(pick_time(ws, cs))
+            timing.reference.append(pick_time(wr, cr))
         return timing
 
     # -- the whole submission -----------------------------------------------------------------------------
@@ -668,7 +668,7 @@ def _speed_score(test, res, ratios) -> None:
                   f"{test.speed_zero}x)")
 
 
-def _pick(wall, child):
+def pick_time(wall, child):
     """The parent's clock is authoritative; the child's (synchronised) clock is used when consistent with it
     (it excludes pipe latency, which matters for sub-millisecond GPU kernels). A child clock larger than the
     parent's, or non-positive, means tampering (T15) and is ignored."""

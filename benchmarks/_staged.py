@@ -1,8 +1,8 @@
 """Run a benchmark's stages each in a child process with a time limit, saving the JSON after every stage.
 
 A Gluon kernel with a wrong mbarrier phase hangs the GPU instead of failing, so ``bench_gluon.py`` and
-``bench_gluon_bwd.py`` run each stage (``script --stage NAME``, which prints ``RESULT <json>`` last) in its own
-process: a hang costs that stage (its stdout tail is kept), not the whole device call.
+``bench_gluon_bwd.py`` run each stage (``python -m module --stage NAME``, which prints ``RESULT <json>``
+last) in its own process: a hang costs that stage (its stdout tail is kept), not the whole device call.
 """
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import time
 import traceback
 
 
-def run_stages(script: str, stages: list[str], limit_of, res: dict, path: str, env_of=None) -> dict:
-    """Run ``stages`` of ``script`` in order; ``limit_of(stage)`` seconds each; ``env_of(stage, res)`` may return
-    extra environment variables for the child (from the results so far). ``res[stage]`` gets each stage's
+def run_stages(module: str, stages: list[str], limit_of, res: dict, path: str, env_of=None) -> dict:
+    """Run ``stages`` of ``module`` (``python -m module --stage NAME`` from the repository root) in order;
+    ``limit_of(stage)`` seconds each; ``env_of(stage, res)`` may return extra environment variables for the
+    child (from the results so far). ``res[stage]`` gets each stage's
     result (or its error); ``res`` is written to ``path`` after every stage."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     t0 = time.time()
@@ -25,7 +26,7 @@ def run_stages(script: str, stages: list[str], limit_of, res: dict, path: str, e
         env = {**os.environ, **(env_of(stage, res) if env_of else {})}
         t = time.time()
         try:
-            p = subprocess.run([sys.executable, os.path.abspath(script), "--stage", stage], capture_output=True,
+            p = subprocess.run([sys.executable, "-m", module, "--stage", stage], capture_output=True,
                                text=True, timeout=limit, cwd=root, env=env)
             lines = p.stdout.splitlines()
             print("\n".join(x for x in lines if not x.startswith("RESULT ")), flush=True)

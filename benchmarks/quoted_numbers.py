@@ -1,6 +1,6 @@
 """Print every performance number ``docs/results.md`` and the notes quote, derived from ``benchmarks/results/*.json``.
 
-    python benchmarks/quoted_numbers.py
+    python -m benchmarks.quoted_numbers
 
 Quote what this prints, not a number remembered from an earlier run: each line gives the range over the
 configurations in the file and, where the course sets a bar, which configurations miss it.
@@ -34,12 +34,12 @@ def cpu_lines(r):
             if not ratios:
                 continue
             missed = [f"N={n} ({x:.2f}x)" for n, x in ratios.items() if x > 3.0]
-            out.append(f"cpu.json [{run['label']}] tiled {tiles} forward / naive time: {span(ratios.values())}x over "
+            out.append(f"cpu-numpy.json [{run['label']}] tiled {tiles} forward / naive time: {span(ratios.values())}x over "
                        f"N={min(ratios)}..{max(ratios)}; N=4096: {ratios.get(4096, float('nan')):.2f}x; bar <= 3x "
                        + (f"MISSED at {', '.join(missed)}" if missed else "met everywhere"))
         mem = [row["tiled64x64_fwd_peak_bytes"] / row["naive_fwd_peak_bytes"] for row in rows if row["N"] == 4096]
         if mem:
-            out.append(f"cpu.json [{run['label']}] tiled 64x64 forward peak memory / naive at N=4096: {mem[0]:.3f} "
+            out.append(f"cpu-numpy.json [{run['label']}] tiled 64x64 forward peak memory / naive at N=4096: {mem[0]:.3f} "
                        f"(bar <= 0.1)")
     return out
 
@@ -84,7 +84,7 @@ def decode_lines(r):
 
 
 def serving_lines(r):
-    """h100-serving.json (benchmarks/bench_serving.py): varlen, cascade, eager-call bars, paged prefill."""
+    """h100-serving.json (benchmarks/course/bench_serving.py): varlen, cascade, eager-call bars, paged prefill."""
     out, gpu = [], r["meta"]["gpu"]
     v = r.get("varlen")
     if v:
@@ -110,20 +110,20 @@ def serving_lines(r):
 
 def main() -> int:
     lines = []
-    for name, fn in (("cpu.json", cpu_lines), ("h200.json", attention_lines), ("h200-decode.json", decode_lines)):
+    for name, fn in (("cpu-numpy.json", cpu_lines), ("h200-attention.json", attention_lines), ("h200-decode.json", decode_lines)):
         r = load(name)
         lines += fn(r) if r else [f"{name}: not there"]
-    io = load("iosim.json")
+    io = load("cpu-iosim.json")
     if io:
         t = io["seeds_table"]
-        lines.append(f"iosim.json: HBM standard {t['standard']['hbm_gb']:.1f} GB vs flash {t['flash']['hbm_gb']:.2f} GB "
+        lines.append(f"cpu-iosim.json: HBM standard {t['standard']['hbm_gb']:.1f} GB vs flash {t['flash']['hbm_gb']:.2f} GB "
                      f"(seeds 40.3 vs 4.4)")
     for path in sorted(RESULTS.glob("*-serving.json")):
         lines += serving_lines(json.loads(path.read_text()))
-    frag = load("fragmentation.json")
+    frag = load("cpu-fragmentation.json")
     if frag:
         s = frag["summary"]
-        lines.append("fragmentation.json: utilisation " + ", ".join(f"{k} {v['utilisation']:.1%}" for k, v in s.items()))
+        lines.append("cpu-fragmentation.json: utilisation " + ", ".join(f"{k} {v['utilisation']:.1%}" for k, v in s.items()))
     print("\n".join(lines))
     return 0
 

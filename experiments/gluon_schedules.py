@@ -2,7 +2,7 @@
 the production kernel's pieces in ``reference.triton.hopper.flash_gluon``.
 
 The wing keeps one forward: warp-specialised, ping-pong, persistent. Each ablation here removes one of its three
-ideas, so that lecture 06 and ``benchmarks/bench_gluon.py``'s variants table can measure what each is worth:
+ideas, so that lecture 06 and ``benchmarks/course/bench_gluon.py``'s variants table can measure what each is worth:
 
 * ``"overlap"`` (``fwd_overlap_kernel``): FA3 Algorithm 2, intra-warpgroup overlap in ONE partition (no producer
   warp, no register reallocation): the warps refill the K/V rings themselves (``attend_overlapped(LOADS=True)``);

@@ -62,7 +62,7 @@ def tile_grid(ax, visited, title="", cmap="Blues", annotate=False):
 
 
 def gantt(ax, sched, title="", label=lambda t: f"b{t.batch} q{t.q_block}"):
-    """Draw a ``reference.hopper.Schedule`` as one row of boxes per worker."""
+    """Draw a ``reference.simulators.scheduling.Schedule`` as one row of boxes per worker."""
     colours = plt.cm.tab10.colors
     for w, tl in enumerate(sched.timeline):
         for start, end, t in tl:

@@ -17,8 +17,8 @@ import numbers
 
 import numpy as np
 
-__all__ = ["check_positive_int", "check_positive_real", "check_flag", "check_scale", "check_gqa",
-           "check_dtype"]
+__all__ = ["check_positive_int", "check_positive_real", "check_nonneg_real", "check_rng", "check_flag", "check_scale",
+           "check_gqa", "check_dtype"]
 
 
 def check_positive_int(value, name: str) -> int:
@@ -37,6 +37,20 @@ def check_positive_real(value, name: str) -> float:
     if not math.isfinite(float(value)) or value <= 0:
         raise ValueError(f"{name} must be a positive finite number, got {value}")
     return float(value)
+
+
+def check_nonneg_real(value, name: str) -> float:
+    """A cost, byte count or standard deviation: a finite real number >= 0 (bool rejected)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def check_rng(rng):
+    """A ``numpy.random.Generator`` (the simulations take one so that every draw is reproducible)."""
+    if not isinstance(rng, np.random.Generator):
+        raise TypeError(f"rng must be a numpy.random.Generator, got {type(rng).__name__}")
+    return rng
 
 
 def check_flag(value, name: str) -> bool:

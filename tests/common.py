@@ -1,37 +1,14 @@
-"""Inputs and tolerances several test files share (test files import from here, never from each other).
+"""Inputs, tolerances and fixtures the torch/Triton test files share (test files import from here or from
+``tests/common_numpy.py``, never from each other; ``tests/test_layout_tests_benchmarks.py`` checks it).
 
-Tolerances are relative errors against the float64 oracle of ``tests/oracle.py``.
+Tolerances are relative errors against the float64 oracle of ``tests/oracle.py``. The NumPy-only pieces
+(NumPy tolerances and shapes, ``load_solution``) live in ``tests/common_numpy.py``, which imports neither torch
+nor Triton.
 """
-import numpy as np
 import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET
-
-# ---- NumPy reference ---------------------------------------------------------------------------------------------
-NP_TOL = {np.float16: 3e-3, np.float32: 2e-5, np.float64: 1e-12}
-NP_GRAD_TOL = {np.float16: 6e-3, np.float32: 5e-5, np.float64: 1e-11}
-NP_DTYPES = [np.float16, np.float32, np.float64]
-
-# (q shape, kv shape): single head, batch/head dims, N=1, ragged, Nq != Nk both ways, GQA and MQA
-NP_SHAPES = [
-    ((1, 8), (1, 8)),
-    ((13, 16), (13, 16)),
-    ((2, 3, 29, 32), (2, 3, 29, 32)),
-    ((2, 4, 17, 16), (2, 2, 23, 16)),   # GQA Hq=4, Hkv=2, Nq < Nk
-    ((1, 4, 31, 8), (1, 1, 7, 8)),      # MQA, Nq > Nk: causal gives fully masked rows
-    ((3, 2, 1, 16), (3, 2, 40, 16)),    # decode-like Nq = 1
-    ((2, 2, 3, 5, 8), (2, 2, 1, 9, 8)),  # two batch dims, MQA
-]
-
-
-def rand(rng, shape, dtype, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(dtype)
-
-
-def qkv(rng, qs, ks, dtype, scale=1.0):
-    return rand(rng, qs, dtype, scale), rand(rng, ks, dtype, scale), rand(rng, ks, dtype)
-
 
 # ---- Triton kernels ----------------------------------------------------------------------------------------------
 # FlashAttention. fp16/bf16: P is rounded to the input dtype before P @ V, as in FlashAttention. fp32: exact fp32
@@ -64,21 +41,9 @@ def make_decode(rng, B, Hq, Hkv, n, d, dtype, spread=1.0):
     return t(B, Hq, d), t(B, Hkv, n, d), t(B, Hkv, n, d)
 
 
-def load_solution(aid: str, tmp_path):
-    """Import the graded cells (not 'check'/'skip') of an assignment's solution source from a real file (Triton
-    needs one). Needs no notebook library, so GPU runs of the assignment tests work without nbformat."""
-    import importlib.util
-    import sys
-    from pathlib import Path
-
-    from autograder.percent import parse_percent
-    root = Path(__file__).resolve().parents[1]
-    cells = parse_percent((root / "assignments" / aid / f"{aid}_solution.py").read_text(encoding="utf-8"))
-    code = "\n\n\n".join(c.source for c in cells if c.kind == "code" and not {"check", "skip"} & set(c.tags))
-    path = Path(tmp_path) / f"{aid}_graded.py"
-    path.write_text(code, encoding="utf-8")
-    spec = importlib.util.spec_from_file_location(f"_sol_{aid}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def gluon_bwd_inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
+    """Fresh standard-normal ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, ``do (B, Hq, Nq, d)`` on DEVICE, for the
+    Gluon backward tests (warp-specialised, autograd op)."""
+    def t(*shape):
+        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
+    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)

@@ -19,7 +19,7 @@ import triton  # noqa: E402
 from autograder import engine
 from autograder.compare import rel_error
 from autograder.specs import _fp8, load
-from tests.common import load_solution as _load_solution
+from tests.common_numpy import load_solution as _load_solution
 
 pytestmark = pytest.mark.a3_fp8
 

@@ -19,7 +19,7 @@ import pytest
 
 from assignments import ASSIGNMENTS, GRADED
 from assignments import generate as gen
-from tests.common import load_solution as _load_solution
+from tests.common_numpy import load_solution as _load_solution
 
 ROOT = Path(__file__).resolve().parents[1]
 AIDS = list(ASSIGNMENTS)

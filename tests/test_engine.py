@@ -1,9 +1,9 @@
-"""reference.engine: the mini serving engine generates exactly the tokens of plain full-sequence decoding,
+"""reference.serving_engine: the mini serving engine generates exactly the tokens of plain full-sequence decoding,
 whatever the chunking, paging, preemption, static reservation or prefix sharing."""
 import numpy as np
 import pytest
 
-from reference.engine import MiniEngine, ToyModel, reference_generate
+from reference.serving_engine import MiniEngine, ToyModel, reference_generate
 
 
 @pytest.mark.engine

@@ -1,9 +1,9 @@
-"""reference.fragmentation: the seeds' 20-40 % figure, paging's < one block of waste per sequence, invariants
+"""reference.simulators.fragmentation: the seeds' 20-40 % figure, paging's < one block of waste per sequence, invariants
 checked step by step on the trace, determinism, the first-fit allocator, bad input."""
 import numpy as np
 import pytest
 
-from reference.fragmentation import (CATEGORIES, DEFAULT_POOL_TOKENS, FirstFitAllocator, Request,
+from reference.simulators.fragmentation import (CATEGORIES, DEFAULT_POOL_TOKENS, FirstFitAllocator, Request,
                                      make_requests, pool_tokens_for, simulate)
 
 pytestmark = pytest.mark.fragmentation

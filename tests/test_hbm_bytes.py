@@ -1,5 +1,5 @@
 """a2's ``forward_hbm_bytes`` part: the grader's closed-form oracle, the solution's counting loop and the IO
-model of lecture 2 (``reference.iosim``) count the same bytes.
+model of lecture 2 (``reference.simulators.iosim``) count the same bytes.
 
 * oracle == ``iosim.flash_attention_io`` (forward, one head) for square shapes, both loop orders, causal or not,
   ragged block sizes: the model and the oracle were written independently (the model sums over tile pairs, the
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from autograder.specs import a2_flash_numpy as spec
-from reference import iosim
-from tests.common import load_solution as _load_solution
+from reference.simulators import iosim
+from tests.common_numpy import load_solution as _load_solution
 
 pytestmark = pytest.mark.autograder
 

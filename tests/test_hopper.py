@@ -1,12 +1,11 @@
-"""reference.hopper: the FA3 talk's scheduling, FP8 and cycle arithmetic, checked against the slides' numbers."""
+"""reference.simulators: the FA3 talk's scheduling, FP8 and cycle arithmetic, checked against the slides' numbers."""
 import itertools
 import math
 
 import numpy as np
 import pytest
 
-from reference import hopper as hp
-
+from reference.simulators import cycle_model as cyc, fp8_error as fp8err, scheduling as sched
 pytestmark = pytest.mark.hopper
 
 
@@ -14,10 +13,10 @@ pytestmark = pytest.mark.hopper
 
 def test_talk_example_naive_and_lpt():
     """Slides 26-44: 2 batches, 3 SMs. Naive: [9, 5, 6], longest tile last; LPT: [7, 7, 6]."""
-    tiles = hp.causal_tiles(n_batches=2, n_q_blocks=4)
+    tiles = sched.causal_tiles(n_batches=2, n_q_blocks=4)
     assert [t.cost for t in tiles] == [1, 2, 3, 4, 1, 2, 3, 4]
-    naive = hp.schedule(tiles, 3, order="naive")
-    lpt = hp.schedule(tiles, 3, order="lpt")
+    naive = sched.schedule(tiles, 3, order="naive")
+    lpt = sched.schedule(tiles, 3, order="lpt")
     assert naive.loads == [9, 5, 6]
     assert lpt.loads == [7, 7, 6]
     assert (naive.makespan, lpt.makespan) == (9, 7)
@@ -37,10 +36,10 @@ def _brute_force_optimum(costs, w):
 
 
 def test_timeline_is_consistent(rng):
-    tiles = hp.causal_tiles(int(rng.integers(1, 4)), int(rng.integers(1, 9)), n_heads=int(rng.integers(1, 3)))
+    tiles = sched.causal_tiles(int(rng.integers(1, 4)), int(rng.integers(1, 9)), n_heads=int(rng.integers(1, 3)))
     w = int(rng.integers(1, 7))
     for order in ("naive", "lpt"):
-        s = hp.schedule(tiles, w, order)
+        s = sched.schedule(tiles, w, order)
         key = lambda t: (t.batch, t.head, t.q_block)  # noqa: E731
         assert sorted((t for tl in s.timeline for _, _, t in tl), key=key) == sorted(tiles, key=key)
         assert sum(s.loads) == sum(t.cost for t in tiles)
@@ -50,7 +49,7 @@ def test_timeline_is_consistent(rng):
                 assert start == ends and end - start == t.cost  # no gaps, no overlap
                 ends = end
             assert ends == load
-        assert s.makespan >= hp.makespan_lower_bound(tiles, w)
+        assert s.makespan >= sched.makespan_lower_bound(tiles, w)
 
 
 def test_lpt_within_graham_bound_of_optimum(rng):
@@ -58,17 +57,17 @@ def test_lpt_within_graham_bound_of_optimum(rng):
     for _ in range(5):
         costs = [int(c) for c in rng.integers(1, 9, size=int(rng.integers(2, 8)))]
         w = int(rng.integers(2, 4))
-        tiles = [hp.Tile(0, 0, i, c) for i, c in enumerate(costs)]
+        tiles = [sched.Tile(0, 0, i, c) for i, c in enumerate(costs)]
         opt = _brute_force_optimum(costs, w)
-        lpt = hp.schedule(tiles, w, "lpt").makespan
+        lpt = sched.schedule(tiles, w, "lpt").makespan
         assert opt <= lpt <= (4 / 3 - 1 / (3 * w)) * opt + 1e-9
 
 
 def test_lpt_on_a_gpu_sized_config():
     """4 batches x 16 heads x 64 query blocks on 132 SMs: LPT reaches the lower bound, naive does not."""
-    tiles = hp.causal_tiles(4, 64, n_heads=16)
-    naive, lpt = hp.schedule(tiles, 132, "naive"), hp.schedule(tiles, 132, "lpt")
-    bound = hp.makespan_lower_bound(tiles, 132)
+    tiles = sched.causal_tiles(4, 64, n_heads=16)
+    naive, lpt = sched.schedule(tiles, 132, "naive"), sched.schedule(tiles, 132, "lpt")
+    bound = sched.makespan_lower_bound(tiles, 132)
     assert lpt.makespan == bound
     assert naive.makespan > 1.03 * bound
     assert lpt.efficiency > 0.99
@@ -80,41 +79,41 @@ def test_tile_visits_match_the_mask(rng):
 
     nq, nk = int(rng.integers(1, 40)), int(rng.integers(1, 40))
     bq, bk = int(rng.integers(1, 9)), int(rng.integers(1, 9))
-    full = hp.tile_visits(nq, nk, bq, bk)
+    full = sched.tile_visits(nq, nk, bq, bk)
     assert (full > 0).all() and sorted(full.ravel()) == list(range(1, full.size + 1))
-    vis = hp.tile_visits(nq, nk, bq, bk, causal=True)
+    vis = sched.tile_visits(nq, nk, bq, bk, causal=True)
     allowed = allowed_mask(nq, nk).numpy()
     for i in range(vis.shape[0]):
         for j in range(vis.shape[1]):
             assert (vis[i, j] > 0) == bool(allowed[i * bq:(i + 1) * bq, j * bk:(j + 1) * bk].any())
     # causal with equal blocks and N divisible: query block i visits i + 1 tiles, as causal_tiles assumes
-    tri = hp.tile_visits(64, 64, 16, 16, causal=True)
-    assert [(row > 0).sum() for row in tri] == [t.cost for t in hp.causal_tiles(1, 4)]
+    tri = sched.tile_visits(64, 64, 16, 16, causal=True)
+    assert [(row > 0).sum() for row in tri] == [t.cost for t in sched.causal_tiles(1, 4)]
 
 
 def test_bottom_right_tiles_cost_more():
-    tiles = hp.causal_tiles(1, 2, n_k_blocks=5)
+    tiles = sched.causal_tiles(1, 2, n_k_blocks=5)
     assert [t.cost for t in tiles] == [4, 5]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_scheduling_rejects_bad_sizes(bad):
     with pytest.raises((ValueError, TypeError), match="n_workers"):
-        hp.schedule(hp.causal_tiles(1, 2), bad)
+        sched.schedule(sched.causal_tiles(1, 2), bad)
     with pytest.raises((ValueError, TypeError), match="n_q_blocks"):
-        hp.causal_tiles(1, bad)
+        sched.causal_tiles(1, bad)
 
 
 def test_schedule_rejects_unknown_order():
     with pytest.raises(ValueError, match="order"):
-        hp.schedule(hp.causal_tiles(1, 2), 2, order="random")
+        sched.schedule(sched.causal_tiles(1, 2), 2, order="random")
 
 
 # ---- (b) FP8 + Hadamard ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("d", [1, 2, 16, 128])
 def test_hadamard_is_orthogonal(d, rng):
-    j = hp.random_hadamard(d, rng)
+    j = fp8err.random_hadamard(d, rng)
     np.testing.assert_allclose(j @ j.T, np.eye(d), atol=1e-12)
     assert set(np.unique(np.abs(j) * math.sqrt(d)).round(12)) == {1.0}
 
@@ -122,30 +121,30 @@ def test_hadamard_is_orthogonal(d, rng):
 def test_rotation_preserves_scores(rng):
     """S = (QJ)(KJ)^T = QK^T in float64, up to rounding only (J J^T = I)."""
     q, k = rng.standard_normal((37, 64)), rng.standard_normal((29, 64))
-    j = hp.random_hadamard(64, rng)
+    j = fp8err.random_hadamard(64, rng)
     s = q @ k.T
     np.testing.assert_allclose((q @ j) @ (k @ j).T, s, rtol=0, atol=1e-12 * np.abs(s).max() * 64)
 
 
 def test_hadamard_rejects_non_power_of_two():
     with pytest.raises(ValueError, match="power of two"):
-        hp.sylvester_hadamard(96)
+        fp8err.sylvester_hadamard(96)
 
 
 def test_quantize_fp8_is_e4m3(rng):
     x = rng.standard_normal(1000) * 5
-    y = hp.quantize_fp8(x)
+    y = fp8err.quantize_fp8(x)
     assert np.abs(y).max() == pytest.approx(np.abs(x).max())  # amax maps to 448 exactly
     rel = np.abs(y - x) / np.abs(x)
     assert rel[np.abs(x) * 448 / np.abs(x).max() > 2 ** -6].max() <= 2 ** -4 + 1e-12  # 3 mantissa bits
     with pytest.raises(ValueError, match="x"):
-        hp.quantize_fp8(np.zeros(4))
+        fp8err.quantize_fp8(np.zeros(4))
 
 
 def test_incoherent_processing_reduces_output_error(rng):
     """Talk slide 24: ~2.6x lower error. Measured here at N=4096, d=128 (FA3 section 4.3 data): ~2.2-2.9x on O;
     the RMS error of S itself is unchanged (FP8 rounding is relative, and rotation preserves norms)."""
-    r = hp.fp8_incoherent_experiment(rng, n=4096, d=128, n_heads=1)
+    r = fp8err.fp8_incoherent_experiment(rng, n=4096, d=128, n_heads=1)
     assert 1.8 <= r["o_ratio"] <= 4.0, r
     assert 0.9 <= r["s_ratio"] <= 1.1, r
     assert 4e-3 < r["o_hadamard"] < 1.5e-2, r  # FA3 paper: 9.1e-3
@@ -154,90 +153,90 @@ def test_incoherent_processing_reduces_output_error(rng):
 
 def test_aligned_error_splits_the_error(rng):
     s = rng.standard_normal((5, 7))
-    along, rest, beta = hp.aligned_error(s, 1.1 * s)
+    along, rest, beta = fp8err.aligned_error(s, 1.1 * s)
     assert beta == pytest.approx(0.1) and rest == pytest.approx(0, abs=1e-12)
     assert along == pytest.approx(0.1 * np.sqrt(np.mean(s ** 2)))
     noise = rng.standard_normal((5, 7))
     noise -= (noise * s).sum(1, keepdims=True) / (s * s).sum(1, keepdims=True) * s  # orthogonal to each row
-    along, rest, _ = hp.aligned_error(s, s + noise)
+    along, rest, _ = fp8err.aligned_error(s, s + noise)
     assert along == pytest.approx(0, abs=1e-12) and rest == pytest.approx(np.sqrt(np.mean(noise ** 2)))
     with pytest.raises(ValueError, match="s_approx"):
-        hp.aligned_error(s, s[:, :3])
+        fp8err.aligned_error(s, s[:, :3])
 
 
 # ---- (c) cycle arithmetic ----------------------------------------------------------------------------------------
 
 def test_talk_cycle_counts():
-    h100 = hp.tile_cycles(128, 128, 128, "H100", "fp16")
+    h100 = cyc.tile_cycles(128, 128, 128, "H100", "fp16")
     assert h100["gemm_flops"] == 2 * 2 * 128 ** 3 and round(h100["gemm_flops"] / 1e6, 1) == 8.4
     assert (h100["mma_cycles"], h100["exp_cycles"], h100["exp_over_mma"]) == (2048, 1024, 0.5)
-    fp8 = hp.tile_cycles(128, 128, 128, "H100", "fp8")
+    fp8 = cyc.tile_cycles(128, 128, 128, "H100", "fp8")
     assert fp8["mma_cycles"] == fp8["exp_cycles"] == 1024
-    b200 = hp.tile_cycles(128, 128, 128, "B200", "bf16")
+    b200 = cyc.tile_cycles(128, 128, 128, "B200", "bf16")
     assert (b200["mma_cycles_per_gemm"], b200["exp_cycles"]) == (512, 1024)
 
 
 def test_pingpong_utilisation():
-    assert hp.pingpong_utilisation(2048, 1024, overlap=False) == pytest.approx(2 / 3)
-    assert hp.pingpong_utilisation(2048, 1024, overlap=True) == 1.0
-    assert hp.pingpong_utilisation(1024, 1024, overlap=False) == 0.5
-    assert hp.pingpong_utilisation(1024, 1024, overlap=True) == 1.0
-    assert hp.pingpong_utilisation(512, 1024, overlap=True) == pytest.approx(2 * 512 / 1536)
+    assert cyc.pingpong_utilisation(2048, 1024, overlap=False) == pytest.approx(2 / 3)
+    assert cyc.pingpong_utilisation(2048, 1024, overlap=True) == 1.0
+    assert cyc.pingpong_utilisation(1024, 1024, overlap=False) == 0.5
+    assert cyc.pingpong_utilisation(1024, 1024, overlap=True) == 1.0
+    assert cyc.pingpong_utilisation(512, 1024, overlap=True) == pytest.approx(2 * 512 / 1536)
     with pytest.raises(ValueError, match="exp_cycles"):
-        hp.pingpong_utilisation(1, -1)
+        cyc.pingpong_utilisation(1, -1)
 
 
 def test_persistent_kernel_hides_prologue_and_epilogue():
-    plain = hp.persistent_time(264, 132, mainloop=10, prologue=2, epilogue=2, persistent=False)
-    pers = hp.persistent_time(264, 132, mainloop=10, prologue=2, epilogue=2, persistent=True)
+    plain = cyc.persistent_time(264, 132, mainloop=10, prologue=2, epilogue=2, persistent=False)
+    pers = cyc.persistent_time(264, 132, mainloop=10, prologue=2, epilogue=2, persistent=True)
     assert plain == 2 * 14 and pers == 2 + 2 * 10 + 2
     # one wave: nothing to hide
-    assert hp.persistent_time(100, 132, 10, 2, 2) == hp.persistent_time(100, 132, 10, 2, 2, persistent=False)
+    assert cyc.persistent_time(100, 132, 10, 2, 2) == cyc.persistent_time(100, 132, 10, 2, 2, persistent=False)
 
 
 # ---- (d) GQA packing ---------------------------------------------------------------------------------------------
 
 def test_gqa_packing_decode():
-    r = hp.gqa_packing(q_len=1, n_q_heads=32, n_kv_heads=8)
+    r = cyc.gqa_packing(q_len=1, n_q_heads=32, n_kv_heads=8)
     assert r["group"] == 4 and r["util_unpacked"] == 1 / 64 and r["util_packed"] == 4 / 64
     assert (r["kv_loads_unpacked"], r["kv_loads_packed"]) == (4, 1)
-    mqa = hp.gqa_packing(q_len=8, n_q_heads=64, n_kv_heads=1)
+    mqa = cyc.gqa_packing(q_len=8, n_q_heads=64, n_kv_heads=1)
     assert mqa["tiles_packed"] == 8 and mqa["util_packed"] == 1.0 and mqa["util_unpacked"] == 8 / 64
 
 
 def test_gqa_packing_rejects_bad_groups():
     with pytest.raises(ValueError, match="n_kv_heads"):
-        hp.gqa_packing(1, 6, 4)
+        cyc.gqa_packing(1, 6, 4)
 
 
 def test_mla_register_arithmetic():
     """Slide 52: 64 x 512 PV accumulator per warpgroup is 256 regs/thread (too many); split: 160 and 128."""
-    assert hp.accumulator_registers(64, 512) == 256
-    assert hp.accumulator_registers(64, 256) + hp.accumulator_registers(64, 64) == 160
-    assert hp.accumulator_registers(64, 256) == 128
+    assert cyc.accumulator_registers(64, 512) == 256
+    assert cyc.accumulator_registers(64, 256) + cyc.accumulator_registers(64, 64) == 160
+    assert cyc.accumulator_registers(64, 256) == 128
 
 
 def test_decode_intensity():
     # GQA decode, group 4, d=128, bf16 K and V: 2*4*256 FLOPs per 512 bytes = 4 FLOP/B (memory-bound)
-    assert hp.decode_intensity(1, 4, 128, 128, 2 * 128 * 2) == 4.0
+    assert cyc.decode_intensity(1, 4, 128, 128, 2 * 128 * 2) == 4.0
     # MLA: 128 heads share a 576-wide latent (bf16); V is its first 512 dims, so 1152 bytes per token
-    mla = hp.decode_intensity(1, 128, 576, 512, 576 * 2)
+    mla = cyc.decode_intensity(1, 128, 576, 512, 576 * 2)
     assert mla == pytest.approx(2 * 128 * 1088 / 1152)
-    assert hp.decode_intensity(2, 128, 576, 512, 576 * 2) == pytest.approx(2 * mla)
+    assert cyc.decode_intensity(2, 128, 576, 512, 576 * 2) == pytest.approx(2 * mla)
 
 
 def test_split_kv_time_model():
-    one = hp.split_kv_time(1, 32, 65536, 1)
+    one = cyc.split_kv_time(1, 32, 65536, 1)
     assert one["blocks"] == 32 and one["sm_utilisation"] == pytest.approx(32 / 132) and one["time"] == 65536
-    four = hp.split_kv_time(1, 32, 65536, 4)
+    four = cyc.split_kv_time(1, 32, 65536, 4)
     assert four["waves"] == 1 and four["time"] == 16384
-    five = hp.split_kv_time(1, 32, 65536, 5)  # 160 blocks: two waves, slower than 4 splits
+    five = cyc.split_kv_time(1, 32, 65536, 5)  # 160 blocks: two waves, slower than 4 splits
     assert five["waves"] == 2 and five["time"] > four["time"]
-    assert hp.split_kv_time(1, 32, 100, 4, merge_cost=2)["time"] == 25 + 8
-    big = hp.split_kv_time(64, 32, 4096, 1)  # a large batch already fills the GPU
+    assert cyc.split_kv_time(1, 32, 100, 4, merge_cost=2)["time"] == 25 + 8
+    big = cyc.split_kv_time(64, 32, 4096, 1)  # a large batch already fills the GPU
     assert big["sm_utilisation"] > 0.95  # 2048 blocks in 16 waves of 132
     with pytest.raises(ValueError, match="num_splits"):
-        hp.split_kv_time(1, 1, 1, 0)
+        cyc.split_kv_time(1, 1, 1, 0)
 
 
 def _tiles(n_heads, n_q_blocks, head_major=True):
@@ -245,28 +244,28 @@ def _tiles(n_heads, n_q_blocks, head_major=True):
     pairs = [(h, i) for h in range(n_heads) for i in range(n_q_blocks)]
     if not head_major:
         pairs.sort(key=lambda p: (p[1], p[0]))
-    return [hp.Tile(0, h, i, n_q_blocks) for h, i in pairs]
+    return [sched.Tile(0, h, i, n_q_blocks) for h, i in pairs]
 
 
 def test_kv_traffic_head_minor_rereads_each_head_once_per_query_block():
     # the Gluon forward at N = 2k: 128 heads of 1 MiB K/V, 16 query blocks, 132 SMs, 50 MB of L2
     mib = 1 << 20
-    hbm, ratio = hp.kv_traffic(_tiles(128, 16, True), 132, 50e6, mib)
+    hbm, ratio = sched.kv_traffic(_tiles(128, 16, True), 132, 50e6, mib)
     assert ratio == 1.0 and hbm == 128 * mib
-    hbm, ratio = hp.kv_traffic(_tiles(128, 16, False), 132, 50e6, mib)
+    hbm, ratio = sched.kv_traffic(_tiles(128, 16, False), 132, 50e6, mib)
     # 16 reads per head, less the few heads whose next query block falls into the same or the next wave
     # (132 SMs, 128 heads)
     assert 15 < ratio < 16 and hbm == ratio * 128 * mib
     # everything fits in L2: every order reads each head once
-    assert hp.kv_traffic(_tiles(128, 16, False), 132, 200 * mib, mib)[1] == 1.0
+    assert sched.kv_traffic(_tiles(128, 16, False), 132, 200 * mib, mib)[1] == 1.0
 
 
 def test_kv_traffic_matches_a_hand_count():
     # 3 heads x 2 query blocks, 2 SMs, L2 holds 2 heads. Head-minor waves: {h0, h1}, {h2, h0}, {h1, h2}:
     # reads h0, h1 | h2 (evicts h0), h0 again (evicts h1) | h1 again (evicts h2), h2 again = 6 reads
-    assert hp.kv_traffic(_tiles(3, 2, False), 2, 2.0, 1.0) == (6.0, 2.0)
+    assert sched.kv_traffic(_tiles(3, 2, False), 2, 2.0, 1.0) == (6.0, 2.0)
     # head-major waves {h0}, {h1}, {h2}: each read once
-    assert hp.kv_traffic(_tiles(3, 2, True), 2, 2.0, 1.0) == (3.0, 1.0)
+    assert sched.kv_traffic(_tiles(3, 2, True), 2, 2.0, 1.0) == (3.0, 1.0)
 
 
 @pytest.mark.parametrize("args, exc, match", [
@@ -274,4 +273,4 @@ def test_kv_traffic_matches_a_hand_count():
     ((_tiles(2, 2), 4, -1.0, 1.0), ValueError, "l2_bytes"), ((_tiles(2, 2), 4, 1.0, 0.0), ValueError, "kv_bytes")])
 def test_kv_traffic_rejects_bad_input(args, exc, match):
     with pytest.raises(exc, match=match):
-        hp.kv_traffic(*args)
+        sched.kv_traffic(*args)

@@ -1,4 +1,4 @@
-"""reference.iosim: the seeds' table, Theorem 2's scaling laws, FLOPs against hand formulas, bad input.
+"""reference.simulators.iosim: the seeds' table, Theorem 2's scaling laws, FLOPs against hand formulas, bad input.
 
 Tolerances: HBM GB within 10 % of the seeds' table, the standard/FA HBM ratio within 15 %, the FLOP ratio
 within 5 % (the seeds' absolute GFLOPs are not reproducible; see the module docstring), fitted log-log slopes
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from reference import iosim
-from reference.iosim import flash_attention_io, flash_block_sizes, matmul_io, standard_attention_io
+from reference.simulators import iosim
+from reference.simulators.iosim import flash_attention_io, flash_block_sizes, matmul_io, standard_attention_io
 
 pytestmark = pytest.mark.iosim
 

@@ -6,11 +6,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference.numpy.attention import attention, attention_backward, causal_mask, multi_head_attention
-from tests.common import NP_DTYPES as DTYPES
-from tests.common import NP_GRAD_TOL as GRAD_TOL
-from tests.common import NP_SHAPES as SHAPES
-from tests.common import NP_TOL as TOL
-from tests.common import qkv, rand
+from tests.common_numpy import NP_DTYPES as DTYPES
+from tests.common_numpy import NP_GRAD_TOL as GRAD_TOL
+from tests.common_numpy import NP_SHAPES as SHAPES
+from tests.common_numpy import NP_TOL as TOL
+from tests.common_numpy import qkv, rand
 from tests.oracle import allowed_mask, attention_grads, attention_ref, lse_err, rel_err
 
 

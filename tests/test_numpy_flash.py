@@ -10,11 +10,11 @@ import reference.numpy.flash as flash_mod
 from reference.numpy.attention import attention
 from reference.numpy.flash import flash_attention_backward, flash_attention_forward
 from tests.oracle import attention_grads, attention_ref, lse_err, rel_err
-from tests.common import NP_DTYPES as DTYPES
-from tests.common import NP_GRAD_TOL as GRAD_TOL
-from tests.common import NP_SHAPES as SHAPES
-from tests.common import NP_TOL as TOL
-from tests.common import qkv, rand
+from tests.common_numpy import NP_DTYPES as DTYPES
+from tests.common_numpy import NP_GRAD_TOL as GRAD_TOL
+from tests.common_numpy import NP_SHAPES as SHAPES
+from tests.common_numpy import NP_TOL as TOL
+from tests.common_numpy import qkv, rand
 BLOCKS = [(64, 64), (5, 3), (16, 32)]
 
 

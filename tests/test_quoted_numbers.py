@@ -17,9 +17,9 @@ def _quoted() -> str:
 
 
 def test_script_prints_every_results_file_and_the_missed_bars():
-    out = subprocess.run([sys.executable, "benchmarks/quoted_numbers.py"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "benchmarks.quoted_numbers"], cwd=ROOT, capture_output=True, text=True,
                          timeout=60, check=True).stdout
-    for name in ("cpu.json", "NVIDIA H200", "iosim.json", "fragmentation.json"):
+    for name in ("cpu-numpy.json", "NVIDIA H200", "cpu-iosim.json", "cpu-fragmentation.json"):
         assert name in out
     decode = json.loads((RESULTS / "h200-decode.json").read_text())
     assert out.count("bar MISSED") == sum(not b["passed"] for b in decode["bars"])
@@ -33,7 +33,7 @@ def test_readme_decode_and_cpu_numbers_match_the_results_files():
     assert one in readme, one
     fa2 = " / ".join(f"{by[(1, n, 'fa2_per_qhead')] / by[(1, n, 'split_kv')]:.2f}x" for n in (32768, 65536, 131072))
     assert fa2 in readme, fa2  # the split-KV gain over FA2's decode parallelism (the seeds' "up to 8x")
-    cpu = json.loads((RESULTS / "cpu.json").read_text())
+    cpu = json.loads((RESULTS / "cpu-numpy.json").read_text())
     at4096 = [row["tiled64x64_fwd_ratio_median"] for run in cpu["runs"] for row in run["rows"] if row["N"] == 4096]
     for x in at4096:
         assert f"{x:.2f}x" in readme, x

@@ -274,17 +274,15 @@ def test_numpy_ring_step_keeps_state_of_rows_that_see_nothing_and_checks_input(r
 
 
 def test_bench_ring_smoke_runs_end_to_end(tmp_path):
-    """benchmarks/bench_ring.py --smoke (CPU, gloo, one rank + the emulated 2-rank ring): JSON and plot written."""
+    """benchmarks/course/bench_ring.py --smoke (CPU, gloo, one rank + the emulated 2-rank ring): JSON and plot written."""
     import json
+    import subprocess
     import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    try:
-        import bench_ring
-    finally:
-        sys.path.pop(0)
-    bench_ring.main(["--smoke", "--world-size", "1", "--out", str(tmp_path)])
-    data = json.loads((tmp_path / "ring-smoke-w1.json").read_text())
-    assert (tmp_path / "ring-smoke-w1.png").exists()
+    root = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, "-m", "benchmarks.course.bench_ring", "--smoke", "--world-size", "1", "--out",
+                    str(tmp_path)], cwd=root, check=True, capture_output=True, timeout=600)
+    data = json.loads((tmp_path / "smoke-ring-w1.json").read_text())
+    assert (tmp_path / "smoke-ring-w1.png").exists()
     assert all(c["rel_err"] < 1e-5 for c in data["checks"]) and len(data["checks"]) == 3
     emulated = [r for r in data["rows"] if "emulated_world" in r]
     assert len(emulated) == 3 and all(len(r["compute_ms"]) == 2 for r in emulated)

@@ -24,7 +24,8 @@ import torch
 
 import reference.numpy as rnp
 import reference.triton as rtr
-from reference import fragmentation, hopper, iosim
+from reference import iosim  # the SPEC's path (a shim for reference.simulators.iosim)
+from reference.simulators import cycle_model, fp8_error, fragmentation, scheduling
 from reference.numpy import attention as np_attention
 from reference.numpy import decoder_layer, decoding, flash, merge, paged, softmax
 from reference.triton import DEVICE, INTERPRET
@@ -599,7 +600,7 @@ CASES = [
     ("paged_attention", paged.paged_attention, "paged", dict(q=D(lambda kw: kw["q"].astype(int))), TypeError,
      r"^q must have dtype"),
     ("paged_attention", paged.paged_attention, "paged", dict(scale=float("nan")), ValueError, r"^scale"),
-    # --- reference.iosim
+    # --- reference.simulators.iosim
     ("iosim", iosim.standard_attention_io, "io", dict(batch=0), ValueError, r"^batch must be a positive integer"),
     ("iosim", iosim.standard_attention_io, "io", dict(heads=1.5), TypeError, r"^heads must be a positive integer"),
     ("iosim", iosim.standard_attention_io, "io", dict(dtype="int8"), ValueError, r"^dtype must be one of"),
@@ -617,15 +618,15 @@ CASES = [
     ("iosim", iosim.flash_block_sizes, "block_sizes", dict(block_k=-4), ValueError, r"^block_k must be a pos"),
     ("iosim", iosim.matmul_io, "matmul_io", dict(algorithm="x"), ValueError, r"^algorithm must be"),
     ("iosim", iosim.matmul_io, "matmul_io", dict(tile=0), ValueError, r"^tile must be a positive"),
-    # --- reference.hopper / reference.fragmentation (simulators used by the lectures)
-    ("hopper", hopper.tile_visits, "tile_visits", dict(causal=1), TypeError, r"^causal must be a bool"),
-    ("hopper", hopper.tile_visits, "tile_visits", dict(block_q=0), ValueError, r"^block_q must be a positive"),
-    ("hopper", hopper.outlier_qkv, "outliers", dict(rng=0), TypeError, r"^rng must be a numpy.random.Generator"),
-    ("hopper", hopper.outlier_qkv, "outliers", dict(outlier_frac=2), ValueError, r"^outlier_frac must be in"),
-    ("hopper", hopper.outlier_qkv, "outliers", dict(outlier_frac="x"), TypeError, r"^outlier_frac must be a num"),
-    ("hopper", hopper.fp8_incoherent_experiment, "fp8_exp", dict(rng=0), TypeError, r"^rng must be a numpy"),
-    ("hopper", hopper.pingpong_utilisation, "pingpong", dict(overlap=2), TypeError, r"^overlap must be a bool"),
-    ("hopper", hopper.persistent_time, "persistent", dict(persistent="no"), TypeError, r"^persistent must be a bool"),
+    # --- reference.simulators / reference.simulators.fragmentation (simulators used by the lectures)
+    ("hopper", scheduling.tile_visits, "tile_visits", dict(causal=1), TypeError, r"^causal must be a bool"),
+    ("hopper", scheduling.tile_visits, "tile_visits", dict(block_q=0), ValueError, r"^block_q must be a positive"),
+    ("hopper", fp8_error.outlier_qkv, "outliers", dict(rng=0), TypeError, r"^rng must be a numpy.random.Generator"),
+    ("hopper", fp8_error.outlier_qkv, "outliers", dict(outlier_frac=2), ValueError, r"^outlier_frac must be in"),
+    ("hopper", fp8_error.outlier_qkv, "outliers", dict(outlier_frac="x"), TypeError, r"^outlier_frac must be a num"),
+    ("hopper", fp8_error.fp8_incoherent_experiment, "fp8_exp", dict(rng=0), TypeError, r"^rng must be a numpy"),
+    ("hopper", cycle_model.pingpong_utilisation, "pingpong", dict(overlap=2), TypeError, r"^overlap must be a bool"),
+    ("hopper", cycle_model.persistent_time, "persistent", dict(persistent="no"), TypeError, r"^persistent must be a bool"),
     ("fragmentation", fragmentation.simulate, "simulate", dict(record_trace=1), TypeError, r"^record_trace must be"),
     ("fragmentation", fragmentation.simulate, "simulate", dict(policy="x"), ValueError, r"^policy must be one of"),
     ("fragmentation", fragmentation.simulate, "simulate", dict(block_size=None), ValueError, r"^block_size is req"),
@@ -966,7 +967,7 @@ FLAGS = [
     ("attention", np_attention.attention, "qkv", "return_lse"),
     ("flash_forward", flash.flash_attention_forward, "qkv", "causal"),
     ("iosim", iosim.flash_attention_io, "io", "causal"),
-    ("hopper", hopper.tile_visits, "tile_visits", "causal"),
+    ("hopper", scheduling.tile_visits, "tile_visits", "causal"),
     ("triton_flash_forward", rtr.flash_attention_forward, "t_qkv", "causal"),
     ("triton_flash_backward", tr_flash_backward, "t_flash_bwd", "causal"),
     ("triton_flash_decode", rtr.flash_decode, "t_decode", "validate"),
@@ -1045,7 +1046,7 @@ def test_triton_backward_accepts_strided_grad_output(rng):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# reference.iosim: what its docstring promises
+# reference.simulators.iosim: what its docstring promises
 # ----------------------------------------------------------------------------------------------------------------
 @pytest.mark.iosim
 def test_iosim_exposes_what_its_docstring_promises():
@@ -1068,6 +1069,6 @@ def test_iosim_exposes_what_its_docstring_promises():
     table = iosim.seeds_table(verbose=False)
     assert table["standard"]["hbm_gb"] == pytest.approx(40.3, rel=0.02)
     assert table["flash"]["hbm_gb"] == pytest.approx(4.4, rel=0.1)
-    r = subprocess.run([sys.executable, "-m", "reference.iosim", "--help"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "reference.simulators.iosim", "--help"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 0 and "--json" in r.stdout

@@ -4,7 +4,7 @@
 The Triton interpreter cannot run Gluon, so on CPU (CI) the kernels are compiled for sm_90a ahead of time in a
 child process in compile-only mode (``TRITON_INTERPRET=0``): that checks they build, use Hopper's wgmma (HGMMA,
 no HMMA), TMA loads and ``setmaxnreg``, and do not spill. The input checks run everywhere. On an H100/H200 the
-outputs are compared with a float64 oracle (``benchmarks/bench_gluon.py`` does the same at scale and times it).
+outputs are compared with a float64 oracle (``benchmarks/course/bench_gluon.py`` does the same at scale and times it).
 """
 import json
 import os

@@ -9,17 +9,11 @@ import torch
 
 from reference.triton import DEVICE, flash_attention_gluon
 from tests.oracle import attention_grads, attention_ref, rel_err
-
+from tests.common import gluon_bwd_inputs as _inputs
 
 pytestmark = pytest.mark.triton_gluon
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
-
-def _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
-    """Fresh random ``q, k, v, do`` (standard normal, never zeros) on DEVICE."""
-    def t(*shape):
-        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
-    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)
 
 
 def test_bad_inputs_are_named(rng):

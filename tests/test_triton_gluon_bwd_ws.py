@@ -4,7 +4,7 @@ On CPU (CI) the kernel is compiled for sm_90a ahead of time in a child process i
 (``TRITON_INTERPRET=0``; the interpreter cannot run Gluon): it must build with a producer warp and two consumer
 warpgroups (``setmaxnreg``), TMA loads, the five wgmma products of FA2 Algorithm 2 lines 10-16 per consumer and
 step, and no spills. Bad arguments raise naming the argument. On an H100/H200 the gradients are compared with
-float64 autograd (``benchmarks/bench_gluon_bwd.py --set ws`` does it at scale).
+float64 autograd (``benchmarks/course/bench_gluon_bwd.py --set ws`` does it at scale).
 """
 import json
 import os
@@ -17,7 +17,7 @@ import torch
 from reference.triton import DEVICE
 from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 from tests.oracle import attention_grads, attention_ref, rel_err
-
+from tests.common import gluon_bwd_inputs as _inputs
 
 pytestmark = pytest.mark.triton_gluon
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,12 +32,6 @@ for d, causal, mode in json.loads(sys.argv[1]):
     print(json.dumps(resource_usage(compile_backward_ws(d, causal, mode))))
 """
 
-
-def _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
-    """Fresh random ``q, k, v, do`` (standard normal, never zeros) on DEVICE."""
-    def t(*shape):
-        return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
-    return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)
 
 
 @pytest.mark.slow

@@ -5,12 +5,12 @@ FP8 there: the interpreter's float32 -> float8 cast rounds wrongly), so there it
 (float32 output, 1e-5) against a float64 oracle fed the *dequantised* Q, K, V: that pins every scale, the
 P x 256 and V-scale folds, the masks and the GQA indexing. Quantisation and the Hadamard rotation are checked
 in torch on CPU. On a GPU the same tests run compiled, with FP8 P (looser tolerance), and
-``benchmarks/bench_hopper.py`` measures the error against float64 at scale.
+``benchmarks/course/bench_hopper.py`` measures the error against float64 at scale.
 """
 import pytest
 import torch
 
-from reference import hopper as hp
+from reference.simulators import scheduling as sched
 from reference.triton import DEVICE, INTERPRET
 from reference.triton.hopper import flash_fp8, flash_persistent
 from reference.triton.hopper.flash_fp8 import (attention_fp8, flash_attention_forward_fp8, prepare_fp8,
@@ -196,10 +196,10 @@ def test_persistent_mixed_lengths(rng, monkeypatch):
 def test_work_items_costs_and_lpt_order():
     tiles = work_items(1, 1, 64, 64, None, True, 16, 16)
     assert [t.cost for t in tiles] == [1, 2, 3, 4]  # query block i visits i + 1 key blocks
-    assert [t.cost for t in hp.order_tiles(tiles, "lpt")] == [4, 3, 2, 1]
+    assert [t.cost for t in sched.order_tiles(tiles, "lpt")] == [4, 3, 2, 1]
     two_heads = work_items(1, 2, 32, 32, None, True, 16, 16)  # (h0: 1, 2), (h1: 1, 2)
-    assert [(t.head, t.cost) for t in hp.order_tiles(two_heads, "lpt")] == [(0, 2), (1, 2), (0, 1), (1, 1)]
-    assert [(t.head, t.cost) for t in hp.order_tiles(two_heads, "lpt", heads_per_group=1)] == \
+    assert [(t.head, t.cost) for t in sched.order_tiles(two_heads, "lpt")] == [(0, 2), (1, 2), (0, 1), (1, 1)]
+    assert [(t.head, t.cost) for t in sched.order_tiles(two_heads, "lpt", heads_per_group=1)] == \
         [(0, 2), (0, 1), (1, 2), (1, 1)]  # longest first inside each head group
     mixed = work_items(2, 1, 64, 64, (64, 16), False, 16, 16)
     assert [t.cost for t in mixed] == [4, 4, 4, 4, 1]  # the short sequence has one block of cost 1

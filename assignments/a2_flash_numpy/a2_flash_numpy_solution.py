@@ -314,7 +314,7 @@ check("a2.forward_hbm_bytes", forward_hbm_bytes)
 # %% [markdown]
 # ### Recover the lecture's numbers (ungraded)
 #
-# The cell below compares your counts with the course's IO model, `reference.iosim` (lecture 2; it ships with
+# The cell below compares your counts with the course's IO model, `reference.simulators.iosim` (lecture 2; it ships with
 # the course repository, not with the student release), in three steps:
 #
 # 1. **Same bytes.** One head, $N = 4096$, $d = 64$, fp16: your count and the model's, in both orders, each with
@@ -329,10 +329,10 @@ check("a2.forward_hbm_bytes", forward_hbm_bytes)
 
 # %% tags=["skip"]
 try:
-    from reference import iosim  # noqa: E402 -- the course's IO model (lecture 2)
+    from reference.simulators import iosim  # noqa: E402 -- the course's IO model (lecture 2)
 except ImportError:
     iosim = None
-    print("reference.iosim is not here (student release): run this cell in the course repository.")
+    print("reference.simulators.iosim is not here (student release): run this cell in the course repository.")
 
 if iosim is not None:
     import matplotlib.pyplot as plt

@@ -2,7 +2,7 @@
 # # Lecture 2 — IO-awareness: attention is bottlenecked by memory, not FLOPs
 #
 # *"The biggest cost is in moving the bits!"* (Tri Dao). This lecture quantifies that sentence with an IO
-# model of a GPU (`reference.iosim`): HBM plus a small on-chip SRAM, counting every byte an algorithm moves
+# model of a GPU (`reference.simulators.iosim`): HBM plus a small on-chip SRAM, counting every byte an algorithm moves
 # between them. It reproduces the seeds' table (standard attention 40.3 GB vs FlashAttention 4.4 GB of HBM
 # traffic) and FlashAttention's $\Theta(N^2 d^2 / M)$ law, and shows the same idea on the textbook example,
 # tiled matrix multiplication.
@@ -14,7 +14,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import setup
-from reference import iosim
+from reference.simulators import iosim
 
 plt = setup()
 
@@ -103,7 +103,7 @@ plt.tight_layout()
 # | HBM reads/writes | 40.3 GB | 4.4 GB (9x less) |
 # | runtime | 41.7 ms | 7.3 ms (6x faster) |
 #
-# `reference.iosim` counts the bytes pass by pass (its docstring states every convention):
+# `reference.simulators.iosim` counts the bytes pass by pass (its docstring states every convention):
 
 # %%
 table = iosim.seeds_table()
@@ -130,7 +130,7 @@ ax.set_xlabel("HBM reads + writes, forward + backward (GB)"); ax.legend(loc="low
 plt.tight_layout()
 
 # %% [markdown]
-# What the model reproduces and what it does not (all stated in `reference/iosim.py`):
+# What the model reproduces and what it does not (all stated in `reference/simulators/iosim.py`):
 #
 # * **HBM traffic**: 40.3 GB modelled vs 40.3 GB; 4.6 GB vs 4.4 GB for FlashAttention (FA1 blocks for a
 #   192 KiB SRAM). Ratio 8.7x vs the seeds' 9.2x.
@@ -166,7 +166,7 @@ print(f"runtime: roofline estimate {r['runtime']:.1f}x, seeds measured {r['seeds
 # | FlashAttention-1 | $K_j, V_j$ | $Q$, $O$, $\ell$, $m$ (read **and written** every pass) | $T_c = N/B_c$ |
 # | FlashAttention-2 | $Q_i$, $O_i$, $\ell_i$, $m_i$ | $K$, $V$ (read only) | $T_r = N/B_r$ |
 #
-# The same law does not mean the same bytes: those depend on the block sizes. `reference.iosim` counts either
+# The same law does not mean the same bytes: those depend on the block sizes. `reference.simulators.iosim` counts either
 # order (`version="fa1"` with FA1's $B_c = \lceil M/4d \rceil$, $B_r = \min(B_c, d)$; `"fa2"` with
 # $128 \times 128$ tiles). FA2's gain is not fewer HBM bytes — it is that each query block is independent
 # (one thread block each, no communication: lecture 5) and that the rescaling work leaves the inner loop.

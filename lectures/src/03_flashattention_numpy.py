@@ -24,7 +24,7 @@ import numpy as np
 from lectures._exercise import check_guess
 from lectures._measure import peak_mb
 from lectures._plots import load_results, not_run, setup, tile_grid
-from reference.hopper import tile_visits
+from reference.simulators.scheduling import tile_visits
 from reference.numpy.attention import attention
 from reference.numpy.flash import flash_attention_forward
 from reference.numpy.softmax import merge_softmax_stats, softmax_stats
@@ -149,8 +149,8 @@ for n_blocks in (8, 32, 128):
 
 # %%
 # Time follows the tile count. Measured on an H200 with the course's Triton kernel (timings change from run
-# to run, so they are read from the committed benchmark file, `benchmarks/results/h200.json`):
-for path, res in load_results("h200.json"):
+# to run, so they are read from the committed benchmark file, `benchmarks/results/h200-attention.json`):
+for path, res in load_results("h200-attention.json"):
     rows = {(r["causal"], r["N"]): r["ours"]["fwd_ms"] for r in res["attention"] if r["d"] == 64}
     for n in sorted({n for _, n in rows}):
         visited = np.count_nonzero(tile_visits(n, n, 128, 128, True)) / (n // 128) ** 2
@@ -186,14 +186,14 @@ ax.set_title("measured in this notebook")
 plt.tight_layout()
 
 # %% [markdown]
-# The CPU benchmark (`make bench-cpu`, `benchmarks/cpu_numpy.py`) measures the same up to $N = 4096$ together
+# The CPU benchmark (`make bench-cpu`, `benchmarks/course/cpu_numpy.py`) measures the same up to $N = 4096$ together
 # with run time; docs/design.md §7 asks the tiled forward to stay within 3x the naive time and under 1/10 of its peak
 # memory. If its result file is present, here it is:
 
 # %%
-runs = load_results("cpu.json")
+runs = load_results("cpu-numpy.json")
 if not runs:
-    not_run("CPU NumPy benchmark", "cpu.json")
+    not_run("CPU NumPy benchmark", "cpu-numpy.json")
 else:
     path, res = runs[0]
     m = res["machine"]

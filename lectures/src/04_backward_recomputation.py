@@ -38,7 +38,7 @@ import torch
 from lectures._exercise import check_guess
 from lectures._measure import peak_mb
 from lectures._plots import setup, tile_grid
-from reference import iosim
+from reference.simulators import iosim
 from reference.numpy.attention import attention, attention_backward
 from reference.numpy.flash import flash_attention_backward, flash_attention_forward
 
@@ -164,7 +164,7 @@ plt.tight_layout()
 # tolerances and a re-run gives identical bits), needs no fp32 scratch buffer or conversion kernel, runs
 # unchanged under the Triton interpreter, and gives the assignment two small kernels instead of one large one.
 # The price is the 40% extra backward FLOPs; on the H200 the backward still runs 1.16-1.66x the speed of SDPA's
-# FlashAttention-2 backend (`benchmarks/results/h200.json`, lecture 5), which uses atomics. The NumPy reference
+# FlashAttention-2 backend (`benchmarks/results/h200-attention.json`, lecture 5), which uses atomics. The NumPy reference
 # (assignment 2) is sequential, so its line 15 is a plain `+=`.
 
 # %% [markdown]

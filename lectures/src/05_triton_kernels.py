@@ -19,7 +19,7 @@ import torch
 
 from lectures._exercise import check_guess
 from lectures._plots import gantt, load_results, not_run, setup
-from reference import hopper as hp
+from reference.simulators import scheduling
 from reference.numpy.attention import attention
 from reference.numpy.merge import merge_many
 
@@ -57,15 +57,15 @@ for B, H, N, bm in ((1, 16, 2048, 128), (8, 16, 2048, 128), (1, 32, 512, 128), (
 # next thread block onto an SM as soon as one finishes. With causal masking query blocks have unequal cost
 # (block $i$ visits $i+1$ key blocks), and the dynamic scheduler absorbs most of it when there are many blocks
 # per SM. It cannot fix the *tail* when there are few; that is the FA3 refinement (LPT ordering, lecture 6).
-# The same greedy scheduler, simulated with `reference.hopper.schedule` on a small "GPU" of 6 SMs:
+# The same greedy scheduler, simulated with `reference.simulators.scheduling.schedule` on a small "GPU" of 6 SMs:
 
 # %%
-tiles = hp.causal_tiles(n_batches=2, n_q_blocks=8, n_heads=2)
-sched = hp.schedule(tiles, 6, "naive")
+tiles = scheduling.causal_tiles(n_batches=2, n_q_blocks=8, n_heads=2)
+sched = scheduling.schedule(tiles, 6, "naive")
 fig, ax = plt.subplots(figsize=(8, 2.8))
 gantt(ax, sched, "dynamic scheduling, causal, 32 blocks on 6 SMs:", label=lambda t: f"{t.q_block}")
 plt.tight_layout()
-print(f"busy fraction {sched.efficiency:.1%}; lower bound on the finish time {hp.makespan_lower_bound(tiles, 6)}, "
+print(f"busy fraction {sched.efficiency:.1%}; lower bound on the finish time {scheduling.makespan_lower_bound(tiles, 6)}, "
       f"achieved {sched.makespan}")
 
 # %% [markdown]
@@ -205,7 +205,7 @@ print("paged_decode       : block size 16, shuffled pages: max |diff| vs flash_d
 # %% [markdown]
 # ## 5. On a GPU
 #
-# `benchmarks/bench_attention.py` times the same kernels against PyTorch's SDPA backends (FLASH_ATTENTION is
+# `benchmarks/course/bench_attention.py` times the same kernels against PyTorch's SDPA backends (FLASH_ATTENTION is
 # FlashAttention-2; cuDNN) in the FlashAttention convention (batch × seqlen = 16k, hidden 2048, bf16). The course's
 # bars (docs/design.md §7) are ≥ 1.0x SDPA-flash in the forward and ≥ 0.9x in the backward.
 # If a result file is present:
@@ -213,7 +213,7 @@ print("paged_decode       : block size 16, shuffled pages: max |diff| vs flash_d
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]
 if not gpu:
-    not_run("GPU attention benchmark", "<gpu>.json")
+    not_run("GPU attention benchmark", "<gpu>-attention.json")
 for path, r in gpu:
     rows = r["attention"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)

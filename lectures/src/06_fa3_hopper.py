@@ -14,7 +14,7 @@
 #
 # plus persistent kernels, LPT scheduling for causal attention, GQA packing and MLA. Upshot: 1.6–3x faster
 # on Hopper; the algorithmic ideas carry over to Blackwell. None of this can run on a CPU, so this lecture
-# turns each idea into arithmetic or a simulation from `reference.hopper` and reproduces the talk's numbers
+# turns each idea into arithmetic or a simulation from `reference.simulators` (`scheduling`, `fp8_error`, `cycle_model`) and reproduces the talk's numbers
 # where that is possible. Numbers marked *(talk)* are quoted, not measured here.
 #
 # **Reading path:** lecture 5 → this lecture → lecture 7.
@@ -24,8 +24,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import gantt, load_results, setup
-from reference import hopper as hp
-
+from reference.simulators import cycle_model as cyc, fp8_error as fp8err, scheduling as sched
 plt = setup()
 
 # %% [markdown]
@@ -38,10 +37,10 @@ plt = setup()
 
 # %%
 guess = None  # your answer, a number (exp cycles / GEMM cycles)
-check_guess(guess, hp.tile_cycles(128, 128, 128, "H100", "fp8")["exp_over_mma"], what="H100 fp8: exp / GEMM cycles")
+check_guess(guess, cyc.tile_cycles(128, 128, 128, "H100", "fp8")["exp_over_mma"], what="H100 fp8: exp / GEMM cycles")
 for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
-    c = hp.tile_cycles(128, 128, 128, gpu, dt)
-    print(f"{gpu} {dt:4s}: GEMMs {c['gemm_flops'] / 1e6:.1f} MFLOP / {hp.HARDWARE[gpu]['mma_flops_per_cycle'][dt]} "
+    c = cyc.tile_cycles(128, 128, 128, gpu, dt)
+    print(f"{gpu} {dt:4s}: GEMMs {c['gemm_flops'] / 1e6:.1f} MFLOP / {cyc.HARDWARE[gpu]['mma_flops_per_cycle'][dt]} "
           f"FLOP/cycle = {c['mma_cycles']:5.0f} cycles ({c['mma_cycles_per_gemm']:.0f} per GEMM);  "
           f"exp2: {c['exp_ops']} ops / 16 per cycle = {c['exp_cycles']:.0f} cycles  -> exp/GEMM = {c['exp_over_mma']:.2f}")
 
@@ -59,28 +58,28 @@ for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
 # A timeline with the cycle counts above:
 
 # %%
-c = hp.tile_cycles(128, 128, 128, "H100", "fp16")
+c = cyc.tile_cycles(128, 128, 128, "H100", "fp16")
 g, e = c["mma_cycles"], c["exp_cycles"]
 fig, ax = plt.subplots(2, 1, figsize=(8, 3.4), sharex=True)
 t = 0
 for k in range(4):                                   # one warpgroup, no overlap
     ax[0].barh(0, g, left=t, color="tab:blue"); ax[0].barh(0, e, left=t + g, color="tab:orange"); t += g + e
 ax[0].set_yticks([0]); ax[0].set_yticklabels(["WG1"]); ax[0].set_title(
-    f"no overlap: tensor cores busy {hp.pingpong_utilisation(g, e, overlap=False):.0%}")
+    f"no overlap: tensor cores busy {cyc.pingpong_utilisation(g, e, overlap=False):.0%}")
 for wg in range(2):                                  # pingpong: WG2 starts its GEMMs while WG1 does softmax
     t = wg * g
     for k in range(2):
         ax[1].barh(wg, g, left=t, color="tab:blue"); ax[1].barh(wg, e, left=t + g, color="tab:orange")
         t += 2 * g
 ax[1].set_yticks([0, 1]); ax[1].set_yticklabels(["WG1", "WG2"]); ax[1].invert_yaxis()
-ax[1].set_title(f"pingpong: tensor cores busy {hp.pingpong_utilisation(g, e):.0%} (blue = GEMMs, orange = softmax)")
+ax[1].set_title(f"pingpong: tensor cores busy {cyc.pingpong_utilisation(g, e):.0%} (blue = GEMMs, orange = softmax)")
 ax[1].set_xlabel("cycles")
 plt.tight_layout()
 for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
-    c2 = hp.tile_cycles(128, 128, 128, gpu, dt)
+    c2 = cyc.tile_cycles(128, 128, 128, gpu, dt)
     print(f"{gpu} {dt}: tensor-core utilisation without overlap "
-          f"{hp.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles'], False):.0%}, with pingpong "
-          f"{hp.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles']):.0%}")
+          f"{cyc.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles'], False):.0%}, with pingpong "
+          f"{cyc.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles']):.0%}")
 
 # %% [markdown]
 # **Intra-warpgroup overlap.** Within one warpgroup, FA3 pipelines two stages: the `PV` GEMM of iteration $k$
@@ -114,13 +113,13 @@ print(f"scale-and-subtract x*log2e - m*log2e over {row} scores: {row} FFMA vs {r
 # The talk: *"reduces quantization error by 2.6x on normally distributed QKV data with 0.1% entries given large
 # magnitude"*. The FA3 paper (section 4.3) gives the setup: entries $\mathcal N(0,1)$ plus, for 0.1% of them, an
 # independent $\mathcal N(0, 10^2)$; RMSE of the attention output vs FP64: baseline FP8 (per-tensor scaling)
-# $2.4\cdot10^{-2}$, with incoherent processing $9.1\cdot10^{-3}$. `hp.fp8_incoherent_experiment` redoes this on
+# $2.4\cdot10^{-2}$, with incoherent processing $9.1\cdot10^{-3}$. `fp8err.fp8_incoherent_experiment` redoes this on
 # the CPU (e4m3 rounding by `torch.float8_e4m3fn`, per-tensor scale, $d = 128$, one head per length):
 
 # %%
 rng = np.random.default_rng(6)
 ns = [512, 1024, 2048, 4096]
-res = [hp.fp8_incoherent_experiment(rng, n=n, d=128, n_heads=1) for n in ns]
+res = [fp8err.fp8_incoherent_experiment(rng, n=n, d=128, n_heads=1) for n in ns]
 print(f"{'N':>5} | {'S rmse plain':>12} {'S rmse J':>9} {'ratio':>6} | {'O rmse plain':>12} {'O rmse J':>9} {'ratio':>6}")
 for n, r in zip(ns, res):
     print(f"{n:5d} | {r['s_plain']:12.3f} {r['s_hadamard']:9.3f} {r['s_ratio']:6.2f} | "
@@ -153,12 +152,12 @@ plt.tight_layout()
 # outlier is spread over 128 coordinates whose independent roundings largely cancel along the row:
 
 # %%
-q, k = hp.outlier_qkv(rng, (1024, 128)), hp.outlier_qkv(rng, (1024, 128))
-j = hp.random_hadamard(128, rng)
+q, k = fp8err.outlier_qkv(rng, (1024, 128)), fp8err.outlier_qkv(rng, (1024, 128))
+j = fp8err.random_hadamard(128, rng)
 s = q @ k.T
-for name, s8 in (("plain", hp.quantize_fp8(q) @ hp.quantize_fp8(k).T),
-                 ("Hadamard", hp.quantize_fp8(q @ j) @ hp.quantize_fp8(k @ j).T)):
-    along, rest, beta = hp.aligned_error(s, s8)
+for name, s8 in (("plain", fp8err.quantize_fp8(q) @ fp8err.quantize_fp8(k).T),
+                 ("Hadamard", fp8err.quantize_fp8(q @ j) @ fp8err.quantize_fp8(k @ j).T)):
+    along, rest, beta = fp8err.aligned_error(s, s8)
     print(f"{name:8s}: error along the logits {along:.3f} (largest row 'temperature' error {beta:.3f}), "
           f"remaining error {rest:.3f}")
 
@@ -176,8 +175,8 @@ for name, s8 in (("plain", hp.quantize_fp8(q) @ hp.quantize_fp8(k).T),
 
 # %%
 for pro_epi in (1, 2, 4):
-    plain = hp.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi, persistent=False)
-    pers = hp.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi)
+    plain = cyc.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi, persistent=False)
+    pers = cyc.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi)
     print(f"8 tiles per SM, mainloop 20, prologue = epilogue = {pro_epi}: one CTA per tile {plain:.0f}, "
           f"persistent {pers:.0f}  ({plain / pers:.2f}x)")
 
@@ -190,8 +189,8 @@ for pro_epi in (1, 2, 4):
 # **[9, 5, 6]**. Sorting tiles longest-first (LPT, Graham 1969) gives **[7, 7, 6]**:
 
 # %%
-tiles = hp.causal_tiles(n_batches=2, n_q_blocks=4)
-naive, lpt = hp.schedule(tiles, 3, "naive"), hp.schedule(tiles, 3, "lpt")
+tiles = sched.causal_tiles(n_batches=2, n_q_blocks=4)
+naive, lpt = sched.schedule(tiles, 3, "naive"), sched.schedule(tiles, 3, "lpt")
 print("tile costs in launch order:", [t.cost for t in tiles])
 print("naive:", naive.loads, " LPT:", lpt.loads)
 fig, ax = plt.subplots(2, 1, figsize=(7, 3.6), sharex=True)
@@ -217,13 +216,13 @@ plt.tight_layout()
 
 # %%
 guess = None  # your answer, a number of time units
-check_guess(guess, hp.makespan_lower_bound(hp.causal_tiles(2, 32, n_heads=16), 132), rel=0,
+check_guess(guess, sched.makespan_lower_bound(sched.causal_tiles(2, 32, n_heads=16), 132), rel=0,
             what="makespan lower bound, 2 x 16 x 32 tiles on 132 SMs")
 print(f"{'batch':>5} {'q blocks':>8} | {'naive makespan':>14} {'LPT':>6} {'bound':>6} | {'naive eff':>9} {'LPT eff':>8}")
 for b, nb in ((1, 16), (2, 32), (4, 64), (8, 64)):
-    tl = hp.causal_tiles(b, nb, n_heads=16)
-    n_, l_ = hp.schedule(tl, 132, "naive"), hp.schedule(tl, 132, "lpt")
-    print(f"{b:5d} {nb:8d} | {n_.makespan:14d} {l_.makespan:6d} {hp.makespan_lower_bound(tl, 132):6d} | "
+    tl = sched.causal_tiles(b, nb, n_heads=16)
+    n_, l_ = sched.schedule(tl, 132, "naive"), sched.schedule(tl, 132, "lpt")
+    print(f"{b:5d} {nb:8d} | {n_.makespan:14d} {l_.makespan:6d} {sched.makespan_lower_bound(tl, 132):6d} | "
           f"{n_.efficiency:9.1%} {l_.efficiency:8.1%}")
 
 # %% [markdown]
@@ -239,7 +238,7 @@ for b, nb in ((1, 16), (2, 32), (4, 64), (8, 64)):
 # %%
 print(f"{'q_len':>5} {'Hq/Hkv':>7} | {'unpacked: tiles, util':>22} | {'packed: tiles, util':>20} | K/V loads")
 for q_len, hq, hkv in ((1, 32, 8), (1, 64, 8), (1, 64, 1), (4, 32, 8), (16, 64, 1)):
-    r = hp.gqa_packing(q_len, hq, hkv)
+    r = cyc.gqa_packing(q_len, hq, hkv)
     print(f"{q_len:5d} {f'{hq}/{hkv}':>7} | {r['tiles_unpacked']:10d}, {r['util_unpacked']:9.1%} | "
           f"{r['tiles_packed']:8d}, {r['util_packed']:9.1%} | {r['kv_loads_unpacked']} -> {r['kv_loads_packed']}")
 
@@ -254,9 +253,9 @@ for q_len, hq, hkv in ((1, 32, 8), (1, 64, 8), (1, 64, 1), (4, 32, 8), (16, 64, 
 #   $QK^\top$ matmul *and* half of $PV$, WG2 only the other half of $PV$:
 
 # %%
-print("one WG, O 64x512:", hp.accumulator_registers(64, 512), "registers/thread (limit 255)")
-print("WG1: S 64x64 + O 64x256:", hp.accumulator_registers(64, 64) + hp.accumulator_registers(64, 256),
-      "| WG2: O 64x256:", hp.accumulator_registers(64, 256))
+print("one WG, O 64x512:", cyc.accumulator_registers(64, 512), "registers/thread (limit 255)")
+print("WG1: S 64x64 + O 64x256:", cyc.accumulator_registers(64, 64) + cyc.accumulator_registers(64, 256),
+      "| WG2: O 64x256:", cyc.accumulator_registers(64, 256))
 
 # %% [markdown]
 # * **Compute-bound decoding.** Each cached byte is reused by all 128 heads, so even a single query token does
@@ -267,7 +266,7 @@ ridge = 989e12 / 3.35e12     # H100 SXM: dense bf16 FLOP/s over HBM bytes/s
 for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 128 * 2)),
                    ("MLA decode, 1 token", (1, 128, 576, 512, 576 * 2)),
                    ("MLA decode, 2 tokens (speculative)", (2, 128, 576, 512, 576 * 2))):
-    ai = hp.decode_intensity(*args)
+    ai = cyc.decode_intensity(*args)
     print(f"{name:36s}: {ai:6.1f} FLOP per KV byte  ({ai / ridge:.2f}x the H100 ridge point {ridge:.0f})")
 
 # %% [markdown]
@@ -282,7 +281,7 @@ for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 1
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]
 if not gpu:
-    print("GPU benchmark results (benchmarks/results/<gpu>.json) are not there yet -- `make bench` has not "
+    print("GPU benchmark results (benchmarks/results/<gpu>-attention.json) are not there yet -- `make bench` has not "
           "been run on a GPU for this checkout, so no GPU numbers are shown (none are invented).")
 for path, r in gpu:
     for causal in (False, True):
@@ -306,7 +305,7 @@ for path, r in gpu:
 #   an option;
 # * `flash_attention_forward_persistent(q, k, v, seq_lens=..., order="lpt")` — one program per SM, each pulling
 #   the next (batch, head, query block) item from a global counter, the items sorted longest-first by
-#   `reference.hopper.order_tiles` (the `schedule` of section 5, on the GPU's scheduler).
+#   `reference.simulators.scheduling.order_tiles` (the `schedule` of section 5, on the GPU's scheduler).
 #
 # Both return what `flash_attention_forward` returns, `(o, lse)`. Assignment 3's optional Part 4 has you write
 # the first one yourself (its quantisation kernel included), graded for accuracy against float64 and, on a
@@ -332,17 +331,17 @@ for name, (o, _) in (("FP8", flash_attention_forward_fp8(q, k, v, causal=True)),
     print(f"{name:15s}: relative error vs float64 {err:.1e}")
 
 # %% [markdown]
-# On the GPU (`benchmarks/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
+# On the GPU (`benchmarks/course/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
 # notes in `notes/hopper.md`): how close the course's bf16 FA2 kernel gets to cuDNN at d = 128, what FP8 buys,
 # how much error the rotation removes, and what the persistent LPT kernel changes. Without a results file
 # nothing is shown (no number is invented). One H100 number is an outlier: the causal N = 2048 forward at
-# 0.38x cuDNN was 0.82x when re-run (`h100-hopper-rerun.json`); the persistent rows come from re-runs after the
+# 0.38x cuDNN was 0.82x when re-run (`main_rerun` in `h100-hopper.json`); the persistent rows come from re-runs after the
 # kernel learned to launch two programs per SM (the notes give both runs and the ncu profile that showed why).
 
 # %%
 runs = load_results("*-hopper.json")
 if not runs:
-    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 benchmarks/bench_hopper.py` on "
+    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 -m benchmarks.course.bench_hopper` on "
           "a Hopper GPU.")
 for path, r in runs:
     print(f"== {path.name}: {r.get('gpu')}")
@@ -403,7 +402,7 @@ env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}  # com
 for args in (["experiments.gluon_schedules", "pingpong", "--causal", "--one-cta-per-tile"],  # one CTA per tile
              ["reference.triton.hopper.aot_report", "fwd"]):  # the production (persistent) kernel
     out = subprocess.run([sys.executable, "-m", *args], env=env, capture_output=True,
-                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(hp.__file__))))
+                         text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(sched.__file__)))))
     usage = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else {"error": out.stderr[-300:]}
     print(" ".join(args), {k: usage.get(k) for k in ("registers", "stack", "shared_bytes", "HGMMA", "HMMA",
                                                      "UTMALDG", "USETMAXREG", "LDL", "STL", "error") if k in usage})
@@ -415,13 +414,13 @@ for args in (["experiments.gluon_schedules", "pingpong", "--causal", "--one-cta-
 # kernel (below) runs the same per-tile code inside a loop over tiles, with 32 KB more shared memory for a second
 # Q buffer.
 #
-# Measured (`benchmarks/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
+# Measured (`benchmarks/course/bench_gluon.py`, one run per GPU, every kernel first checked against float64), bf16
 # forward as a fraction of cuDNN's TFLOP/s at d = 128, next to the plain-Triton kernel of lecture 5:
 
 # %%
 runs = load_results("*-gluon.json")
 if not runs:
-    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 benchmarks/bench_gluon.py` on a "
+    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 -m benchmarks.course.bench_gluon` on a "
           "Hopper GPU.")
 for path, r in runs:
     checks = {k[6:]: f"{sum(c.get('ok', False) for c in v)}/{len(v)}" for k, v in r.items()
@@ -448,16 +447,16 @@ for path, r in runs:
 # against cuDNN's 74%. The persistent kernel hides both (69%; causal 55% -> 63%) and lifts N = 2k from
 # 0.84-0.85x to 0.89-0.97x (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an
 # earlier version that ran the tiles head-minor (neighbouring CTAs on different heads) read every head's K/V
-# from memory once per query tile and fell to 0.54-0.59x. `reference.hopper.kv_traffic` counts it with a coarse
+# from memory once per query tile and fell to 0.54-0.59x. `reference.simulators.scheduling.kv_traffic` counts it with a coarse
 # model (waves of 132 tiles, an LRU L2 holding whole heads' K/V) for that shape: B = 8, H = 16, N = 2k,
 # d = 128, sixteen 128-row query tiles per head:
 
 # %%
-tiles_head_major = [hp.Tile(0, h, i, 16) for h in range(128) for i in range(16)]
+tiles_head_major = [sched.Tile(0, h, i, 16) for h in range(128) for i in range(16)]
 tiles_head_minor = sorted(tiles_head_major, key=lambda t: (t.q_block, t.head))
 flops = 4 * 128 * 2048 * 2048 * 128  # forward FLOPs, all heads
 for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_minor)):
-    hbm, ratio = hp.kv_traffic(tiles, n_sms=132, l2_bytes=50e6, kv_bytes=2 * 2048 * 128 * 2)
+    hbm, ratio = sched.kv_traffic(tiles, n_sms=132, l2_bytes=50e6, kv_bytes=2 * 2048 * 128 * 2)
     print(f"{name}: K/V from HBM {hbm / 2**30:.2f} GiB ({ratio:.1f}x one read per head) = "
           f"{hbm / 3.35e12 * 1e3:.2f} ms at 3.35 TB/s, against {flops / 650e12 * 1e3:.2f} ms of matmuls at "
           f"650 TFLOP/s")

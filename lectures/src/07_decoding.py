@@ -17,7 +17,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import load_results, not_run, setup
-from reference import hopper as hp
+from reference.simulators import cycle_model as cyc
 from reference.numpy.attention import attention
 from reference.numpy.decoder_layer import TinyDecoderLayer, cache_savings
 from reference.numpy.decoding import KVCache, flash_decoding
@@ -92,10 +92,10 @@ print(cache, "| filled view:", cache.k.shape, "| free slots:", cache.free)
 
 # %%
 guess = None  # your answer, a fraction between 0 and 1
-check_guess(guess, hp.split_kv_time(1, 32, 65536, num_splits=1)["sm_utilisation"], rel=0.1,
+check_guess(guess, cyc.split_kv_time(1, 32, 65536, num_splits=1)["sm_utilisation"], rel=0.1,
             what="fraction of SMs busy, batch 1 x 32 heads")
 for b, h in ((1, 32), (1, 8), (4, 32), (16, 32)):
-    m = hp.split_kv_time(b, h, 65536, num_splits=1)
+    m = cyc.split_kv_time(b, h, 65536, num_splits=1)
     print(f"batch {b:2d} x {h:2d} heads = {m['blocks']:3d} thread blocks on 132 SMs: "
           f"{m['sm_utilisation']:5.1%} of the SMs busy")
 
@@ -133,7 +133,7 @@ plt.tight_layout()
 
 # %%
 ns = np.arange(1, 17)
-model = [hp.split_kv_time(1, 32, 65536, int(s), merge_cost=64) for s in ns]
+model = [cyc.split_kv_time(1, 32, 65536, int(s), merge_cost=64) for s in ns]
 fig, ax = plt.subplots(figsize=(6, 3))
 ax.plot(ns, [model[0]["time"] / m["time"] for m in model], "o-")
 ax.set_xlabel("num_splits"); ax.set_ylabel("speedup over 1 split")
@@ -209,7 +209,7 @@ print("weights of the two outputs:", o12[0].tolist())
 # with GQA packing — the query heads of a group share each K/V load; stage 2: the merge), with a heuristic choice
 # of `num_splits` that fills the GPU. The seeds claim **"Flash-Decoding is up to 8x faster than prior work"**
 # (the PyTorch blog, Oct 2023, CodeLlama-34B, against FlashAttention-2 and a native PyTorch implementation at long
-# context). Our benchmark (`benchmarks/bench_decode.py`: bf16, Hq = 32, Hkv = 8, d = 128) compares the same kernel
+# context). Our benchmark (`benchmarks/course/bench_decode.py`: bf16, Hq = 32, Hkv = 8, d = 128) compares the same kernel
 # with one split, PyTorch SDPA and a naive PyTorch implementation:
 
 # %%
@@ -241,7 +241,7 @@ for path, r in decode:
             best = max(ratios)
             print(f"{gpu_name}: split-KV vs {base:13s}: up to {best[0]:5.1f}x (batch {best[1]}, context {best[2]})")
         else:
-            print(f"{gpu_name}: split-KV vs {base:13s}: not in {path.name} (re-run benchmarks/bench_decode.py)")
+            print(f"{gpu_name}: split-KV vs {base:13s}: not in {path.name} (re-run benchmarks/course/bench_decode.py)")
     copy_bw = r.get("meta", {}).get("copy_bw_bytes_per_s")
     flash_b1 = [x for x in rows if x["impl"] == "sdpa_flash" and x["batch"] == 1 and x.get("kv_bytes")]
     if copy_bw and flash_b1:

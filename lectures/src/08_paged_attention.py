@@ -7,7 +7,7 @@
 # in fixed-size pages, through a table — and attends through the table.
 #
 # Code: `reference.numpy.paged` (`BlockAllocator`, `PagedKVCache`, `paged_attention`) and the simulator
-# `reference.fragmentation`.
+# `reference.simulators.fragmentation`.
 #
 # **Reading path:** lecture 7 → this lecture → assignment `a5_paged`.
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import load_results, setup
-from reference import fragmentation as fr
+from reference.simulators import fragmentation as fr
 from reference.numpy.attention import attention
 from reference.numpy.paged import BlockAllocator, PagedKVCache, paged_attention
 
@@ -36,7 +36,7 @@ rng = np.random.default_rng(8)
 #   reservations have different sizes.
 #
 # The vLLM paper (Kwon et al., SOSP 2023, Figure 3) draws the same three kinds of waste; the simulator keeps
-# them as separate categories (`reference.fragmentation.CATEGORIES`), and the bar chart below shows each. Some
+# them as separate categories (`reference.simulators.fragmentation.CATEGORIES`), and the bar chart below shows each. Some
 # texts count reservations as internal fragmentation; here "internal" means never used.
 #
 # The seeds (vLLM slides): *"only 20–40% of KV cache is utilized to store actual token states."* The simulator
@@ -66,13 +66,13 @@ for name, r in reports.items():
 # The static policy stores real tokens in about a fifth of the pool — the bottom of the seeds' 20–40% range;
 # reserving the next power of two ("pow2") or even the exact final length ("oracle", impossible in practice)
 # still wastes half or more, because a reservation is held while the output is generated and variable-sized
-# holes fragment the pool. The committed full-size run (`benchmarks/fragmentation.py`: 1000 requests, an
+# holes fragment the pool. The committed full-size run (`benchmarks/course/fragmentation.py`: 1000 requests, an
 # OPT-13B cache of 800 KiB per token in a 40 GB pool, 3 seeds) gives:
 
 # %%
-saved = load_results("fragmentation.json")
+saved = load_results("cpu-fragmentation.json")
 if not saved:
-    print("benchmarks/results/fragmentation.json is not there yet (run `python benchmarks/fragmentation.py`).")
+    print("benchmarks/results/cpu-fragmentation.json is not there yet (run `python -m benchmarks.course.fragmentation`).")
 for path, res in saved:
     print(f"benchmarks/results/{path.name} ({res['pool']['model']}):")
     for pol, s in res["summary"].items():

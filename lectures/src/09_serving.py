@@ -14,8 +14,8 @@
 # It ends with a mini engine that puts them together and compares it with lecture 8's static allocation.
 #
 # Code: `reference.numpy.varlen`, `reference.numpy.serving` (readable), `reference.triton.varlen` and
-# `reference.triton.serving` (fast), `reference.engine` (the mini engine). GPU numbers come from
-# `benchmarks/bench_serving.py` (committed JSON under `benchmarks/results/`).
+# `reference.triton.serving` (fast), `reference.serving_engine` (the mini engine). GPU numbers come from
+# `benchmarks/course/bench_serving.py` (committed JSON under `benchmarks/results/`).
 #
 # **Reading path:** lecture 8 and assignment `a5_paged` → this lecture.
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import load_results, not_run, setup
-from reference.engine import MiniEngine, ToyModel, reference_generate
+from reference.serving_engine import MiniEngine, ToyModel, reference_generate
 from reference.numpy.attention import attention
 from reference.numpy.merge import merge_states
 from reference.numpy.paged import PagedKVCache
@@ -268,7 +268,7 @@ for res, e in measured("eager"):
 #
 # ## 5. A mini engine
 #
-# `reference.engine.MiniEngine` strings it together (NumPy, a one-layer toy model so that it runs here):
+# `reference.serving_engine.MiniEngine` strings it together (NumPy, a one-layer toy model so that it runs here):
 # requests of random lengths wait in a queue; each step **admits** requests while the pool has room, **decodes**
 # one token for every request past its prompt and spends a **token budget** on **prefill chunks**; finished
 # requests free their blocks. When memory runs out, the youngest request is preempted and recomputed later. The

@@ -9,7 +9,7 @@
 # of the others, one chunk at a time, while the chunks travel around a ring.
 #
 # Everything here runs on CPU: real `torch.distributed` processes talking over **gloo** (the same code runs on
-# GPUs over NCCL, `benchmarks/bench_ring.py`), and simulations of the schedule.
+# GPUs over NCCL, `benchmarks/course/bench_ring.py`), and simulations of the schedule.
 #
 # **Reading path:** lecture 7 (merging partial attention) → this lecture → the optional assignment `a6_ring`
 # (the ring's merge step, in NumPy).
@@ -279,21 +279,21 @@ print(f"break-even at c = {2 * HKV * F / (HQ * B_LINK):.0f} positions per rank (
 # %% [markdown]
 # ## 7. GPU results
 #
-# `benchmarks/bench_ring.py` runs the ring on NCCL with the Triton kernels as the local step (bf16, Hq = 32,
+# `benchmarks/course/bench_ring.py` runs the ring on NCCL with the Triton kernels as the local step (bf16, Hq = 32,
 # Hkv = 8, d = 128, 32k–256k tokens) and reports time per step, the fraction of the communication hidden behind
 # compute, and the scaling efficiency against one GPU (goal: ≥ 0.85 of two GPUs' ideal throughput at 128k,
 # causal, zig-zag). Its results are shown here when they exist.
 
 # %%
-two = load_results("ring-*-w2.json")
+two = load_results("*-ring-w2.json")
 if not two:
-    not_run("2-GPU ring benchmark", "ring-<gpu>-w2.json")
+    not_run("2-GPU ring benchmark", "<gpu>-ring-w2.json")
 for path, data in two:
     print(path.name, data["meta"]["device"])
     for r in data["rows"]:
         print(f"  N={r['n']:>7} causal={r['causal']!s:5} {r['layout']:>10}: ring {r['ring_ms']:8.2f} ms, "
               f"hidden {r.get('hidden', float('nan')):.2f}, efficiency {r.get('efficiency', float('nan')):.2f}")
-one = load_results("ring-*-w1.json")
+one = load_results("*-ring-w1.json")
 for path, data in one:
     print(f"{path.name} ({data['meta']['device']}; one GPU: no sends, the 2-rank ring emulated rank after rank)")
     for r in data["rows"]:

@@ -3,7 +3,7 @@
 Triton's launch path (``JITFunction.run``) binds every argument, works out its specialization (dtype,
 16-byte alignment, integers equal to 1 or divisible by 16), builds a cache key and looks the compiled kernel
 up, on every call: tens of microseconds of Python for a kernel with ~40 arguments, as long as the kernel
-itself at batch 1 (measured in ``benchmarks/bench_decode.py``'s host-overhead table). A wrapper that knows
+itself at batch 1 (measured in ``benchmarks/course/bench_decode.py``'s host-overhead table). A wrapper that knows
 which of its inputs decide all of that can do the lookup itself, once per key:
 
 * the wrapper computes a key from everything that fixes the specialization (each tensor's shape, strides,

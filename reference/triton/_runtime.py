@@ -16,7 +16,7 @@ _ENV = "TRITON_INTERPRET"
 HAS_CUDA: bool = bool(torch.cuda.is_available())
 
 #: ``TRITON_INTERPRET=0`` set explicitly on a machine without CUDA: compile-only mode. Nothing can be launched,
-#: but kernels compile ahead of time for a GPU target (``reference.triton._aot``: the Gluon kernels for sm_90a).
+#: but kernels compile ahead of time for a GPU target (``reference.triton.hopper._aot``: the Gluon kernels for sm_90a).
 COMPILE_ONLY: bool = not HAS_CUDA and os.environ.get(_ENV) == "0"
 
 if os.environ.get(_ENV, "0") == "1":

@@ -54,7 +54,7 @@ BWD_PINS = {
 }
 
 #: the Hopper benchmarks' backward pins per (head dim, causal): the autotuner's H200 picks, d = 128 non-causal
-#: from the H100 sweep of benchmarks/tune_bwd_hopper.py (notes/hopper.md section 1: 0.77-0.80x cuDNN at 2k-8k)
+#: from the H100 sweep of benchmarks/tuning/tune_bwd_hopper.py (notes/hopper.md section 1: 0.77-0.80x cuDNN at 2k-8k)
 HOPPER_BENCH_BWD = {
     (64, False): {"dkdv": _pin(32, 64, 4, 3), "dq": _pin(64, 64, 4, 3)},
     (64, True): {"dkdv": _pin(64, 64, 4, 3), "dq": _pin(64, 64, 4, 3)},

@@ -36,7 +36,7 @@ from ._kernel_helpers import LOG2E
 from ._runtime import INTERPRET, num_sms
 
 #: launch configuration of stage 1 for fp16/bf16: keys per inner-loop step (the N of the QK^T tile), warps,
-#: pipeline depth. Chosen by ``benchmarks/bench_decode.py --tune`` on an H200 (notes/triton_decode.md, run 4):
+#: pipeline depth. Chosen by ``benchmarks/course/bench_decode.py --tune`` on an H200 (notes/triton_decode.md, run 4):
 #: with the fused merge, 64-key tiles, 4 warps, 4 stages was best on the contiguous cases (1.03x geomean).
 CONFIG = dict(block_n=64, num_warps=4, num_stages=4)
 #: the same for the paged kernel (``paged_decode``) with several splits, tuned separately (16-token pages make

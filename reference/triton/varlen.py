@@ -9,7 +9,7 @@ No new kernel: the FA2 kernels of ``flash_fwd``/``flash_bwd`` take a ``VARLEN`` 
 sequence's bounds from the cumulative lengths and offsets its base pointers; the grid is sized by the longest
 sequence (``cdiv(max_seqlen_q, BLOCK_M)`` query blocks per (sequence, head)) and the blocks past a shorter
 sequence's end exit without loading anything. Packing saves the pad tokens' memory and every tile that would
-hold only padding; the benchmark (``benchmarks/bench_serving.py``) measures it against padding to the longest.
+hold only padding; the benchmark (``benchmarks/course/bench_serving.py``) measures it against padding to the longest.
 """
 from __future__ import annotations
 

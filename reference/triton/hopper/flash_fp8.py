@@ -4,7 +4,7 @@
 FlashAttention-3 paper's FP8 forward (Shah et al., 2024, section 3.3) on top of FA2 Algorithm 1:
 
 1. (``hadamard=True``) incoherent processing: ``Q <- Q J``, ``K <- K J`` with ``J = diag(s) H / sqrt(d)`` a random
-   Hadamard matrix (``reference.hopper.random_hadamard``). ``J J^T = I`` so ``S = Q K^T`` is unchanged in exact
+   Hadamard matrix (``reference.simulators.fp8_error.random_hadamard``). ``J J^T = I`` so ``S = Q K^T`` is unchanged in exact
    arithmetic, but an outlier channel is spread over all ``d`` channels before rounding.
 2. Block quantisation (``quantize_fp8_blocks``): each block of ``BLOCK_M`` query rows, and of ``BLOCK_N`` key /
    value rows, of each head gets its own scale ``amax / 448`` and is rounded to ``float8_e4m3fn``.
@@ -106,8 +106,8 @@ def quantize_fp8_blocks(x: torch.Tensor, block: int, transposed: bool = False) -
 
 
 def hadamard_matrix(d: int, seed: int, device) -> torch.Tensor:
-    """``J = diag(random signs) H / sqrt(d)`` as float32 on ``device`` (``reference.hopper.random_hadamard``)."""
-    from reference.hopper import random_hadamard
+    """``J = diag(random signs) H / sqrt(d)`` as float32 on ``device`` (``reference.simulators.fp8_error.random_hadamard``)."""
+    from reference.simulators.fp8_error import random_hadamard
     j = random_hadamard(d, np.random.default_rng(seed))
     return torch.tensor(j, dtype=torch.float32, device=device)
 

@@ -411,7 +411,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
 def compile_backward_ws(head_dim: int = 128, causal: bool = False, dq_mode: str = "split", config=None,
                         dtype: str = "bf16"):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
-    ``reference.triton._aot.resource_usage``."""
+    ``reference.triton.hopper._aot.resource_usage``."""
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
     half = BLOCK_N // 2
     dq_cols = head_dim // 2 if dq_mode == "split" else head_dim

@@ -2,15 +2,15 @@
 
 ``flash_attention_forward_persistent(q, k, v, causal=True, seq_lens=None, order="lpt", persistent=True)``
 returns ``(o, lse)`` like ``flash_attention_forward``. It is the FlashAttention-3 talk's causal load
-balancing (slides 26-45), which ``reference.hopper.schedule`` simulates, made real:
+balancing (slides 26-45), which ``reference.simulators.scheduling.schedule`` simulates, made real:
 
 * The host lists every work item (query block ``i`` of head ``h`` of sequence ``b``) as a
-  ``reference.hopper.Tile`` whose cost is the number of key blocks it visits, and orders them with
-  ``reference.hopper.order_tiles`` ("lpt": longest first, Graham 1969; "naive": launch order).
+  ``reference.simulators.scheduling.Tile`` whose cost is the number of key blocks it visits, and orders them with
+  ``reference.simulators.scheduling.order_tiles`` ("lpt": longest first, Graham 1969; "naive": launch order).
 * ``persistent=True`` launches as many programs as fit on the GPU at once (``reference.triton.num_sms()`` times
   ``CONFIG["programs_per_sm"]``); each program takes the next
   item from a global counter (``tl.atomic_add``) whenever it finishes one: the greedy list scheduler of
-  ``reference.hopper.schedule``, in hardware. ``persistent=False`` launches one program per item in the same
+  ``reference.simulators.scheduling.schedule``, in hardware. ``persistent=False`` launches one program per item in the same
   order and leaves the choice to the GPU's block scheduler (the baseline).
 * ``seq_lens`` (int, ``(B,)``) gives each sequence its own length ``L_b <= N`` inside padded ``(B, H, N, d)``
   tensors (self-attention: ``Nq == Nk``); rows and keys past ``L_b`` are ignored, their ``o`` is 0 and ``lse``
@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from reference.hopper import Tile, order_tiles
+from reference.simulators.scheduling import Tile, order_tiles
 
 from .. import _device
 from .._checks import INT_DTYPES, check_attention_inputs, check_flag, check_scale, check_tensor
@@ -108,7 +108,7 @@ def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items,
 
 
 def work_items(B: int, Hq: int, nq: int, nk: int, lens, causal: bool, block_m: int, block_n: int):
-    """Every (b, h, query block) of the forward as a ``reference.hopper.Tile``; cost = key blocks visited."""
+    """Every (b, h, query block) of the forward as a ``reference.simulators.scheduling.Tile``; cost = key blocks visited."""
     tiles = []
     for b in range(B):
         n_q = nq if lens is None else lens[b]
@@ -180,9 +180,9 @@ def flash_attention_forward_persistent(q, k, v, causal=True, scale=None, seq_len
 
     Shapes, dtypes, GQA and the bottom-right causal mask as ``flash_attention_forward``. ``seq_lens``: optional
     int tensor ``(B,)`` of per-sequence lengths in ``[1, N]`` (needs ``Nq == Nk``). ``order``: "lpt" or "naive"
-    (``reference.hopper.order_tiles``). ``persistent``: one program per SM pulling items from an atomic counter
+    (``reference.simulators.scheduling.order_tiles``). ``persistent``: one program per SM pulling items from an atomic counter
     (True) or one program per item (False). ``l2_group`` (with "lpt"): order longest-first within groups of
-    heads whose K/V fit in half the L2 cache (``reference.hopper.order_tiles``'s ``heads_per_group``), not
+    heads whose K/V fit in half the L2 cache (``reference.simulators.scheduling.order_tiles``'s ``heads_per_group``), not
     across all heads at once.
     """
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v)

@@ -11,8 +11,8 @@ ratio and score of each run, and, for the spec's own rep count, the ratio a run 
 (synchronised, like the grader) and GPU time (``triton.testing.do_bench``) of the solution, the reference with
 and without its device-syncing input checks, and the assignment's given input check alone, on the speed cases.
 
-    python3 benchmarks/calibrate_speed.py --out $OUT/speed_calibration.json            # on a GPU
-    python3 benchmarks/calibrate_speed.py --smoke --out /tmp/cal.json --only a5        # plumbing test on CPU
+    python3 -m benchmarks.grader.calibrate_speed --out $OUT/speed_calibration.json            # on a GPU
+    python3 -m benchmarks.grader.calibrate_speed --smoke --out /tmp/cal.json --only a5        # plumbing test on CPU
 
 ``--smoke`` runs on the CPU with tiny cases (Triton interpreter): it checks the plumbing, not the numbers.
 The JSON is rewritten after every subject, so a run cut short still leaves what it measured. Thresholds and
@@ -35,13 +35,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from autograder import specs as specs_mod  # noqa: E402
-from autograder.engine import Grader, _pick  # noqa: E402
-from autograder.selftest import materialise_mutant  # noqa: E402
-from autograder.submission import load_cells  # noqa: E402
+from autograder import specs as specs_mod
+from autograder.engine import Grader, pick_time
+from autograder.selftest import materialise_mutant
+from autograder.submission import load_cells
+from benchmarks import ROOT
 
 ASSIGNMENTS = ("a5_paged", "a4_decoding", "a3_triton", "a3b_triton_backward")
 
@@ -84,7 +82,7 @@ def one_grading(aid, path, device, repeats, reps, smoke):
     def recording_timed(sb, task, header, arrays, fetch, on_trap=None):
         h, a, wall, child = timed(sb, task, header, arrays, fetch, on_trap)
         calls.append({"who": "reference" if sb is g.ref_sandbox else "student", "wall": wall, "child": child,
-                      "t": _pick(wall, child) if wall is not None else None})
+                      "t": pick_time(wall, child) if wall is not None else None})
         return h, a, wall, child
 
     g._timed = recording_timed

@@ -6,7 +6,7 @@ solution's function as the grader's child runs it, compiled from `<cell N>` sour
 are timed in one process, call by call (host clock, device synchronised, as `runner.execute` does), with the
 audit off and on. Prints us per call and the student/reference ratio both ways; `--out` writes the JSON.
 
-    python3 benchmarks/bench_audit_overhead.py --out benchmarks/results/h100-audit-overhead.json
+    python3 -m benchmarks.grader.bench_audit_overhead --out benchmarks/results/h100-audit-overhead.json
 """
 from __future__ import annotations
 
@@ -20,17 +20,15 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from autograder import specs  # noqa: E402
-from autograder.audit import LaunchHook, OpAudit  # noqa: E402
-from autograder.given import given_functions  # noqa: E402
-from autograder.runner import call_to_wire, materialise  # noqa: E402
-from autograder.submission import load_cells  # noqa: E402
+from autograder import specs
+from autograder.audit import LaunchHook, OpAudit
+from autograder.given import given_functions
+from autograder.runner import call_to_wire, materialise
+from autograder.submission import load_cells
+from benchmarks import ROOT
 
 CASES = [("a3_triton", "a3.flash_attention_forward_basic"), ("a4_decoding", "a4.flash_decode"),
          ("a5_paged", "a5.paged_decode")]

@@ -7,17 +7,15 @@ FlashAttention convention (batch x seqlen = 16k, hidden 2048, d = 128; FLOPs 3.5
 cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
-    python3 benchmarks/bench_gluon_train.py --out DIR      # writes DIR/<gpu>-gluon-train.json
+    python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
+from benchmarks._common import RESULTS
 
 SEQLENS = [2048, 4096, 8192, 16384]
 TOKENS, HIDDEN, D = 16384, 2048, 128
@@ -32,14 +30,14 @@ def _stage_bench():
 
 def _timings():
     import torch
-    import triton
     from torch.nn.attention import SDPBackend
-    from benchmarks.bench_attention import _sdpa
-    from benchmarks.bench_hopper import rel
+    from benchmarks._common import rel_err as rel
+    from benchmarks._common import sdpa
+    from benchmarks.course.bench_hopper import bench
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
-    impls = {"cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon}
+    impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon}
     out = []
     for causal in (False, True):
         for N in SEQLENS:
@@ -61,7 +59,7 @@ def _timings():
                     grads = [x.grad.clone() for x in leaves]
                     if ref is None:
                         ref = grads
-                    ms = triton.testing.do_bench(lambda: step(fn), warmup=10, rep=40, return_mode="median")
+                    ms = bench(lambda: step(fn))
                     row[name] = {"ms": ms, "tflops": flops / ms / 1e9,
                                  "grad_rel_vs_cudnn": max(rel(g, r) for g, r in zip(grads, ref))}
                 except Exception as e:  # noqa: BLE001
@@ -77,7 +75,7 @@ def _timings():
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--stage", default="all", help="all | bench")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args(argv)
@@ -87,14 +85,14 @@ def main(argv=None):
     import torch
     import triton
     from benchmarks._staged import run_stages
-    from benchmarks.bench_attention import gpu_tag
+    from benchmarks._common import gpu_tag
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "convention": "bf16 forward+backward via autograd, batch*seqlen=16384, hidden=2048, d=128; flops "
                          "3.5 x 4BHN^2d (x0.5 causal); do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this "
                          "run only"}
     path = os.path.join(args.out, f"{gpu_tag()}-gluon-train.json")
-    run_stages(__file__, ["bench"], lambda st: args.timeout, res, path)
+    run_stages("benchmarks.course.bench_gluon_train", ["bench"], lambda st: args.timeout, res, path)
 
 
 if __name__ == "__main__":

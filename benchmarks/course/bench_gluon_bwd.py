@@ -13,19 +13,17 @@ subprocess with a time limit (a wrong mbarrier phase hangs the GPU instead of fa
    batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 8k} ({2k, 4k, 8k, 16k} with ``--set ws``), causal and
    not (all variants), and d = 64 at 8k; each timed Gluon result is also compared with cuDNN's gradients.
 
-    python3 benchmarks/bench_gluon_bwd.py --out DIR          # writes DIR/<gpu>-gluon-bwd.json
-    python3 benchmarks/bench_gluon_bwd.py --out DIR --set ws --suffix=-wsbwd   # the warp-specialised run
+    python3 -m benchmarks.course.bench_gluon_bwd --out DIR          # writes DIR/<gpu>-gluon-bwd.json
+    python3 -m benchmarks.course.bench_gluon_bwd --out DIR --set ws --suffix=-wsbwd   # the warp-specialised run
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
-from benchmarks.bench_gluon import CASES as FWD_CASES, case_tensors  # noqa: E402
+from benchmarks._common import RESULTS
+from benchmarks.course.bench_gluon import CASES as FWD_CASES, case_tensors
 
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = [2048, 8192]
@@ -73,6 +71,7 @@ TOL = 2e-2
 
 def _stage_check():
     import torch
+    from benchmarks._common import check_row
     from reference.triton import configs, flash_bwd, flash_fwd
     from tests.oracle import attention_grads, rel_err
     out = []
@@ -89,43 +88,28 @@ def _stage_check():
             out.append({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "error": f"reference: {e}", "ok": False})
             continue
         for cfg in _set()["check"]:
-            row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt, "config": list(cfg)}
-            try:
+            def fill(row, cfg=cfg):
                 got = gluon_backward(cfg)(q, k, v, o, lse, do, causal=causal)
                 torch.cuda.synchronize()
                 for name, a, t, r in zip(("dq", "dk", "dv"), got, tri, ref):
                     row[name] = rel_err(a, r)
                     row[name + "_triton"] = rel_err(t, r)
                 row["ok"] = all(row[n] < TOL for n in ("dq", "dk", "dv"))
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
-                row["ok"] = False
+            row = check_row({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt, "config": list(cfg)},
+                            fill)
             print(f"check {row}", flush=True)
             out.append(row)
     return out
 
 
-def sdpa_bwd_timer(backend, q, k, v, do, causal):
-    """SDPA's backward alone (autograd.grad through a kept graph), returning ``(dq, dk, dv)``."""
-    import torch
-    from torch.nn.attention import sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    with sdpa_kernel(backend):
-        o = sdpa(qg, kg, vg, is_causal=causal)
-    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
-
-
 def _stage_bench():
     import torch
-    import triton
     from torch.nn.attention import SDPBackend
-    from benchmarks.bench_hopper import rel
+    from benchmarks._common import rel_err as rel
+    from benchmarks._common import sdpa_bwd_timer
+    from benchmarks.course.bench_hopper import bench
     from reference.triton import configs, flash_bwd, flash_fwd
     from reference.triton.flash_bwd import backward_flops
-
-    def bench(fn):
-        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
 
     res = {"variants": _set()["time"], "main": []}
     seqlens = _set().get("seqlens", SEQLENS)
@@ -183,7 +167,7 @@ def _skip_after_hang(stage, res):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--stage", default="all", help="all | check | bench")
     ap.add_argument("--stages", default="check,bench")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per stage (bench gets 2x)")
@@ -199,14 +183,14 @@ def main(argv=None):
     import torch
     import triton
     from benchmarks._staged import run_stages
-    from benchmarks.bench_attention import gpu_tag
+    from benchmarks._common import gpu_tag
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "convention": "bf16 backward, batch*seqlen=16384, hidden=2048, d=128; flops 2.5 x 4BHN^2d (x0.5 causal); "
                          "do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this run only"}
     res["set"] = args.set or "all"
     path = os.path.join(args.out, f"{gpu_tag()}-gluon-bwd{args.suffix}.json")
-    run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (2 if st == "bench" else 1), res, path,
+    run_stages("benchmarks.course.bench_gluon_bwd", args.stages.split(","), lambda st: args.timeout * (2 if st == "bench" else 1), res, path,
                env_of=_skip_after_hang)
 
 

@@ -11,9 +11,9 @@ this sweep also timed lost and were removed: notes/experiments_removed.md.) Step
 3. the best separate-pass plan is timed at N = 2k..16k next to SDPA cuDNN and FLASH
    (their backward through autograd, as ``bench_hopper.py`` does); ratios printed, JSON written.
 
-    python3 benchmarks/tune_bwd_hopper.py --out DIR        # DIR/<gpu>-bwd-tuning.json, DIR/best_plan.json
-    python3 benchmarks/tune_bwd_hopper.py --ncu DIR/best_plan.json --out DIR   # ncu: baseline, best, cuDNN
-    TRITON_INTERPRET=1 python benchmarks/tune_bwd_hopper.py --cpu --out /tmp/x   # plumbing, tiny shapes
+    python3 -m benchmarks.tuning.tune_bwd_hopper --out DIR        # DIR/<gpu>-bwd-tuning.json, DIR/best_plan.json
+    python3 -m benchmarks.tuning.tune_bwd_hopper --ncu DIR/best_plan.json --out DIR   # ncu: baseline, best, cuDNN
+    TRITON_INTERPRET=1 python -m benchmarks.tuning.tune_bwd_hopper --cpu --out /tmp/x   # plumbing, tiny shapes
 """
 from __future__ import annotations
 
@@ -29,15 +29,14 @@ import traceback
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
 # reference.triton first: on a machine without a GPU it sets TRITON_INTERPRET before Triton reads it
-from reference.triton import configs, flash_bwd  # noqa: E402
-from reference.triton._runtime import INTERPRET  # noqa: E402
+from reference.triton import configs, flash_bwd  # noqa: I001
+from reference.triton._runtime import INTERPRET
 
-import triton  # noqa: E402
+import triton
 
-from benchmarks.bench_hopper import timestamped_log  # noqa: E402
+from benchmarks import _common
+from benchmarks._common import gpu_tag, sdpa_bwd_timer, timestamped_log
 
 TOKENS, H, D = 16384, 16, 128
 DT = torch.bfloat16
@@ -152,24 +151,12 @@ def check_plan(args):
 
 
 def bench(fn):
-    if INTERPRET:  # plumbing run: one wall-clock call (do_bench needs a GPU driver)
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    """Median ms, do_bench(10 ms, 40 ms); a plumbing run (interpreter): one wall-clock call."""
+    return _common.bench(fn, warmup=10, rep=40, wall=INTERPRET)
 
 
 def bwd_flops(B, N, causal):
     return flash_bwd.backward_flops(B, H, N, N, D, causal)
-
-
-def sdpa_bwd_timer(backend, q, k, v, do, causal):
-    from torch.nn.attention import sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    with sdpa_kernel(backend):
-        o = sdpa(qg, kg, vg, is_causal=causal)
-    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 
 def baselines():
@@ -370,9 +357,9 @@ def run_ncu(plan_path, out_dir):
     print("ncu extra metrics:", metrics, flush=True)
     cmd = ["ncu", "--csv", "--page", "details", "--clock-control", "none", "--profile-from-start", "off",
            *sum((["--section", s] for s in NCU_SECTIONS), []), "--metrics", ",".join(metrics),
-           sys.executable, os.path.abspath(__file__), "--profile", plan_path]
+           sys.executable, "-m", "benchmarks.tuning.tune_bwd_hopper", "--profile", plan_path]
     with open(os.path.join(out_dir, "ncu_bwd.csv"), "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True)
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, cwd=_common.ROOT)
     print("ncu rc", r.returncode, r.stderr[-2000:], flush=True)
     with open(os.path.join(out_dir, "ncu_bwd_summary.json"), "w") as f:
         json.dump(summarize_ncu(os.path.join(out_dir, "ncu_bwd.csv")), f, indent=1)
@@ -413,7 +400,7 @@ def main(argv=None):
            "convention": "bwd flops 2.5 x 4 B H N^2 d (x0.5 causal); do_bench(10, 40) medians; ours = "
                          "launch_backward (preprocess + kernels [+ zeroing + cast]); SDPA = autograd.grad",
            "base": {str(c): BASE[c] for c in BASE}}
-    tag = "cpu" if INTERPRET else res["gpu"].split()[1].lower()
+    tag = "cpu" if INTERPRET else gpu_tag()
     path = os.path.join(args.out, f"{tag}-bwd-tuning{'-extra' if args.extra else ''}.json")
 
     def dump():

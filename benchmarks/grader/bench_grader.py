@@ -2,9 +2,9 @@
 
 Grades each assignment's solution source (a full, correct submission) once, in-process (the children are the
 same sandboxed processes `grade` uses), and prints per-assignment wall time, the number of tests and cases, and
-the total; writes benchmarks/results/grader_<device>.json.
+the total; writes benchmarks/results/<device>-grader.json.
 
-    python benchmarks/bench_grader.py [--device cpu|cuda] [--only a1 a2]
+    python -m benchmarks.grader.bench_grader [--device cpu|cuda] [--only a1 a2]
 """
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ import argparse
 import json
 import os
 import platform
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from autograder import specs  # noqa: E402
-from autograder.engine import Grader, detect_device  # noqa: E402
+from autograder import specs
+from autograder.engine import Grader, detect_device
+from benchmarks import RESULTS
+from benchmarks import ROOT as REPO
 
 
 def main():
@@ -53,7 +50,7 @@ def main():
               f"  (slowest: {slowest['name']} {slowest['time']:.1f} s)", flush=True)
     verdict = "PASS" if total <= 120 else "FAIL"
     print(f"total {total:.1f} s for all {device.upper()}-gradable parts (bar: <= 120 s on 2 cores): {verdict}")
-    out = REPO / "benchmarks" / "results" / f"grader_{device}.json"
+    out = RESULTS / f"{device}-grader.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"device": device, "cpus": os.cpu_count(), "machine": platform.machine(),
                                "python": platform.python_version(), "total_s": round(total, 2), "bar_s": 120,

@@ -1,6 +1,6 @@
 """Serving-path benchmark (GPU): varlen prefill vs padding, paged prefill, cascade decode, eager-call overhead.
 
-    python benchmarks/bench_serving.py [--out DIR] [--sections eager,cascade,varlen,prefill,flex] [--smoke]
+    python -m benchmarks.course.bench_serving [--out DIR] [--sections eager,cascade,varlen,prefill,flex] [--smoke]
 
 Shapes: bf16, Hq=32, Hkv=8 (GQA 4), d=128. Every section first checks our outputs on the GPU against an
 independent implementation (SDPA, or our plain paged decode), then times with baselines measured in the same run:
@@ -34,15 +34,12 @@ import time
 import numpy as np
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
-sys.path.insert(0, HERE)
-
-import bench_decode as bd  # noqa: E402  (bench, graph_ms, gpu_slug, rel, to_paged)
-from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention, flash_attention_forward,  # noqa: E402
+from benchmarks._common import RESULTS, sync
+from benchmarks.course import bench_decode as bd  # bench, graph_ms, gpu_slug, inputs, rel, to_paged (and SMOKE)
+from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention, flash_attention_forward,
                               flash_attention_varlen, flash_attention_varlen_forward, flash_decode, paged_decode,
                               paged_prefill)
-from reference.triton import configs, decode  # noqa: E402
+from reference.triton import configs, decode
 
 HQ, HKV, D = bd.HQ, bd.HKV, bd.D
 DTYPE = torch.bfloat16
@@ -55,11 +52,6 @@ BWD_PIN = configs.BWD_PINS["serving"]
 
 def randn(*shape):
     return torch.randn(*shape, device=DEVICE, dtype=DTYPE)
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def loop_ms(fn, n=200) -> float:
@@ -402,7 +394,7 @@ def plot(out, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
     ap.add_argument("--sections", default="eager,cascade,varlen,prefill,flex",
                     help="comma-separated, run in this order (flex: torch.compile, slow to start)")

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._args import check_flag, check_positive_int, check_positive_real
+from .._args import check_flag, check_positive_int, check_positive_real
 
 __all__ = ["Request", "FragReport", "FirstFitAllocator", "make_requests", "simulate", "pool_tokens_for",
            "KV_BYTES_PER_TOKEN_13B", "DEFAULT_POOL_TOKENS", "POLICIES"]

@@ -9,7 +9,7 @@ Two no-split baselines: ``one_split`` is the course's decode kernel with ``num_s
 (32 at B=1, Hq=32), each walking the whole cache of its KV head. The split-KV gain against the second one is
 the honest comparison with the seeds' "up to 8x" (which was measured against FlashAttention-2).
 
-    python benchmarks/bench_decode.py [--quick] [--out DIR]
+    python -m benchmarks.course.bench_decode [--quick] [--out DIR]
 
 Shapes: bf16, Hq=32, Hkv=8 (GQA group 4), d=128, one query token per sequence, batch {1, 8, 32}, context
 1k..128k (configurations whose K/V would pass ``--max-kv-gb`` are skipped). Every configuration draws fresh
@@ -28,17 +28,16 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from reference.triton import (DEVICE, INTERPRET, flash_attention_forward, flash_decode, num_sms,  # noqa: E402
-                              paged_decode)
-from reference.triton.decode import choose_num_splits  # noqa: E402
+from benchmarks import _common
+from benchmarks._common import RESULTS, gpu_tag, sync
+from benchmarks._common import rel_err as rel
+from reference.triton import DEVICE, INTERPRET, flash_attention_forward, flash_decode, num_sms, paged_decode
+from reference.triton.decode import choose_num_splits
 
 HQ, HKV, D = 32, 8, 128
 DTYPE = torch.bfloat16
@@ -50,11 +49,7 @@ SMOKE = False  # --smoke: tiny shapes on CPU under the interpreter, to test this
 
 
 def gpu_slug() -> str:
-    if SMOKE:
-        return "cpu-smoke"
-    name = torch.cuda.get_device_name()
-    m = re.search(r"(GH200|H100|H200|H20|A100|A10G?|L40S?|L4|B200|B100|V100|T4|RTX\s?\d+)", name, re.I)
-    return (m.group(1) if m else name).lower().replace(" ", "")
+    return "cpu-smoke" if SMOKE else gpu_tag()
 
 
 def meta_name() -> str:
@@ -62,37 +57,18 @@ def meta_name() -> str:
 
 
 def bench(fn, rep=100):
-    if SMOKE:
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e3
-    from triton.testing import do_bench
-    return do_bench(fn, warmup=25, rep=rep, return_mode="median")  # ms
+    """Median ms (do_bench); under --smoke one wall-clock call."""
+    return _common.bench(fn, rep=rep, wall=SMOKE)
 
 
 def copy_bandwidth() -> float:
-    """Bytes read + written per second of a 1 GiB device-to-device copy."""
-    x = torch.randn(1 << (20 if SMOKE else 29), device=DEVICE, dtype=torch.bfloat16)
-    y = torch.empty_like(x)
-    ms = bench(lambda: y.copy_(x))
-    nbytes = 2 * x.numel() * x.element_size()
-    del x, y
-    return nbytes / (ms * 1e-3)
-
-
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    """Bytes read + written per second of a 1 GiB device-to-device copy (2 MiB under --smoke)."""
+    return _common.copy_bandwidth(1 << (21 if SMOKE else 30), device=DEVICE, wall=SMOKE)
 
 
 def empty_cache():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
-
-
-def rel(a, b) -> float:
-    a, b = a.float(), b.float()
-    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
 
 
 def naive_decode(q, k, v, scale):
@@ -504,7 +480,7 @@ def plots(rows, out_dir, slug, copy_bw):
 def _args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a few configurations only")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
     ap.add_argument("--tune", action="store_true", help="first time stage-1 launch configurations")
     ap.add_argument("--apply-best", action="store_true", help="with --tune: run the benchmark with the best one")

@@ -8,10 +8,10 @@ torch attention (skipped where it would not fit). Ceilings measured in the same 
 a device-to-device copy. Softmax: 4096 rows x N in {1k .. 32k}, GB/s (bytes read + written) vs torch.softmax.
 
 Every timing is a ``triton.testing.do_bench`` median on fresh random inputs (never zeros); before timing, our
-outputs (o, dq, dk, dv) are compared with SDPA-flash's. Writes ``<gpu>.json`` and ``<gpu>.png`` into --out and
+outputs (o, dq, dk, dv) are compared with SDPA-flash's. Writes ``<gpu>-attention.json`` and ``<gpu>-attention.png`` into --out and
 prints the ratio table ours / SDPA-flash and ours / cuDNN.
 
-    python benchmarks/bench_attention.py [--quick] [--out benchmarks/results]
+    python -m benchmarks.course.bench_attention [--quick] [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -19,7 +19,6 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 import time
 
@@ -27,53 +26,15 @@ import torch
 import triton
 import triton.testing
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from reference.triton import flash_attention, flash_attention_forward, softmax  # noqa: E402
-from reference.triton import flash_bwd, flash_fwd  # noqa: E402
+from benchmarks._common import RESULTS, bench, copy_bandwidth, gpu_tag, matmul_tflops, rel_err, sdpa
+from reference.triton import flash_attention, flash_attention_forward, softmax
+from reference.triton import flash_bwd, flash_fwd
 
 TOKENS, HIDDEN = 16384, 2048
 DTYPE = torch.bfloat16
 
 
-def gpu_tag() -> str:
-    """'NVIDIA H100 80GB HBM3' -> 'h100'; 'NVIDIA H200' -> 'h200'."""
-    name = torch.cuda.get_device_name()
-    words = [w for w in re.split(r"[^A-Za-z0-9]+", name) if w and w.upper() not in ("NVIDIA", "TESLA", "GEFORCE")]
-    return (words[0] if words else "gpu").lower()
-
-
-def bench(fn, grad_to_none=None) -> float:
-    """Median milliseconds of ``fn`` (CUDA events inside do_bench)."""
-    return triton.testing.do_bench(fn, warmup=25, rep=100, grad_to_none=grad_to_none, return_mode="median")
-
-
-# ---------------------------------------------------------------- ceilings
-def matmul_tflops() -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
-    b = torch.randn(8192, 8192, device="cuda", dtype=DTYPE)
-    ms = bench(lambda: a @ b)
-    return 2 * 8192 ** 3 / ms / 1e9
-
-
-def copy_gbps(nbytes: int = 1 << 30) -> float:
-    x = torch.randn(nbytes // 2, device="cuda", dtype=DTYPE)
-    y = torch.empty_like(x)
-    ms = bench(lambda: y.copy_(x))
-    return 2 * nbytes / ms / 1e6
-
-
 # ---------------------------------------------------------------- attention implementations
-def _sdpa(backend):
-    from torch.nn.attention import sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    def run(q, k, v, causal):
-        with sdpa_kernel(backend):
-            return sdpa(q, k, v, is_causal=causal)
-    return run
-
-
 def naive(q, k, v, causal):
     s = (q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5)
     if causal:
@@ -88,10 +49,10 @@ def ours(q, k, v, causal):
 
 def implementations(quick: bool):
     from torch.nn.attention import SDPBackend
-    impls = {"ours": ours, "sdpa_flash": _sdpa(SDPBackend.FLASH_ATTENTION),
-             "sdpa_cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION)}
+    impls = {"ours": ours, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
+             "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     if not quick:
-        impls["sdpa_efficient"] = _sdpa(SDPBackend.EFFICIENT_ATTENTION)
+        impls["sdpa_efficient"] = sdpa(SDPBackend.EFFICIENT_ATTENTION)
         impls["naive"] = naive
     return impls
 
@@ -99,11 +60,6 @@ def implementations(quick: bool):
 def make_inputs(B, H, N, d, requires_grad):
     g = lambda: torch.randn(B, H, N, d, device="cuda", dtype=DTYPE).requires_grad_(requires_grad)  # noqa: E731
     return g(), g(), g()
-
-
-def rel_err(a, b) -> float:
-    a, b = a.float(), b.float()
-    return float((a - b).norm() / b.norm())
 
 
 def check_vs_flash(B, H, N, d, causal, impls):
@@ -168,6 +124,16 @@ def time_softmax(rows, n, reps_bytes=256 << 20):
 
 
 # ---------------------------------------------------------------- plotting / report
+def _log2_axes(ax, title, xlabel, ylabel):
+    """A log2 x axis from the smallest size, y from 0, a light grid: every panel of ``plot``."""
+    ax.set_xscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+
+
 def plot(results, path):
     import matplotlib
     matplotlib.use("Agg")
@@ -187,12 +153,7 @@ def plot(results, path):
                        if impl in r and r[impl].get(f"{pass_}_tflops")]
                 if pts:
                     ax.plot(*zip(*pts), styles[impl], label=impl)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"{pass_} d={d} {'causal' if causal else 'non-causal'}")
-            ax.set_xlabel("seqlen")
-            ax.set_ylabel("TFLOP/s")
-            ax.set_ylim(bottom=0)
-            ax.grid(alpha=0.3)
+            _log2_axes(ax, f"{pass_} d={d} {'causal' if causal else 'non-causal'}", "seqlen", "TFLOP/s")
             if i == 0 and j == 0:
                 ax.legend(fontsize=8)
     ax = fig.add_subplot(gs[len(ds), :2])
@@ -201,13 +162,8 @@ def plot(results, path):
                      ("torch_graph", "s--"), ("copy_same_size_graph", "k.:")):
         ax.plot([r["N"] for r in sm], [r[impl] for r in sm], st, label=impl, alpha=0.45 if "graph" in impl else 1)
     ax.axhline(results["ceilings"]["copy_GBps"], color="k", ls="-.", label="device copy, 1 GiB")
-    ax.set_xscale("log", base=2)
-    ax.set_title(f"softmax, {sm[0]['rows'] if sm else 0} rows, bf16")
-    ax.set_xlabel("row length N")
-    ax.set_ylabel("GB/s (read + write)")
-    ax.set_ylim(bottom=0)
+    _log2_axes(ax, f"softmax, {sm[0]['rows'] if sm else 0} rows, bf16", "row length N", "GB/s (read + write)")
     ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
     c = results["ceilings"]
     fig.suptitle(f"{results['gpu']}: bf16, batch x seqlen = 16k, hidden 2048 | matmul {c['matmul_TFLOPs']:.0f} TFLOP/s, "
                  f"copy {c['copy_GBps']:.0f} GB/s")
@@ -254,7 +210,7 @@ def _dump(out, tag, results):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a subset: N in {2k, 8k}, ours/flash/cudnn only")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--pointer", action="store_true", help="also time our forward without tensor descriptors")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -265,11 +221,11 @@ def main(argv=None):
     results = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "dtype": "bfloat16",
                "convention": "batch*seqlen=16384, hidden=2048, heads=2048/d; fwd flops 4BHN^2d (x0.5 causal), "
                              "bwd 2.5x fwd; do_bench medians", "quick": args.quick}
-    results["ceilings"] = {"matmul_TFLOPs": matmul_tflops(), "copy_GBps": copy_gbps()}
+    results["ceilings"] = {"matmul_TFLOPs": matmul_tflops(), "copy_GBps": copy_bandwidth() / 1e9}
     print(f"{gpu}: matmul {results['ceilings']['matmul_TFLOPs']:.0f} TFLOP/s, "
           f"copy {results['ceilings']['copy_GBps']:.0f} GB/s", flush=True)
 
-    tag = gpu_tag() + ("_quick" if args.quick else "")
+    tag = gpu_tag() + ("-attention-quick" if args.quick else "-attention")
     os.makedirs(args.out, exist_ok=True)
     seqlens = [2048, 8192] if args.quick else [512, 1024, 2048, 4096, 8192, 16384]
     impls = implementations(args.quick)

@@ -11,12 +11,12 @@ allocation (``tracemalloc``, one separate untimed run) of:
 The whole sweep runs once per BLAS thread setting (``--threads``, default: the library default and 1), because
 on a small shared machine multi-threaded OpenBLAS on many small matmuls can be slowed badly by other load.
 It also runs a small tile sweep at the largest N. Functions are timed interleaved (each repetition runs all
-of them in turn) so that load from other processes skews the ratios as little as possible. Results go to ``benchmarks/results/cpu.json`` and
-``benchmarks/results/cpu.png``; a table with the docs/design.md §7 verdicts is printed:
+of them in turn) so that load from other processes skews the ratios as little as possible. Results go to ``benchmarks/results/cpu-numpy.json`` and
+``benchmarks/results/cpu-numpy.png``; a table with the docs/design.md §7 verdicts is printed:
 
     tiled forward at N=4096, d=64 takes <= 3x the time of naive attention and <= 1/10 of its peak memory.
 
-Run: ``make bench-cpu`` or ``python benchmarks/cpu_numpy.py [--reps 5] [--causal] [--threads default,1]``.
+Run: ``make bench-cpu`` or ``python -m benchmarks.course.cpu_numpy [--reps 5] [--causal] [--threads default,1]``.
 """
 from __future__ import annotations
 
@@ -27,20 +27,16 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import RESULTS
+from reference.numpy.attention import attention, attention_backward
+from reference.numpy.flash import flash_attention_backward, flash_attention_forward
 
-from reference.numpy.attention import attention, attention_backward  # noqa: E402
-from reference.numpy.flash import flash_attention_backward, flash_attention_forward  # noqa: E402
-
-RESULTS = ROOT / "benchmarks" / "results"
 NS = (512, 1024, 2048, 4096)
 D = 64
 TILES = ((64, 64), (128, 128))
@@ -222,7 +218,7 @@ def main(argv=None):
     ap.add_argument("--threads", default="default,1",
                     help="comma list of BLAS thread counts to run the sweep with ('default' = library default)")
     ap.add_argument("--ns", default=",".join(map(str, NS)), help="comma list of sequence lengths")
-    ap.add_argument("--out", default=str(RESULTS / "cpu.json"))
+    ap.add_argument("--out", default=str(RESULTS / "cpu-numpy.json"))
     args = ap.parse_args(argv)
     ns = [int(x) for x in args.ns.split(",")]
 

@@ -15,8 +15,8 @@ that deadlocks (a wrong mbarrier phase hangs the GPU, it does not fail) costs th
 3. ``ncu``: Nsight Compute over one forward of cuDNN and of the Gluon ping-pong kernel, one CTA per tile and
    persistent (``NCU_CASES``): duration, tensor-pipe activity, throughputs, registers (CSV next to the JSON).
 
-    python3 benchmarks/bench_gluon.py --out DIR          # writes DIR/<gpu>-gluon.json and .png
-    python3 benchmarks/bench_gluon.py --plot FILE.json   # only the plot, from a results file
+    python3 -m benchmarks.course.bench_gluon --out DIR          # writes DIR/<gpu>-gluon.json and .png
+    python3 -m benchmarks.course.bench_gluon --plot FILE.json   # only the plot, from a results file
 """
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ import json
 import os
 import sys
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path.insert(0, ROOT)
+from benchmarks._common import RESULTS, ROOT
 
 SEQLENS = [1024, 2048, 4096, 8192, 16384]
 TOKENS, HIDDEN = 16384, 2048
@@ -76,13 +75,14 @@ def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):
 
 def _stage_check(schedule):
     import torch
-    from benchmarks.bench_hopper import lse_abs, ref64, rel
+    from benchmarks._common import check_row, lse_abs, ref64
+    from benchmarks._common import rel_err as rel
     gluon = _gluon(schedule)
     out = []
     for (B, Hq, Hkv, Nq, Nk, d, causal, dt) in CASES:
         q, k, v = case_tensors(B, Hq, Hkv, Nq, Nk, d, dt)
-        row = {"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt}
-        try:
+
+        def fill(row):
             o, lse = gluon(q, k, v, causal)
             torch.cuda.synchronize()
             ro, rl = ref64(q, k, v, causal)
@@ -92,9 +92,7 @@ def _stage_check(schedule):
             row["empty_rows"] = int(empty.sum())
             row["empty_ok"] = bool((o[empty] == 0).all()) if row["empty_rows"] else True
             row["ok"] = bool(row["o_rel"] < O_TOL and row["lse_abs"] < LSE_TOL and row["empty_ok"])
-        except Exception as e:  # noqa: BLE001
-            row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
-            row["ok"] = False
+        row = check_row({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "dtype": dt}, fill)
         print(f"check {schedule} {row}", flush=True)
         out.append(row)
     return out
@@ -102,20 +100,17 @@ def _stage_check(schedule):
 
 def _stage_bench():
     import torch
-    import triton
     from torch.nn.attention import SDPBackend
-    from benchmarks.bench_attention import _sdpa, matmul_tflops
-    from benchmarks.bench_hopper import rel
+    from benchmarks._common import matmul_tflops, sdpa
+    from benchmarks._common import rel_err as rel
+    from benchmarks.course.bench_hopper import bench
     from reference.triton import flash_fwd
     from reference.triton.configs import FWD_PINS
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper.flash_gluon import DEFAULT_CONFIG
 
-    def bench(fn):
-        return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
-
     pin = FWD_PINS["hopper_bench"]
-    cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
+    cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
     impls = {"cudnn": lambda q, k, v, c: cudnn(q, k, v, c),
              "triton": lambda q, k, v, c: flash_fwd.flash_attention_forward(q, k, v, causal=c, config=pin)[0]}
     skip = set(os.environ.get("BENCH_SKIP", "").split(","))  # schedules whose check stage failed or hung
@@ -180,8 +175,8 @@ def _profile():
     (warmed up first, so compilation is outside the profiled region)."""
     import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks.bench_attention import _sdpa
-    cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
+    from benchmarks._common import sdpa
+    cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
     d, H = 128, HIDDEN // 128
     for N, causal in NCU_CASES:
         q, k, v = (torch.randn(TOKENS // N, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
@@ -202,14 +197,14 @@ def _stage_ncu():
     """ncu of ``_profile`` (``--clock-control none``; the sections and metrics of the backward's profile,
     ``tune_bwd_hopper``): per kernel duration, tensor-pipe activity, SM/L2/DRAM throughput, registers."""
     import subprocess
-    from benchmarks.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
+    from benchmarks.tuning.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
     q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
     names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
     metrics = [m + suf for m, suf in NCU_EXTRA.items() if m in names]
     csv_path = os.path.join(os.environ.get("BENCH_OUT", "/tmp"), "ncu_gluon_fwd.csv")
     cmd = ["ncu", "--csv", "--page", "details", "--clock-control", "none", "--profile-from-start", "off",
            *sum((["--section", s] for s in NCU_SECTIONS), []), "--metrics", ",".join(metrics),
-           sys.executable, os.path.abspath(__file__), "--stage", "profile"]
+           sys.executable, "-m", "benchmarks.course.bench_gluon", "--stage", "profile"]
     with open(csv_path, "w") as f:
         r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     print("ncu rc", r.returncode, r.stderr[-1500:], flush=True)
@@ -248,7 +243,7 @@ def plot(res, path):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--stage", default="all", help="all | check:<schedule> | bench | ncu | profile")
     ap.add_argument("--stages", default=",".join(f"check:{s}" for s in SCHEDULES) + ",bench,ncu")
     ap.add_argument("--timeout", type=int, default=150, help="seconds per check stage (bench gets 3x)")
@@ -268,7 +263,7 @@ def main(argv=None):
         return
     import torch
     from benchmarks._staged import run_stages
-    from benchmarks.bench_attention import gpu_tag
+    from benchmarks._common import gpu_tag
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "capability": list(torch.cuda.get_device_capability()),
@@ -282,7 +277,7 @@ def main(argv=None):
                   and not (isinstance(r, list) and all(row.get("ok") for row in r))]
         return {"BENCH_OUT": args.out, "BENCH_SKIP": ",".join(failed)}
 
-    run_stages(__file__, args.stages.split(","), lambda st: args.timeout * (1 if st.startswith("check") else 3),
+    run_stages("benchmarks.course.bench_gluon", args.stages.split(","), lambda st: args.timeout * (1 if st.startswith("check") else 3),
                res, path, env_of)
     if "main" in res.get("bench", {}):
         plot(res, path[:-len(".json")] + ".png")

@@ -24,20 +24,18 @@ run rank after rank on the one GPU (``simulate_ring_attention``), which measures
 of each layout (the causal imbalance of the contiguous order, on real kernels) and predicts the ring time with
 perfectly hidden communication (``sum over steps of the slowest rank``). These are NOT multi-GPU numbers.
 
-    NCCL_NVLS_ENABLE=0 python3 benchmarks/bench_ring.py --world-size 2            # 2 GPUs
-    NCCL_NVLS_ENABLE=0 python3 benchmarks/bench_ring.py --world-size 1 --seqs 32768,131072   # 1-GPU smoke
-    python3 benchmarks/bench_ring.py --smoke       # CPU, gloo, torch local step, tiny: tests the script only
+    NCCL_NVLS_ENABLE=0 python3 -m benchmarks.course.bench_ring --world-size 2            # 2 GPUs
+    NCCL_NVLS_ENABLE=0 python3 -m benchmarks.course.bench_ring --world-size 1 --seqs 32768,131072   # 1-GPU smoke
+    python3 -m benchmarks.course.bench_ring --smoke       # CPU, gloo, torch local step, tiny: tests the script only
 
-Writes ``ring-<gpu>-w<world>.json`` and ``.png`` into ``--out`` (``ring-smoke-*`` for ``--smoke``).
+Writes ``<gpu>-ring-w<world>.json`` and ``.png`` into ``--out`` (``smoke-ring-*`` for ``--smoke``).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import re
 import statistics
-import sys
 import time
 
 os.environ["NCCL_NVLS_ENABLE"] = "0"   # NVLink multicast (NVLS) off, before NCCL is ever loaded
@@ -45,8 +43,8 @@ os.environ["NCCL_NVLS_ENABLE"] = "0"   # NVLink multicast (NVLS) off, before NCC
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
+from benchmarks._common import RESULTS, gpu_tag  # noqa: E402
+from benchmarks._common import sync as _sync  # noqa: E402
 from reference.distributed import layout as L  # noqa: E402
 from reference.distributed.launch import run_ranks  # noqa: E402
 from reference.distributed.ring_attention import (kv_ring_pass, ring_attention_backward,  # noqa: E402
@@ -56,22 +54,9 @@ SHAPE = {"B": 1, "hq": 32, "hkv": 8, "d": 128}
 CONFIGS = [(True, "zigzag"), (True, "contiguous"), (False, "zigzag")]
 
 
-def gpu_tag() -> str:
-    if not torch.cuda.is_available():
-        return "cpu"
-    words = [w for w in re.split(r"[^A-Za-z0-9]+", torch.cuda.get_device_name())
-             if w and w.upper() not in ("NVIDIA", "TESLA", "GEFORCE")]
-    return (words[0] if words else "gpu").lower()
-
-
 def fwd_flops(n: int, causal: bool, shape=SHAPE) -> float:
     f = 4.0 * shape["B"] * shape["hq"] * n * n * shape["d"]
     return f / 2 if causal else f
-
-
-def _sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def timed(fn, reps: int, warmup: int = 1, barrier: bool = True) -> float:
@@ -289,7 +274,7 @@ def main(argv=None):
     ap.add_argument("--no-one-gpu", action="store_true", help="skip the one-GPU baseline")
     ap.add_argument("--no-backward", action="store_true", help="skip the causal zig-zag backward")
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, torch local step, tiny shapes")
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     a = ap.parse_args(argv)
     if a.smoke:
         world = a.world_size or 2
@@ -323,7 +308,7 @@ def main(argv=None):
     print(f"checks (ring vs one device, rel err): {[round(c['rel_err'], 5) for c in checks]}")
     print_table(rows)
     os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"ring-{tag}-w{world}")
+    base = os.path.join(a.out, f"{tag}-ring-w{world}")
     with open(base + ".json", "w") as f:
         json.dump({"meta": meta, "checks": checks, "rows": rows}, f, indent=1)
     plot(rows, base + ".png", f"ring attention, {world} x {meta['device']}")

@@ -5,9 +5,9 @@ elements each (default 8.4M = one a3 bf16 tensor B=4, H=16, N=2048, d=64; the ol
 so these bytes match what used to travel). Whatever time a rep takes beyond the two ~10 ms calls is grading
 overhead: building inputs, shipping them, hashing, shipping outputs back, judging.
 
-    python benchmarks/bench_timed_protocol.py                  # this checkout's autograder
+    python -m benchmarks.grader.bench_timed_protocol                  # this checkout's autograder
     git archive 7ee8660 autograder | tar -x -C /tmp/oldag      # the autograder before seeded timed reps
-    python benchmarks/bench_timed_protocol.py --root /tmp/oldag
+    python -m benchmarks.grader.bench_timed_protocol --root /tmp/oldag
 
 On CPU the new protocol's children draw the inputs with NumPy (~30 ms per 8.4M array) and copy/compare them
 for the inputs-unchanged check; on a GPU both are device kernels (well under 1 ms).
@@ -16,18 +16,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks import ROOT
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--root", default=str(Path(__file__).resolve().parent.parent), help="folder holding autograder/")
+    ap.add_argument("--root", default=str(ROOT), help="folder holding autograder/")
     ap.add_argument("--numel", type=int, default=4 * 16 * 2048 * 64)
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
-    sys.path.insert(0, args.root)
+    if Path(args.root).resolve() != ROOT and not os.environ.get("BENCH_TIMED_PROTOCOL_CHILD"):
+        # another checkout's autograder: run this script again with that folder first on the import path
+        env = {**os.environ, "BENCH_TIMED_PROTOCOL_CHILD": "1",
+               "PYTHONPATH": os.pathsep.join([args.root, str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        sys.exit(subprocess.run([sys.executable, "-m", "benchmarks.grader.bench_timed_protocol", *sys.argv[1:]],
+                                cwd=args.root, env=env).returncode)
     import numpy as np
     from autograder.engine import Grader
     from autograder.specs._base import Call, Task, Test

@@ -16,7 +16,7 @@ medians against baselines measured in the same run:
 4. ``persistent``: the persistent LPT kernel vs one program per work item, on causal shapes and on a batch of
    mixed lengths.
 
-    python3 benchmarks/bench_hopper.py --out DIR      # writes DIR/<gpu>-hopper.json and DIR/<gpu>-hopper.png
+    python3 -m benchmarks.course.bench_hopper --out DIR      # writes DIR/<gpu>-hopper.json and DIR/<gpu>-hopper.png
 """
 from __future__ import annotations
 
@@ -32,19 +32,18 @@ import traceback
 import torch
 import triton
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from benchmarks.bench_attention import _sdpa, gpu_tag, matmul_tflops  # noqa: E402
-from reference.triton import flash_attention, flash_bwd, flash_fwd  # noqa: E402
-from reference.triton import configs  # noqa: E402
-from reference.triton.hopper import flash_fp8, flash_persistent  # noqa: E402
-from reference.triton._kernel_helpers import LOG2E  # noqa: E402
-from reference.triton.flash_fwd import forward_flops  # noqa: E402
+from benchmarks import _common
+from benchmarks._common import RESULTS, gpu_tag, lse_abs, matmul_tflops, ref64, sdpa, timestamped_log
+from benchmarks._common import rel_err as rel
+from reference.triton import configs, flash_attention, flash_bwd, flash_fwd
+from reference.triton._kernel_helpers import LOG2E
+from reference.triton.flash_fwd import forward_flops
+from reference.triton.hopper import flash_fp8, flash_persistent
 
 TOKENS, HIDDEN = 16384, 2048
 DT = torch.bfloat16
-# Pinned bf16 configs: the autotuner's picks on an H200 (benchmarks/results/h200.json), per (d, causal); d=128
-# non-causal backward from the H100 sweep (benchmarks/tune_bwd_hopper.py, notes/hopper.md section 1).
+# Pinned bf16 configs: the autotuner's picks on an H200 (benchmarks/results/h200-attention.json), per (d, causal); d=128
+# non-causal backward from the H100 sweep (benchmarks/tuning/tune_bwd_hopper.py, notes/hopper.md section 1).
 # (the pins live in reference/triton/configs.py, with the measurement that chose each)
 FWD_PIN = configs.FWD_PINS["hopper_bench"]
 VARIANTS = [(64, 64, 4, 3), (128, 128, 8, 3), (128, 64, 8, 3), (64, 128, 4, 3), (128, 128, 8, 2),
@@ -53,7 +52,8 @@ FP8_CONFIGS = [(128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4,
 
 
 def bench(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=10, rep=40, return_mode="median")
+    """Median ms, do_bench(warmup=10 ms, rep=40 ms): the convention of this file's results."""
+    return _common.bench(fn, warmup=10, rep=40)
 
 
 DEV = "cuda"
@@ -61,34 +61,6 @@ DEV = "cuda"
 
 def randn(*shape):
     return torch.randn(*shape, device=DEV, dtype=DT)
-
-
-def ref64(q, k, v, causal, lens=None):
-    """float64 (o, lse) on the GPU: bottom-right causal, GQA by repeat, rows that see nothing give 0 / -inf."""
-    q, k, v = q.double(), k.double(), v.double()
-    g = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
-    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
-    nq, nk = q.shape[2], k.shape[2]
-    if causal:
-        i = torch.arange(nq, device=q.device)[:, None]
-        j = torch.arange(nk, device=q.device)[None, :]
-        s = s.masked_fill(j > i + nk - nq, float("-inf"))
-    lse = torch.logsumexp(s, -1)
-    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0)[..., None])
-    return p @ v, lse
-
-
-def rel(a, b) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm())
-
-
-def lse_abs(a, b) -> float:
-    fin = torch.isfinite(b)
-    if not torch.equal(fin, torch.isfinite(a)):
-        return float("inf")
-    return float((a.double() - b)[fin].abs().max()) if fin.any() else 0.0
 
 
 def pin_bf16(d, causal):
@@ -181,9 +153,9 @@ def checks(log):
 def main_table(log, seqlens):
     from torch.nn.attention import SDPBackend
     impls = {"ours": lambda q, k, v, c: flash_attention(q, k, v, causal=c),
-             "cudnn": _sdpa(SDPBackend.CUDNN_ATTENTION), "flash": _sdpa(SDPBackend.FLASH_ATTENTION)}
+             "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "flash": sdpa(SDPBackend.FLASH_ATTENTION)}
     if DEV == "cpu":  # dry run of the script's logic under the interpreter
-        impls["cudnn"] = impls["flash"] = _sdpa(SDPBackend.MATH)
+        impls["cudnn"] = impls["flash"] = sdpa(SDPBackend.MATH)
     rows = []
     for d in (128, 64):
         H = HIDDEN // d
@@ -397,7 +369,7 @@ def profile_once():
     x = flash_fp8.prepare_fp8(q, k, v)
     for _ in range(2):  # the first call compiles
         flash_fwd.flash_attention_forward(q, k, v)
-        _sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, False)
+        sdpa(SDPBackend.CUDNN_ATTENTION)(q, k, v, False)
         flash_fp8.attention_fp8(x)
     q, k, v = randn(8, H, 2048, d), randn(8, H, 2048, d), randn(8, H, 2048, d)  # causal, where LPT lost
     for order, l2 in (("naive", False), ("lpt", False), ("lpt", True)):
@@ -454,20 +426,9 @@ def plot(res, path):
     fig.savefig(path, dpi=80)
 
 
-def timestamped_log(t0):
-    """``(log, lines)``: ``log(s)`` prints ``s`` stamped with the seconds since ``t0`` and keeps it in ``lines``."""
-    lines = []
-
-    def log(s):
-        s = f"[{time.time() - t0:6.1f}s] {s}"
-        print(s, flush=True)
-        lines.append(s)
-    return log, lines
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--parts", default="checks,main,variants,fp8_speed,fp8_accuracy,persistent")
     ap.add_argument("--profile", action="store_true", help="run each d=128 N=8k forward once (for ncu) and exit")
     ap.add_argument("--quick", action="store_true", help="fewer sequence lengths")

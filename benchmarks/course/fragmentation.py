@@ -1,10 +1,10 @@
-"""Run the KV-cache fragmentation simulator (reference.fragmentation) on the default workload and write
-benchmarks/results/fragmentation.json and fragmentation.png.
+"""Run the KV-cache fragmentation simulator (reference.simulators.fragmentation) on the default workload and write
+benchmarks/results/cpu-fragmentation.json and cpu-fragmentation.png.
 
 Workload: 1000 ShareGPT-like requests (lognormal, mean prompt 161 / output 338 tokens, max 2048), seeds 0-2,
 served from a 40 GB pool of OPT-13B KV slots (800 KiB per token: 48,828 slots). CPU only, ~10 s.
 
-    python benchmarks/fragmentation.py [--out benchmarks/results]
+    python -m benchmarks.course.fragmentation [--out benchmarks/results]
 """
 from __future__ import annotations
 
@@ -15,10 +15,9 @@ import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from reference.fragmentation import (CATEGORIES, DEFAULT_POOL_TOKENS, KV_BYTES_PER_TOKEN_13B,  # noqa: E402
-                                     make_requests, simulate)
+from benchmarks import RESULTS
+from reference.simulators.fragmentation import (CATEGORIES, DEFAULT_POOL_TOKENS, KV_BYTES_PER_TOKEN_13B,
+                                                make_requests, simulate)
 
 BLOCKS = (1, 2, 4, 8, 16, 32, 64)
 CONTIGUOUS = ("static", "pow2", "oracle")
@@ -44,7 +43,7 @@ def run() -> dict:
         s["breakdown"] = {c: float(np.mean([r["breakdown"][c] for r in rs])) for c in CATEGORIES}
         summary[name] = s
     return {
-        "note": "Simulated with reference.fragmentation (python benchmarks/fragmentation.py); fractions are of the "
+        "note": "Simulated with reference.simulators.fragmentation (python -m benchmarks.course.fragmentation); fractions are of the "
                 "whole KV pool, averaged over the steps where requests were waiting, mean over seeds.",
         "workload": {"n_requests": N_REQUESTS, "seeds": list(SEEDS), "prompt_mean": 161.0, "output_mean": 338.0,
                      "sigma": 1.0, "max_seq_len": 2048},
@@ -100,19 +99,19 @@ def plot(result: dict, path: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     result = run()
-    with open(os.path.join(args.out, "fragmentation.json"), "w") as fh:
+    with open(os.path.join(args.out, "cpu-fragmentation.json"), "w") as fh:
         json.dump(result, fh, indent=1)
         fh.write("\n")
-    plot(result, os.path.join(args.out, "fragmentation.png"))
+    plot(result, os.path.join(args.out, "cpu-fragmentation.png"))
     print(f"{'policy':<10}{'util':>7}{'of alloc':>10}{'running':>9}{'waste/seq':>11}{'max waste':>11}{'preempt':>9}")
     for name, r in result["summary"].items():
         print(f"{name:<10}{r['utilisation']:7.1%}{r['utilisation_of_allocated']:10.1%}{r['mean_concurrency']:9.1f}"
               f"{r['mean_waste_per_seq']:11.1f}{r['max_waste_per_seq']:11d}{r['preemptions']:9.0f}")
-    print(f"wrote {args.out}/fragmentation.json and fragmentation.png")
+    print(f"wrote {args.out}/cpu-fragmentation.json and cpu-fragmentation.png")
     return 0
 
 

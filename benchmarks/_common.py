@@ -1,0 +1,149 @@
+"""What every benchmark measures the same way: the device tag of result file names, timing, relative error, copy
+bandwidth, the matmul ceiling and the SDPA baselines.
+
+One home, so that two benchmarks that quote the same quantity (the copy bandwidth of ``bench_attention`` and of
+``bench_decode``; the cuDNN backward of ``bench_gluon_bwd`` and of ``tune_bwd_hopper``) measure it alike.
+Importing this module needs torch but no GPU; each function that times something needs CUDA unless it says not.
+"""
+from __future__ import annotations
+
+import re
+import time
+
+import torch
+
+from benchmarks import RESULTS, ROOT
+
+__all__ = ["RESULTS", "ROOT", "bench", "check_row", "copy_bandwidth", "gpu_tag", "lse_abs", "matmul_tflops", "ref64",
+           "rel_err", "sdpa", "sdpa_bwd_timer", "sync", "timestamped_log"]
+
+# Vendor words dropped from a device name before its first word becomes the tag ("NVIDIA H100 80GB HBM3" -> h100).
+_VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE")
+
+
+def gpu_tag(name: str | None = None) -> str:
+    """The ``<gpu>`` of ``benchmarks/results/<gpu>-<benchmark>.json``: ``'NVIDIA H100 80GB HBM3' -> 'h100'``,
+    ``'NVIDIA H200' -> 'h200'``; ``'cpu'`` without CUDA. ``name`` defaults to the current CUDA device's name."""
+    if name is None:
+        if not torch.cuda.is_available():
+            return "cpu"
+        name = torch.cuda.get_device_name()
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a device name string, got {type(name).__name__}")
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", name) if w and w.upper() not in _VENDOR_WORDS]
+    return (words[0] if words else "gpu").lower()
+
+
+def sync() -> None:
+    """Wait for the GPU (no-op without CUDA), so a host clock read after it covers the kernels before it."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def bench(fn, *, warmup: int = 25, rep: int = 100, grad_to_none=None, wall: bool = False) -> float:
+    """Median milliseconds of ``fn()`` by ``triton.testing.do_bench`` (CUDA events; ``warmup``/``rep`` in ms).
+
+    ``wall=True`` (a CPU plumbing run under the Triton interpreter, where do_bench has no device to time) calls
+    ``fn`` once and returns its wall-clock milliseconds."""
+    if wall:
+        t = time.perf_counter()
+        fn()
+        sync()
+        return (time.perf_counter() - t) * 1e3
+    from triton.testing import do_bench
+    return do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def rel_err(a, b) -> float:
+    """``||a - b||_2 / ||b||_2`` over all elements, computed in float64 (``b`` is the reference)."""
+    a, b = a.double(), b.double()
+    return float(torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b))
+
+
+def lse_abs(a, b) -> float:
+    """Largest ``|a - b|`` over the finite entries of the reference log-sum-exp ``b``; ``inf`` when ``a`` is finite
+    where ``b`` is not (or the reverse): a row that may attend no key must give ``-inf`` (docs/design.md §3)."""
+    fin = torch.isfinite(b)
+    if not torch.equal(fin, torch.isfinite(a)):
+        return float("inf")
+    return float((a.double() - b.double())[fin].abs().max()) if fin.any() else 0.0
+
+
+def ref64(q, k, v, causal):
+    """float64 ``(o, lse)`` of ``(B, H, N, d)`` inputs on their device: bottom-right causal (docs/design.md §3),
+    GQA by repeating the K/V heads, rows that see no key give 0 / -inf."""
+    q, k, v = q.double(), k.double(), v.double()
+    g = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
+    s = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    nq, nk = q.shape[2], k.shape[2]
+    if causal:
+        i = torch.arange(nq, device=q.device)[:, None]
+        j = torch.arange(nk, device=q.device)[None, :]
+        s = s.masked_fill(j > i + nk - nq, float("-inf"))
+    lse = torch.logsumexp(s, -1)
+    p = torch.exp(s - torch.where(torch.isfinite(lse), lse, 0)[..., None])
+    return p @ v, lse
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, device: str = "cuda", wall: bool = False) -> float:
+    """Bytes read plus bytes written per second by a device-to-device copy of ``nbytes`` (bf16): the memory
+    roofline that the decode benchmarks divide their KV bytes by."""
+    if not isinstance(nbytes, int) or nbytes < 2:
+        raise ValueError(f"nbytes must be an int >= 2, got {nbytes!r}")
+    x = torch.randn(nbytes // 2, device=device, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    ms = bench(lambda: y.copy_(x), wall=wall)
+    moved = 2 * x.numel() * x.element_size()
+    del x, y
+    return moved / (ms * 1e-3)
+
+
+def matmul_tflops(n: int = 8192, dtype=torch.bfloat16) -> float:
+    """Dense ``n x n`` matmul TFLOP/s (``2 n^3`` FLOPs per product): the compute ceiling of the attention tables."""
+    a = torch.randn(n, n, device="cuda", dtype=dtype)
+    b = torch.randn(n, n, device="cuda", dtype=dtype)
+    return 2 * n ** 3 / bench(lambda: a @ b) / 1e9
+
+
+def sdpa(backend):
+    """``run(q, k, v, causal)``: ``torch.nn.functional.scaled_dot_product_attention`` forced to ``backend``
+    (an ``SDPBackend``: FLASH_ATTENTION, CUDNN_ATTENTION, EFFICIENT_ATTENTION, MATH)."""
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def sdpa_bwd_timer(backend, q, k, v, do, causal):
+    """A zero-argument callable that runs SDPA's backward (``backend``) for ``do`` once per call; the forward
+    runs once here, outside what is timed."""
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = sdpa(backend)(qg, kg, vg, causal)
+    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
+
+
+def check_row(row: dict, fill) -> dict:
+    """Run one correctness check: ``fill(row)`` records the errors and ``row["ok"]``; an exception (a kernel that
+    fails to compile or launch) records ``row["error"]`` and ``ok = False`` instead of ending the benchmark."""
+    try:
+        fill(row)
+    except Exception as e:  # noqa: BLE001
+        row["error"] = f"{type(e).__name__}: {str(e)[-1500:]}"
+        row["ok"] = False
+    return row
+
+
+def timestamped_log(t0: float):
+    """``(log, lines)``: ``log(s)`` prints ``s`` stamped with the seconds since ``t0`` and keeps it in ``lines``."""
+    lines = []
+
+    def log(s):
+        s = f"[{time.time() - t0:6.1f}s] {s}"
+        print(s, flush=True)
+        lines.append(s)
+    return log, lines
+

@@ -1,0 +1,1 @@
+"""Benchmarks: course (see benchmarks/__init__.py)."""

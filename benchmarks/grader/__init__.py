@@ -1,0 +1,1 @@
+"""Benchmarks: grader (see benchmarks/__init__.py)."""

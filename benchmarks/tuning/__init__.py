@@ -1,0 +1,1 @@
+"""Benchmarks: tuning (see benchmarks/__init__.py)."""
