@@ -117,6 +117,7 @@ class MixedPlan(NamedTuple):
     small_rows: int
     large_rows: int
     split_keys: int
+    causal: bool = True
 
 
 #: columns of ``MixedPlan.items``: request, first token of the tile, tokens in it, key range [k_lo, k_hi),
@@ -124,14 +125,15 @@ class MixedPlan(NamedTuple):
 ITEM_COLUMNS = ("b", "t0", "n_tok", "k_lo", "k_hi", "large", "n_splits", "slot0", "split")
 
 
-def mixed_plan(q_lens, seq_lens, group, small_rows=16, large_rows=64, split_keys=4096, align=64):
+def mixed_plan(q_lens, seq_lens, group, small_rows=16, large_rows=64, split_keys=4096, align=64, causal=True):
     """Cut a mixed batch into work items (module docstring); returns a :class:`MixedPlan`.
 
     q_lens, seq_lens: ``(B,)`` ints (host values); group: ``G = Hq / Hkv``; small_rows / large_rows: rows of the
     two tile shapes (a tile holds ``rows // G`` tokens; requests with at most ``small_rows // G`` tokens get a
     small tile); split_keys: most keys per work item, a multiple of ``align`` (split boundaries fall on key-block
     and page boundaries). Items are sorted by work (keys x rows), the heaviest first: GPU programs launch in
-    order, so long items do not start last and leave the tail to one SM.
+    order, so long items do not start last and leave the tail to one SM. ``causal=False``: every tile sees all
+    ``seq_len`` keys (a non-causal paged prefill).
     """
     q_lens = np.asarray(q_lens, dtype=np.int64).reshape(-1)
     seq_lens = np.asarray(seq_lens, dtype=np.int64).reshape(-1)
@@ -153,7 +155,7 @@ def mixed_plan(q_lens, seq_lens, group, small_rows=16, large_rows=64, split_keys
         tok = large_tok if large else small_tok
         for t0 in range(0, n_q, tok):
             n_tok = min(tok, n_q - t0)
-            hi = n - n_q + t0 + n_tok                      # the keys the tile's last token sees
+            hi = n - n_q + t0 + n_tok if causal else n     # the keys the tile's last token sees
             n_splits = max(1, -(-hi // split_keys))
             slot0 = slots if n_splits > 1 else -1
             slots += n_splits if n_splits > 1 else 0
@@ -162,7 +164,7 @@ def mixed_plan(q_lens, seq_lens, group, small_rows=16, large_rows=64, split_keys
     arr = np.asarray(items, dtype=np.int32).reshape(-1, len(ITEM_COLUMNS))
     work = (arr[:, 4].astype(np.int64) - arr[:, 3]) * np.where(arr[:, 5] == 1, large_rows, small_rows)
     arr = arr[np.argsort(-work, kind="stable")]
-    return MixedPlan(arr, slots, q_lens, seq_lens, group, small_rows, large_rows, split_keys)
+    return MixedPlan(arr, slots, q_lens, seq_lens, group, small_rows, large_rows, split_keys, bool(causal))
 
 
 def mixed_attention_by_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, plan: MixedPlan,
@@ -170,7 +172,7 @@ def mixed_attention_by_plan(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq
     """``mixed_attention`` computed the kernel's way: item by item of ``plan``, GQA-packed tiles, partial states
     of split tiles merged with the lse rule (``merge_many``). Returns ``(o, lse)`` as ``mixed_attention``."""
     q, k_cache, v_cache, cu, tables, lens = _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens)
-    if not (np.array_equal(plan.q_lens, np.diff(cu)) and np.array_equal(plan.seq_lens, lens)):
+    if not (np.array_equal(plan.q_lens, np.diff(cu)) and np.array_equal(plan.seq_lens, lens)) or not plan.causal:
         raise ValueError("plan was made for other lengths than cu_seqlens_q / seq_lens; make it with mixed_plan")
     scale = check_scale(scale, q.shape[2])
     ct = compute_dtype(q, k_cache, v_cache)

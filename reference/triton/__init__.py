@@ -23,6 +23,7 @@ _EXPORTS = {
     "flash_attention_varlen_forward": "varlen",
     "paged_prefill": "serving",
     "cascade_decode": "serving",
+    "mixed_attention": "mixed",
 }
 
 __all__ = sorted(_EXPORTS) + ["DEVICE", "INTERPRET", "HAS_CUDA", "num_sms"]
