@@ -71,11 +71,13 @@ DEFAULT_CONFIG = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, 
 def _key_rows(bt, n0, n_end, stride_p, stride_s, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     """Offsets of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0 % BLOCK_N == 0``) in a paged cache, page-aligned.
 
-    Returns ``(rows, ok)``: the element offset of each key's row (kv head and d not added) and whether it is
+    ``PAGE == 0``: not paged, row ``n`` at ``n * stride_s``. Returns ``(rows, ok)``: the element offset of each key's row (kv head and d not added) and whether it is
     below ``n_end``."""
     offs = tl.arange(0, BLOCK_N)
     ok = n0 + offs < n_end
-    if PAGE % BLOCK_N == 0:  # the block lies in one page: one table entry, consecutive rows
+    if PAGE == 0:  # a contiguous (N, Hkv, d) tensor
+        rows = (n0 + offs).to(tl.int64) * stride_s
+    elif PAGE % BLOCK_N == 0:  # the block lies in one page: one table entry, consecutive rows
         phys = tl.maximum(tl.load(bt + n0 // PAGE), 0).to(tl.int64)
         rows = phys * stride_p + ((n0 % PAGE) + offs).to(tl.int64) * stride_s
     elif BLOCK_N % PAGE == 0:  # whole pages: BLOCK_N / PAGE table entries as one vector
@@ -205,7 +207,7 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
                 num = num * alpha[:, None] + w[:, None] * os_
                 m = m_new
             out = num / tl.where(den > 0, den, 1.0)[:, None]
-            lse_out = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(den)) * LN2,
+            lse_out = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2,
                                float("-inf"))
             tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
             tl.store(l_ptrs, lse_out, mask=row_ok)
