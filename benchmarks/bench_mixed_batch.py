@@ -119,8 +119,10 @@ def mixed_section(log):
     def separate():
         paged_prefill(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk, validate=False)
         paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
+    plan16 = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=MixedConfig(block_n=16))
     cases = {
         "mixed_one_launch": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan, validate=False),
+        "mixed_one_launch_block16": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan16, validate=False),
         "separate_prefill_plus_decode": separate,
         "paged_prefill_whole_batch": lambda: paged_prefill(q, kc, vc, table, cu, sl, chunk, validate=False),
     }
@@ -157,11 +159,9 @@ def prefill_section(log):
                                                                              causal=True, validate=False),
                  "paged_prefill_row_gather": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
                                                                    validate=False)}
-        for name, cfg in (("mixed_page_aligned", MixedConfig(use_tma=False)),
-                          ("mixed_page_aligned_128rows", MixedConfig(large_rows=128, num_warps=8, use_tma=False)),
-                          ("mixed_tma", MixedConfig(use_tma=True)), ("mixed_tma_128rows",
-                                                                     MixedConfig(large_rows=128, num_warps=8,
-                                                                                 use_tma=True))):
+        for name, cfg in (("mixed_block64", MixedConfig(use_tma=False)),
+                          ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
+                          ("mixed_tma", MixedConfig(use_tma=True))):
             if SMOKE or ("tma" in name and bs % cfg.block_n):
                 continue
             try:

@@ -115,6 +115,52 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
+def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len, chunk,
+                 stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """Prefix item ``(tile, split)``: the tile's ROWS rows over one chunk of the prefix; writes state ``split``."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = pid // n_splits
+    split = pid % n_splits
+    offs_r = tl.arange(0, ROWS)
+    reqs = tile * REQ + offs_r // GROUP
+    heads = hk * GROUP + offs_r % GROUP
+    row_ok = (offs_r < REQ * GROUP) & (reqs < batch)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, prefix_len)
+    o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
+                           0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
+                           ROWS, HEAD_DIM, BLOCK_N, 0, INTERP)
+    part = ((tile * n_states + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
+    tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o)
+    tl.store(LPart + part, lse2)
+    return tile
+
+
+@triton.jit
+def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states, n_kv_heads,
+                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
+                 qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
+    """Suffix item: request ``b``'s G rows over its own pages; writes its rows of the tile's last state."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    reqs = tl.zeros([SMALL], tl.int32) + b
+    n_keys = tl.load(SeqLens + b).to(tl.int32)
+    o, lse2 = _attend_rows(Q, reqs, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb, hk, 0, n_keys,
+                           stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                           stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
+    part = ((tile * n_states + n_splits) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+    tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o, mask=row_ok[:, None])
+    tl.store(LPart + part, lse2, mask=row_ok)
+    return tile
+
+
+@triton.jit
 def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters,
                     stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
@@ -126,34 +172,13 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
     REQ: tl.constexpr = ROWS // GROUP
     n_states = n_splits + 1
     if pid < n_tiles * n_splits:  # prefix item (tile, split)
-        tile = pid // n_splits
-        split = pid % n_splits
-        offs_r = tl.arange(0, ROWS)
-        reqs = tile * REQ + offs_r // GROUP
-        heads = hk * GROUP + offs_r % GROUP
-        row_ok = (offs_r < REQ * GROUP) & (reqs < batch)
-        lo = split * chunk
-        hi = tl.minimum(lo + chunk, prefix_len)
-        o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
-                               0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
-                               ROWS, HEAD_DIM, BLOCK_N, 0, INTERP)
-        part = ((tile * n_states + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
-        tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o)
-        tl.store(LPart + part, lse2)
+        tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
+                            chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                            GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
     else:  # suffix item: request b's G rows over its pages
-        b = pid - n_tiles * n_splits
-        tile = b // REQ
-        offs_g = tl.arange(0, SMALL)
-        row_ok = offs_g < GROUP
-        heads = hk * GROUP + offs_g
-        reqs = tl.zeros([SMALL], tl.int32) + b
-        n_keys = tl.load(SeqLens + b).to(tl.int32)
-        o, lse2 = _attend_rows(Q, reqs, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb, hk, 0, n_keys,
-                               stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                               stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
-        part = ((tile * n_states + n_splits) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-        tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o, mask=row_ok[:, None])
-        tl.store(LPart + part, lse2, mask=row_ok)
+        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
+                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
     # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
     tl.debug_barrier()
     counter = Counters + tile * n_kv_heads + hk
