@@ -7,8 +7,10 @@ run in a notebook:
   ``policy="paged"`` a request needs blocks for the tokens it holds now (``PagedKVCache``); under
   ``policy="static"`` it reserves its maximum length up front, as the static allocation of lecture 08 does;
 * every step spends a **token budget** on prefill chunks (``chunk`` tokens, split across requests) and decodes
-  one token for every request whose prompt is done. A chunk's K/V are appended to the cache and its queries
-  attend through the block tables (``reference.numpy.serving.paged_prefill``, bottom-right causal);
+  one token for every request whose prompt is done. The step's new tokens' K/V are appended to the cache and
+  the decode rows and prefill chunks attend through the block tables in ONE mixed batch
+  (``reference.numpy.mixed.mixed_attention``, bottom-right causal; ``reference.triton.mixed_attention`` is the
+  one-launch GPU kernel);
 * with a **shared prefix** (a system prompt), the prefix is prefilled once and every request ``fork``\\ s it
   (shared blocks, copy-on-write), and decode runs as cascade attention
   (``reference.numpy.serving.cascade_decode``): the prefix once for the batch, each suffix on its own.
@@ -27,7 +29,8 @@ import numpy as np
 
 from .numpy.attention import attention
 from .numpy.paged import PagedKVCache
-from .numpy.serving import cascade_decode, paged_prefill
+from .numpy.mixed import mixed_attention
+from .numpy.serving import cascade_decode
 
 __all__ = ["ToyModel", "EngineRequest", "MiniEngine", "reference_generate"]
 
@@ -162,8 +165,11 @@ class MiniEngine:
             self.running.append(r)
 
     # ---- one engine step ---------------------------------------------------------------------------------
-    def _prefill(self, budget: int):
-        """Spend up to ``budget`` tokens on prompt chunks; requests whose prompt completes get a first token."""
+    def _ready(self):
+        return [r for r in self.running if r.prefilled == len(r.prompt) and 0 < len(r.output) < r.max_new]
+
+    def _pick_prefill(self, budget: int, free: int):
+        """Prompt chunks for this step: up to ``budget`` tokens, and only as many as ``free`` blocks hold."""
         picked = []
         for r in self.running:
             left = len(r.prompt) - r.prefilled
@@ -171,59 +177,56 @@ class MiniEngine:
                 n = min(left, budget)
                 picked.append((r, n))
                 budget -= n
-        while picked and sum(self.cache.blocks_needed(r.rid, n) for r, n in picked) > self.cache.num_free_blocks:
+        while picked and sum(self.cache.blocks_needed(r.rid, n) for r, n in picked) > free:
             picked.pop()                             # prefill waits for memory; decode has priority
-        if not picked:
-            return 0
-        qs = []
-        for r, n in picked:
-            pos = np.arange(r.prefilled, r.prefilled + n)
-            q, k, v = self.model.qkv([r.prompt[i] for i in pos], pos)
-            self.cache.append(r.rid, k, v)           # the chunk's own K/V first: it attends to itself causally
-            qs.append(q)
-            r.prefilled += n
-        tables, lens = self.cache.block_tables([r.rid for r, _ in picked])
-        cu = np.concatenate([[0], np.cumsum([n for _, n in picked])])
-        o, _ = paged_prefill(np.concatenate(qs), self.cache.k_cache, self.cache.v_cache, tables, cu, lens)
-        for (r, n), row in zip(picked, cu[1:] - 1):
-            if r.prefilled == len(r.prompt):
-                r.output.append(int(self.model.next_token(o[row:row + 1])[0]))
-        return sum(n for _, n in picked)
+        return picked
 
-    def _decode(self):
-        """One token for every request that has a first token and is not done."""
-        def ready():
-            return [r for r in self.running if r.prefilled == len(r.prompt) and 0 < len(r.output) < r.max_new]
-        active = ready()
+    def _forward(self):
+        """One mixed batch: a decode row for every request that has a first token and is not done, plus prefill
+        chunks under the token budget, appended to the cache and attended in ONE ``mixed_attention`` call
+        (vLLM V1's unified batch). With a shared prefix the decode rows take cascade attention instead and the
+        chunks alone go through ``mixed_attention``. Returns (decoded, prefilled) token counts."""
+        active = self._ready()
         need = sum(self.cache.blocks_needed(r.rid, 1) for r in active)
         if need > self.cache.num_free_blocks:
             self._preempt_for(need, keep=active[:1])
-            active = ready()
-        if not active:
-            return 0
-        qs = []
-        for r in active:
-            pos = len(r.prompt) + len(r.output) - 1  # the last generated token enters the cache now
+            active = self._ready()
+        need = sum(self.cache.blocks_needed(r.rid, 1) for r in active)
+        picked = self._pick_prefill(self.chunk, self.cache.num_free_blocks - need)
+        bs, p = self.block_size, len(self.prefix)
+        cascade = bool(p and p % bs == 0 and active)
+        batch = ([] if cascade else [(r, 1) for r in active]) + picked
+        qs, dec_q = [], []
+        for r in active:                             # the last generated token enters the cache now
+            pos = len(r.prompt) + len(r.output) - 1
             q, k, v = self.model.qkv([r.output[-1]], [pos])
             self.cache.append(r.rid, k, v)
-            qs.append(q[0])
-        q = np.stack(qs)
-        tables, lens = self.cache.block_tables([r.rid for r in active])
-        bs, p = self.block_size, len(self.prefix)
-        if p and p % bs == 0:   # cascade: the shared prefix once for the whole batch, suffixes separately
-            o, _ = cascade_decode(q, *self._prefix_kv, self.cache.k_cache, self.cache.v_cache,
+            (dec_q if cascade else qs).append(q)
+        for r, n in picked:                          # a chunk's own K/V first: it attends to itself causally
+            pos = np.arange(r.prefilled, r.prefilled + n)
+            q, k, v = self.model.qkv([r.prompt[i] for i in pos], pos)
+            self.cache.append(r.rid, k, v)
+            qs.append(q)
+            r.prefilled += n
+        outs = []
+        if cascade:   # the shared prefix once for the whole batch, suffixes separately
+            tables, lens = self.cache.block_tables([r.rid for r in active])
+            o, _ = cascade_decode(np.concatenate(dec_q), *self._prefix_kv, self.cache.k_cache, self.cache.v_cache,
                                   _suffix_tables(tables, p // bs), lens - p)
-        else:
-            o, _ = paged_prefill(q, self.cache.k_cache, self.cache.v_cache, tables, np.arange(len(active) + 1),
-                                 lens)
-        for r, t in zip(active, self.model.next_token(o)):
-            r.output.append(int(t))
-        return len(active)
+            outs += [(r, o[i:i + 1]) for i, r in enumerate(active)]
+        if batch:
+            tables, lens = self.cache.block_tables([r.rid for r, _ in batch])
+            cu = np.concatenate([[0], np.cumsum([n for _, n in batch])])
+            o, _ = mixed_attention(np.concatenate(qs), self.cache.k_cache, self.cache.v_cache, tables, cu, lens)
+            outs += [(r, o[end - 1:end]) for (r, _), end in zip(batch, cu[1:])]
+        for r, last in outs:                         # decode rows, and chunks that complete their prompt
+            if len(r.output) < r.max_new and r.prefilled == len(r.prompt):
+                r.output.append(int(self.model.next_token(last)[0]))
+        return len(active), sum(n for _, n in picked)
 
     def step(self) -> dict:
         self._admit()
-        n_decode = self._decode()
-        n_prefill = self._prefill(self.chunk)
+        n_decode, n_prefill = self._forward()
         for r in [r for r in self.running if len(r.output) >= r.max_new]:
             self.running.remove(r)
             self.cache.free(r.rid)

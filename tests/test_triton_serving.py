@@ -9,6 +9,7 @@ import torch
 
 from reference.numpy.paged import PagedKVCache
 from reference.triton import DEVICE, INTERPRET, cascade_decode, paged_prefill
+from reference.triton.serving import cascade_decode_separate
 from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import attention_ref, lse_err, rel_err
 
@@ -74,7 +75,7 @@ def test_paged_prefill_bad_input_raises(rng):
 
 
 @pytest.mark.triton_serving
-@pytest.mark.parametrize("B,P,num_splits", [(3, 50, None), (2, 33, 4), (1, 7, 1)])
+@pytest.mark.parametrize("B,P,num_splits", [(3, 50, None), (2, 33, 4), (1, 7, 1), (11, 40, 3)])
 def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
     hq, hkv, d, bs = 4, 2, 16, 8
     suffix = [int(x) for x in rng.integers(1, 30, B)]
@@ -84,9 +85,11 @@ def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
     pk = rng.standard_normal((P, hkv, d)).astype(np.float32)
     pv = rng.standard_normal((P, hkv, d)).astype(np.float32)
     q = rng.standard_normal((B, hq, d)).astype(np.float32)
-    o, lse = cascade_decode(t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT),
-                            t(cache.v_cache).to(DT), t(tables), t(np.array(suffix, dtype=np.int32)),
-                            num_splits=num_splits)
+    args = (t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT), t(cache.v_cache).to(DT), t(tables),
+            t(np.array(suffix, dtype=np.int32)))
+    o, lse = cascade_decode(*args, num_splits=num_splits)
+    o_sep, lse_sep = cascade_decode_separate(*args, num_splits=num_splits)  # the three-launch version
+    assert rel_err(o, o_sep) < TOL and lse_err(lse, lse_sep) < TOL
     assert o.shape == (B, hq, d) and o.dtype == DT and lse.shape == (B, hq)
     for b in range(B):
         k = np.concatenate([pk, kv[b][0][:suffix[b]]]).transpose(1, 0, 2)
@@ -143,3 +146,32 @@ def test_recorded_launch_matches_full_path(rng, monkeypatch):
     with pytest.raises(ValueError, match="seq_lens must lie in"):  # value checks still run on the fast path
         monkeypatch.setattr(decode, "FAST_LAUNCH", True)
         flash_decode(*sets[0], seq_lens=lens + 1000)
+
+
+@pytest.mark.triton_serving
+@pytest.mark.gpu
+@pytest.mark.skipif(INTERPRET, reason="recorded launches exist on a GPU only (the interpreter has no compiled kernel)")
+def test_cascade_recorded_launch_matches_full_path(monkeypatch):
+    """cascade_decode's second eager call with the same shapes repeats the recorded launch on ITS inputs."""
+    from reference.triton import cascade
+    monkeypatch.setattr(cascade, "_FAST", type(cascade._FAST)())
+    B, hq, hkv, d, bs, P = 5, 8, 2, 64, 16, 300
+    table = torch.arange(B * 4, device=DEVICE, dtype=torch.int32).view(B, 4)
+    lens = torch.tensor([64, 0, 17, 50, 3], dtype=torch.int32, device=DEVICE)
+
+    def inputs():
+        return (torch.randn(B, hq, d, device=DEVICE, dtype=torch.float16),
+                torch.randn(P, hkv, d, device=DEVICE, dtype=torch.float16),
+                torch.randn(P, hkv, d, device=DEVICE, dtype=torch.float16),
+                torch.randn(B * 4, bs, hkv, d, device=DEVICE, dtype=torch.float16),
+                torch.randn(B * 4, bs, hkv, d, device=DEVICE, dtype=torch.float16))
+    sets = [inputs() for _ in range(3)]
+    fast = [cascade_decode(*s, table, lens, validate=False) for s in sets]
+    assert len(cascade._FAST) == 1
+    monkeypatch.setattr(cascade, "FAST_LAUNCH", False)
+    for s, (o, lse) in zip(sets, fast):
+        o2, lse2 = cascade_decode(*s, table, lens, validate=False)
+        assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    monkeypatch.setattr(cascade, "FAST_LAUNCH", True)
+    with pytest.raises(ValueError, match="seq_lens must lie in"):  # value checks still run on the fast path
+        cascade_decode(*sets[0], table, lens + 1000)

@@ -1,6 +1,6 @@
 """NumPy reference implementations (docs/design.md §4, ``reference.numpy``).
 
-Modules: ``softmax``, ``attention``, ``flash``, ``merge``, ``decoding``, ``paged``, ``varlen``, ``serving``, ``ring``. The public names of each
+Modules: ``softmax``, ``attention``, ``flash``, ``merge``, ``decoding``, ``paged``, ``varlen``, ``serving``, ``mixed``, ``ring``. The public names of each
 module are also importable from this package (``from reference.numpy import flash_attention_forward``); they
 are loaded lazily so that importing one stage never needs the others.
 """
@@ -28,6 +28,8 @@ _EXPORTS = {
     "varlen_attention_backward": "varlen",
     "paged_prefill": "serving",
     "cascade_decode": "serving",
+    "mixed_attention": "mixed",
+    "mixed_plan": "mixed",
     "ring_step": "ring",
 }
 # Note: the function ``attention`` lives in the module ``reference.numpy.attention`` (same name), so it is

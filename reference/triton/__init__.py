@@ -22,7 +22,8 @@ _EXPORTS = {
     "flash_attention_varlen": "varlen",
     "flash_attention_varlen_forward": "varlen",
     "paged_prefill": "serving",
-    "cascade_decode": "serving",
+    "cascade_decode": "cascade",
+    "mixed_attention": "mixed",
 }
 
 __all__ = sorted(_EXPORTS) + ["DEVICE", "INTERPRET", "HAS_CUDA", "num_sms"]

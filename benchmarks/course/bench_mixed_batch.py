@@ -1,0 +1,296 @@
+"""Mixed prefill + decode launch, paged prefill and cascade decode against their baselines, in one run (GPU).
+
+    python -m benchmarks.course.bench_mixed_batch [--out DIR] [--sections copy,mixed,prefill,cascade] [--smoke]
+
+bf16, Hq=32, Hkv=8, d=128. Every section checks correctness on the GPU first, then times (``do_bench``
+medians with L2 flushed; ``graph``: CUDA-graph replay GPU time; ``loop``: wall time per call of back-to-back
+eager calls). Sections:
+
+* mixed: a serving step of 4 prefill chunks of 512 tokens (after 2k cached tokens each) and 60 decode rows at
+  1k-32k keys (log-uniform, fixed seed), 16-token pages: ``mixed_attention`` (one launch) vs the separate
+  launches (``paged_prefill`` for the chunks + ``paged_decode`` for the decodes) and vs ``paged_prefill`` over the
+  whole batch (one varlen launch with 128-row query tiles per query head);
+* prefill: 8 chunks of 512 tokens after 4k cached tokens, pages of 16 and 64 tokens: ``mixed_attention`` (page-
+  aligned key blocks; TMA boxes for 64-token pages on Hopper) and ``paged_prefill`` (row gather) vs
+  ``flash_attention_varlen_forward`` on the same keys stored contiguously;
+* cascade: a 32k shared prefix + 1k suffix per request, B = 8..64: the one-launch ``cascade_decode`` vs the
+  three-launch ``cascade_decode_separate`` vs ``paged_decode`` of the full sequences; graph and eager times, and
+  the effective bandwidth of the whole call and of each pass (prefix alone: suffixes of length 0; suffixes alone:
+  ``paged_decode`` of the suffixes) against the copy bandwidth measured in the same run.
+
+Writes ``<gpu>-mixed_batch.json`` after every section.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from benchmarks.course import bench_decode as bd  # bench, graph_ms, copy_bandwidth, rel, gpu_slug, meta_name, sync
+from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention_varlen_forward, paged_decode,
+                              paged_prefill)
+from reference.triton import flash_fwd
+from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
+from reference.triton.serving import cascade_decode_separate
+
+HQ, HKV, D = bd.HQ, bd.HKV, bd.D
+DTYPE = torch.bfloat16
+SMOKE = False
+PER_TOKEN = HKV * D * 2 * 2  # K and V bytes of one token
+
+
+def randn(*shape):
+    return torch.randn(*shape, device=DEVICE, dtype=DTYPE)
+
+
+def cu_of(lens):
+    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
+
+
+def loop_ms(fn, n=100) -> float:
+    for _ in range(2 if SMOKE else 10):
+        fn()
+    bd.sync()
+    n = 2 if SMOKE else n
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    bd.sync()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+def paged_batch(lens, bs):
+    """A paged cache holding sequences of ``lens`` tokens in randomly permuted pages; (kc, vc, table)."""
+    pages = [-(-n // bs) for n in lens]
+    total = sum(pages)
+    perm = torch.randperm(total, device=DEVICE).to(torch.int32)
+    table = torch.full((len(lens), max(pages)), -1, dtype=torch.int32, device=DEVICE)
+    at = 0
+    for b, p in enumerate(pages):
+        table[b, :p] = perm[at:at + p]
+        at += p
+    return randn(total, bs, HKV, D), randn(total, bs, HKV, D), table
+
+
+def contiguous(kc, table, lens):
+    """The sequences' keys gathered into packed (sum(lens), Hkv, d)."""
+    bs = kc.shape[1]
+    return torch.cat([kc[table[b, :-(-n // bs)].long()].reshape(-1, HKV, D)[:n] for b, n in enumerate(lens)])
+
+
+# ------------------------------------------------------------------------------------------------------------
+def mixed_section(log):
+    bs = 16
+    rng = np.random.default_rng(0)
+    n_chunks, chunk, cached = (2, 32, 64) if SMOKE else (4, 512, 2048)
+    n_dec = 5 if SMOKE else 60
+    lo, hi = (16, 200) if SMOKE else (1024, 32768)
+    dec_lens = [int(x) for x in np.exp(rng.uniform(math.log(lo), math.log(hi), n_dec))]
+    q_lens = [chunk] * n_chunks + [1] * n_dec
+    seq_lens = [cached + chunk] * n_chunks + dec_lens
+    kc, vc, table = paged_batch(seq_lens, bs)
+    q = randn(sum(q_lens), HQ, D)
+    cu = cu_of(q_lens)
+    sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    plan = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs)
+    n_pre = n_chunks * chunk
+    cu_pre, sl_pre, tab_pre = cu_of([chunk] * n_chunks), sl[:n_chunks], table[:n_chunks].contiguous()
+    sl_dec, tab_dec = sl[n_chunks:], table[n_chunks:].contiguous()
+    o, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=plan)
+    o_pre, _ = paged_prefill(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk)
+    o_dec = paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec)
+    res = dict(block_size=bs, chunks=n_chunks, chunk=chunk, cached=cached, decode_lens=dec_lens,
+               work_items=int(plan.items.shape[0]), split_slots=int(plan.plan.n_slots),
+               rel_err_prefill_rows=bd.rel(o[:n_pre], o_pre), rel_err_decode_rows=bd.rel(o[n_pre:], o_dec))
+    log(f"  mixed vs separate calls: rel err prefill rows {res['rel_err_prefill_rows']:.1e}, decode rows "
+        f"{res['rel_err_decode_rows']:.1e} ({res['work_items']} work items)")
+    assert res["rel_err_prefill_rows"] < 2e-2 and res["rel_err_decode_rows"] < 2e-2
+
+    def separate():
+        paged_prefill(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk, validate=False)
+        paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
+    plan16 = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=MixedConfig(block_n=16))
+    cases = {
+        "mixed_one_launch": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan, validate=False),
+        "mixed_one_launch_block16": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan16, validate=False),
+        "separate_prefill_plus_decode": separate,
+        "paged_prefill_whole_batch": lambda: paged_prefill(q, kc, vc, table, cu, sl, chunk, validate=False),
+    }
+    res["ms"] = {k: bd.bench(f) for k, f in cases.items()}
+    res["ms_graph"] = {k: bd.graph_ms([f]) for k, f in cases.items()}
+    kv_bytes = sum(seq_lens) * PER_TOKEN
+    res["kv_bytes"] = kv_bytes
+    flops = sum(4.0 * HQ * D * (n_q * (n - n_q) + n_q * (n_q + 1) / 2) for n_q, n in zip(q_lens, seq_lens))
+    res["flops"] = flops
+    for k in cases:
+        log(f"  mixed {k:30s} {res['ms'][k] * 1e3:8.1f} us (graph {res['ms_graph'][k] * 1e3:8.1f} us) "
+            f"{kv_bytes / (res['ms_graph'][k] * 1e-3) / 1e12:5.2f} TB/s of K/V, "
+            f"{flops / (res['ms_graph'][k] * 1e-3) / 1e12:6.1f} TFLOP/s")
+    res["speedup_vs_separate_graph"] = res["ms_graph"]["separate_prefill_plus_decode"] / res["ms_graph"]["mixed_one_launch"]
+    res["speedup_vs_paged_prefill_graph"] = (res["ms_graph"]["paged_prefill_whole_batch"]
+                                             / res["ms_graph"]["mixed_one_launch"])
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------------
+def prefill_section(log):
+    B, cached, chunk = (2, 64, 16) if SMOKE else (8, 4096, 512)
+    n = cached + chunk
+    out = dict(batch=B, cached=cached, chunk=chunk, pages={})
+    for bs in ((16,) if SMOKE else (16, 64)):
+        kc, vc, table = paged_batch([n] * B, bs)
+        q = randn(B * chunk, HQ, D)
+        cu_q, cu_k = cu_of([chunk] * B), cu_of([n] * B)
+        lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
+        k, v = contiguous(kc, table, [n] * B), contiguous(vc, table, [n] * B)
+        ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
+        res = dict(block_size=bs, ms={}, rel_err={})
+        cases = {"contiguous_varlen": lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n,
+                                                                             causal=True, validate=False),
+                 "paged_prefill_row_gather": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
+                                                                   validate=False)}
+        for name, cfg in (("mixed_block64", MixedConfig(use_tma=False)),
+                          ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
+                          ("mixed_tma", MixedConfig(use_tma=True))):
+            if SMOKE or ("tma" in name and bs % cfg.block_n):
+                continue
+            try:
+                plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
+                o, _ = mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan)
+                res["rel_err"][name] = bd.rel(o, ref)
+                assert res["rel_err"][name] < 2e-2, (name, res["rel_err"][name])
+                cases[name] = lambda plan=plan: mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan,
+                                                                validate=False)
+            except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+                res.setdefault("failed", {})[name] = repr(exc)[:300]
+                log(f"  prefill {name} failed: {exc!r}"[:300])
+        o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
+        res["rel_err"]["paged_prefill_row_gather"] = bd.rel(o, ref)
+        for name, f in cases.items():
+            res["ms"][name] = bd.bench(f)
+        base = res["ms"]["contiguous_varlen"]
+        res["vs_contiguous"] = {k: base / v for k, v in res["ms"].items()}
+        log(f"  prefill page {bs}: " + ", ".join(f"{k} {v * 1e3:.1f} us ({res['vs_contiguous'][k]:.2f}x)"
+                                                    for k, v in res["ms"].items()))
+        out["pages"][str(bs)] = res
+        del kc, vc, k, v
+        bd.empty_cache()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+def cascade_section(log, copy_bw):
+    pinned = flash_fwd.PIN_CONFIG
+    if not SMOKE:
+        flash_fwd.PIN_CONFIG = None  # the separate version's prefix pass autotunes, as before
+    try:
+        return _cascade(log, copy_bw)
+    finally:
+        flash_fwd.PIN_CONFIG = pinned
+
+
+def _cascade(log, copy_bw):
+    P, S, bs = (64, 16, 16) if SMOKE else (32768, 1024, 16)
+    rows = []
+    for B in ([2] if SMOKE else [8, 16, 32, 64]):
+        np_, ns = P // bs, S // bs
+        n_blocks = np_ + B * ns
+        kc, vc = randn(n_blocks, bs, HKV, D), randn(n_blocks, bs, HKV, D)
+        perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
+        pre_tab, suf_tab = perm[:np_], perm[np_:].view(B, ns).contiguous()
+        prefix_k = kc[pre_tab.long()].reshape(P, HKV, D)
+        prefix_v = vc[pre_tab.long()].reshape(P, HKV, D)
+        full_tab = torch.cat([pre_tab[None].expand(B, -1), suf_tab], 1).contiguous()
+        full_len = torch.full((B,), P + S, dtype=torch.int32, device=DEVICE)
+        suf_len = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
+        zero_len = torch.zeros(B, dtype=torch.int32, device=DEVICE)
+        q = randn(B, HQ, D)
+        oc, lc = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
+        os_, ls_ = cascade_decode_separate(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
+        op = paged_decode(q, kc, vc, full_tab, full_len)
+        oc2, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)  # the recorded launch
+        row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=bd.rel(oc, op),
+                   rel_err_vs_separate=bd.rel(oc, os_), recorded_equal=bool(torch.equal(oc, oc2)))
+        assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
+        fns = {
+            "cascade": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, validate=False),
+            "cascade_separate": lambda: cascade_decode_separate(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len,
+                                                                validate=False),
+            "paged": lambda: paged_decode(q, kc, vc, full_tab, full_len, validate=False),
+            "prefix_pass": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, zero_len, validate=False),
+            "suffix_pass": lambda: paged_decode(q, kc, vc, suf_tab, suf_len, validate=False),
+        }
+        row["ms_graph"] = {k: bd.graph_ms([f]) for k, f in fns.items()}
+        row["ms_loop"] = {k: loop_ms(fns[k]) for k in ("cascade", "cascade_separate", "paged")}
+        row["bytes"] = dict(cascade=(P + B * S) * PER_TOKEN, paged=B * (P + S) * PER_TOKEN, prefix_pass=P * PER_TOKEN,
+                            suffix_pass=B * S * PER_TOKEN)
+        row["bytes"]["cascade_separate"] = row["bytes"]["cascade"]
+        row["tb_per_s_graph"] = {k: row["bytes"][k] / (row["ms_graph"][k] * 1e-3) / 1e12 for k in row["bytes"]}
+        row["fraction_of_copy_bw"] = {k: v * 1e12 / copy_bw for k, v in row["tb_per_s_graph"].items()}
+        g, lp = row["ms_graph"], row["ms_loop"]
+        row["speedup_graph_vs_paged"] = g["paged"] / g["cascade"]
+        row["speedup_graph_vs_separate"] = g["cascade_separate"] / g["cascade"]
+        row["eager_loop_over_graph"] = lp["cascade"] / g["cascade"]
+        row["eager_speedup_vs_paged"] = lp["paged"] / lp["cascade"]
+        rows.append(row)
+        log(f"  cascade B={B:3d}: graph {g['cascade'] * 1e3:7.1f} us (separate {g['cascade_separate'] * 1e3:7.1f}, "
+            f"paged {g['paged'] * 1e3:7.1f}) = {row['speedup_graph_vs_paged']:.2f}x paged; eager loop "
+            f"{lp['cascade'] * 1e3:7.1f} us = {row['eager_loop_over_graph']:.2f}x graph, "
+            f"{row['eager_speedup_vs_paged']:.2f}x paged eager; err {row['rel_err_vs_paged']:.1e}")
+        log("    effective bandwidth (fraction of copy): " + ", ".join(
+            f"{k} {row['tb_per_s_graph'][k]:.2f} TB/s ({row['fraction_of_copy_bw'][k]:.2f})"
+            for k in ("cascade", "cascade_separate", "prefix_pass", "suffix_pass", "paged")))
+        del kc, vc, prefix_k, prefix_v
+        bd.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
+    ap.add_argument("--sections", default="mixed,prefill,cascade")
+    args = ap.parse_args(argv)
+    global SMOKE
+    SMOKE = bd.SMOKE = args.smoke
+    if not SMOKE and (INTERPRET or not torch.cuda.is_available()):
+        print("bench_mixed_batch.py needs a CUDA GPU; nothing run (try --smoke).")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+    torch.manual_seed(0)
+    copy_bw = bd.copy_bandwidth()
+    log(f"{bd.meta_name()}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (bytes read + written of a 1 GiB copy)")
+    out = dict(meta=dict(gpu=bd.meta_name(), torch=torch.__version__, triton=__import__("triton").__version__,
+                         dtype="bfloat16", hq=HQ, hkv=HKV, d=D, copy_bw_bytes_per_s=copy_bw,
+                         date=time.strftime("%Y-%m-%d %H:%M:%S"),
+                         timing="ms: do_bench median (L2 flushed); ms_graph: CUDA-graph replay GPU time; "
+                                "ms_loop: wall time per call of back-to-back eager calls"))
+    path = os.path.join(args.out, f"{bd.gpu_slug()}-mixed_batch.json")
+    sections = dict(mixed=lambda: mixed_section(log), prefill=lambda: prefill_section(log),
+                    cascade=lambda: cascade_section(log, copy_bw))
+    for name in args.sections.split(","):
+        log(f"== {name}")
+        try:
+            out[name] = sections[name]()
+        except Exception as exc:  # noqa: BLE001 - keep the other sections' numbers
+            out.setdefault("failed", {})[name] = repr(exc)[:500]
+            log(f"  {name} FAILED: {exc!r}"[:600])
+        out["meta"]["seconds"] = time.time() - t0
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    log(f"wrote {path}")
+    return 1 if out.get("failed") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

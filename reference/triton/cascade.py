@@ -1,0 +1,310 @@
+"""Cascade decode in ONE launch: a shared prefix read once for the batch, each request's paged suffix, merged.
+
+Definition: ``reference.numpy.serving.cascade_decode`` (attention over prefix + suffix = the merge of the two
+states, FlashInfer's recursive attention). The earlier Triton version (``serving.cascade_decode_separate``)
+ran a dense FA2 call over the prefix, a paged varlen call over the suffixes and a merge kernel: three to four
+launches and a dozen host-side tensor operations, 3.8x its CUDA-graph time when called eagerly. Here one
+kernel has two kinds of programs, ``(item, kv head)``:
+
+* **prefix items** ``(tile, split)``: a tile is ``ROWS`` query rows of the batch, the ``G`` query heads of kv
+  head ``h`` of ``ROWS / G`` consecutive requests (row ``r``: request ``tile * ROWS/G + r // G``, head
+  ``h * G + r % G``), over one of ``S`` chunks of the prefix's keys (contiguous ``(P, Hkv, d)``), so the
+  prefix is read ``ceil(B G / ROWS)`` times per kv head instead of ``B`` times;
+* **suffix items** ``b``: request ``b``'s ``G`` rows over its own pages (page-aligned key blocks,
+  ``reference.triton.mixed._key_rows``).
+
+Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S`` (suffix, rows of its request)
+of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
+items + one per request of the tile) merges the ``S + 1`` states with the lse rule and writes the output.
+Eager calls repeat a recorded launch (``reference.triton._fastlaunch``) when shapes, strides, dtypes and
+options match an earlier call, as ``flash_decode`` does.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from . import _checks, _fastlaunch
+from ._kernel_helpers import LN2, LOG2E
+from ._runtime import INTERPRET, num_sms
+from .mixed import _key_loop
+from .paged import check_block_tables, check_paged_cache
+
+__all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
+
+
+@dataclass(frozen=True)
+class CascadeConfig:
+    """rows: most query rows of a prefix tile (a power of two >= 16); block_n: keys per block; programs_per_sm:
+    prefix programs to aim for per SM; min_split_keys: fewest prefix keys per split."""
+    rows: int = 64
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 2
+    min_split_keys: int = 512
+
+
+DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
+                                                                      min_split_keys=16)
+#: eager calls repeat a recorded launch (False: always the full path)
+FAST_LAUNCH = True
+
+
+@triton.jit
+def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
+                GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """lse rule over the tile's ``n_states`` partial states: ``o = sum_s exp2(lse_s - lse) o_s``."""
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    REQ: tl.constexpr = ROWS // GROUP
+    b = tile * REQ + offs_r // GROUP
+    heads = hk * GROUP + offs_r % GROUP
+    ok = (offs_r < REQ * GROUP) & (b < batch)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    den = tl.zeros([ROWS], tl.float32)
+    num = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for s in range(0, n_states):
+        ps = ((tile * n_states + s) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
+        ls = tl.load(LPart + ps, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m, ls)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.math.exp2(ls - m_ref)
+        alpha = tl.math.exp2(m - m_ref)
+        den = den * alpha + w
+        num = num * alpha[:, None] + w[:, None] * os_
+        m = m_new
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    lse = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2, float("-inf"))
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64[:, None] * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(OUT.dtype.element_ty), mask=ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=ok)
+
+
+@triton.jit
+def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stride_qh,
+                 stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, qk_scale,
+                 M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """Rows (request ``q_rows``, query head ``heads``) over keys ``[lo, hi)`` of kv head ``hk``; base-2 state."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + q_rows.to(tl.int64)[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, HEAD_DIM], tl.float32)
+    mid = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    qpos = tl.zeros([M], tl.int32)
+    k_base = K + hk.to(tl.int64) * stride_kh
+    v_base = V + hk.to(tl.int64) * stride_vh
+    acc, l_i, m_i = _key_loop(acc, l_i, m_i, q, k_base, v_base, K, V, bt, hk, lo, mid, hi, qpos, 0,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                              BLOCK_N, HEAD_DIM, PAGE, False, False, False, INTERP)
+    acc, l_i, m_i = _key_loop(acc, l_i, m_i, q, k_base, v_base, K, V, bt, hk, mid, hi, hi, qpos, 0,
+                              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
+                              BLOCK_N, HEAD_DIM, PAGE, False, True, False, INTERP)
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    return acc / l_safe[:, None], tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
+
+
+@triton.jit
+def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len, chunk,
+                 stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                 GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """Prefix item ``(tile, split)``: the tile's ROWS rows over one chunk of the prefix; writes state ``split``."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = pid // n_splits
+    split = pid % n_splits
+    offs_r = tl.arange(0, ROWS)
+    reqs = tile * REQ + offs_r // GROUP
+    heads = hk * GROUP + offs_r % GROUP
+    row_ok = (offs_r < REQ * GROUP) & (reqs < batch)
+    lo = split * chunk
+    hi = tl.minimum(lo + chunk, prefix_len)
+    o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
+                           0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
+                           ROWS, HEAD_DIM, BLOCK_N, 0, INTERP)
+    part = ((tile * n_states + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
+    tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o)
+    tl.store(LPart + part, lse2)
+    return tile
+
+
+@triton.jit
+def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states, n_kv_heads,
+                 stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
+                 qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
+    """Suffix item: request ``b``'s G rows over its own pages; writes its rows of the tile's last state."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    reqs = tl.zeros([SMALL], tl.int32) + b
+    n_keys = tl.load(SeqLens + b).to(tl.int32)
+    o, lse2 = _attend_rows(Q, reqs, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb, hk, 0, n_keys,
+                           stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                           stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
+    part = ((tile * n_states + n_splits) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+    tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o, mask=row_ok[:, None])
+    tl.store(LPart + part, lse2, mask=row_ok)
+    return tile
+
+
+@triton.jit
+def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters,
+                    stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
+                    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
+                    stride_ob, stride_oh, batch, n_kv_heads, prefix_len, chunk, n_splits, n_tiles, qk_scale,
+                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
+                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
+    pid = tl.program_id(0)
+    hk = tl.program_id(1)
+    REQ: tl.constexpr = ROWS // GROUP
+    n_states = n_splits + 1
+    if pid < n_tiles * n_splits:  # prefix item (tile, split)
+        tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
+                            chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                            GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
+    else:  # suffix item: request b's G rows over its pages
+        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
+                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
+    # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
+    tl.debug_barrier()
+    counter = Counters + tile * n_kv_heads + hk
+    ticket = tl.atomic_add(counter, 1, sem="acq_rel")
+    if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+        tl.debug_barrier()
+        _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
+                    GROUP, ROWS, HEAD_DIM)
+        tl.atomic_xchg(counter, 0)
+
+
+def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, config: CascadeConfig | None = None,
+                       sms: int | None = None) -> int:
+    """Prefix chunks: about ``programs_per_sm * sms`` prefix programs over ``n_kv_heads`` and the row tiles,
+    each chunk at least ``min_split_keys`` keys."""
+    config = DEFAULT_CONFIG if config is None else config
+    sms = num_sms() if sms is None else sms
+    tiles = math.ceil(batch * group / _rows(config, batch, group))
+    want = max(1, round(config.programs_per_sm * sms / (tiles * n_kv_heads)))
+    return max(1, min(want, prefix_len // config.min_split_keys))
+
+
+def _rows(config: CascadeConfig, batch: int, group: int) -> int:
+    return max(16, min(config.rows, triton.next_power_of_2(batch * group)), triton.next_power_of_2(group))
+
+
+_COUNTERS: dict = {}
+_FAST = _fastlaunch.LaunchCache()
+_SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT")
+
+
+def _counters(device, n: int) -> torch.Tensor:
+    stream = _fastlaunch.stream_key(device)
+    key = (device.type, device.index, stream)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+    return buf
+
+
+def _fast_key(tensors, *options):
+    if INTERPRET or not FAST_LAUNCH:
+        return None
+    parts = []
+    for t in tensors:
+        if type(t) is not torch.Tensor or t.device.type != "cuda":
+            return None
+        parts.append(_fastlaunch.tensor_key(t))
+    key = ("cascade", *parts, *options, _fastlaunch.stream_key(tensors[0].device))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
+                   num_splits=None, config=None, validate=True):
+    """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
+
+    q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once per row tile for the whole
+    batch; k_cache, v_cache ``(num_blocks, block_size, Hkv, d)``, block_tables ``(B, max_blocks)``, seq_lens
+    ``(B,)``: each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits:
+    prefix chunks (None: ``cascade_num_splits``); config: a ``CascadeConfig``. Returns ``o (B, Hq, d)`` in q's
+    dtype and ``lse (B, Hq)`` float32 over each request's whole key set. One kernel launch; ``validate=False``
+    skips the checks that need a device sync.
+    """
+    key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config)
+    rec = _FAST.get(key) if key is not None else None
+    if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
+        if validate:
+            check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        rec({"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
+             "SeqLens": seq_lens, "OUT": out, "LOUT": lse})
+        return out, lse
+    _checks.check_tensor(q, "q", ndim=3)
+    B, hq, d = q.shape
+    if B == 0 or hq == 0:
+        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
+    num_blocks, block_size, hkv, _ = check_paged_cache(q, k_cache, v_cache)
+    _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
+    validate = _checks.check_flag(validate, "validate")
+    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        _checks.check_tensor(x, name, ndim=3)
+        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
+            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
+    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
+    if prefix_k.shape != prefix_v.shape:
+        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
+                         f"{tuple(prefix_v.shape)}")
+    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    if config is not None and not isinstance(config, CascadeConfig):
+        raise TypeError(f"config must be a CascadeConfig or None, got {type(config).__name__}")
+    cfg = DEFAULT_CONFIG if config is None else config
+    scale = _checks.check_scale(scale, d)
+    P, g = prefix_k.shape[0], hq // hkv
+    if num_splits is None:
+        num_splits = cascade_num_splits(B, g, hkv, P, cfg)
+    num_splits = min(_checks.check_positive_int(num_splits, "num_splits"), P)
+    chunk = triton.cdiv(triton.cdiv(P, num_splits), cfg.block_n) * cfg.block_n
+    num_splits = triton.cdiv(P, chunk)
+    direct = (q.stride(-1) == 1 and all(x.stride(-1) == 1 for x in (prefix_k, prefix_v, k_cache, v_cache))
+              and block_tables.stride(1) == 1 and seq_lens.is_contiguous())
+    q, prefix_k, prefix_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, prefix_k, prefix_v))
+    k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
+    rows = _rows(cfg, B, g)
+    n_tiles = triton.cdiv(B, rows // g)
+    o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
+    counters = _counters(q.device, n_tiles * hkv)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
+    grid = (n_tiles * num_splits + B, hkv)
+    args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
+            q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
+            v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+            B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
+    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
+                PAGE=block_size, INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if key is not None and direct and q.is_contiguous():
+        recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
+        if recd is not None:
+            _FAST.put(key, recd)
+    else:
+        _cascade_kernel[grid](*args, **meta)
+    return out, lse
