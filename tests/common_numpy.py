@@ -49,3 +49,18 @@ def load_solution(aid: str, tmp_path):
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def fill_paged_cache(rng, lens, hkv, d, block_size, num_blocks, dtype=np.float64):
+    """A ``reference.numpy.paged.PagedKVCache`` with the sequences appended in interleaved pieces (scattered blocks)."""
+    from reference.numpy.paged import PagedKVCache
+    cache = PagedKVCache(num_blocks, block_size, hkv, d, dtype=dtype)
+    kv = []
+    for s, n in enumerate(lens):
+        cache.add_sequence(s)
+        kv.append((rng.standard_normal((n, hkv, d)).astype(dtype), rng.standard_normal((n, hkv, d)).astype(dtype)))
+    step = int(rng.integers(3, 9))
+    for lo in range(0, max(lens), step):
+        for s, (k, v) in enumerate(kv):
+            cache.append(s, k[lo:lo + step], v[lo:lo + step])
+    return cache, kv

@@ -131,3 +131,19 @@ def decode_ref(q, k, v, seq_lens=None, scale=None):
             o, _, _ = attention_ref(q[b, :, None, :], k[b, :, :n], v[b, :, :n], scale=scale)
             out[b] = o[:, 0]
     return out
+
+
+def mixed_attention_ref(q, kv, q_lens):
+    """A mixed prefill + decode batch, request by request: ``q (sum q_lens, Hq, d)`` against each request's whole
+    ``(k, v)`` (``(n, Hkv, d)``), bottom-right causal; returns ``(o, lse (Hq, sum q_lens))`` as NumPy."""
+    c = np.concatenate([[0], np.cumsum(q_lens)])
+    o = np.zeros(q.shape)
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    for b, (k, v) in enumerate(kv):
+        if q_lens[b] == 0:
+            continue
+        ob, lb, _ = attention_ref(q[c[b]:c[b + 1]].transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2),
+                                  causal=True)
+        o[c[b]:c[b + 1]] = ob.numpy().transpose(1, 0, 2)
+        lse[:, c[b]:c[b + 1]] = lb.numpy()
+    return o, lse

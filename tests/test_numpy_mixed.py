@@ -9,35 +9,8 @@ import pytest
 
 from reference.numpy.mixed import mixed_attention, mixed_attention_by_plan, mixed_plan
 from reference.numpy.paged import PagedKVCache
-from tests.oracle import attention_ref, lse_err, rel_err
-
-
-def fill_cache(rng, lens, hkv, d, block_size, num_blocks, dtype=np.float64):
-    """A paged cache with the sequences appended in interleaved pieces (scattered blocks)."""
-    cache = PagedKVCache(num_blocks, block_size, hkv, d, dtype=dtype)
-    kv = []
-    for s, n in enumerate(lens):
-        cache.add_sequence(s)
-        kv.append((rng.standard_normal((n, hkv, d)).astype(dtype), rng.standard_normal((n, hkv, d)).astype(dtype)))
-    step = int(rng.integers(3, 9))
-    for lo in range(0, max(lens), step):
-        for s, (k, v) in enumerate(kv):
-            cache.append(s, k[lo:lo + step], v[lo:lo + step])
-    return cache, kv
-
-
-def oracle(q, kv, q_lens):
-    c = np.concatenate([[0], np.cumsum(q_lens)])
-    o = np.zeros(q.shape)
-    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
-    for b, (k, v) in enumerate(kv):
-        if q_lens[b] == 0:
-            continue
-        ob, lb, _ = attention_ref(q[c[b]:c[b + 1]].transpose(1, 0, 2), k.transpose(1, 0, 2), v.transpose(1, 0, 2),
-                                  causal=True)
-        o[c[b]:c[b + 1]] = ob.numpy().transpose(1, 0, 2)
-        lse[:, c[b]:c[b + 1]] = lb.numpy()
-    return o, lse
+from tests.common_numpy import fill_paged_cache as fill_cache
+from tests.oracle import lse_err, mixed_attention_ref as oracle, rel_err
 
 
 # (sequence lengths, new tokens per request, Hq, Hkv, block size): decode rows (1), chunks, a request with no

@@ -15,7 +15,8 @@ from reference.triton import DEVICE, INTERPRET, paged_decode, paged_prefill
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import lse_err, rel_err
-from tests.test_numpy_mixed import fill_cache, oracle
+from tests.common_numpy import fill_paged_cache as fill_cache
+from tests.oracle import mixed_attention_ref as oracle
 
 DT = torch.float32 if INTERPRET else torch.float16
 TOL = 1e-5 if INTERPRET else 3e-3

@@ -154,7 +154,7 @@ def test_recorded_launch_matches_full_path(rng, monkeypatch):
 def test_cascade_recorded_launch_matches_full_path(monkeypatch):
     """cascade_decode's second eager call with the same shapes repeats the recorded launch on ITS inputs."""
     from reference.triton import cascade
-    monkeypatch.setattr(cascade, "_FAST", type(cascade._FAST)())
+    monkeypatch.setattr(cascade, "LAUNCH_CACHE", type(cascade.LAUNCH_CACHE)())
     B, hq, hkv, d, bs, P = 5, 8, 2, 64, 16, 300
     table = torch.arange(B * 4, device=DEVICE, dtype=torch.int32).view(B, 4)
     lens = torch.tensor([64, 0, 17, 50, 3], dtype=torch.int32, device=DEVICE)
@@ -167,7 +167,7 @@ def test_cascade_recorded_launch_matches_full_path(monkeypatch):
                 torch.randn(B * 4, bs, hkv, d, device=DEVICE, dtype=torch.float16))
     sets = [inputs() for _ in range(3)]
     fast = [cascade_decode(*s, table, lens, validate=False) for s in sets]
-    assert len(cascade._FAST) == 1
+    assert len(cascade.LAUNCH_CACHE) == 1
     monkeypatch.setattr(cascade, "FAST_LAUNCH", False)
     for s, (o, lse) in zip(sets, fast):
         o2, lse2 = cascade_decode(*s, table, lens, validate=False)

@@ -18,7 +18,7 @@ eager calls). Sections:
   the effective bandwidth of the whole call and of each pass (prefix alone: suffixes of length 0; suffixes alone:
   ``paged_decode`` of the suffixes) against the copy bandwidth measured in the same run.
 
-Writes ``<gpu>-mixed_batch.json`` after every section.
+Writes ``<gpu>-mixed-batch.json`` after every section.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import torch
 from benchmarks.course import bench_decode as bd  # bench, graph_ms, copy_bandwidth, rel, gpu_slug, meta_name, sync
 from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention_varlen_forward, paged_decode,
                               paged_prefill)
-from reference.triton import flash_fwd
+from reference.triton import configs
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 from reference.triton.serving import cascade_decode_separate
 
@@ -186,13 +186,9 @@ def prefill_section(log):
 
 # ------------------------------------------------------------------------------------------------------------
 def cascade_section(log, copy_bw):
-    pinned = flash_fwd.PIN_CONFIG
-    if not SMOKE:
-        flash_fwd.PIN_CONFIG = None  # the separate version's prefix pass autotunes, as before
-    try:
+    # the separate version's prefix pass autotunes, as before (smoke runs keep the interpreter pin)
+    with configs.pinned(fwd=None if SMOKE else configs.AUTOTUNE):
         return _cascade(log, copy_bw)
-    finally:
-        flash_fwd.PIN_CONFIG = pinned
 
 
 def _cascade(log, copy_bw):
@@ -275,7 +271,7 @@ def main(argv=None):
                          date=time.strftime("%Y-%m-%d %H:%M:%S"),
                          timing="ms: do_bench median (L2 flushed); ms_graph: CUDA-graph replay GPU time; "
                                 "ms_loop: wall time per call of back-to-back eager calls"))
-    path = os.path.join(args.out, f"{bd.gpu_slug()}-mixed_batch.json")
+    path = os.path.join(args.out, f"{bd.gpu_slug()}-mixed-batch.json")
     sections = dict(mixed=lambda: mixed_section(log), prefill=lambda: prefill_section(log),
                     cascade=lambda: cascade_section(log, copy_bw))
     for name in args.sections.split(","):

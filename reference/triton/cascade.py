@@ -31,7 +31,7 @@ import triton.language as tl
 from . import _checks, _fastlaunch
 from ._kernel_helpers import LN2, LOG2E
 from ._runtime import INTERPRET, num_sms
-from .mixed import _key_loop
+from .mixed import key_loop
 from .paged import check_block_tables, check_paged_cache
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
@@ -104,10 +104,10 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
     qpos = tl.zeros([M], tl.int32)
     k_base = K + hk.to(tl.int64) * stride_kh
     v_base = V + hk.to(tl.int64) * stride_vh
-    acc, l_i, m_i = _key_loop(acc, l_i, m_i, q, k_base, v_base, K, V, bt, hk, lo, mid, hi, qpos, 0,
+    acc, l_i, m_i = key_loop(acc, l_i, m_i, q, k_base, v_base, K, V, bt, hk, lo, mid, hi, qpos, 0,
                               stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                               BLOCK_N, HEAD_DIM, PAGE, False, False, False, INTERP)
-    acc, l_i, m_i = _key_loop(acc, l_i, m_i, q, k_base, v_base, K, V, bt, hk, mid, hi, hi, qpos, 0,
+    acc, l_i, m_i = key_loop(acc, l_i, m_i, q, k_base, v_base, K, V, bt, hk, mid, hi, hi, qpos, 0,
                               stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                               BLOCK_N, HEAD_DIM, PAGE, False, True, False, INTERP)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -206,7 +206,7 @@ def _rows(config: CascadeConfig, batch: int, group: int) -> int:
 
 
 _COUNTERS: dict = {}
-_FAST = _fastlaunch.LaunchCache()
+LAUNCH_CACHE = _fastlaunch.LaunchCache()
 _SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT")
 
 
@@ -247,7 +247,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     skips the checks that need a device sync.
     """
     key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config)
-    rec = _FAST.get(key) if key is not None else None
+    rec = LAUNCH_CACHE.get(key) if key is not None else None
     if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
         if validate:
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
@@ -304,7 +304,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     if key is not None and direct and q.is_contiguous():
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
         if recd is not None:
-            _FAST.put(key, recd)
+            LAUNCH_CACHE.put(key, recd)
     else:
         _cascade_kernel[grid](*args, **meta)
     return out, lse

@@ -107,7 +107,7 @@ def _load_kv(base, desc, bt, n0, n_end, hk, stride_p, stride_s, offs_d,
 
 
 @triton.jit
-def _key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, lo, hi, n_keys, qpos, offset,
+def key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, lo, hi, n_keys, qpos, offset,
               stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
               MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
@@ -163,10 +163,10 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
     else:
         full = n_keys // BLOCK_N * BLOCK_N
     mid = tl.maximum(tl.minimum(full, k_hi), k_lo)
-    acc, l_i, m_i = _key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, k_lo, mid, n_keys, qpos,
+    acc, l_i, m_i = key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, k_lo, mid, n_keys, qpos,
                               offset, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                               BLOCK_N, HEAD_DIM, PAGE, CAUSAL, False, USE_TMA, INTERP)
-    acc, l_i, m_i = _key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, mid, k_hi, n_keys, qpos,
+    acc, l_i, m_i = key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, mid, k_hi, n_keys, qpos,
                               offset, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
                               BLOCK_N, HEAD_DIM, PAGE, CAUSAL, True, USE_TMA, INTERP)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
