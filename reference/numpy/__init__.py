@@ -29,6 +29,7 @@ _EXPORTS = {
     "paged_prefill": "serving",
     "cascade_decode": "serving",
     "ring_step": "ring",
+    "ring_backward_step": "ring",
 }
 # Note: the function ``attention`` lives in the module ``reference.numpy.attention`` (same name), so it is
 # reached as ``reference.numpy.attention.attention``.
