@@ -14,7 +14,7 @@
 # **all-gather** context parallelism (Llama 3), byte for byte, and §8 shows the ring measured on two H100s.
 #
 # **Reading path:** lecture 7 (merging partial attention) → this lecture → the optional assignment `a6_ring`
-# (the ring's merge step, in NumPy).
+# (the ring's merge step and its backward step, in NumPy).
 #
 # References: H. Liu, M. Zaharia, P. Abbeel, *Ring Attention with Blockwise Transformers for Near-Infinite
 # Context* (ICLR 2024, [arXiv:2310.01889](https://arxiv.org/abs/2310.01889)); the two-chunks-per-rank causal
