@@ -26,5 +26,5 @@ GRADED = {
                             "flash_attention"),
     "a4_decoding": ("flash_decoding", "flash_decode", "lpt_schedule"),
     "a5_paged": ("BlockAllocator", "cow_fork", "cow_append", "paged_attention", "paged_decode"),
-    "a6_ring": ("ring_step",),
+    "a6_ring": ("ring_step", "ring_backward_step"),
 }

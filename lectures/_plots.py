@@ -38,9 +38,9 @@ def load_results(pattern: str, *, exclude=("smoke",)) -> list[tuple[Path, dict]]
     return out
 
 
-def not_run(what: str, pattern: str):
+def not_run(what: str, pattern: str, command: str = "make bench"):
     print(f"{what}: benchmarks/results/{pattern} is not there yet -- the benchmark has not been run on this "
-          f"checkout, so no numbers are shown (none are invented). Run `make bench` on a GPU to produce it.")
+          f"checkout, so no numbers are shown (none are invented). Run `{command}` on a GPU to produce it.")
 
 
 def tile_grid(ax, visited, title="", cmap="Blues", annotate=False):

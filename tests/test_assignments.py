@@ -53,6 +53,7 @@ SIGNATURES = {
     "paged_attention": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
     "paged_decode": "(q, k_cache, v_cache, block_tables, seq_lens, scale=None)",
     "ring_step": "(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None)",
+    "ring_backward_step": "(dq, dk, dv, q, k, v, do, lse, delta, q_pos, k_pos, causal=True, scale=None)",
 }
 
 

@@ -342,8 +342,8 @@ check("a3.flash_attention_forward", flash_attention_forward)
 #    `(N_pad // block, B * H)`. The quantisation block must be the attention tile: quantise Q with
 #    `block = BLOCK_M` and K, V with `block = BLOCK_N`, so that query block `i` has one scale `sq_i` and key
 #    block `j` one `sk_j` and one `sv_j`.
-# 2. `_fp8_key_block`: lines 7-10 for one key block -- your Part 2 `_fwd_block` plus the loads of `K_j` and
-#    `V_j^T`, with three changes. The scores are `dot(q8, k8^T) * (sq_i * sk_j * scale)`. `P` is rounded
+# 2. `_fp8_key_block`: lines 7-10 for one key block -- your Part 2 `_fwd_block` (same argument and return
+#    order: `acc, m_i, l_i`) plus the loads of `K_j` and `V_j^T`, with three changes. The scores are `dot(q8, k8^T) * (sq_i * sk_j * scale)`. `P` is rounded
 #    with `to_fp8` and multiplied into V with the given `dot_acc(p8, v8, acc)` (load the `(D, BLOCK_N)` tile
 #    of V^T and pass its `tl.trans`, `(BLOCK_N, D)`): e4m3's smallest normal number is `2^-6`, so take `P`
 #    times `256` before rounding (fold it into the `exp2` argument: `exp2(S - m + 8)`).
@@ -421,16 +421,17 @@ def quantize_fp8(x, block, transposed=False):
 
 
 @triton.jit
-def _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_ptr, sv_ptr, start_n, offs_m, offs_n, offs_d,
+def _fp8_key_block(acc, m_i, l_i, v_unit, q8, k_base, vt_base, sk_ptr, sv_ptr, start_n, offs_m, offs_n, offs_d,
                    q_scale, Nk, NK_PAD, diag, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                    D: tl.constexpr, BLOCK_N: tl.constexpr):
     """Algorithm 1, lines 7-10, for one FP8 key block (MASKED: the ragged tail or the causal diagonal).
 
-    ``acc (BLOCK_M, D)`` float32 in units of the V scale ``v_unit``; ``l_i`` (256 times the true running sum)
-    and ``m_i`` (base 2) ``(BLOCK_M,)`` float32; ``q8 (BLOCK_M, D)`` e4m3; ``k_base``: this kv head's K8,
-    ``(NK_PAD, D)`` contiguous; ``vt_base``: its transposed V8, ``(D, NK_PAD)``; ``sk_ptr``, ``sv_ptr``: its
+    ``acc (BLOCK_M, D)`` float32 in units of the V scale ``v_unit``; ``m_i`` (base 2) and ``l_i`` (256 times
+    the true running sum) ``(BLOCK_M,)`` float32, in the order of Part 2's ``_fwd_block``; ``q8 (BLOCK_M, D)``
+    e4m3; ``k_base``: this kv head's K8, ``(NK_PAD, D)`` contiguous; ``vt_base``: its transposed V8,
+    ``(D, NK_PAD)``; ``sk_ptr``, ``sv_ptr``: its
     key-block scales (block ``start_n // BLOCK_N``); ``q_scale = sq_i * scale * log2 e``; ``diag = Nk - Nq``
-    (row ``i`` sees keys ``j <= i + diag``). Returns ``(acc, l_i, m_new, sv)``: ``acc`` now in units of this
+    (row ``i`` sees keys ``j <= i + diag``). Returns ``(acc, m_new, l_i, sv)``: ``acc`` now in units of this
     block's V scale ``sv``, which the caller passes back as ``v_unit`` for the next block."""
     ### BEGIN SOLUTION
     jb = start_n // BLOCK_N
@@ -453,7 +454,7 @@ def _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_ptr, sv_ptr, s
     vt8 = tl.load(vt_base + offs_d[:, None] * NK_PAD + cols[None, :])
     acc = dot_acc(to_fp8(p), tl.trans(vt8), acc * (alpha * (v_unit / sv))[:, None])  # acc now in units of sv
     ### END SOLUTION
-    return acc, l_i, m_new, sv
+    return acc, m_new, l_i, sv
 
 
 @triton.jit
@@ -492,11 +493,11 @@ def _flash_fwd_fp8_kernel(q_ptr, k_ptr, vt_ptr, sq_ptr, sk_ptr, sv_ptr, o_ptr, l
         hi = Nk
         full = Nk // BLOCK_N * BLOCK_N
     for start_n in range(0, full, BLOCK_N):
-        acc, l_i, m_i, v_unit = _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_base, sv_base,
+        acc, m_i, l_i, v_unit = _fp8_key_block(acc, m_i, l_i, v_unit, q8, k_base, vt_base, sk_base, sv_base,
                                                start_n, offs_m, offs_n, offs_d, q_scale, Nk, NK_PAD, diag,
                                                CAUSAL, False, D, BLOCK_N)
     for start_n in range(full, hi, BLOCK_N):
-        acc, l_i, m_i, v_unit = _fp8_key_block(acc, l_i, m_i, v_unit, q8, k_base, vt_base, sk_base, sv_base,
+        acc, m_i, l_i, v_unit = _fp8_key_block(acc, m_i, l_i, v_unit, q8, k_base, vt_base, sk_base, sv_base,
                                                start_n, offs_m, offs_n, offs_d, q_scale, Nk, NK_PAD, diag,
                                                CAUSAL, True, D, BLOCK_N)
     seen = l_i > 0.0

@@ -1,12 +1,12 @@
 # %% [markdown]
-# # Assignment 6 (optional) -- the merge step of ring attention
+# # Assignment 6 (optional) -- ring attention: the merge step and the backward step
 #
 # Lecture 10 splits one long sequence across W devices. Each rank keeps the queries of its positions and a
 # running attention state `(o, lse)`; at every ring step a chunk of keys and values from another rank visits,
 # the rank attends its queries to it and **merges** the result into its state. After W steps every query has
 # seen every key, and the state is exactly the attention over the whole sequence.
 #
-# You will write that step in NumPy:
+# You will write that step in NumPy (Part 1), then the step of the **backward** pass (Part 2):
 #
 # `ring_step(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None) -> (o, lse)`
 #
@@ -21,6 +21,8 @@
 # Return the merged state in the dtypes of `o` and `lse` (accumulate in at least float32). Watch the rows that
 # see **none** of the visiting chunk: their state must come back unchanged (and stay `o = 0`, `lse = -inf` if
 # it was empty) -- never NaN.
+#
+# Part 2, `ring_backward_step`, is described before its cell.
 #
 # **How to work.** Fill in the `raise NotImplementedError(...)` and run the `check` cell. Do not use `torch`,
 # `scipy` or the course's `reference` package: the grader flags them. This assignment builds on `merge_states`
@@ -61,7 +63,7 @@ def positions(n, world, rank, layout="zigzag"):
 
 
 # %% [markdown]
-# ## The ring step
+# ## Part 1 (50 points): the ring step
 #
 # 1. Scores of the visiting chunk: $S = \mathrm{scale}\cdot q k^T$ (scale defaults to $1/\sqrt d$), with
 #    $S_{ij} = -\infty$ where `causal` and `k_pos[j] > q_pos[i]`.
@@ -117,6 +119,80 @@ def ring_step(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None):
 from autograder.check import check
 
 check("a6.ring_step", ring_step)
+
+# %% [markdown]
+# ## Part 2 (50 points): the backward step -- dQ stays, dK/dV travel
+#
+# The backward of attention (lecture 4, FlashAttention-2 Algorithm 2) needs, per query row, the forward's
+# `lse` and `delta = rowsum(dO * O)`. After the forward ring every rank has the **global** `o` and `lse` of its
+# queries, so for any visiting chunk it can compute that chunk's exact probabilities `P = exp(S - lse)` -- no
+# other chunk needed. The ring of the backward (lecture 10, section 3) then works like this:
+#
+# * **dQ stays local**: each rank adds the visiting chunk's contribution to the gradient of its own queries.
+# * **dK, dV travel**: they belong to the chunk, so the chunk carries float32 accumulators `dk, dv`; each rank
+#   adds its queries' share and passes them on with the chunk. After W hops they are back at the owner, holding
+#   the sum over every rank's queries.
+#
+# `ring_backward_step(dq, dk, dv, q, k, v, do, lse, delta, q_pos, k_pos, causal=True, scale=None)
+# -> (dq, dk, dv)`
+#
+# * `dq (..., Hq, nq, d)`: the rank's running dQ; `dk, dv (..., Hkv, nk, d)`: the visiting chunk's travelling
+#   accumulators (float32 or float64). Return all three **with this step's shares added**, in their dtypes.
+# * `q, do (..., Hq, nq, d)`: the rank's queries and output gradient; `k, v (..., Hkv, nk, d)`: the visiting
+#   chunk (float16/32/64; GQA as in Part 1); `lse, delta (..., Hq, nq)`: the global log-sum-exp and
+#   `rowsum(dO * O)` of the rank's queries; `q_pos`, `k_pos`, `causal`, `scale` as in Part 1.
+#
+# With `S = scale q k^T`:
+#
+# 1. $P_{ij} = e^{S_{ij} - \mathrm{lse}_i}$, and $P_{ij} = 0$ where `causal` and `k_pos[j] > q_pos[i]`
+#    (Algorithm 2, line 11, with the global `lse`: do **not** renormalise over the chunk);
+# 2. $dV_b = P^T dO$ (line 12); $dP = dO\, V^T$ (line 13); $dS = P \circ (dP - \mathrm{delta})$ (line 14);
+# 3. $dQ_b = \mathrm{scale}\cdot dS\, K$ (line 15), $dK_b = \mathrm{scale}\cdot dS^T Q$ (line 16);
+# 4. GQA: a kv head's $dK_b$, $dV_b$ are the **sums** over the `Hq // Hkv` query heads that read it.
+#
+# Return `dq + dQ_b`, `dk + dK_b`, `dv + dV_b`. Rows that see none of the chunk add nothing (their `P` row is 0:
+# no NaN).
+
+# %%
+def ring_backward_step(dq, dk, dv, q, k, v, do, lse, delta, q_pos, k_pos, causal=True, scale=None):
+    """One backward ring step: add the visiting chunk's share to the rank's dq (kept local) and the rank's
+    share to the chunk's travelling dk, dv accumulators.
+
+    FA2 Algorithm 2, lines 11-16, with the global lse and delta: P = exp(S - lse) (masked where k_pos > q_pos),
+    dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q (GQA: summed per kv head).
+    """
+    dq, dk, dv, q, k, v, do, lse, delta = floats(dq=dq, dk=dk, dv=dv, q=q, k=k, v=v, do=do, lse=lse, delta=delta)
+    q_pos, k_pos = np.asarray(q_pos), np.asarray(k_pos)
+    if dq.shape != q.shape or do.shape != q.shape or dk.shape != k.shape or dv.shape != k.shape \
+            or v.shape != k.shape or lse.shape != q.shape[:-1] or delta.shape != q.shape[:-1] \
+            or q_pos.shape != q.shape[-2:-1] or k_pos.shape != k.shape[-2:-1] or q.shape[-3] % k.shape[-3]:
+        raise ValueError(f"expected dq, q, do (..., Hq, nq, d), dk, dv, k, v (..., Hkv, nk, d), lse, delta "
+                         f"(..., Hq, nq), q_pos (nq,), k_pos (nk,); got dq {dq.shape}, dk {dk.shape}, dv {dv.shape}, "
+                         f"q {q.shape}, k {k.shape}, v {v.shape}, do {do.shape}, lse {lse.shape}, "
+                         f"delta {delta.shape}, q_pos {q_pos.shape}, k_pos {k_pos.shape}")
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    ### BEGIN SOLUTION
+    acc = np.result_type(np.float32, dq, dk, dv, q, k, v, do)
+    hq, hkv = q.shape[-3], k.shape[-3]
+    kx, vx = expand_kv(k, hq).astype(acc), expand_kv(v, hq).astype(acc)
+    qa, doa = q.astype(acc), do.astype(acc)
+    s = (qa @ np.swapaxes(kx, -1, -2)) * scale
+    p = np.exp(s - lse.astype(acc)[..., None])
+    if causal:
+        p = np.where(k_pos[None, :] <= q_pos[:, None], p, 0.0)
+    ds = p * (doa @ np.swapaxes(vx, -1, -2) - delta.astype(acc)[..., None])
+    dq_b = (ds @ kx) * scale
+    dk_b = (np.swapaxes(ds, -1, -2) @ qa) * scale
+    dv_b = np.swapaxes(p, -1, -2) @ doa
+    group_shape = dk_b.shape[:-3] + (hkv, hq // hkv) + dk_b.shape[-2:]
+    dk_b, dv_b = dk_b.reshape(group_shape).sum(axis=-3), dv_b.reshape(group_shape).sum(axis=-3)
+    return ((dq.astype(acc) + dq_b).astype(dq.dtype), (dk.astype(acc) + dk_b).astype(dk.dtype),
+            (dv.astype(acc) + dv_b).astype(dv.dtype))
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+check("a6.ring_backward_step", ring_backward_step)
 
 # %% [markdown]
 # ## The whole ring, simulated (ungraded)

@@ -9,9 +9,12 @@
 #    (also what *prefix caching* needs);
 # 3. **prefix sharing** — many requests with one long system prompt read its keys once (*cascade* attention,
 #    built on `merge_states` from lecture 7);
-# 4. **eager calls** that cost no more than the GPU work they launch.
+# 4. **eager calls** that cost no more than the GPU work they launch;
+# 5. **mixed batches** — prefill chunks and decode rows in one launch, and the chunk size that trades time to
+#    first token against time per output token.
 #
-# It ends with a mini engine that puts them together and compares it with lecture 8's static allocation.
+# It ends with a mini engine that puts them together, compares it with lecture 8's static allocation, and
+# sweeps its chunk size.
 #
 # Code: `reference.numpy.varlen`, `reference.numpy.serving` (readable), `reference.triton.varlen` and
 # `reference.triton.serving` (fast), `reference.serving_engine` (the mini engine). GPU numbers come from
@@ -110,19 +113,51 @@ print(f"causal work (sum n^2) vs padded causal work (B * max^2): {np.sum(mix ** 
 
 # %%
 for res, vl in measured("varlen"):
-    ms = dict(vl["ms"], **res.get("flex", {}).get("ms", {}))
+    ms = vl["ms"]                     # one run: every ratio below is against this run's own packed time
     print(f"{res['meta']['gpu']}: {len(vl['lengths'])} prompts, {vl['total_tokens']} tokens, "
           f"longest {vl['max_len']}, {vl['useful_fraction']:.0%} of padded tokens real")
-    for name in ("ours_varlen", "ours_padded", "sdpa_padded", "sdpa_nested", "flex_block_mask"):
+    for name in ("ours_varlen", "ours_padded", "sdpa_padded", "sdpa_nested"):
         if name in ms:
             print(f"  {name:16s} {ms[name] * 1e3:8.0f} us   ({ms[name] / ms['ours_varlen']:.2f}x ours packed)")
-    print(f"  forward + backward: packed {vl['ms']['ours_varlen_fwd_bwd'] * 1e3:.0f} us vs padded "
-          f"{vl['ms']['ours_padded_fwd_bwd'] * 1e3:.0f} us ({vl['speedup_vs_padded_fwd_bwd']:.1f}x)")
+    print(f"  forward + backward: packed {ms['ours_varlen_fwd_bwd'] * 1e3:.0f} us vs padded "
+          f"{ms['ours_padded_fwd_bwd'] * 1e3:.0f} us ({vl['speedup_vs_padded_fwd_bwd']:.2f}x)")
+    fx = res.get("flex", {}).get("ms", {})
+    if "flex_block_mask" in fx:      # a separate run (torch.compile'd FlexAttention): compared with its own packed time
+        print(f"  flex run: flex_block_mask {fx['flex_block_mask'] * 1e3:.0f} us vs ours packed "
+              f"{fx['ours_varlen'] * 1e3:.0f} us in the same run ({fx['flex_block_mask'] / fx['ours_varlen']:.2f}x)")
 
 # %% [markdown]
-# Packing beats the same kernel on the padded batch by about the work ratio, beats SDPA on padded or nested
-# (jagged) tensors, and FlexAttention with a document + causal block mask — which also skips the empty
-# blocks, but through a general mask machinery.
+# Packing beats SDPA on padded or nested (jagged) tensors and FlexAttention with a document + causal block
+# mask — which also skips the empty blocks, but through a general mask machinery. Against the same kernel on
+# the padded batch it wins 3.61x. Which ratio predicts that? Not the work ratio: the causal work of the packed
+# batch is 16.4% of the padded batch's, which predicts 6.1x. The measured gain sits near the **token** ratio
+# (3.06x), but that is a coincidence of this mix, not a law. Counting what the kernel does per second explains it:
+
+# %%
+for res, vl in measured("varlen"):
+    L, ms, cfg = np.array(vl["lengths"]), vl["ms"], res["meta"]["fwd_config"]
+    work = np.sum(L.astype(float) ** 2) / (len(L) * L.max() ** 2.0)
+    bm, bn = cfg["BLOCK_M"], cfg["BLOCK_N"]
+    tiles = lambda n: sum(-(-min(n, (i + 1) * bm) // bn) for i in range(-(-n // bm)))  # noqa: E731 (causal tiles)
+    tile_ratio = len(L) * tiles(L.max()) / sum(tiles(int(n)) for n in L)
+    gain = ms["ours_padded"] / ms["ours_varlen"]
+    rate_packed = vl["useful_flops"] / ms["ours_varlen"] / 1e9
+    rate_padded = vl["useful_flops"] / work / ms["ours_padded"] / 1e9      # the padded kernel's causal work
+    print(f"token ratio (padded / real)           {1 / vl['useful_fraction']:.2f}x")
+    print(f"causal work ratio (B max^2 / sum n^2)  {1 / work:.2f}x   (packed work = {work:.1%} of padded)")
+    print(f"causal {bm}x{bn} tiles visited ratio    {tile_ratio:.2f}x")
+    print(f"measured speed-up                      {gain:.2f}x")
+    print(f"work per second: packed {rate_packed:.0f} TFLOP/s, padded {rate_padded:.0f} TFLOP/s "
+          f"-> {1 / work:.2f} x {rate_packed / rate_padded:.2f} = {gain:.2f}x")
+
+# %% [markdown]
+# The padded kernel does 6.1 times the work but does it at 349 TFLOP/s; the packed one runs at 206 TFLOP/s. Two
+# things cost the packed batch throughput. Tiles: a 192-token prompt is two query blocks of 128 whose key tiles
+# are mostly on the causal diagonal (computed whole, half masked) or ragged, so counted in 128 x 64 tiles the
+# work ratio is 5.76x, not 6.1x. Shape: the padded batch is 32 equal, long programs per head; the packed one is
+# many short programs (per-program set-up, the `cu_seqlens` look-up and the output write are amortised over few
+# key tiles) and one long sequence whose query blocks finish last. The second part is our reading of the
+# numbers, not a separate measurement.
 #
 # ## 2. Chunked prefill over a paged cache
 #
@@ -163,8 +198,12 @@ for res, p in measured("prefill"):
 # %% [markdown]
 # Paging is not free here: a key tile of 64 rows spans four 16-token pages, so the kernel gathers rows one by
 # one instead of streaming a contiguous tile (decode, which is bandwidth-bound anyway, hides this better —
-# lecture 8 measured 0.88–0.96x). Larger pages or a per-page (instead of per-row) address computation would
-# recover most of it.
+# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200). Whether larger pages or a per-page
+# (instead of per-row) address computation would recover it for prefill is **not measured** here: the
+# benchmark times one block size.
+#
+# > **[HOOK: serving]** Page-aligned key tiles for paged prefill (issue 25) and their measured ratio go here,
+# > once `benchmarks/results/<gpu>-serving.json` holds them.
 #
 # ## 3. Prefix sharing: cascade attention
 #
@@ -229,18 +268,32 @@ for res, rows in measured("cascade"):
     plt.tight_layout()
     for r in rows:
         print(f"B={r['batch']:2d}: cascade {r['ms_graph_cascade'] * 1e3:6.0f} us, paged {r['ms_graph_paged'] * 1e3:6.0f} us"
-              f" -> {r['speedup_graph']:.2f}x (bytes ratio {r['bytes_ratio']:.1f})")
+              f" -> {r['speedup_graph']:.2f}x (bytes ratio {r['bytes_ratio']:.1f}); cascade reads "
+              f"{r['bytes_cascade'] / 1e6:.0f} MB; called eagerly: {r['speedup_eager']:.2f}x of eager paged decode")
 
 # %% [markdown]
-# The speedup grows with the batch but stays well below the bytes ratio, for two measured reasons:
+# The speed-up grows with the batch but stays well below the bytes ratio. What is measured and what is not:
 #
-# * the baseline is better than its byte count: the 64 requests read the *same* prefix pages at about the same
-#   time, so many of those reads hit the 50 MB L2 cache instead of HBM;
-# * the prefix pass is no longer memory-bound at large batch: `B * G = 256` query rows against 32k keys is
-#   a small prefill (34 GFLOP at B = 64), the same reason prefill is compute-bound (lecture 7).
+# * **Small batches are not at their byte floor.** At B = 8 the cascade takes 119 µs of GPU time for 168 MB.
+#   At the H100's datasheet HBM bandwidth (3.35 TB/s; *not* measured in this benchmark) those bytes would take
+#   about 50 µs. The gap is not bandwidth: the cascade is three launches (prefix pass, suffix pass, merge) that
+#   run one after the other, each too small at B = 8 to fill the GPU, and the merge reads and writes the partial
+#   states. The cascade's time is nearly flat from B = 8 to B = 32 (119 → 131 µs) while its bytes grow 1.6x,
+#   the signature of a fixed per-launch cost rather than a bandwidth limit.
+# * **Large batches: two likely reasons, not measured here.** The baseline may beat its byte count (the
+#   requests read the *same* prefix pages at about the same time, so some reads may hit L2 instead of HBM), and
+#   the prefix pass stops being memory-bound (`B · G = 256` query rows against 32k keys is a small prefill:
+#   34 GFLOP at B = 64, lecture 7). Neither an L2 hit rate nor the prefix pass alone was timed.
+# * **Called eagerly, cascade loses at small batch.** In the committed run, eager cascade is 0.22x of eager
+#   paged decode at B = 8 — *slower than not sharing at all* — and wins only from B = 32. Its host path (three
+#   launches plus tensor reshaping, without the recorded-launch fast path of §4) costs more than the GPU work.
+#   An engine captures its decode step in a CUDA graph, which is what the plot shows; eager use of cascade only
+#   pays at large batch.
 #
-# Eager calls of the cascade (three launches and some tensor reshaping) are host-bound at small batch; the JSON
-# keeps those numbers too. An engine captures its decode step in a CUDA graph, which is what the plot shows.
+# > **[HOOK: serving — to fill]** Issue 24 quotes a less severe eager slowdown at B = 8 on an H100, from a run
+# > that is not committed, so it is not quoted here. Helper `serving` (issue 25) is building
+# > cascade in fewer launches with a recorded eager path: its measured B = 8 graph and eager times replace the
+# > two bullets above when `benchmarks/results/<gpu>-serving.json` holds them.
 #
 # ## 4. Eager calls: host time vs GPU time
 #
@@ -261,12 +314,98 @@ for res, e in measured("eager"):
     print("  host us/call on a tiny problem:", ", ".join(f"{k} {v:.0f}" for k, v in e["host_us_tiny"].items()))
 
 # %% [markdown]
-# With the recorded launch, an eager decode call costs its GPU time (loop/graph ≈ 1, the bar was 1.2). It is as
-# fast as SDPA's default backend (cuDNN) called eagerly, within the few percent by which the kernels
-# themselves differ. Validation with a sync is the expensive part: a serving loop validates its inputs once,
+# With the recorded launch, an eager decode call at B = 1 and 32k keys costs its GPU time (loop/graph 1.04 for
+# `flash_decode`, 0.96 for `paged_decode`; the bar was 1.2), as fast as SDPA's default backend (cuDNN) called
+# eagerly, within the few percent by which the kernels themselves differ. But that is *at 32k*, where the GPU
+# time (55–57 µs) is about as long as the host path. The host time per call does not shrink with the context:
+# measured on a tiny problem, `flash_decode` spends 30 µs of host time per call and `paged_decode` 57 µs. The
+# GPU time does shrink (decode reads the KV cache: at B = 1 its time is roughly proportional to the context), so
+# below a crossover context the eager loop waits on Python, not on the GPU: Validation with a sync is the expensive part: a serving loop validates its inputs once,
 # where they are built, and passes `validate=False` in the hot path.
+
+# %%
+for res, e in measured("eager"):
+    for name in ("flash_decode", "paged_decode"):
+        gpu_us, host_us = e["cases"][name]["ms_graph"] * 1e3, e["host_us_tiny"][name]
+        cross = e["context"] * host_us / gpu_us    # GPU time ~ context (bandwidth-bound), host time constant
+        print(f"{res['meta']['gpu']} {name}: GPU {gpu_us:.0f} us at {e['context'] // 1024}k keys, host {host_us:.0f} us "
+              f"per call -> host-bound below about {cross / 1024:.0f}k keys (B = 1, linear model)")
+
+# %% [markdown]
+# So `paged_decode` called eagerly is host-bound below about 32k keys at B = 1, `flash_decode` below about 18k
+# (a linear model through one measured point: decode at short context also has a fixed GPU cost, which moves the
+# crossover lower; the crossover itself is not measured). Larger batches push it down too, since the GPU time
+# grows with the batch and the host time barely does. This is why engines capture the decode step in a CUDA
+# graph: the graph replays every launch of the step for one host call.
 #
-# ## 5. A mini engine
+# ## 5. Mixed batches: prefill and decode in one launch
+#
+# A serving step has two kinds of work: a few requests with prompt tokens left (a chunk each) and many requests
+# decoding one token each. Engines do not launch them apart. In vLLM's V1 engine and in FlashInfer-based
+# engines every request's new tokens of the step go into **one flat token batch** — a prefill chunk adds `n`
+# query rows, a decode request adds **one** — and one varlen attention launch over the paged cache serves all of
+# them: a decode row is just a sequence whose query length is 1 and whose keys are its whole cache (bottom-right
+# causal alignment makes that row see every key, lecture 0). Our `paged_prefill` already has that interface, so
+# a mixed step is one call with `cu_seqlens_q = [0, 1, 2, ..., B_dec, B_dec + n_1, ...]`:
+
+# %%
+hq, hkv, d, bs = 4, 2, 8, 4
+cache = PagedKVCache(64, bs, hkv, d, dtype=np.float64)
+ctx = {"dec0": 9, "dec1": 14, "dec2": 5, "pre0": 6}          # tokens already cached per request
+for rid, n0 in ctx.items():
+    cache.add_sequence(rid)
+    cache.append(rid, rng.standard_normal((n0, hkv, d)), rng.standard_normal((n0, hkv, d)))
+n_chunk = 7                                                  # pre0 prefills 7 more prompt tokens this step
+new = {rid: 1 for rid in ("dec0", "dec1", "dec2")} | {"pre0": n_chunk}
+q_step = {rid: rng.standard_normal((n, hq, d)) for rid, n in new.items()}
+for rid, n in new.items():                                   # the step's own K/V enter the cache first (§2)
+    cache.append(rid, rng.standard_normal((n, hkv, d)), rng.standard_normal((n, hkv, d)))
+order = list(new)
+tables, seq_lens = cache.block_tables(order)
+cu_q = np.concatenate([[0], np.cumsum([new[r] for r in order])])
+o_mixed, _ = paged_prefill(np.concatenate([q_step[r] for r in order]), cache.k_cache, cache.v_cache, tables, cu_q,
+                           seq_lens)
+print("one launch: cu_seqlens_q =", cu_q.tolist(), "| seq_lens =", seq_lens.tolist())
+dec = order[:3]                                              # the same work as two launches: decode, then prefill
+t_dec, l_dec = cache.block_tables(dec)
+o_dec, _ = paged_prefill(np.stack([q_step[r][0] for r in dec]), cache.k_cache, cache.v_cache, t_dec,
+                         np.arange(len(dec) + 1), l_dec)
+t_pre, l_pre = cache.block_tables(["pre0"])
+o_pre, _ = paged_prefill(q_step["pre0"], cache.k_cache, cache.v_cache, t_pre, [0, n_chunk], l_pre)
+print(f"max |mixed launch - (decode launch, prefill launch)| = "
+      f"{np.abs(o_mixed - np.concatenate([o_dec, o_pre])).max():.1e}")
+
+# %% [markdown]
+# What a GPU engine adds around that one launch:
+#
+# * **Plan once, run per layer** (FlashInfer's `plan()` / `run()`). Which query block meets which pages, how
+#   to split long decode rows over programs (split-KV, lecture 7) and where the partial states go depends only
+#   on the step's lengths and page tables, not on the layer. FlashInfer computes that schedule on the host once
+#   per step (`plan`) and every layer's attention reuses it (`run`), so the per-layer launch does no host-side
+#   work.
+# * **Fixed shapes for CUDA graphs.** A CUDA graph replays launches with fixed shapes and addresses. Decode
+#   batches change size every step, so engines capture graphs for a ladder of batch sizes (vLLM: 1, 2, 4, 8,
+#   then multiples of 8) and **pad** the batch up to the next captured size (padded rows are masked out or
+#   thrown away). Mixed steps with prefill chunks have too many shapes to capture; vLLM V1 captures the rest of
+#   the model piecewise and runs attention outside the graph. §4 measured why graphs matter: at short contexts
+#   an eager decode call is host-bound.
+# * **The chunk size: Sarathi-Serve's trade-off** (Agrawal et al., OSDI 2024). Each step has a **token
+#   budget**. Decode rows go in first (they are latency-critical), and prefill chunks fill what is left
+#   ("stall-free batching"). A small budget keeps every step short, so running requests get their next token
+#   quickly (low **time per output token**, TPOT), but a long prompt needs many steps, each paying the step's
+#   fixed cost (reading all the weights once), so its **time to first token** (TTFT) grows. A large budget
+#   does the opposite: prompts finish in few steps, and every decode in those steps waits for a big prefill.
+#
+# `MiniEngine.step` is this policy: `_decode()` first (one token for every request past its prompt), then
+# `_prefill(self.chunk)` spends a budget of `chunk` prompt tokens. Its decode rows already go through
+# `paged_prefill` as length-1 sequences. Here the two calls are separate; the cell above shows they could be one.
+#
+# > **[HOOK: serving — to fill]** Helper `serving` (issue 25) is building the one-launch mixed prefill + decode
+# > kernel over the paged cache (NumPy reference, Triton kernel, engine path). Its measured times (one mixed
+# > launch against a decode launch plus a prefill launch) go here once `benchmarks/results/<gpu>-serving.json`
+# > holds them. Nothing above is a GPU measurement of a mixed launch.
+#
+# ## 6. A mini engine
 #
 # `reference.serving_engine.MiniEngine` strings it together (NumPy, a one-layer toy model so that it runs here):
 # requests of random lengths wait in a queue; each step **admits** requests while the pool has room, **decodes**
@@ -323,6 +462,88 @@ plt.tight_layout()
 # flat in the batch size while decode is memory-bound (lecture 7), so tokens per step is what turns into tokens
 # per second there. (The NumPy tokens/s above mostly measure Python.)
 #
+# ### The chunk size: time to first token against time per output token
+#
+# The engine counts steps; to turn steps into time we need a step-time model. The one below takes the
+# attention costs **measured** in §2 and §4 (the benchmark's shape is Llama-3-8B's attention: 32 query heads,
+# 8 kv heads, d = 128) and **assumes** the rest of an 8B model on an H100 (datasheet-level numbers, not
+# measured here):
+#
+# $$t_\text{step} = \max\Big(\frac{\text{weight bytes}}{\text{HBM bandwidth}},\ n_\text{tokens}\cdot\frac{2P}{F}\Big)
+#   + L\,\big(n_\text{prefill}\, a_\text{prefill} + n_\text{keys read}\, a_\text{decode}\big)$$
+#
+# The first term is the linear layers: each step reads all the weights once (16 GB at 3.35 TB/s: 4.8 ms), and
+# past a few hundred tokens the matmuls are compute-bound (2 · 8e9 FLOPs per token at an assumed 500 TFLOP/s).
+# The second is attention, per layer: `a_prefill` = measured paged-prefill time per token, `a_decode` = measured
+# paged-decode GPU time per cached key. All requests arrive at once; TTFT is the time until a request's first
+# token, TPOT the mean time between its later tokens.
+
+# %%
+LAYERS, WEIGHT_BYTES, HBM, PARAMS, FLOPS = 32, 16e9, 3.35e12, 8e9, 500e12      # assumed, not measured
+a_prefill = a_decode = None
+for res, p in measured("prefill"):
+    a_prefill = p["ms_paged"] * 1e-3 / (p["batch"] * p["chunk"])                # s per prefill token, one layer
+for res, e in measured("eager"):
+    a_decode = e["cases"]["paged_decode"]["ms_graph"] * 1e-3 / e["context"]    # s per cached key read, one layer
+if a_prefill is None or a_decode is None:   # no committed serving run: a stand-in, said loudly
+    print("no measured attention costs: using a_prefill = 0.25 us/token, a_decode = 1.7 ns/key (placeholders)")
+    a_prefill, a_decode = 0.25e-6, 1.7e-9
+print(f"a_prefill = {a_prefill * 1e6:.3f} us per token per layer, a_decode = {a_decode * 1e9:.2f} ns per key per layer")
+
+
+def step_time(h):
+    """Model time (s) of one engine step from its history record (see the formula above)."""
+    n_tok = h["decoded"] + h["prefilled"]
+    linear = max(WEIGHT_BYTES / HBM, n_tok * 2 * PARAMS / FLOPS) if n_tok else 0.0
+    return linear + LAYERS * (h["prefilled"] * a_prefill + h["tokens_held"] * a_decode)
+
+
+def serve(chunk, seed=2):
+    """Serve one fixed request stream with prefill budget ``chunk``; return (mean TTFT, mean TPOT) in ms."""
+    g = np.random.default_rng(seed)
+    eng = MiniEngine(model, pool_tokens=16384, block_size=16, chunk=chunk, max_running=16)
+    for i in range(16):
+        n_prompt = int(np.clip(g.lognormal(np.log(200), 0.8), 16, 1024))
+        eng.add(i, [int(t) for t in g.integers(0, 97, n_prompt)], 24)
+    first = {}
+    while eng.waiting or eng.running:
+        eng.step()
+        for r in eng.running + eng.done:
+            if r.output and r.rid not in first:
+                first[r.rid] = eng.steps - 1                 # the step that produced its first token
+    t_end = np.cumsum([step_time(h) for h in eng.history])  # time at the end of each step
+    ttft = [t_end[first[r.rid]] for r in eng.done]
+    tpot = [(t_end[r.finished_step] - t_end[first[r.rid]]) / (len(r.output) - 1) for r in eng.done]
+    return 1e3 * np.mean(ttft), 1e3 * np.mean(tpot)
+
+
+# %% [markdown]
+# **Predict, then run.** Going from a budget of 16 prompt tokens per step to 1024, does the mean time per
+# output token go `"up"` or `"down"`? And the mean time to first token?
+
+# %%
+chunks = [16, 32, 64, 128, 256, 512, 1024]
+curve = {c: serve(c) for c in chunks}
+guess = None  # "up" or "down", for TPOT
+check_guess(guess, "up" if curve[1024][1] > curve[16][1] else "down", what="TPOT from chunk 16 to 1024")
+for c, (ttft, tpot) in curve.items():
+    print(f"chunk {c:5d}: mean TTFT {ttft:7.1f} ms, mean TPOT {tpot:6.2f} ms   (model)")
+fig, ax = plt.subplots(figsize=(5.5, 3.4))
+ax.plot([curve[c][1] for c in chunks], [curve[c][0] for c in chunks], "o-")
+for c in chunks:
+    ax.annotate(str(c), (curve[c][1], curve[c][0]), textcoords="offset points", xytext=(4, 4), fontsize=8)
+ax.set(xlabel="mean time per output token (ms, model)", ylabel="mean time to first token (ms, model)",
+       title="MiniEngine, prefill budget per step (labels)")
+plt.tight_layout()
+
+# %% [markdown]
+# Small budgets give the lowest TPOT and the highest TTFT: each prompt needs many steps, and every step pays the
+# 4.8 ms weight read. Past the knee where a step turns compute-bound (about 150 tokens per step with the
+# assumed numbers), a larger budget buys little TTFT and costs TPOT almost linearly: every decode in a step
+# waits for its prefill. Serving systems pick the budget from a TPOT target (Sarathi-Serve chooses it from the
+# latency SLO); the curve, not one number, is the answer. The model's assumed constants decide where the knee
+# sits; the shape does not depend on them.
+#
 # ## Exercises
 #
 # 1. In the mini engine, halve `pool_tokens`. Predict which policy loses more throughput, then run it.
@@ -330,5 +551,10 @@ plt.tight_layout()
 #    the first chunk row if it were appended after?
 # 3. Cascade at B = 1 reads exactly the bytes of paged decode. Why can it still be slower? (Count the launches
 #    and the partial states written and read by the merge.)
-# 4. In the varlen kernel a query block past its sequence's end returns immediately. With 32 sequences whose
-#    longest has 4096 tokens and `BLOCK_M = 128`, how many programs does the grid launch, and how many do work?
+# 4. In the varlen kernel a query block past its sequence's end returns immediately. The grid is
+#    `cdiv(max_seqlen_q, BLOCK_M)` query blocks for each of the `B * Hq` (sequence, head) pairs. For the
+#    benchmark's 32 prompts (their lengths are `vl["lengths"]` in §1's cell; the longest has 2052 tokens),
+#    `Hq = 32` and `BLOCK_M = 128`, how many
+#    programs does the grid launch, and how many do work? (Compare with the tile ratio printed in §1.)
+# 5. In the chunk sweep, set `FLOPS` to 2.5e14 and to 1e15. Predict how the knee of the curve moves, then run.
+#    Then replace the weight read by 0 (a model whose weights are free): what is left of the trade-off?

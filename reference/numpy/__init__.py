@@ -31,6 +31,7 @@ _EXPORTS = {
     "mixed_attention": "mixed",
     "mixed_plan": "mixed",
     "ring_step": "ring",
+    "ring_backward_step": "ring",
 }
 # Note: the function ``attention`` lives in the module ``reference.numpy.attention`` (same name), so it is
 # reached as ``reference.numpy.attention.attention``.
