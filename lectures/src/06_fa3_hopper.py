@@ -615,7 +615,7 @@ for path, r in runs:
 # * **The fair comparison is with persistence on both**: then ping-pong gains +0.7% to +9.1% (H100) and +3.1%
 #   to +7.8% (H200) non-causal, and -1.5% to +0.3% (H100), -2.2% to +1.9% (H200) causal. That is the talk's
 #   direction (580 -> 640 TFLOPS in FA3's CUDA kernel, about +10%), smaller. One outlier: the H100's persistent
-#   `specialized` at causal d = 128, N = 1k (0.40x) is a single run, left in the file as measured.
+#   `specialized` at causal d = 128, N = 1k (0.39x) is a single run, left in the file as measured.
 #
 # Persistence itself: with one 164 KB CTA per SM, a CTA per tile pays its start (Q and the first K/V tile from
 # memory) and its epilogue with the tensor cores idle; at N = 2k a tile has only 16 key blocks, and ncu shows
