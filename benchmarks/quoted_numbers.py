@@ -242,6 +242,61 @@ def lecture_check(stem: str) -> tuple[dict, list[str]]:
     return derived, sorted(set(missing))
 
 
+# ---- lecture 06 (helper gluonlec, issue 24): the Gluon ablation prose of section 10d ----------------------------
+LECTURE06 = RESULTS.parent.parent / "lectures" / "src" / "06_fa3_hopper.py"
+
+
+def _pct_span(xs):
+    return f"{min(xs):+.1%} to {max(xs):+.1%}"
+
+
+def lecture06_quotes() -> list[str]:
+    """The phrases of lecture 06's section 10 prose that carry a measured number, rebuilt from
+    ``<gpu>-gluon.json`` / ``h100-gluon-headminor.json``; each must appear in the lecture's markdown
+    (``tests/test_quoted_numbers.py`` joins its lines). Counts and spans are over the rows with N >= 2k."""
+    runs = {g: load(f"{g}-gluon.json") for g in ("h100", "h200")}
+    if not all(runs.values()):
+        return []
+    t = lambda x, c: x[c]["tflops"]
+    rel = lambda x, c: t(x, c) / x["cudnn"]["tflops"]
+    long = {g: [x for x in r["bench"]["main"] if x["N"] >= 2048] for g, r in runs.items()}
+    n = len(long["h100"])
+    slow = {g: sum(t(x, "gluon_overlap") < t(x, "triton") for x in xs) for g, xs in long.items()}
+    trail = {g: sum(t(x, "gluon_pingpong") < t(x, "gluon_specialized") for x in xs) for g, xs in long.items()}
+    pp = {g: _pct_span([t(x, "gluon_pingpong") / t(x, "gluon_specialized") - 1 for x in xs]) for g, xs in long.items()}
+    pers = {(g, c): _pct_span([t(x, "gluon_pingpong_persistent") / t(x, "gluon_specialized_persistent") - 1
+                               for x in xs if x["causal"] == c]) for g, xs in long.items() for c in (False, True)}
+    row = lambda g, d, causal, nn: next(x for x in runs[g]["bench"]["main"]
+                                        if (x["d"], x["causal"], x["N"]) == (d, causal, nn))
+    c2k = row("h100", 128, True, 2048)
+    spec = [rel(x, "gluon_specialized") for x in long["h100"]]
+    at2k = [row(g, 128, c, 2048) for g in runs for c in (False, True)]
+    out = [
+        f"in {slow['h100']} of {n} rows on the H100 and {slow['h200']} of {n} on the H200",
+        f"N = 2k on the H100: {rel(c2k, 'gluon_overlap'):.2f}x cuDNN against Triton's {rel(c2k, 'triton'):.2f}x",
+        f"(`specialized`, {min(spec):.2f}-{max(spec):.2f}x at N >= 2k on the H100)",
+        f"trails `specialized` in {trail['h100']} of {n} rows on the H100 and {trail['h200']} of {n} on the H200, "
+        f"by {pp['h100']} (H100) and {pp['h200']} (H200)",
+        f"ping-pong gains {pers[('h100', False)]} (H100) and {pers[('h200', False)]} (H200) non-causal, and "
+        f"{pers[('h100', True)]} (H100), {pers[('h200', True)]} (H200) causal",
+        f"`specialized` at causal d = 128, N = 1k ({rel(row('h100', 128, True, 1024), 'gluon_specialized_persistent'):.2f}x)",
+        f"from {min(rel(x, 'gluon_pingpong') for x in at2k):.2f}-{max(rel(x, 'gluon_pingpong') for x in at2k):.2f}x "
+        f"to {min(rel(x, 'gluon_pingpong_persistent') for x in at2k):.2f}-"
+        f"{max(rel(x, 'gluon_pingpong_persistent') for x in at2k):.2f}x cuDNN",
+    ]
+    hm = load("h100-gluon-headminor.json")
+    if hm:
+        m = {x["causal"]: rel(x, "gluon_pingpong_persistent") for x in hm["bench"]["main"]
+             if x["d"] == 128 and x["N"] == 2048}
+        out.append(f"fell to {m[False]:.2f}x (non-causal) and {m[True]:.2f}x (causal) at d = 128, N = 2k on the H100")
+    return out
+
+
+def lecture06_lines() -> list[str]:
+    return [f"lecture 06 quotes: {q}" for q in lecture06_quotes()] or ["lecture 06: <gpu>-gluon.json not there"]
+# ---- end of lecture 06 block --------------------------------------------------------------------------------------
+
+
 def main() -> int:
     lines = []
     for name, fn in (("cpu-numpy.json", cpu_lines), ("h200-attention.json", attention_lines), ("h200-decode.json", decode_lines)):
@@ -263,6 +318,10 @@ def main() -> int:
         lines.append(f"lecture {stem}: {len(derived)} numbers derived from results files"
                      + (f"; prose numbers with no results file: {', '.join(missing)}" if missing else
                         "; every prose number is backed"))
+
+
+        lines.append("fragmentation.json: utilisation " + ", ".join(f"{k} {v['utilisation']:.1%}" for k, v in s.items()))
+    lines += lecture06_lines()
     print("\n".join(lines))
     return 0
 

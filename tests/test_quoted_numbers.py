@@ -155,3 +155,42 @@ def test_lecture_10_quotes_the_measured_ring_run():
     text = (ROOT / "lectures" / "src" / "10_ring_attention.py").read_text()
     assert quoted in text, quoted
     assert "NCCL_NVLS_ENABLE=0 python3 benchmarks/bench_ring.py --world-size 2" in text
+
+
+# ---- lecture 06 (helper gluonlec, issue 24) ------------------------------------------------------------------------
+def _markdown_text(path: Path) -> str:
+    """The lecture source's comment text with the ``# `` prefixes removed and whitespace collapsed, so a quoted
+    phrase may wrap over lines."""
+    text = " ".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in path.read_text().splitlines()
+                    if line.startswith("#"))
+    return re.sub(r"\s+", " ", text)
+
+
+def test_lecture06_gluon_prose_matches_the_results_files():
+    """Every measured number in lecture 06 section 10's prose is rebuilt from the results files by
+    ``benchmarks/quoted_numbers.lecture06_quotes`` and must appear verbatim (a re-run that moves a number fails
+    here until the prose is updated)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import quoted_numbers
+    finally:
+        sys.path.pop(0)
+    quotes = quoted_numbers.lecture06_quotes()
+    assert len(quotes) >= 8
+    text = _markdown_text(ROOT / "lectures" / "src" / "06_fa3_hopper.py")
+    missing = [q for q in quotes if q not in text]
+    assert not missing, missing
+
+
+def test_lecture06_quotes_fail_on_a_moved_number(tmp_path):
+    """The check can fail: a prose with one count changed does not contain the rebuilt phrase."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import quoted_numbers
+    finally:
+        sys.path.pop(0)
+    quote = quoted_numbers.lecture06_quotes()[0]
+    src = ROOT / "lectures" / "src" / "06_fa3_hopper.py"
+    moved = tmp_path / "06.py"
+    moved.write_text(src.read_text().replace("13 of 16 rows on the H100", "12 of 16 rows on the H100"))
+    assert quote in _markdown_text(src) and quote not in _markdown_text(moved)

@@ -1,0 +1,333 @@
+# %% [markdown]
+# # Assignment 7 (optional, Hopper owners) -- the ping-pong turn in a Gluon FlashAttention-3 forward
+#
+# Lecture 6, section 10 walks through `reference.triton.flash_gluon`: a producer warp streams K/V tiles by TMA
+# into a two-slot shared-memory ring, and two consumer warpgroups (64 query rows each) run FA3's Algorithm 2
+# (issue $S_j$ and $P_{j-1}V_{j-1}$, wait for $S_j$ only, softmax under the $PV$ matmul). Below is that
+# kernel, one CTA per 128-row query tile, **without the ping-pong turn**: the two consumers issue their matmuls
+# whenever they are ready. FA3's ping-pong (section 3.1 of the paper) makes them take turns, so that one
+# warpgroup's softmax runs under the other's GEMMs.
+#
+# You write the turn, with a pair of mbarriers `turn_bars[0]`, `turn_bars[1]` (count 1, initialised for you):
+#
+# * `_turn_phase(r, WG)`: the parity consumer `WG` waits for on `turn_bars[WG]` before its matmul round `r`
+#   (round 0 issues $S_0$; round $j$ issues $S_j$ and $P_{j-1}V_{j-1}$; the last round the last $PV$).
+#   Order: WG 0 round 0, WG 1 round 0, WG 0 round 1, WG 1 round 1, ... Remember the rule of lecture 6 §10b: a
+#   fresh barrier lets `wait(bar, 1)` through and blocks `wait(bar, 0)` until the first arrival. Write it with
+#   integer operators only (`&`, `^`, `+`, `-`): the grader also evaluates it as plain Python.
+# * `_take_turn(turn_bars, WG, r)`: wait for your turn (`mbarrier.wait` on your barrier, your phase);
+# * `_give_turn(turn_bars, WG)`: hand the turn to the other warpgroup (`mbarrier.arrive` on its barrier).
+#
+# The consumer loop already calls them around each round of matmul issues. A wrong parity **hangs the GPU**
+# (both warpgroups wait forever) or lets the rounds run out of order; test your phases on the CPU first with
+# `turn_order` below, which runs them through the mbarrier model of lecture 6. Graded (bonus, outside the
+# 100): the phases (CPU), the compiled kernel for sm_90a (CPU: it compiles, no spills, one more mbarrier wait
+# and arrive per round than the kernel without turns), and on a Hopper GPU correctness against float64 and
+# speed against the course's kernel. Without a Hopper GPU the GPU tests say "not run".
+#
+# Do not import the course's `reference` package (the grader flags it).
+
+# %%
+import numpy as np
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+LOG2E = 1.4426950408889634
+
+
+# %% [markdown]
+# ## Your part: the turn
+
+# %%
+@gluon.jit
+def _turn_phase(r, WG: gl.constexpr):
+    """Parity consumer ``WG`` waits for on ``turn_bars[WG]`` before matmul round ``r``."""
+    ### BEGIN SOLUTION
+    return (r & 1) ^ (1 - WG)
+    ### END SOLUTION
+
+
+@gluon.jit
+def _take_turn(turn_bars, WG: gl.constexpr, r):
+    """Wait until it is consumer ``WG``'s turn for round ``r``."""
+    ### BEGIN SOLUTION
+    mbarrier.wait(turn_bars.index(WG), _turn_phase(r, WG))
+    ### END SOLUTION
+
+
+@gluon.jit
+def _give_turn(turn_bars, WG: gl.constexpr):
+    """Consumer ``WG`` has issued its round: the other consumer may issue its own."""
+    ### BEGIN SOLUTION
+    mbarrier.arrive(turn_bars.index(1 - WG))
+    ### END SOLUTION
+
+
+# %% [markdown]
+# ## Given: the kernel (from `reference.triton.flash_gluon`, non-persistent, turns as calls)
+
+# %%
+@gluon.jit
+def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key blocks ``[0, hi)`` this query block reads; blocks ``>= full_end`` need the mask (FA2 Alg. 1 line 6).
+
+    Bottom-right causal: row ``i`` sees key ``j`` iff ``j <= i + (N_K - N_Q)``.
+    """
+    n_blocks = gl.cdiv(N_K, BLOCK_N)
+    if CAUSAL:
+        offset = N_K - N_Q
+        hi = gl.minimum(gl.cdiv(gl.maximum(start_m + BLOCK_M + offset, 0), BLOCK_N), n_blocks)
+        full_end = gl.minimum(gl.maximum(start_m + offset + 1, 0) // BLOCK_N, hi)
+    else:
+        hi = n_blocks
+        full_end = N_K // BLOCK_N
+    return full_end, hi
+
+
+@gluon.jit
+def _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    """This CTA's query tile: ``(start_m, q_row0, kv_row0)``, the tile's first query row within its head and the
+    first rows of its (batch, query head) and of the kv head it reads (GQA: ``h // GROUP``) in the 2-D views.
+    Grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``; causal: the heaviest query blocks launch first (a shorter tail)."""
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    pid_bh = gl.program_id(1)
+    b = pid_bh // H_Q
+    h = pid_bh % H_Q
+    return pid_m * BLOCK_M, pid_bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
+
+
+@gluon.jit
+def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+                    s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+    """FA2 Algorithm 1, lines 9-10 on one score tile ``s = Q_i K_j^T`` (raw, unscaled, fp32).
+
+    Returns ``(p, alpha, m_new, l_new)`` with ``p = exp2(s * qk_scale - m_new)`` and ``alpha = exp2(m_i - m_new)``,
+    the factor the caller applies to ``O`` before adding ``p V_j``. Masked (diagonal / ragged) blocks set
+    invisible scores to ``-inf``; the max used for the exponent is 0 where no key was seen yet (no inf - inf).
+    """
+    if j >= full_end:
+        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        visible = cols[None, :] < N_K
+        if CAUSAL:
+            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+            visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+    m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s * qk_scale - m_use[:, None])
+    alpha = gl.exp2(m_i - m_use)
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
+                  o_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
+    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows)."""
+    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.convert_layout(m_i, row_l)
+    l_i = gl.convert_layout(l_i, row_l)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row_ok = offs_m < N_Q
+    rows = (o_row0 + offs_m).to(gl.int64)
+    gl.store(LSE + rows, lse, mask=row_ok)
+    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+
+
+@gluon.jit
+def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
+                 start_m, hi, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The producer warp: both query halves, then K_t and V_t for t < hi, each once both consumers freed its slot."""
+    for w in gl.static_range(2):
+        mbarrier.expect(q_bars.index(w), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w), q_smem.index(w))
+    for t in range(hi):
+        slot = t % STAGES
+        free_phase = ((t // STAGES) & 1) ^ 1  # a fresh barrier counts as phase 1 complete: the first pass is free
+        mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
+        mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
+        mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
+        mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.constexpr, full_end, hi, start_m,
+                   N_Q, N_K, qk_scale, s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   TURNS: gl.constexpr):
+    """FA3 Algorithm 2 for one consumer (lecture 6 §10a); round ``r`` of matmul issues between the turn calls."""
+    dtype: gl.constexpr = q_smem.dtype
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if hi > 0:
+        mbarrier.wait(k_bars.index(0), 0)
+        if TURNS:
+            _take_turn(turn_bars, WG, 0)
+        s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        if TURNS:
+            _give_turn(turn_bars, WG)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        mbarrier.arrive(k_bars.index(STAGES))
+        p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
+                                             s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+        p_op = gl.convert_layout(p.to(dtype), p_layout)
+        for j in range(1, hi):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            if TURNS:
+                _take_turn(turn_bars, WG, j)
+            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+            if TURNS:
+                _give_turn(turn_bars, WG)
+            s = warpgroup_mma_wait(1, deps=(s,))
+            mbarrier.arrive(k_bars.index(STAGES + slot))
+            p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+                                                 s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            mbarrier.arrive(v_bars.index(STAGES + prev))
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        last = (hi - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((hi - 1) // STAGES) & 1)
+        if TURNS:
+            _take_turn(turn_bars, WG, hi)
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        if TURNS:
+            _give_turn(turn_bars, WG)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        mbarrier.arrive(v_bars.index(STAGES + last))
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, start_m, full_end, hi,
+              N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, HALF: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    my_start = start_m + WG * HALF
+    mbarrier.wait(q_bars.index(WG), 0)
+    acc, m_i, l_i = _consumer_loop(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, turn_bars, WG, full_end, hi,
+                                   my_start, N_Q, N_K, qk_scale, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM,
+                                   STAGES, CAUSAL, TURNS)
+    _store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
+
+
+@gluon.jit
+def _fwd_pingpong_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
+                         HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
+    """One CTA = one 128-row query tile: two consumer warpgroups of 64 rows and a producer warp."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = desc_q.dtype
+    start_m, q_row0, kv_row0 = _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
+    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+        mbarrier.init(turn_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_bars.index(i), count=1)
+        mbarrier.init(v_bars.index(i), count=1)
+        mbarrier.init(k_bars.index(STAGES + i), count=2)
+        mbarrier.init(v_bars.index(STAGES + i), count=2)
+    fence_async_shared()
+    full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    gl.warp_specialize([
+        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, start_m, full_end,
+                     hi, N_Q, N_K, qk_scale, 0, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
+        (_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, start_m, full_end,
+                     hi, N_Q, N_K, qk_scale, 1, HEAD_DIM, HALF, BLOCK_N, STAGES, CAUSAL, TURNS)),
+        (_ws_producer, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
+                        start_m, hi, HALF, BLOCK_N, STAGES)),
+    ], [4, 1], [240, 24])
+
+
+# %% [markdown]
+# ## Given: the host side, the CPU checks
+
+# %%
+CONFIG = dict(BLOCK_M=128, BLOCK_N=128, STAGES=2, num_warps=4)
+
+
+def _descriptor(x2d, rows, d):
+    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], dt)
+    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, d], layout)
+
+
+def flash_attention_forward_pingpong(q, k, v, causal=False, scale=None):
+    """Given: ``(o, lse)`` as ``flash_attention_forward``; bf16/fp16, d in {64, 128}, a Hopper GPU."""
+    B, Hq, Nq, d = q.shape
+    Hkv, Nk = k.shape[1], k.shape[2]
+    if not (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)):
+        raise RuntimeError("flash_attention_forward_pingpong needs a Hopper GPU (compute capability 9.0)")
+    scale = d ** -0.5 if scale is None else scale
+    q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
+    o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
+    bm, bn = CONFIG["BLOCK_M"], CONFIG["BLOCK_N"]
+    _fwd_pingpong_kernel[(triton.cdiv(Nq, bm), B * Hq)](
+        _descriptor(q2, bm // 2, d), _descriptor(k2, bn, d), _descriptor(v2, bn, d), o, lse, Hq, Hq // Hkv, Nq, Nk,
+        scale * LOG2E, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=CONFIG["STAGES"], CAUSAL=bool(causal), TURNS=True,
+        num_warps=CONFIG["num_warps"], maxnreg=168)
+    return o, lse
+
+
+def turn_phases(rounds, wgs):
+    """Given: ``_turn_phase`` evaluated as plain Python for each (round, warpgroup) pair -> int64 array."""
+    fn = _turn_phase.fn
+    return np.array([int(fn(int(r), int(w))) for r, w in zip(np.asarray(rounds), np.asarray(wgs))], np.int64)
+
+
+def turn_order(n_rounds=6):
+    """Given: play the two consumers' turns through the mbarrier rule (fresh barrier: parity 1 passes) with your
+    ``_turn_phase``; return the order in which the rounds were issued, or say which wait would hang."""
+    phase = [0, 0]                       # completed phases of turn_bars[0], turn_bars[1]
+    nxt, order = [0, 0], []
+    while min(nxt) < n_rounds:
+        moved = False
+        for wg in (0, 1):
+            r = nxt[wg]
+            if r < n_rounds and (phase[wg] & 1) != int(_turn_phase.fn(r, wg)):
+                order.append(f"WG{wg} r{r}")
+                phase[1 - wg] += 1       # _give_turn: one arrival completes the other barrier's phase
+                nxt[wg] += 1
+                moved = True
+                break
+        if not moved:
+            return order + [f"HANG: WG0 waits round {nxt[0]}, WG1 waits round {nxt[1]}"]
+    return order
+
+
+# %% tags=["check"]
+print(turn_order())   # want: WG0 r0, WG1 r0, WG0 r1, WG1 r1, ...
