@@ -209,6 +209,9 @@ def main():
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         return answer(False, f"{threads} threads after importing torch (fork would not be safe)")
+    import gc
+    gc.collect()
+    gc.freeze()          # no child's collector traverses (and copies on write) the imported modules' objects
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind("\0" + cfg["name"])
     lst.listen(64)
