@@ -169,7 +169,7 @@ class Grader:
         return [t.name for t in self.spec.tasks.values()]
 
     def _start_student(self):
-        sb = Sandbox(self.device, self.limits, "student")
+        sb = Sandbox(self.device, self.limits, "student", zygote=self.spec.needs_torch)
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
                  "device": self.device, "torch": self.spec.needs_torch,

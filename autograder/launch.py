@@ -125,7 +125,12 @@ def setup_child(cfg, status):
 
 
 def main():
-    cfg = json.loads(sys.argv[1])
+    run(json.loads(sys.argv[1]))
+
+
+def run(cfg, start=None):
+    """Steps 1-4 of the module docstring for ``cfg``; ``start(argv)`` (the zygote, ``autograder.zygote``) runs
+    the child command in this process instead of ``exec`` (its interpreter already holds torch and Triton)."""
     status = {"userns": False, "mountns": False, "pidns": False, "netns": False, "proc": False, "hidden": [],
               "locked": False, "why": []}
     uid, gid = os.getuid(), os.getgid()
@@ -158,7 +163,15 @@ def main():
         except Exception as exc:  # noqa: BLE001 -- report and go on without that layer
             status["why"].append(f"setup: {exc}")
         argv = list(cfg["argv"]) + [json.dumps(status)]
-        os.execv(argv[0], argv)
+        if start is None:
+            os.execv(argv[0], argv)
+        try:
+            start(argv)
+        except BaseException:  # noqa: BLE001 -- say why on stderr (captured), then go as an exec failure would
+            import traceback
+            traceback.print_exc()
+            sys.stderr.flush()
+        os._exit(1)
     for fd in fds:                                       # only C holds the protocol pipes: EOF when C dies
         os.close(fd)
     code = None

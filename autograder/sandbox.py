@@ -92,17 +92,25 @@ def nproc_limit(extra: int) -> int | None:
     return user_tasks() + extra
 
 
+def rlimits(limits: Limits, nproc=None) -> list:
+    """``[(RLIMIT name, soft, hard)]`` of a child (set in the child before it runs anything)."""
+    out = [("RLIMIT_CORE", 0, 0), ("RLIMIT_CPU", limits.cpu_seconds, limits.cpu_seconds + 5),
+           ("RLIMIT_FSIZE", limits.file_bytes, limits.file_bytes)]
+    if limits.address_space:
+        out.append(("RLIMIT_AS", limits.address_space, limits.address_space))
+    if nproc:
+        out.append(("RLIMIT_NPROC", nproc, nproc))
+    return out
+
+
 def _preexec(limits: Limits, nproc=None):
+    todo = rlimits(limits, nproc)
+
     def fn():
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        if limits.address_space:
-            resource.setrlimit(resource.RLIMIT_AS, (limits.address_space, limits.address_space))
-        if nproc:
-            resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+        for name, soft, hard in todo:
+            resource.setrlimit(getattr(resource, name), (soft, hard))
     return fn
 
 
@@ -120,6 +128,7 @@ class Sandbox:
     child_pid: int | None = None              # the child proper (PID 1 of its namespace when there is one)
     trusted: bool = False                     # the reference child: sees the checkout, no leftover check
     isolation: dict | None = None             # what the launcher achieved (launch.py ``status``)
+    zygote: bool = False                      # a torch child: forked by the zygote when one runs (zygote.py)
     _last_watch: float = 0.0
 
     def __post_init__(self):
@@ -156,12 +165,19 @@ class Sandbox:
                                str(r_req), str(w_resp)],
                       "fds": [r_req, w_resp], "hide": hide, "keep": keep, "stage": self.tmp,
                       "network_off": self.limits.network_off, "namespaces": isolation.namespaces_enabled()}
+        nproc = nproc_limit(self.limits.extra_tasks)
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", LAUNCH, json.dumps(launch_cfg)],
-                cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                pass_fds=(r_req, w_resp), start_new_session=True,
-                preexec_fn=_preexec(self.limits, nproc_limit(self.limits.extra_tasks)), close_fds=True)
+            self.proc = None
+            if self.zygote and self.device == "cpu" and not self.trusted:
+                from . import zygote
+                self.proc = zygote.spawn(launch_cfg, env, self.tmp, rlimits(self.limits, nproc),
+                                         [r_req, w_resp, out.fileno(), err.fileno()])
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-I", "-S", LAUNCH, json.dumps(launch_cfg)],
+                    cwd=self.tmp, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                    pass_fds=(r_req, w_resp), start_new_session=True,
+                    preexec_fn=_preexec(self.limits, nproc), close_fds=True)
         os.close(r_req)
         os.close(w_resp)
         self.pid = self.proc.pid
@@ -341,6 +357,8 @@ class Sandbox:
             except Exception:  # noqa: BLE001 -- we kill below anyway
                 pass
         self.kill()
+        if hasattr(self.proc, "close"):          # a zygote's child: drop the connection to the zygote
+            self.proc.close()
         if self.chan:
             self.chan.close()
         if self.tmp:

@@ -201,8 +201,10 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
             def close(self):
                 pass
     from .grade_all import grade_one
+    from .zygote import running
     bar = tqdm(total=len(paths), desc="selftest", unit="sub", disable=not verbose)
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    # one zygote for the Triton gradings (zygote.py): their children start with torch and Triton imported
+    with running(device) as no_zygote, ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {}
         for aid, p in paths:
             name = f"{aid}__{p.parent.name}__{p.stem}"
@@ -240,6 +242,6 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
     if verbose:
         print("\n".join(lines))
         print(f"selftest: {len(items) - bad}/{len(items)} as expected in {time.monotonic() - t0:.0f} s "
-              f"(device {device}, -j {jobs}"
+              f"(device {device}, -j {jobs}, {'zygote' if not no_zygote else no_zygote}"
               f"{f', {len(skipped)} skipped: other device' if skipped else ''}); JSONs in {out_dir}")
     return 1 if bad else 0

@@ -1,0 +1,131 @@
+"""The zygote (``autograder/zygote.py``, ``zygote_server.py``): Triton grading children forked from one process
+that imported torch and Triton once. Each forked child must be as fresh and as contained as a spawned one: what a
+submission changes in one child (module globals, a monkeypatched torch) is not seen by the next, the sandbox
+layers hold (namespaces, hidden checkout, no network), killing and timeouts work, and a wrong token gets nothing."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from autograder import isolation, zygote  # noqa: E402
+from autograder.sandbox import Limits, Sandbox, SandboxDied  # noqa: E402
+
+pytestmark = pytest.mark.autograder
+
+DIRTY = """import torch, numpy
+torch.zygote_mark = 1
+numpy.zygote_mark = 1
+torch.softmax = lambda *a, **k: None
+numpy.allclose = lambda *a, **k: True
+import sys
+_r = sys.modules["autograder.runner"]
+_r.describe = None
+_r.ZYGOTE_MARK = 1
+"""
+LOOK = """import torch, numpy
+import sys
+_r = sys.modules["autograder.runner"]
+if (hasattr(torch, "zygote_mark") or hasattr(numpy, "zygote_mark") or torch.softmax.__name__ == "<lambda>"
+        or numpy.allclose.__name__ == "<lambda>" or _r.describe is None or hasattr(_r, "ZYGOTE_MARK")):
+    LEAKED = 1
+else:
+    FRESH = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def zyg():
+    with zygote.running("cpu") as why:
+        if why:
+            pytest.skip(f"no zygote here: {why}")
+        yield
+
+
+def _child(**kw):
+    sb = Sandbox("cpu", Limits(address_space=None), "student", zygote=True, **kw)
+    sb.start()
+    assert isinstance(sb.proc, zygote.ZygoteProc), "the sandbox did not use the zygote"
+    return sb
+
+
+def _load(sb, src, names=()):
+    sb.send({"t": "load", "cells": [[0, src]], "names": list(names), "torch": True, "device": "cpu"})
+    h, _ = sb.recv(60, expect="loaded")
+    return h
+
+
+def test_forked_children_start_fresh_and_contained(zyg):
+    first = _child()
+    try:
+        h = _load(first, DIRTY)
+        assert all(c["ok"] for c in h["cells"]), h["cells"]
+        assert {"numpy.allclose", "autograder.runner.describe"} <= set(h["patched"]), h["patched"]      # the traps see it as before
+        pid1 = first.child_pid
+    finally:
+        first.stop()
+    second = _child()
+    try:
+        h = _load(second, LOOK, ["LEAKED", "FRESH"])
+        assert h["names"] == {"LEAKED": None, "FRESH": "int"}, h
+        assert second.child_pid != pid1
+        iso = second.isolation
+        assert iso["pidns"] and iso["mountns"] and iso["netns"] and iso["locked"], iso
+        assert isolation.REPO in iso["hidden"] or any(isolation.inside(isolation.REPO, d) for d in iso["hidden"])
+        assert second.network.startswith("off")
+    finally:
+        second.stop()
+
+
+def test_forked_child_escapes_are_killed_and_time_out(zyg):
+    sb = _child()
+    try:
+        src = ("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(120)\n    os._exit(0)\n"
+               "while True:\n    pass\n")
+        sb.send({"t": "load", "cells": [[0, src]], "names": [], "torch": True, "trusted": True})   # no traps: fork
+        t0 = time.monotonic()
+        with pytest.raises(SandboxDied) as exc:
+            sb.recv(2.0, expect="loaded")
+        assert exc.value.kind == "timeout" and time.monotonic() - t0 < 10
+        assert sb._members() == []
+        assert sb.proc.returncode is not None and sb.proc.returncode < 0      # killed, as Popen reports it
+    finally:
+        sb.stop()
+
+
+def test_closing_the_connection_kills_the_child(zyg):
+    """A grader that dies (its end of the zygote connection closes) takes its child with it."""
+    sb = _child()
+    try:
+        launcher = sb.pid
+        assert isolation.proc_state(launcher) not in (None, "Z")
+        sb.proc.close()
+        deadline = time.monotonic() + 10
+        while isolation.proc_state(launcher) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert isolation.proc_state(launcher) in (None, "Z")
+    finally:
+        sb.stop()
+
+
+def test_no_zygote_or_a_wrong_token_gets_nothing(zyg, monkeypatch):
+    name = os.environ[zygote.ENV].split(":", 1)[0]
+    r, w = os.pipe()
+    try:
+        monkeypatch.setenv(zygote.ENV, f"{name}:not-the-token")
+        assert zygote.spawn({"argv": []}, {}, "/", [], [r, w, r, w]) is None
+        monkeypatch.delenv(zygote.ENV)
+        assert zygote.spawn({"argv": []}, {}, "/", [], [r, w, r, w]) is None
+    finally:
+        os.close(r)
+        os.close(w)
+    sb = Sandbox("cpu", Limits(address_space=None), "student", zygote=True)   # falls back to spawning
+    sb.start()
+    try:
+        assert not isinstance(sb.proc, zygote.ZygoteProc)
+    finally:
+        sb.stop()
