@@ -3,7 +3,7 @@
 ``compile_usage(path, turns=True)`` executes a submission's code cells (a ``.py`` percent source or a notebook
 exported to one) in a **separate process** with ``TRITON_INTERPRET=0`` (the compiler rejects interpreter objects),
 compiles its ``_fwd_pingpong_kernel`` for sm_90a and returns registers, spills and the mbarrier / wgmma-wait
-counts of its PTX and SASS (``benchmarks/gluon_aot.usage``). ``judge_compile(with_turns, without)`` is the verdict:
+counts of its PTX and SASS (``reference.triton.hopper._aot.resource_usage(barriers=True)``). ``judge_compile(with_turns, without)`` is the verdict:
 it compiles, nothing spills, and the turn adds exactly one mbarrier wait and one arrival per matmul round and
 consumer (3 rounds in the code x 2 consumers = 6 each: a missing ``_take_turn`` wait or ``_give_turn`` arrive
 shows as a smaller difference). A wrong *phase* compiles to the same instructions; ``turn_phases`` catches it.
@@ -26,8 +26,7 @@ _CHILD = r"""
 import json, sys
 sys.path.insert(0, sys.argv[3])
 from autograder.percent import parse_percent
-from benchmarks.gluon_aot import usage
-from reference.triton._aot import compile_gluon, descriptor_signature
+from reference.triton.hopper._aot import compile_gluon, descriptor_signature, resource_usage
 import importlib.util, os, tempfile
 src = open(sys.argv[1]).read()
 code = "\n\n".join(c.source for c in parse_percent(src, sys.argv[1])
@@ -42,7 +41,7 @@ sig = {"desc_q": descriptor_signature(64, 128), "desc_k": descriptor_signature(1
        "desc_v": descriptor_signature(128, 128), "O": "*bf16", "LSE": "*fp32", "H_Q": "i32", "GROUP": "i32",
        "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32"}
 cx = dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=128, STAGES=2, CAUSAL=False, TURNS=sys.argv[2] == "1", num_warps=4)
-print(json.dumps(usage(compile_gluon(ns["_fwd_pingpong_kernel"], sig, cx, 4, maxnreg=168))))
+print(json.dumps(resource_usage(compile_gluon(ns["_fwd_pingpong_kernel"], sig, cx, 4, maxnreg=168), barriers=True)))
 """
 
 

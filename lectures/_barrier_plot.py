@@ -1,4 +1,4 @@
-"""Lecture 6 section 10's drawing: the mbarrier trace of ``reference.mbarrier.run_pingpong`` as a timeline.
+"""Lecture 6 section 10's drawing: the mbarrier trace of ``reference.simulators.mbarrier.run_pingpong`` as a timeline.
 
 One row per barrier, one column per action in the order the model ran them: a triangle where a phase completes
 (an arrival, or the copy engine landing a TMA load) labelled with the new phase count, a circle where an agent's
@@ -10,7 +10,7 @@ COLORS = {"producer": "tab:green", "WG0": "tab:blue", "WG1": "tab:orange"}
 
 
 def barrier_timeline(ax, events, rows=None, title=""):
-    """Draw ``events`` (``reference.mbarrier.Event``) on ``ax``; ``rows``: the barrier names to show, top down."""
+    """Draw ``events`` (``reference.simulators.mbarrier.Event``) on ``ax``; ``rows``: the barrier names to show, top down."""
     rows = rows or sorted({e.barrier for e in events if e.barrier})
     y = {name: i for i, name in enumerate(rows)}
     for e in events:

@@ -1,9 +1,9 @@
-"""``reference.mbarrier``: the mbarrier parity rule (PTX ``mbarrier.try_wait.parity``) and the FA3 ping-pong
+"""``reference.simulators.mbarrier``: the mbarrier parity rule (PTX ``mbarrier.try_wait.parity``) and the FA3 ping-pong
 protocol model of lecture 6 section 10 (the kernel's phase formulas pass; wrong ones hang or race)."""
 import numpy as np
 import pytest
 
-from reference import mbarrier as mb
+from reference.simulators import mbarrier as mb
 
 
 def test_fresh_barrier_passes_parity_1_and_blocks_parity_0():

@@ -15,7 +15,7 @@
 # plus persistent kernels, LPT scheduling for causal attention, GQA packing and MLA. Upshot (the FA3 paper's
 # abstract, H100, FP16/BF16): **1.5–2.0x faster than FlashAttention-2**; the algorithmic ideas carry over to
 # Blackwell. None of this can run on a CPU, so this lecture turns each idea into arithmetic or a simulation from
-# `reference.hopper` and reproduces the talk's numbers where that is possible. Numbers marked *(talk)* are quoted, not measured here.
+# `reference.simulators` (`scheduling`, `fp8_error`, `cycle_model`) and reproduces the talk's numbers where that is possible. Numbers marked *(talk)* are quoted, not measured here.
 #
 # **Reading path:** lecture 5 → this lecture → lecture 7.
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from lectures._exercise import check_guess
 from lectures._plots import gantt, load_results, setup
-from reference import hopper as hp
+from reference.simulators import cycle_model as cyc, fp8_error as fp8err, scheduling as sched
 
 plt = setup()
 
@@ -38,10 +38,10 @@ plt = setup()
 
 # %%
 guess = None  # your answer, a number (exp cycles / GEMM cycles)
-check_guess(guess, hp.tile_cycles(128, 128, 128, "H100", "fp8")["exp_over_mma"], what="H100 fp8: exp / GEMM cycles")
+check_guess(guess, cyc.tile_cycles(128, 128, 128, "H100", "fp8")["exp_over_mma"], what="H100 fp8: exp / GEMM cycles")
 for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
-    c = hp.tile_cycles(128, 128, 128, gpu, dt)
-    print(f"{gpu} {dt:4s}: GEMMs {c['gemm_flops'] / 1e6:.1f} MFLOP / {hp.HARDWARE[gpu]['mma_flops_per_cycle'][dt]} "
+    c = cyc.tile_cycles(128, 128, 128, gpu, dt)
+    print(f"{gpu} {dt:4s}: GEMMs {c['gemm_flops'] / 1e6:.1f} MFLOP / {cyc.HARDWARE[gpu]['mma_flops_per_cycle'][dt]} "
           f"FLOP/cycle = {c['mma_cycles']:5.0f} cycles ({c['mma_cycles_per_gemm']:.0f} per GEMM);  "
           f"exp2: {c['exp_ops']} ops / 16 per cycle = {c['exp_cycles']:.0f} cycles  -> exp/GEMM = {c['exp_over_mma']:.2f}")
 
@@ -59,28 +59,28 @@ for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
 # A timeline with the cycle counts above:
 
 # %%
-c = hp.tile_cycles(128, 128, 128, "H100", "fp16")
+c = cyc.tile_cycles(128, 128, 128, "H100", "fp16")
 g, e = c["mma_cycles"], c["exp_cycles"]
 fig, ax = plt.subplots(2, 1, figsize=(8, 3.4), sharex=True)
 t = 0
 for k in range(4):                                   # one warpgroup, no overlap
     ax[0].barh(0, g, left=t, color="tab:blue"); ax[0].barh(0, e, left=t + g, color="tab:orange"); t += g + e
 ax[0].set_yticks([0]); ax[0].set_yticklabels(["WG1"]); ax[0].set_title(
-    f"no overlap: tensor cores busy {hp.pingpong_utilisation(g, e, overlap=False):.0%}")
+    f"no overlap: tensor cores busy {cyc.pingpong_utilisation(g, e, overlap=False):.0%}")
 for wg in range(2):                                  # pingpong: WG2 starts its GEMMs while WG1 does softmax
     t = wg * g
     for k in range(2):
         ax[1].barh(wg, g, left=t, color="tab:blue"); ax[1].barh(wg, e, left=t + g, color="tab:orange")
         t += 2 * g
 ax[1].set_yticks([0, 1]); ax[1].set_yticklabels(["WG1", "WG2"]); ax[1].invert_yaxis()
-ax[1].set_title(f"pingpong: tensor cores busy {hp.pingpong_utilisation(g, e):.0%} (blue = GEMMs, orange = softmax)")
+ax[1].set_title(f"pingpong: tensor cores busy {cyc.pingpong_utilisation(g, e):.0%} (blue = GEMMs, orange = softmax)")
 ax[1].set_xlabel("cycles")
 plt.tight_layout()
 for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
-    c2 = hp.tile_cycles(128, 128, 128, gpu, dt)
+    c2 = cyc.tile_cycles(128, 128, 128, gpu, dt)
     print(f"{gpu} {dt}: tensor-core utilisation without overlap "
-          f"{hp.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles'], False):.0%}, with pingpong "
-          f"{hp.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles']):.0%}")
+          f"{cyc.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles'], False):.0%}, with pingpong "
+          f"{cyc.pingpong_utilisation(c2['mma_cycles'], c2['exp_cycles']):.0%}")
 
 # %% [markdown]
 # **Intra-warpgroup overlap.** Within one warpgroup, FA3 pipelines two stages: the `PV` GEMM of iteration $k$
@@ -117,14 +117,14 @@ print(f"scale-and-subtract x*log2e - m*log2e over {row} scores: {row} FFMA vs {r
 # combination: baseline FP8 (per-tensor scales, no rotation) $2.4\cdot10^{-2}$; FA3 FP8 with both block
 # quantisation and incoherent processing $9.1\cdot10^{-3}$ (the 2.6x); without block quantisation (per-tensor
 # scales + rotation) $9.3\cdot10^{-3}$; without incoherent processing (block scales, no rotation)
-# $2.4\cdot10^{-2}$. So the rotation does the work, the block scales add little. `hp.fp8_incoherent_experiment`
+# $2.4\cdot10^{-2}$. So the rotation does the work, the block scales add little. `fp8err.fp8_incoherent_experiment`
 # redoes the **per-tensor + rotation** row ($9.3\cdot10^{-3}$) and the baseline on the CPU (e4m3 rounding by
 # `torch.float8_e4m3fn`, per-tensor scale, $d = 128$, one head per length):
 
 # %%
 rng = np.random.default_rng(6)
 ns = [512, 1024, 2048, 4096]
-res = [hp.fp8_incoherent_experiment(rng, n=n, d=128, n_heads=1) for n in ns]
+res = [fp8err.fp8_incoherent_experiment(rng, n=n, d=128, n_heads=1) for n in ns]
 print(f"{'N':>5} | {'S rmse plain':>12} {'S rmse J':>9} {'ratio':>6} | {'O rmse plain':>12} {'O rmse J':>9} {'ratio':>6}")
 for n, r in zip(ns, res):
     print(f"{n:5d} | {r['s_plain']:12.3f} {r['s_hadamard']:9.3f} {r['s_ratio']:6.2f} | "
@@ -157,12 +157,12 @@ plt.tight_layout()
 # outlier is spread over 128 coordinates whose independent roundings largely cancel along the row:
 
 # %%
-q, k = hp.outlier_qkv(rng, (1024, 128)), hp.outlier_qkv(rng, (1024, 128))
-j = hp.random_hadamard(128, rng)
+q, k = fp8err.outlier_qkv(rng, (1024, 128)), fp8err.outlier_qkv(rng, (1024, 128))
+j = fp8err.random_hadamard(128, rng)
 s = q @ k.T
-for name, s8 in (("plain", hp.quantize_fp8(q) @ hp.quantize_fp8(k).T),
-                 ("Hadamard", hp.quantize_fp8(q @ j) @ hp.quantize_fp8(k @ j).T)):
-    along, rest, beta = hp.aligned_error(s, s8)
+for name, s8 in (("plain", fp8err.quantize_fp8(q) @ fp8err.quantize_fp8(k).T),
+                 ("Hadamard", fp8err.quantize_fp8(q @ j) @ fp8err.quantize_fp8(k @ j).T)):
+    along, rest, beta = fp8err.aligned_error(s, s8)
     print(f"{name:8s}: error along the logits {along:.3f} (largest row 'temperature' error {beta:.3f}), "
           f"remaining error {rest:.3f}")
 
@@ -180,8 +180,8 @@ for name, s8 in (("plain", hp.quantize_fp8(q) @ hp.quantize_fp8(k).T),
 
 # %%
 for pro_epi in (1, 2, 4):
-    plain = hp.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi, persistent=False)
-    pers = hp.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi)
+    plain = cyc.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi, persistent=False)
+    pers = cyc.persistent_time(132 * 8, 132, mainloop=20, prologue=pro_epi, epilogue=pro_epi)
     print(f"8 tiles per SM, mainloop 20, prologue = epilogue = {pro_epi}: one CTA per tile {plain:.0f}, "
           f"persistent {pers:.0f}  ({plain / pers:.2f}x)")
 
@@ -194,8 +194,8 @@ for pro_epi in (1, 2, 4):
 # **[9, 5, 6]**. Sorting tiles longest-first (LPT, Graham 1969) gives **[7, 7, 6]**:
 
 # %%
-tiles = hp.causal_tiles(n_batches=2, n_q_blocks=4)
-naive, lpt = hp.schedule(tiles, 3, "naive"), hp.schedule(tiles, 3, "lpt")
+tiles = sched.causal_tiles(n_batches=2, n_q_blocks=4)
+naive, lpt = sched.schedule(tiles, 3, "naive"), sched.schedule(tiles, 3, "lpt")
 print("tile costs in launch order:", [t.cost for t in tiles])
 print("naive:", naive.loads, " LPT:", lpt.loads)
 fig, ax = plt.subplots(2, 1, figsize=(7, 3.6), sharex=True)
@@ -221,13 +221,13 @@ plt.tight_layout()
 
 # %%
 guess = None  # your answer, a number of time units
-check_guess(guess, hp.makespan_lower_bound(hp.causal_tiles(2, 32, n_heads=16), 132), rel=0,
+check_guess(guess, sched.makespan_lower_bound(sched.causal_tiles(2, 32, n_heads=16), 132), rel=0,
             what="makespan lower bound, 2 x 16 x 32 tiles on 132 SMs")
 print(f"{'batch':>5} {'q blocks':>8} | {'naive makespan':>14} {'LPT':>6} {'bound':>6} | {'naive eff':>9} {'LPT eff':>8}")
 for b, nb in ((1, 16), (2, 32), (4, 64), (8, 64)):
-    tl = hp.causal_tiles(b, nb, n_heads=16)
-    n_, l_ = hp.schedule(tl, 132, "naive"), hp.schedule(tl, 132, "lpt")
-    print(f"{b:5d} {nb:8d} | {n_.makespan:14d} {l_.makespan:6d} {hp.makespan_lower_bound(tl, 132):6d} | "
+    tl = sched.causal_tiles(b, nb, n_heads=16)
+    n_, l_ = sched.schedule(tl, 132, "naive"), sched.schedule(tl, 132, "lpt")
+    print(f"{b:5d} {nb:8d} | {n_.makespan:14d} {l_.makespan:6d} {sched.makespan_lower_bound(tl, 132):6d} | "
           f"{n_.efficiency:9.1%} {l_.efficiency:8.1%}")
 
 # %% [markdown]
@@ -243,7 +243,7 @@ for b, nb in ((1, 16), (2, 32), (4, 64), (8, 64)):
 # %%
 print(f"{'q_len':>5} {'Hq/Hkv':>7} | {'unpacked: tiles, util':>22} | {'packed: tiles, util':>20} | K/V loads")
 for q_len, hq, hkv in ((1, 32, 8), (1, 64, 8), (1, 64, 1), (4, 32, 8), (16, 64, 1)):
-    r = hp.gqa_packing(q_len, hq, hkv)
+    r = cyc.gqa_packing(q_len, hq, hkv)
     print(f"{q_len:5d} {f'{hq}/{hkv}':>7} | {r['tiles_unpacked']:10d}, {r['util_unpacked']:9.1%} | "
           f"{r['tiles_packed']:8d}, {r['util_packed']:9.1%} | {r['kv_loads_unpacked']} -> {r['kv_loads_packed']}")
 
@@ -258,9 +258,9 @@ for q_len, hq, hkv in ((1, 32, 8), (1, 64, 8), (1, 64, 1), (4, 32, 8), (16, 64, 
 #   $QK^\top$ matmul *and* half of $PV$, WG2 only the other half of $PV$:
 
 # %%
-print("one WG, O 64x512:", hp.accumulator_registers(64, 512), "registers/thread (limit 255)")
-print("WG1: S 64x64 + O 64x256:", hp.accumulator_registers(64, 64) + hp.accumulator_registers(64, 256),
-      "| WG2: O 64x256:", hp.accumulator_registers(64, 256))
+print("one WG, O 64x512:", cyc.accumulator_registers(64, 512), "registers/thread (limit 255)")
+print("WG1: S 64x64 + O 64x256:", cyc.accumulator_registers(64, 64) + cyc.accumulator_registers(64, 256),
+      "| WG2: O 64x256:", cyc.accumulator_registers(64, 256))
 
 # %% [markdown]
 # * **Compute-bound decoding.** Each cached byte is reused by all 128 heads, so even a single query token does
@@ -271,7 +271,7 @@ ridge = 989e12 / 3.35e12     # H100 SXM: dense bf16 FLOP/s over HBM bytes/s
 for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 128 * 2)),
                    ("MLA decode, 1 token", (1, 128, 576, 512, 576 * 2)),
                    ("MLA decode, 2 tokens (speculative)", (2, 128, 576, 512, 576 * 2))):
-    ai = hp.decode_intensity(*args)
+    ai = cyc.decode_intensity(*args)
     print(f"{name:36s}: {ai:6.1f} FLOP per KV byte  ({ai / ridge:.2f}x the H100 ridge point {ridge:.0f})")
 
 # %% [markdown]
@@ -287,7 +287,7 @@ for name, args in (("GQA-8 decode (Hq=32, Hkv=8, d=128)", (1, 4, 128, 128, 2 * 1
 # %%
 gpu = [(p, r) for p, r in load_results("*.json") if isinstance(r, dict) and r.get("attention")]
 if not gpu:
-    print("GPU benchmark results (benchmarks/results/<gpu>.json) are not there yet -- `make bench` has not "
+    print("GPU benchmark results (benchmarks/results/<gpu>-attention.json) are not there yet -- `make bench` has not "
           "been run on a GPU for this checkout, so no GPU numbers are shown (none are invented).")
 for path, r in gpu:
     for causal in (False, True):
@@ -311,7 +311,7 @@ for path, r in gpu:
 #   an option;
 # * `flash_attention_forward_persistent(q, k, v, seq_lens=..., order="lpt")` — one program per SM, each pulling
 #   the next (batch, head, query block) item from a global counter, the items sorted longest-first by
-#   `reference.hopper.order_tiles` (the `schedule` of section 5, on the GPU's scheduler).
+#   `reference.simulators.scheduling.order_tiles` (the `schedule` of section 5, on the GPU's scheduler).
 #
 # Both return what `flash_attention_forward` returns, `(o, lse)`. Assignment 3's optional Part 4 has you write
 # the first one yourself (its quantisation kernel included), graded for accuracy against float64 and, on a
@@ -337,17 +337,17 @@ for name, (o, _) in (("FP8", flash_attention_forward_fp8(q, k, v, causal=True)),
     print(f"{name:15s}: relative error vs float64 {err:.1e}")
 
 # %% [markdown]
-# On the GPU (`benchmarks/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
+# On the GPU (`benchmarks/course/bench_hopper.py`, one run per GPU; results in `benchmarks/results/<gpu>-hopper.json`,
 # notes in `notes/hopper.md`): how close the course's bf16 FA2 kernel gets to cuDNN at d = 128, what FP8 buys,
 # how much error the rotation removes, and what the persistent LPT kernel changes. Without a results file
 # nothing is shown (no number is invented). One H100 number is an outlier: the causal N = 2048 forward at
-# 0.38x cuDNN was 0.82x when re-run (`h100-hopper-rerun.json`); the persistent rows come from re-runs after the
+# 0.38x cuDNN was 0.82x when re-run (`main_rerun` in `h100-hopper.json`); the persistent rows come from re-runs after the
 # kernel learned to launch two programs per SM (the notes give both runs and the ncu profile that showed why).
 
 # %%
 runs = load_results("*-hopper.json")
 if not runs:
-    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 benchmarks/bench_hopper.py` on "
+    print("benchmarks/results/<gpu>-hopper.json is not there yet: run `python3 -m benchmarks.course.bench_hopper` on "
           "a Hopper GPU.")
 for path, r in runs:
     print(f"== {path.name}: {r.get('gpu')}")
@@ -379,8 +379,11 @@ for path, r in runs:
 # $S_j = QK_j^\top \to \mathrm{softmax} \to O \mathrel{+}= P_jV_j$ runs in order, so the tensor cores wait during
 # every softmax (sections 1-2). Triton 3.6 also ships **Gluon**, a lower-level dialect in which the kernel
 # names the hardware steps: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA copies, mbarriers, and
-# `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.flash_gluon` uses
-# it for three forward schedules (`flash_attention_forward_gluon(q, k, v, causal, schedule=...)`, Hopper only):
+# `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.hopper.flash_gluon`
+# uses it for the course's production forward (`flash_attention_forward_gluon(q, k, v, causal)`, Hopper only),
+# which combines the last three ideas below; `experiments/gluon_schedules.py` builds the ablations from the same
+# pieces, each one idea short (`schedule=` and `persistent=` of its `forward`), so section 10d can measure what
+# each idea is worth:
 #
 # * `"overlap"`: FA3's intra-warpgroup overlap in one partition: issue $S_j$ and $P_{j-1}V_{j-1}$, wait for $S_j$
 #   only, do its softmax while $P_{j-1}V_{j-1}$ runs;
@@ -388,14 +391,15 @@ for path, r in runs:
 #   warpgroups (64 query rows each) run the overlapped loop, with 240 registers each and 24 for the producer;
 # * `"pingpong"`: the same plus a pair of "turn" mbarriers, so the two consumers issue their GEMMs alternately
 #   (section 2's timeline);
-# * `persistent=True` (the default for the last two): one CTA per SM loops over query tiles, so the next tile's
-#   Q and K/V load under the current tile's epilogue instead of after a new CTA starts. The tiles go in
-#   head-major order (CTAs that run together share their heads' K/V in L2) and, causal, in heavy/light pairs
-#   (query block $n-1-i$ with block $i$), the static version of section 5's balancing.
+# * persistent (the production kernel; `persistent=False` in the experiments gives one CTA per tile): one CTA
+#   per SM loops over query tiles, so the next tile's Q and K/V load under the current tile's epilogue instead
+#   of after a new CTA starts. The tiles go in head-major order (CTAs that run together share their heads' K/V
+#   in L2) and, causal, in heavy/light pairs (query block $n-1-i$ with block $i$), the static version of
+#   section 5's balancing.
 #
 # ### 10a. The consumer loop, line by line against FA3 Algorithm 2
 #
-# All three schedules run one function per consumer, `_attend_overlapped`. Below is its real source (read from
+# All the schedules run one function per consumer, `attend_overlapped`. Below is its real source (read from
 # the module, not a copy), with the steps of FA3's Algorithm 2 ("consumer warpgroup forward pass with
 # intra-warpgroup overlapping", Shah et al. 2024) written next to the lines that do them. Algorithm 2 is one
 # warpgroup; the `PINGPONG` lines (marked **turn**) are section 3.1's inter-warpgroup ping-pong, which FA3
@@ -404,7 +408,7 @@ for path, r in runs:
 # %%
 import inspect
 
-from reference.triton import flash_gluon as fg
+from reference.triton.hopper import flash_gluon as fg
 
 ALG2 = [  # (a piece of the source line, what it does in FA3 Algorithm 2 / section 3.1)
     ("mbarrier.wait(k_bars.index(it0 % STAGES)", "Alg.2: wait for K_0 in shared memory"),
@@ -413,7 +417,7 @@ ALG2 = [  # (a piece of the source line, what it does in FA3 Algorithm 2 / secti
     ("mbarrier.arrive(turn_bars.index(1 - WG))", "turn: hand the tensor cores to the other warpgroup"),
     ("s = warpgroup_mma_wait(0, deps=(s,))", "Alg.2: commit and wait (nothing else in flight yet)"),
     ("mbarrier.arrive(k_bars.index(STAGES + it0", "Alg.2: release K stage 0 (empty barrier, count 2)"),
-    ("p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, 0", "Alg.2: m_i, P_cur, l_i from S_cur"),
+    ("p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, 0,", "Alg.2: m_i, P_cur, l_i from S_cur"),
     ("for j in range(1, hi):", "Alg.2: main loop over key blocks j = 1 .. T_c - 1"),
     ("mbarrier.wait(k_bars.index(slot)", "Alg.2: wait for K_j"),
     ("mbarrier.wait(v_bars.index(prev)", "Alg.2: wait for V_{j-1}"),
@@ -422,7 +426,7 @@ ALG2 = [  # (a piece of the source line, what it does in FA3 Algorithm 2 / secti
     ("acc = warpgroup_mma(p_op, v_smem.index(prev)", "Alg.2: O += P_cur V_{j-1}, commit, do not wait"),
     ("s = warpgroup_mma_wait(1, deps=(s,))", "Alg.2: wait for Q K_j^T only (1 group may stay in flight)"),
     ("mbarrier.arrive(k_bars.index(STAGES + slot))", "Alg.2: release K_j (earlier than Alg.2, which frees K and V together)"),
-    ("p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j", "Alg.2: m_i, P_next, l_i from S_next -- under P V"),
+    ("p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, j,", "Alg.2: m_i, P_next, l_i from S_next -- under P V"),
     ("acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))", "Alg.2: wait for P_cur V_{j-1}"),
     ("mbarrier.arrive(v_bars.index(STAGES + prev))", "Alg.2: release V_{j-1}"),
     ("acc = acc * gl.convert_layout(alpha", "Alg.2: rescale O (FA2's alpha)"),
@@ -449,7 +453,7 @@ def annotated(fn, notes):
     return "\n".join(out)
 
 
-print(annotated(fg._attend_overlapped.fn, ALG2))
+print(annotated(fg.attend_overlapped.fn, ALG2))
 
 # %% [markdown]
 # Three things to read in it. (1) `warpgroup_mma_wait(1, ...)` is the whole trick of Algorithm 2: WGMMA
@@ -462,24 +466,26 @@ print(annotated(fg._attend_overlapped.fn, ALG2))
 # this loop, fills the ring:
 
 # %%
-print(inspect.getsource(fg._ws_producer.fn))
+print(inspect.getsource(fg.produce_kv.fn))
 
 # %% [markdown]
 # ### 10b. The barriers' phases over a few iterations
 #
 # An mbarrier counts completed **phases**; `mbarrier.wait(bar, P)` returns once the phase of parity $P$ has
 # completed, and a freshly initialised barrier counts the phase before the first as complete: `wait(bar, 1)`
-# passes at once, `wait(bar, 0)` blocks until the first completion. That is why the producer waits for the
-# empty barrier with parity `((t // STAGES) & 1) ^ 1` (its first pass through the ring is free), the consumers
-# for the ready barrier with `(t // STAGES) & 1`, and warpgroup `WG` for its turn in round $r$ with
-# `(r & 1) ^ (1 - WG)`: WG 0's round 0 passes a fresh barrier, WG 1's round 0 waits for WG 0's first arrival.
-# `reference.mbarrier` models exactly this (three agents, round-robin, a barrier = a count and a phase) and
+# passes at once, `wait(bar, 0)` blocks until the first completion. Count the tiles the ring has carried as
+# $t$ (`it` in `produce_kv`, `it0 + j` in the consumer loop: a persistent CTA keeps counting across its query
+# tiles) and the matmul rounds as $r$ (`r0 + j`). That is why the producer waits for the empty barrier with
+# parity `((t // STAGES) & 1) ^ 1` (its first pass through the ring is free), the consumers for the ready
+# barrier with `(t // STAGES) & 1`, and warpgroup `WG` for its turn in round $r$ with `(r & 1) ^ (1 - WG)`:
+# WG 0's round 0 passes a fresh barrier, WG 1's round 0 waits for WG 0's first arrival.
+# `reference.simulators.mbarrier` models exactly this (three agents, round-robin, a barrier = a count and a phase) and
 # refuses a wrong phase: it reports a deadlock, a slot overwritten before both consumers released it, or
 # matmul rounds out of turn. Four key/value tiles, a two-slot ring:
 
 # %%
 from lectures._barrier_plot import barrier_timeline
-from reference import mbarrier as mb
+from reference.simulators import mbarrier as mb
 
 events = mb.run_pingpong(n_tiles=4, stages=2)
 rows = ["K ready[0]", "K ready[1]", "V ready[0]", "V ready[1]", "K empty[0]", "K empty[1]", "V empty[0]",
@@ -501,8 +507,9 @@ for name, bad in (("turn parity (r & 1) ^ WG", dict(turn_phase_fn=lambda r, wg: 
 # ### 10c. What the compiler makes of it: predict, then compile for sm_90a on this CPU
 #
 # The interpreter cannot run Gluon, but Triton's compiler builds the kernel for the H100 on any machine, and
-# the `cuobjdump` in its wheel reads the binary. `benchmarks/gluon_aot.py` compiled each variant (one minute on
-# two cores; results in `benchmarks/results/sm90a-gluon-aot.json`): registers per thread, shared memory,
+# the `cuobjdump` in its wheel reads the binary. `python3 -m benchmarks.course.gluon_aot` compiled each variant
+# (the production kernel, `pingpong_persistent`, and the ablations of `experiments/gluon_schedules.py`; one to
+# three minutes on two cores; results in `benchmarks/results/sm90a-gluon-aot.json`): registers per thread, shared memory,
 # spills (`LDL`/`STL`), Hopper matrix instructions (`HGMMA`), mbarrier waits and arrivals, and the wgmma waits
 # by how many groups they leave in flight. **Predict first:** the `pingpong` kernel adds to `specialized` one
 # turn wait and one turn arrival before and after each of its three matmul issue points (round 0, the loop,
@@ -514,10 +521,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(hp.__file__).resolve().parents[1]
-aot = json.loads((ROOT / "benchmarks/results/sm90a-gluon-aot.json").read_text())
+from lectures._plots import ROOT
+
+(_, aot), = load_results("sm90a-gluon-aot.json")
 var = aot["variants"]
 guess = None  # your answer: extra mbarrier waits of pingpong over specialized (PTX)
 check_guess(guess, var["pingpong"]["ptx_mbarrier_wait"] - var["specialized"]["ptx_mbarrier_wait"], rel=0,
@@ -549,8 +556,8 @@ for name, u in var.items():
 # %%
 guess = None  # your answer, in bytes
 env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}  # compile-only mode, no GPU needed
-res = subprocess.run([sys.executable, "benchmarks/gluon_aot.py", "--one", "pingpong", "--config", "128,128,3,4"],
-                     env=env, capture_output=True, text=True, cwd=str(ROOT))
+res = subprocess.run([sys.executable, "-m", "experiments.gluon_schedules", "pingpong", "--config", "128,128,3,4",
+                      "--one-cta-per-tile"], env=env, capture_output=True, text=True, cwd=str(ROOT))
 live = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else {"error": res.stderr[-300:]}
 print("live compile, pingpong STAGES=3:", {k: live.get(k) for k in ("registers", "shared_bytes", "LDL", "STL",
                                                                    "HGMMA", "error") if k in live})
@@ -558,12 +565,12 @@ if "shared_bytes" in live:
     check_guess(guess, live["shared_bytes"], rel=0.02, what="shared bytes, pingpong STAGES=3")
     print(f"= {live['shared_bytes'] / 1024:.1f} KiB of the 227 KiB limit; the committed file says "
           f"{var['pingpong_stages3']['shared_bytes']}" + ("" if live["shared_bytes"] == var["pingpong_stages3"][
-              "shared_bytes"] else " (stale: re-run benchmarks/gluon_aot.py)"))
+              "shared_bytes"] else " (stale: re-run python3 -m benchmarks.course.gluon_aot)"))
 
 # %% [markdown]
 # ### 10d. Measured: each idea with and without persistence
 #
-# `benchmarks/bench_gluon.py` (one run per GPU, every kernel first checked against float64) timed all of them
+# `benchmarks/course/bench_gluon.py` (one run per GPU, every kernel first checked against float64) timed all of them
 # in one run: the bf16 forward as a fraction of cuDNN's TFLOP/s, next to the plain-Triton kernel of lecture 5.
 # `overlap` has no persistent version (it is one partition that loads its own tiles). The summary lines
 # count over the rows with N >= 2k (d = 64 and 128, causal and not: 16 rows per GPU):
@@ -571,7 +578,7 @@ if "shared_bytes" in live:
 # %%
 runs = load_results("*-gluon.json")
 if not runs:
-    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 benchmarks/bench_gluon.py` on a "
+    print("benchmarks/results/<gpu>-gluon.json is not there yet: run `python3 -m benchmarks.course.bench_gluon` on a "
           "Hopper GPU.")
 COLS = ("triton", "gluon_overlap", "gluon_specialized", "gluon_specialized_persistent", "gluon_pingpong",
         "gluon_pingpong_persistent")
@@ -624,16 +631,16 @@ for path, r in runs:
 # (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an earlier version that ran the
 # tiles head-minor (neighbouring CTAs on different heads) read every head's K/V from memory once per query tile
 # and fell to 0.59x (non-causal) and 0.65x (causal) at d = 128, N = 2k on the H100
-# (`h100-gluon-headminor.json`). `reference.hopper.kv_traffic` counts it with a coarse model (waves of 132
+# (`h100-gluon-headminor.json`). `reference.simulators.scheduling.kv_traffic` counts it with a coarse model (waves of 132
 # tiles, an LRU L2 holding whole heads' K/V) for that shape: B = 8, H = 16, N = 2k, d = 128, sixteen 128-row
 # query tiles per head:
 
 # %%
-tiles_head_major = [hp.Tile(0, h, i, 16) for h in range(128) for i in range(16)]
+tiles_head_major = [sched.Tile(0, h, i, 16) for h in range(128) for i in range(16)]
 tiles_head_minor = sorted(tiles_head_major, key=lambda t: (t.q_block, t.head))
 flops = 4 * 128 * 2048 * 2048 * 128  # forward FLOPs, all heads
 for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_minor)):
-    hbm, ratio = hp.kv_traffic(tiles, n_sms=132, l2_bytes=50e6, kv_bytes=2 * 2048 * 128 * 2)
+    hbm, ratio = sched.kv_traffic(tiles, n_sms=132, l2_bytes=50e6, kv_bytes=2 * 2048 * 128 * 2)
     print(f"{name}: K/V from HBM {hbm / 2**30:.2f} GiB ({ratio:.1f}x one read per head) = "
           f"{hbm / 3.35e12 * 1e3:.2f} ms at 3.35 TB/s, against {flops / 650e12 * 1e3:.2f} ms of matmuls at "
           f"650 TFLOP/s")
@@ -642,9 +649,9 @@ for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_
 # Head-minor order turns a compute-bound kernel memory-bound; the GPU's own launch order of a 2-D grid
 # (query blocks fastest) had been head-major all along, which is why only the persistent loop showed it.
 #
-# The backward repeated the lesson. One fused Gluon kernel (`reference.triton.flash_gluon_bwd`: FA2 Algorithm 2
-# with $dQ$ added by atomics, $10N^2d$ FLOPs instead of the two Triton kernels' $14N^2d$) in a single partition
-# was *slower* than plain Triton: each step waits for its own matmuls. The warp-specialised version
+# The backward repeated the lesson. One fused Gluon kernel (FA2 Algorithm 2 with $dQ$ added by atomics, $10N^2d$
+# FLOPs instead of the two Triton kernels' $14N^2d$) in a single partition was *slower* than plain Triton: each
+# step waits for its own matmuls (it is gone from the code; its numbers are in `notes/experiments_removed.md`). The warp-specialised version
 # (`flash_attention_backward_gluon_ws`) gives it the forward's structure: one CTA per 128-key block, a producer
 # warp streaming $Q_i, dO_i$ (and $L_i, D_i$) by TMA, two consumer warpgroups of 64 keys each holding their own
 # $dK, dV$ in registers, and $dQ_i$ written to shared memory and added into global memory by the copy engine
@@ -652,7 +659,7 @@ for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_
 # one autograd op. Ratios to cuDNN from the committed runs (notes/hopper.md, section 1e):
 
 # %%
-from reference.triton.flash_gluon_bwd_ws import DEFAULT_CONFIG
+from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIG
 
 key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)  # the default kernel's column
 for path, r in load_results("*-gluon-wsbwd.json"):

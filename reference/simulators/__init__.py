@@ -9,4 +9,6 @@
   ``reference.triton.hopper.flash_fp8`` takes its rotation from it).
 - ``cycle_model``: tensor-core vs exponential-unit cycles, ping-pong and persistent-kernel arithmetic, GQA
   packing and decode intensity (lectures 6, 7).
+- ``mbarrier``: Hopper mbarriers (count, phase, parity waits) and the warp-specialised Gluon forward's barrier
+  protocol, run round-robin so a wrong phase shows up as a deadlock or a race (lecture 6 section 10, a7).
 """

@@ -1,11 +1,12 @@
 """A pure-Python model of Hopper mbarriers and of the warp-specialised FA3 forward's barrier protocol.
 
-``reference.triton.flash_gluon``'s ``_fwd_ws_kernel`` (FA3, Shah et al. 2024, section 3.1 and Algorithm 1's
-producer/consumer split) synchronises three agents through mbarriers: a producer warp that TMA-copies K_t and V_t
-into a ``STAGES``-slot ring, and two consumer warpgroups that multiply them. Each slot has a "ready" barrier
-(count 1: the copy engine completes it when the bytes land) and an "empty" barrier (count 2: both consumers
-arrive once they no longer read the slot). With ``pingpong`` the consumers also pass a pair of "turn" barriers
-(count 1) so that their matmul issues alternate (FA3 section 3.1, "pingpong scheduling").
+``reference.triton.hopper.flash_gluon``'s ``fwd_ws_persistent_kernel`` (FA3, Shah et al. 2024, section 3.1 and
+Algorithm 1's producer/consumer split) synchronises three agents through mbarriers: a producer warp that
+TMA-copies K_t and V_t into a ``STAGES``-slot ring, and two consumer warpgroups that multiply them. Each slot
+has a "ready" barrier (count 1: the copy engine completes it when the bytes land) and an "empty" barrier
+(count 2: both consumers arrive once they no longer read the slot). With ``pingpong`` the consumers also pass a
+pair of "turn" barriers (count 1) so that their matmul issues alternate (FA3 section 3.1, "pingpong
+scheduling").
 
 The mbarrier semantics modelled (PTX ISA, ``mbarrier.try_wait.parity``): a barrier counts phases ``k = 0, 1, ...``;
 ``arrive`` lowers the pending count and, at zero, completes phase ``k`` (``k += 1``, count reset). ``wait(P)``
