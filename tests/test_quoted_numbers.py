@@ -128,10 +128,11 @@ def _qn():
 
 
 def test_lecture_prose_numbers_are_backed_by_results_files():
-    """Lectures 09 and 10 (``quoted_numbers.LECTURES``; add 06 there): a decimal or a number with a unit in a
-    markdown cell must be derived from a committed results JSON, or listed with the reason it is not measured."""
+    """Lectures 06, 09 and 10 (``quoted_numbers.LECTURES``): a decimal or a number with a unit in a markdown cell
+    must be derived from a committed results JSON, or listed with the reason it is not measured; lecture 06's
+    phrases (``quoted_numbers.PHRASES``) must appear verbatim."""
     qn = _qn()
-    assert {"09_serving", "10_ring_attention"} <= set(qn.LECTURES)
+    assert {"06_fa3_hopper", "09_serving", "10_ring_attention"} <= set(qn.LECTURES)
     for stem in qn.LECTURES:
         derived, missing = qn.lecture_check(stem)
         assert derived, f"{stem}: no results file found"
@@ -147,50 +148,36 @@ def test_lecture_number_scan_finds_results_and_skips_configurations(tmp_path):
 
 
 def test_lecture_10_quotes_the_measured_ring_run():
-    r = json.loads((RESULTS / "h100x2-ring.json").read_text())
+    r = json.loads((RESULTS / "h100-ring-w2.json").read_text())
     assert r["meta"]["world"] == 2 and "H100" in r["meta"]["device"]
     eff = {x["n"]: x["efficiency"] for x in r["rows"] if (x["pass"], x["causal"], x["layout"]) ==
            ("forward", True, "zigzag")}
     quoted = " / ".join(f"{eff[n]:.2f}" for n in sorted(eff))
     text = (ROOT / "lectures" / "src" / "10_ring_attention.py").read_text()
     assert quoted in text, quoted
-    assert "NCCL_NVLS_ENABLE=0 python3 benchmarks/bench_ring.py --world-size 2" in text
+    assert "NCCL_NVLS_ENABLE=0 python3 -m benchmarks.course.bench_ring --world-size 2" in text
 
 
-# ---- lecture 06 (helper gluonlec, issue 24) ------------------------------------------------------------------------
-def _markdown_text(path: Path) -> str:
-    """The lecture source's comment text with the ``# `` prefixes removed and whitespace collapsed, so a quoted
-    phrase may wrap over lines."""
-    text = " ".join(line[2:] if line.startswith("# ") else line.lstrip("#") for line in path.read_text().splitlines()
-                    if line.startswith("#"))
-    return re.sub(r"\s+", " ", text)
+# ---- lecture 06: its phrases carry the numbers in context (quoted_numbers.PHRASES) --------------------------------
+def test_lecture06_phrases_are_rebuilt_from_the_results_files():
+    """Section 10d's ablation counts and spans, the ncu tensor-pipe shares, the Hopper re-run and the FP8 CPU
+    experiment: each phrase is rebuilt from its results file (so a re-run that moves a number fails until the
+    prose follows)."""
+    qn = _qn()
+    quotes = qn.PHRASES["06_fa3_hopper"]()
+    assert len(quotes) >= 12
+    text = qn.markdown_text(ROOT / "lectures" / "src" / "06_fa3_hopper.py")
+    assert not [q for q in quotes if q not in text]
 
 
-def test_lecture06_gluon_prose_matches_the_results_files():
-    """Every measured number in lecture 06 section 10's prose is rebuilt from the results files by
-    ``benchmarks/quoted_numbers.lecture06_quotes`` and must appear verbatim (a re-run that moves a number fails
-    here until the prose is updated)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import quoted_numbers
-    finally:
-        sys.path.pop(0)
-    quotes = quoted_numbers.lecture06_quotes()
-    assert len(quotes) >= 8
-    text = _markdown_text(ROOT / "lectures" / "src" / "06_fa3_hopper.py")
-    missing = [q for q in quotes if q not in text]
-    assert not missing, missing
-
-
-def test_lecture06_quotes_fail_on_a_moved_number(tmp_path):
-    """The check can fail: a prose with one count changed does not contain the rebuilt phrase."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import quoted_numbers
-    finally:
-        sys.path.pop(0)
-    quote = quoted_numbers.lecture06_quotes()[0]
+def test_lecture06_check_fails_on_a_moved_number(tmp_path):
+    """The check can fail: a prose with one count changed loses its phrase, and a new unbacked number is named."""
+    qn = _qn()
     src = ROOT / "lectures" / "src" / "06_fa3_hopper.py"
-    moved = tmp_path / "06.py"
-    moved.write_text(src.read_text().replace("13 of 16 rows on the H100", "12 of 16 rows on the H100"))
-    assert quote in _markdown_text(src) and quote not in _markdown_text(moved)
+    moved = tmp_path / "06_fa3_hopper.py"
+    moved.write_text(src.read_text().replace("13 of 16 rows on the H100", "12 of 16 rows on the H100")
+                     .replace("mean 2.13x", "mean 2.31x"))
+    assert qn.lecture_check("06_fa3_hopper")[1] == []
+    missing = qn.lecture_check("06_fa3_hopper", moved)[1]
+    assert "2.31" in missing
+    assert any(m.startswith("phrase: in 13 of 16 rows on the H100") for m in missing)

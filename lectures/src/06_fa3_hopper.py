@@ -147,9 +147,11 @@ plt.tight_layout()
 
 # %% [markdown]
 # What we measure (see also `notes/lectures.md`): the output error with the rotation matches the paper's
-# per-tensor + rotation row ($9.3\cdot10^{-3}$) closely, and the reduction grows with $N$ — about 1.3x at $N = 512$, 1.8x at 1024 and
-# **2.1–3.1x at $N = 4096$** (12 random draws, mean 2.35x), i.e. the talk's 2.6x at long sequences. (One draw per
-# length above; the test suite checks a 1.8–4x band at $N = 4096$.) Surprisingly, the **RMS error of $S$
+# per-tensor + rotation row ($9.3\cdot10^{-3}$) closely, and the reduction grows with $N$ — about 1.3x at $N = 512$,
+# 1.8x at 1024, **1.9–2.5x at $N = 4096$** (12 random draws, mean 2.13x) and 2.3–2.9x at $N = 8192$ (mean 2.64x),
+# i.e. the talk's 2.6x at long sequences (`python3 -m benchmarks.course.fp8_error`,
+# `benchmarks/results/cpu-fp8-error.json`; the cell above is its first run, one draw per length; the test suite
+# checks a 1.8–4x band at $N = 4096$). Surprisingly, the **RMS error of $S$
 # itself does not improve at all** (ratio ≈ 1): FP8 rounding is *relative* (3 mantissa bits at every magnitude), and a rotation preserves norms, so the total
 # rounding error of $q \cdot k$ is unchanged. What changes is its *direction*: an outlier coordinate of $q$
 # rounded with relative error $\varepsilon$ scales its whole contribution to the row's logits by $1+\varepsilon$,
@@ -625,9 +627,9 @@ for path, r in runs:
 #   `specialized` at causal d = 128, N = 1k (0.39x) is a single run, left in the file as measured.
 #
 # Persistence itself: with one 164 KB CTA per SM, a CTA per tile pays its start (Q and the first K/V tile from
-# memory) and its epilogue with the tensor cores idle; at N = 2k a tile has only 16 key blocks, and ncu shows
-# the tensor pipe busy 64% of the time against cuDNN's 74%. The persistent kernel hides both (69%; causal 55%
-# -> 63%) and lifts ping-pong at d = 128, N = 2k from 0.84-0.85x to 0.89-0.97x cuDNN
+# memory) and its epilogue with the tensor cores idle; at N = 2k a tile has only 16 key blocks, and on the H100
+# ncu shows the tensor pipe busy 64% of the time against cuDNN's 74%. The persistent kernel hides both (69%; causal 55%
+# -> 62%) and lifts ping-pong at d = 128, N = 2k from 0.84-0.85x to 0.89-0.97x cuDNN
 # (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an earlier version that ran the
 # tiles head-minor (neighbouring CTAs on different heads) read every head's K/V from memory once per query tile
 # and fell to 0.59x (non-causal) and 0.65x (causal) at d = 128, N = 2k on the H100
