@@ -14,6 +14,7 @@ ASSIGNMENTS = {
     "a4_decoding": "a4",
     "a5_paged": "a5",
     "a6_ring": "a6",
+    "a7_gluon": "a7",
 }
 
 #: the graded names of each assignment (the shared grading contract; same signatures as docs/design.md §4)
@@ -27,4 +28,5 @@ GRADED = {
     "a4_decoding": ("flash_decoding", "flash_decode", "lpt_schedule"),
     "a5_paged": ("BlockAllocator", "cow_fork", "cow_append", "paged_attention", "paged_decode"),
     "a6_ring": ("ring_step", "ring_backward_step"),
+    "a7_gluon": ("flash_attention_forward_pingpong",),
 }

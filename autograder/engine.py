@@ -335,6 +335,12 @@ class Grader:
             res.output = f"skipped: zeroed ({caught['id']}: {caught['message']})"
             return res
         t0 = time.monotonic()
+        if test.parent_check is not None:
+            code = "\n\n".join(c.source for c in self.cells)
+            ok, msg = test.parent_check(code)
+            res.score, res.status = (float(test.points), "passed") if ok else (0.0, "failed")
+            res.output, res.time = msg, time.monotonic() - t0
+            return res
         try:
             sb = self.student()
         except SandboxDied as exc:

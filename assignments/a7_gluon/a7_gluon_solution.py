@@ -1,7 +1,7 @@
 # %% [markdown]
 # # Assignment 7 (optional, Hopper owners) -- the ping-pong turn in a Gluon FlashAttention-3 forward
 #
-# Lecture 6, section 10 walks through `reference.triton.flash_gluon`: a producer warp streams K/V tiles by TMA
+# Lecture 6, section 10 walks through `reference.triton.hopper.flash_gluon`: a producer warp streams K/V tiles by TMA
 # into a two-slot shared-memory ring, and two consumer warpgroups (64 query rows each) run FA3's Algorithm 2
 # (issue $S_j$ and $P_{j-1}V_{j-1}$, wait for $S_j$ only, softmax under the $PV$ matmul). Below is that
 # kernel, one CTA per 128-row query tile, **without the ping-pong turn**: the two consumers issue their matmuls
@@ -69,7 +69,7 @@ def _give_turn(turn_bars, WG: gl.constexpr):
 
 
 # %% [markdown]
-# ## Given: the kernel (from `reference.triton.flash_gluon`, non-persistent, turns as calls)
+# ## Given: the kernel (the one-CTA-per-tile schedule of `experiments/gluon_schedules.py`, turns as calls)
 
 # %%
 @gluon.jit

@@ -4,7 +4,7 @@ from __future__ import annotations
 from importlib import import_module
 
 ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged",
-               "a6_ring")
+               "a6_ring", "a7_gluon")
 SHORT = {aid.split("_")[0]: aid for aid in ASSIGNMENTS}
 
 

@@ -100,6 +100,10 @@ class Test:
     # the defining property of its task (a1: online_softmax streams): if this test fails, every test of the task
     # scores 0 (``engine.apply_gates``), so a plain softmax posing as the online one earns nothing
     gate: bool = False
+    # a check the grading PARENT runs on the submission's graded code (its cells joined), instead of calls in
+    # the sandbox child: ``parent_check(code) -> (passed, message)``; a7's compile-only checks for sm_90a, which
+    # the child cannot run on CPU (it forces the Triton interpreter). All-or-nothing like a correctness test.
+    parent_check: Callable[[str], tuple] | None = None
 
     def hidden_cases(self, rng):
         return list(self.hidden(rng)) if self.hidden else list(self.visible)
