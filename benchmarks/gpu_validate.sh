@@ -45,6 +45,19 @@ for a in a3_triton a3b_triton_backward a4_decoding a5_paged; do
 done
 timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_triton.ipynb --device cuda \
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
+# a7 (optional, Hopper): the solution (CPU compile checks from the parent + GPU correctness and speed), then the
+# wrong-phase mutant's GPU correctness test: its kernel hangs, and the case time limit must end it (a fail, not
+# a stuck grader)
+t0=$SECONDS
+timeout 500 python3 -m autograder grade a7_gluon assignments/a7_gluon/a7_gluon_solution.py --device cuda \
+    --json "$OUT/grade_a7_gluon_solution.json" 2>&1 | tail -8
+echo "[gpu_validate] grade a7_gluon solution: $((SECONDS - t0)) s wall"
+path=$(python3 -c "from pathlib import Path; from autograder.selftest import materialise_mutant; \
+print(materialise_mutant(Path('autograder/submissions/a7_gluon/wrong/w_turn_wrong_phase.mutant.json')))")
+t0=$SECONDS
+timeout 400 python3 -m autograder grade a7_gluon "$path" --device cuda --test "correctness" \
+    --json "$OUT/grade_a7_gluon_wrong_phase.json" 2>&1 | tail -6
+echo "[gpu_validate] grade a7_gluon wrong phase (must fail by the case time limit): $((SECONDS - t0)) s wall"
 echo "[gpu_validate] grade done at ${SECONDS}s"
 fi
 if has slow; then
