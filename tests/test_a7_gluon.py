@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograder.gluon_compile import compile_usage, judge_compile
+from autograder.gluon_compile import compile_usage, judge_compile, judge_phases
+from autograder.submission import load_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "assignments" / "a7_gluon" / "a7_gluon_solution.py"
@@ -46,20 +47,32 @@ def test_wrong_phase_mutant_fails_the_phase_check_and_the_order(tmp_path):
     assert ns["turn_order"](4)[0] == "WG1 r0"
 
 
+def _graded_code(path):
+    return "\n\n".join(c.source for c in load_cells(path))
+
+
 @pytest.fixture(scope="module")
 def solution_usage():
-    return compile_usage(SOLUTION, True), compile_usage(SOLUTION, False)
+    return compile_usage(_graded_code(SOLUTION), seed=int(np.random.default_rng().integers(1 << 30)))
 
 
 def test_solution_compiles_for_sm90a_without_spills_with_one_wait_and_arrive_per_round(solution_usage):
-    ok, msg = judge_compile(*solution_usage)
+    assert judge_phases(solution_usage)[0], judge_phases(solution_usage)
+    ok, msg = judge_compile(solution_usage["with"], solution_usage["without"])
     assert ok, msg
-    with_turns, without = solution_usage
+    with_turns = solution_usage["with"]
     assert with_turns["registers"] <= 168 and with_turns["HGMMA"] > 0
     assert with_turns["ptx_wgmma_wait_1"] == 2
 
 
 @pytest.mark.parametrize("name", ["missing wait", "missing arrive"])
-def test_missing_barrier_mutants_lose_the_compile_check(tmp_path, solution_usage, name):
-    ok, msg = judge_compile(compile_usage(_mutant(tmp_path, name), True), solution_usage[1])
+def test_missing_barrier_mutants_lose_the_compile_check(tmp_path, name):
+    r = compile_usage(_graded_code(_mutant(tmp_path, name)))
+    assert judge_phases(r)[0]  # the phase formula itself is right
+    ok, msg = judge_compile(r["with"], r["without"])
     assert not ok and "expected 6" in msg, msg
+
+
+def test_wrong_phase_mutant_loses_the_parent_phase_check(tmp_path):
+    ok, msg = judge_phases(compile_usage(_graded_code(_mutant(tmp_path, "wrong phase"))))
+    assert not ok and "_turn_phase(r=" in msg, msg
