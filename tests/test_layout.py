@@ -45,10 +45,22 @@ def _is_upper_global(name: str) -> bool:
     return len(name) >= 3 and name.lstrip("_").isupper()
 
 
+#: methods that change a dict / list / set in place: ``mod.CONFIG.update(...)`` changes ``mod``'s configuration
+MUTATORS = {"update", "clear", "pop", "popitem", "setdefault", "append", "extend", "insert", "remove", "add",
+            "discard"}
+
+
+def _foreign_global(node, imported) -> bool:
+    """``node`` is ``mod.X`` (``X`` UPPERCASE) with ``mod`` bound by an import."""
+    return (isinstance(node, ast.Attribute) and _is_upper_global(node.attr) and _root_name(node.value) in imported)
+
+
 def foreign_global_assignments(files) -> list[str]:
     """``path:line target`` for each assignment to an UPPERCASE attribute of an imported module (or of any name
     bound by an ``import``): ``mod.X = v``, ``mod.X += v``, ``setattr(mod, "X", v)`` and
-    ``monkeypatch.setattr(mod, "X", v)``. Attributes of ``self``/``cls``/instances are not module globals."""
+    ``monkeypatch.setattr(mod, "X", v)``; and each change in place of such a global: ``mod.X[k] = v``,
+    ``del mod.X[k]``, ``mod.X.update(...)`` (any of ``MUTATORS``). Attributes of ``self``/``cls``/instances are not
+    module globals. Each entry ends with the global's name."""
     found = []
     for rel, src in files:
         tree = ast.parse(src, rel)
@@ -64,11 +76,18 @@ def foreign_global_assignments(files) -> list[str]:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 targets = [t for tgt in targets for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])]
                 for t in targets:
-                    if (isinstance(t, ast.Attribute) and _is_upper_global(t.attr)
-                            and _root_name(t.value) in imported):
+                    if _foreign_global(t, imported):
                         found.append(f"{rel}:{node.lineno} {ast.unparse(t)}")
-            elif isinstance(node, ast.Call):
+                    elif isinstance(t, ast.Subscript) and _foreign_global(t.value, imported):
+                        found.append(f"{rel}:{node.lineno} item of {ast.unparse(t.value)}")
+            elif isinstance(node, ast.Delete):
+                for t in node.targets:
+                    if isinstance(t, ast.Subscript) and _foreign_global(t.value, imported):
+                        found.append(f"{rel}:{node.lineno} item of {ast.unparse(t.value)}")
+            if isinstance(node, ast.Call):
                 f = node.func
+                if (isinstance(f, ast.Attribute) and f.attr in MUTATORS and _foreign_global(f.value, imported)):
+                    found.append(f"{rel}:{node.lineno} .{f.attr}() of {ast.unparse(f.value)}")
                 is_setattr = (isinstance(f, ast.Name) and f.id == "setattr") or (
                     isinstance(f, ast.Attribute) and f.attr == "setattr")
                 if (is_setattr and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
@@ -180,13 +199,23 @@ def private_imports(files, package: str = "reference") -> list[str]:
 #: simulate a GPU on CPU (a test double of the runtime mode, not a configuration). ``decode``'s ``FUSE_MERGE`` /
 #: ``FAST_LAUNCH`` / ``LAUNCH_CACHE``: decode.py is being reworked on the ``serving`` branch (issue 25); they become
 #: keyword arguments there (issue 22 item 2, left to the merge). ``SMOKE``: bench_serving sets bench_decode's
-#: smoke flag (benchmarks/ becomes a package with a common module on the ``layout`` branch).
-ALLOWED = {"INTERPRET", "FUSE_MERGE", "FAST_LAUNCH", "LAUNCH_CACHE", "SMOKE"}
+#: smoke flag (benchmarks/ becomes a package with a common module on the ``layout`` branch). ``CELL_LABELS``:
+#: ``autograder.where``'s registry of notebook cell names (a table the grader fills at run time, not a
+#: configuration); test_autograder_feedback / test_op_audit register a fake cell and remove it.
+ALLOWED = {"INTERPRET", "FUSE_MERGE", "FAST_LAUNCH", "LAUNCH_CACHE", "SMOKE", "CELL_LABELS"}
+#: per file: bench_decode's tuning stage changes ``decode``'s stage-1 config dicts in place and restores them
+#: (helper ``perf`` rewrites bench_decode.py and decode.py now, issue 25); to become config arguments with
+#: FUSE_MERGE / FAST_LAUNCH (issue 22 item 2)
+PENDING = {"benchmarks/course/bench_decode.py": {"CONFIG", "PAGED_CONFIG", "PAGED_ONE_SPLIT_CONFIG"}}
+
+
+def _allowed(entry: str) -> bool:
+    rel, name = entry.split(":")[0], re.search(r"(\w+)'?\)?$", entry).group(1)
+    return name in ALLOWED or name in PENDING.get(rel.replace(os.sep, "/"), ())
 
 
 def test_no_module_sets_another_modules_config_global():
-    found = [f for f in foreign_global_assignments(python_files(ROOT))
-             if re.search(r"(\w+)'?\)?$", f).group(1) not in ALLOWED]
+    found = [f for f in foreign_global_assignments(python_files(ROOT)) if not _allowed(f)]
     assert not found, "configuration set from outside a module (pass it as an argument instead):\n" + "\n".join(found)
 
 
@@ -228,13 +257,18 @@ def _tree(tmp_path, files: dict[str, str]):
     "import reference.triton.decode as dec\ndec.FUSE_MERGE, x = False, 1\n",
     "from reference.triton import decode\ndef f(monkeypatch):\n    monkeypatch.setattr(decode, 'FAST_LAUNCH', 0)\n",
     "import reference.triton.flash_bwd\nsetattr(reference.triton.flash_bwd, 'DQ_MODE', 'atomic')\n",
+    "from reference.triton.hopper import flash_fp8\nflash_fp8.CONFIG.update(BLOCK_M=64)\n",
+    "import reference.triton.decode as dec\ndec.PAGED_CONFIG['block_n'] = 64\n",
+    "from reference.triton import decode\ndel decode.CONFIG['num_warps']\n",
+    "from reference.triton import decode\ndecode.CONFIG.clear()\n",
 ])
 def test_foreign_global_assignment_is_found(tmp_path, src):
     assert len(foreign_global_assignments(_tree(tmp_path, {"bench.py": src}))) == 1
 
 
 def test_own_and_instance_attributes_are_not_flagged(tmp_path):
-    src = "class A:\n    def f(self):\n        self.LIMIT = 3\nCONFIG = 1\nobj = A()\nobj.LIMIT = 4\n"
+    src = ("class A:\n    def f(self):\n        self.LIMIT = 3\nCONFIG = {}\nobj = A()\nobj.LIMIT = 4\n"
+           "CONFIG.update(a=1)\nCONFIG['b'] = 2\nimport json\nd = json.loads('{}')\nd.update(x=1)\n")
     assert foreign_global_assignments(_tree(tmp_path, {"m.py": src})) == []
 
 

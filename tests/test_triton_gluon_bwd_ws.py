@@ -28,16 +28,16 @@ _CHILD = """
 import json, sys
 from reference.triton.hopper._aot import resource_usage
 from reference.triton.hopper.flash_gluon_bwd_ws import compile_backward_ws
-for d, causal, mode in json.loads(sys.argv[1]):
-    print(json.dumps(resource_usage(compile_backward_ws(d, causal, mode))))
+for d, causal, config in json.loads(sys.argv[1]):
+    print(json.dumps(resource_usage(compile_backward_ws(d, causal, tuple(config) if config else None))))
 """
 
 
 
 @pytest.mark.slow
 def test_compiles_for_hopper_warp_specialised_without_spills():
-    # the default dq_mode "split" at d = 128 causal and non-causal, and d = 64
-    cases = [[128, True, "split"], [128, False, "split"], [64, True, "split"]]
+    # the default config at d = 128 causal and non-causal, and d = 64
+    cases = [[128, True, None], [128, False, None], [64, True, None]]
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], cwd=ROOT, env=env, capture_output=True,
                          text=True, timeout=600)
@@ -64,16 +64,14 @@ def test_bad_inputs_are_named(rng):
         f(q.float(), k.float(), v.float(), q.float(), lse, do.float())
     with pytest.raises(ValueError, match="lse must have"):
         f(q, k, v, q, lse[:, :1], do)
-    with pytest.raises(ValueError, match="dq_mode must be one of"):
-        f(q, k, v, q, lse, do, dq_mode="rows")
     with pytest.raises(ValueError, match="config must be a tuple"):
         f(q, k, v, q, lse, do, config=(64, 2))
     with pytest.raises(ValueError, match="config must be a tuple"):
         f(q, k, v, q, lse, do, config=(64, 2, 1, 1, 1))  # flags must be bools
     with pytest.raises(ValueError, match="BLOCK_M must be 64"):
         f(q, k, v, q, lse, do, config=(128, 2, True, True, True))
-    with pytest.raises(ValueError, match="DEFER needs dq_mode='split'"):
-        f(q, k, v, q, lse, do, dq_mode="own", config=(64, 2, True, True, True))
+    with pytest.raises(ValueError, match="STAGES 2 or 3"):
+        f(q, k, v, q, lse, do, config=(64, 4, True, True, True))
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
@@ -85,17 +83,17 @@ def test_needs_a_hopper_gpu(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("dq_mode,config", [("split", None), ("own", (64, 2, True, False, False)),
-                                            ("split", (64, 2, False, False, False))])
+# the default, the first TMA-reduce version (no DEFER, no LD_TMA) and dQ by vector atomics from registers
+@pytest.mark.parametrize("config", [None, (64, 2, True, False, False), (64, 2, False, False, False)])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", [
     (2, 4, 4, 256, 256, 128, False, torch.bfloat16), (1, 4, 2, 300, 1000, 128, True, torch.bfloat16),
     (1, 2, 2, 1000, 300, 128, True, torch.bfloat16), (1, 2, 2, 333, 333, 64, False, torch.float16),
     (1, 2, 2, 1, 5, 64, True, torch.bfloat16)])
-def test_gradients_match_float64_autograd(rng, dq_mode, config, B, Hq, Hkv, Nq, Nk, d, causal, dtype):
+def test_gradients_match_float64_autograd(rng, config, B, Hq, Hkv, Nq, Nk, d, causal, dtype):
     q, k, v, do = _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype)
     o, lse, _ = attention_ref(q, k, v, causal=causal)
     got = flash_attention_backward_gluon_ws(q, k, v, o.to(DEVICE, dtype), lse.to(DEVICE, torch.float32), do,
-                                            causal=causal, dq_mode=dq_mode, config=config)
+                                            causal=causal, config=config)
     for name, a, r in zip(("dq", "dk", "dv"), got, attention_grads(q, k, v, do, causal=causal)):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, r) < G_TOL, (name, rel_err(a, r))

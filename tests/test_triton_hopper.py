@@ -129,6 +129,24 @@ def test_fp8_entry_point_close_to_exact_attention(rng):
         assert lse_err(lse, rl) < 0.05
 
 
+def test_fp8_entry_point_takes_an_explicit_config(rng):
+    # config= (the benchmark's best tile) instead of changing the module's CONFIG: same result as preparing and
+    # running with those blocks by hand; the module pin is untouched
+    from reference.triton.hopper import flash_fp8
+    q, k, v = t(rng, 1, 2, 50, 64), t(rng, 1, 2, 70, 64), t(rng, 1, 2, 70, 64)
+    pin = dict(flash_fp8.CONFIG)
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}
+    o, lse = flash_attention_forward_fp8(q, k, v, causal=True, config=cfg)
+    o2, lse2 = attention_fp8(prepare_fp8(q, k, v, causal=True, block_m=16, block_n=32),
+                             config={"num_warps": 4, "num_stages": 1})
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    assert flash_fp8.CONFIG == pin
+    ro, _, _ = attention_ref(q, k, v, causal=True)
+    assert rel_err(o, ro) < 0.1
+    with pytest.raises(ValueError, match="config must be a dict"):
+        flash_attention_forward_fp8(q, k, v, config={"BLOCK_M": 16})
+
+
 def test_fp8_errors_name_the_argument(rng):
     q = t(rng, 1, 1, 8, 32)
     with pytest.raises(ValueError, match="head dimension"):

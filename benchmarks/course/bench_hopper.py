@@ -268,14 +268,11 @@ def fp8_speed(log, seqlens):
             bk = "fp8_" + "_".join(map(str, best))
             r["fp8_best_config"] = list(best)
             r["fp8_tflops"] = r[bk]
-            old = dict(flash_fp8.CONFIG)
-            flash_fp8.CONFIG.update(BLOCK_M=best[0], BLOCK_N=best[1], num_warps=best[2], num_stages=best[3])
+            cfg = dict(BLOCK_M=best[0], BLOCK_N=best[1], num_warps=best[2], num_stages=best[3])
             r["fp8_with_quant_tflops"] = ff / bench(
-                lambda: flash_fp8.flash_attention_forward_fp8(q, k, v, causal=causal)) / 1e9
+                lambda: flash_fp8.flash_attention_forward_fp8(q, k, v, causal=causal, config=cfg)) / 1e9
             r["fp8_hadamard_with_quant_tflops"] = ff / bench(
-                lambda: flash_fp8.flash_attention_forward_fp8(q, k, v, causal=causal, hadamard=True)) / 1e9
-            flash_fp8.CONFIG.clear()
-            flash_fp8.CONFIG.update(old)
+                lambda: flash_fp8.flash_attention_forward_fp8(q, k, v, causal=causal, hadamard=True, config=cfg)) / 1e9
             r["speedup_kernel"] = (r["fp8_tflops"] or 0) / r["bf16_tflops"]
             r["speedup_with_quant"] = r["fp8_with_quant_tflops"] / r["bf16_tflops"]
             out.append(r)

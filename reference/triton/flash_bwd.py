@@ -87,17 +87,17 @@ def _bwd_preprocess(O, DO, LSE, DELTA, LSE2,
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do, b, h,
-                start_m, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
+                start_m, offs_m, offs_n, offs_d, q_strides, do_strides,
                 N_Q, OFFSET, qk_scale, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                 MASK_ROWS: tl.constexpr, INTERP: tl.constexpr, USE_TMA: tl.constexpr):
     """Lines 9-14 and 16 of Algorithm 2 for query block ``i`` (starting at ``start_m``), computed transposed
     (``P^T``, ``dS^T`` of shape ``BLOCK_N x BLOCK_M``) so the key block stays the row operand; line 15 (dQ) is
-    the separate ``_bwd_dq`` pass."""
+    the separate ``_bwd_dq`` pass. ``q_strides``, ``do_strides``: (batch, head, row, d) strides."""
     rows = start_m + offs_m
     # line 9: load Q_i, dO_i, L_i, D_i (rows past N_Q: zeros and L = +inf, so P = 0 there)
-    q = load_tile(q_base, desc_q, b, h, start_m, offs_m, offs_d, stride_qm, stride_qd, N_Q, q_base, 0,
+    q = load_tile(q_base, desc_q, b, h, start_m, offs_m, offs_d, q_strides[2], q_strides[3], N_Q, q_base, 0,
                    BLOCK_M, HEAD_DIM, USE_TMA, MASK_ROWS)
-    do = load_tile(do_base, desc_do, b, h, start_m, offs_m, offs_d, stride_dom, stride_dod, N_Q, do_base, 0,
+    do = load_tile(do_base, desc_do, b, h, start_m, offs_m, offs_d, do_strides[2], do_strides[3], N_Q, do_base, 0,
                     BLOCK_M, HEAD_DIM, USE_TMA, MASK_ROWS)
     if MASK_ROWS:
         rm = rows < N_Q
@@ -123,34 +123,29 @@ def _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, de
 
 @triton.jit
 def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
-                       b, h, lo, hi, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom, stride_dod,
-                       N_Q, OFFSET, qk_scale,
+                       b, h, lo, hi, offs_m, offs_n, offs_d, q_strides, do_strides, N_Q, OFFSET, qk_scale,
                        BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, MASK_CAUSAL: tl.constexpr,
                        MASK_ROWS: tl.constexpr, INTERP: tl.constexpr, USE_TMA: tl.constexpr):
     """Line 8: loop over query blocks ``[lo, hi)``."""
     for start_m in range(lo, hi, BLOCK_M):
         start_m = tl.multiple_of(start_m, BLOCK_M)
         dk, dv = _dkdv_block(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
-                             b, h, start_m, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
-                             stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM,
-                             MASK_CAUSAL, MASK_ROWS, INTERP, USE_TMA)
+                             b, h, start_m, offs_m, offs_n, offs_d, q_strides, do_strides, N_Q, OFFSET, qk_scale,
+                             BLOCK_M, HEAD_DIM, MASK_CAUSAL, MASK_ROWS, INTERP, USE_TMA)
     return dk, dv
 
 
 @triton.jit
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
-              stride_qb, stride_qh, stride_qm, stride_qd,
-              stride_kb, stride_kh, stride_kn, stride_kd,
-              stride_vb, stride_vh, stride_vn, stride_vd,
-              stride_dob, stride_doh, stride_dom, stride_dod,
-              stride_dkb, stride_dkh, stride_dkn, stride_dkd,
-              stride_lb, stride_lh, H_KV, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
+              q_strides, k_strides, v_strides, do_strides, dk_strides, lse_strides,
+              H_KV, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
               GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False,
               USE_TMA: tl.constexpr = False):
     """One program = key block ``j`` of one (batch, kv head): Algorithm 2, lines 6-18, summed over the GQA group.
-    (``VARLEN``: packed sequences, as in ``flash_fwd._attn_fwd``; dK/dV share K's layout.) ``USE_TMA``: Q and
-    dO through tensor descriptors."""
+    ``*_strides``: (batch, head, row, d) strides of each tensor (``lse_strides``: (batch, head) of LSE2 and
+    DELTA, rows contiguous). (``VARLEN``: packed sequences, as in ``flash_fwd._attn_fwd``; dK/dV share K's
+    layout.) ``USE_TMA``: Q and dO through tensor descriptors."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // H_KV
@@ -166,17 +161,18 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
     offs_d = tl.arange(0, HEAD_DIM)
     key_ok = offs_n[:, None] < N_K
     # line 6: load K_j, V_j (key rows past N_K read zeros; their dK/dV rows are never stored)
-    k = tl.load(K + b64 * stride_kb + hk.to(tl.int64) * stride_kh + (k_start + offs_n)[:, None] * stride_kn
-                + offs_d[None, :] * stride_kd, mask=key_ok, other=0.0)
-    v = tl.load(V + b64 * stride_vb + hk.to(tl.int64) * stride_vh + (k_start + offs_n)[:, None] * stride_vn
-                + offs_d[None, :] * stride_vd, mask=key_ok, other=0.0)
+    k = tl.load(K + b64 * k_strides[0] + hk.to(tl.int64) * k_strides[1] + (k_start + offs_n)[:, None] * k_strides[2]
+                + offs_d[None, :] * k_strides[3], mask=key_ok, other=0.0)
+    v = tl.load(V + b64 * v_strides[0] + hk.to(tl.int64) * v_strides[1] + (k_start + offs_n)[:, None] * v_strides[2]
+                + offs_d[None, :] * v_strides[3], mask=key_ok, other=0.0)
     # line 7: dK_j = dV_j = 0
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
 
     # Query blocks that see this key block (bottom-right causal: row i sees key j iff i >= j - OFFSET):
     # [q_lo, q_full) straddle the diagonal (masked), [q_full, q_even) see every key (no mask),
-    # [q_tail, N_Q) is the ragged last block (row mask only).
+    # [q_tail, N_Q) is the ragged last block (row mask only). (Inline on purpose: as a @triton.jit helper the
+    # (64, 64, 4, 2) causal d = 128 build spills 648 stack bytes instead of 432; notes/kernel_split.md.)
     OFFSET = N_K - N_Q
     if CAUSAL:
         q_lo = tl.maximum(start_n - OFFSET, 0) // BLOCK_M * BLOCK_M
@@ -199,24 +195,24 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
     for g in range(GROUP):  # GQA: every query head of this kv head's group
         h32 = hk * GROUP + g  # descriptor coordinates are int32, addresses int64
         h = h32.to(tl.int64)
-        q_base = Q + b64 * stride_qb + h * stride_qh + q_start * stride_qm
-        do_base = DO + b64 * stride_dob + h * stride_doh + q_start * stride_dom
-        lse2_base = LSE2 + b64 * stride_lb + h * stride_lh + q_start
-        delta_base = DELTA + b64 * stride_lb + h * stride_lh + q_start
-        # line 8: for each query block i
+        q_base = Q + b64 * q_strides[0] + h * q_strides[1] + q_start * q_strides[2]
+        do_base = DO + b64 * do_strides[0] + h * do_strides[1] + q_start * do_strides[2]
+        lse2_base = LSE2 + b64 * lse_strides[0] + h * lse_strides[1] + q_start
+        delta_base = DELTA + b64 * lse_strides[0] + h * lse_strides[1] + q_start
+        # line 8: for each query block i: masked diagonal blocks, full blocks, the ragged last block
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
-                                    b, h32, q_lo, q_full, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
-                                    stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, CAUSAL, True, INTERP, USE_TMA)
+                                    b, h32, q_lo, q_full, offs_m, offs_n, offs_d, q_strides, do_strides,
+                                    N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, CAUSAL, True, INTERP, USE_TMA)
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
-                                    b, h32, q_full, q_even, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
-                                    stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, False, False, INTERP, USE_TMA)
+                                    b, h32, q_full, q_even, offs_m, offs_n, offs_d, q_strides, do_strides,
+                                    N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, False, False, INTERP, USE_TMA)
         dk, dv = _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, desc_q, desc_do,
-                                    b, h32, q_tail, q_end, offs_m, offs_n, offs_d, stride_qm, stride_qd, stride_dom,
-                                    stride_dod, N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, False, True, INTERP, USE_TMA)
+                                    b, h32, q_tail, q_end, offs_m, offs_n, offs_d, q_strides, do_strides,
+                                    N_Q, OFFSET, qk_scale, BLOCK_M, HEAD_DIM, False, True, INTERP, USE_TMA)
 
     # line 18: write dK_j (times the softmax scale, since S = scale * Q K^T) and dV_j
-    dk_off = (b64 * stride_dkb + hk.to(tl.int64) * stride_dkh + (k_start + offs_n)[:, None] * stride_dkn
-              + offs_d[None, :] * stride_dkd)
+    dk_off = (b64 * dk_strides[0] + hk.to(tl.int64) * dk_strides[1] + (k_start + offs_n)[:, None] * dk_strides[2]
+              + offs_d[None, :] * dk_strides[3])
     tl.store(DK + dk_off, (dk * sm_scale).to(DK.dtype.element_ty), mask=key_ok)
     tl.store(DV + dk_off, dv.to(DV.dtype.element_ty), mask=key_ok)
 
@@ -226,14 +222,14 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
 def _dq_block(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b, hk, start_n, offs_m, offs_n, offs_d,
-              stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, BLOCK_N: tl.constexpr,
+              k_strides, v_strides, N_K, OFFSET, qk_scale, BLOCK_N: tl.constexpr,
               HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, INTERP: tl.constexpr,
               USE_TMA: tl.constexpr):
     """Recompute P_ij and dS_ij for key block ``j`` and add ``dS_ij K_j`` to dQ_i (lines 10-15)."""
     cols = start_n + offs_n
-    k = load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, stride_kn, stride_kd, N_K, k_base, 0,
+    k = load_tile(k_base, desc_k, b, hk, start_n, offs_n, offs_d, k_strides[2], k_strides[3], N_K, k_base, 0,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
-    v = load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, stride_vn, stride_vd, N_K, v_base, 0,
+    v = load_tile(v_base, desc_v, b, hk, start_n, offs_n, offs_d, v_strides[2], v_strides[3], N_K, v_base, 0,
                    BLOCK_N, HEAD_DIM, USE_TMA, MASKED)
     # lines 10-11: P_ij = exp(scale * Q_i K_j^T - L_i)
     p = tl.math.exp2(dot(q, tl.trans(k), INTERP) * qk_scale - l2[:, None])
@@ -251,30 +247,26 @@ def _dq_block(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b, hk, start_n,
 
 @triton.jit
 def _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b, hk, lo, hi, offs_m, offs_n, offs_d,
-                   stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
+                   k_strides, v_strides, N_K, OFFSET, qk_scale,
                    BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                    INTERP: tl.constexpr, USE_TMA: tl.constexpr):
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         dq = _dq_block(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b, hk, start_n, offs_m, offs_n, offs_d,
-                       stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM,
-                       CAUSAL, MASKED, INTERP, USE_TMA)
+                       k_strides, v_strides, N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, MASKED, INTERP,
+                       USE_TMA)
     return dq
 
 
 @triton.jit
 def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA, desc_k, desc_v,
-            stride_qb, stride_qh, stride_qm, stride_qd,
-            stride_kb, stride_kh, stride_kn, stride_kd,
-            stride_vb, stride_vh, stride_vn, stride_vd,
-            stride_dob, stride_doh, stride_dom, stride_dod,
-            stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-            stride_lb, stride_lh, H_Q, GROUP, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
+            q_strides, k_strides, v_strides, do_strides, dq_strides, lse_strides,
+            H_Q, GROUP, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
             HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, INTERP: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, VARLEN: tl.constexpr = False,
             USE_TMA: tl.constexpr = False):
     """One program = query block ``i`` of one (batch, query head): dQ_i over the key blocks it sees
-    (``USE_TMA``: K and V through tensor descriptors)."""
+    (``*_strides`` as in ``_bwd_dkdv``; ``USE_TMA``: K and V through tensor descriptors)."""
     pid_m = tl.program_id(0)
     if CAUSAL:  # heaviest query blocks first, as in the forward
         pid_m = tl.num_programs(0) - 1 - pid_m
@@ -296,16 +288,16 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA, desc_k, desc_v,
     rm = offs_m < N_Q
     # line 9: Q_i, dO_i, L_i, D_i (rows past N_Q: zeros and L = +inf, never stored)
     rows = q_start + offs_m
-    q = tl.load(Q + b64 * stride_qb + h * stride_qh + rows[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                mask=rm[:, None], other=0.0)
-    do = tl.load(DO + b64 * stride_dob + h * stride_doh + rows[:, None] * stride_dom
-                 + offs_d[None, :] * stride_dod, mask=rm[:, None], other=0.0)
-    row_off = b64 * stride_lb + h * stride_lh + rows
+    q = tl.load(Q + b64 * q_strides[0] + h * q_strides[1] + rows[:, None] * q_strides[2]
+                + offs_d[None, :] * q_strides[3], mask=rm[:, None], other=0.0)
+    do = tl.load(DO + b64 * do_strides[0] + h * do_strides[1] + rows[:, None] * do_strides[2]
+                 + offs_d[None, :] * do_strides[3], mask=rm[:, None], other=0.0)
+    row_off = b64 * lse_strides[0] + h * lse_strides[1] + rows
     l2 = tl.load(LSE2 + row_off, mask=rm, other=float("inf"))
     di = tl.load(DELTA + row_off, mask=rm, other=0.0)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
-    k_base = K + b64 * stride_kb + hk * stride_kh + k_start * stride_kn
-    v_base = V + b64 * stride_vb + hk * stride_vh + k_start * stride_vn
+    k_base = K + b64 * k_strides[0] + hk * k_strides[1] + k_start * k_strides[2]
+    v_base = V + b64 * v_strides[0] + hk * v_strides[1] + k_start * v_strides[2]
 
     OFFSET = N_K - N_Q
     full_end, hi = causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
@@ -313,13 +305,13 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA, desc_k, desc_v,
         full_end = tl.where(start_m < N_Q, full_end, 0)
         hi = tl.where(start_m < N_Q, hi, 0)
     dq = _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b32, hk32, 0, full_end, offs_m, offs_n,
-                        offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
-                        BLOCK_N, HEAD_DIM, CAUSAL, False, INTERP, USE_TMA)
+                        offs_d, k_strides, v_strides, N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, False, INTERP,
+                        USE_TMA)
     dq = _dq_key_blocks(dq, q, do, l2, di, k_base, v_base, desc_k, desc_v, b32, hk32, full_end, hi, offs_m, offs_n,
-                        offs_d, stride_kn, stride_kd, stride_vn, stride_vd, N_K, OFFSET, qk_scale,
-                        BLOCK_N, HEAD_DIM, CAUSAL, True, INTERP, USE_TMA)
-    tl.store(DQ + b64 * stride_dqb + h * stride_dqh + rows[:, None] * stride_dqm + offs_d[None, :] * stride_dqd,
-             (dq * sm_scale).to(DQ.dtype.element_ty), mask=rm[:, None])
+                        offs_d, k_strides, v_strides, N_K, OFFSET, qk_scale, BLOCK_N, HEAD_DIM, CAUSAL, True, INTERP,
+                        USE_TMA)
+    tl.store(DQ + b64 * dq_strides[0] + h * dq_strides[1] + rows[:, None] * dq_strides[2]
+             + offs_d[None, :] * dq_strides[3], (dq * sm_scale).to(DQ.dtype.element_ty), mask=rm[:, None])
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -439,7 +431,7 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     preprocess(o, do, lse, delta, lse2, Nq, varlen)
 
     qk_scale = scale * LOG2E.value
-    common = (*st(q), *st(k), *st(v), *st(do))
+    common = (st(q), st(k), st(v), st(do))
     kw = dict(HEAD_DIM=d, CAUSAL=causal, INTERP=INTERPRET, VARLEN=varlen is not None, USE_TMA=use_tma)
     keys = Nk if varlen is None else varlen.max_k
     pin = configs.backward_pin() if config is None else config
@@ -447,12 +439,12 @@ def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float,
     descs = (_desc(q, d), _desc(do, d)) if use_tma else (q, q)
     dkdv = pinned_or_tuned(_bwd_dkdv, _bwd_dkdv_tuned, pin.get("dkdv"), pre_hook=_set_block_shapes)
     dkdv[lambda m: (triton.cdiv(keys, m["BLOCK_N"]), B * Hkv)](
-        q, k, v, do, dk, dv, lse2, delta, *descs, *common, *st(dk), *lstr, Hkv, Nq, Nk, scale,
+        q, k, v, do, dk, dv, lse2, delta, *descs, *common, st(dk), lstr, Hkv, Nq, Nk, scale,
         qk_scale, cu_q, cu_k, GROUP=group, **kw)
     descs = (_desc(k, d), _desc(v, d)) if use_tma else (k, v)
     dq_kernel = pinned_or_tuned(_bwd_dq, _bwd_dq_tuned, pin.get("dq"), pre_hook=_set_block_shapes)
     dq_kernel[lambda m: (triton.cdiv(rows, m["BLOCK_M"]), B * Hq)](
-        q, k, v, do, dq, lse2, delta, *descs, *common, *st(dq), *lstr, Hq, group, Nq, Nk, scale, qk_scale, cu_q, cu_k,
+        q, k, v, do, dq, lse2, delta, *descs, *common, st(dq), lstr, Hq, group, Nq, Nk, scale, qk_scale, cu_q, cu_k,
         **kw)
 
 

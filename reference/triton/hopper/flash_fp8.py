@@ -290,16 +290,22 @@ def compile_fp8(head_dim: int = 128, causal: bool = True):
     return compile_triton(_attn_fwd_fp8, sig, cx, 4, 3)
 
 
-def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0):
+def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None):
     """FP8 (e4m3) FlashAttention forward: return ``(o, lse)``; ``o`` is bfloat16, ``lse`` float32 natural log.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` float16/bfloat16/float32 on ``reference.triton.DEVICE``,
     ``d`` in {32, 64, 128}, GQA and bottom-right causal as ``flash_attention_forward``. Q, K, V are quantised in
     blocks (``CONFIG``'s ``BLOCK_M`` query rows, ``BLOCK_N`` key rows, one scale each); ``hadamard=True`` first
     rotates Q and K by ``J = diag(s) H / sqrt(d)`` with random signs drawn from ``seed``. Needs a Hopper GPU
-    (compute capability >= 9.0) or the interpreter; raises ``RuntimeError`` otherwise.
+    (compute capability >= 9.0) or the interpreter; raises ``RuntimeError`` otherwise. ``config``: a dict with
+    ``BLOCK_M, BLOCK_N, num_warps, num_stages`` (default ``CONFIG``, the module's pin, never changed from outside).
     """
-    return attention_fp8(prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed))
+    cfg = CONFIG if config is None else config
+    if not isinstance(cfg, dict) or set(cfg) != {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}:
+        raise ValueError(f"config must be a dict with keys BLOCK_M, BLOCK_N, num_warps, num_stages, got {config!r}")
+    x = prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=cfg["BLOCK_M"],
+                    block_n=cfg["BLOCK_N"])
+    return attention_fp8(x, config={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 
 __all__ = ["flash_attention_forward_fp8", "prepare_fp8", "attention_fp8", "quantize_fp8_blocks", "Fp8Blocks",

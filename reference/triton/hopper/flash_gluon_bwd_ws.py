@@ -1,7 +1,7 @@
 """FlashAttention backward for Hopper in Gluon, warp-specialised (FA3 section 3.1 applied to FA2 Algorithm 2).
 
-``flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split",
-config=None) -> (dq, dk, dv)``: the contract of ``flash_bwd.flash_attention_backward`` (FA2 Algorithm 2; GQA,
+``flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, config=None)
+-> (dq, dk, dv)``: the contract of ``flash_bwd.flash_attention_backward`` (FA2 Algorithm 2; GQA,
 bottom-right causal, ragged N) on Hopper, bfloat16/float16, ``d`` in {64, 128}. The preprocess (``L`` in base 2,
 ``D = rowsum(dO * O)``), the final dQ scale/cast and the checks are the wing's (``hopper.common``).
 
@@ -19,12 +19,10 @@ numbers):
 * per step and consumer (lines 10-16, transposed so the key rows are the wgmma M side): ``S^T = K_w Q_i^T`` and
   ``dP^T = V_w dO_i^T`` in flight together, ``P^T = exp2(S^T scale log2 e - L_i)`` (masked on the causal diagonal
   and past ``N_K`` only), ``dV_w += P^T dO_i`` (``P^T`` a register operand), ``dS^T = P^T (dP^T - D_i)``,
-  ``dK_w += dS^T Q_i`` (register operand), then line 15, ``dQ_i += dS_ij K_j``, by ``dq_mode``:
-
-  - ``"split"`` (default): both consumers write ``dS^T`` to shared memory and meet on an mbarrier; consumer
-    ``w`` computes the head-dimension half ``w`` of ``dQ_i`` over all 128 keys, ``sum_u dS_u K_u[:, half w]``:
-    one reduction per dQ element per key block, as in FA3;
-  - ``"own"``: each consumer multiplies its own 64 keys, ``dS_w K_w`` (64 x d): no meeting, twice the reductions;
+  ``dK_w += dS^T Q_i`` (register operand), then line 15, ``dQ_i += dS_ij K_j``: both consumers write ``dS^T``
+  to shared memory and meet on an mbarrier; consumer ``w`` computes the head-dimension half ``w`` of ``dQ_i``
+  over all 128 keys, ``sum_u dS_u K_u[:, half w]``: one reduction per dQ element per key block, as in FA3 (the
+  "own" mode, each consumer ``dS_w K_w`` over its own keys, lost: notes/experiments_removed.md);
 
 * ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``, default ``(64, 2, True, True, True)``: ``DQ_TMA`` stages
   the dQ tile in shared memory and has the copy engine add it into the fp32 buffer (a TMA reduce,
@@ -33,11 +31,17 @@ numbers):
   ``dS^T`` one step late; ``LD_TMA`` has the producer copy ``L_i, D_i`` (padded per head) into the ring,
   instead of the consumers loading and shuffling them. The non-default values are the measured attempts.
 
+Kernel structure: ``_bwd_ws_kernel`` allocates and groups (named tuples ``Smem``, ``Bars``, ``Out``, ``Place``,
+``Cfg``), then forks into ``_consumer`` x 2 and ``_producer``; ``_consumer`` is set-up, the query-step loop
+(``_scores_and_grads``: lines 10-14 and 16; ``_dq_step``: line 15), ``_dq_last`` and the dK/dV store.
+
 Ragged ``N``: query rows past ``N_Q`` get ``L = +inf`` (``P = 0``) and land in the
 padded rows of the dQ buffer; key rows past ``N_K`` are masked to ``P = 0`` and never stored. The interpreter
 cannot run Gluon; ``tests/test_triton_gluon_bwd_ws.py`` compiles the kernel for sm_90a on CPU.
 """
 from __future__ import annotations
+
+from collections import namedtuple
 
 import torch
 import triton
@@ -53,7 +57,6 @@ from .common import (LOG2E_F, backward_preprocess, check_backward_args, check_gl
                      mask_pt, q_row, red_add_v2, store_dkdv, tile_descriptor)
 
 NAME = "flash_attention_backward_gluon_ws"
-DQ_MODES = ("split", "own")
 #: (BLOCK_M query rows per step, STAGES of the Q/dO ring, DQ_TMA, DEFER, LD_TMA); the key block is 128 rows, 64
 #: per consumer
 DEFAULT_CONFIG = (64, 2, True, True, True)
@@ -70,6 +73,32 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
     3.6's Hopper ``tma`` module has no wrapper, its builder does). Completes like a TMA store (``tma.store_wait``)."""
     coord = _semantic._convert_to_ir_values(coord, require_i64=False)
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+#: the CTA's shared-memory buffers (``k, v``: two 64-row halves, one per consumer; ``q, do, l, d``: the
+#: ``STAGES``-slot ring; ``ds``: ``dS^T`` pairs; ``dq``: this consumer's fp32 dQ staging tile)
+Smem = namedtuple("Smem", ["k", "v", "q", "do", "ds", "dq", "l", "d"])
+#: its mbarriers: ``kv`` (K_j, V_j arrived), ring ``ready`` / ``empty``, ``ds`` (both consumers' dS^T written)
+Bars = namedtuple("Bars", ["kv", "ready", "empty", "ds"])
+#: global memory the consumers write or read by pointer (dQ by ``desc_dq``)
+Out = namedtuple("Out", ["desc_dq", "dq_acc", "dk", "dv", "lse2", "delta"])
+#: the CTA's work: its key block's first row in the ``(B * H_KV * N_K, d)`` view and in its head, the query
+#: steps (``n_iter`` of them: ``per_head`` blocks from ``m_lo`` per query head of the group from ``q_head0``)
+Place = namedtuple("Place", ["kv_row0", "start_n", "n_iter", "per_head", "m_lo", "q_head0", "N_Q", "N_K"])
+#: compile-time configuration (all ``constexpr``)
+Cfg = namedtuple("Cfg", ["HALF", "HEAD_DIM", "BLOCK_M", "STAGES", "CAUSAL", "DQ_TMA", "DEFER", "LD_TMA"])
+
+
+@gluon.constexpr_function
+def _wgmma_layout(n):
+    """Accumulator layout of a 4-warp wgmma with ``n`` columns."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, n, 16])
+
+
+@gluon.constexpr_function
+def _a_operand(n):
+    """Register A-operand layout of a wgmma whose accumulator has ``n`` columns."""
+    return gl.DotOperandLayout(operand_index=0, parent=_wgmma_layout(n), k_width=2)
 
 
 @gluon.jit
@@ -89,213 +118,229 @@ def _query_blocks(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
 
 
 @gluon.jit
-def _producer(desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, k_smem, v_smem, q_smem, do_smem, l_smem, d_smem,
-              kv_bar, ready, empty, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q,
-              HALF: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, LD_TMA: gl.constexpr):
+def _producer(descs, smem, bars, place, cfg):
     """The producer warp: ``K_j, V_j`` (two 64-row halves each, one per consumer), then ``Q_i, dO_i`` (and with
-    ``LD_TMA`` the rows ``L_i, D_i``) of step ``t`` into slot ``t % STAGES`` once both consumers released it."""
-    mbarrier.expect(kv_bar, 2 * desc_k.block_type.nbytes + 2 * desc_v.block_type.nbytes)
+    ``LD_TMA`` the rows ``L_i, D_i``) of step ``t`` into slot ``t % STAGES`` once both consumers released it.
+    ``descs = (q, k, v, do, l, d)``."""
+    desc_q, desc_k, desc_v, desc_do, desc_l, desc_d = descs
+    STAGES: gl.constexpr = cfg.STAGES
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    mbarrier.expect(bars.kv, 2 * desc_k.block_type.nbytes + 2 * desc_v.block_type.nbytes)
     for w in gl.static_range(2):
-        tma.async_copy_global_to_shared(desc_k, [kv_row0 + start_n + w * HALF, 0], kv_bar, k_smem.index(w))
-        tma.async_copy_global_to_shared(desc_v, [kv_row0 + start_n + w * HALF, 0], kv_bar, v_smem.index(w))
-    for t in range(n_iter):
+        row = place.kv_row0 + place.start_n + w * cfg.HALF
+        tma.async_copy_global_to_shared(desc_k, [row, 0], bars.kv, smem.k.index(w))
+        tma.async_copy_global_to_shared(desc_v, [row, 0], bars.kv, smem.v.index(w))
+    for t in range(place.n_iter):
         slot = t % STAGES
-        mbarrier.wait(empty.index(slot), ((t // STAGES) & 1) ^ 1)  # a fresh barrier passes phase 1: first round free
-        bar = ready.index(slot)
-        if LD_TMA:
+        # a fresh barrier passes phase 1: the first round is free
+        mbarrier.wait(bars.empty.index(slot), ((t // STAGES) & 1) ^ 1)
+        bar = bars.ready.index(slot)
+        if cfg.LD_TMA:
             mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes + 2 * desc_l.block_type.nbytes)
         else:
             mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
-        row = q_row(t, per_head, m_lo, q_head0, N_Q, BLOCK_M)
-        tma.async_copy_global_to_shared(desc_q, [row, 0], bar, q_smem.index(slot))
-        tma.async_copy_global_to_shared(desc_do, [row, 0], bar, do_smem.index(slot))
-        if LD_TMA:  # (B * Hq, N_Q_PAD) views: row = query head, column = the block's first query
-            head = q_head0 + t // per_head
-            col = (m_lo + t % per_head) * BLOCK_M
-            tma.async_copy_global_to_shared(desc_l, [head, col], bar, l_smem.index(slot))
-            tma.async_copy_global_to_shared(desc_d, [head, col], bar, d_smem.index(slot))
+        row = q_row(t, place.per_head, place.m_lo, place.q_head0, place.N_Q, BLOCK_M)
+        tma.async_copy_global_to_shared(desc_q, [row, 0], bar, smem.q.index(slot))
+        tma.async_copy_global_to_shared(desc_do, [row, 0], bar, smem.do.index(slot))
+        if cfg.LD_TMA:  # (B * Hq, N_Q_PAD) views: row = query head, column = the block's first query
+            head = place.q_head0 + t // place.per_head
+            col = (place.m_lo + t % place.per_head) * BLOCK_M
+            tma.async_copy_global_to_shared(desc_l, [head, col], bar, smem.l.index(slot))
+            tma.async_copy_global_to_shared(desc_d, [head, col], bar, smem.d.index(slot))
 
 
 @gluon.jit
-def _dq_issue(ds_smem, k_smem, buf, t, dq_zero, WG: gl.constexpr, DQ_COLS: gl.constexpr, SPLIT: gl.constexpr):
-    """Line 15's product for the step whose ``dS^T`` sits in ``ds_smem`` slot ``buf`` (async wgmma): ``"split"``:
-    columns ``WG * DQ_COLS ..`` of ``dS K`` over both consumers' keys; ``"own"``: ``dS_WG K_WG``. ``(t >> 30)``
-    is 0 (keeps K's descriptors in the loop, see ``_consumer``)."""
-    if SPLIT:
-        dq = warpgroup_mma(ds_smem.index(buf).permute((1, 0)),
-                           k_smem.index(t >> 30).slice(WG * DQ_COLS, DQ_COLS, dim=1), dq_zero,
-                           use_acc=False, is_async=True)
-        dq = warpgroup_mma(ds_smem.index(buf + 1).permute((1, 0)),
-                           k_smem.index(1 + (t >> 30)).slice(WG * DQ_COLS, DQ_COLS, dim=1), dq, is_async=True)
-    else:
-        dq = warpgroup_mma(ds_smem.index(buf + WG).permute((1, 0)), k_smem.index(WG + (t >> 30)), dq_zero,
-                           use_acc=False, is_async=True)
+def _dq_issue(smem, buf, t, dq_zero, WG: gl.constexpr, DQ_COLS: gl.constexpr):
+    """Line 15's product for the step whose ``dS^T`` pair sits in ``smem.ds`` slots ``buf, buf + 1`` (async
+    wgmma): columns ``WG * DQ_COLS ..`` of ``dS K`` over both consumers' keys. ``(t >> 30)`` is 0 (keeps K's
+    descriptors in the loop, see ``_key_loop_step``)."""
+    dq = warpgroup_mma(smem.ds.index(buf).permute((1, 0)),
+                       smem.k.index(t >> 30).slice(WG * DQ_COLS, DQ_COLS, dim=1), dq_zero,
+                       use_acc=False, is_async=True)
+    dq = warpgroup_mma(smem.ds.index(buf + 1).permute((1, 0)),
+                       smem.k.index(1 + (t >> 30)).slice(WG * DQ_COLS, DQ_COLS, dim=1), dq, is_async=True)
     return dq
 
 
 @gluon.jit
-def _dq_add(dq, dq_smem, desc_dq, dq_ptrs, row, COL0: gl.constexpr, DQ_TMA: gl.constexpr):
-    """Add a finished ``dQ_i`` share into the fp32 buffer: staged in shared memory and reduce-added by the copy
-    engine (``DQ_TMA``; the tile's first column ``COL0``), or by ``red.global.add.v2.f32`` from the registers
-    (``DQ_TMA = 2``: a timing ablation that drops the add, wrong dQ)."""
+def _dq_add(dq, smem, out, dq_offs, row, COL0: gl.constexpr, HEAD_DIM: gl.constexpr, DQ_TMA: gl.constexpr):
+    """Add a finished ``dQ_i`` share (rows from ``row`` of the padded buffer) into the fp32 buffer: staged in
+    shared memory and reduce-added by the copy engine (``DQ_TMA``; the tile's first column ``COL0``), or by
+    ``red.global.add.v2.f32`` from the registers (``DQ_TMA = 2``: a timing ablation that drops the add, wrong
+    dQ)."""
     if DQ_TMA == 2:
         pass
     elif DQ_TMA:
         tma.store_wait(0)  # the previous step's reduce has read dq_smem (a no-op in all but the issuing thread)
         gl.thread_barrier()
-        dq_smem.store(dq)
+        smem.dq.store(dq)
         fence_async_shared()
         gl.thread_barrier()
-        _tma_reduce_add(desc_dq, [row, COL0], dq_smem)
+        _tma_reduce_add(out.desc_dq, [row, COL0], smem.dq)
     else:
-        red_add_v2(dq_ptrs, dq)
+        red_add_v2(out.dq_acc + row.to(gl.int64) * HEAD_DIM + dq_offs, dq)
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, l_smem, d_smem, kv_bar, ready, empty, ds_bars,
-              desc_dq,
-              DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q, N_K,
-              qk_scale, sm_scale,
-              WG: gl.constexpr, HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-              STAGES: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr, DQ_TMA: gl.constexpr,
-              DEFER: gl.constexpr, LD_TMA: gl.constexpr):
-    """Consumer warpgroup ``WG``: key rows ``start_n + HALF * WG ..`` (Algorithm 2 lines 8-18 for them).
-
-    ``DEFER`` ("split" only): step ``t``'s dQ product is issued at the end of step ``t + 1`` (where the
-    undeferred one issues step ``t + 1``'s), so a consumer waits for the other's ``dS^T`` one step late and the
-    two need not run in lockstep; three ``dS^T`` buffers, and a consumer arrives on ``ds_bars`` only after its
-    previous dQ product retired."""
-    dtype: gl.constexpr = q_smem.dtype
-    st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, BLOCK_M, 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HEAD_DIM, 16])
-    DQ_COLS: gl.constexpr = HEAD_DIM // 2 if SPLIT else HEAD_DIM
-    COL0: gl.constexpr = WG * DQ_COLS if SPLIT else 0  # this consumer's first dQ column
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, DQ_COLS, 16])
-    a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
+def _scores_and_grads(k_w, v_w, qs, dos, l_rows, d_rows, dk, dv, keys, start_m, need_mask, place, qk_scale,
+                      cfg):
+    """Algorithm 2 lines 10-14 and 16 for this consumer's keys and query block ``start_m`` (transposed: key rows
+    are the wgmma M side): ``S^T, dP^T`` in flight together, ``P^T``, ``dV += P^T dO``, ``dS^T``,
+    ``dK += dS^T Q``. ``l_rows, d_rows``: ``L_i, D_i`` as ring slots (``LD_TMA``) or one value per thread. Returns
+    ``dk, dv`` (async, not waited for), ``dS^T`` and the two register operands the caller's wait must keep."""
+    HALF: gl.constexpr = cfg.HALF
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    st_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    a_layout: gl.constexpr = _a_operand(cfg.HEAD_DIM)
     col_l: gl.constexpr = gl.SliceLayout(0, st_layout)
-    key_l: gl.constexpr = gl.SliceLayout(1, st_layout)
-    gl.static_assert(SPLIT or not DEFER, "DEFER needs dq_mode 'split'")
-    NBUF: gl.constexpr = 3 if DEFER else 2  # dS^T buffers (pairs, one per consumer) in "split"
-    my_n = start_n + WG * HALF
-    # this consumer's first query block and masked blocks (WG 1 may start one block later than the CTA)
-    my_lo, my_full, n_m = _query_blocks(my_n, N_Q, N_K, BLOCK_M, HALF, CAUSAL)
+    dtype: gl.constexpr = qs.dtype
+    st_zero = gl.zeros([HALF, BLOCK_M], gl.float32, layout=st_layout)
+    # lines 10 and 13: S^T = K Q^T and dP^T = V dO^T in flight together
+    sT = warpgroup_mma(k_w, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    dpT = warpgroup_mma(v_w, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
+    sT = warpgroup_mma_wait(1, deps=(sT,))
+    # line 11: P^T = exp2(S^T scale log2 e - L) (masked on the diagonal and past N_K)
+    if cfg.LD_TMA:  # (1, BLOCK_M) rows read straight into the score layout: a broadcast, no shuffle
+        pT = gl.exp2(sT * qk_scale - l_rows.load(st_layout))
+    else:
+        l2 = gl.convert_layout(l_rows, col_l)
+        pT = gl.exp2(sT * qk_scale - l2[None, :])
+    pT = mask_pt(pT, keys, start_m, place.N_Q, place.N_K, need_mask, col_l, BLOCK_M, cfg.CAUSAL)
+    # line 12: dV += P^T dO
+    pT = pT.to(dtype)
+    p_op = gl.convert_layout(pT, a_layout)
+    dv = warpgroup_mma(p_op, dos, dv, is_async=True)
+    dpT = warpgroup_mma_wait(1, deps=(dpT,))
+    # line 14: dS^T = P^T (dP^T - D)
+    if cfg.LD_TMA:
+        dsT = (pT.to(gl.float32) * (dpT - d_rows.load(st_layout))).to(dtype)
+    else:
+        di = gl.convert_layout(d_rows, col_l)
+        dsT = (pT.to(gl.float32) * (dpT - di[None, :])).to(dtype)
+    # line 16: dK += dS^T Q (register operand)
+    ds_op = gl.convert_layout(dsT, a_layout)
+    dk = warpgroup_mma(ds_op, qs, dk, is_async=True)
+    return dk, dv, dsT, p_op, ds_op
+
+
+@gluon.jit
+def _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, prev_row, cfg,
+             WG: gl.constexpr):
+    """Line 15, ``dQ_i += dS K`` for this step (A = the transposed view of ``dS^T`` in shared memory): store this
+    consumer's ``dS^T``, meet the other consumer on ``bars.ds``, issue the product (``DEFER``: step ``t - 1``'s),
+    retire every wgmma of the step, release the ring slot, add dQ. Returns ``dk, dv``."""
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2
+    NBUF: gl.constexpr = 3 if cfg.DEFER else 2  # dS^T buffer pairs
+    dq_zero = gl.zeros([cfg.BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+    buf = (t % NBUF) * 2
+    smem.ds.index(buf + WG).store(dsT)
+    fence_async_shared()
+    gl.thread_barrier()  # this warpgroup's dS^T is written (a barrier of the partition's 4 warps)
+    if cfg.DEFER:  # step t-1's dQ (at t = 0 the product of an unwritten buffer, never added)
+        prev = (t + NBUF - 1) % NBUF
+        mbarrier.wait(bars.ds.index(prev), ((t + NBUF - 1) // NBUF - 1) & 1, pred=t > 0)
+        dq = _dq_issue(smem, prev * 2, t, dq_zero, WG, DQ_COLS)
+        dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
+        mbarrier.arrive(bars.ds.index(t % NBUF))  # dS^T(t) written and dQ(t-1) has read buffer prev
+        mbarrier.arrive(bars.empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
+        if t > 0:
+            _dq_add(dq, smem, out, dq_offs, prev_row, WG * DQ_COLS, HEAD_DIM, cfg.DQ_TMA)
+    else:
+        mbarrier.arrive(bars.ds.index(t % 2))
+        mbarrier.wait(bars.ds.index(t % 2), (t // 2) & 1)  # and the other consumer's
+        dq = _dq_issue(smem, buf, t, dq_zero, WG, DQ_COLS)
+        dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
+        mbarrier.arrive(bars.empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
+        _dq_add(dq, smem, out, dq_offs, row, WG * DQ_COLS, HEAD_DIM, cfg.DQ_TMA)
+    return dk, dv
+
+
+@gluon.jit
+def _dq_last(smem, bars, out, dq_offs, prev_row, n_iter, cfg, WG: gl.constexpr):
+    """``DEFER``'s epilogue: the last step's dQ product and add; then every dQ reduce completed."""
+    DQ_COLS: gl.constexpr = cfg.HEAD_DIM // 2
+    if cfg.DEFER:
+        if n_iter > 0:
+            last = n_iter - 1
+            mbarrier.wait(bars.ds.index(last % 3), (last // 3) & 1)
+            dq_zero = gl.zeros([cfg.BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
+            dq = _dq_issue(smem, (last % 3) * 2, last, dq_zero, WG, DQ_COLS)
+            dq = warpgroup_mma_wait(0, deps=(dq,))
+            _dq_add(dq, smem, out, dq_offs, prev_row, WG * DQ_COLS, cfg.HEAD_DIM, cfg.DQ_TMA)
+    if cfg.DQ_TMA == 1:
+        tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr):
+    """Consumer warpgroup ``WG``: key rows ``start_n + HALF * WG ..`` (Algorithm 2 lines 8-18 for them):
+    set-up, the loop over query steps (``_scores_and_grads``, then ``_dq_step``), ``_dq_last``, the dK/dV store.
+
+    ``DEFER``: step ``t``'s dQ product is issued at the end of step ``t + 1`` (where the undeferred one issues step
+    ``t + 1``'s), so a consumer waits for the other's ``dS^T`` one step late and the two need not run in
+    lockstep; three ``dS^T`` buffer pairs, and a consumer arrives on ``bars.ds`` only after its previous dQ
+    product retired."""
+    HALF: gl.constexpr = cfg.HALF
+    HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
+    BLOCK_M: gl.constexpr = cfg.BLOCK_M
+    DQ_COLS: gl.constexpr = HEAD_DIM // 2  # this consumer's dQ columns: WG * DQ_COLS ..
+    kv_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    dq_layout: gl.constexpr = _wgmma_layout(DQ_COLS)
+    my_n = place.start_n + WG * HALF
+    # the blocks on this consumer's causal diagonal (WG 1's may start one block later than the CTA's); both
+    # consumers still take part in every step from the CTA's m_lo (they meet on bars.ds)
+    my_lo, my_full, n_m = _query_blocks(my_n, place.N_Q, place.N_K, BLOCK_M, HALF, cfg.CAUSAL)
     N_Q_PAD = n_m * BLOCK_M
-    key_ragged = my_n + HALF > N_K
+    key_ragged = my_n + HALF > place.N_K
 
     dk = gl.zeros([HALF, HEAD_DIM], gl.float32, layout=kv_layout)
     dv = gl.zeros([HALF, HEAD_DIM], gl.float32, layout=kv_layout)
-    st_zero = gl.zeros([HALF, BLOCK_M], gl.float32, layout=st_layout)
-    dq_zero = gl.zeros([BLOCK_M, DQ_COLS], gl.float32, layout=dq_layout)
-    keys = my_n + gl.arange(0, HALF, layout=key_l)
+    keys = my_n + gl.arange(0, HALF, layout=gl.SliceLayout(1, _wgmma_layout(BLOCK_M)))
     offs_lm = gl.arange(0, BLOCK_M, layout=gl.BlockedLayout([1], [32], [4], [0]))
     dq_offs = (gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, dq_layout))[:, None] * HEAD_DIM
-               + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))[None, :])
-    if SPLIT:
-        dq_offs = dq_offs + WG * DQ_COLS
-        skip_below = m_lo  # both consumers take part in every step (they meet on ds_bars)
-    else:
-        skip_below = my_lo
-    if not LD_TMA:
-        l2n, din = load_rows(LSE2, DELTA, 0, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
-    prev_row = q_head0 * N_Q_PAD
-    mbarrier.wait(kv_bar, 0)
-    for t in range(n_iter):
-        g = t // per_head
-        m = m_lo + t % per_head
+               + gl.arange(0, DQ_COLS, layout=gl.SliceLayout(0, dq_layout))[None, :]) + WG * DQ_COLS
+    if not cfg.LD_TMA:
+        l2n, din = load_rows(out.lse2, out.delta, 0, place.n_iter, place.per_head, place.m_lo, place.q_head0,
+                             place.N_Q, offs_lm, BLOCK_M)
+    prev_row = place.q_head0 * N_Q_PAD
+    mbarrier.wait(bars.kv, 0)
+    for t in range(place.n_iter):
+        m = place.m_lo + t % place.per_head
         start_m = m * BLOCK_M
-        slot = t % STAGES
+        slot = t % cfg.STAGES
         # index 0 written so that the wgmma descriptors of K and V are not hoisted out of the loop (they spill
         # when held across it; notes/hopper.md section 1d, G4)
-        k_w = k_smem.index(WG + (t >> 30))
-        v_w = v_smem.index(WG + (t >> 30))
-        if not LD_TMA:  # L_i, D_i loaded one step ahead (their latency hides under this step)
-            l2c = l2n
-            dic = din
-            l2n, din = load_rows(LSE2, DELTA, t + 1, n_iter, per_head, m_lo, q_head0, N_Q, offs_lm, BLOCK_M)
-        mbarrier.wait(ready.index(slot), (t // STAGES) & 1)
-        qs = q_smem.index(slot)
-        dos = do_smem.index(slot)
-        row = (q_head0 + g) * N_Q_PAD + start_m  # dQ_i's first row in the padded (B * Hq * N_Q_PAD, d) buffer
-        if m < skip_below:  # every key of this consumer comes after the block's rows: nothing to add
-            mbarrier.arrive(empty.index(slot))
-        else:
-            # lines 10 and 13: S^T = K Q^T and dP^T = V dO^T in flight together
-            sT = warpgroup_mma(k_w, qs.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            dpT = warpgroup_mma(v_w, dos.permute((1, 0)), st_zero, use_acc=False, is_async=True)
-            sT = warpgroup_mma_wait(1, deps=(sT,))
-            # line 11: P^T = exp2(S^T scale log2 e - L) (masked on the diagonal and past N_K)
-            if LD_TMA:  # (1, BLOCK_M) rows read straight into the score layout: a broadcast, no shuffle
-                pT = gl.exp2(sT * qk_scale - l_smem.index(slot).load(st_layout))
-            else:
-                l2 = gl.convert_layout(l2c, col_l)
-                pT = gl.exp2(sT * qk_scale - l2[None, :])
-            need_mask = key_ragged
-            if CAUSAL:
-                need_mask = need_mask | (m < my_full)
-            pT = mask_pt(pT, keys, start_m, N_Q, N_K, need_mask, col_l, BLOCK_M, CAUSAL)
-            # line 12: dV += P^T dO
-            pT = pT.to(dtype)
-            p_op = gl.convert_layout(pT, a_layout)
-            dv = warpgroup_mma(p_op, dos, dv, is_async=True)
-            dpT = warpgroup_mma_wait(1, deps=(dpT,))
-            # line 14: dS^T = P^T (dP^T - D)
-            if LD_TMA:
-                dsT = (pT.to(gl.float32) * (dpT - d_smem.index(slot).load(st_layout))).to(dtype)
-            else:
-                di = gl.convert_layout(dic, col_l)
-                dsT = (pT.to(gl.float32) * (dpT - di[None, :])).to(dtype)
-            # line 16: dK += dS^T Q (register operand)
-            ds_op = gl.convert_layout(dsT, a_layout)
-            dk = warpgroup_mma(ds_op, qs, dk, is_async=True)
-            # line 15: dQ_i += dS K, A = the transposed view of dS^T in shared memory
-            buf = (t % NBUF) * 2 if SPLIT else 0
-            ds_smem.index(buf + WG).store(dsT)
-            fence_async_shared()
-            gl.thread_barrier()  # this warpgroup's dS^T is written (a barrier of the partition's 4 warps)
-            if DEFER:  # step t-1's dQ (at t = 0 the product of an unwritten buffer, never added)
-                prev = (t + NBUF - 1) % NBUF
-                mbarrier.wait(ds_bars.index(prev), ((t + NBUF - 1) // NBUF - 1) & 1, pred=t > 0)
-                dq = _dq_issue(ds_smem, k_smem, prev * 2, t, dq_zero, WG, DQ_COLS, SPLIT)
-                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
-                mbarrier.arrive(ds_bars.index(t % NBUF))  # dS^T(t) written and dQ(t-1) has read buffer prev
-                mbarrier.arrive(empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
-                if t > 0:
-                    _dq_add(dq, dq_smem, desc_dq, DQ_ACC + prev_row.to(gl.int64) * HEAD_DIM + dq_offs, prev_row,
-                            COL0, DQ_TMA)
-            else:
-                if SPLIT:
-                    mbarrier.arrive(ds_bars.index(t % 2))
-                    mbarrier.wait(ds_bars.index(t % 2), (t // 2) & 1)  # and the other consumer's
-                dq = _dq_issue(ds_smem, k_smem, buf, t, dq_zero, WG, DQ_COLS, SPLIT)
-                dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
-                mbarrier.arrive(empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
-                _dq_add(dq, dq_smem, desc_dq, DQ_ACC + row.to(gl.int64) * HEAD_DIM + dq_offs, row, COL0, DQ_TMA)
-                if not SPLIT:
-                    gl.thread_barrier()  # every warp's dQ product has read dS^T before the next step writes it
+        k_w = smem.k.index(WG + (t >> 30))
+        v_w = smem.v.index(WG + (t >> 30))
+        if cfg.LD_TMA:
+            l_rows = smem.l.index(slot)
+            d_rows = smem.d.index(slot)
+        else:  # L_i, D_i loaded one step ahead (their latency hides under this step)
+            l_rows = l2n
+            d_rows = din
+            l2n, din = load_rows(out.lse2, out.delta, t + 1, place.n_iter, place.per_head, place.m_lo,
+                                 place.q_head0, place.N_Q, offs_lm, BLOCK_M)
+        mbarrier.wait(bars.ready.index(slot), (t // cfg.STAGES) & 1)
+        # dQ_i's first row in the padded (B * Hq * N_Q_PAD, d) buffer
+        row = (place.q_head0 + t // place.per_head) * N_Q_PAD + start_m
+        need_mask = key_ragged
+        if cfg.CAUSAL:
+            need_mask = need_mask | (m < my_full)
+        dk, dv, dsT, p_op, ds_op = _scores_and_grads(k_w, v_w, smem.q.index(slot), smem.do.index(slot), l_rows,
+                                                     d_rows, dk, dv, keys, start_m, need_mask, place, qk_scale,
+                                                     cfg)
+        dk, dv = _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, prev_row, cfg, WG)
         prev_row = row
-    if DEFER:  # the last step's dQ
-        if n_iter > 0:
-            last = n_iter - 1
-            mbarrier.wait(ds_bars.index(last % NBUF), (last // NBUF) & 1)
-            dq = _dq_issue(ds_smem, k_smem, (last % NBUF) * 2, last, dq_zero, WG, DQ_COLS, SPLIT)
-            dq = warpgroup_mma_wait(0, deps=(dq,))
-            _dq_add(dq, dq_smem, desc_dq, DQ_ACC + prev_row.to(gl.int64) * HEAD_DIM + dq_offs, prev_row, COL0,
-                    DQ_TMA)
-    if DQ_TMA == 1:
-        tma.store_wait(0)
-
-    store_dkdv(dk, dv, DK, DV, kv_row0, my_n, N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
+    _dq_last(smem, bars, out, dq_offs, prev_row, place.n_iter, cfg, WG)
+    store_dkdv(dk, dv, out.dk, out.dv, place.kv_row0, my_n, place.N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
 
 
 @gluon.jit
 def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV,
                    GROUP, N_Q, N_K, qk_scale, sm_scale,
                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                   SPLIT: gl.constexpr, DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr,
-                   CONSUMER_REGS: gl.constexpr,
+                   DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """One CTA = key block ``j`` (128 rows) of one (batch, kv head); grid ``(cdiv(N_K, 128), B * H_KV)``; the
     default partition is consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
@@ -306,55 +351,46 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     b = pid_bh // H_KV
     hk = pid_bh % H_KV
     start_n = pid_n * (2 * HALF)
-    kv_row0 = pid_bh * N_K
     q_head0 = b * H_KV * GROUP + hk * GROUP  # first query head of the GQA group
     m_lo, m_full, n_m = _query_blocks(start_n, N_Q, N_K, BLOCK_M, 2 * HALF, CAUSAL)
-    per_head = gl.maximum(n_m - m_lo, 1)
-    n_iter = (n_m - m_lo) * GROUP
+    place = Place(pid_bh * N_K, start_n, (n_m - m_lo) * GROUP, gl.maximum(n_m - m_lo, 1), m_lo, q_head0, N_Q, N_K)
+    cfg: gl.constexpr = Cfg(HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, DQ_TMA, DEFER, LD_TMA)
 
     k_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_v.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_q.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_M, HEAD_DIM], desc_do.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([HALF, BLOCK_M], dtype)
-    ds_smem = gl.allocate_shared_memory(dtype, [(6 if DEFER else 4) if SPLIT else 2, HALF, BLOCK_M], ds_layout)
+    ds_smem = gl.allocate_shared_memory(dtype, [6 if DEFER else 4, HALF, BLOCK_M], ds_layout)
     if DQ_TMA == 1:  # one fp32 dQ_i share per consumer, staged for the copy engine's reduce-add
         dq_smem = gl.allocate_shared_memory(gl.float32, [2] + desc_dq.block_type.shape, desc_dq.layout)
     else:
         dq_smem = ds_smem  # unused
     l_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_l.block_type.shape, desc_l.layout)
     d_smem = gl.allocate_shared_memory(gl.float32, [STAGES] + desc_d.block_type.shape, desc_d.layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ds_bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
+    bars = Bars(gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
+                gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+                gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
+                gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout()))
+    mbarrier.init(bars.kv, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
+        mbarrier.init(bars.ready.index(i), count=1)
+        mbarrier.init(bars.empty.index(i), count=2)
     for i in gl.static_range(3):
-        mbarrier.init(ds_bars.index(i), count=2)
+        mbarrier.init(bars.ds.index(i), count=2)
     fence_async_shared()
+    out = Out(desc_dq, DQ_ACC, DK, DV, LSE2, DELTA)
+    smem0 = Smem(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(0), l_smem, d_smem)
+    smem1 = Smem(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(1), l_smem, d_smem)
     gl.warp_specialize([
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(0), l_smem, d_smem, kv_bar, ready,
-                     empty, ds_bars, desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo,
-                     q_head0, N_Q, N_K, qk_scale, sm_scale, 0, HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SPLIT,
-                     DQ_TMA, DEFER, LD_TMA)),
-        (_consumer, (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(1), l_smem, d_smem, kv_bar, ready,
-                     empty, ds_bars, desc_dq, DQ_ACC, DK, DV, LSE2, DELTA, kv_row0, start_n, n_iter, per_head, m_lo,
-                     q_head0, N_Q, N_K, qk_scale, sm_scale, 1, HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, SPLIT,
-                     DQ_TMA, DEFER, LD_TMA)),
-        (_producer, (desc_q, desc_k, desc_v, desc_do, desc_l, desc_d, k_smem, v_smem, q_smem, do_smem, l_smem,
-                     d_smem, kv_bar, ready, empty, kv_row0, start_n, n_iter, per_head, m_lo, q_head0, N_Q, HALF,
-                     BLOCK_M, STAGES, LD_TMA)),
+        (_consumer, (smem0, bars, out, place, qk_scale, sm_scale, cfg, 0)),
+        (_consumer, (smem1, bars, out, place, qk_scale, sm_scale, cfg, 1)),
+        (_producer, ((desc_q, desc_k, desc_v, desc_do, desc_l, desc_d), smem0, bars, place, cfg)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def check_ws_config(config, dq_mode):
-    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIG``) and ``dq_mode`` in
-    ``DQ_MODES``; return the config as a tuple."""
-    if dq_mode not in DQ_MODES:
-        raise ValueError(f"dq_mode must be one of {DQ_MODES}, got {dq_mode!r}")
+def check_ws_config(config):
+    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIG``); return it as a tuple."""
     if config is None:
         config = DEFAULT_CONFIG
     if (not isinstance(config, (tuple, list)) or len(config) != 5
@@ -362,21 +398,19 @@ def check_ws_config(config, dq_mode):
             or not all(isinstance(x, bool) for x in config[2:])):
         raise ValueError("config must be a tuple (BLOCK_M: int, STAGES: int, DQ_TMA: bool, DEFER: bool, LD_TMA: "
                          f"bool), got {config!r}")
-    bm, stages, _, defer, _ = config
+    bm, stages = config[:2]
     if bm != 64 or stages not in (2, 3):
         raise ValueError(f"config: BLOCK_M must be 64 (one wgmma N tile per step) and STAGES 2 or 3, got "
                          f"{tuple(config)}")
-    if defer and dq_mode != "split":
-        raise ValueError(f"config: DEFER needs dq_mode='split', got dq_mode={dq_mode!r}")
     return tuple(config)
 
 
-def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, dq_mode="split",
-                                      config=None, _ablate_dq_add=False):
+def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, config=None,
+                                      _ablate_dq_add=False):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` on Hopper, warp-specialised (module docstring).
 
     ``q, o, do (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` bfloat16/float16, ``d`` in {64, 128}, ``lse (B, Hq, Nq)``
-    float32 (natural log, ``-inf`` for rows that see no key); ``dq_mode`` ``"split"`` or ``"own"``;
+    float32 (natural log, ``-inf`` for rows that see no key);
     ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``: ``DQ_TMA`` adds dQ with the copy engine's reduce-add
     from shared memory instead of vector atomics from registers; ``DEFER`` issues each dQ product one step late;
     ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
@@ -384,7 +418,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config)
     check_gluon_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     nq_pad = triton.cdiv(Nq, bm) * bm
@@ -399,33 +433,32 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
     _bwd_ws_kernel[(triton.cdiv(Nk, BLOCK_N), B * Hkv)](
         tile_descriptor(q2, bm, d), tile_descriptor(k2, BLOCK_N // 2, d), tile_descriptor(v2, BLOCK_N // 2, d),
-        tile_descriptor(do2, bm, d), tile_descriptor(dq_acc.view(-1, d), bm, d // 2 if dq_mode == "split" else d),
+        tile_descriptor(do2, bm, d), tile_descriptor(dq_acc.view(-1, d), bm, d // 2),
         desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
-        HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal, SPLIT=dq_mode == "split",
+        HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
         DQ_TMA=2 if _ablate_dq_add else int(dq_tma),
         DEFER=defer, LD_TMA=ld_tma, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4,
         maxnreg=WS_MAXNREG)
     return finish_dq(dq_acc, q, scale), dk, dv
 
 
-def compile_backward_ws(head_dim: int = 128, causal: bool = False, dq_mode: str = "split", config=None,
-                        dtype: str = "bf16"):
+def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, dq_mode)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config)
     half = BLOCK_N // 2
-    dq_cols = head_dim // 2 if dq_mode == "split" else head_dim
+    dq_cols = head_dim // 2
     sig = {"desc_q": descriptor_signature(bm, head_dim, dtype), "desc_k": descriptor_signature(half, head_dim, dtype),
            "desc_v": descriptor_signature(half, head_dim, dtype), "desc_do": descriptor_signature(bm, head_dim, dtype),
            "desc_dq": descriptor_signature(bm, dq_cols, "fp32"), "desc_l": descriptor_signature(1, bm, "fp32"),
            "desc_d": descriptor_signature(1, bm, "fp32"),
            "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
            "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
-    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal, "SPLIT": dq_mode == "split",
+    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
           "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0],
           "PRODUCER_REGS": WS_REGS[1],
           "num_warps": 4}
     return compile_gluon(_bwd_ws_kernel, sig, cx, 4, maxnreg=WS_MAXNREG)
 
 
-__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "DEFAULT_CONFIG", "DQ_MODES"]
+__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "DEFAULT_CONFIG"]
