@@ -158,13 +158,17 @@ check("a4.flash_decoding", flash_decoding)
 #   `tl.dot` needs at least 16 rows, and each K/V tile is then read once for the whole group), streams the
 #   split's keys `[s*chunk, min((s+1)*chunk, seq_len))` in `BLOCK_N` tiles with the online softmax, and writes
 #   `o_s` (normalised) and `lse_s` (base 2 is fine; `-inf` for an empty split) to float32 scratch buffers.
-# * `_decode_reduce_kernel`, grid `(B * Hq,)`: merges the `num_splits` partial states of one query head.
+# * `merge_splits_kernel`, grid `(B * Hq,)`, **given** (the cell after the setup cell): merges the `num_splits`
+#   partial states of one query head, the merge you wrote in NumPy in Part 1. Launch it with
+#   `BLOCK_S >= num_splits` (a power of two, at least 2) after your split kernel.
 #
 # `flash_decode` picks `num_splits` when it is `None`: enough programs to fill the GPU (a few per SM), but no
 # more splits than key tiles. The setup cell below is the same as in assignment 3 (interpreter switch, the
 # `range()` fix and the `dot` helper).
 
 # %% given="triton_setup"
+
+# %% given="merge_splits"
 
 # %%
 def check_decode_tensors(q, k, v, seq_lens):
@@ -238,25 +242,6 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part_ptr, lse_part_ptr
     ### END SOLUTION
 
 
-@triton.jit
-def _decode_reduce_kernel(o_part_ptr, lse_part_ptr, o_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Stage 2: merge the num_splits partial (o, lse) of one query head (lse in base 2)."""
-    bh = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D)
-    ### BEGIN SOLUTION
-    lse = tl.load(lse_part_ptr + bh * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
-    o_s = tl.load(o_part_ptr + (bh * num_splits + offs_s[:, None]) * D + offs_d[None, :],
-                  mask=offs_s[:, None] < num_splits, other=0.0)
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)  # every split empty (seq_len 0): weights 0, o = 0
-    w = tl.exp2(lse - m)
-    total = tl.sum(w, axis=0)
-    o = tl.sum(w[:, None] * o_s, axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(o_ptr + bh * D + offs_d, o.to(o_ptr.dtype.element_ty))
-    ### END SOLUTION
-
-
 def pick_num_splits(batch_kv_heads, nmax, block_n, device):
     """Heuristic: about two programs per SM, no more splits than key tiles (and at most 128)."""
     ### BEGIN SOLUTION
@@ -285,8 +270,8 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None):
         q, k, v, lens, o_part, lse_part, q.stride(0), q.stride(1), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), Hkv, group, nmax, num_splits, chunk, scale * LOG2E.value,
         HAS_LENS=seq_lens is not None, D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N)
-    _decode_reduce_kernel[(B * Hq,)](o_part, lse_part, o, num_splits, D=d,
-                                     BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    merge_splits_kernel[(B * Hq,)](o_part, lse_part, o, num_splits, D=d,
+                                   BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     ### END SOLUTION
     return o
 

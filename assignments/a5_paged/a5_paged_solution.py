@@ -255,11 +255,14 @@ check("a5.paged_attention", paged_attention)
 # Take your split-KV decode kernel from assignment 4 and change only *where keys come from*: for a tile of
 # token positions `t`, load the physical block `block_tables[b, t // block_size]` (masked for `t >= seq_len`)
 # and address `k_cache[block, t % block_size, hk, :]`. Everything else -- the GQA tile, the online softmax,
-# the splits and the merge kernel -- is unchanged. The grid is `(B * Hkv, num_splits)`, then the merge kernel
-# over `(B * Hq,)`. Any `block_size` works this way (a tile may span several blocks); on a GPU, a
-# `BLOCK_N` that is a multiple of `block_size` keeps each block's rows contiguous in memory.
+# the splits -- is unchanged. The grid is `(B * Hkv, num_splits)`, then the merge kernel over `(B * Hq,)`:
+# `merge_splits_kernel`, given as in assignment 4 (the cell after the setup cell). Any `block_size` works this
+# way (a tile may span several blocks); on a GPU, a `BLOCK_N` that is a multiple of `block_size` keeps each
+# block's rows contiguous in memory.
 
 # %% given="triton_setup"
+
+# %% given="merge_splits"
 
 # %%
 def check_paged_tensors(q, k_cache, v_cache, block_tables, seq_lens):
@@ -335,25 +338,6 @@ def _paged_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_part_ptr, l
     ### END SOLUTION
 
 
-@triton.jit
-def _merge_kernel(o_part_ptr, lse_part_ptr, o_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Stage 2: merge the num_splits partial (o, lse) of one query head (lse in base 2)."""
-    bh = tl.program_id(0).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_d = tl.arange(0, D)
-    ### BEGIN SOLUTION
-    lse = tl.load(lse_part_ptr + bh * num_splits + offs_s, mask=offs_s < num_splits, other=float("-inf"))
-    o_s = tl.load(o_part_ptr + (bh * num_splits + offs_s[:, None]) * D + offs_d[None, :],
-                  mask=offs_s[:, None] < num_splits, other=0.0)
-    m = tl.max(lse, axis=0)
-    m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
-    total = tl.sum(w, axis=0)
-    o = tl.sum(w[:, None] * o_s, axis=0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(o_ptr + bh * D + offs_d, o.to(o_ptr.dtype.element_ty))
-    ### END SOLUTION
-
-
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
     """PagedAttention decode in Triton: split-KV over each sequence's blocks, then a merge kernel."""
     B, Hq, Hkv, bs, d = check_paged_tensors(q, k_cache, v_cache, block_tables, seq_lens)
@@ -374,7 +358,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
         v_cache.stride(2), tables.stride(0), Hkv, group, bs, num_splits, chunk, scale * LOG2E.value,
         D=d, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N)
-    _merge_kernel[(B * Hq,)](o_part, lse_part, o, num_splits, D=d, BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
+    merge_splits_kernel[(B * Hq,)](o_part, lse_part, o, num_splits, D=d,
+                                   BLOCK_S=max(2, triton.next_power_of_2(num_splits)))
     ### END SOLUTION
     return o
 
