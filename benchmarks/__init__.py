@@ -9,3 +9,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def results_parser(doc: str):
+    """An ``argparse`` parser described by the first line of ``doc`` (a script's ``__doc__``), with ``--out``
+    (the results folder, default ``RESULTS``); a script adds its own options to it."""
+    import argparse
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=str(RESULTS), help="folder for the results file (default: %(default)s)")
+    return ap
+
+
+def write_json(out, name: str, doc) -> Path:
+    """Write ``doc`` as ``out/name`` (JSON, one-space indent, a final newline; ``out`` made if missing); return the
+    path."""
+    import json
+    path = Path(out) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path

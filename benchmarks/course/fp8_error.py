@@ -13,15 +13,12 @@ per-tensor scale, d = 128, N(0, 1) entries plus 0.1% outliers of N(0, 10^2), sof
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import time
 
 import numpy as np
 
-from benchmarks import RESULTS
+from benchmarks import results_parser, write_json
 from reference.simulators.fp8_error import fp8_incoherent_experiment
 
 LECTURE_SEED, LECTURE_NS = 6, (512, 1024, 2048, 4096)
@@ -52,13 +49,9 @@ def run() -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
-    args = ap.parse_args(argv)
+    args = results_parser(__doc__).parse_args(argv)
     res = run()
-    path = os.path.join(args.out, "cpu-fp8-error.json")
-    with open(path, "w") as f:
-        f.write(json.dumps(res, indent=1) + "\n")
+    path = write_json(args.out, "cpu-fp8-error.json", res)
     for n, s in res["draws_summary"].items():
         print(f"O error reduction at N = {n}: {s['o_ratio_min']:.2f}-{s['o_ratio_max']:.2f}x "
               f"(mean {s['o_ratio_mean']:.2f}x over {s['draws']} draws)")

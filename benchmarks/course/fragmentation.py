@@ -8,14 +8,12 @@ served from a 40 GB pool of OPT-13B KV slots (800 KiB per token: 48,828 slots). 
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 
 import numpy as np
 
-from benchmarks import RESULTS
+from benchmarks import results_parser, write_json
 from reference.simulators.fragmentation import (CATEGORIES, DEFAULT_POOL_TOKENS, KV_BYTES_PER_TOKEN_13B,
                                                 make_requests, simulate)
 
@@ -98,14 +96,9 @@ def plot(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
-    args = ap.parse_args(argv)
-    os.makedirs(args.out, exist_ok=True)
+    args = results_parser(__doc__).parse_args(argv)
     result = run()
-    with open(os.path.join(args.out, "cpu-fragmentation.json"), "w") as fh:
-        json.dump(result, fh, indent=1)
-        fh.write("\n")
+    write_json(args.out, "cpu-fragmentation.json", result)
     plot(result, os.path.join(args.out, "cpu-fragmentation.png"))
     print(f"{'policy':<10}{'util':>7}{'of alloc':>10}{'running':>9}{'waste/seq':>11}{'max waste':>11}{'preempt':>9}")
     for name, r in result["summary"].items():
