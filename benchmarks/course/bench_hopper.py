@@ -41,6 +41,7 @@ from reference.triton.flash_fwd import forward_flops
 from reference.triton.hopper import flash_fp8, flash_persistent
 
 TOKENS, HIDDEN = 16384, 2048
+D128 = (128, HIDDEN // 128)  # (head dim, heads) of sections 2-4, which run at d = 128 only
 DT = torch.bfloat16
 # Pinned bf16 configs: the autotuner's picks on an H200 (benchmarks/results/h200-attention.json), per (d, causal); d=128
 # non-causal backward from the H100 sweep (benchmarks/tuning/tune_bwd_hopper.py, notes/hopper.md section 1).
@@ -211,8 +212,7 @@ def run_variant(q, k, v, causal, cfg, want_kernel=False):
 
 def variants(log, seqlens):
     out = []
-    d = 128
-    H = HIDDEN // d
+    d, H = D128
     for causal in (False, True):
         for N in seqlens:
             B = TOKENS // N
@@ -238,8 +238,7 @@ def variants(log, seqlens):
 @with_fwd_pin
 def fp8_speed(log, seqlens):
     out = []
-    d = 128
-    H = HIDDEN // d
+    d, H = D128
     best = None
     for causal in (False, True):
         for N in seqlens:
@@ -326,8 +325,7 @@ def fp8_accuracy(log):
 @with_fwd_pin
 def persistent(log, seqlens):
     out = []
-    d = 128
-    H = HIDDEN // d
+    d, H = D128
     fp = flash_persistent.flash_attention_forward_persistent
     shapes = [(TOKENS // N, N, None) for N in seqlens]
     gen = torch.Generator().manual_seed(11)

@@ -28,6 +28,16 @@ def _positions(x, name: str, n: int) -> np.ndarray:
     return x
 
 
+def _check_step(q, k, q_pos, k_pos, causal, scale):
+    """The checks ``ring_step`` and ``ring_backward_step`` share: ``q_pos`` (nq,) and ``k_pos`` (nk,) integer
+    positions, a bool ``causal``, the scale; return ``(q_pos, k_pos, scale)``."""
+    q_pos = _positions(q_pos, "q_pos", q.shape[-2])
+    k_pos = _positions(k_pos, "k_pos", k.shape[-2])
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    return q_pos, k_pos, check_scale(scale, q.shape[-1])
+
+
 def ring_step(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None):
     """Merge the attention of ``q (..., Hq, nq, d)`` to the visiting ``k, v (..., Hkv, nk, d)`` into the state
     ``o (..., Hq, nq, d)``, ``lse (..., Hq, nq)``; return the new ``(o, lse)`` in the dtypes of ``o`` and ``lse``.
@@ -47,11 +57,7 @@ def ring_step(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None):
     lse = as_float_array(lse, "lse", min_ndim=1)
     if o.shape != q.shape or lse.shape != q.shape[:-1]:
         raise ValueError(f"o must have q's shape {q.shape} and lse {q.shape[:-1]}, got {o.shape} and {lse.shape}")
-    q_pos = _positions(q_pos, "q_pos", q.shape[-2])
-    k_pos = _positions(k_pos, "k_pos", k.shape[-2])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    scale = check_scale(scale, q.shape[-1])
+    q_pos, k_pos, scale = _check_step(q, k, q_pos, k_pos, causal, scale)
     acc = compute_dtype(q, k, v)
     s = (q.astype(acc) @ np.swapaxes(repeat_kv(k, group).astype(acc), -1, -2)) * scale
     if causal:
@@ -86,11 +92,7 @@ def ring_backward_step(dq, dk, dv, q, k, v, do, lse, delta, q_pos, k_pos, causal
         raise ValueError(f"dk and dv must have k's shape {k.shape}, got dk {dk.shape}, dv {dv.shape}")
     if lse.shape != q.shape[:-1] or delta.shape != q.shape[:-1]:
         raise ValueError(f"lse and delta must have shape {q.shape[:-1]}, got lse {lse.shape}, delta {delta.shape}")
-    q_pos = _positions(q_pos, "q_pos", q.shape[-2])
-    k_pos = _positions(k_pos, "k_pos", k.shape[-2])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
-    scale = check_scale(scale, q.shape[-1])
+    q_pos, k_pos, scale = _check_step(q, k, q_pos, k_pos, causal, scale)
     acc = compute_dtype(q, k, v, do, dq, dk, dv)
     qa, doa = q.astype(acc), do.astype(acc)
     ke, ve = repeat_kv(k, group).astype(acc), repeat_kv(v, group).astype(acc)
