@@ -28,3 +28,15 @@ def write_json(out, name: str, doc) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     return path
+
+
+def run_and_write(doc: str, name: str, run, report=None, argv=None) -> int:
+    """The ``main`` of a CPU driver: parse ``--out`` (``results_parser(doc)``), ``res = run()``, write it as
+    ``<out>/<name>`` (``write_json``), then ``report(res, out)`` (tables, plots); return the exit status 0."""
+    args = results_parser(doc).parse_args(argv)
+    res = run()
+    path = write_json(args.out, name, res)
+    if report is not None:
+        report(res, args.out)
+    print(f"wrote {path}")
+    return 0

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from benchmarks import results_parser, write_json
+from benchmarks import run_and_write
 from reference.simulators.fp8_error import fp8_incoherent_experiment
 
 LECTURE_SEED, LECTURE_NS = 6, (512, 1024, 2048, 4096)
@@ -48,15 +48,15 @@ def run() -> dict:
             "seconds": round(time.time() - t0, 1)}
 
 
-def main(argv=None) -> int:
-    args = results_parser(__doc__).parse_args(argv)
-    res = run()
-    path = write_json(args.out, "cpu-fp8-error.json", res)
+def report(res, out) -> None:
+    """Print the per-N range of the error reduction."""
     for n, s in res["draws_summary"].items():
         print(f"O error reduction at N = {n}: {s['o_ratio_min']:.2f}-{s['o_ratio_max']:.2f}x "
               f"(mean {s['o_ratio_mean']:.2f}x over {s['draws']} draws)")
-    print(f"wrote {path}")
-    return 0
+
+
+def main(argv=None) -> int:
+    return run_and_write(__doc__, "cpu-fp8-error.json", run, report, argv)
 
 
 if __name__ == "__main__":

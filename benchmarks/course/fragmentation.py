@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from benchmarks import results_parser, write_json
+from benchmarks import run_and_write
 from reference.simulators.fragmentation import (CATEGORIES, DEFAULT_POOL_TOKENS, KV_BYTES_PER_TOKEN_13B,
                                                 make_requests, simulate)
 
@@ -95,17 +95,18 @@ def plot(result: dict, path: str) -> None:
     plt.close(fig)
 
 
-def main(argv=None) -> int:
-    args = results_parser(__doc__).parse_args(argv)
-    result = run()
-    write_json(args.out, "cpu-fragmentation.json", result)
-    plot(result, os.path.join(args.out, "cpu-fragmentation.png"))
+def report(result, out) -> None:
+    """Plot ``cpu-fragmentation.png`` into ``out`` and print the per-policy table."""
+    plot(result, os.path.join(out, "cpu-fragmentation.png"))
     print(f"{'policy':<10}{'util':>7}{'of alloc':>10}{'running':>9}{'waste/seq':>11}{'max waste':>11}{'preempt':>9}")
     for name, r in result["summary"].items():
         print(f"{name:<10}{r['utilisation']:7.1%}{r['utilisation_of_allocated']:10.1%}{r['mean_concurrency']:9.1f}"
               f"{r['mean_waste_per_seq']:11.1f}{r['max_waste_per_seq']:11d}{r['preemptions']:9.0f}")
-    print(f"wrote {args.out}/cpu-fragmentation.json and cpu-fragmentation.png")
-    return 0
+    print(f"wrote {os.path.join(out, 'cpu-fragmentation.png')}")
+
+
+def main(argv=None) -> int:
+    return run_and_write(__doc__, "cpu-fragmentation.json", run, report, argv)
 
 
 if __name__ == "__main__":
