@@ -136,6 +136,17 @@ def _dkdv_query_blocks(dk, dv, k, v, q_base, do_base, lse2_base, delta_base, des
 
 
 @triton.jit
+def _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN: tl.constexpr):
+    """``(N_Q, N_K, first query row, first key row)`` of batch entry ``b``: the padded tensors' own, or with
+    ``VARLEN`` those of sequence ``b`` of the packed batch (``varlen_bounds``)."""
+    q_start = 0
+    k_start = 0
+    if VARLEN:
+        N_Q, N_K, q_start, k_start = varlen_bounds(CU_Q, CU_K, b, 0)
+    return N_Q, N_K, q_start, k_start
+
+
+@triton.jit
 def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
               q_strides, k_strides, v_strides, do_strides, dk_strides, lse_strides,
               H_KV, N_Q, N_K, sm_scale, qk_scale, CU_Q, CU_K,
@@ -151,10 +162,7 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
     b = pid_bh // H_KV
     hk = pid_bh % H_KV
     b64 = b.to(tl.int64)
-    q_start = 0
-    k_start = 0
-    if VARLEN:
-        N_Q, N_K, q_start, k_start = varlen_bounds(CU_Q, CU_K, b, 0)
+    N_Q, N_K, q_start, k_start = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
@@ -277,10 +285,7 @@ def _bwd_dq(Q, K, V, DO, DQ, LSE2, DELTA, desc_k, desc_v,
     hk32 = h // GROUP
     hk = hk32.to(tl.int64)
     h = h.to(tl.int64)
-    q_start = 0
-    k_start = 0
-    if VARLEN:
-        N_Q, N_K, q_start, k_start = varlen_bounds(CU_Q, CU_K, b64, 0)
+    N_Q, N_K, q_start, k_start = _sequence(CU_Q, CU_K, b64, N_Q, N_K, VARLEN)
     start_m = pid_m * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
