@@ -225,8 +225,9 @@ class Sandbox:
         """Live processes of this child other than the launcher and the child itself."""
         if self.pid is None:
             return []
+        killed = getattr(self, "_killed_leftovers", set())
         return [p for p, st in isolation.subtree(self.pid).items()
-                if p not in (self.pid, self.child_pid) and st not in ("Z", "X")]
+                if p not in (self.pid, self.child_pid) and p not in killed and st not in ("Z", "X")]
 
     def reap_leftovers(self, on_trap=None):
         """Kill what the child left running after answering (a forked or spawned process: T17), reporting it
@@ -239,6 +240,9 @@ class Sandbox:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        # A killed process is not gone at once (on a loaded machine it can still read as running at the next
+        # answer): remember it, so that it is charged to the call that started it and never to a later one.
+        self._killed_leftovers = getattr(self, "_killed_leftovers", set()) | set(left)
         if on_trap:
             on_trap({"t": "trap", "threat": "T17",
                      "what": f"{len(left)} process(es) left running by the submission (killed)"})
