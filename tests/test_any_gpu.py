@@ -231,18 +231,19 @@ def _gpu_tests(spec):
 
 @pytest.mark.parametrize("cap", [(7, 5, "Tesla T4"), (8, 6, "NVIDIA A10"), (9, 0, "NVIDIA H100")],
                          ids=["sm_75", "sm_86", "sm_90"])
-@pytest.mark.parametrize("aid", ["a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged"])
+@pytest.mark.parametrize("aid", ["a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged", "a7_gluon"])
 def test_every_gpu_test_runs_or_says_why(monkeypatch, aid, cap):
     """Every GPU-only test and every test with GPU cases runs on any GPU from sm_75 up, except the Hopper-only
-    FP8 part, which is "not run" below sm_90 with the reason; on sm_75 no bfloat16 case remains."""
+    parts (a3's FP8 part, a7's Gluon kernel), which are "not run" below sm_90 with the reason; on sm_75 no
+    bfloat16 case remains."""
     monkeypatch.setattr(engine, "gpu_capability", lambda: cap)
     g = engine.Grader(aid, device="cuda", seed=1)
     gpu_tests = _gpu_tests(g.spec)
     assert gpu_tests
     for t in gpu_tests:
         why = g.not_run_here(t)
-        hopper_only = "fp8" in t.task
-        assert hopper_only == (t.min_capability == (9, 0)), t.name
+        hopper_only = t.min_capability == (9, 0)
+        assert hopper_only == ("fp8" in t.task or aid == "a7_gluon"), t.name
         if hopper_only and cap[:2] < (9, 0):
             assert why and "Hopper" in why and cap[2] in why, t.name
             continue
@@ -257,7 +258,7 @@ def test_every_gpu_test_runs_or_says_why(monkeypatch, aid, cap):
 
 
 def test_every_spec_with_gpu_tests_is_covered():
-    covered = {"a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged"}
+    covered = {"a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged", "a7_gluon"}
     for aid in specs_mod.ASSIGNMENTS:
         if _gpu_tests(specs_mod.load(aid)):
             assert aid in covered, aid
