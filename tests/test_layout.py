@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import pathlib
 import re
 import textwrap
 
@@ -238,6 +239,23 @@ def test_experiments_are_not_imported_by_reference():
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
             bad += [f"{rel}:{node.lineno} {n}" for n in names if n.split(".")[0] == "experiments"]
+    assert not bad, bad
+
+
+def test_no_lecture_or_readme_benchmark_depends_on_experiments():
+    """Issue 22: the ablations in ``experiments/`` may be deleted without breaking a lecture, a test of a public
+    name or a benchmark the README quotes: lectures neither import nor run them (they may name the file)."""
+    bad = []
+    root = pathlib.Path(ROOT)
+    for path in sorted((root / "lectures" / "src").glob("*.py")) + [root / "lectures" / "_plots.py"]:
+        src = path.read_text()
+        for node in ast.walk(ast.parse(src, str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            bad += [f"{path.name}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "experiments"]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                    node.value.startswith("experiments.") or node.value == "experiments"):
+                bad.append(f"{path.name}:{node.lineno} runs {node.value!r}")
     assert not bad, bad
 
 

@@ -135,3 +135,22 @@ def test_default_configs_pass_the_check():
     assert check_gluon_config(None) == check_gluon_config(DEFAULT_CONFIG) == DEFAULT_CONFIG
     for schedule, cfg in gluon_schedules.DEFAULT_CONFIG.items():
         assert gluon_schedules.check_config(cfg, schedule) == tuple(cfg)
+
+
+def test_shared_memory_check_matches_the_sm90a_compile():
+    """``shared_bytes`` (two Q buffers + STAGES K/V slots) is within a few hundred bytes (the barriers) of what the
+    sm_90a compile reports for the persistent kernel (``benchmarks/results/sm90a-gluon-aot.json``), and a config
+    over the 227 KiB a Hopper CTA may use is refused by name before any launch."""
+    import json
+    from pathlib import Path
+    from reference.triton.hopper.flash_gluon import SMEM_LIMIT, check_gluon_config, shared_bytes
+    aot = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/sm90a-gluon-aot.json").read_text())
+    for name in ("pingpong_persistent", "pingpong_persistent_stages3"):
+        v = aot["variants"][name]
+        cfg = tuple(v["config"] or (128, 128, 2, 4))
+        assert 0 <= v["shared_bytes"] - shared_bytes(cfg, v["d"]) < 1024, (name, v["shared_bytes"])
+    assert aot["variants"]["pingpong_persistent_stages3"]["shared_bytes"] > SMEM_LIMIT
+    with pytest.raises(ValueError, match="shared memory"):
+        check_gluon_config((128, 128, 3, 4), 128)
+    assert check_gluon_config((128, 64, 3, 4), 128) == (128, 64, 3, 4)
+    assert check_gluon_config((128, 128, 2, 4), 128) == (128, 128, 2, 4)

@@ -35,6 +35,7 @@ VARIANTS = {
     "pingpong_stages3": ("pingpong", (128, 128, 3, 4), False, False),
     "specialized_persistent": ("specialized", None, False, True),
     "pingpong_persistent": ("pingpong", None, False, True),
+    "pingpong_persistent_stages3": ("pingpong", (128, 128, 3, 4), False, True),
 }
 
 

@@ -379,15 +379,27 @@ def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def check_gluon_config(config) -> tuple:
+#: shared memory a Hopper CTA may use (227 KiB)
+SMEM_LIMIT = 227 * 1024
+
+
+def shared_bytes(config: tuple, head_dim: int, elem_bytes: int = 2) -> int:
+    """Shared memory of the persistent kernel's tiles: two Q buffers of ``BLOCK_M x d`` (the next tile's Q loads
+    while this one is computed) and ``STAGES`` K and V slots of ``BLOCK_N x d`` (the barriers add a few hundred
+    bytes). The sm_90a compile agrees: 196,952 B for ``(128, 128, 2, 4)`` at d = 128, 262,520 B with 3 stages."""
+    bm, bn, stages, _ = config
+    return (2 * bm + 2 * stages * bn) * head_dim * elem_bytes
+
+
+def check_gluon_config(config, head_dim: int | None = None) -> tuple:
     """Validate ``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)``; return it (``DEFAULT_CONFIG`` if None).
 
     The kernel's layouts fix what is legal: two consumer warpgroups of 64 rows (``BLOCK_M = 128``,
-    ``num_warps = 4`` per consumer). (Shared memory needs no check here: the largest legal config, 128 x 128
-    tiles with 3 stages at d = 128, takes 224 KiB of the 227 KiB a Hopper CTA may have.)
+    ``num_warps = 4`` per consumer). With ``head_dim``, the tiles must also fit a CTA's shared memory
+    (``shared_bytes``): 128 x 128 tiles with 3 stages at d = 128 need 256 KiB, more than the 227 KiB allowed.
     """
     if config is None:
-        return DEFAULT_CONFIG
+        config = DEFAULT_CONFIG
     if (not isinstance(config, (tuple, list)) or len(config) != 4
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
         raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
@@ -397,6 +409,10 @@ def check_gluon_config(config) -> tuple:
     if bm != 128 or warps != 4:
         raise ValueError(f"config: BLOCK_M = 128 and num_warps = 4 (two consumer warpgroups of 64 rows), got "
                          f"{tuple(config)}")
+    if head_dim is not None and shared_bytes(config, head_dim) + 1024 > SMEM_LIMIT:
+        raise ValueError(f"config {tuple(config)} at head_dim {head_dim} needs {shared_bytes(config, head_dim)} B of "
+                         f"shared memory (two Q buffers + STAGES K/V slots), more than the {SMEM_LIMIT} B a Hopper "
+                         f"CTA may use: use STAGES = 2 or BLOCK_N = 64")
     return tuple(config)
 
 
@@ -441,7 +457,7 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_gluon_inputs(q, k, v, causal, scale,
                                                                      "flash_attention_forward_gluon")
-    config = check_gluon_config(config)
+    config = check_gluon_config(config, d)
     check_gluon_device(q.device)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
