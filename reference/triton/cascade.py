@@ -13,9 +13,13 @@ kernel has two kinds of programs, ``(item, kv head)``:
 * **suffix items** ``b``: request ``b``'s ``G`` rows over its own pages (page-aligned key blocks,
   ``reference.triton.mixed._key_rows``).
 
-Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S`` (suffix, rows of its request)
-of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
-items + one per request of the tile) merges the ``S + 1`` states with the lse rule and writes the output.
+Launch order (a 1-D grid, kv head fastest): every prefix item, then every suffix item. A prefix item writes its
+partial state ``(o, lse)`` into slot ``split`` of its tile and counts itself on the tile's counter (release).
+A suffix item keeps its own state in registers, waits until the counter shows the tile's ``S`` prefix items
+done (acquire; they were launched before it, so they are running or finished and the wait ends), merges its
+``G`` rows' ``S + 1`` states with the lse rule and writes its output. The merge is thus spread over the
+``B x Hkv`` suffix programs (``G x S`` partial rows each) instead of one program per tile reading
+``ROWS x S`` rows at the end of the launch (measured as a serial tail: notes/serving_perf.md).
 Eager calls repeat a recorded launch (``reference.triton._fastlaunch``) when shapes, strides, dtypes and
 options match an earlier call, as ``flash_decode`` does.
 """
@@ -31,7 +35,7 @@ import triton.language as tl
 from . import _checks, _fastlaunch
 from ._kernel_helpers import LN2, LOG2E
 from ._runtime import INTERPRET, num_sms
-from .mixed import key_loop
+from .mixed import key_loop, merge_chunk, merge_partials, merged_output
 from .paged import check_block_tables, check_paged_cache
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
@@ -53,39 +57,6 @@ DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, bl
                                                                       min_split_keys=16)
 #: eager calls repeat a recorded launch (False: always the full path)
 FAST_LAUNCH = True
-
-
-@triton.jit
-def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """lse rule over the tile's ``n_states`` partial states: ``o = sum_s exp2(lse_s - lse) o_s``."""
-    offs_r = tl.arange(0, ROWS)
-    offs_d = tl.arange(0, HEAD_DIM)
-    REQ: tl.constexpr = ROWS // GROUP
-    b = tile * REQ + offs_r // GROUP
-    heads = hk * GROUP + offs_r % GROUP
-    ok = (offs_r < REQ * GROUP) & (b < batch)
-    m = tl.full([ROWS], float("-inf"), tl.float32)
-    den = tl.zeros([ROWS], tl.float32)
-    num = tl.zeros([ROWS, HEAD_DIM], tl.float32)
-    for s in range(0, n_states):
-        ps = ((tile * n_states + s) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
-        ls = tl.load(LPart + ps, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-        m_new = tl.maximum(m, ls)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.math.exp2(ls - m_ref)
-        alpha = tl.math.exp2(m - m_ref)
-        den = den * alpha + w
-        num = num * alpha[:, None] + w[:, None] * os_
-        m = m_new
-    out = num / tl.where(den > 0, den, 1.0)[:, None]
-    lse = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2, float("-inf"))
-    b64 = b.to(tl.int64)
-    tl.store(OUT + b64[:, None] * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-             out.to(OUT.dtype.element_ty), mask=ok[:, None])
-    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=ok)
 
 
 @triton.jit
@@ -115,7 +86,7 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
-def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len, chunk,
+def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_kv_heads, batch, prefix_len, chunk,
                  stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                  INTERP: tl.constexpr):
@@ -132,18 +103,19 @@ def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_
     o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
                            0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
                            ROWS, HEAD_DIM, BLOCK_N, 0, INTERP)
-    part = ((tile * n_states + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
+    part = ((tile * n_splits + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
     tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o)
     tl.store(LPart + part, lse2)
-    return tile
 
 
 @triton.jit
-def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states, n_kv_heads,
+def _suffix_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, b, hk, n_splits, n_kv_heads, batch,
                  stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
-                 qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
-                 BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
-    """Suffix item: request ``b``'s G rows over its own pages; writes its rows of the tile's last state."""
+                 stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                 SMALL: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
+                 MERGE_CHUNK: tl.constexpr):
+    """Suffix item: request ``b``'s G rows over its own pages, then (once the tile's prefix items are done) the
+    merge of its suffix state with the tile's ``S`` prefix states for its own rows; writes the output."""
     REQ: tl.constexpr = ROWS // GROUP
     tile = b // REQ
     offs_g = tl.arange(0, SMALL)
@@ -154,10 +126,30 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states
     o, lse2 = _attend_rows(Q, reqs, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb, hk, 0, n_keys,
                            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
                            stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
-    part = ((tile * n_states + n_splits) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-    tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o, mask=row_ok[:, None])
-    tl.store(LPart + part, lse2, mask=row_ok)
-    return tile
+    # wait for the tile's S prefix items (they precede every suffix item in the launch order, so they are
+    # running or done: the wait ends); acquire makes their partial states visible
+    counter = Counters + tile * n_kv_heads + hk
+    seen = tl.atomic_add(counter, 0, sem="acquire")
+    while seen < n_splits:
+        seen = tl.atomic_add(counter, 0, sem="acquire")
+    tl.debug_barrier()
+    # running merge starts from this item's own state (o normalised: weight 1 at m = lse2)
+    has = lse2 > float("-inf")
+    m = lse2
+    den = tl.where(has, 1.0, 0.0)
+    num = tl.where(has[:, None], o, 0.0)
+    base = ((tile * n_splits * n_kv_heads + hk) * ROWS + (b % REQ) * GROUP).to(tl.int64)
+    m, den, num = merge_partials(OPart, LPart, base, n_kv_heads * ROWS, n_splits, row_ok, m, den, num,
+                                 SMALL, HEAD_DIM, MERGE_CHUNK)
+    out, lse_out = merged_output(m, den, num)
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + tl.arange(0, HEAD_DIM)[None, :],
+             out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse_out * LN2, mask=row_ok)
+    # the tile's last suffix item zeroes the counter for the next launch (every other one has passed its wait)
+    done = tl.atomic_add(counter, 1, sem="relaxed")
+    if done == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+        tl.atomic_xchg(counter, 0)
 
 
 @triton.jit
@@ -166,28 +158,23 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
                     stride_ob, stride_oh, batch, n_kv_heads, prefix_len, chunk, n_splits, n_tiles, qk_scale,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
+                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr, MERGE_CHUNK: tl.constexpr):
+    # one 1-D grid, kv head fastest: every prefix item (all heads) is launched before any suffix item, so a
+    # suffix item's wait for its tile's prefix items only waits on programs already running
     pid = tl.program_id(0)
-    hk = tl.program_id(1)
-    REQ: tl.constexpr = ROWS // GROUP
-    n_states = n_splits + 1
-    if pid < n_tiles * n_splits:  # prefix item (tile, split)
-        tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
-                            chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
-                            GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
-    else:  # suffix item: request b's G rows over its pages
-        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
-                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
-    # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
-    tl.debug_barrier()
-    counter = Counters + tile * n_kv_heads + hk
-    ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-    if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
-        tl.debug_barrier()
-        _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                    GROUP, ROWS, HEAD_DIM)
-        tl.atomic_xchg(counter, 0)
+    hk = pid % n_kv_heads
+    item = pid // n_kv_heads
+    if item < n_tiles * n_splits:  # prefix item (tile, split): write the partial state, count it
+        _prefix_item(Q, PK, PV, BT, OPart, LPart, item, hk, n_splits, n_kv_heads, batch, prefix_len,
+                     chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                     GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
+        tl.debug_barrier()  # every thread's partial stores precede the release
+        tl.atomic_add(Counters + (item // n_splits) * n_kv_heads + hk, 1, sem="release")
+    else:  # suffix item: request b's G rows over its pages, merged with the tile's prefix states
+        _suffix_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, item - n_tiles * n_splits, hk,
+                     n_splits, n_kv_heads, batch, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                     stride_vs, stride_vh, stride_tb, stride_ob, stride_oh, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL,
+                     BLOCK_N, PAGE, INTERP, MERGE_CHUNK)
 
 
 def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, config: CascadeConfig | None = None,
@@ -288,19 +275,21 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
     rows = _rows(cfg, B, g)
     n_tiles = triton.cdiv(B, rows // g)
-    o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
-    l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((n_tiles, num_splits, hkv, rows, d), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((n_tiles, num_splits, hkv, rows), dtype=torch.float32, device=q.device)
     counters = _counters(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
-    grid = (n_tiles * num_splits + B, hkv)
+    grid = ((n_tiles * num_splits + B) * hkv,)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
-    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
-                PAGE=block_size, INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    small = max(16, triton.next_power_of_2(g))
+    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=small, BLOCK_N=cfg.block_n, PAGE=block_size, INTERP=INTERPRET,
+                MERGE_CHUNK=merge_chunk(small, d, cfg.num_warps), num_warps=cfg.num_warps,
+                num_stages=cfg.num_stages)
     if key is not None and direct and q.is_contiguous():
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
         if recd is not None:
