@@ -171,9 +171,9 @@ def merged_output(m, den, num):
     return num / den_safe[:, None], lse2
 
 
-def merge_chunk(rows: int, head_dim: int, num_warps: int) -> int:
-    """States per step of ``merge_partials``: about 64 float32 registers per thread for the loaded chunk."""
-    return max(1, min(16, 2048 * num_warps // (rows * head_dim)))
+def merge_chunk(rows: int, head_dim: int, num_warps: int, regs: int = 64) -> int:
+    """States per step of ``merge_partials``: about ``regs`` float32 registers per thread for the loaded chunk."""
+    return max(1, min(16, regs * 32 * num_warps // (rows * head_dim)))
 
 
 @triton.jit
@@ -183,7 +183,7 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
           stride_ot, stride_oh, stride_lh, stride_tb, qk_scale,
           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PART_M: tl.constexpr,
           BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-          INTERP: tl.constexpr, MERGE_CHUNK: tl.constexpr):
+          INTERP: tl.constexpr):
     """One work item with a ``BLOCK_M``-row tile: attend, then write the output or a partial state (merging
     the tile's partials if this program finishes it)."""
     offs_r = tl.arange(0, BLOCK_M)
@@ -232,14 +232,25 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
         ticket = tl.atomic_add(counter, 1, sem="acq_rel")
         if ticket == n_splits - 1:
             tl.debug_barrier()
-            m, den, num = merge_partials(OPart, LPart, ((slot0 * n_kv_heads + hk) * PART_M).to(tl.int64),
-                                         n_kv_heads * PART_M, n_splits, row_ok,
-                                         tl.full([BLOCK_M], float("-inf"), tl.float32),
-                                         tl.zeros([BLOCK_M], tl.float32), tl.zeros([BLOCK_M, HEAD_DIM], tl.float32),
-                                         BLOCK_M, HEAD_DIM, MERGE_CHUNK)
-            out, lse_out = merged_output(m, den, num)
+            m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            den = tl.zeros([BLOCK_M], tl.float32)
+            num = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+            for s in range(0, n_splits):  # lse rule: o = sum_s exp2(lse_s - lse) o_s
+                ps = ((slot0 + s) * n_kv_heads + hk).to(tl.int64) * PART_M + offs_r
+                ls = tl.load(LPart + ps, cache_modifier=".cg")
+                os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], cache_modifier=".cg")
+                m_new = tl.maximum(m, ls)
+                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+                w = tl.math.exp2(ls - m_ref)
+                alpha = tl.math.exp2(m - m_ref)
+                den = den * alpha + w
+                num = num * alpha[:, None] + w[:, None] * os_
+                m = m_new
+            out = num / tl.where(den > 0, den, 1.0)[:, None]
+            lse_out = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2,
+                               float("-inf"))
             tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
-            tl.store(l_ptrs, lse_out * LN2, mask=row_ok)
+            tl.store(l_ptrs, lse_out, mask=row_ok)
             tl.atomic_xchg(counter, 0)  # zero again for the next launch
 
 
@@ -249,8 +260,7 @@ def _mixed_kernel(Q, K, V, O, LSE, CU, SeqLens, BT, Items, OPart, LPart, Counter
                   stride_ot, stride_oh, stride_lh, stride_tb, n_kv_heads, qk_scale,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SMALL_M: tl.constexpr, LARGE_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-                  INTERP: tl.constexpr, N_COLS: tl.constexpr, SMALL_CHUNK: tl.constexpr,
-                  LARGE_CHUNK: tl.constexpr):
+                  INTERP: tl.constexpr, N_COLS: tl.constexpr):
     """Program (item, kv head): read the item's row of the plan (``ITEM_COLUMNS``) and run it with the small
     or the large tile."""
     item = Items + tl.program_id(0).to(tl.int64) * N_COLS
@@ -272,13 +282,13 @@ def _mixed_kernel(Q, K, V, O, LSE, CU, SeqLens, BT, Items, OPart, LPart, Counter
               b, t0, n_tok, k_lo, k_hi, n_splits, slot0, split, hk, n_kv_heads, q0, n_q, n_keys,
               stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
               stride_ot, stride_oh, stride_lh, stride_tb, qk_scale,
-              GROUP, HEAD_DIM, LARGE_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP, LARGE_CHUNK)
+              GROUP, HEAD_DIM, LARGE_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP)
     else:
         _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
               b, t0, n_tok, k_lo, k_hi, n_splits, slot0, split, hk, n_kv_heads, q0, n_q, n_keys,
               stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
               stride_ot, stride_oh, stride_lh, stride_tb, qk_scale,
-              GROUP, HEAD_DIM, SMALL_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP, SMALL_CHUNK)
+              GROUP, HEAD_DIM, SMALL_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -417,6 +427,5 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
         block_tables.stride(0), hkv, scale * LOG2E.value,
         GROUP=q.shape[1] // hkv, HEAD_DIM=d, SMALL_M=cfg.small_rows, LARGE_M=cfg.large_rows, BLOCK_N=cfg.block_n,
         PAGE=page, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, N_COLS=len(ITEM_COLUMNS),
-        SMALL_CHUNK=merge_chunk(cfg.small_rows, d, cfg.num_warps), LARGE_CHUNK=merge_chunk(cfg.large_rows, d, cfg.num_warps),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse
