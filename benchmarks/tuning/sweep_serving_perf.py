@@ -32,18 +32,17 @@ from benchmarks.course import bench_decode as bd
 from benchmarks.course import bench_mixed_batch as bm
 from reference.triton import (DEVICE, cascade_decode, configs, flash_attention_varlen_forward, flash_decode,
                               paged_decode, paged_prefill)
-from reference.triton.cascade import CascadeConfig
+from reference.triton.cascade import CascadeConfig, cascade_num_splits
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 
 HQ, HKV, D = 32, 8, 128
 PER_TOKEN = HKV * D * 2 * 2
 
-#: CascadeConfig variants: (rows, num_warps, num_stages, block_n, programs_per_sm) + (merge, prefix_first, poll_ns)
-#: (run 1 of notes/serving_perf.md swept the tile shapes with merge="request", poll 0: 128-row tiles lost everywhere)
-CASCADE = [(64, 4, 3, 64, 2, "tile", False, 0), (64, 4, 3, 64, 2, "tile", True, 0),
-           (64, 4, 3, 64, 2, "request", True, 0), (64, 4, 3, 64, 2, "request", True, 256),
-           (64, 4, 3, 64, 2, "request", True, 2048), (64, 4, 3, 64, 2, "request", False, 256),
-           (64, 4, 3, 64, 1, "tile", False, 0), (64, 4, 3, 64, 1, "request", True, 256)]
+#: CascadeConfig variants (rows, num_warps, num_stages, block_n, programs_per_sm, max_split_keys); runs 1 and 2 of
+#: notes/serving_perf.md swept tile shapes and two merge designs (their JSON: h100-serving-sweep.json,
+#: h100-cascade-sweep.json)
+CASCADE = [(64, 4, 3, 64, 1, 4096), (64, 4, 3, 64, 2, 1 << 30), (64, 4, 3, 64, 1, 1 << 30), (64, 4, 3, 64, 1, 2048),
+           (64, 4, 2, 64, 2, 4096)]
 #: (large_rows, num_warps, num_stages, block_n)
 PREFILL = [(64, 4, 3, 64), (128, 8, 3, 64), (128, 8, 4, 64), (128, 8, 2, 128), (64, 4, 3, 128)]
 #: decode (block_n, num_warps, num_stages) and split counts at B=1, 32k
@@ -67,11 +66,11 @@ def cascade_sweep(log, copy_bw):
         zero_len = torch.zeros(B, dtype=torch.int32, device=DEVICE)
         q = bm.randn(B, HQ, D)
         ref = paged_decode(q, kc, vc, full_tab, full_len)
-        for rows, w, st, bn, pps, merge, first, poll in CASCADE:
-            cfg = CascadeConfig(rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps, merge=merge,
-                                prefix_first=first, poll_ns=poll)
-            row = dict(batch=B, rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps, merge=merge,
-                       prefix_first=first, poll_ns=poll)
+        for rows, w, st, bn, pps, cap in CASCADE:
+            cfg = CascadeConfig(rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps,
+                                max_split_keys=cap)
+            row = dict(batch=B, rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps,
+                       max_split_keys=cap, num_splits=cascade_num_splits(B, HQ // HKV, HKV, P, cfg))
             try:
                 o, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg)
                 o2, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg)
@@ -86,7 +85,7 @@ def cascade_sweep(log, copy_bw):
                 row.update(us=full * 1e3, us_prefix=pre * 1e3,
                            frac=(P + B * S) * PER_TOKEN / (full * 1e-3) / copy_bw,
                            frac_prefix=P * PER_TOKEN / (pre * 1e-3) / copy_bw)
-                log(f"  cascade B={B:2d} pps={pps} {merge:7s} first={int(first)} poll={poll:4d}: {row['us']:6.1f} us "
+                log(f"  cascade B={B:2d} st={st} pps={pps} cap={cap:10d} splits={row['num_splits']:2d}: {row['us']:6.1f} us "
                     f"({row['frac']:.2f} of copy), prefix {row['us_prefix']:6.1f} us ({row['frac_prefix']:.2f})")
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result
                 row["failed"] = repr(exc)[:300]

@@ -13,13 +13,9 @@ kernel has two kinds of programs, ``(item, kv head)``:
 * **suffix items** ``b``: request ``b``'s ``G`` rows over its own pages (page-aligned key blocks,
   ``reference.triton.mixed._key_rows``).
 
-Launch order (a 1-D grid, kv head fastest): every prefix item, then every suffix item. A prefix item writes its
-partial state ``(o, lse)`` into slot ``split`` of its tile and counts itself on the tile's counter (release).
-A suffix item keeps its own state in registers, waits until the counter shows the tile's ``S`` prefix items
-done (acquire; they were launched before it, so they are running or finished and the wait ends), merges its
-``G`` rows' ``S + 1`` states with the lse rule and writes its output. The merge is thus spread over the
-``B x Hkv`` suffix programs (``G x S`` partial rows each) instead of one program per tile reading
-``ROWS x S`` rows at the end of the launch (measured as a serial tail: notes/serving_perf.md).
+Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S`` (suffix, rows of its request)
+of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
+items + one per request of the tile) merges the ``S + 1`` states with the lse rule and writes the output.
 Eager calls repeat a recorded launch (``reference.triton._fastlaunch``) when shapes, strides, dtypes and
 options match an earlier call, as ``flash_decode`` does.
 """
@@ -35,7 +31,7 @@ import triton.language as tl
 from . import _checks, _fastlaunch
 from ._kernel_helpers import LN2, LOG2E
 from ._runtime import INTERPRET, num_sms
-from .mixed import key_loop, merge_chunk, merge_partials, merged_output
+from .mixed import key_loop
 from .paged import check_block_tables, check_paged_cache
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
@@ -44,25 +40,58 @@ __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 @dataclass(frozen=True)
 class CascadeConfig:
     """rows: most query rows of a prefix tile (a power of two >= 16); block_n: keys per block; programs_per_sm:
-    prefix programs to aim for per SM; min_split_keys: fewest prefix keys per split. merge: "request" (each
-    suffix program merges its request's rows once the tile's prefix items are done) or "tile" (the tile's last
-    program merges all its rows); prefix_first: launch every prefix item before any suffix item (else kv head
-    by kv head); poll_ns: sleep between polls of a waiting suffix program (0: spin)."""
+    prefix programs to aim for per SM; min_split_keys / max_split_keys: fewest / most prefix keys per split.
+
+    One prefix program per SM (the H100 sweeps of notes/serving_perf.md): a 64-row tile at 3 stages takes 112 KB
+    of shared memory, so only one such program fits on an SM and aiming at two ran the prefix pass in two waves;
+    with one per SM the second slot of a 32-row tile's SM runs suffix programs beside the prefix. The cap on
+    keys per split keeps the prefix programs of large batches short enough not to be the launch's tail."""
     rows: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    programs_per_sm: int = 2
+    programs_per_sm: int = 1
     min_split_keys: int = 512
-    merge: str = "request"
-    prefix_first: bool = True
-    poll_ns: int = 256
+    max_split_keys: int = 4096
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
                                                                       min_split_keys=16)
 #: eager calls repeat a recorded launch (False: always the full path)
 FAST_LAUNCH = True
+
+
+@triton.jit
+def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
+                GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """lse rule over the tile's ``n_states`` partial states: ``o = sum_s exp2(lse_s - lse) o_s``."""
+    offs_r = tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_DIM)
+    REQ: tl.constexpr = ROWS // GROUP
+    b = tile * REQ + offs_r // GROUP
+    heads = hk * GROUP + offs_r % GROUP
+    ok = (offs_r < REQ * GROUP) & (b < batch)
+    m = tl.full([ROWS], float("-inf"), tl.float32)
+    den = tl.zeros([ROWS], tl.float32)
+    num = tl.zeros([ROWS, HEAD_DIM], tl.float32)
+    for s in range(0, n_states):
+        ps = ((tile * n_states + s) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
+        ls = tl.load(LPart + ps, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m_new = tl.maximum(m, ls)
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.math.exp2(ls - m_ref)
+        alpha = tl.math.exp2(m - m_ref)
+        den = den * alpha + w
+        num = num * alpha[:, None] + w[:, None] * os_
+        m = m_new
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    lse = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2, float("-inf"))
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64[:, None] * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+             out.to(OUT.dtype.element_ty), mask=ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=ok)
 
 
 @triton.jit
@@ -92,12 +121,14 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
-def _prefix_item(Q, PK, PV, BT, OPart, LPart, tile, split, hk, n_states, n_kv_heads, batch, prefix_len, chunk,
+def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len, chunk,
                  stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
                  INTERP: tl.constexpr):
     """Prefix item ``(tile, split)``: the tile's ROWS rows over one chunk of the prefix; writes state ``split``."""
     REQ: tl.constexpr = ROWS // GROUP
+    tile = pid // n_splits
+    split = pid % n_splits
     offs_r = tl.arange(0, ROWS)
     reqs = tile * REQ + offs_r // GROUP
     heads = hk * GROUP + offs_r % GROUP
@@ -110,46 +141,15 @@ def _prefix_item(Q, PK, PV, BT, OPart, LPart, tile, split, hk, n_states, n_kv_he
     part = ((tile * n_states + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
     tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o)
     tl.store(LPart + part, lse2)
+    return tile
 
 
 @triton.jit
-def _pause(x, POLL_NS: tl.constexpr):
-    """``x`` after sleeping about ``POLL_NS`` ns (PTX ``nanosleep``): a waiting program leaves the SM's issue slots
-    and memory pipes to the program beside it."""
-    return tl.inline_asm_elementwise("nanosleep.u32 $2;\n\tmov.b32 $0, $1;", "=r,r,r", [x, x * 0 + POLL_NS],
-                                     dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
-    """``merge="tile"``: the lse rule over the tile's ``n_states`` partial states for all its rows."""
-    offs_r = tl.arange(0, ROWS)
-    REQ: tl.constexpr = ROWS // GROUP
-    b = tile * REQ + offs_r // GROUP
-    heads = hk * GROUP + offs_r % GROUP
-    ok = (offs_r < REQ * GROUP) & (b < batch)
-    m, den, num = merge_partials(OPart, LPart, ((tile * n_states * n_kv_heads + hk) * ROWS).to(tl.int64),
-                                 n_kv_heads * ROWS, n_states, ok, tl.full([ROWS], float("-inf"), tl.float32),
-                                 tl.zeros([ROWS], tl.float32), tl.zeros([ROWS, HEAD_DIM], tl.float32),
-                                 ROWS, HEAD_DIM, CHUNK)
-    out, lse2 = merged_output(m, den, num)
-    b64 = b.to(tl.int64)
-    tl.store(OUT + b64[:, None] * stride_ob + heads[:, None] * stride_oh + tl.arange(0, HEAD_DIM)[None, :],
-             out.to(OUT.dtype.element_ty), mask=ok[:, None])
-    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse2 * LN2, mask=ok)
-
-
-@triton.jit
-def _suffix_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, b, hk, n_splits, n_kv_heads, batch,
+def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states, n_kv_heads,
                  stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
-                 stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
-                 SMALL: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
-                 MERGE_TILE: tl.constexpr, POLL_NS: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-                 TILE_CHUNK: tl.constexpr):
-    """Suffix item: request ``b``'s G rows over its own pages. ``merge="request"``: once the tile's prefix items
-    are done, merge its own state with the tile's ``S`` prefix states for its G rows and write them.
-    ``merge="tile"``: write its state into slot ``S`` and take a ticket; the tile's last program merges."""
+                 qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
+                 BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
+    """Suffix item: request ``b``'s G rows over its own pages; writes its rows of the tile's last state."""
     REQ: tl.constexpr = ROWS // GROUP
     tile = b // REQ
     offs_g = tl.arange(0, SMALL)
@@ -160,44 +160,10 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, b, h
     o, lse2 = _attend_rows(Q, reqs, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb, hk, 0, n_keys,
                            stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
                            stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
-    counter = Counters + tile * n_kv_heads + hk
-    n_req = tl.minimum(REQ, batch - tile * REQ)
-    if MERGE_TILE:
-        part = ((tile * (n_splits + 1) + n_splits) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-        tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o, mask=row_ok[:, None])
-        tl.store(LPart + part, lse2, mask=row_ok)
-        tl.debug_barrier()  # every thread's partial stores precede the ticket (acq_rel publishes them)
-        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-        if ticket == n_splits + n_req - 1:
-            tl.debug_barrier()
-            _merge_tile(OUT, LOUT, OPart, LPart, tile, n_splits + 1, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                        GROUP, ROWS, HEAD_DIM, TILE_CHUNK)
-            tl.atomic_xchg(counter, 0)
-    else:
-        # wait for the tile's S prefix items (launched before every suffix item: running or done, so the wait
-        # ends); acquire makes their partial states visible
-        seen = tl.atomic_add(counter, 0, sem="acquire")
-        while seen < n_splits:
-            if POLL_NS > 0 and not INTERP:
-                seen = _pause(seen, POLL_NS)
-            seen = tl.atomic_add(counter, 0, sem="acquire")
-        tl.debug_barrier()
-        # the running merge starts from this item's own state (o normalised: weight 1 at m = lse2)
-        has = lse2 > float("-inf")
-        den = tl.where(has, 1.0, 0.0)
-        num = tl.where(has[:, None], o, 0.0)
-        base = ((tile * n_splits * n_kv_heads + hk) * ROWS + (b % REQ) * GROUP).to(tl.int64)
-        m, den, num = merge_partials(OPart, LPart, base, n_kv_heads * ROWS, n_splits, row_ok, lse2, den, num,
-                                     SMALL, HEAD_DIM, MERGE_CHUNK)
-        out, lse_out = merged_output(m, den, num)
-        b64 = b.to(tl.int64)
-        tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + tl.arange(0, HEAD_DIM)[None, :],
-                 out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse_out * LN2, mask=row_ok)
-        # the tile's last suffix item zeroes the counter for the next launch (every other one passed its wait)
-        done = tl.atomic_add(counter, 1, sem="relaxed")
-        if done == n_splits + n_req - 1:
-            tl.atomic_xchg(counter, 0)
+    part = ((tile * n_states + n_splits) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+    tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o, mask=row_ok[:, None])
+    tl.store(LPart + part, lse2, mask=row_ok)
+    return tile
 
 
 @triton.jit
@@ -206,52 +172,38 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
                     stride_ob, stride_oh, batch, n_kv_heads, prefix_len, chunk, n_splits, n_tiles, qk_scale,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr, MERGE_TILE: tl.constexpr,
-                    PREFIX_FIRST: tl.constexpr, POLL_NS: tl.constexpr, MERGE_CHUNK: tl.constexpr,
-                    TILE_CHUNK: tl.constexpr):
-    # a 1-D grid. PREFIX_FIRST: kv head fastest, so every prefix item (all heads) is launched before any suffix
-    # item; else kv head slowest (each head's prefix items, then its suffix items). Either way a suffix item
-    # waits (merge="request") only on prefix items launched before it.
+                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
     pid = tl.program_id(0)
-    n_items = n_tiles * n_splits + batch
-    if PREFIX_FIRST:
-        hk = pid % n_kv_heads
-        item = pid // n_kv_heads
-    else:
-        hk = pid // n_items
-        item = pid % n_items
-    n_states = n_splits + MERGE_TILE
-    if item < n_tiles * n_splits:  # prefix item (tile, split): write the partial state, count it
-        tile = item // n_splits
-        _prefix_item(Q, PK, PV, BT, OPart, LPart, tile, item % n_splits, hk, n_states, n_kv_heads, batch,
-                     prefix_len, chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
-                     qk_scale, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
-        tl.debug_barrier()  # every thread's partial stores precede the release
-        counter = Counters + tile * n_kv_heads + hk
-        if MERGE_TILE:
-            ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-            if ticket == n_splits + tl.minimum(ROWS // GROUP, batch - tile * (ROWS // GROUP)) - 1:
-                tl.debug_barrier()
-                _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                            GROUP, ROWS, HEAD_DIM, TILE_CHUNK)
-                tl.atomic_xchg(counter, 0)
-        else:
-            tl.atomic_add(counter, 1, sem="release")
-    else:  # suffix item: request b's G rows over its pages, merged with the tile's prefix states
-        _suffix_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, item - n_tiles * n_splits, hk,
-                     n_splits, n_kv_heads, batch, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
-                     stride_vs, stride_vh, stride_tb, stride_ob, stride_oh, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL,
-                     BLOCK_N, PAGE, INTERP, MERGE_TILE, POLL_NS, MERGE_CHUNK, TILE_CHUNK)
+    hk = tl.program_id(1)
+    REQ: tl.constexpr = ROWS // GROUP
+    n_states = n_splits + 1
+    if pid < n_tiles * n_splits:  # prefix item (tile, split)
+        tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
+                            chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                            GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
+    else:  # suffix item: request b's G rows over its pages
+        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
+                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
+    # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
+    tl.debug_barrier()
+    counter = Counters + tile * n_kv_heads + hk
+    ticket = tl.atomic_add(counter, 1, sem="acq_rel")
+    if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+        tl.debug_barrier()
+        _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
+                    GROUP, ROWS, HEAD_DIM)
+        tl.atomic_xchg(counter, 0)
 
 
 def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, config: CascadeConfig | None = None,
                        sms: int | None = None) -> int:
     """Prefix chunks: about ``programs_per_sm * sms`` prefix programs over ``n_kv_heads`` and the row tiles,
-    each chunk at least ``min_split_keys`` keys."""
+    each chunk at least ``min_split_keys`` keys and (where that allows) at most ``max_split_keys``."""
     config = DEFAULT_CONFIG if config is None else config
     sms = num_sms() if sms is None else sms
     tiles = math.ceil(batch * group / _rows(config, batch, group))
-    want = max(1, round(config.programs_per_sm * sms / (tiles * n_kv_heads)))
+    want = max(1, round(config.programs_per_sm * sms / (tiles * n_kv_heads)), math.ceil(prefix_len / config.max_split_keys))
     return max(1, min(want, prefix_len // config.min_split_keys))
 
 
@@ -342,26 +294,19 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
     rows = _rows(cfg, B, g)
     n_tiles = triton.cdiv(B, rows // g)
-    if cfg.merge not in ("request", "tile"):
-        raise ValueError(f"config.merge must be 'request' or 'tile', got {cfg.merge!r}")
-    n_states = num_splits + (cfg.merge == "tile")
-    o_part = torch.empty((n_tiles, n_states, hkv, rows, d), dtype=torch.float32, device=q.device)
-    l_part = torch.empty((n_tiles, n_states, hkv, rows), dtype=torch.float32, device=q.device)
+    o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
     counters = _counters(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
-    grid = ((n_tiles * num_splits + B) * hkv,)
+    grid = (n_tiles * num_splits + B, hkv)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
-    small = max(16, triton.next_power_of_2(g))
-    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=small, BLOCK_N=cfg.block_n, PAGE=block_size, INTERP=INTERPRET,
-                MERGE_TILE=cfg.merge == "tile", PREFIX_FIRST=bool(cfg.prefix_first), POLL_NS=int(cfg.poll_ns),
-                MERGE_CHUNK=merge_chunk(small, d, cfg.num_warps), TILE_CHUNK=merge_chunk(rows, d, cfg.num_warps, regs=32),
-                num_warps=cfg.num_warps,
-                num_stages=cfg.num_stages)
+    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
+                PAGE=block_size, INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if key is not None and direct and q.is_contiguous():
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
         if recd is not None:

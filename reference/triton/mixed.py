@@ -132,51 +132,6 @@ def key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, lo, hi, n
 
 
 @triton.jit
-def merge_partials(OPart, LPart, base, stride_s, n_states, row_ok, m, den, num,
-                   ROWS: tl.constexpr, HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
-    """Fold ``n_states`` partial states into the running merge ``(m, den, num)`` by the lse rule (base 2):
-    ``o = sum_s exp2(lse_s - lse) o_s / sum_s exp2(lse_s - lse)`` (``reference.numpy.merge.merge_states``).
-
-    State ``s`` of row ``r`` is row ``base + s * stride_s + r`` of ``LPart`` (lse, base 2) and ``OPart`` (``o_s``,
-    ``HEAD_DIM`` floats). ``CHUNK`` states per step, one ``(CHUNK, ROWS, HEAD_DIM)`` load each: the partials were
-    written by other SMs, so each step is a dependent L2 round trip, and one state per step made the merge of
-    a 32-state tile a serial tail of the launch. Rows outside ``row_ok`` are not read."""
-    offs_r = tl.arange(0, ROWS)
-    offs_d = tl.arange(0, HEAD_DIM)
-    offs_c = tl.arange(0, CHUNK)
-    for s0 in range(0, n_states, CHUNK):
-        s = s0 + offs_c
-        ok = (s < n_states)[:, None] & row_ok[None, :]  # (CHUNK, ROWS)
-        rows = base + s.to(tl.int64)[:, None] * stride_s + offs_r[None, :]
-        # .cg: read from L2, never a stale L1 line (other SMs wrote these partials)
-        ls = tl.load(LPart + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        os_ = tl.load(OPart + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :], mask=ok[:, :, None], other=0.0,
-                      cache_modifier=".cg")
-        m_new = tl.maximum(m, tl.max(ls, 0))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # no key seen yet: weights 0, not NaN
-        w = tl.math.exp2(ls - m_ref[None, :])
-        alpha = tl.math.exp2(m - m_ref)
-        den = den * alpha + tl.sum(w, 0)
-        num = num * alpha[:, None] + tl.sum(w[:, :, None] * os_, 0)
-        m = m_new
-    return m, den, num
-
-
-@triton.jit
-def merged_output(m, den, num):
-    """``(o, lse2)`` of a running merge: ``o = num / den``, ``lse2 = m + log2(den)`` (-inf and o = 0 where no
-    state saw a key)."""
-    den_safe = tl.where(den > 0, den, 1.0)
-    lse2 = tl.where(den > 0, tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(den_safe), float("-inf"))
-    return num / den_safe[:, None], lse2
-
-
-def merge_chunk(rows: int, head_dim: int, num_warps: int, regs: int = 64) -> int:
-    """States per step of ``merge_partials``: about ``regs`` float32 registers per thread for the loaded chunk."""
-    return max(1, min(16, regs * 32 * num_warps // (rows * head_dim)))
-
-
-@triton.jit
 def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
           b, t0, n_tok, k_lo, k_hi, n_splits, slot0, split, hk, n_kv_heads, q0, n_q, n_keys,
           stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
