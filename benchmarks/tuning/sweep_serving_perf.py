@@ -41,8 +41,8 @@ PER_TOKEN = HKV * D * 2 * 2
 #: CascadeConfig variants (rows, num_warps, num_stages, block_n, programs_per_sm, max_split_keys); runs 1 and 2 of
 #: notes/serving_perf.md swept tile shapes and two merge designs (their JSON: h100-serving-sweep.json,
 #: h100-cascade-sweep.json)
-CASCADE = [(64, 4, 3, 64, 1, 4096), (64, 4, 3, 64, 2, 1 << 30), (64, 4, 3, 64, 1, 1 << 30), (64, 4, 3, 64, 1, 2048),
-           (64, 4, 2, 64, 2, 4096)]
+CASCADE = [(64, 4, 3, 64, 1, 2048), (64, 4, 3, 64, 2, 1 << 30), (64, 4, 3, 64, 1, 4096), (64, 4, 3, 64, 1, 1024),
+           (32, 4, 3, 64, 1, 2048), (32, 4, 3, 64, 2, 2048), (64, 4, 4, 64, 1, 2048)]
 #: (large_rows, num_warps, num_stages, block_n)
 PREFILL = [(64, 4, 3, 64), (128, 8, 3, 64), (128, 8, 4, 64), (128, 8, 2, 128), (64, 4, 3, 128)]
 #: decode (block_n, num_warps, num_stages) and split counts at B=1, 32k

@@ -52,7 +52,7 @@ class CascadeConfig:
     num_stages: int = 3
     programs_per_sm: int = 1
     min_split_keys: int = 512
-    max_split_keys: int = 4096
+    max_split_keys: int = 2048
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
