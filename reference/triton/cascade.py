@@ -42,10 +42,10 @@ class CascadeConfig:
     """rows: most query rows of a prefix tile (a power of two >= 16); block_n: keys per block; programs_per_sm:
     prefix programs to aim for per SM; min_split_keys / max_split_keys: fewest / most prefix keys per split.
 
-    One prefix program per SM (the H100 sweeps of notes/serving_perf.md): a 64-row tile at 3 stages takes 112 KB
-    of shared memory, so only one such program fits on an SM and aiming at two ran the prefix pass in two waves;
-    with one per SM the second slot of a 32-row tile's SM runs suffix programs beside the prefix. The cap on
-    keys per split keeps the prefix programs of large batches short enough not to be the launch's tail."""
+    One prefix program per SM (H100 sweeps, notes/serving_perf.md runs 2-4): aiming at two filled every slot
+    with prefix programs, so the suffix programs ran after them and each tile merged twice the states; with one
+    per SM the suffix programs run beside the prefix. The cap on keys per split keeps the prefix programs of
+    large batches short (32k prefix, B=64: 16 splits of 2048 keys, not 4 of 8192) so they are not the tail."""
     rows: int = 64
     block_n: int = 64
     num_warps: int = 4
