@@ -175,3 +175,16 @@ def test_cascade_recorded_launch_matches_full_path(monkeypatch):
     monkeypatch.setattr(cascade, "FAST_LAUNCH", True)
     with pytest.raises(ValueError, match="seq_lens must lie in"):  # value checks still run on the fast path
         cascade_decode(*sets[0], table, lens + 1000)
+
+
+@pytest.mark.triton_serving
+def test_cascade_num_splits_one_prefix_program_per_sm_and_key_cap():
+    """The split rule of cascade_decode: about one prefix program per SM, at most max_split_keys keys a split."""
+    import dataclasses
+    from reference.triton.cascade import CascadeConfig, cascade_num_splits
+    cfg = CascadeConfig(rows=64, min_split_keys=512, programs_per_sm=1, max_split_keys=4096)
+    assert cascade_num_splits(8, 4, 8, 32768, cfg, sms=132) == 16  # one 32-row tile x 8 heads: 132 / 8
+    assert cascade_num_splits(64, 4, 8, 32768, cfg, sms=132) == 8  # 4 tiles: 132 / 32 = 4, capped: 32768 / 4096
+    assert cascade_num_splits(64, 4, 8, 32768, dataclasses.replace(cfg, max_split_keys=2048), sms=132) == 16
+    assert cascade_num_splits(64, 4, 8, 32768, dataclasses.replace(cfg, max_split_keys=1 << 30), sms=132) == 4
+    assert cascade_num_splits(8, 4, 8, 1000, cfg, sms=132) == 1  # chunks of at least min_split_keys

@@ -32,6 +32,7 @@ import time
 import numpy as np
 import torch
 
+from benchmarks._common import RESULTS
 from benchmarks.course import bench_decode as bd  # bench, graph_ms, copy_bandwidth, rel, gpu_slug, meta_name, sync
 from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention_varlen_forward, paged_decode,
                               paged_prefill)
@@ -249,7 +250,7 @@ def _cascade(log, copy_bw):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
     ap.add_argument("--sections", default="mixed,prefill,cascade")
     args = ap.parse_args(argv)

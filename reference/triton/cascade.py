@@ -40,13 +40,19 @@ __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 @dataclass(frozen=True)
 class CascadeConfig:
     """rows: most query rows of a prefix tile (a power of two >= 16); block_n: keys per block; programs_per_sm:
-    prefix programs to aim for per SM; min_split_keys: fewest prefix keys per split."""
+    prefix programs to aim for per SM; min_split_keys / max_split_keys: fewest / most prefix keys per split.
+
+    One prefix program per SM (H100 sweeps, notes/serving_perf.md runs 2-4): aiming at two filled every slot
+    with prefix programs, so the suffix programs ran after them and each tile merged twice the states; with one
+    per SM the suffix programs run beside the prefix. The cap on keys per split keeps the prefix programs of
+    large batches short (32k prefix, B=64: 16 splits of 2048 keys, not 4 of 8192) so they are not the tail."""
     rows: int = 64
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    programs_per_sm: int = 2
+    programs_per_sm: int = 1
     min_split_keys: int = 512
+    max_split_keys: int = 2048
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
@@ -193,11 +199,11 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
 def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, config: CascadeConfig | None = None,
                        sms: int | None = None) -> int:
     """Prefix chunks: about ``programs_per_sm * sms`` prefix programs over ``n_kv_heads`` and the row tiles,
-    each chunk at least ``min_split_keys`` keys."""
+    each chunk at least ``min_split_keys`` keys and (where that allows) at most ``max_split_keys``."""
     config = DEFAULT_CONFIG if config is None else config
     sms = num_sms() if sms is None else sms
     tiles = math.ceil(batch * group / _rows(config, batch, group))
-    want = max(1, round(config.programs_per_sm * sms / (tiles * n_kv_heads)))
+    want = max(1, round(config.programs_per_sm * sms / (tiles * n_kv_heads)), math.ceil(prefix_len / config.max_split_keys))
     return max(1, min(want, prefix_len // config.min_split_keys))
 
 
