@@ -184,10 +184,84 @@ def _lecture09() -> dict:
         out[_f(c["loop_over_graph"])] = f"eager {name} loop/graph"
         out[_f(c["ms_graph"] * 1e3, 0)] = f"eager {name} graph us"
         out[_f(e["host_us_tiny"][name], 0)] = f"eager {name} host us per call"
+    out[_f(r["prefill"]["paged_vs_contiguous"])] = "bench_serving: paged prefill (row gather) / contiguous"
     d = load("h200-decode.json")
     if d:
         paged = [p["vs_contiguous_graph"] for p in d["paged"] if p.get("block_size") == 16]
         out[_f(min(paged))] = out[_f(max(paged))] = "lecture 8: paged / contiguous decode, block 16 (H200)"
+    out.update(_lecture09_mixed())
+    return out
+
+
+def ncu_metrics(name: str) -> list[dict]:
+    """``[{metric name: value}]`` per profiled kernel of an Nsight Compute CSV (``ncu --csv``), in the file's order;
+    values are floats where they parse (thousands separators removed)."""
+    import csv
+    import io
+    path = RESULTS / name
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    out: dict = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        try:
+            value = float(row["Metric Value"].replace(",", ""))
+        except ValueError:
+            continue
+        out.setdefault(row["ID"], {}).setdefault(row["Metric Name"], value)  # first of a repeated name: the % one
+    return [out[k] for k in sorted(out, key=int)]
+
+
+def _lecture09_mixed() -> dict:
+    """Lecture 09's numbers from ``bench_mixed_batch`` (``h100-mixed-batch.json``: mixed step, paged prefill by
+    page size, one-launch cascade) and its ncu profile (``h100-serving-ncu.csv``: ``sweep_serving_perf
+    --ncu-cases`` order: cascade B=8 whole call, B=8 prefix only, B=64 whole, B=64 prefix only, the mixed kernel
+    on the 64-token-page prefill)."""
+    out = {}
+    r = load("h100-mixed-batch.json")
+    if r is None:
+        return out
+    bw = r["meta"]["copy_bw_bytes_per_s"]
+    m, g = r["mixed"], r["mixed"]["ms_graph"]
+    out[_f(g["mixed_one_launch"] * 1e3, 0)] = "mixed step: one launch, graph us"
+    out[_f(g["mixed_one_launch_block16"] * 1e3, 0)] = "mixed step: 16-key tiles, graph us"
+    out[_f(m["speedup_vs_separate_graph"])] = "mixed step: separate prefill + decode launches / one launch"
+    out[_f(m["speedup_vs_paged_prefill_graph"])] = "mixed step: paged_prefill over the whole batch / one launch"
+    out[_f(m["kv_bytes"] / 1e9)] = "mixed step: K/V GB"
+    tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
+    out[_f(tbs / 1e12)] = "mixed step: K/V TB/s of the one launch"
+    out[_f(tbs / bw)] = "mixed step: one launch's K/V bandwidth / copy bandwidth"
+    out[_f(m["kv_bytes"] / bw * 1e3, 1)] = "mixed step: K/V bytes at copy bandwidth, ms (the prediction)"
+    for page, x in r["prefill"]["pages"].items():
+        for name, v in x["vs_contiguous"].items():
+            out[_f(v)] = f"paged prefill, {page}-token pages: {name} / contiguous"
+    for c in r["cascade"]:
+        b, cg, f = c["batch"], c["ms_graph"], c["fraction_of_copy_bw"]
+        out[_f(cg["cascade"] * 1e3, 0)] = f"cascade one launch B={b} graph us"
+        out[_f(cg["cascade_separate"] * 1e3, 0)] = f"cascade three launches B={b} graph us (same run)"
+        out[_f(cg["prefix_pass"] * 1e3, 0)] = f"cascade prefix pass alone B={b} graph us"
+        out[_f(c["bytes"]["prefix_pass"] / 1e6, 0)] = "cascade prefix MB"
+        out[_f(c["speedup_graph_vs_paged"])] = f"cascade one launch B={b} speed-up over paged decode"
+        out[_f(c["eager_speedup_vs_paged"])] = f"cascade B={b} eager / eager paged decode"
+        out[_f(c["eager_loop_over_graph"])] = f"cascade B={b} eager loop / graph"
+        for part in ("cascade", "prefix_pass", "suffix_pass", "paged"):
+            out[_f(f[part])] = f"cascade B={b} {part} bytes / time / copy bandwidth"
+    ncu = ncu_metrics("h100-serving-ncu.csv")
+    if len(ncu) >= 5:
+        pct = lambda x: _f(x, 0)  # noqa: E731
+        active = lambda x: pct(100 * x["SM Active Cycles"] / x["Elapsed Cycles"])  # noqa: E731
+        out[active(ncu[1])] = "ncu cascade B=8 prefix only: SM active cycles / elapsed, %"
+        p64 = ncu[3]
+        out[pct(p64["DRAM Throughput"])] = "ncu cascade B=64 prefix only: DRAM throughput % of peak"
+        out[pct(p64["Compute (SM) Throughput"])] = "ncu cascade B=64 prefix only: SM throughput %"
+        out[pct(p64["L2 Hit Rate"])] = "ncu cascade B=64 prefix only: L2 hit rate %"
+        out[active(p64)] = "ncu cascade B=64 prefix only: SM active cycles / elapsed, %"
+        mk = ncu[4]
+        out[pct(mk["Compute (SM) Throughput"])] = "ncu mixed kernel, 64-token-page prefill: SM throughput %"
+        out[pct(mk["DRAM Throughput"])] = "ncu mixed kernel: DRAM throughput %"
+        out[pct(mk["L2 Hit Rate"])] = "ncu mixed kernel: L2 hit rate %"
+        out[_f(mk["Dynamic Shared Memory Per Block"] / 1000, 0)] = "ncu mixed kernel: shared memory per program, KB"
     return out
 
 
@@ -199,6 +273,9 @@ _ASSUMED09 = {
     "500": "assumed matmul throughput of the step-time model",
     "4.8": "model: 16 GB / 3.35 TB/s",
     "128": "BLOCK_M, a configuration",
+    "0.7": "issue 25's bar for cascade's own bandwidth (fraction of copy), not a measurement",
+    "0.9": "issue 25's bar for paged prefill vs contiguous, not a measurement",
+    "1.5": "issue 25's bar for eager cascade vs eager paged decode at B = 8, not a measurement",
 }
 
 

@@ -525,7 +525,7 @@ for res, m in measured_mixed("mixed"):
 # %% [markdown]
 # One mixed launch takes 1045 µs, **1.23x** the speed of the separate prefill and decode launches and 3.45x
 # that of `paged_prefill` over the whole batch. The last comparison is the plan's worth: without it each decode
-# row sits in a 128-row tile of one query head (1 useful row of 128, its kv head's keys re-read by each of the
+# row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
 # step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
 # `notes/serving_perf.md`); measured, the launch moves them at 2.25 TB/s, 0.75 of copy — the prefill chunks run
