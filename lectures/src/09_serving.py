@@ -341,7 +341,8 @@ for res, rows in measured_mixed("cascade"):
     for c in rows:
         g, f = c["ms_graph"], c["fraction_of_copy_bw"]
         print(f"{c['batch']:3d} | {g['cascade'] * 1e3:5.0f} ({g['cascade_separate'] * 1e3:5.0f})        |"
-              f" {c['eager_loop_over_graph']:11.2f} | {c['speedup_graph_vs_paged']:13.2f}x {c['eager_speedup_vs_paged']:5.2f}x"
+              f" {c['eager_loop_over_graph']:11.2f} | {c['speedup_graph_vs_paged']:13.2f}x"
+              f" {c['eager_speedup_vs_paged']:5.2f}x"
               f" | {f['cascade']:22.2f} {f['prefix_pass']:7.2f} {f['suffix_pass']:7.2f}")
 
 # %% [markdown]
@@ -350,7 +351,8 @@ for res, rows in measured_mixed("cascade"):
 #   bandwidth measured in the same run — the bar issue 25 set (0.7), which no L2 hit on a shared page can
 #   flatter. (Paged decode, the baseline, "reads" its bytes at 1.82 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
-#   overstates what sharing can win.)
+#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (133 vs
+#   128 µs, 204 vs 207 µs): there the prefix pass, not the launches, sets the time (below).
 # * **Called eagerly it now costs its GPU time**: eager loop / graph 0.96–1.00 (bar 1.2) and 2.59x eager paged
 #   decode at B = 8 (bar 1.5), where the three-launch version lost.
 # * **Larger batches miss the bar**: 0.68 / 0.67 / 0.66 of copy at B = 16 / 32 / 64. The column that explains it
@@ -472,18 +474,19 @@ print(" ".join(f"{c:>8s}" for c in ITEM_COLUMNS), "  <- plan.items, one row per 
 for item in plan.items:
     b, t0, n_tok, k_lo, k_hi, large, n_splits, _, split = item.tolist()
     print(" ".join(f"{x:8d}" for x in item.tolist()), f"  {order[b]}: tokens {t0}..{t0 + n_tok - 1} = "
-          f"{n_tok * G} rows ({'large' if large else 'small'} tile), keys {k_lo}..{k_hi - 1}, split {split + 1}/{n_splits}")
+          f"{n_tok * G} rows ({'large' if large else 'small'} tile), keys {k_lo}..{k_hi - 1}, "
+          f"split {split + 1}/{n_splits}")
 o_plan, _ = mixed_attention_by_plan(q_all, cache.k_cache, cache.v_cache, tables, cu_q, seq_lens, plan)
 print(f"{len(plan.items)} work items, {plan.n_slots} partial-state slots; "
       f"max |by plan - mixed_attention| = {np.abs(o_plan - o_mixed).max():.1e}")
 
 # %% [markdown]
 # The chunk's tiles see different key ranges (bottom-right causal: its first four tokens see keys 0..9, the
-# last three 0..12), and every tile here is cut into splits. `reference.triton.mixed_attention` runs such a plan
-# (`make_mixed_plan`, made on the host with no device sync when the engine passes host lengths) in **one
-# launch**: one program per (work item, kv head), the two tile shapes as two branches of one kernel, and the
-# program that takes the last ticket of a split tile's atomic counter merges its partial states, so no merge
-# launch follows.
+# last three 0..12), and every tile that sees more than 8 keys is cut into splits.
+# `reference.triton.mixed_attention` runs such a plan (`make_mixed_plan`, made on the host with no device sync
+# when the engine passes host lengths) in **one launch**: one program per (work item, kv head), the two tile
+# shapes as two branches of one kernel, and the program that takes the last ticket of a split tile's atomic
+# counter merges its partial states, so no merge launch follows.
 #
 # What a GPU engine adds around that one launch:
 #
@@ -519,8 +522,9 @@ for res, m in measured_mixed("mixed"):
           f"({min(m['decode_lens'])}..{max(m['decode_lens'])} keys), {m['kv_bytes'] / 1e9:.2f} GB of K/V; "
           f"plan: {m['work_items']} work items, {m['split_slots']} split slots")
     for name, ms in g.items():
-        print(f"  {name:30s} {ms * 1e3:6.0f} us (CUDA graph)   {g['mixed_one_launch'] / ms:5.2f}x the mixed launch's "
-              f"speed   K/V at {m['kv_bytes'] / (ms * 1e-3) / 1e12:.2f} TB/s = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
+        print(f"  {name:30s} {ms * 1e3:6.0f} us (CUDA graph)   mixed launch {ms / g['mixed_one_launch']:4.2f}x as fast"
+              f"   K/V at {m['kv_bytes'] / (ms * 1e-3) / 1e12:.2f} TB/s"
+              f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
 
 # %% [markdown]
 # One mixed launch takes 1045 µs, **1.23x** the speed of the separate prefill and decode launches and 3.45x
