@@ -111,6 +111,44 @@ def serving_lines(r):
     return out
 
 
+def mixed_batch_quotes(r) -> list[str]:
+    """The phrases ``docs/results.md`` quotes from ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed
+    step, the one-launch cascade (graph, eager, fraction of copy, prefix pass alone) and paged prefill by page
+    size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
+    m, g = r["mixed"], r["mixed"]["ms_graph"]
+    bw = r["meta"]["copy_bw_bytes_per_s"]
+    tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
+    casc = r["cascade"]
+    j = lambda xs, fmt="{:.2f}": " / ".join(fmt.format(x) for x in xs)  # noqa: E731
+    pages = r["prefill"]["pages"]
+    pg = lambda page, names: " / ".join(f"{pages[page]['vs_contiguous'][n]:.2f}x" for n in names)  # noqa: E731
+    eager = [c["eager_loop_over_graph"] for c in casc]
+    return [
+        f"{g['mixed_one_launch'] * 1e3:.0f} us: {m['speedup_vs_separate_graph']:.2f}x / "
+        f"{m['speedup_vs_paged_prefill_graph']:.2f}x; K/V ({m['kv_bytes'] / 1e9:.2f} GB) at {tbs / 1e12:.2f} TB/s = "
+        f"{tbs / bw:.2f} of the copy bandwidth",
+        j([c["ms_graph"]["cascade"] * 1e3 for c in casc], "{:.0f}") + " us (three launches in the same run: "
+        + j([c["ms_graph"]["cascade_separate"] * 1e3 for c in casc], "{:.0f}") + " us)",
+        j([c["speedup_graph_vs_paged"] for c in casc], "{:.2f}x"),
+        j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + f": B={casc[0]['batch']} at the bar "
+        f"({casc[0]['fraction_of_copy_bw']['cascade']:.4f})",
+        "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
+        f"{min(eager):.2f}-{max(eager):.2f} (met); {casc[0]['eager_speedup_vs_paged']:.2f}x (met",
+        pg("16", ("paged_prefill_row_gather", "mixed_block64", "mixed_block_per_page")) + "; "
+        + pg("64", ("paged_prefill_row_gather", "mixed_block64", "mixed_tma")),
+    ]
+
+
+def decode_quotes(r) -> list[str]:
+    """``docs/results.md``'s split-KV decode fractions of copy bandwidth at B=1, 32k / 64k / 128k (graph), and the
+    speed vs SDPA default at 32k, from one ``<gpu>-decode.json``."""
+    rows = {(x["impl"], x["context"]): x for x in r["results"] if x["batch"] == 1 and "ms_graph" in x}
+    fr = " / ".join(f"{rows[('split_kv', n)]['frac_copy_bw_graph']:.2f}" for n in (32768, 65536, 131072))
+    vs = [rows[("sdpa_default", n)]["ms_graph"] / rows[("split_kv", n)]["ms_graph"] for n in (32768, 65536, 131072)]
+    return [fr + " (bar 0.85", f"eager {rows[('split_kv', 32768)]['frac_copy_bw']:.2f}); {vs[0]:.2f}x cuDNN at 32k",
+            f"at 64k / 128k: {vs[1]:.2f}x / {vs[2]:.2f}x"]
+
+
 # --- lectures: every number in a lecture's prose is backed by a results file, or listed as not measured -------
 #
 # ``LECTURES[stem] = (derive, assumed)``: ``derive()`` returns ``{number as the prose writes it: where it comes
@@ -450,7 +488,8 @@ LECTURES = {"06_fa3_hopper": (_lecture06, _ASSUMED06), "09_serving": (_lecture09
 
 def main() -> int:
     lines = []
-    for name, fn in (("cpu-numpy.json", cpu_lines), ("h200-attention.json", attention_lines), ("h200-decode.json", decode_lines)):
+    for name, fn in (("cpu-numpy.json", cpu_lines), ("h200-attention.json", attention_lines),
+                     ("h200-decode.json", decode_lines), ("h100-decode.json", decode_lines)):
         r = load(name)
         lines += fn(r) if r else [f"{name}: not there"]
     io = load("cpu-iosim.json")
@@ -460,6 +499,9 @@ def main() -> int:
                      f"(seeds 40.3 vs 4.4)")
     for path in sorted(RESULTS.glob("*-serving.json")):
         lines += serving_lines(json.loads(path.read_text()))
+    for path in sorted(RESULTS.glob("*-mixed-batch.json")):
+        r = json.loads(path.read_text())
+        lines += [f"{path.name} ({r['meta']['gpu']}): {q}" for q in mixed_batch_quotes(r)]
     frag = load("cpu-fragmentation.json")
     if frag:
         s = frag["summary"]
