@@ -105,7 +105,8 @@ def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files(
 
 def _gpu_of(name: str) -> str:
     r = json.loads((RESULTS / name).read_text())
-    gpu = r.get("gpu") or (r.get("meta") or {}).get("gpu") or ""
+    meta = r.get("meta") or {}
+    gpu = r.get("gpu") or meta.get("gpu") or meta.get("device") or ""   # bench_ring writes meta.device
     return "H100" if "H100" in gpu else "H200" if "H200" in gpu else ""
 
 
