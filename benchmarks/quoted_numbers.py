@@ -111,6 +111,44 @@ def serving_lines(r):
     return out
 
 
+def mixed_batch_quotes(r) -> list[str]:
+    """The phrases ``docs/results.md`` quotes from ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed
+    step, the one-launch cascade (graph, eager, fraction of copy, prefix pass alone) and paged prefill by page
+    size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
+    m, g = r["mixed"], r["mixed"]["ms_graph"]
+    bw = r["meta"]["copy_bw_bytes_per_s"]
+    tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
+    casc = r["cascade"]
+    j = lambda xs, fmt="{:.2f}": " / ".join(fmt.format(x) for x in xs)  # noqa: E731
+    pages = r["prefill"]["pages"]
+    pg = lambda page, names: " / ".join(f"{pages[page]['vs_contiguous'][n]:.2f}x" for n in names)  # noqa: E731
+    eager = [c["eager_loop_over_graph"] for c in casc]
+    return [
+        f"{g['mixed_one_launch'] * 1e3:.0f} us: {m['speedup_vs_separate_graph']:.2f}x / "
+        f"{m['speedup_vs_paged_prefill_graph']:.2f}x; K/V ({m['kv_bytes'] / 1e9:.2f} GB) at {tbs / 1e12:.2f} TB/s = "
+        f"{tbs / bw:.2f} of the copy bandwidth",
+        j([c["ms_graph"]["cascade"] * 1e3 for c in casc], "{:.0f}") + " us (three launches in the same run: "
+        + j([c["ms_graph"]["cascade_separate"] * 1e3 for c in casc], "{:.0f}") + " us)",
+        j([c["speedup_graph_vs_paged"] for c in casc], "{:.2f}x"),
+        j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + f": B={casc[0]['batch']} at the bar "
+        f"({casc[0]['fraction_of_copy_bw']['cascade']:.4f})",
+        "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
+        f"{min(eager):.2f}-{max(eager):.2f} (met); {casc[0]['eager_speedup_vs_paged']:.2f}x (met",
+        pg("16", ("paged_prefill_row_gather", "mixed_block64", "mixed_block_per_page")) + "; "
+        + pg("64", ("paged_prefill_row_gather", "mixed_block64", "mixed_tma")),
+    ]
+
+
+def decode_quotes(r) -> list[str]:
+    """``docs/results.md``'s split-KV decode fractions of copy bandwidth at B=1, 32k / 64k / 128k (graph), and the
+    speed vs SDPA default at 32k, from one ``<gpu>-decode.json``."""
+    rows = {(x["impl"], x["context"]): x for x in r["results"] if x["batch"] == 1 and "ms_graph" in x}
+    fr = " / ".join(f"{rows[('split_kv', n)]['frac_copy_bw_graph']:.2f}" for n in (32768, 65536, 131072))
+    vs = [rows[("sdpa_default", n)]["ms_graph"] / rows[("split_kv", n)]["ms_graph"] for n in (32768, 65536, 131072)]
+    return [fr + " (bar 0.85", f"eager {rows[('split_kv', 32768)]['frac_copy_bw']:.2f}); {vs[0]:.2f}x cuDNN at 32k",
+            f"at 64k / 128k: {vs[1]:.2f}x / {vs[2]:.2f}x"]
+
+
 # --- lectures: every number in a lecture's prose is backed by a results file, or listed as not measured -------
 #
 # ``LECTURES[stem] = (derive, assumed)``: ``derive()`` returns ``{number as the prose writes it: where it comes
@@ -184,10 +222,84 @@ def _lecture09() -> dict:
         out[_f(c["loop_over_graph"])] = f"eager {name} loop/graph"
         out[_f(c["ms_graph"] * 1e3, 0)] = f"eager {name} graph us"
         out[_f(e["host_us_tiny"][name], 0)] = f"eager {name} host us per call"
+    out[_f(r["prefill"]["paged_vs_contiguous"])] = "bench_serving: paged prefill (row gather) / contiguous"
     d = load("h200-decode.json")
     if d:
         paged = [p["vs_contiguous_graph"] for p in d["paged"] if p.get("block_size") == 16]
         out[_f(min(paged))] = out[_f(max(paged))] = "lecture 8: paged / contiguous decode, block 16 (H200)"
+    out.update(_lecture09_mixed())
+    return out
+
+
+def ncu_metrics(name: str) -> list[dict]:
+    """``[{metric name: value}]`` per profiled kernel of an Nsight Compute CSV (``ncu --csv``), in the file's order;
+    values are floats where they parse (thousands separators removed)."""
+    import csv
+    import io
+    path = RESULTS / name
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    out: dict = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines[start:]))):
+        try:
+            value = float(row["Metric Value"].replace(",", ""))
+        except ValueError:
+            continue
+        out.setdefault(row["ID"], {}).setdefault(row["Metric Name"], value)  # first of a repeated name: the % one
+    return [out[k] for k in sorted(out, key=int)]
+
+
+def _lecture09_mixed() -> dict:
+    """Lecture 09's numbers from ``bench_mixed_batch`` (``h100-mixed-batch.json``: mixed step, paged prefill by
+    page size, one-launch cascade) and its ncu profile (``h100-serving-ncu.csv``: ``sweep_serving_perf
+    --ncu-cases`` order: cascade B=8 whole call, B=8 prefix only, B=64 whole, B=64 prefix only, the mixed kernel
+    on the 64-token-page prefill)."""
+    out = {}
+    r = load("h100-mixed-batch.json")
+    if r is None:
+        return out
+    bw = r["meta"]["copy_bw_bytes_per_s"]
+    m, g = r["mixed"], r["mixed"]["ms_graph"]
+    out[_f(g["mixed_one_launch"] * 1e3, 0)] = "mixed step: one launch, graph us"
+    out[_f(g["mixed_one_launch_block16"] * 1e3, 0)] = "mixed step: 16-key tiles, graph us"
+    out[_f(m["speedup_vs_separate_graph"])] = "mixed step: separate prefill + decode launches / one launch"
+    out[_f(m["speedup_vs_paged_prefill_graph"])] = "mixed step: paged_prefill over the whole batch / one launch"
+    out[_f(m["kv_bytes"] / 1e9)] = "mixed step: K/V GB"
+    tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
+    out[_f(tbs / 1e12)] = "mixed step: K/V TB/s of the one launch"
+    out[_f(tbs / bw)] = "mixed step: one launch's K/V bandwidth / copy bandwidth"
+    out[_f(m["kv_bytes"] / bw * 1e3, 1)] = "mixed step: K/V bytes at copy bandwidth, ms (the prediction)"
+    for page, x in r["prefill"]["pages"].items():
+        for name, v in x["vs_contiguous"].items():
+            out[_f(v)] = f"paged prefill, {page}-token pages: {name} / contiguous"
+    for c in r["cascade"]:
+        b, cg, f = c["batch"], c["ms_graph"], c["fraction_of_copy_bw"]
+        out[_f(cg["cascade"] * 1e3, 0)] = f"cascade one launch B={b} graph us"
+        out[_f(cg["cascade_separate"] * 1e3, 0)] = f"cascade three launches B={b} graph us (same run)"
+        out[_f(cg["prefix_pass"] * 1e3, 0)] = f"cascade prefix pass alone B={b} graph us"
+        out[_f(c["bytes"]["prefix_pass"] / 1e6, 0)] = "cascade prefix MB"
+        out[_f(c["speedup_graph_vs_paged"])] = f"cascade one launch B={b} speed-up over paged decode"
+        out[_f(c["eager_speedup_vs_paged"])] = f"cascade B={b} eager / eager paged decode"
+        out[_f(c["eager_loop_over_graph"])] = f"cascade B={b} eager loop / graph"
+        for part in ("cascade", "prefix_pass", "suffix_pass", "paged"):
+            out[_f(f[part])] = f"cascade B={b} {part} bytes / time / copy bandwidth"
+    ncu = ncu_metrics("h100-serving-ncu.csv")
+    if len(ncu) >= 5:
+        pct = lambda x: _f(x, 0)  # noqa: E731
+        active = lambda x: pct(100 * x["SM Active Cycles"] / x["Elapsed Cycles"])  # noqa: E731
+        out[active(ncu[1])] = "ncu cascade B=8 prefix only: SM active cycles / elapsed, %"
+        p64 = ncu[3]
+        out[pct(p64["DRAM Throughput"])] = "ncu cascade B=64 prefix only: DRAM throughput % of peak"
+        out[pct(p64["Compute (SM) Throughput"])] = "ncu cascade B=64 prefix only: SM throughput %"
+        out[pct(p64["L2 Hit Rate"])] = "ncu cascade B=64 prefix only: L2 hit rate %"
+        out[active(p64)] = "ncu cascade B=64 prefix only: SM active cycles / elapsed, %"
+        mk = ncu[4]
+        out[pct(mk["Compute (SM) Throughput"])] = "ncu mixed kernel, 64-token-page prefill: SM throughput %"
+        out[pct(mk["DRAM Throughput"])] = "ncu mixed kernel: DRAM throughput %"
+        out[pct(mk["L2 Hit Rate"])] = "ncu mixed kernel: L2 hit rate %"
+        out[_f(mk["Dynamic Shared Memory Per Block"] / 1000, 0)] = "ncu mixed kernel: shared memory per program, KB"
     return out
 
 
@@ -199,6 +311,9 @@ _ASSUMED09 = {
     "500": "assumed matmul throughput of the step-time model",
     "4.8": "model: 16 GB / 3.35 TB/s",
     "128": "BLOCK_M, a configuration",
+    "0.7": "issue 25's bar for cascade's own bandwidth (fraction of copy), not a measurement",
+    "0.9": "issue 25's bar for paged prefill vs contiguous, not a measurement",
+    "1.5": "issue 25's bar for eager cascade vs eager paged decode at B = 8, not a measurement",
 }
 
 
@@ -380,7 +495,8 @@ LECTURES = {"06_fa3_hopper": (_lecture06, _ASSUMED06), "09_serving": (_lecture09
 
 def main() -> int:
     lines = []
-    for name, fn in (("cpu-numpy.json", cpu_lines), ("h200-attention.json", attention_lines), ("h200-decode.json", decode_lines)):
+    for name, fn in (("cpu-numpy.json", cpu_lines), ("h200-attention.json", attention_lines),
+                     ("h200-decode.json", decode_lines), ("h100-decode.json", decode_lines)):
         r = load(name)
         lines += fn(r) if r else [f"{name}: not there"]
     io = load("cpu-iosim.json")
@@ -390,6 +506,9 @@ def main() -> int:
                      f"(seeds 40.3 vs 4.4)")
     for path in sorted(RESULTS.glob("*-serving.json")):
         lines += serving_lines(json.loads(path.read_text()))
+    for path in sorted(RESULTS.glob("*-mixed-batch.json")):
+        r = json.loads(path.read_text())
+        lines += [f"{path.name} ({r['meta']['gpu']}): {q}" for q in mixed_batch_quotes(r)]
     frag = load("cpu-fragmentation.json")
     if frag:
         s = frag["summary"]

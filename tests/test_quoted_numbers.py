@@ -21,8 +21,24 @@ def test_script_prints_every_results_file_and_the_missed_bars():
                          timeout=60, check=True).stdout
     for name in ("cpu-numpy.json", "NVIDIA H200", "cpu-iosim.json", "cpu-fragmentation.json"):
         assert name in out
-    decode = json.loads((RESULTS / "h200-decode.json").read_text())
-    assert out.count("bar MISSED") == sum(not b["passed"] for b in decode["bars"])
+    missed = 0
+    for name in ("h200-decode.json", "h100-decode.json"):   # every committed decode run the script reads
+        missed += sum(not b["passed"] for b in json.loads((RESULTS / name).read_text())["bars"])
+    assert out.count("bar MISSED") == missed
+
+
+def test_results_md_quotes_the_mixed_batch_and_h100_decode_runs():
+    """The mixed step, one-launch cascade (graph, eager, copy fraction, prefix pass) and paged-prefill rows quote
+    ``h100-mixed-batch.json`` and the H100 decode row ``h100-decode.json``, as ``quoted_numbers`` rebuilds them
+    (a re-run that moves a number fails until docs/results.md follows)."""
+    qn = _qn()
+    text = re.sub(r"\s+", " ", _quoted())
+    quotes = qn.mixed_batch_quotes(json.loads((RESULTS / "h100-mixed-batch.json").read_text()))
+    quotes += qn.decode_quotes(json.loads((RESULTS / "h100-decode.json").read_text()))
+    assert len(quotes) >= 9
+    assert [q for q in quotes if q not in text] == []
+    moved = text.replace("2.53x / 3.81x", "2.35x / 3.81x")
+    assert [q for q in quotes if q not in moved] == ["2.53x / 3.81x / 6.59x / 8.54x"]
 
 
 def test_readme_decode_and_cpu_numbers_match_the_results_files():
@@ -90,7 +106,7 @@ def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files(
 def _gpu_of(name: str) -> str:
     r = json.loads((RESULTS / name).read_text())
     meta = r.get("meta") or {}
-    gpu = r.get("gpu") or meta.get("gpu") or meta.get("device") or ""
+    gpu = r.get("gpu") or meta.get("gpu") or meta.get("device") or ""   # bench_ring writes meta.device
     return "H100" if "H100" in gpu else "H200" if "H200" in gpu else ""
 
 

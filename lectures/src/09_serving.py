@@ -16,9 +16,11 @@
 # It ends with a mini engine that puts them together, compares it with lecture 8's static allocation, and
 # sweeps its chunk size.
 #
-# Code: `reference.numpy.varlen`, `reference.numpy.serving` (readable), `reference.triton.varlen` and
-# `reference.triton.serving` (fast), `reference.serving_engine` (the mini engine). GPU numbers come from
-# `benchmarks/course/bench_serving.py` (committed JSON under `benchmarks/results/`).
+# Code: `reference.numpy.varlen`, `reference.numpy.serving`, `reference.numpy.mixed` (readable),
+# `reference.triton.varlen`, `reference.triton.serving`, `reference.triton.cascade` and `reference.triton.mixed`
+# (fast), `reference.serving_engine` (the mini engine). GPU numbers come from
+# `python3 -m benchmarks.course.bench_serving` and `python3 -m benchmarks.course.bench_mixed_batch` (committed JSON
+# under `benchmarks/results/`; `notes/serving_perf.md` has the predictions, sweeps and ncu profiles behind them).
 #
 # **Reading path:** lecture 8 and assignment `a5_paged` → this lecture.
 
@@ -30,6 +32,7 @@ from lectures._plots import load_results, not_run, setup
 from reference.serving_engine import MiniEngine, ToyModel, reference_generate
 from reference.numpy.attention import attention
 from reference.numpy.merge import merge_states
+from reference.numpy.mixed import ITEM_COLUMNS, mixed_attention, mixed_attention_by_plan, mixed_plan
 from reference.numpy.paged import PagedKVCache
 from reference.numpy.serving import cascade_decode, paged_prefill
 from reference.numpy.varlen import varlen_attention
@@ -37,13 +40,19 @@ from reference.numpy.varlen import varlen_attention
 plt = setup()
 rng = np.random.default_rng(9)
 serving = load_results("*-serving.json")
+mixed_runs = load_results("*-mixed-batch.json")
 
 
-def measured(section):
-    """``[(run, that section)]`` for every committed serving benchmark run that has the section."""
-    if not serving:
-        not_run(section, "*-serving.json")
-    return [(res, res[section]) for _, res in serving if section in res]
+def measured(section, runs=serving, pattern="*-serving.json"):
+    """``[(run, that section)]`` for every committed benchmark run (``bench_serving`` by default) with the section."""
+    if not runs:
+        not_run(section, pattern)
+    return [(res, res[section]) for _, res in runs if section in res]
+
+
+def measured_mixed(section):
+    """The same for ``bench_mixed_batch`` (mixed step, paged prefill page sizes, one-launch cascade)."""
+    return measured(section, mixed_runs, "*-mixed-batch.json")
 
 # %% [markdown]
 # ## 1. Packing: varlen attention
@@ -198,12 +207,36 @@ for res, p in measured("prefill"):
 # %% [markdown]
 # Paging is not free here: a key tile of 64 rows spans four 16-token pages, so the kernel gathers rows one by
 # one instead of streaming a contiguous tile (decode, which is bandwidth-bound anyway, hides this better —
-# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200). Whether larger pages or a per-page
-# (instead of per-row) address computation would recover it for prefill is **not measured** here: the
-# benchmark times one block size.
+# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200). Would larger pages, or key
+# tiles that start on a page boundary (one block-table entry per tile, consecutive rows; on Hopper one TMA box),
+# recover it? `bench_mixed_batch` times the same prefill (8 chunks of 512 tokens after 4k cached) with 16- and
+# 64-token pages and four ways of reading a key tile, each against the contiguous varlen forward *of the same
+# run*:
+
+# %%
+for res, p in measured_mixed("prefill"):
+    print(f"{res['meta']['gpu']}: {p['batch']} chunks of {p['chunk']} after {p['cached']} cached tokens "
+          f"(speed / contiguous varlen of the same run)")
+    for page, r in p["pages"].items():
+        print(f"  {page:>2s}-token pages: contiguous {r['ms']['contiguous_varlen'] * 1e3:4.0f} us | " + ", ".join(
+            f"{name} {r['vs_contiguous'][name]:.2f}x" for name in r["vs_contiguous"] if name != "contiguous_varlen"))
+
+# %% [markdown]
+# `paged_prefill_row_gather` is the kernel above; `mixed_*` is the mixed launch of §5 on a prefill-only batch:
+# 64-key tiles (`block64`: with 16-token pages a table entry per key, with 64-token pages one per tile),
+# one tile per page (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages). Measured on the H100:
+# larger pages buy little (row gather 0.73x → 0.76x), page-aligned tiles do not beat the row gather (0.68x), and
+# TMA boxes only match it (0.76x). The bar of issue 25 (0.9x of contiguous) is **missed**. (The serving run
+# above gave 0.64x for the row gather: the two runs are three days and several kernel changes apart, so compare
+# ratios inside one run.) Tiles of 16 keys, one per 16-token page, are the slowest (0.30x): every tile pays the
+# table load and the online-softmax rescale for a 16-wide matrix product.
 #
-# > **[HOOK: serving]** Page-aligned key tiles for paged prefill (issue 25) and their measured ratio go here,
-# > once `benchmarks/results/<gpu>-serving.json` holds them.
+# So the address arithmetic is not what is missing. Nsight Compute on the TMA kernel
+# (`h100-serving-ncu.csv`) shows neither limit reached: SM throughput 36% and DRAM throughput 13% of peak, with
+# an L2 hit rate of 88%. Its 219 registers per thread and 83 KB of shared memory leave room for two programs
+# (8 warps) per SM: the kernel waits on latency at low occupancy, where the contiguous FA2 forward (autotuned)
+# keeps the tensor cores busier. Tile shapes and warp counts were swept without closing the gap
+# (`notes/serving_perf.md`, run 1).
 #
 # ## 3. Prefix sharing: cascade attention
 #
@@ -252,15 +285,21 @@ Bq, Pq, Sq = 64, 32768, 1024
 check_guess(guess, Bq * (Pq + Sq) / (Pq + Bq * Sq), rel=0.1, what="bytes read: paged / cascade")
 
 # %% [markdown]
-# On the GPU (`reference.triton.cascade_decode`: the prefix pass is the dense FA2 kernel with the prefix's keys
-# split into chunks along the batch axis so that ~2 programs per SM run; the suffix pass is the paged varlen
-# kernel with each request's `G` heads as `G` rows; one small kernel merges the states):
+# On the GPU the course's first cascade was three launches, one after the other
+# (`reference.triton.serving.cascade_decode_separate`, kept as the benchmark's before-state): the prefix pass (the
+# dense FA2 kernel, the prefix's keys split into chunks so that ~2 programs per SM run), the suffix pass (the paged
+# varlen kernel with each request's `G` heads as `G` rows), and a small kernel that merges the states. Its run in
+# `bench_serving`:
 
 # %%
 for res, rows in measured("cascade"):
     fig, ax = plt.subplots(figsize=(6, 3))
     bsz = [r["batch"] for r in rows]
-    ax.plot(bsz, [r["speedup_graph"] for r in rows], "o-", label="measured (GPU time, CUDA graph)")
+    ax.plot(bsz, [r["speedup_graph"] for r in rows], "o-", label="three launches (GPU time, CUDA graph)")
+    one = [c for _, cs in measured_mixed("cascade") for c in cs]
+    if one:
+        ax.plot([c["batch"] for c in one], [c["speedup_graph_vs_paged"] for c in one], "s-",
+                label="one launch (bench_mixed_batch, its own run)")
     ax.plot(bsz, [r["bytes_ratio"] for r in rows], "k--", label="bytes-read ratio")
     ax.set_xscale("log", base=2), ax.set_xlabel("requests sharing a 32k prefix (1k suffix each)")
     ax.set_ylabel("speedup over paged decode"), ax.legend(fontsize=8)
@@ -272,28 +311,64 @@ for res, rows in measured("cascade"):
               f"{r['bytes_cascade'] / 1e6:.0f} MB; called eagerly: {r['speedup_eager']:.2f}x of eager paged decode")
 
 # %% [markdown]
-# The speed-up grows with the batch but stays well below the bytes ratio. What is measured and what is not:
+# The three-launch speed-up grows with the batch but stays well below the bytes ratio, for two reasons:
 #
-# * **Small batches are not at their byte floor.** At B = 8 the cascade takes 119 µs of GPU time for 168 MB.
-#   At the H100's datasheet HBM bandwidth (3.35 TB/s; *not* measured in this benchmark) those bytes would take
-#   about 50 µs. The gap is not bandwidth: the cascade is three launches (prefix pass, suffix pass, merge) that
-#   run one after the other, each too small at B = 8 to fill the GPU, and the merge reads and writes the partial
-#   states. The cascade's time is nearly flat from B = 8 to B = 32 (119 → 131 µs) while its bytes grow 1.6x,
-#   the signature of a fixed per-launch cost rather than a bandwidth limit.
-# * **Large batches: two likely reasons, not measured here.** The baseline may beat its byte count (the
-#   requests read the *same* prefix pages at about the same time, so some reads may hit L2 instead of HBM), and
-#   the prefix pass stops being memory-bound (`B · G = 256` query rows against 32k keys is a small prefill:
-#   34 GFLOP at B = 64, lecture 7). Neither an L2 hit rate nor the prefix pass alone was timed.
-# * **Called eagerly, cascade loses at small batch.** In the committed run, eager cascade is 0.22x of eager
-#   paged decode at B = 8 — *slower than not sharing at all* — and wins only from B = 32. Its host path (three
-#   launches plus tensor reshaping, without the recorded-launch fast path of §4) costs more than the GPU work.
-#   An engine captures its decode step in a CUDA graph, which is what the plot shows; eager use of cascade only
-#   pays at large batch.
+# * **Small batches were far from their byte floor.** At B = 8 that cascade took 119 µs of GPU time for 168 MB,
+#   which at the H100's datasheet HBM bandwidth (3.35 TB/s) would take about 50 µs. Its time was nearly flat
+#   from B = 8 to B = 32 (119 → 131 µs) while its bytes grew 1.6x: a fixed cost of three launches run one after
+#   the other, each too small at B = 8 to fill the GPU, not a bandwidth limit.
+# * **Called eagerly, it lost at small batch**: 0.22x of eager paged decode at B = 8 — *slower than not sharing
+#   at all* — winning only from B = 32. Its host path (three launches plus tensor reshaping, without the
+#   recorded-launch fast path of §4) cost more than the GPU work.
 #
-# > **[HOOK: serving — to fill]** Issue 24 quotes a less severe eager slowdown at B = 8 on an H100, from a run
-# > that is not committed, so it is not quoted here. Helper `serving` (issue 25) is building
-# > cascade in fewer launches with a recorded eager path: its measured B = 8 graph and eager times replace the
-# > two bullets above when `benchmarks/results/<gpu>-serving.json` holds them.
+# ### Cascade in one launch
+#
+# `reference.triton.cascade_decode` now does the whole cascade in **one launch**, as FlashInfer's cascade
+# kernels do. The grid holds two kinds of work items: *prefix items* — a tile of up to 64 rows (the `G` query
+# heads of `64 / G` requests) times one of `S` chunks of the prefix's keys — and *suffix items*, one request's
+# `G` rows over its own pages. Every item writes a partial state `(o, lse)` into its tile's slots and takes a
+# ticket from an atomic counter; the tile's last program merges the slots with the lse rule of lecture 7, so no
+# merge launch is needed. `S` aims at one prefix program per SM with at most 2048 keys each. Eager calls repeat
+# a recorded launch (§4). Measured by `python3 -m benchmarks.course.bench_mixed_batch` (one H100 run: the
+# one-launch and three-launch versions, paged decode, each pass alone, and the copy bandwidth, all in the same
+# process):
+
+# %%
+for res, rows in measured_mixed("cascade"):
+    bw = res["meta"]["copy_bw_bytes_per_s"]
+    print(f"{res['meta']['gpu']}: copy bandwidth {bw / 1e12:.2f} TB/s (read + write, measured in this run)")
+    print(" B  | graph us (3 launches) | eager/graph | vs paged: graph  eager | fraction of copy: call  prefix  suffix")
+    for c in rows:
+        g, f = c["ms_graph"], c["fraction_of_copy_bw"]
+        print(f"{c['batch']:3d} | {g['cascade'] * 1e3:5.0f} ({g['cascade_separate'] * 1e3:5.0f})        |"
+              f" {c['eager_loop_over_graph']:11.2f} | {c['speedup_graph_vs_paged']:13.2f}x"
+              f" {c['eager_speedup_vs_paged']:5.2f}x"
+              f" | {f['cascade']:22.2f} {f['prefix_pass']:7.2f} {f['suffix_pass']:7.2f}")
+
+# %% [markdown]
+# * **Small batches.** At B = 8 one launch takes 80 µs against 117 µs for the three launches in the same run,
+#   2.53x paged decode (3.81x, 6.59x, 8.54x at B = 16, 32, 64). Its own 168 MB move at 0.70 of the copy
+#   bandwidth measured in the same run — the bar issue 25 set (0.7), which no L2 hit on a shared page can
+#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.82 times the copy bandwidth at B = 8: the
+#   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
+#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (133 vs
+#   128 µs, 204 vs 207 µs): there the prefix pass, not the launches, sets the time (below).
+# * **Called eagerly it now costs its GPU time**: eager loop / graph 0.96–1.00 (bar 1.2) and 2.59x eager paged
+#   decode at B = 8 (bar 1.5), where the three-launch version lost.
+# * **Larger batches miss the bar**: 0.68 / 0.67 / 0.66 of copy at B = 16 / 32 / 64. The column that explains it
+#   is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 74 µs (B = 8) to 145 µs
+#   (B = 64), falling to 0.31 of copy. It is limited by its tile work (`B · G = 256` rows against 32k keys at
+#   B = 64 is a small prefill: 34 GFLOP), not by bytes. Nsight Compute on the prefix pass alone at B = 64: DRAM
+#   throughput 33% of peak, SM throughput 27%, L2 hit rate 62% (the four 64-row tiles of a kv head each read the
+#   prefix, partly from L2), SMs busy for 67% of the elapsed cycles (the long prefix programs
+#   are the launch's tail). The whole call overlaps that work with the suffixes' reads, which is why it still
+#   reaches 0.66. Wider tiles (128 rows, 8 warps) and narrower ones (32 rows) were both slower; a faster prefix
+#   tile (Hopper's wgmma and TMA on the GQA-packed rows) is the next step, not measured here.
+# * **B = 8 is at the bar, not above it**: its prefix pass alone reads at 0.61 of copy; ncu shows its 128
+#   programs (16 chunks x 8 kv heads, fewer than the 132 SMs) keep the SMs busy for only 54% of the elapsed
+#   cycles. Twice the chunks make the prefix no faster and the whole call slower (the suffix programs then wait
+#   for free slots). Re-runs of the same configuration spread by several percent (`notes/serving_perf.md`,
+#   runs 3 and 4), so "at the bar" is as precise as one run allows.
 #
 # ## 4. Eager calls: host time vs GPU time
 #
@@ -345,8 +420,8 @@ for res, e in measured("eager"):
 # engines every request's new tokens of the step go into **one flat token batch** — a prefill chunk adds `n`
 # query rows, a decode request adds **one** — and one varlen attention launch over the paged cache serves all of
 # them: a decode row is just a sequence whose query length is 1 and whose keys are its whole cache (bottom-right
-# causal alignment makes that row see every key, lecture 0). Our `paged_prefill` already has that interface, so
-# a mixed step is one call with `cu_seqlens_q = [0, 1, 2, ..., B_dec, B_dec + n_1, ...]`:
+# causal alignment makes that row see every key, lecture 0). `reference.numpy.mixed.mixed_attention` is that
+# definition: one call with `cu_seqlens_q = [0, 1, 2, ..., B_dec, B_dec + n_1, ...]` over the block tables:
 
 # %%
 hq, hkv, d, bs = 4, 2, 8, 4
@@ -363,26 +438,61 @@ for rid, n in new.items():                                   # the step's own K/
 order = list(new)
 tables, seq_lens = cache.block_tables(order)
 cu_q = np.concatenate([[0], np.cumsum([new[r] for r in order])])
-o_mixed, _ = paged_prefill(np.concatenate([q_step[r] for r in order]), cache.k_cache, cache.v_cache, tables, cu_q,
-                           seq_lens)
-print("one launch: cu_seqlens_q =", cu_q.tolist(), "| seq_lens =", seq_lens.tolist())
+q_all = np.concatenate([q_step[r] for r in order])
+o_mixed, _ = mixed_attention(q_all, cache.k_cache, cache.v_cache, tables, cu_q, seq_lens)
+print("one call: cu_seqlens_q =", cu_q.tolist(), "| seq_lens =", seq_lens.tolist())
 dec = order[:3]                                              # the same work as two launches: decode, then prefill
 t_dec, l_dec = cache.block_tables(dec)
 o_dec, _ = paged_prefill(np.stack([q_step[r][0] for r in dec]), cache.k_cache, cache.v_cache, t_dec,
                          np.arange(len(dec) + 1), l_dec)
 t_pre, l_pre = cache.block_tables(["pre0"])
 o_pre, _ = paged_prefill(q_step["pre0"], cache.k_cache, cache.v_cache, t_pre, [0, n_chunk], l_pre)
-print(f"max |mixed launch - (decode launch, prefill launch)| = "
+print(f"max |mixed call - (decode launch, prefill launch)| = "
       f"{np.abs(o_mixed - np.concatenate([o_dec, o_pre])).max():.1e}")
 
 # %% [markdown]
+# One call is the easy part; a GPU kernel must also divide the step's very uneven work (a 7-token chunk, decode
+# rows over 6 to 15 keys here; 512-token chunks and decode rows over 1k to 32k keys in a real step) among
+# programs. `mixed_plan` is that division, made on the host from the lengths alone:
+#
+# * **Tiles, GQA-packed.** A request's new tokens are cut into tiles, and the `G = Hq / Hkv` query heads that
+#   read one kv head become the tile's rows (row `r`: token `r // G`, head `h·G + r % G`), so each key block is
+#   loaded once for all `G` heads. A decode row is then `G` rows, not one row of a 128-row tile: requests with
+#   few tokens get a *small* tile, prefill chunks a *large* one.
+# * **Key splits.** A tile that sees more than `split_keys` keys becomes several work items (Flash-Decoding,
+#   lecture 7), each giving a partial state that `merge_states` folds. A long decode is then several programs,
+#   not one program streaming 32k keys while the rest of the GPU idles.
+# * **Heaviest first.** Items are sorted by work (keys x rows), so the long ones do not start last.
+#
+# The plan of the step above, with tiny tiles so that it splits (the GPU defaults are 16 and 64 rows and 4096
+# keys per split):
+
+# %%
+G = hq // hkv
+plan = mixed_plan(np.diff(cu_q), seq_lens, group=G, small_rows=2 * G, large_rows=4 * G, split_keys=8, align=4)
+print(" ".join(f"{c:>8s}" for c in ITEM_COLUMNS), "  <- plan.items, one row per work item")
+for item in plan.items:
+    b, t0, n_tok, k_lo, k_hi, large, n_splits, _, split = item.tolist()
+    print(" ".join(f"{x:8d}" for x in item.tolist()), f"  {order[b]}: tokens {t0}..{t0 + n_tok - 1} = "
+          f"{n_tok * G} rows ({'large' if large else 'small'} tile), keys {k_lo}..{k_hi - 1}, "
+          f"split {split + 1}/{n_splits}")
+o_plan, _ = mixed_attention_by_plan(q_all, cache.k_cache, cache.v_cache, tables, cu_q, seq_lens, plan)
+print(f"{len(plan.items)} work items, {plan.n_slots} partial-state slots; "
+      f"max |by plan - mixed_attention| = {np.abs(o_plan - o_mixed).max():.1e}")
+
+# %% [markdown]
+# The chunk's tiles see different key ranges (bottom-right causal: its first four tokens see keys 0..9, the
+# last three 0..12), and every tile that sees more than 8 keys is cut into splits.
+# `reference.triton.mixed_attention` runs such a plan (`make_mixed_plan`, made on the host with no device sync
+# when the engine passes host lengths) in **one launch**: one program per (work item, kv head), the two tile
+# shapes as two branches of one kernel, and the program that takes the last ticket of a split tile's atomic
+# counter merges its partial states, so no merge launch follows.
+#
 # What a GPU engine adds around that one launch:
 #
-# * **Plan once, run per layer** (FlashInfer's `plan()` / `run()`). Which query block meets which pages, how
-#   to split long decode rows over programs (split-KV, lecture 7) and where the partial states go depends only
-#   on the step's lengths and page tables, not on the layer. FlashInfer computes that schedule on the host once
-#   per step (`plan`) and every layer's attention reuses it (`run`), so the per-layer launch does no host-side
-#   work.
+# * **Plan once, run per layer** (FlashInfer's `plan()` / `run()`). The plan depends only on the step's lengths
+#   and page tables, not on the layer, so the host computes it once per step and every layer's attention reuses
+#   it: the per-layer launch does no host-side work.
 # * **Fixed shapes for CUDA graphs.** A CUDA graph replays launches with fixed shapes and addresses. Decode
 #   batches change size every step, so engines capture graphs for a ladder of batch sizes (vLLM: 1, 2, 4, 8,
 #   then multiples of 8) and **pad** the batch up to the next captured size (padded rows are masked out or
@@ -396,14 +506,35 @@ print(f"max |mixed launch - (decode launch, prefill launch)| = "
 #   fixed cost (reading all the weights once), so its **time to first token** (TTFT) grows. A large budget
 #   does the opposite: prompts finish in few steps, and every decode in those steps waits for a big prefill.
 #
-# `MiniEngine.step` is this policy: `_decode()` first (one token for every request past its prompt), then
-# `_prefill(self.chunk)` spends a budget of `chunk` prompt tokens. Its decode rows already go through
-# `paged_prefill` as length-1 sequences. Here the two calls are separate; the cell above shows they could be one.
+# `MiniEngine.step` is this policy: a decode row for every request past its prompt goes in first, then prefill
+# chunks spend a budget of `chunk` prompt tokens, and the whole batch is **one** `mixed_attention` call (with a
+# shared prefix, §6, the decode rows take cascade attention and the chunks alone go through `mixed_attention`).
 #
-# > **[HOOK: serving — to fill]** Helper `serving` (issue 25) is building the one-launch mixed prefill + decode
-# > kernel over the paged cache (NumPy reference, Triton kernel, engine path). Its measured times (one mixed
-# > launch against a decode launch plus a prefill launch) go here once `benchmarks/results/<gpu>-serving.json`
-# > holds them. Nothing above is a GPU measurement of a mixed launch.
+# **On the GPU.** `bench_mixed_batch` times a realistic step — 4 prefill chunks of 512 tokens (after 2k cached
+# tokens each) and 60 decode rows at 1k–32k keys, 16-token pages — as one `mixed_attention` launch, as the two
+# launches an engine without it would make (`paged_prefill` for the chunks, `paged_decode` for the decode rows),
+# and as one `paged_prefill` over the whole batch (the one-call interface without the plan):
+
+# %%
+for res, m in measured_mixed("mixed"):
+    g, bw = m["ms_graph"], res["meta"]["copy_bw_bytes_per_s"]
+    print(f"{res['meta']['gpu']}: {m['chunks']} chunks x {m['chunk']} + {len(m['decode_lens'])} decode rows "
+          f"({min(m['decode_lens'])}..{max(m['decode_lens'])} keys), {m['kv_bytes'] / 1e9:.2f} GB of K/V; "
+          f"plan: {m['work_items']} work items, {m['split_slots']} split slots")
+    for name, ms in g.items():
+        print(f"  {name:30s} {ms * 1e3:6.0f} us (CUDA graph)   mixed launch {ms / g['mixed_one_launch']:4.2f}x as fast"
+              f"   K/V at {m['kv_bytes'] / (ms * 1e-3) / 1e12:.2f} TB/s"
+              f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
+
+# %% [markdown]
+# One mixed launch takes 1045 µs, **1.23x** the speed of the separate prefill and decode launches and 3.45x
+# that of `paged_prefill` over the whole batch. The last comparison is the plan's worth: without it each decode
+# row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
+# `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
+# step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
+# `notes/serving_perf.md`); measured, the launch moves them at 2.25 TB/s, 0.75 of copy — the prefill chunks run
+# at the paged-prefill speed of §2, and how much of the gap is theirs was not profiled. Tiles of one page
+# (16 keys, `mixed_one_launch_block16`) cost 1445 µs: the per-tile fixed cost of §2 again.
 #
 # ## 6. A mini engine
 #
@@ -549,8 +680,8 @@ plt.tight_layout()
 # 1. In the mini engine, halve `pool_tokens`. Predict which policy loses more throughput, then run it.
 # 2. Why must the chunk's own K/V be appended to the cache *before* its queries attend? What would break for
 #    the first chunk row if it were appended after?
-# 3. Cascade at B = 1 reads exactly the bytes of paged decode. Why can it still be slower? (Count the launches
-#    and the partial states written and read by the merge.)
+# 3. Cascade at B = 1 reads exactly the bytes of paged decode. Why can it still be slower, even in one launch?
+#    (Count the programs, the rows of a prefix tile that hold a query, and the partial states written and merged.)
 # 4. In the varlen kernel a query block past its sequence's end returns immediately. The grid is
 #    `cdiv(max_seqlen_q, BLOCK_M)` query blocks for each of the `B * Hq` (sequence, head) pairs. For the
 #    benchmark's 32 prompts (their lengths are `vl["lengths"]` in §1's cell; the longest has 2052 tokens),
