@@ -28,6 +28,10 @@
 # Do not import the course's `reference` package (the grader flags it).
 
 # %%
+import os
+
+os.environ["TRITON_INTERPRET"] = "0"   # Gluon compiles, never interprets: keep the interpreter off (before Triton)
+
 import numpy as np
 import torch
 import triton
@@ -330,4 +334,8 @@ def turn_order(n_rounds=6):
 
 
 # %% tags=["check"]
-print(turn_order())   # want: WG0 r0, WG1 r0, WG0 r1, WG1 r1, ...
+from autograder.check import check
+
+# on a CPU: your turn phases and order, and the kernel compiled for sm_90a (both judged as the grader judges
+# them); correctness and speed say "not run: needs sm_90" without a Hopper GPU
+check("a7.flash_attention_forward_pingpong", flash_attention_forward_pingpong)
