@@ -38,6 +38,21 @@ def probe(ns: dict, name: str, args: list) -> list:
     return [int(fn(*[int(x) for x in a])) for a in args]
 
 
+def _stub_in(exc):
+    """The message of a ``NotImplementedError`` in ``exc``'s chain (Triton wraps it in a CompilationError), or
+    None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, NotImplementedError):
+            return str(exc)
+        if "NotImplementedError" in str(exc):
+            line = next((ln for ln in str(exc).splitlines() if "NotImplementedError" in ln), "")
+            return line.strip()[:200]
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 def compile_kernel(ns: dict, name: str, signature: dict, constexprs: dict, num_warps: int,
                    maxnreg: int | None = None) -> tuple[dict, dict]:
     """Compile ``ns[name]`` for sm_90a; ``({"shared": bytes, "name": kernel name}, {"ptx": uint8, "cubin":
@@ -63,7 +78,13 @@ def compile_kernel(ns: dict, name: str, signature: dict, constexprs: dict, num_w
     options = {"num_warps": int(num_warps)}
     if maxnreg is not None:
         options["maxnreg"] = int(maxnreg)
-    compiled = triton.compile(src, target=GPUTarget(*HOPPER), options=options)
+    try:
+        compiled = triton.compile(src, target=GPUTarget(*HOPPER), options=options)
+    except Exception as exc:
+        stub = _stub_in(exc)
+        if stub is not None:          # a helper still raises NotImplementedError: say so, not a compiler trace
+            raise NotImplementedError(f"{name} calls a function that is not implemented yet ({stub})") from None
+        raise
     ptx, cubin = compiled.asm["ptx"], compiled.asm["cubin"]
     ptx = ptx.encode() if isinstance(ptx, str) else bytes(ptx)
     meta = {"shared": int(compiled.metadata.shared), "name": str(compiled.metadata.name)}
