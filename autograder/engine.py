@@ -642,6 +642,7 @@ class ChildChecks:
 
     def __init__(self, grader, sb, task):
         self.grader, self.sb, self.task = grader, sb, task
+        self.rng = grader.rng            # the test's own stream of the grading seed (``--seed`` reproduces it)
 
     def _ask(self, header):
         self.sb.send(header)

@@ -76,7 +76,7 @@ def judge_phases(args: list, got: list) -> tuple[bool, str]:
 
 def phase_check(checks, rng=None) -> tuple[bool, str]:
     """``Test.parent_check``: fresh random rounds and both warpgroups, plus every (round < 6, WG) of the turn play."""
-    rng = np.random.default_rng() if rng is None else rng
+    rng = rng if rng is not None else getattr(checks, "rng", None) or np.random.default_rng()
     args = [[r, w] for r in range(6) for w in (0, 1)]
     args += [[int(r), int(w)] for r, w in zip(rng.integers(0, 10_000, N_PHASES), rng.integers(0, 2, N_PHASES))]
     return judge_phases(args, checks.probe(PHASE, args))
