@@ -112,18 +112,23 @@ def run_case(case, fn, device):
     return v.passed, v.err, msg, tol
 
 
-def needs_message(needs, device) -> str | None:
-    """"not run: needs sm_90 ..." when this machine lacks compute capability ``needs`` (a7: a Hopper GPU), else
-    None."""
-    if not needs:
-        return None
-    need = tuple(needs)
-    if device != "cpu":
-        import torch
-        if tuple(torch.cuda.get_device_capability()) >= need:
+def needs_message(case, device) -> str | None:
+    """"not run: needs sm_90 ..." where ``case`` cannot run on this machine, as the grader decides
+    (``Grader.not_run_here``): a ``gpu_only`` case on a CPU, or a GPU below its compute capability; else None.
+    (A case with a capability but not ``gpu_only``, a3's FP8 part, runs in the interpreter on a CPU.)"""
+    need = tuple(case.needs) if case.needs else None
+    if device == "cpu":
+        if not case.gpu_only:
             return None
-    return (f"not run: needs sm_{need[0]}{need[1]} (a GPU of compute capability {need[0]}.{need[1]}"
-            f"{', Hopper' if need == (9, 0) else ''}); this machine has {'no GPU' if device == 'cpu' else 'another'}")
+        where = f"sm_{need[0]}{need[1]} (a GPU of compute capability {need[0]}.{need[1]}" + \
+            (", Hopper)" if need == (9, 0) else ")") if need else "a GPU"
+        return f"not run: needs {where}; this machine has no GPU"
+    if need:
+        import torch
+        have = tuple(torch.cuda.get_device_capability())
+        if have < need:
+            return f"not run: needs sm_{need[0]}{need[1]}; this GPU is sm_{have[0]}{have[1]}"
+    return None
 
 
 def _run_cases(task_id, fn, seed=None):
@@ -133,12 +138,12 @@ def _run_cases(task_id, fn, seed=None):
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     rng = np.random.default_rng(seed)
     for case in visible.cases(task_id, rng):
-        why = needs_message(case.needs, device)
+        why = needs_message(case, device)
         if why:
             yield case.test, case.label, (None, float("inf"), why), case, device
             continue
-        if case.gpu and device == "cpu":
-            continue
+        if (case.gpu and device == "cpu") or (case.call is None and case.parent is None):
+            continue                                  # a GPU-only bf16 case; a "needs" row that can run here
         if case.parent is not None:                   # a compile-only check (a7): judged like the grader's
             from .local_checks import run_parent_check
             ok, msg = run_parent_check(case.parent, fn)

@@ -30,8 +30,10 @@ class Case:
     gpu: bool
     # a compile-only check (``Test.parent_check``: a7) run on the function's namespace (``local_checks``), no call
     parent: object = None
-    # compute capability a case needs ((9, 0): a Hopper GPU); check() says "not run: needs sm_90" elsewhere
+    # as the grader (``Grader.not_run_here``): a ``gpu_only`` case does not run on a CPU, and on a GPU it needs
+    # compute capability ``needs`` ((9, 0): Hopper); check() says "not run: needs sm_90" where it cannot run
     needs: tuple | None = None
+    gpu_only: bool = False
 
 
 def released() -> bool:
@@ -73,8 +75,8 @@ def cases(task_id: str, rng):
             continue
         needs = tuple(test.min_capability) if test.min_capability else None
         if test.kind == "speed":
-            if needs:                            # said, not run: a speed test has no visible case
-                yield Case(test.name, label, None, {"mode": "needs"}, {}, None, True, needs=needs)
+            if needs and test.gpu_only:          # a row that says where it runs (no visible case: never run)
+                yield Case(test.name, label, None, {"mode": "needs"}, {}, None, True, needs=needs, gpu_only=True)
             continue
         for i, params in enumerate(test.visible):
             call = task.build(params, rng)
@@ -83,8 +85,8 @@ def cases(task_id: str, rng):
             header, arrays = call_to_wire(call)
             label = test.name.split(": ", 1)[-1] + (f" #{i + 1}" if len(test.visible) > 1 else "")
             yield Case(test.name, label, call, header, arrays,
-                       test.memory_limit(params) if test.memory_limit else None, bool(params.get("gpu")) or
-                       bool(needs), needs=needs)
+                       test.memory_limit(params) if test.memory_limit else None, bool(params.get("gpu")),
+                       needs=needs, gpu_only=test.gpu_only)
 
 
 # -- student release: files -----------------------------------------------------------------------------------
