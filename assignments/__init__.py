@@ -30,3 +30,16 @@ GRADED = {
     "a6_ring": ("ring_step", "ring_backward_step"),
     "a7_gluon": ("flash_attention_forward_pingpong",),
 }
+
+#: the functions the student writes, where they are not the graded names: a7's graded name is the given host
+#: wrapper ``flash_attention_forward_pingpong`` that launches a kernel whose ping-pong turn the student writes. The
+#: student notebook stubs each of these (``raise NotImplementedError("Implement <name>")``, checked by
+#: ``generate.render``); signatures in docs/design.md §4.
+WRITTEN = {
+    "a7_gluon": ("_turn_phase", "_take_turn", "_give_turn"),
+}
+
+
+def written(aid: str) -> tuple:
+    """The names the student implements in ``aid``: ``WRITTEN[aid]``, else the graded names."""
+    return WRITTEN.get(aid, GRADED[aid])

@@ -24,7 +24,7 @@ import nbformat
 
 from autograder.percent import PercentCell, parse_percent
 
-from . import ASSIGNMENTS
+from . import ASSIGNMENTS, written
 
 ROOT = Path(__file__).resolve().parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
@@ -115,7 +115,14 @@ def render(aid: str, student: bool = True) -> str:
     """The notebook text for assignment ``aid`` (student version unless ``student=False``)."""
     src = ROOT / aid / f"{aid}_solution.py"
     cells = parse_percent(src.read_text(encoding="utf-8"), str(src))
-    return nbformat.writes(to_notebook(cells, student, str(src))) + "\n"
+    nb = to_notebook(cells, student, str(src))
+    if student:
+        code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+        missing = [n for n in written(aid) if f'NotImplementedError("Implement {n}' not in code]
+        if missing:
+            raise ValueError(f"{src}: no SOLUTION region (stub) in {missing}, the functions the student writes "
+                             "(assignments.WRITTEN / GRADED)")
+    return nbformat.writes(nb) + "\n"
 
 
 def student_path(aid: str) -> Path:

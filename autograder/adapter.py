@@ -58,7 +58,8 @@ def load(path) -> Loaded:
     ns["__builtins__"] = __builtins__
     out = Loaded(path, ns)
     last, failed = {}, {}                               # name -> its last defining cell; cell index -> message
-    buf = io.StringIO()
+    ns["__cells__"] = [c.source for c in cells]     # the code cells, in order (a7's compile-only check re-runs
+    buf = io.StringIO()                              # them in a process without Triton's interpreter)
     here = os.getcwd()
     try:
         os.chdir(path.parent)

@@ -112,13 +112,42 @@ def run_case(case, fn, device):
     return v.passed, v.err, msg, tol
 
 
+def needs_message(case, device) -> str | None:
+    """"not run: needs sm_90 ..." where ``case`` cannot run on this machine, as the grader decides
+    (``Grader.not_run_here``): a ``gpu_only`` case on a CPU, or a GPU below its compute capability; else None.
+    (A case with a capability but not ``gpu_only``, a3's FP8 part, runs in the interpreter on a CPU.)"""
+    need = tuple(case.needs) if case.needs else None
+    if device == "cpu":
+        if not case.gpu_only:
+            return None
+        where = f"sm_{need[0]}{need[1]} (a GPU of compute capability {need[0]}.{need[1]}" + \
+            (", Hopper)" if need == (9, 0) else ")") if need else "a GPU"
+        return f"not run: needs {where}; this machine has no GPU"
+    if need:
+        import torch
+        have = tuple(torch.cuda.get_device_capability())
+        if have < need:
+            return f"not run: needs sm_{need[0]}{need[1]}; this GPU is sm_{have[0]}{have[1]}"
+    return None
+
+
 def _run_cases(task_id, fn, seed=None):
-    """Yield ``(test, label, result tuple, case, device)`` for every visible case of ``task_id``."""
+    """Yield ``(test, label, result tuple, case, device)`` for every visible case of ``task_id``; a case this
+    machine cannot run (``Case.needs``) yields ``(None, inf, "not run: ...")``."""
     device = _device(visible.framework(task_id))
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     rng = np.random.default_rng(seed)
     for case in visible.cases(task_id, rng):
-        if case.gpu and device == "cpu":
+        why = needs_message(case, device)
+        if why:
+            yield case.test, case.label, (None, float("inf"), why), case, device
+            continue
+        if (case.gpu and device == "cpu") or (case.call is None and case.parent is None):
+            continue                                  # a GPU-only bf16 case; a "needs" row that can run here
+        if case.parent is not None:                   # a compile-only check (a7): judged like the grader's
+            from .local_checks import run_parent_check
+            ok, msg = run_parent_check(case.parent, fn)
+            yield case.test, case.label, (ok, float("inf"), msg), case, device
             continue
         res = run_case(case, fn, device)
         yield case.test, case.label, res if res[3] is not None else res[:3], case, device
@@ -141,10 +170,13 @@ def check(task_id, fn, verbose=True) -> bool:
         for _test, label, res, case, device in _run_cases(task_id, fn):
             ok, err, msg = res[0], res[1], res[2]
             tol = res[3] if len(res) > 3 else None
+            if ok is None:                            # not run on this machine (needs sm_90): no verdict
+                rows.append((label, "NOT RUN", "-", "-", msg))
+                continue
             all_ok &= ok
             rows.append((label, "PASS" if ok else "FAIL", fmt_err(err) if err != float("inf") else "-",
                          f"{tol:.0e}" if tol else "-", msg))
-            if not ok and msg != NOT_IMPLEMENTED:
+            if not ok and msg != NOT_IMPLEMENTED and case.call is not None:
                 args, kwargs = materialise(case.header, case.arrays, device)
                 failed.append(FailedCase(label, case.header["mode"], args, kwargs, case.header.get("script"),
                                          describe_case(fn, case, args, kwargs)))

@@ -8,7 +8,8 @@ calls the function, and sends back what came out (``.npy`` + JSON, T4). A *trust
 implementation for speed baselines) runs the same code without traps.
 
 Messages (parent -> child): ``load`` (cells), ``call`` (task, case), ``go`` (start a timed call), ``fetch``
-(after a timed call: which outputs to send back, whole or a seeded sample), ``exit``.
+(after a timed call: which outputs to send back, whole or a seeded sample), ``probe`` / ``compile`` (a compile
+child's compile-only checks, ``gluon_child``), ``exit``.
 Messages (child -> parent): ``hello``, ``loaded``, ``trap`` (at once, T11), ``armed``/``done`` (timed calls),
 ``result``, ``error``.
 """
@@ -61,6 +62,9 @@ class Child:
             gc.collect()
             gc.freeze()
             self.frozen = True
+        if h.get("compile_only"):
+            from . import gluon_child  # noqa: F401 -- imported before the snapshot: patching it is seen (T3)
+            import triton.experimental.gluon._runtime  # noqa: F401
         if h.get("torch"):
             from .audit import LaunchHook, OpAudit
             LaunchHook.install()
@@ -135,6 +139,27 @@ class Child:
                       patched=self.traps.patched() if self.traps else [])
         self.chan.send(result, arrs)
 
+    def checked(self, h):
+        """A compile child's request (``probe`` / ``compile``, ``gluon_child``): run with the traps active, send
+        back raw material (ints, PTX and cubin bytes) for the parent to judge."""
+        from . import gluon_child
+        self._active(True)
+        try:
+            if h["t"] == "probe":
+                out, arrs = {"values": gluon_child.probe(self.ns, h["name"], h["args"])}, None
+            else:
+                out, arrs = gluon_child.compile_kernel(self.ns, h["name"], h["signature"], h["constexprs"],
+                                                       h["num_warps"], h.get("maxnreg"))
+        except BaseException as exc:  # noqa: BLE001 -- the submission's exception is the answer
+            self._active(False)
+            r = root(exc)
+            self.chan.send({"t": "error", "exc": type(r).__name__, "msg": str(r)[-500:], "tb": _student_tb(exc),
+                            "patched": self.traps.patched() if self.traps else []})
+            return
+        self._active(False)
+        out.update(t="result", patched=self.traps.patched() if self.traps else [])
+        self.chan.send(out, arrs)
+
     def _timed(self, fn, header, arrays, audit=None):
         """A timed call: arguments ready (drawn here from the parent's seeds, nothing large travels), caches
         flushed, then the parent says go and its clock runs too. After ``done`` the parent says which outputs
@@ -197,6 +222,8 @@ class Child:
                 self.load(h)
             elif t == "call":
                 self.call(h, arrays)
+            elif t in ("probe", "compile"):
+                self.checked(h)
             elif t == "exit":
                 return
 
@@ -224,8 +251,8 @@ def main(argv=None):
     from .traps import AUDIT, install_audit
     argv = sys.argv if argv is None else argv
     cfg, rfd, wfd, status = json.loads(argv[1]), int(argv[2]), int(argv[3]), json.loads(argv[4])
-    if cfg.get("hide"):
-        install_audit(cfg["hide"], cfg.get("keep", []))
+    if cfg.get("hide") or cfg.get("exec_allow") is not None:
+        install_audit(cfg.get("hide", []), cfg.get("keep", []), cfg.get("exec_allow"))
     np.seterr(all="ignore")
     child = Child(ChildChannel(rfd, wfd))
     AUDIT.report = child.report

@@ -24,7 +24,7 @@ from . import specs as specs_mod
 from .evaluate import Verdict, audit_verdict, evaluate
 from .load_errors import cell_failures, failed_names, looks_like
 from .runner import array_hash, call_to_wire, from_wire
-from .specs._base import Call, Out
+from .specs._base import Call, ChildError, Out
 from .sandbox import Limits, Sandbox, SandboxDied
 from .scan import scan
 from .submission import SubmissionError, load_cells
@@ -129,6 +129,7 @@ class Grader:
         self.flags = []
         self.zeroed = {}                 # task id -> reason
         self.sandbox = None
+        self.compile_sandbox = None      # the compile child of ``Test.parent_check`` (a7's sm_90a checks)
         self.ref_sandbox = None
         self.ref_state = None
         self.restarts = 0
@@ -168,11 +169,15 @@ class Grader:
     def _graded_names(self):
         return [t.name for t in self.spec.tasks.values()]
 
-    def _start_student(self):
-        sb = Sandbox(self.device, self.limits, "student", zygote=self.spec.needs_torch)
+    def _start_student(self, compile_only=False):
+        device = "cpu" if compile_only else self.device
+        limits = self.limits
+        if compile_only and limits.address_space is None:
+            limits = Limits(**{**limits.__dict__, "address_space": self.spec.address_space})
+        sb = Sandbox(device, limits, "student", zygote=self.spec.needs_torch, compile_only=compile_only)
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
-                 "device": self.device, "torch": self.spec.needs_torch,
+                 "device": device, "torch": self.spec.needs_torch, "compile_only": compile_only,
                  "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells)})
         self._isolation = isolation.describe(sb.isolation)
         try:
@@ -207,6 +212,23 @@ class Grader:
                 raise SandboxDied("too many crashes; the sandbox gave up", "gave-up")
             self.sandbox = self._start_student()
         return self.sandbox
+
+    def compile_child(self):
+        """The submission loaded in a compile child (``Sandbox(compile_only=True)``: the same isolation, Triton's
+        interpreter off, no GPU) for ``Test.parent_check``; started once per grading, on any device."""
+        if self.load_broken:
+            raise SandboxDied(self.load_broken, "load")
+        if self.compile_sandbox is None:
+            if self.restarts > MAX_RESTARTS:
+                raise SandboxDied("too many crashes; the sandbox gave up", "gave-up")
+            self.compile_sandbox = self._start_student(compile_only=True)
+        return self.compile_sandbox
+
+    def drop_compile_child(self):
+        if self.compile_sandbox is not None:
+            self.compile_sandbox.stop()
+            self.compile_sandbox = None
+            self.restarts += 1
 
     def drop_student(self):
         self._flooded = set()
@@ -336,10 +358,8 @@ class Grader:
             return res
         t0 = time.monotonic()
         if test.parent_check is not None:
-            code = "\n\n".join(c.source for c in self.cells)
-            ok, msg = test.parent_check(code)
-            res.score, res.status = (float(test.points), "passed") if ok else (0.0, "failed")
-            res.output, res.time = msg, time.monotonic() - t0
+            self._parent_check(test, task, res)
+            res.time = time.monotonic() - t0
             return res
         try:
             sb = self.student()
@@ -383,6 +403,23 @@ class Grader:
                 self.flag("T17", [task.id], f"{task.name} filled {f} up to the file-size limit "
                                             f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
         return res
+
+    def _parent_check(self, test, task, res):
+        """``test.parent_check(ChildChecks)``: the compile child computes (probes, compiles), this process judges."""
+        self.current_task = task.id
+        try:
+            ok, msg = test.parent_check(ChildChecks(self, self.compile_child(), task))
+            res.score, res.status = (float(test.points), "passed") if ok else (0.0, "failed")
+            res.output = msg
+        except ChildError as exc:
+            res.output = str(exc)
+        except SandboxDied as exc:
+            res.output = exc.reason
+            if exc.kind in ("timeout", "crash"):
+                self.flag("T17", [task.id], f"{test.name}: {exc.reason}", "sandbox")
+            self.drop_compile_child()
+        finally:
+            self.current_task = None
 
     def _correctness(self, test, task, res, sb):
         worst, n = 0.0, 0
@@ -553,9 +590,10 @@ class Grader:
                 self.log(r)
                 self.results.append(r)
         finally:
-            for sb in (self.sandbox, self.ref_sandbox):
+            for sb in (self.sandbox, self.compile_sandbox, self.ref_sandbox):
                 if sb is not None:
                     sb.stop()
+            self.compile_sandbox = None
         for r in self.results:                     # flags raised after a test ran still zero it
             if r.task in self.zeroed and r.score > 0:
                 r.score, r.status = 0.0, "failed"
@@ -596,6 +634,42 @@ class Grader:
 
 
 _NET, _ISO = {}, {}
+
+
+class ChildChecks:
+    """What a ``Test.parent_check`` may ask of the compile child (``gluon_child``), answers checked for shape
+    here; a failure raises ``ChildError`` (the test's message). The verdict is the check's, in this process."""
+
+    def __init__(self, grader, sb, task):
+        self.grader, self.sb, self.task = grader, sb, task
+        self.rng = grader.rng            # the test's own stream of the grading seed (``--seed`` reproduces it)
+
+    def _ask(self, header):
+        self.sb.send(header)
+        h, arrs = self.sb.recv(self.task.case_timeout, expect=("result", "error"), on_trap=self.grader._on_trap)
+        self.grader._after_call(self.task, h)
+        if h["t"] == "error":
+            raise ChildError("not implemented yet (NotImplementedError)" if h["exc"] == "NotImplementedError" else
+                             f"raised {h['exc']}: {h['msg']}" + (f" [{h['tb'].splitlines()[-1]}]" if h.get("tb") else ""))
+        return h, arrs
+
+    def probe(self, name: str, args: list) -> list[int]:
+        """``name.fn(*a)`` for each ``a`` in ``args`` (integer tuples), evaluated in the child: a list of ints."""
+        h, _ = self._ask({"t": "probe", "name": name, "args": [[int(x) for x in a] for a in args]})
+        vals = h.get("values")
+        if not isinstance(vals, list) or len(vals) != len(args) or not all(type(v) is int for v in vals):
+            raise ChildError(f"{name}: the compile child sent back no list of {len(args)} integers")
+        return vals
+
+    def compile(self, name: str, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -> dict:
+        """``name`` compiled for sm_90a in the child: ``{"ptx": str, "cubin": bytes, "shared": int, "name": str}``."""
+        h, arrs = self._ask({"t": "compile", "name": name, "signature": signature, "constexprs": constexprs,
+                             "num_warps": num_warps, "maxnreg": maxnreg})
+        ptx, cubin = arrs.get("ptx"), arrs.get("cubin")
+        if ptx is None or cubin is None or ptx.dtype != np.uint8 or cubin.dtype != np.uint8 or ptx.ndim != 1:
+            raise ChildError(f"{name}: the compile child sent back no PTX and cubin")
+        return {"ptx": ptx.tobytes().decode("utf-8", "replace"), "cubin": cubin.tobytes(),
+                "shared": int(h.get("shared", 0)), "name": str(h.get("name", ""))}
 
 
 def apply_gates(spec, results) -> None:

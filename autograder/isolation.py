@@ -19,7 +19,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = str(HERE.parent)
-CHILD_MODULES = ("child.py", "runner.py", "protocol.py", "traps.py", "audit.py", "where.py", "specs/_base.py")
+CHILD_MODULES = ("child.py", "runner.py", "protocol.py", "traps.py", "audit.py", "where.py", "gluon_child.py",
+                 "specs/_base.py")
 ENV_SWITCH = "AUTOGRADER_SANDBOX_NAMESPACES"      # "0": no mount/PID namespaces (debugging a new machine)
 
 
@@ -112,6 +113,20 @@ def stage_child_code(dest: str) -> str:
     for m in CHILD_MODULES:
         shutil.copyfile(HERE / m, os.path.join(root, m))
     return dest
+
+
+def triton_ptxas() -> str | None:
+    """The ``ptxas`` shipped in the Triton wheel (resolved), the one program a compile child may start (T17); found
+    without importing Triton. None when there is none."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec("triton")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "backends", "nvidia", "bin", "ptxas")
+    return os.path.realpath(path) if os.path.isfile(path) else None
 
 
 def namespaces_enabled() -> bool:

@@ -129,6 +129,9 @@ class Sandbox:
     trusted: bool = False                     # the reference child: sees the checkout, no leftover check
     isolation: dict | None = None             # what the launcher achieved (launch.py ``status``)
     zygote: bool = False                      # a torch child: forked by the zygote when one runs (zygote.py)
+    # a compile child (``gluon_child``): on CPU with the Triton interpreter OFF and no GPU, so that Triton compiles
+    # for sm_90a; every isolation layer of a student child, and the wheel's ptxas is the only program it may start
+    compile_only: bool = False
     _last_watch: float = 0.0
 
     def __post_init__(self):
@@ -148,8 +151,12 @@ class Sandbox:
             "MPLBACKEND": "Agg",
         })
         if self.device == "cpu":
-            env["TRITON_INTERPRET"] = "1"
+            env["TRITON_INTERPRET"] = "0" if self.compile_only else "1"
             env["CUDA_VISIBLE_DEVICES"] = ""
+        if self.compile_only:
+            if self.device != "cpu" or self.trusted:
+                raise ValueError("a compile child runs a submission on the CPU (device='cpu', not trusted)")
+            env.pop("TRITON_PTXAS_PATH", None)          # the wheel's ptxas, the one exec_allow names
         r_req, w_req = os.pipe()
         r_resp, w_resp = os.pipe()
         self.out_path = os.path.join(self.tmp, "stdout.txt")
@@ -161,6 +168,9 @@ class Sandbox:
         else:
             path = [isolation.stage_child_code(os.path.join(self.tmp, "grader"))] + isolation.child_sys_path(hide, keep)
         child_cfg = {"path": path, "hide": hide, "keep": keep}
+        if self.compile_only:
+            ptxas = isolation.triton_ptxas()
+            child_cfg["exec_allow"] = [ptxas] if ptxas else []
         launch_cfg = {"argv": [isolation.child_python(), "-I", "-S", "-c", BOOT, json.dumps(child_cfg),
                                str(r_req), str(w_resp)],
                       "fds": [r_req, w_resp], "hide": hide, "keep": keep, "stage": self.tmp,
@@ -168,7 +178,7 @@ class Sandbox:
         nproc = nproc_limit(self.limits.extra_tasks)
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = None
-            if self.zygote and self.device == "cpu" and not self.trusted:
+            if self.zygote and self.device == "cpu" and not self.trusted and not self.compile_only:
                 from . import zygote
                 self.proc = zygote.spawn(launch_cfg, env, self.tmp, rlimits(self.limits, nproc),
                                          [r_req, w_resp, out.fileno(), err.fileno()])

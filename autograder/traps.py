@@ -76,6 +76,11 @@ PROTECTED = [
     ("autograder.runner", "materialise"), ("autograder.runner", "gen_array"), ("autograder.runner", "sample_output"),
     ("autograder.runner", "snapshot_inputs"), ("autograder.runner", "compare_snapshot"),
     ("autograder.protocol", "pack"), ("autograder.protocol", "encode_array"), ("autograder.child", "serve"),
+    # a compile child's checks (``gluon_child``) and the compiler they call: a submission that swaps them to forge
+    # PTX or a cubin is flagged (the parent also reads the cubin itself, ``gluon_compile``)
+    ("autograder.gluon_child", "probe"), ("autograder.gluon_child", "compile_kernel"),
+    ("autograder.gluon_child", "plain"), ("triton", "compile"), ("triton.compiler", "compile"),
+    ("triton.compiler.compiler", "compile"), ("triton.experimental.gluon._runtime", "GluonASTSource"),
 ]
 
 
@@ -88,6 +93,11 @@ DIRECT_EVENTS = {"os.fork": "T17", "os.forkpty": "T17", "os.exec": "T17", "os.po
                  "os.spawn": "T17", "os.system": "T17", "os.kill": "T17", "os.killpg": "T17",
                  "subprocess.Popen": "T17", "socket.connect": "T18", "socket.bind": "T18",
                  "socket.getaddrinfo": "T18"}
+# process-starting events and where their program is, for a compile child's ``exec_allow`` (None: no program)
+EXEC_EVENTS = {"subprocess.Popen": lambda a: a[0] if a[0] else (a[1] if isinstance(a[1], (str, bytes)) else
+                                                                 (list(a[1]) or [None])[0]),
+               "os.exec": lambda a: a[0], "os.posix_spawn": lambda a: a[0], "os.spawn": lambda a: a[1],
+               "os.system": lambda a: None, "os.fork": lambda a: None, "os.forkpty": lambda a: None}
 
 
 class _Audit:
@@ -97,6 +107,14 @@ class _Audit:
     ns = None
     report = None
     busy = False
+    exec_allow = None          # a compile child: the only programs any code may start (the wheel's ptxas)
+
+    def allowed_exec(self, event, args) -> bool:
+        try:
+            prog = EXEC_EVENTS[event](args)
+            return prog is not None and os.path.realpath(os.fsdecode(prog)) in self.exec_allow
+        except (TypeError, IndexError, ValueError):
+            return False
 
     def hidden(self, arg) -> str | None:
         if isinstance(arg, int) or arg is None:
@@ -120,6 +138,8 @@ class _Audit:
                     real = self.hidden(a)
                     if real:
                         self._refuse("T2", f"{event}({real!r}): the course checkout is off limits", PermissionError)
+            if self.exec_allow is not None and event in EXEC_EVENTS and not self.allowed_exec(event, args):
+                self._refuse("T17", f"{event} of a program other than ptxas in a compile child", PermissionError)
             threat = DIRECT_EVENTS.get(event)
             if threat and self.ns is not None and sys._getframe(1).f_globals is self.ns:
                 self._refuse(threat, f"{event} called by the submission", RuntimeError)
@@ -147,9 +167,11 @@ def _inside(path, root):
 AUDIT = _Audit()
 
 
-def install_audit(hide, keep):
-    """Install the audit hook once, before any submitted code runs (it cannot be removed afterwards)."""
+def install_audit(hide, keep, exec_allow=None):
+    """Install the audit hook once, before any submitted code runs (it cannot be removed afterwards).
+    ``exec_allow``: a compile child's list of the only programs any code in it may start (whoever calls)."""
     AUDIT.hide, AUDIT.keep = tuple(hide), tuple(keep)
+    AUDIT.exec_allow = None if exec_allow is None else frozenset(os.path.realpath(p) for p in exec_allow)
     sys.addaudithook(AUDIT)
 
 

@@ -28,6 +28,12 @@ class Case:
     arrays: dict
     memory_limit: int | None
     gpu: bool
+    # a compile-only check (``Test.parent_check``: a7) run on the function's namespace (``local_checks``), no call
+    parent: object = None
+    # as the grader (``Grader.not_run_here``): a ``gpu_only`` case does not run on a CPU, and on a GPU it needs
+    # compute capability ``needs`` ((9, 0): Hopper); check() says "not run: needs sm_90" where it cannot run
+    needs: tuple | None = None
+    gpu_only: bool = False
 
 
 def released() -> bool:
@@ -63,7 +69,14 @@ def cases(task_id: str, rng):
     from . import specs
     spec, task = specs.find_task(task_id)
     for test in spec.tests_of(task_id):
+        label = test.name.split(": ", 1)[-1]
+        if test.parent_check is not None:
+            yield Case(test.name, label, None, {"mode": "parent"}, {}, None, False, parent=test.parent_check)
+            continue
+        needs = tuple(test.min_capability) if test.min_capability else None
         if test.kind == "speed":
+            if needs and test.gpu_only:          # a row that says where it runs (no visible case: never run)
+                yield Case(test.name, label, None, {"mode": "needs"}, {}, None, True, needs=needs, gpu_only=True)
             continue
         for i, params in enumerate(test.visible):
             call = task.build(params, rng)
@@ -72,7 +85,8 @@ def cases(task_id: str, rng):
             header, arrays = call_to_wire(call)
             label = test.name.split(": ", 1)[-1] + (f" #{i + 1}" if len(test.visible) > 1 else "")
             yield Case(test.name, label, call, header, arrays,
-                       test.memory_limit(params) if test.memory_limit else None, bool(params.get("gpu")))
+                       test.memory_limit(params) if test.memory_limit else None, bool(params.get("gpu")),
+                       needs=needs, gpu_only=test.gpu_only)
 
 
 # -- student release: files -----------------------------------------------------------------------------------
@@ -90,6 +104,8 @@ def export(folder, seed=0) -> list:
         for task_id, task in spec.tasks.items():
             index["tasks"][task_id] = {"assignment": aid, "framework": task.framework, "name": task.name}
             for c in cases(task_id, rng):
+                if c.call is None:               # compile-only checks and "needs sm_90" rows: not stored
+                    continue
                 n = len(rows)
                 for k, a in c.arrays.items():
                     blobs[f"{n}.in.{k}"] = a

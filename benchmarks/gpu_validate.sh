@@ -4,7 +4,7 @@
 # Usage on the device machine: OUT=/some/dir bash benchmarks/gpu_validate.sh [tests|grade|fp8|all]
 # (parts that each fit one 10-minute device call: `audit` = the op-audit zoo on CUDA (AUDIT_ONLY="a4 a5"
 # picks assignments), `tests` = every Triton test compiled, `grade` = the
-# autograder on CUDA, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
+# autograder on CUDA (a7 included), `a7` = a7's grading alone, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
 # the speed ratio against the bf16 reference forward, the two FP8 mutants; default `all`)
 set -u
 STAGES=" ${*:-tests fp8 grade slow holes audit} "
@@ -45,9 +45,12 @@ for a in a3_triton a3b_triton_backward a4_decoding a5_paged; do
 done
 timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_triton.ipynb --device cuda \
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
-# a7 (optional, Hopper): the solution (CPU compile checks from the parent + GPU correctness and speed), then the
-# wrong-phase mutant's GPU correctness test: its kernel hangs, and the case time limit must end it (a fail, not
-# a stuck grader)
+echo "[gpu_validate] grade done at ${SECONDS}s"
+fi
+if has grade || has a7; then
+# a7 (optional, Hopper; `a7` runs this part alone): the solution (the CPU compile checks in a sandboxed compile
+# child, judged by the parent, + GPU correctness and speed), then the wrong-phase mutant's GPU correctness test:
+# its kernel hangs, and the case time limit must end it (a fail, not a stuck grader)
 t0=$SECONDS
 timeout 500 python3 -m autograder grade a7_gluon assignments/a7_gluon/a7_gluon_solution.py --device cuda \
     --json "$OUT/grade_a7_gluon_solution.json" 2>&1 | tail -8
@@ -58,7 +61,6 @@ t0=$SECONDS
 timeout 400 python3 -m autograder grade a7_gluon "$path" --device cuda --test "correctness" \
     --json "$OUT/grade_a7_gluon_wrong_phase.json" 2>&1 | tail -6
 echo "[gpu_validate] grade a7_gluon wrong phase (must fail by the case time limit): $((SECONDS - t0)) s wall"
-echo "[gpu_validate] grade done at ${SECONDS}s"
 fi
 if has slow; then
 # GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but

@@ -1,17 +1,23 @@
 """a7_gluon (optional, Hopper): the solution's turn passes the CPU checks; the zoo's mutants (a missing wait, a
-missing arrive, a wrong phase) lose them without a GPU and without hanging (compile-only checks and the
-phase model never run the kernel)."""
+missing arrive, a wrong phase) lose them without a GPU and without hanging (compile-only checks and the phase
+model never run the kernel). The checks run the submission only inside a sandboxed compile child
+(``Sandbox(compile_only=True)``) and are judged in the grading parent: forged artifacts and the zoo's cheats
+(a patched compile function, a shell started through a library) are caught."""
 import runpy
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from autograder.gluon_compile import compile_usage, judge_compile, judge_phases
+from autograder.engine import ChildChecks, Grader
+from autograder.gluon_compile import KERNEL, MAXNREG, judge_compile, judge_phases, signature, usage
+from autograder.selftest import materialise_mutant
 from autograder.submission import load_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 SOLUTION = ROOT / "assignments" / "a7_gluon" / "a7_gluon_solution.py"
+ZOO = ROOT / "autograder" / "submissions" / "a7_gluon"
+TID = "a7.flash_attention_forward_pingpong"
 MUTANTS = {
     "missing wait": ("    mbarrier.wait(turn_bars.index(WG), _turn_phase(r, WG))\n", "    _turn_phase(r, WG)\n"),
     "missing arrive": ("    mbarrier.arrive(turn_bars.index(1 - WG))\n", "    turn_bars.index(1 - WG)\n"),
@@ -47,32 +53,87 @@ def test_wrong_phase_mutant_fails_the_phase_check_and_the_order(tmp_path):
     assert ns["turn_order"](4)[0] == "WG1 r0"
 
 
-def _graded_code(path):
-    return "\n\n".join(c.source for c in load_cells(path))
+def _cpu_tests(path):
+    """``{test name prefix: (status, output)}`` of the two CPU tests, and the report's flags."""
+    rep = Grader("a7_gluon", device="cpu", only=["turn phases", "compiles for sm_90a"]).grade(path)
+    return {t["name"].split(": ")[1][:12]: (t["status"], t["output"]) for t in rep["tests"]}, rep
 
 
-@pytest.fixture(scope="module")
-def solution_usage():
-    return compile_usage(_graded_code(SOLUTION), seed=int(np.random.default_rng().integers(1 << 30)))
-
-
-def test_solution_compiles_for_sm90a_without_spills_with_one_wait_and_arrive_per_round(solution_usage):
-    assert judge_phases(solution_usage)[0], judge_phases(solution_usage)
-    ok, msg = judge_compile(solution_usage["with"], solution_usage["without"])
-    assert ok, msg
-    with_turns = solution_usage["with"]
-    assert with_turns["registers"] <= 168 and with_turns["HGMMA"] > 0
-    assert with_turns["ptx_wgmma_wait_1"] == 2
+def test_solution_passes_both_cpu_tests_in_the_compile_child():
+    res, rep = _cpu_tests(SOLUTION)
+    assert res["turn phases "][0] == "passed", res
+    assert res["compiles for"][0] == "passed", res
+    assert "+6 mbarrier waits, +6 arrivals" in res["compiles for"][1]
+    assert not rep["flags"]
 
 
 @pytest.mark.parametrize("name", ["missing wait", "missing arrive"])
 def test_missing_barrier_mutants_lose_the_compile_check(tmp_path, name):
-    r = compile_usage(_graded_code(_mutant(tmp_path, name)))
-    assert judge_phases(r)[0]  # the phase formula itself is right
-    ok, msg = judge_compile(r["with"], r["without"])
-    assert not ok and "expected 6" in msg, msg
+    res, _ = _cpu_tests(_mutant(tmp_path, name))
+    assert res["turn phases "][0] == "passed", res          # the phase formula itself is right
+    assert res["compiles for"][0] == "failed" and "expected 6" in res["compiles for"][1], res
 
 
-def test_wrong_phase_mutant_loses_the_parent_phase_check(tmp_path):
-    ok, msg = judge_phases(compile_usage(_graded_code(_mutant(tmp_path, "wrong phase"))))
-    assert not ok and "_turn_phase(r=" in msg, msg
+def test_wrong_phase_mutant_loses_the_phase_check(tmp_path):
+    res, _ = _cpu_tests(_mutant(tmp_path, "wrong phase"))
+    assert res["turn phases "][0] == "failed" and "_turn_phase(r=" in res["turn phases "][1], res
+
+
+@pytest.fixture(scope="module")
+def artifacts():
+    """The solution's kernel with and without turns, compiled by a compile child (the grader's own path)."""
+    g = Grader("a7_gluon", device="cpu")
+    g.cells = load_cells(SOLUTION)
+    sb = g.compile_child()
+    try:
+        assert sb.compile_only
+        if sb.isolation.get("mountns"):                  # where namespaces exist, the checkout is hidden from it
+            assert sb.isolation.get("hidden"), sb.isolation
+        checks = ChildChecks(g, sb, g.spec.tasks[TID])
+        out = {}
+        for turns in (True, False):
+            cx = dict(HEAD_DIM=128, BLOCK_M=128, BLOCK_N=128, STAGES=2, CAUSAL=False, TURNS=turns, num_warps=4)
+            out[turns] = checks.compile(KERNEL, signature(), cx, 4, maxnreg=MAXNREG)
+        phases = checks.probe("_turn_phase", [[r, w] for r in range(6) for w in (0, 1)])
+    finally:
+        sb.stop()
+    return out, phases
+
+
+def test_the_parent_counts_from_the_cubin_and_the_ptx(artifacts):
+    out, _ = artifacts
+    with_turns, without = usage(out[True]), usage(out[False])
+    ok, msg = judge_compile(with_turns, without)
+    assert ok, msg
+    assert with_turns["registers"] <= MAXNREG and with_turns["HGMMA"] > 0
+    assert with_turns["ptx_wgmma_wait_1"] == 2
+
+
+def test_forged_ptx_without_the_cubin_is_caught(artifacts):
+    """A submission that adds the missing waits to the PTX text only (comments or dead text): the parent strips
+    comments, and the cubin's SASS disagrees with a PTX that has more waits than the binary."""
+    out, _ = artifacts
+    real = out[False]
+    commented = dict(real, ptx=real["ptx"] + "\n// mbarrier.try_wait.parity\n" * 6)
+    assert not judge_compile(usage(commented), usage(real))[0]
+    extra = "\n".join("\tmbarrier.try_wait.parity.shared::cta.b64 \t%p1, [%r1], %r2;" for _ in range(6))
+    arrive = "\n".join("\tmbarrier.arrive.shared::cta.b64 \t_, [%r1];" for _ in range(6))
+    forged = dict(real, ptx=real["ptx"] + "\n" + extra + "\n" + arrive + "\n")
+    ok, msg = judge_compile(usage(forged), usage(real))
+    assert not ok and "the PTX and the cubin disagree" in msg, msg
+    assert "error" in usage(dict(real, cubin=b"\x7fELF not a cubin"))
+
+
+def test_phase_probe_values_are_judged_by_the_parent(artifacts):
+    _, phases = artifacts
+    args = [[r, w] for r in range(6) for w in (0, 1)]
+    assert judge_phases(args, phases)[0]
+    assert not judge_phases(args, [1 - p for p in phases])[0]
+
+
+@pytest.mark.parametrize("name,threat", [("t3_patch_compile_check", "T3"), ("t17_spawn_shell", "T17")])
+def test_cheats_are_caught_in_the_compile_child(name, threat):
+    path = materialise_mutant(ZOO / "cheat" / f"{name}.mutant.json")
+    res, rep = _cpu_tests(path)
+    assert rep["score"] == 0, res
+    assert any(f["id"] == threat and f["source"] == "runtime" for f in rep["flags"]), rep["flags"]

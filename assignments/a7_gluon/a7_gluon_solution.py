@@ -20,10 +20,11 @@
 #
 # The consumer loop already calls them around each round of matmul issues. A wrong parity **hangs the GPU**
 # (both warpgroups wait forever) or lets the rounds run out of order; test your phases on the CPU first with
-# `turn_order` below, which runs them through the mbarrier model of lecture 6. Graded (bonus, outside the
-# 100): the phases (CPU), the compiled kernel for sm_90a (CPU: it compiles, no spills, one more mbarrier wait
-# and arrive per round than the kernel without turns), and on a Hopper GPU correctness against float64 and
-# speed against the course's kernel. Without a Hopper GPU the GPU tests say "not run".
+# `turn_order` below, which runs them through the mbarrier model of lecture 6. Graded (optional, out of 100 on
+# a Hopper GPU, 60 without one): the phases (CPU), the compiled kernel for sm_90a (CPU: it compiles, no spills,
+# one more mbarrier wait and arrive per round than the kernel without turns), and on a Hopper GPU correctness
+# against float64 and speed against the course's kernel. The `check(...)` cell at the end runs the CPU tests
+# here; without a Hopper GPU the GPU tests say "not run: needs sm_90".
 #
 # Do not import the course's `reference` package (the grader flags it).
 
@@ -330,4 +331,8 @@ def turn_order(n_rounds=6):
 
 
 # %% tags=["check"]
-print(turn_order())   # want: WG0 r0, WG1 r0, WG0 r1, WG1 r1, ...
+from autograder.check import check
+
+# on a CPU: your turn phases and order, and the kernel compiled for sm_90a (both judged as the grader judges
+# them); correctness and speed say "not run: needs sm_90" without a Hopper GPU
+check("a7.flash_attention_forward_pingpong", flash_attention_forward_pingpong)

@@ -100,10 +100,11 @@ class Test:
     # the defining property of its task (a1: online_softmax streams): if this test fails, every test of the task
     # scores 0 (``engine.apply_gates``), so a plain softmax posing as the online one earns nothing
     gate: bool = False
-    # a check the grading PARENT runs on the submission's graded code (its cells joined), instead of calls in
-    # the sandbox child: ``parent_check(code) -> (passed, message)``; a7's compile-only checks for sm_90a, which
-    # the child cannot run on CPU (it forces the Triton interpreter). All-or-nothing like a correctness test.
-    parent_check: Callable[[str], tuple] | None = None
+    # a check the grading PARENT judges from what a *compile child* computed: ``parent_check(checks) -> (passed,
+    # message)``, ``checks`` an ``engine.ChildChecks`` (``probe``: a helper evaluated as plain Python; ``compile``:
+    # a Gluon kernel compiled for sm_90a, PTX and cubin back). The compile child is a sandboxed child like every
+    # other with Triton's interpreter off and no GPU (``gluon_child``); a7's compile-only checks. All-or-nothing.
+    parent_check: Callable[[object], tuple] | None = None
 
     def hidden_cases(self, rng):
         return list(self.hidden(rng)) if self.hidden else list(self.visible)
@@ -176,3 +177,8 @@ class Spec:
     def max_bonus(self) -> float:
         """Points of the optional (bonus) tests, on top of ``max_points``."""
         return float(sum(t.points for t in self.tests if t.optional))
+
+
+class ChildError(Exception):
+    """A compile child's check could not be made (the submission raised, or sent back something malformed): the
+    message is the test's output (``engine.ChildChecks``)."""
