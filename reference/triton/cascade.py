@@ -17,7 +17,7 @@ Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S``
 of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
 items + one per request of the tile) merges the ``S + 1`` states with the lse rule and writes the output.
 Eager calls repeat a recorded launch (``reference.triton._fastlaunch``) when shapes, strides, dtypes and
-options match an earlier call, as ``flash_decode`` does.
+options (``config`` included) match an earlier call, as ``flash_decode`` does (``fast_launch=False``: never).
 """
 from __future__ import annotations
 
@@ -57,8 +57,6 @@ class CascadeConfig:
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
                                                                       min_split_keys=16)
-#: eager calls repeat a recorded launch (False: always the full path)
-FAST_LAUNCH = True
 
 
 @triton.jit
@@ -225,8 +223,14 @@ def _counters(device, n: int) -> torch.Tensor:
     return buf
 
 
-def _fast_key(tensors, *options):
-    if INTERPRET or not FAST_LAUNCH:
+def clear_launch_cache() -> None:
+    """Forget every recorded cascade launch."""
+    LAUNCH_CACHE.clear()
+
+
+def _fast_key(tensors, *options, enabled: bool = True):
+    """Key of a recorded launch (``options`` include the call's config), or None: the full path."""
+    if INTERPRET or not enabled:
         return None
     parts = []
     for t in tensors:
@@ -242,7 +246,7 @@ def _fast_key(tensors, *options):
 
 
 def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
-                   num_splits=None, config=None, validate=True):
+                   num_splits=None, config=None, validate=True, fast_launch=True):
     """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
 
     q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once per row tile for the whole
@@ -250,9 +254,11 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     ``(B,)``: each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits:
     prefix chunks (None: ``cascade_num_splits``); config: a ``CascadeConfig``. Returns ``o (B, Hq, d)`` in q's
     dtype and ``lse (B, Hq)`` float32 over each request's whole key set. One kernel launch; ``validate=False``
-    skips the checks that need a device sync.
+    skips the checks that need a device sync; ``fast_launch=False`` always takes the full path (no recorded
+    launch).
     """
-    key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config)
+    key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
+                    enabled=fast_launch is True)
     rec = LAUNCH_CACHE.get(key) if key is not None else None
     if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
         if validate:
@@ -269,6 +275,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     num_blocks, block_size, hkv, _ = check_paged_cache(q, k_cache, v_cache)
     _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
     validate = _checks.check_flag(validate, "validate")
+    _checks.check_flag(fast_launch, "fast_launch")
     for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
         _checks.check_tensor(x, name, ndim=3)
         if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
