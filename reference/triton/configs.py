@@ -135,15 +135,14 @@ def check_pin(pin, name: str, backward: bool = False):
 
 
 @contextlib.contextmanager
-def pinned(fwd: dict | None = None, bwd: dict | None = None, decode: DecodeConfig | None = None):
+def pinned(fwd: dict | None = None, bwd: dict | None = None, decode=None):
     """Within the ``with`` block (this thread / task only), ``forward_pin()`` returns ``fwd``,
-    ``backward_pin()`` returns ``bwd`` (each only if given; ``AUTOTUNE``: autotune) and ``decode_pin()`` returns
-    ``decode`` (every decode input kind)."""
+    ``backward_pin()`` returns ``bwd`` (each only if given; ``AUTOTUNE``: autotune) and ``decode_pin(kind)``
+    returns ``decode``: one ``DecodeConfig`` for every input kind, or a dict ``{kind: DecodeConfig}`` (kinds of
+    ``DECODE_PINS``; the kinds it leaves out keep their pins)."""
     scoped = dict(_SCOPED.get())
     if decode is not None:
-        if not isinstance(decode, DecodeConfig):
-            raise TypeError(f"decode must be a DecodeConfig, got {type(decode).__name__}")
-        scoped["decode"] = decode
+        scoped["decode"] = _check_decode_scope(decode)
     if fwd is not None:
         scoped["fwd"] = None if fwd is AUTOTUNE else check_pin(fwd, "fwd")
     if bwd is not None:
@@ -153,6 +152,16 @@ def pinned(fwd: dict | None = None, bwd: dict | None = None, decode: DecodeConfi
         yield
     finally:
         _SCOPED.reset(token)
+
+
+def _check_decode_scope(decode):
+    """A ``DecodeConfig``, or a dict of them by kind as a sorted tuple of pairs (hashable: a launch-cache key)."""
+    if isinstance(decode, DecodeConfig):
+        return decode
+    if isinstance(decode, dict) and all(k in DECODE_PINS and isinstance(v, DecodeConfig) for k, v in decode.items()):
+        return tuple(sorted(decode.items()))
+    raise TypeError(f"decode must be a DecodeConfig or a dict {{kind: DecodeConfig}} with kinds in "
+                    f"{sorted(DECODE_PINS)}, got {decode!r}")
 
 
 def forward_pin() -> dict | None:
@@ -175,11 +184,14 @@ def backward_pin() -> dict | None:
 
 def decode_pin(kind: str) -> DecodeConfig:
     """The decode default for ``kind`` (a key of ``DECODE_PINS``): a scoped ``pinned(decode=...)``, else the pin."""
-    return _SCOPED.get().get("decode") or DECODE_PINS[kind]
+    scoped = _SCOPED.get().get("decode")
+    if isinstance(scoped, DecodeConfig):
+        return scoped
+    return dict(scoped or ()).get(kind, DECODE_PINS[kind])
 
 
-def scoped_decode() -> DecodeConfig | None:
-    """The scoped ``pinned(decode=...)`` configuration, or None (part of the decode launch-cache key)."""
+def scoped_decode():
+    """The scoped ``pinned(decode=...)`` choice (hashable) or None: part of the decode launch-cache key."""
     return _SCOPED.get().get("decode")
 
 
