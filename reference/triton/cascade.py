@@ -245,6 +245,30 @@ def _fast_key(tensors, *options, enabled: bool = True):
     return key
 
 
+def check_cascade_inputs(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate):
+    """The inputs of a cascade decode (``cascade_decode``, ``serving.cascade_decode_separate``): q ``(B, Hq, d)``
+    with ``B, Hq >= 1``; the paged caches, block tables and seq_lens as ``paged_decode`` takes them; prefix_k,
+    prefix_v ``(P, Hkv, d)`` with ``P >= 1``, of q's dtype. Returns ``(B, Hq, d, Hkv, block_size, block_tables,
+    seq_lens)``; ``validate`` (checked) adds the value checks that need a device sync."""
+    _checks.check_tensor(q, "q", ndim=3)
+    B, hq, d = q.shape
+    if B == 0 or hq == 0:
+        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
+    num_blocks, block_size, hkv, _ = check_paged_cache(q, k_cache, v_cache)
+    _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
+    validate = _checks.check_flag(validate, "validate")
+    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
+        _checks.check_tensor(x, name, ndim=3)
+        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
+            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
+    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
+    if prefix_k.shape != prefix_v.shape:
+        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
+                         f"{tuple(prefix_v.shape)}")
+    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    return B, hq, d, hkv, block_size, block_tables, seq_lens
+
+
 def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
                    num_splits=None, config=None, validate=True, fast_launch=True):
     """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
@@ -268,23 +292,9 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
         rec({"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
              "SeqLens": seq_lens, "OUT": out, "LOUT": lse})
         return out, lse
-    _checks.check_tensor(q, "q", ndim=3)
-    B, hq, d = q.shape
-    if B == 0 or hq == 0:
-        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
-    num_blocks, block_size, hkv, _ = check_paged_cache(q, k_cache, v_cache)
-    _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
-    validate = _checks.check_flag(validate, "validate")
     _checks.check_flag(fast_launch, "fast_launch")
-    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
-        _checks.check_tensor(x, name, ndim=3)
-        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
-            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
-    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
-    if prefix_k.shape != prefix_v.shape:
-        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
-                         f"{tuple(prefix_v.shape)}")
-    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
+        q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate)
     if config is not None and not isinstance(config, CascadeConfig):
         raise TypeError(f"config must be a CascadeConfig or None, got {type(config).__name__}")
     cfg = DEFAULT_CONFIG if config is None else config
