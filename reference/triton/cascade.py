@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import _checks, _fastlaunch
-from ._kernel_helpers import LN2, LOG2E
+from ._kernel_helpers import LOG2E, lse_merge_finish, lse_merge_step
 from ._runtime import INTERPRET, num_sms
 from .mixed import key_loop
 from .paged import check_block_tables, check_paged_cache
@@ -77,15 +77,8 @@ def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, 
         ls = tl.load(LPart + ps, mask=ok, other=float("-inf"), cache_modifier=".cg")
         os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
                       cache_modifier=".cg")
-        m_new = tl.maximum(m, ls)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.math.exp2(ls - m_ref)
-        alpha = tl.math.exp2(m - m_ref)
-        den = den * alpha + w
-        num = num * alpha[:, None] + w[:, None] * os_
-        m = m_new
-    out = num / tl.where(den > 0, den, 1.0)[:, None]
-    lse = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2, float("-inf"))
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    out, lse = lse_merge_finish(m, den, num)
     b64 = b.to(tl.int64)
     tl.store(OUT + b64[:, None] * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(OUT.dtype.element_ty), mask=ok[:, None])
