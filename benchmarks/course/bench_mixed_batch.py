@@ -54,19 +54,6 @@ def cu_of(lens):
     return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
 
 
-def loop_ms(fn, n=100) -> float:
-    """Wall time per call of ``n`` back-to-back eager calls."""
-    return _common.loop_ms(fn, n, warmup=10, smoke=SMOKE)
-
-
-def bench(fn) -> float:
-    return _common.bench(fn, wall=SMOKE)
-
-
-def graph_ms(fns) -> float:
-    return _common.graph_ms(fns, smoke=SMOKE)
-
-
 def paged_batch(lens, bs):
     """A paged cache holding sequences of ``lens`` tokens in randomly permuted pages; (kc, vc, table)."""
     pages = [-(-n // bs) for n in lens]
@@ -124,8 +111,8 @@ def mixed_section(log):
         "separate_prefill_plus_decode": separate,
         "paged_prefill_whole_batch": lambda: paged_prefill(q, kc, vc, table, cu, sl, chunk, validate=False),
     }
-    res["ms"] = {k: bench(f) for k, f in cases.items()}
-    res["ms_graph"] = {k: graph_ms([f]) for k, f in cases.items()}
+    res["ms"] = {k: _common.bench(f, wall=SMOKE) for k, f in cases.items()}
+    res["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in cases.items()}
     kv_bytes = sum(seq_lens) * PER_TOKEN
     res["kv_bytes"] = kv_bytes
     flops = sum(4.0 * HQ * D * (n_q * (n - n_q) + n_q * (n_q + 1) / 2) for n_q, n in zip(q_lens, seq_lens))
@@ -175,7 +162,7 @@ def prefill_section(log):
         o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
         res["rel_err"]["paged_prefill_row_gather"] = bd.rel(o, ref)
         for name, f in cases.items():
-            res["ms"][name] = bench(f)
+            res["ms"][name] = _common.bench(f, wall=SMOKE)
         base = res["ms"]["contiguous_varlen"]
         res["vs_contiguous"] = {k: base / v for k, v in res["ms"].items()}
         log(f"  prefill page {bs}: " + ", ".join(f"{k} {v * 1e3:.1f} us ({res['vs_contiguous'][k]:.2f}x)"
@@ -224,8 +211,9 @@ def _cascade(log, copy_bw):
             "prefix_pass": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, zero_len, validate=False),
             "suffix_pass": lambda: paged_decode(q, kc, vc, suf_tab, suf_len, validate=False),
         }
-        row["ms_graph"] = {k: graph_ms([f]) for k, f in fns.items()}
-        row["ms_loop"] = {k: loop_ms(fns[k]) for k in ("cascade", "cascade_separate", "paged")}
+        row["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in fns.items()}
+        row["ms_loop"] = {k: _common.loop_ms(fns[k], 100, warmup=10, smoke=SMOKE)
+                          for k in ("cascade", "cascade_separate", "paged")}
         row["bytes"] = dict(cascade=(P + B * S) * PER_TOKEN, paged=B * (P + S) * PER_TOKEN, prefix_pass=P * PER_TOKEN,
                             suffix_pass=B * S * PER_TOKEN)
         row["bytes"]["cascade_separate"] = row["bytes"]["cascade"]
