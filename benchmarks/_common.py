@@ -14,8 +14,9 @@ import torch
 
 from benchmarks import RESULTS, ROOT
 
-__all__ = ["RESULTS", "ROOT", "bench", "check_row", "copy_bandwidth", "gpu_tag", "lse_abs", "matmul_tflops", "ref64",
-           "rel_err", "sdpa", "sdpa_bwd_timer", "sync", "timestamped_log"]
+__all__ = ["RESULTS", "ROOT", "bench", "check_row", "copy_bandwidth", "device_name", "gpu_tag", "graph_ms", "loop_ms",
+           "lse_abs", "matmul_tflops", "ref64", "rel_err", "result_tag", "run_sections", "sdpa", "sdpa_bwd_timer",
+           "start_run", "sync", "timestamped_log"]
 
 # Vendor words dropped from a device name before its first word becomes the tag ("NVIDIA H100 80GB HBM3" -> h100).
 _VENDOR_WORDS = ("NVIDIA", "TESLA", "GEFORCE")
@@ -32,6 +33,31 @@ def gpu_tag(name: str | None = None) -> str:
         raise TypeError(f"name must be a device name string, got {type(name).__name__}")
     words = [w for w in re.split(r"[^A-Za-z0-9]+", name) if w and w.upper() not in _VENDOR_WORDS]
     return (words[0] if words else "gpu").lower()
+
+
+def result_tag(smoke: bool = False) -> str:
+    """``gpu_tag()``, or ``'cpu-smoke'`` for a ``--smoke`` run (CPU, Triton interpreter, tiny shapes)."""
+    return "cpu-smoke" if smoke else gpu_tag()
+
+
+def device_name(smoke: bool = False) -> str:
+    """The CUDA device's name for a results file's ``meta``; a ``--smoke`` run says so."""
+    return "cpu (Triton interpreter, smoke test)" if smoke else torch.cuda.get_device_name()
+
+
+def start_run(script: str, smoke: bool, out_dir: str):
+    """The start of a course benchmark's ``main``: ``None`` (after saying so) when ``script`` is asked for a GPU
+    run where there is none (or under ``TRITON_INTERPRET=1``, where the full shapes would take hours; the caller
+    then returns 0), else ``(t0, log)`` with ``out_dir`` created and ``log`` stamping seconds since ``t0``."""
+    import os
+
+    from reference.triton import INTERPRET
+    if not smoke and (INTERPRET or not torch.cuda.is_available()):
+        print(f"{script} needs a CUDA GPU; nothing run (try --smoke).")
+        return None
+    os.makedirs(out_dir, exist_ok=True)
+    t0 = time.time()
+    return t0, timestamped_log(t0)[0]
 
 
 def sync() -> None:
@@ -52,6 +78,52 @@ def bench(fn, *, warmup: int = 25, rep: int = 100, grad_to_none=None, wall: bool
         return (time.perf_counter() - t) * 1e3
     from triton.testing import do_bench
     return do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
+
+
+def graph_ms(fns, reps: int = 20, *, smoke: bool = False) -> float:
+    """GPU time per call (ms): capture all closures (one per input set) in one CUDA graph, median of replays.
+
+    No host launch overhead is included (as in a serving engine that replays its decode step as a graph), and
+    rotating over input sets larger than L2 keeps the K/V reads coming from HBM. ``smoke``: one wall-clock call
+    of ``fns[0]`` (no CUDA)."""
+    if smoke:
+        return bench(fns[0], wall=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for f in fns:
+            f()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for f in fns:
+            f()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1) / len(fns))
+    del g
+    return sorted(times)[len(times) // 2]
+
+
+def loop_ms(fn, n: int = 200, *, warmup: int = 20, smoke: bool = False) -> float:
+    """Wall milliseconds per call of ``n`` back-to-back eager calls after ``warmup`` (what a Python serving loop
+    sees: host launch overhead included); ``smoke``: 3 warm-up calls and 2 timed."""
+    for _ in range(3 if smoke else warmup):
+        fn()
+    sync()
+    n = 2 if smoke else n
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    sync()
+    return (time.perf_counter() - t) / n * 1e3
 
 
 def rel_err(a, b) -> float:
@@ -147,3 +219,21 @@ def timestamped_log(t0: float):
         lines.append(s)
     return log, lines
 
+
+
+def run_sections(sections: dict, names: str, out: dict, path: str, log, t0: float) -> dict:
+    """Run ``sections[name]()`` for each comma-separated name in ``names`` into ``out[name]``, rewriting ``path``
+    (JSON) after each, so a run cut short keeps what it measured. A section that raises is recorded in
+    ``out["failed"]`` and the others still run. Returns ``out``."""
+    import json
+    for name in names.split(","):
+        log(f"== {name}")
+        try:
+            out[name] = sections[name]()
+        except Exception as exc:  # noqa: BLE001 - keep the other sections' numbers
+            out.setdefault("failed", {})[name] = repr(exc)[:500]
+            log(f"  {name} FAILED: {exc!r}"[:600])
+        out.setdefault("meta", {})["seconds"] = time.time() - t0
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    return out

@@ -142,14 +142,15 @@ def test_hopper_chooses_what_it_chose_before():
         for dtype in (torch.float16, torch.bfloat16, torch.float32):
             for paged, splits in ((False, None), (True, None), (True, 1)):
                 assert decode.launch_config(dtype, paged, splits, d, h100, 8) == \
-                    decode.base_config(dtype, paged, splits)
+                    decode.base_config(dtype, paged, splits).launch()
 
 
 def test_small_gpus_get_smaller_tiles():
     """The fallbacks are really used: fp32 at d = 128 leaves the tuned forward list on a T4 and an sm_86."""
     assert flash_fwd.fwd_configs_for(128, 4, 4096, 4096, T4)[0] in flash_fwd.FWD_FALLBACK
     assert flash_fwd.fwd_configs_for(128, 4, 4096, 4096, SM86)[0] in flash_fwd.FWD_FALLBACK
-    assert decode.launch_config(torch.bfloat16, False, None, 128, SM86)["num_stages"] < decode.CONFIG["num_stages"]
+    assert decode.launch_config(torch.bfloat16, False, None, 128, SM86)["num_stages"] < \
+        decode.base_config(torch.bfloat16).num_stages
     # below sm_80 there is no software pipelining: num_stages costs no shared memory
     assert _device.smem_forward(64, 64, 3, 128, 2, T4) == _device.smem_forward(64, 64, 1, 128, 2, T4)
 

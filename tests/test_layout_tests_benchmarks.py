@@ -32,6 +32,8 @@ RESULT_NAME = re.compile(r"^(?P<gpu>[a-z][a-z0-9]*)-(?P<bench>[a-z0-9]+(?:-[a-z0
 #: name parts that mean "another run of the same benchmark": that history belongs in git, not in the folder
 HISTORY_WORDS = {"first", "second", "rerun", "final", "attempts", "attempt", "before", "after", "old", "new",
                  "tmp", "bak", "copy", "v1", "v2", "v3", "latest", "quick"}
+#: numbered runs and tries (``-run3``, ``-attempt2``, ``-try1``, ``-take2``): also history, whatever the number
+HISTORY_NUMBERED = re.compile(r"^(?:run|attempt|try|take|rev)\d+$")
 #: folders of raw logs kept as they are (GPU validation runs; notes/gpu_validation.md cites them by name)
 RESULT_FOLDERS = re.compile(r"^gpu_validate(_[a-z0-9]+)*$")
 
@@ -41,7 +43,7 @@ def result_name_problem(name: str) -> str | None:
     m = RESULT_NAME.match(name)
     if not m:
         return f"{name}: not <gpu>-<benchmark>.<json|png|csv> (lower case, '-' between words)"
-    history = HISTORY_WORDS & set(m["bench"].split("-"))
+    history = {w for w in m["bench"].split("-") if w in HISTORY_WORDS or HISTORY_NUMBERED.match(w)}
     if history:
         return f"{name}: '{sorted(history)[0]}' marks another run of the same benchmark; keep one file, history in git"
     return None
@@ -108,7 +110,9 @@ def layout_map_paths(text: str) -> list[str]:
     ("h100-bwd-ncu.csv", True), ("h100-ring-w2.json", True),
     ("h200.json", False), ("h100-gluon-train-first.json", False), ("h200-gluon-final.json", False),
     ("h200-hopper-rerun.json", False), ("speed_calibration_h100.json", False), ("grader_cpu.json", False),
-    ("H100-gluon.json", False), ("h100-gluon.txt", False), ("h100--gluon.json", False)])
+    ("H100-gluon.json", False), ("h100-gluon.txt", False), ("h100--gluon.json", False),
+    ("h100-cascade-splits-run3.json", False), ("h100-decode-attempts.json", False), ("h100-ring-attempt2.json", False),
+    ("h100-decode-try1.png", False), ("h100-runtime.json", True), ("h100-ring-w2-run.json", True)])
 def test_result_name_rule_on_made_up_names(name, ok):
     assert (result_name_problem(name) is None) == ok, result_name_problem(name)
 

@@ -83,8 +83,10 @@ API = [
 # Extra parameters beyond the design: keyword-only, with these defaults (the whole list; anything else fails).
 EXTRA_KWONLY = {
     "reference.triton.softmax": {"max_single": None},           # override of the one-pass row limit (tests)
-    "reference.triton.flash_decode": {"validate": True},        # False skips the seq_lens range check's sync
-    "reference.triton.paged_decode": {"num_splits": None, "validate": True},
+    # validate=False skips the seq_lens range check's sync; config: a DecodeConfig (reference/triton/configs.py);
+    # fast_launch=False: never repeat a recorded launch
+    "reference.triton.flash_decode": {"validate": True, "config": None, "fast_launch": True},
+    "reference.triton.paged_decode": {"num_splits": None, "validate": True, "config": None, "fast_launch": True},
     # a pinned block configuration and the load path, passed explicitly (reference/triton/configs.py)
     "reference.triton.flash_attention_forward": {"config": None, "use_tma": None},
 }

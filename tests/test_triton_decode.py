@@ -53,15 +53,17 @@ def test_num_splits_any(rng, num_splits):
 
 
 @pytest.mark.parametrize("hq,hkv,num_splits", [(8, 2, 5), (32, 1, 9), (6, 3, 40)])
-def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, monkeypatch, hq, hkv, num_splits):
+def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_splits):
     # The merge inside stage 1 (last ticket of a group merges) against the separate stage-2 kernel; repeated
     # calls must find every ticket counter back at 0 (a leftover count would merge too early or never).
-    from reference.triton import decode
+    import dataclasses
+
+    from reference.triton import configs, decode
     q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
     sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
-    monkeypatch.setattr(decode, "FUSE_MERGE", False)
-    o_sep = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
-    monkeypatch.setattr(decode, "FUSE_MERGE", True)
+    assert configs.DECODE_PINS["fp32"].fuse_merge  # the default below is the fused merge
+    separate = dataclasses.replace(configs.DECODE_PINS["fp32"], fuse_merge=False)
+    o_sep = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=separate)
     for _ in range(2 if DEVICE.type == "cpu" else 50):
         o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
         assert rel_err(o, o_sep) < 1e-6 and torch.all(o[1] == 0)
@@ -134,6 +136,8 @@ def test_choose_num_splits_heuristic():
     (dict(num_splits=0), ValueError, "num_splits must be a positive integer"),
     (dict(num_splits=2.0), TypeError, "num_splits must be a positive integer"),
     (dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (dict(config={"block_n": 64}), TypeError, "config must be a reference.triton.configs.DecodeConfig"),
+    (dict(fast_launch=1), TypeError, "fast_launch must be a bool"),
 ])
 def test_bad_options_raise(kwargs, exc, match):
     q = torch.randn(2, 4, 32, device=DEVICE)
@@ -143,6 +147,46 @@ def test_bad_options_raise(kwargs, exc, match):
         kwargs = dict(kwargs, seq_lens=kwargs["seq_lens"].to(DEVICE))
     with pytest.raises(exc, match=match):
         flash_decode(q, k, v, **kwargs)
+
+
+@pytest.mark.parametrize("bad,match", [(dict(block_n=48), "block_n must be a power of two"),
+                                       (dict(num_warps=3), "num_warps must be a power of two"),
+                                       (dict(num_stages=0), "num_stages must be a positive int"),
+                                       (dict(fuse_merge=1), "fuse_merge must be a bool")])
+def test_decode_config_rejects_bad_fields(bad, match):
+    from reference.triton.configs import DecodeConfig
+    with pytest.raises(ValueError, match=match):
+        DecodeConfig(**bad)
+
+
+def test_explicit_and_scoped_config_select_the_launch(rng, monkeypatch):
+    """``config=`` and ``configs.pinned(decode=...)`` reach the launch (the tile, the merge), the default is the
+    pin, and every choice computes the same attention (oracle: float64 torch)."""
+    from reference.triton import configs, decode
+    from reference.triton.configs import DecodeConfig
+    seen = []
+    real = decode.launch_config
+
+    def spy(*a, **kw):
+        out = real(*a, **kw)
+        seen.append(out["block_n"])
+        return out
+    monkeypatch.setattr(decode, "launch_config", spy)  # a spy on a function, not a configuration
+    q, k, v = make(rng, 2, 4, 2, 70, 32, torch.float32)
+    sl = lens_tensor([70, int(rng.integers(1, 70))])
+    ref = decode_ref(q, k, v, sl)
+    small = DecodeConfig(block_n=16, num_warps=4, num_stages=1, fuse_merge=False)
+    o1 = flash_decode(q, k, v, seq_lens=sl, num_splits=3, config=small)
+    assert seen[-1] == 16
+    with configs.pinned(decode=DecodeConfig(block_n=32, num_stages=1)):
+        o2 = flash_decode(q, k, v, seq_lens=sl, num_splits=3)
+        assert seen[-1] == 32
+        o3 = flash_decode(q, k, v, seq_lens=sl, num_splits=3, config=small)  # the argument wins over the scope
+        assert seen[-1] == 16
+    o4 = flash_decode(q, k, v, seq_lens=sl, num_splits=3)
+    assert seen[-1] == configs.DECODE_PINS["fp32"].block_n
+    for o in (o1, o2, o3, o4):
+        assert rel_err(o, ref) < TOL[torch.float32]
 
 
 def test_validate_false_clamps_instead_of_reading_out_of_bounds(rng):

@@ -117,10 +117,10 @@ def test_cascade_bad_input_raises(rng):
 @pytest.mark.triton_serving
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRET, reason="recorded launches exist on a GPU only (the interpreter has no compiled kernel)")
-def test_recorded_launch_matches_full_path(rng, monkeypatch):
+def test_recorded_launch_matches_full_path(rng):
     """A second call with the same shapes goes through the recorded launch and still computes on ITS inputs."""
     from reference.triton import decode, flash_decode, paged_decode
-    monkeypatch.setattr(decode, "LAUNCH_CACHE", type(decode.LAUNCH_CACHE)())
+    decode.clear_launch_cache()
     B, hq, hkv, n, d, bs = 2, 8, 2, 300, 64, 16
 
     def inputs():
@@ -131,30 +131,33 @@ def test_recorded_launch_matches_full_path(rng, monkeypatch):
     lens = torch.tensor([n, 77], dtype=torch.int32, device=DEVICE)
     fast = [flash_decode(q, k, v, seq_lens=lens, validate=False) for q, k, v in sets]
     assert len(decode.LAUNCH_CACHE) == 1
-    monkeypatch.setattr(decode, "FAST_LAUNCH", False)
-    slow = [flash_decode(q, k, v, seq_lens=lens, validate=False) for q, k, v in sets]
+    slow = [flash_decode(q, k, v, seq_lens=lens, validate=False, fast_launch=False) for q, k, v in sets]
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
-    monkeypatch.setattr(decode, "FAST_LAUNCH", True)
+    assert len(decode.LAUNCH_CACHE) == 1  # fast_launch=False records nothing
+    from reference.triton.configs import DecodeConfig
+    other = DecodeConfig(block_n=32, num_warps=4, num_stages=2, fuse_merge=False)
+    for q, k, v in sets:  # another config is another recorded launch, never the first one's
+        assert torch.equal(flash_decode(q, k, v, seq_lens=lens, validate=False, config=other, num_splits=3),
+                           flash_decode(q, k, v, seq_lens=lens, validate=False, config=other, num_splits=3,
+                                        fast_launch=False))
     table = torch.arange(B * 19, device=DEVICE, dtype=torch.int32).view(B, 19)
     kc = torch.randn(B * 19, bs, hkv, d, device=DEVICE, dtype=torch.float16)
     vc = torch.randn_like(kc)
     outs = [paged_decode(q, kc * i, vc, table, lens, validate=False) for i, (q, _, _) in enumerate(sets, 1)]
-    monkeypatch.setattr(decode, "FAST_LAUNCH", False)
     for i, (q, _, _) in enumerate(sets, 1):
-        assert torch.equal(outs[i - 1], paged_decode(q, kc * i, vc, table, lens, validate=False))
+        assert torch.equal(outs[i - 1], paged_decode(q, kc * i, vc, table, lens, validate=False, fast_launch=False))
     with pytest.raises(ValueError, match="seq_lens must lie in"):  # value checks still run on the fast path
-        monkeypatch.setattr(decode, "FAST_LAUNCH", True)
         flash_decode(*sets[0], seq_lens=lens + 1000)
 
 
 @pytest.mark.triton_serving
 @pytest.mark.gpu
 @pytest.mark.skipif(INTERPRET, reason="recorded launches exist on a GPU only (the interpreter has no compiled kernel)")
-def test_cascade_recorded_launch_matches_full_path(monkeypatch):
+def test_cascade_recorded_launch_matches_full_path():
     """cascade_decode's second eager call with the same shapes repeats the recorded launch on ITS inputs."""
     from reference.triton import cascade
-    monkeypatch.setattr(cascade, "LAUNCH_CACHE", type(cascade.LAUNCH_CACHE)())
+    cascade.clear_launch_cache()
     B, hq, hkv, d, bs, P = 5, 8, 2, 64, 16, 300
     table = torch.arange(B * 4, device=DEVICE, dtype=torch.int32).view(B, 4)
     lens = torch.tensor([64, 0, 17, 50, 3], dtype=torch.int32, device=DEVICE)
@@ -168,11 +171,10 @@ def test_cascade_recorded_launch_matches_full_path(monkeypatch):
     sets = [inputs() for _ in range(3)]
     fast = [cascade_decode(*s, table, lens, validate=False) for s in sets]
     assert len(cascade.LAUNCH_CACHE) == 1
-    monkeypatch.setattr(cascade, "FAST_LAUNCH", False)
     for s, (o, lse) in zip(sets, fast):
-        o2, lse2 = cascade_decode(*s, table, lens, validate=False)
+        o2, lse2 = cascade_decode(*s, table, lens, validate=False, fast_launch=False)
         assert torch.equal(o, o2) and torch.equal(lse, lse2)
-    monkeypatch.setattr(cascade, "FAST_LAUNCH", True)
+    assert len(cascade.LAUNCH_CACHE) == 1
     with pytest.raises(ValueError, match="seq_lens must lie in"):  # value checks still run on the fast path
         cascade_decode(*sets[0], table, lens + 1000)
 

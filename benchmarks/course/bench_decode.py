@@ -25,6 +25,7 @@ region) and the JSON records ``"gqa": "expanded"``. The naive baseline is three 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -34,9 +35,11 @@ import time
 import torch
 
 from benchmarks import _common
-from benchmarks._common import RESULTS, gpu_tag, sync
+from benchmarks._common import RESULTS, sync
 from benchmarks._common import rel_err as rel
-from reference.triton import DEVICE, INTERPRET, flash_attention_forward, flash_decode, num_sms, paged_decode
+from reference.triton import DEVICE, flash_attention_forward, flash_decode, num_sms, paged_decode
+from reference.triton import configs
+from reference.triton.configs import DECODE_PINS, DecodeConfig
 from reference.triton.decode import choose_num_splits
 
 HQ, HKV, D = 32, 8, 128
@@ -45,15 +48,9 @@ BARS = {"copy_bw_fraction_b1_ge32k": 0.85, "vs_sdpa_default_b1_ge32k": 1.0, "vs_
         "paged16_vs_contiguous": 0.9}
 
 
-SMOKE = False  # --smoke: tiny shapes on CPU under the interpreter, to test this script without a GPU
-
-
-def gpu_slug() -> str:
-    return "cpu-smoke" if SMOKE else gpu_tag()
-
-
-def meta_name() -> str:
-    return "cpu (Triton interpreter, smoke test)" if SMOKE else torch.cuda.get_device_name()
+#: --smoke: tiny shapes on CPU under the interpreter, to test this script without a GPU. Set by this module's
+#: ``main`` only; other benchmarks pass their own ``smoke`` to ``benchmarks._common`` (graph_ms, bench, ...).
+SMOKE = False
 
 
 def bench(fn, rep=100):
@@ -111,35 +108,8 @@ def n_sets(kv_bytes) -> int:
 
 
 def graph_ms(fns, reps=20) -> float:
-    """GPU time per call (ms): capture all closures (one per input set) in one CUDA graph, median of replays.
-
-    No host launch overhead is included (as in a serving engine that replays its decode step as a graph) and
-    rotating over input sets larger than L2 keeps the K/V reads coming from HBM.
-    """
-    if SMOKE:
-        return bench(fns[0])
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for f in fns:
-            f()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for f in fns:
-            f()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) / len(fns))
-    del g
-    return sorted(times)[len(times) // 2]
+    """``benchmarks._common.graph_ms`` (GPU time per call from CUDA-graph replays) with this run's ``--smoke``."""
+    return _common.graph_ms(fns, reps, smoke=SMOKE)
 
 
 def sdpa_maker(q, k, v, backend):
@@ -333,11 +303,6 @@ def tune(copy_bw, log):
     Picks the best contiguous configuration (and fused or not) by the geomean over the contiguous cases, and
     the best paged configuration (with that merge choice) over the paged cases.
     """
-    from reference.triton import decode
-    default = dict(decode.CONFIG)
-    default_paged = dict(decode.PAGED_CONFIG)
-    default_paged1 = dict(decode.PAGED_ONE_SPLIT_CONFIG)
-    default_fused = decode.FUSE_MERGE
     results = []
     cases = [("contig", 1, 32768), ("contig", 1, 65536), ("contig", 1, 131072), ("contig", 8, 32768),
              ("contig", 32, 8192), ("paged16", 1, 131072), ("paged16", 8, 32768), ("paged16", 32, 8192),
@@ -354,16 +319,13 @@ def tune(copy_bw, log):
             data[(kind, B, N)] = (q, k, v)
     ref = {key: (flash_decode(*x, num_splits=1) if key[0] == "contig" else None) for key, x in data.items()}
     for bn, w, st, fused in configs:
-        decode.CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
-        decode.PAGED_CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
-        decode.PAGED_ONE_SPLIT_CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
-        decode.FUSE_MERGE = fused
+        cfg = DecodeConfig(block_n=bn, num_warps=w, num_stages=st, fuse_merge=fused)  # every split count, both kinds
         res = dict(block_n=bn, num_warps=w, num_stages=st, fused_merge=fused, us={})
         for key, x in data.items():
             if key[0].startswith("paged"):
-                f = (lambda x=x: paged_decode(*x, validate=False))
+                f = (lambda x=x: paged_decode(*x, validate=False, config=cfg))
             else:
-                f = (lambda x=x: flash_decode(*x, validate=False))
+                f = (lambda x=x: flash_decode(*x, validate=False, config=cfg))
             out = f()
             if ref[key] is not None:
                 err = rel(out, ref[key])
@@ -387,10 +349,6 @@ def tune(copy_bw, log):
     best = max(results, key=lambda r: r["geomean_contig_vs_first"])
     best_paged = max((r for r in results if r["fused_merge"] == best["fused_merge"]),
                      key=lambda r: r["geomean_paged_vs_first"])
-    decode.CONFIG.update(default)
-    decode.PAGED_CONFIG.update(default_paged)
-    decode.PAGED_ONE_SPLIT_CONFIG.update(default_paged1)
-    decode.FUSE_MERGE = default_fused
     log(f"  tune: best contiguous BLOCK_N={best['block_n']} warps={best['num_warps']} stages={best['num_stages']} "
         f"fused={best['fused_merge']} (geomean {best['geomean_contig_vs_first']:.3f}x the first); best paged "
         f"BLOCK_N={best_paged['block_n']} warps={best_paged['num_warps']} stages={best_paged['num_stages']} "
@@ -489,22 +447,31 @@ def _args(argv):
 
 
 def _tune_phase(args, copy_bw, slug, log):
-    """``--tune``: time the stage-1 launch configurations, optionally apply the best; the tuning record (or None)."""
-    from reference.triton import decode
+    """``--tune``: time the stage-1 launch configurations; ``(tuning record or None, pins)``, where ``pins`` are
+    the ``DecodeConfig`` of each input kind for the rest of the run: ``DECODE_PINS``, or with ``--apply-best``
+    the best contiguous and paged ones (one split keeps its pin's tile, with the best merge choice)."""
+    pins = dict(DECODE_PINS)
     if not args.tune:
-        return None
+        return None, pins
     tune_rows, best, best_paged = tune(copy_bw, log)
-    tuning = dict(configs=tune_rows, best=best, best_paged=best_paged, default=dict(decode.CONFIG),
-                  default_paged=dict(decode.PAGED_CONFIG), default_fused_merge=decode.FUSE_MERGE, applied=False)
+    tuning = dict(configs=tune_rows, best=best, best_paged=best_paged, default=_as_dict(pins["contiguous"]),
+                  default_paged=_as_dict(pins["paged"]), default_fused_merge=pins["contiguous"].fuse_merge,
+                  applied=False)
     if args.apply_best:
-        decode.CONFIG.update(block_n=best["block_n"], num_warps=best["num_warps"], num_stages=best["num_stages"])
-        decode.PAGED_CONFIG.update(block_n=best_paged["block_n"], num_warps=best_paged["num_warps"],
-                                   num_stages=best_paged["num_stages"])
-        decode.FUSE_MERGE = best["fused_merge"]
+        fused = best["fused_merge"]
+        pins["contiguous"] = DecodeConfig(best["block_n"], best["num_warps"], best["num_stages"], fused)
+        pins["paged"] = DecodeConfig(best_paged["block_n"], best_paged["num_warps"], best_paged["num_stages"], fused)
+        pins["paged_one_split"] = dataclasses.replace(pins["paged_one_split"], fuse_merge=fused)
+        pins["fp32"] = dataclasses.replace(pins["fp32"], fuse_merge=fused)
         tuning["applied"] = True
     with open(os.path.join(args.out, f"{slug}-decode-tune.json"), "w") as f:  # kept if the run is cut short
         json.dump(tuning, f, indent=1)
-    return tuning
+    return tuning, pins
+
+
+def _as_dict(cfg: DecodeConfig) -> dict:
+    """A ``DecodeConfig`` as the results files record it (``block_n``, ``num_warps``, ``num_stages``)."""
+    return cfg.launch()
 
 
 def _cases(args):
@@ -520,14 +487,13 @@ def _cases(args):
             sweep_cases, [(1, 32768), (1, 131072), (8, 32768), (32, 8192)])
 
 
-def _meta(args, slug, copy_bw, overhead, breakdown) -> dict:
-    from reference.triton import decode
-    return dict(gpu=meta_name(), slug=slug, sms=num_sms(), torch=torch.__version__,
+def _meta(args, slug, copy_bw, overhead, breakdown, pins) -> dict:
+    return dict(gpu=_common.device_name(SMOKE), slug=slug, sms=num_sms(), torch=torch.__version__,
                 triton=__import__("triton").__version__, copy_bw_bytes_per_s=copy_bw, dtype="bfloat16",
                 hq=HQ, hkv=HKV, d=D, quick=args.quick, date=time.strftime("%Y-%m-%d %H:%M:%S"),
-                stage1_config=dict(decode.CONFIG), paged_config=dict(decode.PAGED_CONFIG),
-                paged_one_split_config=dict(decode.PAGED_ONE_SPLIT_CONFIG),
-                fused_merge=decode.FUSE_MERGE,
+                stage1_config=_as_dict(pins["contiguous"]), paged_config=_as_dict(pins["paged"]),
+                paged_one_split_config=_as_dict(pins["paged_one_split"]),
+                fused_merge=pins["contiguous"].fuse_merge,
                 timing=("ms: triton.testing.do_bench median, eager calls (host launch overhead included where the "
                         "GPU outruns the host), L2 flushed per call. ms_graph: median GPU time per call from "
                         "CUDA-graph replays rotating over input sets >= 3x L2 (what a serving engine that captures "
@@ -568,21 +534,20 @@ def main(argv=None):
     args = _args(argv)
     global SMOKE
     SMOKE = args.smoke
-    if not SMOKE and (INTERPRET or not torch.cuda.is_available()):
-        print("bench_decode.py needs a CUDA GPU (the interpreter would take hours); nothing run.")
+    started = _common.start_run("bench_decode.py", SMOKE, args.out)
+    if started is None:
         return 0
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
-    slug = gpu_slug()
+    _, log = started
+    slug = _common.result_tag(SMOKE)
     copy_bw = copy_bandwidth()
-    log(f"{meta_name()} ({num_sms()} SMs): copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
-    from reference.triton import decode
-    tuning = _tune_phase(args, copy_bw, slug, log)
-    log(f"stage-1 config for this run: {decode.CONFIG}, paged {decode.PAGED_CONFIG}, fused merge {decode.FUSE_MERGE}")
+    log(f"{_common.device_name(SMOKE)} ({num_sms()} SMs): copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")
+    tuning, pins = _tune_phase(args, copy_bw, slug, log)
+    log(f"stage-1 configs for this run: {pins}")
+    with configs.pinned(decode=pins):  # every decode call of the run, several layers down
+        return _measure(args, slug, copy_bw, tuning, pins, log)
+
+
+def _measure(args, slug, copy_bw, tuning, pins, log):
     overhead = host_overhead(log)
     breakdown = None
     if not SMOKE:
@@ -607,7 +572,7 @@ def main(argv=None):
     table = bars(rows, paged)
     path = os.path.join(args.out, f"{slug}-decode.json")
     with open(path, "w") as f:
-        json.dump(dict(meta=_meta(args, slug, copy_bw, overhead, breakdown), results=rows, split_sweep=sweep,
+        json.dump(dict(meta=_meta(args, slug, copy_bw, overhead, breakdown, pins), results=rows, split_sweep=sweep,
                        paged=paged, bars=table, tuning=tuning), f, indent=1)
     figs = plots(rows, args.out, slug, copy_bw)
     log(f"wrote {path}, {', '.join(figs)}")

@@ -23,7 +23,6 @@ Writes ``<gpu>-mixed-batch.json`` after every section.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -32,9 +31,10 @@ import time
 import numpy as np
 import torch
 
+from benchmarks import _common
 from benchmarks._common import RESULTS
-from benchmarks.course import bench_decode as bd  # bench, graph_ms, copy_bandwidth, rel, gpu_slug, meta_name, sync
-from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention_varlen_forward, paged_decode,
+from benchmarks.course import bench_decode as bd  # rel, empty_cache
+from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_forward, paged_decode,
                               paged_prefill)
 from reference.triton import configs
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
@@ -52,18 +52,6 @@ def randn(*shape):
 
 def cu_of(lens):
     return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
-
-
-def loop_ms(fn, n=100) -> float:
-    for _ in range(2 if SMOKE else 10):
-        fn()
-    bd.sync()
-    n = 2 if SMOKE else n
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    bd.sync()
-    return (time.perf_counter() - t) / n * 1e3
 
 
 def paged_batch(lens, bs):
@@ -123,8 +111,8 @@ def mixed_section(log):
         "separate_prefill_plus_decode": separate,
         "paged_prefill_whole_batch": lambda: paged_prefill(q, kc, vc, table, cu, sl, chunk, validate=False),
     }
-    res["ms"] = {k: bd.bench(f) for k, f in cases.items()}
-    res["ms_graph"] = {k: bd.graph_ms([f]) for k, f in cases.items()}
+    res["ms"] = {k: _common.bench(f, wall=SMOKE) for k, f in cases.items()}
+    res["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in cases.items()}
     kv_bytes = sum(seq_lens) * PER_TOKEN
     res["kv_bytes"] = kv_bytes
     flops = sum(4.0 * HQ * D * (n_q * (n - n_q) + n_q * (n_q + 1) / 2) for n_q, n in zip(q_lens, seq_lens))
@@ -174,7 +162,7 @@ def prefill_section(log):
         o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
         res["rel_err"]["paged_prefill_row_gather"] = bd.rel(o, ref)
         for name, f in cases.items():
-            res["ms"][name] = bd.bench(f)
+            res["ms"][name] = _common.bench(f, wall=SMOKE)
         base = res["ms"]["contiguous_varlen"]
         res["vs_contiguous"] = {k: base / v for k, v in res["ms"].items()}
         log(f"  prefill page {bs}: " + ", ".join(f"{k} {v * 1e3:.1f} us ({res['vs_contiguous'][k]:.2f}x)"
@@ -223,8 +211,9 @@ def _cascade(log, copy_bw):
             "prefix_pass": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, zero_len, validate=False),
             "suffix_pass": lambda: paged_decode(q, kc, vc, suf_tab, suf_len, validate=False),
         }
-        row["ms_graph"] = {k: bd.graph_ms([f]) for k, f in fns.items()}
-        row["ms_loop"] = {k: loop_ms(fns[k]) for k in ("cascade", "cascade_separate", "paged")}
+        row["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in fns.items()}
+        row["ms_loop"] = {k: _common.loop_ms(fns[k], 100, warmup=10, smoke=SMOKE)
+                          for k in ("cascade", "cascade_separate", "paged")}
         row["bytes"] = dict(cascade=(P + B * S) * PER_TOKEN, paged=B * (P + S) * PER_TOKEN, prefix_pass=P * PER_TOKEN,
                             suffix_pass=B * S * PER_TOKEN)
         row["bytes"]["cascade_separate"] = row["bytes"]["cascade"]
@@ -255,36 +244,23 @@ def main(argv=None):
     ap.add_argument("--sections", default="mixed,prefill,cascade")
     args = ap.parse_args(argv)
     global SMOKE
-    SMOKE = bd.SMOKE = args.smoke
-    if not SMOKE and (INTERPRET or not torch.cuda.is_available()):
-        print("bench_mixed_batch.py needs a CUDA GPU; nothing run (try --smoke).")
+    SMOKE = args.smoke
+    started = _common.start_run("bench_mixed_batch.py", SMOKE, args.out)
+    if started is None:
         return 0
-    os.makedirs(args.out, exist_ok=True)
-    t0 = time.time()
-
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+    t0, log = started
     torch.manual_seed(0)
-    copy_bw = bd.copy_bandwidth()
-    log(f"{bd.meta_name()}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (bytes read + written of a 1 GiB copy)")
-    out = dict(meta=dict(gpu=bd.meta_name(), torch=torch.__version__, triton=__import__("triton").__version__,
+    copy_bw = _common.copy_bandwidth(1 << (21 if SMOKE else 30), device=DEVICE, wall=SMOKE)
+    log(f"{_common.device_name(SMOKE)}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (bytes read + written of a 1 GiB copy)")
+    out = dict(meta=dict(gpu=_common.device_name(SMOKE), torch=torch.__version__, triton=__import__("triton").__version__,
                          dtype="bfloat16", hq=HQ, hkv=HKV, d=D, copy_bw_bytes_per_s=copy_bw,
                          date=time.strftime("%Y-%m-%d %H:%M:%S"),
                          timing="ms: do_bench median (L2 flushed); ms_graph: CUDA-graph replay GPU time; "
                                 "ms_loop: wall time per call of back-to-back eager calls"))
-    path = os.path.join(args.out, f"{bd.gpu_slug()}-mixed-batch.json")
+    path = os.path.join(args.out, f"{_common.result_tag(SMOKE)}-mixed-batch.json")
     sections = dict(mixed=lambda: mixed_section(log), prefill=lambda: prefill_section(log),
                     cascade=lambda: cascade_section(log, copy_bw))
-    for name in args.sections.split(","):
-        log(f"== {name}")
-        try:
-            out[name] = sections[name]()
-        except Exception as exc:  # noqa: BLE001 - keep the other sections' numbers
-            out.setdefault("failed", {})[name] = repr(exc)[:500]
-            log(f"  {name} FAILED: {exc!r}"[:600])
-        out["meta"]["seconds"] = time.time() - t0
-        with open(path, "w") as f:
-            json.dump(out, f, indent=1)
+    _common.run_sections(sections, args.sections, out, path, log, t0)
     log(f"wrote {path}")
     return 1 if out.get("failed") else 0
 

@@ -15,7 +15,7 @@ independent implementation (SDPA, or our plain paged decode), then times with ba
    full sequence (the prefix blocks shared in the block tables); the gain against the ratio of bytes read.
 4. eager: B=1, 32k: decode and paged decode called eagerly (host time per call, back-to-back) vs their
    CUDA-graph GPU time, and vs SDPA's default backend called eagerly; with the recorded-launch fast path and
-   without (``decode.FAST_LAUNCH``); host microseconds per call on a tiny problem.
+   without (``fast_launch=False``); host microseconds per call on a tiny problem.
 5. flex: FlexAttention (``torch.compile``) with the document + causal block mask of section 1.
 
 Times: ``do_bench`` medians (L2 flushed per call) unless named ``graph`` (CUDA-graph replay, GPU time only) or
@@ -25,7 +25,6 @@ Writes ``<gpu>-serving.json`` (after every section, so a cut-short run keeps wha
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,9 +33,10 @@ import time
 import numpy as np
 import torch
 
-from benchmarks._common import RESULTS, sync
-from benchmarks.course import bench_decode as bd  # bench, graph_ms, gpu_slug, inputs, rel, to_paged (and SMOKE)
-from reference.triton import (DEVICE, INTERPRET, cascade_decode, flash_attention, flash_attention_forward,
+from benchmarks import _common
+from benchmarks._common import RESULTS
+from benchmarks.course import bench_decode as bd  # inputs, rel, to_paged
+from reference.triton import (DEVICE, cascade_decode, flash_attention, flash_attention_forward,
                               flash_attention_varlen, flash_attention_varlen_forward, flash_decode, paged_decode,
                               paged_prefill)
 from reference.triton import configs, decode
@@ -56,15 +56,15 @@ def randn(*shape):
 
 def loop_ms(fn, n=200) -> float:
     """Wall time per call of ``n`` back-to-back eager calls (what a Python serving loop sees)."""
-    for _ in range(3 if SMOKE else 20):
-        fn()
-    sync()
-    n = 2 if SMOKE else n
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    sync()
-    return (time.perf_counter() - t) / n * 1e3
+    return _common.loop_ms(fn, n, warmup=20, smoke=SMOKE)
+
+
+def bench(fn) -> float:
+    return _common.bench(fn, wall=SMOKE)
+
+
+def graph_ms(fns) -> float:
+    return _common.graph_ms(fns, smoke=SMOKE)
 
 
 def length_mix(n: int, seed: int = 0, cap: int = 4096):
@@ -144,7 +144,7 @@ def varlen_section(log):
     except Exception as exc:  # noqa: BLE001
         res["errors"]["sdpa_nested"] = f"unavailable: {exc!r}"[:300]
     for name, fn in cases.items():
-        res["ms"][name] = bd.bench(fn)
+        res["ms"][name] = bench(fn)
         log(f"  varlen fwd {name:16s} {res['ms'][name] * 1e3:9.1f} us  "
             f"{flops / (res['ms'][name] * 1e-3) / 1e12:6.1f} useful TFLOP/s")
     # forward + backward, ours packed vs ours padded
@@ -158,8 +158,8 @@ def varlen_section(log):
 
     def fb_padded():
         flash_attention(*pleaves, causal=True).backward(dop)
-    res["ms"]["ours_varlen_fwd_bwd"] = bd.bench(fb_varlen)
-    res["ms"]["ours_padded_fwd_bwd"] = bd.bench(fb_padded)
+    res["ms"]["ours_varlen_fwd_bwd"] = bench(fb_varlen)
+    res["ms"]["ours_padded_fwd_bwd"] = bench(fb_padded)
     log(f"  varlen fwd+bwd {res['ms']['ours_varlen_fwd_bwd'] * 1e3:.1f} us vs padded "
         f"{res['ms']['ours_padded_fwd_bwd'] * 1e3:.1f} us")
     res["speedup_vs_padded_fwd"] = res["ms"]["ours_padded"] / res["ms"]["ours_varlen"]
@@ -184,8 +184,8 @@ def flex_section(log):
     q1, k1, v1 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     of = fa(q1, k1, v1, block_mask=bm, enable_gqa=True)
     res["errors"]["flex"] = bd.rel(of[0].transpose(0, 1), o)
-    res["ms"]["flex_block_mask"] = bd.bench(lambda: fa(q1, k1, v1, block_mask=bm, enable_gqa=True))
-    res["ms"]["ours_varlen"] = bd.bench(lambda: flash_attention_varlen_forward(q, k, v, cu, cu, n_max, n_max,
+    res["ms"]["flex_block_mask"] = bench(lambda: fa(q1, k1, v1, block_mask=bm, enable_gqa=True))
+    res["ms"]["ours_varlen"] = bench(lambda: flash_attention_varlen_forward(q, k, v, cu, cu, n_max, n_max,
                                                                                causal=True, validate=False))
     res["flex_over_ours"] = res["ms"]["flex_block_mask"] / res["ms"]["ours_varlen"]
     log(f"  flex block mask {res['ms']['flex_block_mask'] * 1e3:.1f} us vs ours varlen "
@@ -217,8 +217,8 @@ def prefill_section(log):
     res = dict(batch=B, cached=cached, chunk=chunk, block_size=bs, rel_err_vs_contiguous=bd.rel(o, ref))
     log(f"  paged prefill vs contiguous varlen: rel err {res['rel_err_vs_contiguous']:.2e}")
     assert res["rel_err_vs_contiguous"] < 1e-2
-    res["ms_paged"] = bd.bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False))
-    res["ms_contiguous"] = bd.bench(lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n,
+    res["ms_paged"] = bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False))
+    res["ms_contiguous"] = bench(lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n,
                                                                            causal=True, validate=False))
     res["paged_vs_contiguous"] = res["ms_contiguous"] / res["ms_paged"]
     log(f"  paged prefill {res['ms_paged'] * 1e3:.1f} us vs contiguous {res['ms_contiguous'] * 1e3:.1f} us "
@@ -255,10 +255,10 @@ def _cascade(log):
         assert row["rel_err_vs_paged"] < 2e-2, row
         f_casc = lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, validate=False)  # noqa
         f_paged = lambda: paged_decode(q, kc, vc, full_tab, full_len, validate=False)  # noqa: E731
-        row["ms_graph_cascade"] = bd.graph_ms([f_casc])
-        row["ms_graph_paged"] = bd.graph_ms([f_paged])
-        row["ms_cascade"] = bd.bench(f_casc)
-        row["ms_paged"] = bd.bench(f_paged)
+        row["ms_graph_cascade"] = graph_ms([f_casc])
+        row["ms_graph_paged"] = graph_ms([f_paged])
+        row["ms_cascade"] = bench(f_casc)
+        row["ms_paged"] = bench(f_paged)
         per_tok = HKV * D * 2 * 2
         row["bytes_paged"] = B * (P + S) * per_tok
         row["bytes_cascade"] = (P + B * S) * per_tok
@@ -284,15 +284,16 @@ def eager_section(log):
 
     def makers(fast):
         return {
-            "flash_decode": [lambda q=q, k=k, v=v: flash_decode(q, k, v, validate=False) for q, k, v in sets],
-            "flash_decode validate=True": [lambda q=q, k=k, v=v, sl=p[4]: flash_decode(q, k, v, seq_lens=sl)
+            "flash_decode": [lambda q=q, k=k, v=v: flash_decode(q, k, v, validate=False, fast_launch=fast)
+                             for q, k, v in sets],
+            "flash_decode validate=True": [lambda q=q, k=k, v=v, sl=p[4]: flash_decode(q, k, v, seq_lens=sl,
+                                                                                       fast_launch=fast)
                                            for (q, k, v), p in zip(sets, paged_sets)],
-            "paged_decode": [lambda p=p: paged_decode(p[0], p[1], p[2], p[3], p[4], validate=False)
+            "paged_decode": [lambda p=p: paged_decode(p[0], p[1], p[2], p[3], p[4], validate=False, fast_launch=fast)
                              for p in paged_sets],
-            "paged_decode validate=True": [lambda p=p: paged_decode(*p) for p in paged_sets],
+            "paged_decode validate=True": [lambda p=p: paged_decode(*p, fast_launch=fast) for p in paged_sets],
         }
     # correctness of the recorded fast path: a second input set of the same shapes through a recorded launch
-    decode.FAST_LAUNCH = True
     q, k, v = sets[0]
     flash_decode(q, k, v, validate=False)
     q2, k2, v2 = bd.inputs(B, N)
@@ -308,13 +309,12 @@ def eager_section(log):
     assert res["fast_path_rel_err"] < 2e-2 and res["fast_path_paged_rel_err"] < 2e-2
     del q2, k2, v2, kc2, vc2
     for fast in (True, False):
-        decode.FAST_LAUNCH = fast
         for name, fns in makers(fast).items():
             label = name + ("" if fast else " (no fast path)")
-            r = dict(ms_loop=loop_ms(fns[0]), ms=bd.bench(fns[0]))
+            r = dict(ms_loop=loop_ms(fns[0]), ms=bench(fns[0]))
             base = label.replace(" validate=True", "")
             if base == label:
-                r["ms_graph"] = bd.graph_ms(fns)
+                r["ms_graph"] = graph_ms(fns)
             else:  # a validating call syncs, so it cannot be captured: compare with its kernel's graph time
                 r["ms_graph"] = res["cases"][base]["ms_graph"]
                 r["graph_of"] = base
@@ -322,9 +322,8 @@ def eager_section(log):
             res["cases"][label] = r
             log(f"  eager {label:42s} loop {r['ms_loop'] * 1e3:7.1f} us | do_bench {r['ms'] * 1e3:7.1f} us | "
                 f"graph {r['ms_graph'] * 1e3:7.1f} us | loop/graph {r['loop_over_graph']:.2f}")
-    decode.FAST_LAUNCH = True
     sd = [lambda q=q, k=k, v=v: sdpa(q.unsqueeze(2), k, v, enable_gqa=True) for q, k, v in sets]
-    r = dict(ms_graph=bd.graph_ms(sd), ms_loop=loop_ms(sd[0]), ms=bd.bench(sd[0]))
+    r = dict(ms_graph=graph_ms(sd), ms_loop=loop_ms(sd[0]), ms=bench(sd[0]))
     r["loop_over_graph"] = r["ms_loop"] / r["ms_graph"]
     res["cases"]["sdpa default"] = r
     log(f"  eager {'sdpa default':42s} loop {r['ms_loop'] * 1e3:7.1f} us | do_bench {r['ms'] * 1e3:7.1f} us | "
@@ -340,11 +339,11 @@ def eager_section(log):
     kct, vct, tt, slt = bd.to_paged(kt, vt, 16)
     host = {}
     for fast in (True, False):
-        decode.FAST_LAUNCH = fast
         sfx = "" if fast else " (no fast path)"
-        host["flash_decode" + sfx] = loop_ms(lambda: flash_decode(qt, kt, vt, validate=False), 300) * 1e3
-        host["paged_decode" + sfx] = loop_ms(lambda: paged_decode(qt, kct, vct, tt, slt, validate=False), 300) * 1e3
-    decode.FAST_LAUNCH = True
+        host["flash_decode" + sfx] = loop_ms(lambda: flash_decode(qt, kt, vt, validate=False, fast_launch=fast),
+                                             300) * 1e3
+        host["paged_decode" + sfx] = loop_ms(lambda: paged_decode(qt, kct, vct, tt, slt, validate=False,
+                                                                  fast_launch=fast), 300) * 1e3
     host["sdpa default"] = loop_ms(lambda: sdpa(qt.unsqueeze(2), kt, vt, enable_gqa=True), 300) * 1e3
     res["host_us_tiny"] = host
     log("  host us/call (B=1, 256 keys): " + ", ".join(f"{k} {v:.1f}" for k, v in host.items()))
@@ -400,25 +399,20 @@ def main(argv=None):
                     help="comma-separated, run in this order (flex: torch.compile, slow to start)")
     args = ap.parse_args(argv)
     global SMOKE
-    SMOKE = bd.SMOKE = args.smoke
-    if not SMOKE and (INTERPRET or not torch.cuda.is_available()):
-        print("bench_serving.py needs a CUDA GPU; nothing run (try --smoke).")
+    SMOKE = args.smoke
+    started = _common.start_run("bench_serving.py", SMOKE, args.out)
+    if started is None:
         return 0
-    os.makedirs(args.out, exist_ok=True)
     fwd_pin = configs.FWD_PINS["smoke"] if SMOKE else FWD_PIN
     bwd_pin = None if SMOKE else BWD_PIN
     with configs.pinned(fwd=fwd_pin, bwd=bwd_pin):
-        return _run(args, fwd_pin, bwd_pin)
+        return _run(args, fwd_pin, bwd_pin, *started)
 
 
-def _run(args, fwd_pin, bwd_pin):
-    t0 = time.time()
-
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+def _run(args, fwd_pin, bwd_pin, t0, log):
     torch.manual_seed(0)
-    slug = bd.gpu_slug()
-    out = dict(meta=dict(gpu=bd.meta_name(), slug=slug, torch=torch.__version__,
+    slug = _common.result_tag(SMOKE)
+    out = dict(meta=dict(gpu=_common.device_name(SMOKE), slug=slug, torch=torch.__version__,
                          triton=__import__("triton").__version__, dtype="bfloat16", hq=HQ, hkv=HKV, d=D,
                          fwd_config=fwd_pin, bwd_config=bwd_pin or configs.backward_pin(),
                          date=time.strftime("%Y-%m-%d %H:%M:%S"),
@@ -428,16 +422,7 @@ def _run(args, fwd_pin, bwd_pin):
     sections = dict(varlen=lambda: varlen_section(log), prefill=lambda: prefill_section(log),
                     cascade=lambda: cascade_section(log), eager=lambda: eager_section(log),
                     flex=lambda: flex_section(log))
-    for name in args.sections.split(","):
-        log(f"== {name}")
-        try:
-            out[name] = sections[name]()
-        except Exception as exc:  # noqa: BLE001 - keep the other sections' numbers
-            out.setdefault("failed", {})[name] = repr(exc)[:500]
-            log(f"  {name} FAILED: {exc!r}")
-        out["meta"]["seconds"] = time.time() - t0
-        with open(path, "w") as f:
-            json.dump(out, f, indent=1)
+    _common.run_sections(sections, args.sections, out, path, log, t0)
     plot(out, os.path.join(args.out, f"{slug}-serving.png"))
     log(f"wrote {path}")
     return 1 if out.get("failed") else 0

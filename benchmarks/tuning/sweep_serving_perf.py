@@ -19,7 +19,6 @@ recorded, not fatal.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -28,11 +27,13 @@ import time
 import numpy as np
 import torch
 
+from benchmarks import _common
 from benchmarks.course import bench_decode as bd
 from benchmarks.course import bench_mixed_batch as bm
 from reference.triton import (DEVICE, cascade_decode, configs, flash_attention_varlen_forward, flash_decode,
                               paged_decode, paged_prefill)
 from reference.triton.cascade import CascadeConfig, cascade_num_splits
+from reference.triton.configs import DecodeConfig
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 
 HQ, HKV, D = 32, 8, 128
@@ -171,33 +172,27 @@ def mixed_step_sweep(log):
 
 
 def decode_sweep(log, copy_bw):
-    from reference.triton import decode
     B, N = 1, 32768
     kv_bytes = 2 * B * HKV * N * D * 2
     sets = [bd.inputs(B, N) for _ in range(bd.n_sets(kv_bytes))]
     ref = flash_decode(*sets[0], num_splits=1)
-    saved = dict(decode.CONFIG)
     out = []
-    try:
-        for bn, w, st in DECODE:
-            decode.CONFIG.update(block_n=bn, num_warps=w, num_stages=st)
-            for s in SPLITS + [None]:
-                row = dict(block_n=bn, num_warps=w, num_stages=st, num_splits=s)
-                try:
-                    err = bd.rel(flash_decode(*sets[0], num_splits=s, validate=False), ref)
-                    assert err < 1e-2, err
-                    ms = bd.graph_ms([(lambda q, k, v: (lambda: flash_decode(q, k, v, num_splits=s,
-                                                                             validate=False)))(*x) for x in sets])
-                    row.update(us=ms * 1e3, frac=kv_bytes / (ms * 1e-3) / copy_bw)
-                except Exception as exc:  # noqa: BLE001
-                    row["failed"] = repr(exc)[:300]
-                out.append(row)
-            log(f"  decode B=1 32k bn={bn} w={w} st={st}: " + " ".join(
-                f"{r['num_splits'] or 'auto'}:{r['us']:.1f}({r['frac']:.2f})" if "us" in r else f"{r['num_splits']}:X"
-                for r in out if (r["block_n"], r["num_warps"], r["num_stages"]) == (bn, w, st)))
-    finally:
-        decode.CONFIG.clear()
-        decode.CONFIG.update(saved)
+    for bn, w, st in DECODE:
+        cfg = DecodeConfig(block_n=bn, num_warps=w, num_stages=st)
+        for s in SPLITS + [None]:
+            row = dict(block_n=bn, num_warps=w, num_stages=st, num_splits=s)
+            try:
+                err = bd.rel(flash_decode(*sets[0], num_splits=s, validate=False, config=cfg), ref)
+                assert err < 1e-2, err
+                ms = bd.graph_ms([(lambda q, k, v: (lambda: flash_decode(q, k, v, num_splits=s, validate=False,
+                                                                         config=cfg)))(*x) for x in sets])
+                row.update(us=ms * 1e3, frac=kv_bytes / (ms * 1e-3) / copy_bw)
+            except Exception as exc:  # noqa: BLE001
+                row["failed"] = repr(exc)[:300]
+            out.append(row)
+        log(f"  decode B=1 32k bn={bn} w={w} st={st}: " + " ".join(
+            f"{r['num_splits'] or 'auto'}:{r['us']:.1f}({r['frac']:.2f})" if "us" in r else f"{r['num_splits']}:X"
+            for r in out if (r["block_n"], r["num_warps"], r["num_stages"]) == (bn, w, st)))
     return out
 
 
@@ -234,27 +229,16 @@ def main(argv=None):
         ncu_cases()
         return 0
     t0 = time.time()
-
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-    copy_bw = bd.copy_bandwidth()
-    log(f"{bd.meta_name()}: copy {copy_bw / 1e12:.2f} TB/s")
-    res = dict(meta=dict(gpu=bd.meta_name(), copy_bw_bytes_per_s=copy_bw, torch=torch.__version__,
+    log, _ = _common.timestamped_log(t0)
+    copy_bw = _common.copy_bandwidth()
+    log(f"{_common.device_name()}: copy {copy_bw / 1e12:.2f} TB/s")
+    res = dict(meta=dict(gpu=_common.device_name(), copy_bw_bytes_per_s=copy_bw, torch=torch.__version__,
                          triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M:%S")))
-    path = os.path.join(args.out, f"{bd.gpu_slug()}-serving-sweep.json")
+    path = os.path.join(args.out, f"{_common.result_tag()}-serving-sweep.json")
     fns = dict(decode=lambda: decode_sweep(log, copy_bw), cascade=lambda: cascade_sweep(log, copy_bw),
                prefill=lambda: prefill_sweep(log), mixed=lambda: mixed_step_sweep(log))
     with configs.pinned(fwd=configs.AUTOTUNE):
-        for name in args.sections.split(","):
-            log(f"== {name}")
-            try:
-                res[name] = fns[name]()
-            except Exception as exc:  # noqa: BLE001
-                res.setdefault("failed", {})[name] = repr(exc)[:500]
-                log(f"  {name} FAILED {exc!r}"[:600])
-            res["meta"]["seconds"] = time.time() - t0
-            with open(path, "w") as f:
-                json.dump(res, f, indent=1)
+        _common.run_sections(fns, args.sections, res, path, log, t0)
     log(f"wrote {path}")
     return 0
 

@@ -92,6 +92,29 @@ def varlen_bounds(CU_Q, CU_K, b, PAGE: tl.constexpr):
         n_k = (tl.load(CU_K + b + 1) - tl.load(CU_K + b)).to(tl.int32)
     return n_q, n_k, q_start, k_start
 
+@triton.jit
+def lse_merge_step(m, den, num, lse_s, o_s):
+    """Fold one partial state ``(lse_s, o_s)`` (base-2 lse per row, ``o_s (rows, d)``) into the running
+    ``(m, den, num)`` of the log-sum-exp merge ``o = sum_s exp2(lse_s - lse) o_s``, ``lse = log2 sum_s
+    exp2(lse_s)`` (``reference.numpy.merge.merge_states``), an online max as in FA2 Algorithm 1 line 9; a
+    state that saw no key (``lse_s = -inf``) weighs 0, and rows with no key so far keep weights 0, not NaN."""
+    m_new = tl.maximum(m, lse_s)
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    w = tl.math.exp2(lse_s - m_ref)
+    alpha = tl.math.exp2(m - m_ref)
+    return m_new, den * alpha + w, num * alpha[:, None] + w[:, None] * o_s
+
+
+@triton.jit
+def lse_merge_finish(m, den, num):
+    """``(o, lse)`` of a finished ``lse_merge_step`` loop, ``lse`` in natural log; a row whose states all saw no
+    key gets ``o = 0``, ``lse = -inf``."""
+    out = num / tl.where(den > 0, den, 1.0)[:, None]
+    lse = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2,
+                   float("-inf"))
+    return out, lse
+
+
 
 @functools.lru_cache(maxsize=None)
 def _single_config(kernel, block_m: int, block_n: int, num_warps: int, num_stages: int, pre_hook):

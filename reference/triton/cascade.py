@@ -17,7 +17,7 @@ Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S``
 of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
 items + one per request of the tile) merges the ``S + 1`` states with the lse rule and writes the output.
 Eager calls repeat a recorded launch (``reference.triton._fastlaunch``) when shapes, strides, dtypes and
-options match an earlier call, as ``flash_decode`` does.
+options (``config`` included) match an earlier call, as ``flash_decode`` does (``fast_launch=False``: never).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import _checks, _fastlaunch
-from ._kernel_helpers import LN2, LOG2E
+from ._kernel_helpers import LOG2E, lse_merge_finish, lse_merge_step
 from ._runtime import INTERPRET, num_sms
 from .mixed import key_loop
 from .paged import check_block_tables, check_paged_cache
@@ -57,8 +57,6 @@ class CascadeConfig:
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
                                                                       min_split_keys=16)
-#: eager calls repeat a recorded launch (False: always the full path)
-FAST_LAUNCH = True
 
 
 @triton.jit
@@ -79,15 +77,8 @@ def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, 
         ls = tl.load(LPart + ps, mask=ok, other=float("-inf"), cache_modifier=".cg")
         os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=ok[:, None], other=0.0,
                       cache_modifier=".cg")
-        m_new = tl.maximum(m, ls)
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.math.exp2(ls - m_ref)
-        alpha = tl.math.exp2(m - m_ref)
-        den = den * alpha + w
-        num = num * alpha[:, None] + w[:, None] * os_
-        m = m_new
-    out = num / tl.where(den > 0, den, 1.0)[:, None]
-    lse = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2, float("-inf"))
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    out, lse = lse_merge_finish(m, den, num)
     b64 = b.to(tl.int64)
     tl.store(OUT + b64[:, None] * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
              out.to(OUT.dtype.element_ty), mask=ok[:, None])
@@ -225,8 +216,14 @@ def _counters(device, n: int) -> torch.Tensor:
     return buf
 
 
-def _fast_key(tensors, *options):
-    if INTERPRET or not FAST_LAUNCH:
+def clear_launch_cache() -> None:
+    """Forget every recorded cascade launch."""
+    LAUNCH_CACHE.clear()
+
+
+def _fast_key(tensors, *options, enabled: bool = True):
+    """Key of a recorded launch (``options`` include the call's config), or None: the full path."""
+    if INTERPRET or not enabled:
         return None
     parts = []
     for t in tensors:
@@ -241,27 +238,11 @@ def _fast_key(tensors, *options):
     return key
 
 
-def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
-                   num_splits=None, config=None, validate=True):
-    """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
-
-    q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once per row tile for the whole
-    batch; k_cache, v_cache ``(num_blocks, block_size, Hkv, d)``, block_tables ``(B, max_blocks)``, seq_lens
-    ``(B,)``: each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits:
-    prefix chunks (None: ``cascade_num_splits``); config: a ``CascadeConfig``. Returns ``o (B, Hq, d)`` in q's
-    dtype and ``lse (B, Hq)`` float32 over each request's whole key set. One kernel launch; ``validate=False``
-    skips the checks that need a device sync.
-    """
-    key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config)
-    rec = LAUNCH_CACHE.get(key) if key is not None else None
-    if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
-        if validate:
-            check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        rec({"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
-             "SeqLens": seq_lens, "OUT": out, "LOUT": lse})
-        return out, lse
+def check_cascade_inputs(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate):
+    """The inputs of a cascade decode (``cascade_decode``, ``serving.cascade_decode_separate``): q ``(B, Hq, d)``
+    with ``B, Hq >= 1``; the paged caches, block tables and seq_lens as ``paged_decode`` takes them; prefix_k,
+    prefix_v ``(P, Hkv, d)`` with ``P >= 1``, of q's dtype. Returns ``(B, Hq, d, Hkv, block_size, block_tables,
+    seq_lens)``; ``validate`` (checked) adds the value checks that need a device sync."""
     _checks.check_tensor(q, "q", ndim=3)
     B, hq, d = q.shape
     if B == 0 or hq == 0:
@@ -278,6 +259,35 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
         raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
                          f"{tuple(prefix_v.shape)}")
     block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    return B, hq, d, hkv, block_size, block_tables, seq_lens
+
+
+def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
+                   num_splits=None, config=None, validate=True, fast_launch=True):
+    """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
+
+    q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once per row tile for the whole
+    batch; k_cache, v_cache ``(num_blocks, block_size, Hkv, d)``, block_tables ``(B, max_blocks)``, seq_lens
+    ``(B,)``: each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits:
+    prefix chunks (None: ``cascade_num_splits``); config: a ``CascadeConfig``. Returns ``o (B, Hq, d)`` in q's
+    dtype and ``lse (B, Hq)`` float32 over each request's whole key set. One kernel launch; ``validate=False``
+    skips the checks that need a device sync; ``fast_launch=False`` always takes the full path (no recorded
+    launch).
+    """
+    key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
+                    enabled=fast_launch is True)
+    rec = LAUNCH_CACHE.get(key) if key is not None else None
+    if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
+        if validate:
+            check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
+        out = torch.empty_like(q)
+        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        rec({"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
+             "SeqLens": seq_lens, "OUT": out, "LOUT": lse})
+        return out, lse
+    _checks.check_flag(fast_launch, "fast_launch")
+    B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
+        q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate)
     if config is not None and not isinstance(config, CascadeConfig):
         raise TypeError(f"config must be a CascadeConfig or None, got {type(config).__name__}")
     cfg = DEFAULT_CONFIG if config is None else config

@@ -15,11 +15,16 @@ scopes a default explicitly, without touching a module variable::
 
     with configs.pinned(fwd=FWD_PINS["serving"], bwd=BWD_PINS["serving"]):
         engine.run(...)
+
+The decode family (``flash_decode``, ``paged_decode``) takes a frozen ``DecodeConfig`` the same way:
+``config=DECODE_PINS["paged"]`` per call, ``pinned(decode=...)`` for a block, ``DECODE_PINS`` (chosen by
+``decode_pin``) otherwise. ``cascade_decode`` takes its own ``CascadeConfig`` (``reference.triton.cascade``).
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
+from dataclasses import dataclass
 
 from ._runtime import INTERPRET
 
@@ -63,6 +68,52 @@ HOPPER_BENCH_BWD = {
 }
 
 
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Stage 1 of split-KV decode (``reference.triton.decode``): ``block_n`` keys per inner-loop step (the N of
+    the QK^T tile), ``num_warps``, ``num_stages`` (software pipeline depth), and ``fuse_merge``: the last
+    program of each (batch, kv head) merges the splits (an atomic ticket) instead of a second kernel
+    (``_merge_kernel``). A GPU with less shared memory than the configuration needs runs the first fallback
+    that fits (``_device.stage_ladder``: fewer stages, then shorter key blocks)."""
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 4
+    fuse_merge: bool = True
+
+    def __post_init__(self):
+        for name in ("block_n", "num_warps", "num_stages"):
+            v = getattr(self, name)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"DecodeConfig.{name} must be a positive int, got {v!r}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16 (tl.dot), got {self.block_n}")
+        if self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"DecodeConfig.num_warps must be a power of two, got {self.num_warps}")
+        if type(self.fuse_merge) is not bool:
+            raise ValueError(f"DecodeConfig.fuse_merge must be a bool, got {self.fuse_merge!r}")
+
+    def launch(self) -> dict:
+        """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""
+        return dict(block_n=self.block_n, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+#: decode pins (``flash_decode`` / ``paged_decode``), by input kind; all merge inside stage 1 (``fuse_merge``:
+#: notes/triton_decode.md run 4, 3-4 us less per batch-1 step than the second kernel)
+DECODE_PINS = {
+    # fp16/bf16, contiguous cache: bench_decode --tune on an H200 (notes/triton_decode.md run 4): 64-key tiles,
+    # 4 warps, 4 stages were best on the contiguous cases (1.03x geomean over the first configuration)
+    "contiguous": DecodeConfig(64, 4, 4),
+    # paged with several splits, tuned separately (run 4): 16-token pages make 64-key tiles gather 4 pages,
+    # 128-key tiles win there
+    "paged": DecodeConfig(128, 4, 2),
+    # paged with one split (large batch; one split never runs the merge): 8 warps beat 4 at B=32, 8k, 16-token
+    # pages (run 4a: 270 vs 283 us graph time)
+    "paged_one_split": DecodeConfig(128, 8, 2),
+    # fp32 inputs: half the tile, so the stages of K and V tiles (d=128) stay well inside shared memory
+    "fp32": DecodeConfig(64, 4, 3),
+}
+
+
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
 AUTOTUNE = "autotune"
 _SCOPED: contextvars.ContextVar = contextvars.ContextVar("reference_triton_pins", default={})
@@ -84,10 +135,14 @@ def check_pin(pin, name: str, backward: bool = False):
 
 
 @contextlib.contextmanager
-def pinned(fwd: dict | None = None, bwd: dict | None = None):
-    """Within the ``with`` block (this thread / task only), ``forward_pin()`` returns ``fwd`` and
-    ``backward_pin()`` returns ``bwd`` (each only if given; ``AUTOTUNE``: autotune)."""
+def pinned(fwd: dict | None = None, bwd: dict | None = None, decode=None):
+    """Within the ``with`` block (this thread / task only), ``forward_pin()`` returns ``fwd``,
+    ``backward_pin()`` returns ``bwd`` (each only if given; ``AUTOTUNE``: autotune) and ``decode_pin(kind)``
+    returns ``decode``: one ``DecodeConfig`` for every input kind, or a dict ``{kind: DecodeConfig}`` (kinds of
+    ``DECODE_PINS``; the kinds it leaves out keep their pins)."""
     scoped = dict(_SCOPED.get())
+    if decode is not None:
+        scoped["decode"] = _check_decode_scope(decode)
     if fwd is not None:
         scoped["fwd"] = None if fwd is AUTOTUNE else check_pin(fwd, "fwd")
     if bwd is not None:
@@ -97,6 +152,16 @@ def pinned(fwd: dict | None = None, bwd: dict | None = None):
         yield
     finally:
         _SCOPED.reset(token)
+
+
+def _check_decode_scope(decode):
+    """A ``DecodeConfig``, or a dict of them by kind as a sorted tuple of pairs (hashable: a launch-cache key)."""
+    if isinstance(decode, DecodeConfig):
+        return decode
+    if isinstance(decode, dict) and all(k in DECODE_PINS and isinstance(v, DecodeConfig) for k, v in decode.items()):
+        return tuple(sorted(decode.items()))
+    raise TypeError(f"decode must be a DecodeConfig or a dict {{kind: DecodeConfig}} with kinds in "
+                    f"{sorted(DECODE_PINS)}, got {decode!r}")
 
 
 def forward_pin() -> dict | None:
@@ -117,10 +182,23 @@ def backward_pin() -> dict | None:
     return {k: dict(v) for k, v in BWD_PINS["interpreter"].items()} if INTERPRET else None
 
 
+def decode_pin(kind: str) -> DecodeConfig:
+    """The decode default for ``kind`` (a key of ``DECODE_PINS``): a scoped ``pinned(decode=...)``, else the pin."""
+    scoped = _SCOPED.get().get("decode")
+    if isinstance(scoped, DecodeConfig):
+        return scoped
+    return dict(scoped or ()).get(kind, DECODE_PINS[kind])
+
+
+def scoped_decode():
+    """The scoped ``pinned(decode=...)`` choice (hashable) or None: part of the decode launch-cache key."""
+    return _SCOPED.get().get("decode")
+
+
 def as_tuple(pin: dict) -> tuple:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of a pin."""
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
-           "AUTOTUNE"]
+           "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode"]

@@ -9,10 +9,10 @@ Parallelizes Across Keys/Values") splits the keys and values into chunks and run
    base 2) and writes a partial output ``o_s`` and its log-sum-exp ``lse_s``;
 2. *stage 2*: the splits are merged with the log-sum-exp rule ``lse = log sum_s exp(lse_s)``,
    ``o = sum_s exp(lse_s - lse) o_s`` (the same merge as ``reference.numpy.merge.merge_states``). By default
-   (``FUSE_MERGE``) the merge runs inside stage 1: each program takes a ticket from an atomic counter of its
+   (``DecodeConfig.fuse_merge``) the merge runs inside stage 1: each program takes a ticket from an atomic counter of its
    (batch, kv head) after writing its partial result, and the program that draws the last ticket merges the
    group's splits and resets the counter. This saves the second launch and the gap between the kernels,
-   which are a tenth of a batch-1 decode step at 32k keys. ``FUSE_MERGE = False`` runs the separate
+   which are a tenth of a batch-1 decode step at 32k keys. ``DecodeConfig(fuse_merge=False)`` runs the separate
    ``_merge_kernel`` (one program per (batch, query head)) instead.
 
 GQA packing (FlashAttention-3 talk, "GQA Packing: compute for multiple query heads per KV head"): the
@@ -31,32 +31,19 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks, _device, _fastlaunch
+from . import _checks, _device, _fastlaunch, configs
+from .configs import DecodeConfig
 from ._kernel_helpers import LOG2E
 from ._runtime import INTERPRET, num_sms
 
-#: launch configuration of stage 1 for fp16/bf16: keys per inner-loop step (the N of the QK^T tile), warps,
-#: pipeline depth. Chosen by ``benchmarks/course/bench_decode.py --tune`` on an H200 (notes/triton_decode.md, run 4):
-#: with the fused merge, 64-key tiles, 4 warps, 4 stages was best on the contiguous cases (1.03x geomean).
-CONFIG = dict(block_n=64, num_warps=4, num_stages=4)
-#: the same for the paged kernel (``paged_decode``) with several splits, tuned separately (16-token pages make
-#: short tiles gather 4 pages per 64 keys: 128-key tiles win there, notes run 4)
-PAGED_CONFIG = dict(block_n=128, num_warps=4, num_stages=2)
-#: paged with one split (large batch): 8 warps measured 5% faster than 4 at B=32, 8k, 16-token pages
-PAGED_ONE_SPLIT_CONFIG = dict(block_n=128, num_warps=8, num_stages=2)
-#: fp32 inputs: half the tile, so two stages of K and V tiles (d=128) stay well inside shared memory.
-FP32_CONFIG = dict(block_n=64, num_warps=4, num_stages=3)
+#: the tuned stage-1 configurations (``DecodeConfig``: key block, warps, stages, fused merge) live in
+#: ``reference.triton.configs.DECODE_PINS``; callers pass ``config=`` or scope ``configs.pinned(decode=...)``.
 #: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
 MIN_BLOCKS_PER_SPLIT = 4
 #: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
 PROGRAMS_PER_SM = 2
-#: eager calls repeat a recorded launch when shapes, strides, dtypes and options match an earlier call
-#: (``reference.triton._fastlaunch``); False always takes the full path (checks + Triton's launch)
-FAST_LAUNCH = True
 #: splits merged per step of stage 2's loop
 MERGE_CHUNK = 32
-#: merge the splits inside stage 1 (last program of each (batch, kv head) merges) instead of a second kernel
-FUSE_MERGE = True
 #: fused merge: at most this many (query head, split) rows of d partial outputs per step (registers)
 FUSED_MERGE_ROWS = 128
 
@@ -265,7 +252,7 @@ def choose_num_splits(batch: int, n_kv_heads: int, n_keys: int, sms: int | None 
     ``round(264 / 8) = 33``, whose 16-block splits need only 32 programs, so 32.
     """
     sms = num_sms() if sms is None else sms
-    block_n = CONFIG["block_n"] if block_n is None else block_n
+    block_n = configs.decode_pin("contiguous").block_n if block_n is None else block_n
     programs = max(1, batch * n_kv_heads)
     want = round(PROGRAMS_PER_SM * sms / programs)
     n_blocks = math.ceil(n_keys / block_n)
@@ -291,13 +278,25 @@ def check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: 
     return seq_lens.contiguous()
 
 
-def base_config(dtype, paged=False, num_splits=None) -> dict:
-    """The tuned stage-1 configuration for these inputs (measured on an H200)."""
+def pin_kind(dtype, paged=False, num_splits=None) -> str:
+    """The key of ``configs.DECODE_PINS`` for these inputs."""
     if dtype == torch.float32:
-        return FP32_CONFIG
+        return "fp32"
     if paged:
-        return PAGED_ONE_SPLIT_CONFIG if num_splits == 1 else PAGED_CONFIG
-    return CONFIG
+        return "paged_one_split" if num_splits == 1 else "paged"
+    return "contiguous"
+
+
+def base_config(dtype, paged=False, num_splits=None, config: DecodeConfig | None = None) -> DecodeConfig:
+    """``config``, else the default stage-1 configuration for these inputs (``configs.decode_pin``)."""
+    return config if config is not None else configs.decode_pin(pin_kind(dtype, paged, num_splits))
+
+
+def check_config(config, name: str = "config"):
+    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise TypeError(f"{name} must be a reference.triton.configs.DecodeConfig or None, got {type(config).__name__}")
+    return config
 
 
 def decode_need(cfg: dict, d: int, es: int, limits, group: int = 1) -> _device.Need:
@@ -305,14 +304,17 @@ def decode_need(cfg: dict, d: int, es: int, limits, group: int = 1) -> _device.N
                         cfg["num_warps"])
 
 
-def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None, group: int = 1) -> dict:
-    """``base_config``, or on a GPU with less shared memory than it needs (T4, sm_86/89 at d = 128) the first
-    of its fallbacks that fits (fewer stages, then shorter key blocks: ``_device.stage_ladder``).
-    ``limits`` defaults to the current device's (``_device.device_limits``)."""
+def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None, group: int = 1,
+                  config: DecodeConfig | None = None) -> dict:
+    """``base_config(...).launch()`` (``block_n``, ``num_warps``, ``num_stages``), or on a GPU with less shared
+    memory than it needs (T4, sm_86/89 at d = 128) the first of its fallbacks that fits (fewer stages, then
+    shorter key blocks: ``_device.stage_ladder``). ``limits`` defaults to the current device's
+    (``_device.device_limits``)."""
     limits = _device.device_limits() if limits is None else limits
     es = dtype.itemsize
-    return _device.pick_config(_device.stage_ladder(base_config(dtype, paged, num_splits), "block_n"),
-                               lambda c: decode_need(c, d, es, limits, group), limits)
+    base = base_config(dtype, paged, num_splits, config).launch()
+    return _device.pick_config(_device.stage_ladder(base, "block_n"), lambda c: decode_need(c, d, es, limits, group),
+                               limits)
 
 
 _COUNTERS: dict = {}
@@ -336,8 +338,9 @@ def _counters(device, n: int):
 
 
 def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
-                  fast_key=None):
+                  fast_key=None, config: DecodeConfig | None = None):
     """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout.
+    ``config``: the stage-1 ``DecodeConfig`` (None: ``base_config``'s default for these inputs).
 
     ``fast_key``: record this launch under that key (``LAUNCH_CACHE``) so that the next call with the same key skips
     the checks and Triton's argument binding (``reference.triton._fastlaunch``); only single-kernel launches
@@ -347,7 +350,8 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     B, Hq, d = q.shape
     paged = block_tables is not None
     group = Hq // n_kv_heads
-    cfg = launch_config(q.dtype, paged, num_splits, d, _device.device_limits(q.device), group)
+    fuse_merge = base_config(q.dtype, paged, num_splits, config).fuse_merge
+    cfg = launch_config(q.dtype, paged, num_splits, d, _device.device_limits(q.device), group, config)
     out = torch.empty_like(q)
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
         sk = (k.stride(0), k.stride(2), k.stride(1))
@@ -357,7 +361,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         sk = (k.stride(0), k.stride(1), k.stride(2))
         sv = (v.stride(0), v.stride(1), v.stride(2))
         bt, stride_tb = q, 0  # unused dummy pointer
-    fused = num_splits > 1 and FUSE_MERGE
+    fused = num_splits > 1 and fuse_merge
     if num_splits > 1:
         o_part = torch.empty((B, Hq, num_splits, d), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
@@ -391,16 +395,18 @@ LAUNCH_CACHE = _fastlaunch.LaunchCache()
 _SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out")
 
 
-def _config_token():
-    """Module switches that change a launch (part of every fast-launch key)."""
-    return (FUSE_MERGE, FUSED_MERGE_ROWS, MIN_BLOCKS_PER_SPLIT, PROGRAMS_PER_SM, tuple(CONFIG.items()),
-            tuple(PAGED_CONFIG.items()), tuple(PAGED_ONE_SPLIT_CONFIG.items()), tuple(FP32_CONFIG.items()))
+def clear_launch_cache() -> None:
+    """Forget every recorded launch (the next eager call of each shape takes the full path again)."""
+    LAUNCH_CACHE.clear()
 
 
-def fast_key(kind: str, tensors, *options):
-    """Key of a recorded launch, or None when an input is not a plain tensor on a CUDA device (or when
-    interpreting): then the call takes the full path, whose checks raise the proper errors."""
-    if INTERPRET or not FAST_LAUNCH:
+def fast_key(kind: str, tensors, *options, enabled: bool = True):
+    """Key of a recorded launch, or None when ``enabled`` is False (a caller's ``fast_launch=False``), an input
+    is not a plain tensor on a CUDA device or when interpreting: then the call takes the full path, whose checks
+    raise the proper errors. ``options`` must include the call's ``config``; the scoped default
+    (``configs.pinned(decode=...)``) is added here, so a recorded launch never outlives the configuration it
+    was recorded with."""
+    if INTERPRET or not enabled:
         return None
     parts = [kind]
     for t in tensors:
@@ -410,7 +416,7 @@ def fast_key(kind: str, tensors, *options):
             return None
         else:
             parts.append(_fastlaunch.tensor_key(t))
-    key = (*parts, *options, _config_token(), _fastlaunch.stream_key(tensors[0].device))
+    key = (*parts, *options, configs.scoped_decode(), _fastlaunch.stream_key(tensors[0].device))
     try:
         hash(key)
     except TypeError:  # an unhashable option: the full path names it
@@ -424,7 +430,7 @@ def _record(key, grid, args, kwargs):
         LAUNCH_CACHE.put(key, rec)
 
 
-def fast_launch(rec, q, k, v, seq_lens, block_tables):
+def repeat_launch(rec, q, k, v, seq_lens, block_tables):
     """Repeat a recorded decode launch on new tensors of the recorded shapes; returns the output."""
     out = torch.empty_like(q)
     rec({"Q": q, "K": k, "V": v, "SeqLens": q if seq_lens is None else seq_lens,
@@ -458,7 +464,8 @@ def check_kv_cache(q, k, v, k_name: str, v_name: str, layout: str, hkv_axis: int
     return tuple(k.shape)
 
 
-def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True):
+def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None,
+                 fast_launch=True):
     """Split-KV decode attention (Flash-Decoding) with GQA packing; returns ``o (B, Hq, d)`` in q's dtype.
 
     q: ``(B, Hq, d)`` (one new token per sequence); k, v: ``(B, Hkv, Nmax, d)``, ``Hq % Hkv == 0``;
@@ -467,16 +474,20 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     ``choose_num_splits(B, Hkv, Nmax)``; any positive integer is accepted (surplus splits are empty).
     scale defaults to ``1/sqrt(d)``. validate=False skips the one check that needs a device sync (seq_lens
     values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
-    bounds.
+    bounds. config: a ``reference.triton.configs.DecodeConfig`` (None: ``configs.decode_pin``, the tuned pin
+    for the dtype). fast_launch=False always takes the full path (checks + Triton's launch) instead of
+    repeating a recorded launch of the same shapes (``reference.triton._fastlaunch``).
     """
-    key = fast_key("contiguous", (q, k, v, seq_lens), num_splits, scale)
+    key = fast_key("contiguous", (q, k, v, seq_lens), num_splits, scale, config, enabled=fast_launch is True)
     rec = LAUNCH_CACHE.get(key) if key is not None else None
     if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
         if validate and seq_lens is not None:       # only the value checks remain
             check_seq_lens(seq_lens, q.shape[0], k.shape[2], "Nmax = k.shape[2]", True)
-        return fast_launch(rec, q, k, v, seq_lens, None)
+        return repeat_launch(rec, q, k, v, seq_lens, None)
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
+    _checks.check_flag(fast_launch, "fast_launch")
+    config = check_config(config)
     Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
     if Bk != B:
         raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")
@@ -485,7 +496,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     if seq_lens is not None:
         seq_lens = check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
     if num_splits is None:
-        cfg = launch_config(q.dtype, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv)
+        cfg = launch_config(q.dtype, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv, config=config)
         num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
@@ -494,4 +505,4 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
     return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1,
-                         fast_key=key if direct else None)
+                         fast_key=key if direct else None, config=config)

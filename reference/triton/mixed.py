@@ -33,7 +33,7 @@ import triton.language as tl
 
 from . import _checks
 from ._device import device_limits, hopper
-from ._kernel_helpers import LN2, LOG2E, dot, dot_acc, mask_running_max
+from ._kernel_helpers import LN2, LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step, mask_running_max
 from ._runtime import INTERPRET
 from .paged import check_block_tables, check_paged_cache
 from .varlen import check_cu_seqlens
@@ -194,16 +194,8 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
                 ps = ((slot0 + s) * n_kv_heads + hk).to(tl.int64) * PART_M + offs_r
                 ls = tl.load(LPart + ps, cache_modifier=".cg")
                 os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], cache_modifier=".cg")
-                m_new = tl.maximum(m, ls)
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-                w = tl.math.exp2(ls - m_ref)
-                alpha = tl.math.exp2(m - m_ref)
-                den = den * alpha + w
-                num = num * alpha[:, None] + w[:, None] * os_
-                m = m_new
-            out = num / tl.where(den > 0, den, 1.0)[:, None]
-            lse_out = tl.where(den > 0, (tl.where(m == float("-inf"), 0.0, m) + tl.math.log2(tl.where(den > 0, den, 1.0))) * LN2,
-                               float("-inf"))
+                m, den, num = lse_merge_step(m, den, num, ls, os_)
+            out, lse_out = lse_merge_finish(m, den, num)
             tl.store(o_ptrs, out.to(O.dtype.element_ty), mask=row_ok[:, None])
             tl.store(l_ptrs, lse_out, mask=row_ok)
             tl.atomic_xchg(counter, 0)  # zero again for the next launch

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 
 from . import _checks, _device
-from .decode import (LAUNCH_CACHE, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits, fast_key,
-                     fast_launch, launch_config, launch_decode)
+from .decode import (LAUNCH_CACHE, check_config, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits,
+                     fast_key, launch_config, launch_decode, repeat_launch)
 
 
 def check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
@@ -52,7 +52,8 @@ def check_paged_cache(q, k_cache, v_cache):
     return shape
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True):
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True,
+                 config=None, fast_launch=True):
     """Decode attention over a paged KV cache (PagedAttention + Flash-Decoding); returns ``o (B, Hq, d)``.
 
     q: ``(B, Hq, d)``; k_cache, v_cache: ``(num_blocks, block_size, Hkv, d)``, ``Hq % Hkv == 0`` (GQA);
@@ -61,21 +62,27 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     block ``block_tables[b, n // block_size]``, row ``n % block_size``. num_splits: None picks
     ``choose_num_splits(B, Hkv, max_blocks * block_size)``. validate=False skips the value checks that need
     a device sync (seq_lens range, block indices in range); bad values then give wrong output, and the
-    kernel still never reads through a negative index.
+    kernel still never reads through a negative index. config: a ``reference.triton.configs.DecodeConfig`` for
+    every split count (None: ``configs.decode_pin``'s ``"paged"`` / ``"paged_one_split"`` pins, ``"fp32"`` for
+    fp32). fast_launch=False always takes the full path (no recorded launch).
     """
-    key = fast_key("paged", (q, k_cache, v_cache, block_tables, seq_lens), num_splits, scale)
+    key = fast_key("paged", (q, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
+                   enabled=fast_launch is True)
     rec = LAUNCH_CACHE.get(key) if key is not None else None
     if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
         if validate:                                # only the value checks remain
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
-        return fast_launch(rec, q, k_cache, v_cache, seq_lens, block_tables)
+        return repeat_launch(rec, q, k_cache, v_cache, seq_lens, block_tables)
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
+    _checks.check_flag(fast_launch, "fast_launch")
+    config = check_config(config)
     num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
     block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     n_max = block_tables.shape[1] * block_size
     if num_splits is None:
-        cfg = launch_config(q.dtype, paged=True, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv)
+        cfg = launch_config(q.dtype, paged=True, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv,
+                            config=config)
         num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
@@ -85,4 +92,4 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
     return launch_decode(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits,
-                         page_size=block_size, fast_key=key if direct else None)
+                         page_size=block_size, fast_key=key if direct else None, config=config)

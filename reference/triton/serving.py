@@ -23,6 +23,7 @@ import triton.language as tl
 
 from . import _checks
 from ._runtime import num_sms
+from .cascade import check_cascade_inputs
 from .flash_fwd import Varlen, launch_forward
 from .paged import check_block_tables, check_paged_cache
 from .varlen import check_cu_seqlens
@@ -163,21 +164,8 @@ def cascade_decode_separate(q, prefix_k, prefix_v, k_cache, v_cache, block_table
     of the prefix (None: ``cascade_num_splits``). Returns ``o (B, Hq, d)`` in q's dtype and ``lse (B, Hq)``
     float32 over each request's whole key set. ``validate=False`` skips the checks that need a device sync.
     """
-    _checks.check_tensor(q, "q", ndim=3)
-    B, hq, d = q.shape
-    if B == 0 or hq == 0:
-        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
-    num_blocks, block_size, hkv, _ = _check_caches(q, k_cache, v_cache)
-    validate = _checks.check_flag(validate, "validate")
-    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
-        _checks.check_tensor(x, name, ndim=3)
-        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
-            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
-    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
-    if prefix_k.shape != prefix_v.shape:
-        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
-                         f"{tuple(prefix_v.shape)}")
-    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
+        q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate)
     scale = _checks.check_scale(scale, d)
     P, g = prefix_k.shape[0], hq // hkv
     if num_splits is None:
