@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import traceback
@@ -179,8 +180,21 @@ def _resolve(name: str) -> set:
 def grading_files(assignment) -> list:
     """Repository-relative paths the zip carries besides setup.sh, run_autograder and the requirements."""
     files = {str(_module_file(m).relative_to(REPO)) for m in grading_modules(assignment)}
-    files |= {str(p.relative_to(REPO)) for p in (Path(REPO) / "assignments" / "given").glob("*.py")}
+    files |= {f"assignments/given/{name}.py" for name in given_modules(assignment)}
     return sorted(files)
+
+
+def given_modules(assignment) -> list:
+    """The ``assignments/given/`` modules this assignment's notebook embeds (its solution source's
+    ``# %% given="name"`` cells): the op audit recognises given code by their fingerprints, and no other
+    assignment's given code needs to ship."""
+    aid = specs.resolve(assignment)
+    src = (Path(REPO) / "assignments" / aid / f"{aid}_solution.py").read_text(encoding="utf-8")
+    names = sorted(set(re.findall(r'^# %%.*\bgiven="([A-Za-z0-9_]+)"', src, flags=re.M)))
+    missing = [n for n in names if not (Path(REPO) / "assignments" / "given" / f"{n}.py").is_file()]
+    if missing:
+        raise FileNotFoundError(f"{aid}: given cells {missing} have no assignments/given/<name>.py")
+    return names
 
 
 def build_zip(assignment, out) -> Path:
