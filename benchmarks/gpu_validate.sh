@@ -58,9 +58,9 @@ echo "[gpu_validate] grade a7_gluon solution: $((SECONDS - t0)) s wall"
 path=$(python3 -c "from pathlib import Path; from autograder.selftest import materialise_mutant; \
 print(materialise_mutant(Path('autograder/submissions/a7_gluon/wrong/w_turn_wrong_phase.mutant.json')))")
 t0=$SECONDS
-timeout 400 python3 -m autograder grade a7_gluon "$path" --device cuda --test "correctness" \
+timeout 400 python3 -m autograder grade a7_gluon "$path" --device cuda \
     --json "$OUT/grade_a7_gluon_wrong_phase.json" 2>&1 | tail -6
-echo "[gpu_validate] grade a7_gluon wrong phase (must fail by the case time limit): $((SECONDS - t0)) s wall"
+echo "[gpu_validate] grade a7_gluon wrong phase (loses the CPU phase check; on an H100 the kernel runs unordered, no hang): $((SECONDS - t0)) s wall"
 fi
 if has slow; then
 # GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but

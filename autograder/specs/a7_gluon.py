@@ -13,7 +13,9 @@ kernel. Out of 100 on a Hopper GPU (compute capability 9.0), 60 elsewhere:
   (ragged N, causal Nq != Nk, GQA, d = 64 and 128, bf16 and fp16; 25) and speed against the course's persistent
   ping-pong forward ``reference.triton.flash_attention_forward_gluon`` (15; full points up to 1.5x its time: the
   student's kernel is the one-CTA-per-tile ablation, which the lecture measures a few percent slower). A hang
-  on the GPU (a wrong phase that slipped through) hits the case time limit and fails the test.
+  on the GPU (e.g. a missing arrive that slipped through) hits the case time limit and fails the test; a wrong
+  phase does not hang on an H100 (measured: the wait returns at once, the matmuls run unordered, values stay
+  right), so only the phase check sees it.
 """
 from __future__ import annotations
 
