@@ -17,3 +17,8 @@ def pytest_runtest_makereport(item, call):
         for k, v in item.user_properties:
             if k == "seed":
                 item.add_report_section("call", "seed", f"rng seed = {v}")
+
+
+# CPU_REPORT=1 pytest ...: the tests that cost the most CPU (tests/cpu_report.py)
+if os.environ.get("CPU_REPORT"):
+    pytest_plugins = ["tests.cpu_report"]
