@@ -7,8 +7,27 @@ import os
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import gc  # noqa: E402
+import sys  # noqa: E402
+
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+# The big imports' objects, frozen out of the collector's reach once per test process (issue 23 item 2):
+# ``runner.execute`` collects garbage before every graded call (so that garbage does not count in the memory
+# tests), and in a test process that has imported torch and Triton (and sympy, which autograd's first backward
+# imports) each collection walks their 200 000 objects, 0.1 s a call: the in-process visible-check tests made
+# dozens of such calls. Frozen right after a full collection, so no garbage is frozen with them; objects made
+# later (each test's own) are collected as before. The grading children do the same (``autograder/child.py``).
+_FROZEN: set = set()
+
+
+def pytest_runtest_setup(item):
+    heavy = {m for m in ("torch", "triton", "sympy") if m in sys.modules} - _FROZEN
+    if heavy:
+        gc.collect()
+        gc.freeze()
+        _FROZEN.update(heavy)
 
 
 @pytest.fixture
