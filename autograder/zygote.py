@@ -70,10 +70,15 @@ class ZygoteProc:
         return self.returncode
 
     def close(self):
-        """The zygote kills whatever of this child still runs when the connection closes."""
+        """The zygote kills whatever of this child still runs when the connection closes: from then on the
+        child counts as killed (-9), as when the zygote dies (``_read``). Without the connection no exit status
+        can arrive, and ``wait`` would spin on a closed socket until its timeout (10 s of CPU in
+        ``Sandbox.stop``)."""
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+            if self.returncode is None:
+                self.returncode = -9
 
 
 def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list) -> ZygoteProc | None:

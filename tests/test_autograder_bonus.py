@@ -9,7 +9,7 @@ from autograder import specs
 from autograder import engine
 from autograder.grade_all import summary, write_csv
 from autograder.report import table, to_gradescope, totals
-from autograder.selftest import check_expectation, collect
+from autograder.selftest import check_expectation, collect, graded_tests
 
 # Required points of each assignment on a GPU. The course's rule is 100; a2 (forward_hbm_bytes, a required
 # Part 3) and a5 (copy-on-write, required) total more; a6 (optional) is out of 100 since issue 24.
@@ -150,3 +150,26 @@ def test_selftest_solutions_must_earn_the_full_bonus_and_stubs_none():
     stubs = [exp for _aid, _p, exp, label in items if label.endswith("(stubs)")]
     assert sols and all(e["score"] == [100, 100] and e["bonus"] == [100, 100] for e in sols)
     assert stubs and all(e["score"] == [0, 0] and e["bonus"] == [0, 0] for e in stubs)
+
+
+def test_selftest_grades_bonus_tests_only_where_the_expectation_checks_them():
+    """The selftest leaves a3's FP8 bonus (3.5 s of interpreter a grading) out of entries whose expectation
+    looks at no bonus test (issue 23 item 2); where it does -- a bonus band, a fail/pass pattern -- it runs."""
+    spec = specs.load("a3_triton")
+    required = {t.name for t in spec.tests if not t.optional}
+    fp8 = {t.name for t in spec.tests if t.optional}
+    assert fp8 and required
+    assert graded_tests("a3_triton", {"score": [100, 100], "bonus": [100, 100], "others_pass": True}) is None
+    for exp in ({"fail": ["flash_attention_forward: GQA"], "others_pass": True}, {"score": [0, 10]},
+                {"score": [0, 0], "flags": ["T10"], "zero_tasks": ["a3.flash_attention_forward"]}):
+        assert set(graded_tests("a3_triton", exp)) == required
+    assert graded_tests("a3_triton", {"fail": ["optional (FP8)"], "others_pass": True}) is None
+    outlier = set(graded_tests("a3_triton", {"fail": ["optional (FP8): accuracy, outlier"]})) - required
+    assert outlier and all("outlier" in n for n in outlier) and outlier < fp8
+    assert graded_tests("a1_attention", {"fail": ["online_softmax"]}) is None        # no optional test: all
+    # every entry of the zoo: the bonus runs wherever a test name of the expectation matches a bonus test
+    for aid, _p, exp, label in collect(["a3", "a4"]):
+        keep = graded_tests(aid, exp)
+        named = [*exp.get("fail", []), *exp.get("pass", [])]
+        if "bonus" in exp or any(pat in n for pat in named for n in fp8):
+            assert keep is None or any(pat in n for n in keep for pat in named), label

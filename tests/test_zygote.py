@@ -104,6 +104,7 @@ def test_closing_the_connection_kills_the_child(zyg):
         launcher = sb.pid
         assert isolation.proc_state(launcher) not in (None, "Z")
         sb.proc.close()
+        assert sb.proc.poll() == -9          # counted as killed at once: no wait spins on the closed socket
         deadline = time.monotonic() + 10
         while isolation.proc_state(launcher) not in (None, "Z") and time.monotonic() < deadline:
             time.sleep(0.05)
