@@ -45,19 +45,19 @@ def device_name(smoke: bool = False) -> str:
     return "cpu (Triton interpreter, smoke test)" if smoke else torch.cuda.get_device_name()
 
 
-def start_run(script: str, smoke: bool, out_dir: str):
-    """The start of a course benchmark's ``main``: ``None`` (after saying so) when ``script`` is asked for a GPU
-    run where there is none (or under ``TRITON_INTERPRET=1``, where the full shapes would take hours; the caller
-    then returns 0), else ``(t0, log)`` with ``out_dir`` created and ``log`` stamping seconds since ``t0``."""
+def start_run(script: str, smoke: bool, out_dir: str, body) -> int:
+    """The start of a course benchmark's ``main``: returns 0 (after saying so) when ``script`` is asked for a GPU
+    run where there is none (or under ``TRITON_INTERPRET=1``, where the full shapes would take hours), else
+    creates ``out_dir`` and returns ``body(t0, log)``, ``log`` stamping seconds since ``t0``."""
     import os
 
     from reference.triton import INTERPRET
     if not smoke and (INTERPRET or not torch.cuda.is_available()):
         print(f"{script} needs a CUDA GPU; nothing run (try --smoke).")
-        return None
+        return 0
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.time()
-    return t0, timestamped_log(t0)[0]
+    return body(t0, timestamped_log(t0)[0])
 
 
 def sync() -> None:

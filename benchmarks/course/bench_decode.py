@@ -99,6 +99,33 @@ def to_paged(k, v, bs):
     return kc, vc, perm.view(B, nb).to(torch.int32), torch.full((B,), N, dtype=torch.int32, device=k.device)
 
 
+def shared_prefix_case(B, P, S, bs) -> dict:
+    """A cascade case (lecture 9): ``B`` sequences that share a prefix of ``P`` tokens, each with its own suffix of
+    ``S`` tokens, in one paged cache of random bf16 keys with shuffled physical blocks. Returns the cache ``kc``,
+    ``vc``, the prefix also kept contiguous (``prefix_k``, ``prefix_v``: (P, Hkv, d)), the suffix tables and
+    lengths (``suf_tab``, ``suf_len``: what ``cascade_decode`` reads), the whole sequences as one paged batch
+    (``full_tab``, ``full_len``: what ``paged_decode`` reads) and the query ``q`` (B, Hq, d)."""
+    np_, ns = P // bs, S // bs
+    n_blocks = np_ + B * ns
+    kc = torch.randn(n_blocks, bs, HKV, D, device=DEVICE, dtype=DTYPE)
+    vc = torch.randn(n_blocks, bs, HKV, D, device=DEVICE, dtype=DTYPE)
+    perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
+    pre_tab, suf_tab = perm[:np_], perm[np_:].view(B, ns).contiguous()
+    lens = lambda n: torch.full((B,), n, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    return dict(kc=kc, vc=vc, prefix_k=kc[pre_tab.long()].reshape(P, HKV, D),
+                prefix_v=vc[pre_tab.long()].reshape(P, HKV, D), suf_tab=suf_tab, suf_len=lens(S),
+                full_tab=torch.cat([pre_tab[None].expand(B, -1), suf_tab], 1).contiguous(), full_len=lens(P + S),
+                q=torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE))
+
+
+def shared_prefix_bytes(B, P, S) -> dict:
+    """K and V bytes each pass of ``shared_prefix_case`` reads: the one-launch cascade (the prefix once, every
+    suffix), ``paged_decode`` over whole sequences (the prefix B times), and the cascade's two passes."""
+    per_token = HKV * D * 2 * 2
+    return dict(cascade=(P + B * S) * per_token, paged=B * (P + S) * per_token, prefix_pass=P * per_token,
+                suffix_pass=B * S * per_token)
+
+
 def n_sets(kv_bytes) -> int:
     """Input sets to rotate through in a graph so that one pass over them is >= 3x the L2 cache."""
     if SMOKE:
@@ -534,10 +561,10 @@ def main(argv=None):
     args = _args(argv)
     global SMOKE
     SMOKE = args.smoke
-    started = _common.start_run("bench_decode.py", SMOKE, args.out)
-    if started is None:
-        return 0
-    _, log = started
+    return _common.start_run("bench_decode.py", SMOKE, args.out, lambda _t0, log: _run(args, log))
+
+
+def _run(args, log):
     slug = _common.result_tag(SMOKE)
     copy_bw = copy_bandwidth()
     log(f"{_common.device_name(SMOKE)} ({num_sms()} SMs): copy bandwidth {copy_bw / 1e9:.0f} GB/s (read+write)")

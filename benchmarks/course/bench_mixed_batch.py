@@ -184,18 +184,10 @@ def _cascade(log, copy_bw):
     P, S, bs = (64, 16, 16) if SMOKE else (32768, 1024, 16)
     rows = []
     for B in ([2] if SMOKE else [8, 16, 32, 64]):
-        np_, ns = P // bs, S // bs
-        n_blocks = np_ + B * ns
-        kc, vc = randn(n_blocks, bs, HKV, D), randn(n_blocks, bs, HKV, D)
-        perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
-        pre_tab, suf_tab = perm[:np_], perm[np_:].view(B, ns).contiguous()
-        prefix_k = kc[pre_tab.long()].reshape(P, HKV, D)
-        prefix_v = vc[pre_tab.long()].reshape(P, HKV, D)
-        full_tab = torch.cat([pre_tab[None].expand(B, -1), suf_tab], 1).contiguous()
-        full_len = torch.full((B,), P + S, dtype=torch.int32, device=DEVICE)
-        suf_len = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
+        c = bd.shared_prefix_case(B, P, S, bs)
+        q, kc, vc, prefix_k, prefix_v, suf_tab, suf_len, full_tab, full_len = (c[k] for k in (
+            "q", "kc", "vc", "prefix_k", "prefix_v", "suf_tab", "suf_len", "full_tab", "full_len"))
         zero_len = torch.zeros(B, dtype=torch.int32, device=DEVICE)
-        q = randn(B, HQ, D)
         oc, lc = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
         os_, ls_ = cascade_decode_separate(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
         op = paged_decode(q, kc, vc, full_tab, full_len)
@@ -214,8 +206,7 @@ def _cascade(log, copy_bw):
         row["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in fns.items()}
         row["ms_loop"] = {k: _common.loop_ms(fns[k], 100, warmup=10, smoke=SMOKE)
                           for k in ("cascade", "cascade_separate", "paged")}
-        row["bytes"] = dict(cascade=(P + B * S) * PER_TOKEN, paged=B * (P + S) * PER_TOKEN, prefix_pass=P * PER_TOKEN,
-                            suffix_pass=B * S * PER_TOKEN)
+        row["bytes"] = bd.shared_prefix_bytes(B, P, S)
         row["bytes"]["cascade_separate"] = row["bytes"]["cascade"]
         row["tb_per_s_graph"] = {k: row["bytes"][k] / (row["ms_graph"][k] * 1e-3) / 1e12 for k in row["bytes"]}
         row["fraction_of_copy_bw"] = {k: v * 1e12 / copy_bw for k, v in row["tb_per_s_graph"].items()}
@@ -245,10 +236,10 @@ def main(argv=None):
     args = ap.parse_args(argv)
     global SMOKE
     SMOKE = args.smoke
-    started = _common.start_run("bench_mixed_batch.py", SMOKE, args.out)
-    if started is None:
-        return 0
-    t0, log = started
+    return _common.start_run("bench_mixed_batch.py", SMOKE, args.out, lambda t0, log: _run(args, t0, log))
+
+
+def _run(args, t0, log):
     torch.manual_seed(0)
     copy_bw = _common.copy_bandwidth(1 << (21 if SMOKE else 30), device=DEVICE, wall=SMOKE)
     log(f"{_common.device_name(SMOKE)}: copy bandwidth {copy_bw / 1e12:.2f} TB/s (bytes read + written of a 1 GiB copy)")

@@ -238,17 +238,9 @@ def _cascade(log):
     batches = [2] if SMOKE else [8, 16, 32, 64]
     rows = []
     for B in batches:
-        np_, ns = P // bs, S // bs
-        n_blocks = np_ + B * ns
-        kc, vc = randn(n_blocks, bs, HKV, D), randn(n_blocks, bs, HKV, D)
-        perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
-        pre_tab, suf_tab = perm[:np_], perm[np_:].view(B, ns)
-        prefix_k = kc[pre_tab.long()].reshape(P, HKV, D)  # the shared prefix, also kept contiguous
-        prefix_v = vc[pre_tab.long()].reshape(P, HKV, D)
-        full_tab = torch.cat([pre_tab[None].expand(B, -1), suf_tab], 1).contiguous()
-        full_len = torch.full((B,), P + S, dtype=torch.int32, device=DEVICE)
-        suf_len = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
-        q = randn(B, HQ, D)
+        c = bd.shared_prefix_case(B, P, S, bs)
+        q, kc, vc, prefix_k, prefix_v, suf_tab, suf_len, full_tab, full_len = (c[k] for k in (
+            "q", "kc", "vc", "prefix_k", "prefix_v", "suf_tab", "suf_len", "full_tab", "full_len"))
         oc, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
         op = paged_decode(q, kc, vc, full_tab, full_len)
         row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=bd.rel(oc, op))
@@ -259,12 +251,10 @@ def _cascade(log):
         row["ms_graph_paged"] = graph_ms([f_paged])
         row["ms_cascade"] = bench(f_casc)
         row["ms_paged"] = bench(f_paged)
-        per_tok = HKV * D * 2 * 2
-        row["bytes_paged"] = B * (P + S) * per_tok
-        row["bytes_cascade"] = (P + B * S) * per_tok
-        row["bytes_ratio"] = row["bytes_paged"] / row["bytes_cascade"]
-        row["speedup_graph"] = row["ms_graph_paged"] / row["ms_graph_cascade"]
-        row["speedup_eager"] = row["ms_paged"] / row["ms_cascade"]
+        nb = bd.shared_prefix_bytes(B, P, S)
+        row.update(bytes_paged=nb["paged"], bytes_cascade=nb["cascade"], bytes_ratio=nb["paged"] / nb["cascade"],
+                   speedup_graph=row["ms_graph_paged"] / row["ms_graph_cascade"],
+                   speedup_eager=row["ms_paged"] / row["ms_cascade"])
         rows.append(row)
         log(f"  cascade B={B:3d}: graph {row['ms_graph_cascade'] * 1e3:8.1f} us vs paged "
             f"{row['ms_graph_paged'] * 1e3:8.1f} us = {row['speedup_graph']:.2f}x (bytes ratio "
@@ -400,13 +390,13 @@ def main(argv=None):
     args = ap.parse_args(argv)
     global SMOKE
     SMOKE = args.smoke
-    started = _common.start_run("bench_serving.py", SMOKE, args.out)
-    if started is None:
-        return 0
     fwd_pin = configs.FWD_PINS["smoke"] if SMOKE else FWD_PIN
     bwd_pin = None if SMOKE else BWD_PIN
-    with configs.pinned(fwd=fwd_pin, bwd=bwd_pin):
-        return _run(args, fwd_pin, bwd_pin, *started)
+
+    def pinned_run(t0, log):
+        with configs.pinned(fwd=fwd_pin, bwd=bwd_pin):
+            return _run(args, fwd_pin, bwd_pin, t0, log)
+    return _common.start_run("bench_serving.py", SMOKE, args.out, pinned_run)
 
 
 def _run(args, fwd_pin, bwd_pin, t0, log):

@@ -19,6 +19,7 @@ recorded, not fatal.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -37,7 +38,6 @@ from reference.triton.configs import DecodeConfig
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 
 HQ, HKV, D = 32, 8, 128
-PER_TOKEN = HKV * D * 2 * 2
 
 #: CascadeConfig variants (rows, num_warps, num_stages, block_n, programs_per_sm, max_split_keys); runs 1 and 2 of
 #: notes/serving_perf.md swept tile shapes and two merge designs (their JSON: h100-serving-sweep.json,
@@ -55,24 +55,20 @@ def cascade_sweep(log, copy_bw):
     P, S, bs = 32768, 1024, 16
     out = []
     for B in (8, 16, 32, 64):
-        np_, ns = P // bs, S // bs
-        n_blocks = np_ + B * ns
-        kc, vc = bm.randn(n_blocks, bs, HKV, D), bm.randn(n_blocks, bs, HKV, D)
-        perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
-        pre_tab, suf_tab = perm[:np_], perm[np_:].view(B, ns).contiguous()
-        pk, pv = kc[pre_tab.long()].reshape(P, HKV, D), vc[pre_tab.long()].reshape(P, HKV, D)
-        full_tab = torch.cat([pre_tab[None].expand(B, -1), suf_tab], 1).contiguous()
-        full_len = torch.full((B,), P + S, dtype=torch.int32, device=DEVICE)
-        suf_len = torch.full((B,), S, dtype=torch.int32, device=DEVICE)
+        c = bd.shared_prefix_case(B, P, S, bs)
+        q, kc, vc, pk, pv, suf_tab, suf_len = (c[k] for k in ("q", "kc", "vc", "prefix_k", "prefix_v", "suf_tab",
+                                                              "suf_len"))
         zero_len = torch.zeros(B, dtype=torch.int32, device=DEVICE)
-        q = bm.randn(B, HQ, D)
-        ref = paged_decode(q, kc, vc, full_tab, full_len)
+        ref = paged_decode(q, kc, vc, c["full_tab"], c["full_len"])
+        del c
+        nbytes = bd.shared_prefix_bytes(B, P, S)
         for rows, w, st, bn, pps, cap in CASCADE:
             cfg = CascadeConfig(rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps,
                                 max_split_keys=cap)
             row = dict(batch=B, rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps,
                        max_split_keys=cap, num_splits=cascade_num_splits(B, HQ // HKV, HKV, P, cfg))
-            try:
+
+            def measure():
                 o, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg)
                 o2, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg)
                 row["rel_err"] = bd.rel(o, ref)
@@ -83,18 +79,35 @@ def cascade_sweep(log, copy_bw):
                                                           validate=False)])
                 o3, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg, validate=False)
                 assert bd.rel(o3, ref) < 2e-2  # after the graph replays (a racy merge shows here)
-                row.update(us=full * 1e3, us_prefix=pre * 1e3,
-                           frac=(P + B * S) * PER_TOKEN / (full * 1e-3) / copy_bw,
-                           frac_prefix=P * PER_TOKEN / (pre * 1e-3) / copy_bw)
+                row.update(us=full * 1e3, us_prefix=pre * 1e3, frac=nbytes["cascade"] / (full * 1e-3) / copy_bw,
+                           frac_prefix=nbytes["prefix_pass"] / (pre * 1e-3) / copy_bw)
                 log(f"  cascade B={B:2d} st={st} pps={pps} cap={cap:10d} splits={row['num_splits']:2d}: {row['us']:6.1f} us "
                     f"({row['frac']:.2f} of copy), prefix {row['us_prefix']:6.1f} us ({row['frac_prefix']:.2f})")
-            except Exception as exc:  # noqa: BLE001 - a failing variant is a result
-                row["failed"] = repr(exc)[:300]
-                log(f"  cascade B={B} {row} FAILED {exc!r}"[:400])
-            out.append(row)
+            _record_variant(out, row, log, f"cascade B={B}", measure)
         del kc, vc, pk, pv
         bd.empty_cache()
     return out
+
+
+def _record_variant(out, row, log, label, measure):
+    """``measure()`` checks, times and logs one variant into ``row``, which goes into ``out``; a failing variant is
+    a result (its error in ``row["failed"]``), not the end of the sweep."""
+    try:
+        measure()
+    except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+        row["failed"] = repr(exc)[:300]
+        log(f"  {label} {row} FAILED {exc!r}"[:400])
+    out.append(row)
+
+
+def _checked_mixed_call(row, cfg, q_lens, seq_lens, bs, inputs, ref):
+    """``mixed_attention`` on ``inputs`` (q, k_cache, v_cache, block_table, cu_seqlens_q, seq_lens) with
+    ``cfg``'s plan, as a call to time (no validation), once its output matched ``ref`` (``row["rel_err"]``)."""
+    plan = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=cfg)
+    o, _ = mixed_attention(*inputs, plan=plan)
+    row["rel_err"] = bd.rel(o, ref)
+    assert row["rel_err"] < 2e-2, row
+    return functools.partial(mixed_attention, *inputs, plan=plan, validate=False)
 
 
 def prefill_sweep(log):
@@ -119,20 +132,15 @@ def prefill_sweep(log):
             for tma in ((False, True) if bs % bn == 0 else (False,)):
                 row = dict(block_size=bs, impl="mixed", large_rows=rows, num_warps=w, num_stages=st, block_n=bn,
                            use_tma=tma)
-                try:
+
+                def measure():
                     cfg = MixedConfig(large_rows=rows, num_warps=w, num_stages=st, block_n=bn, use_tma=tma)
-                    plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
-                    o, _ = mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan)
-                    row["rel_err"] = bd.rel(o, ref)
-                    assert row["rel_err"] < 2e-2, row
-                    ms = bd.bench(lambda: mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan, validate=False))
+                    ms = bd.bench(_checked_mixed_call(row, cfg, [chunk] * B, [n] * B, bs,
+                                                      (q, kc, vc, table, cu_q, lens), ref))
                     row.update(us=ms * 1e3, vs_contiguous=base / ms)
                     log(f"  prefill page {bs} rows={rows} w={w} st={st} bn={bn} tma={int(tma)}: {ms * 1e3:7.1f} us "
                         f"({base / ms:.2f}x contiguous)")
-                except Exception as exc:  # noqa: BLE001
-                    row["failed"] = repr(exc)[:300]
-                    log(f"  prefill {row} FAILED {exc!r}"[:400])
-                out.append(row)
+                _record_variant(out, row, log, "prefill", measure)
         del kc, vc, k, v
         bd.empty_cache()
     return out
@@ -153,19 +161,13 @@ def mixed_step_sweep(log):
     out = []
     for rows, w, st, bn in PREFILL:
         row = dict(large_rows=rows, num_warps=w, num_stages=st, block_n=bn)
-        try:
+
+        def measure():
             cfg = MixedConfig(large_rows=rows, num_warps=w, num_stages=st, block_n=bn)
-            plan = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=cfg)
-            o, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=plan)
-            row["rel_err"] = bd.rel(o, ref)
-            assert row["rel_err"] < 2e-2, row
-            row["us_graph"] = bd.graph_ms([lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan,
-                                                                   validate=False)]) * 1e3
+            call = _checked_mixed_call(row, cfg, q_lens, seq_lens, bs, (q, kc, vc, table, cu, sl), ref)
+            row["us_graph"] = bd.graph_ms([call]) * 1e3
             log(f"  mixed step rows={rows} w={w} st={st} bn={bn}: {row['us_graph']:.1f} us graph")
-        except Exception as exc:  # noqa: BLE001
-            row["failed"] = repr(exc)[:300]
-            log(f"  mixed step {row} FAILED {exc!r}"[:400])
-        out.append(row)
+        _record_variant(out, row, log, "mixed step", measure)
     del kc, vc
     bd.empty_cache()
     return out

@@ -31,6 +31,7 @@ import triton.language as tl
 from . import _checks, _fastlaunch
 from ._kernel_helpers import LOG2E, lse_merge_finish, lse_merge_step
 from ._runtime import INTERPRET, num_sms
+from .configs import KeyBlockConfig
 from .mixed import key_loop
 from .paged import check_block_tables, check_paged_cache
 
@@ -38,18 +39,16 @@ __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 
 
 @dataclass(frozen=True)
-class CascadeConfig:
-    """rows: most query rows of a prefix tile (a power of two >= 16); block_n: keys per block; programs_per_sm:
-    prefix programs to aim for per SM; min_split_keys / max_split_keys: fewest / most prefix keys per split.
+class CascadeConfig(KeyBlockConfig):
+    """The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and rows: most query
+    rows of a prefix tile (a power of two >= 16); programs_per_sm: prefix programs to aim for per SM;
+    min_split_keys / max_split_keys: fewest / most prefix keys per split.
 
     One prefix program per SM (H100 sweeps, notes/serving_perf.md runs 2-4): aiming at two filled every slot
     with prefix programs, so the suffix programs ran after them and each tile merged twice the states; with one
     per SM the suffix programs run beside the prefix. The cap on keys per split keeps the prefix programs of
     large batches short (32k prefix, B=64: 16 splits of 2048 keys, not 4 of 8192) so they are not the tail."""
     rows: int = 64
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
     programs_per_sm: int = 1
     min_split_keys: int = 512
     max_split_keys: int = 2048

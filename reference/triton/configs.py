@@ -69,26 +69,38 @@ HOPPER_BENCH_BWD = {
 
 
 @dataclass(frozen=True)
-class DecodeConfig:
-    """Stage 1 of split-KV decode (``reference.triton.decode``): ``block_n`` keys per inner-loop step (the N of
-    the QK^T tile), ``num_warps``, ``num_stages`` (software pipeline depth), and ``fuse_merge``: the last
-    program of each (batch, kv head) merges the splits (an atomic ticket) instead of a second kernel
-    (``_merge_kernel``). A GPU with less shared memory than the configuration needs runs the first fallback
-    that fits (``_device.stage_ladder``: fewer stages, then shorter key blocks)."""
+class KeyBlockConfig:
+    """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
+    N of the QK^T tile, a power of two >= 16 for ``tl.dot``), ``num_warps`` (a power of two) and ``num_stages``
+    (software pipeline depth). The base of ``DecodeConfig``, ``cascade.CascadeConfig`` and ``mixed.MixedConfig``,
+    which add their own tile and split fields."""
     block_n: int = 64
     num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        name = type(self).__name__
+        for field in ("block_n", "num_warps", "num_stages"):
+            v = getattr(self, field)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"{name}.{field} must be a positive int, got {v!r}")
+        if self.block_n < 16 or self.block_n & (self.block_n - 1):
+            raise ValueError(f"{name}.block_n must be a power of two >= 16 (tl.dot), got {self.block_n}")
+        if self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"{name}.num_warps must be a power of two, got {self.num_warps}")
+
+
+@dataclass(frozen=True)
+class DecodeConfig(KeyBlockConfig):
+    """Stage 1 of split-KV decode (``reference.triton.decode``): the key-block launch (``KeyBlockConfig``; 4
+    stages by default) and ``fuse_merge``: the last program of each (batch, kv head) merges the splits (an atomic
+    ticket) instead of a second kernel (``_merge_kernel``). A GPU with less shared memory than the configuration
+    needs runs the first fallback that fits (``_device.stage_ladder``: fewer stages, then shorter key blocks)."""
     num_stages: int = 4
     fuse_merge: bool = True
 
     def __post_init__(self):
-        for name in ("block_n", "num_warps", "num_stages"):
-            v = getattr(self, name)
-            if type(v) is not int or v < 1:
-                raise ValueError(f"DecodeConfig.{name} must be a positive int, got {v!r}")
-        if self.block_n < 16 or self.block_n & (self.block_n - 1):
-            raise ValueError(f"DecodeConfig.block_n must be a power of two >= 16 (tl.dot), got {self.block_n}")
-        if self.num_warps & (self.num_warps - 1):
-            raise ValueError(f"DecodeConfig.num_warps must be a power of two, got {self.num_warps}")
+        super().__post_init__()
         if type(self.fuse_merge) is not bool:
             raise ValueError(f"DecodeConfig.fuse_merge must be a bool, got {self.fuse_merge!r}")
 

@@ -161,12 +161,12 @@ def _bwd_dkdv(Q, K, V, DO, DK, DV, LSE2, DELTA, desc_q, desc_do,
     pid_bh = tl.program_id(1)
     b = pid_bh // H_KV
     hk = pid_bh % H_KV
-    b64 = b.to(tl.int64)
     N_Q, N_K, q_start, k_start = _sequence(CU_Q, CU_K, b, N_Q, N_K, VARLEN)
     start_n = pid_n * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
+    b64 = b.to(tl.int64)
     key_ok = offs_n[:, None] < N_K
     # line 6: load K_j, V_j (key rows past N_K read zeros; their dK/dV rows are never stored)
     k = tl.load(K + b64 * k_strides[0] + hk.to(tl.int64) * k_strides[1] + (k_start + offs_n)[:, None] * k_strides[2]

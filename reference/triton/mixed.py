@@ -35,6 +35,7 @@ from . import _checks
 from ._device import device_limits, hopper
 from ._kernel_helpers import LN2, LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step, mask_running_max
 from ._runtime import INTERPRET
+from .configs import KeyBlockConfig
 from .paged import check_block_tables, check_paged_cache
 from .varlen import check_cu_seqlens
 from ..numpy.mixed import ITEM_COLUMNS, check_mixed_lengths, mixed_plan
@@ -43,18 +44,16 @@ __all__ = ["mixed_attention", "make_mixed_plan", "MixedConfig", "MixedDevicePlan
 
 
 @dataclass(frozen=True)
-class MixedConfig:
+class MixedConfig(KeyBlockConfig):
     """Tile shapes and launch settings of the mixed kernel (one home for them; pass ``config=`` to override).
 
-    small_rows / large_rows: rows (tokens x G) of the decode and prefill tiles; block_n: keys per block;
+    The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
+    large_rows: rows (tokens x G) of the decode and prefill tiles;
     split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
     use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never.
     """
     small_rows: int = 16
     large_rows: int = 64
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
     split_keys: int = 4096
     use_tma: bool | None = None
 
