@@ -24,7 +24,7 @@ import sys
 
 # module roots a submission may never import, with the threat they belong to
 FORBIDDEN_ROOTS = {
-    "reference": "T10", "flash_attn": "T10", "xformers": "T10", "vllm": "T10", "importlib": "T10",
+    "reference": "T10", "experiments": "T10", "benchmarks": "T10", "flash_attn": "T10", "xformers": "T10", "vllm": "T10", "importlib": "T10",
     "runpy": "T10", "pkgutil": "T10", "zipimport": "T10", "code": "T10", "codeop": "T10",
     "ctypes": "T17", "cffi": "T17", "subprocess": "T17", "multiprocessing": "T17", "signal": "T17",
     "resource": "T17", "pty": "T17",

@@ -295,3 +295,12 @@ def test_check_reproduces_a_failing_allocator_script(capsys):
     assert isinstance(check.failed[0].run(NoErrors), list)
 
 
+
+
+@pytest.mark.parametrize("mod", ["reference.triton.hopper.flash_gluon", "experiments.gluon_schedules",
+                                 "benchmarks.course.bench_gluon"])
+def test_scan_flags_the_courses_own_kernels(mod):
+    """A submission may not import the course's own code: the reference, the ablation kernels in
+    ``experiments/`` (a7's ping-pong kernel is among them) or the benchmarks (which import both)."""
+    found = _findings(f"import {mod}\n\ndef attention(q):\n    return q\n", extra=())
+    assert found and found[0][0] == "T10" and mod.split(".")[0] in found[0][1], found
