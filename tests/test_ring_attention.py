@@ -148,6 +148,38 @@ def test_simulated_ring_with_triton_step_matches_oracle(rng):
         assert rel_err(got, ref) < 1e-2
 
 
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_gluon_step_is_registered_and_refuses_a_non_hopper_device():
+    """``step="gluon"``: the Hopper wing's kernels as the ring's local step; without an sm_90 GPU the kernels'
+    own device check names what is missing (no silent fallback to another kernel)."""
+    from reference.distributed.local_step import GluonStep, get_step
+    st = get_step("gluon")
+    assert isinstance(st, GluonStep)
+    if HOPPER:
+        pytest.skip("on Hopper the step runs: test_simulated_ring_with_gluon_step_matches_oracle")
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    with pytest.raises((RuntimeError, ValueError), match="(?i)hopper|sm_90|cuda|gpu"):
+        st.forward(q, q[:, :1], q[:, :1], True, 0.125)
+
+
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+def test_simulated_ring_with_gluon_step_matches_oracle(rng):
+    """The Gluon forward and warp-specialised backward as the local step (zig-zag and contiguous, GQA, ragged
+    chunk lengths), every rank and step in one process, against the float64 oracle."""
+    g = torch.Generator().manual_seed(int(rng.integers(2**31)))
+    for world, n, layout in ((2, 1000, "zigzag"), (3, 777, "contiguous")):
+        q = torch.randn(1, 4, n, 64, generator=g).to("cuda", torch.bfloat16)
+        k, v = (torch.randn(1, 2, n, 64, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+        do = torch.randn(1, 4, n, 64, generator=g).to("cuda", torch.bfloat16)
+        o, lse, grads = simulate_ring_attention(q, k, v, world, causal=True, layout=layout, step="gluon", do=do)
+        o_ref, lse_ref, _ = attention_ref(q, k, v, causal=True)
+        assert rel_err(o, o_ref) < 2e-2 and lse_err(lse, lse_ref) < 1e-2, (world, layout)
+        for got, ref in zip(grads, attention_grads(q, k, v, do, causal=True)):
+            assert rel_err(got, ref) < 3e-2, (world, layout)
+
+
 def test_merge_states_torch_matches_union_and_handles_empty_sets(rng):
     s = torch.from_numpy(rng.standard_normal((3, 10)))
     vals = torch.from_numpy(rng.standard_normal((10, 4)))

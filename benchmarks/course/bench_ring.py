@@ -274,6 +274,8 @@ def main(argv=None):
     ap.add_argument("--no-one-gpu", action="store_true", help="skip the one-GPU baseline")
     ap.add_argument("--no-backward", action="store_true", help="skip the causal zig-zag backward")
     ap.add_argument("--smoke", action="store_true", help="CPU, gloo, torch local step, tiny shapes")
+    ap.add_argument("--step", default="triton", choices=("triton", "gluon"),
+                    help="the local step on GPUs: the FA2 Triton kernels, or the Hopper wing's Gluon kernels (sm_90)")
     ap.add_argument("--out", default=str(RESULTS))
     a = ap.parse_args(argv)
     if a.smoke:
@@ -288,7 +290,7 @@ def main(argv=None):
         world = a.world_size or torch.cuda.device_count()
         if world > torch.cuda.device_count():
             ap.error(f"--world-size {world} needs {world} GPUs, {torch.cuda.device_count()} visible")
-        opts = dict(backend="nccl", dtype="bfloat16", step="triton", shape=SHAPE,
+        opts = dict(backend="nccl", dtype="bfloat16", step=a.step, shape=SHAPE,
                     seqs=[int(x) for x in a.seqs.split(",")], reps=a.reps, check_n=4096,
                     one_gpu=not a.no_one_gpu, emulate=a.emulate, backward=not a.no_backward)
         tag = gpu_tag()
@@ -308,7 +310,7 @@ def main(argv=None):
     print(f"checks (ring vs one device, rel err): {[round(c['rel_err'], 5) for c in checks]}")
     print_table(rows)
     os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"{tag}-ring-w{world}")
+    base = os.path.join(a.out, f"{tag}-ring{'' if opts['step'] in ('triton', 'torch') else '-' + opts['step']}-w{world}")
     with open(base + ".json", "w") as f:
         json.dump({"meta": meta, "checks": checks, "rows": rows}, f, indent=1)
     plot(rows, base + ".png", f"ring attention, {world} x {meta['device']}")

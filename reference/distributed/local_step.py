@@ -11,6 +11,8 @@ So the local step is any FlashAttention-style ``forward -> (o, lse)`` / ``backwa
 * ``"torch"``: dense float math in torch (fp32, fp64 for fp64 inputs); any device.
 * ``"numpy"``: ``reference.numpy.flash`` (FA2 Algorithms 1 and 2 tiled in NumPy); CPU, fp16/32/64.
 * ``"triton"``: ``reference.triton`` (the course's FA2 kernels; compiled on a GPU, interpreted on CPU).
+* ``"gluon"``: the Hopper wing's FA3-style kernels (``reference.triton.hopper``: the persistent ping-pong forward
+  and the warp-specialised backward); sm_90 only, bf16/fp16, ``d`` in {64, 128}.
 
 The backward of a call is given the GLOBAL ``o`` and ``lse`` of its rows: FA2 Algorithm 2 recomputes
 ``P = exp(S - lse)`` and uses ``D = rowsum(dO * O)``, so with the global values each call's gradients are
@@ -157,11 +159,29 @@ class TritonStep:
                                         do.to(q.dtype), causal=causal, scale=scale)
 
 
-STEPS = {"torch": TorchStep, "numpy": NumpyStep, "triton": TritonStep}
+class GluonStep:
+    """The Hopper wing's Gluon kernels (lecture 6): ``flash_attention_forward_gluon`` and the warp-specialised
+    ``flash_attention_backward_gluon_ws``; an H100/H200 only (elsewhere the kernels' own device check says so)."""
+
+    name = "gluon"
+
+    def forward(self, q, k, v, causal, scale):
+        from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+        return flash_attention_forward_gluon(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal,
+                                             scale=scale)
+
+    def backward(self, q, k, v, o, lse, do, causal, scale):
+        from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+        return flash_attention_backward_gluon_ws(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                 o.to(q.dtype).contiguous(), lse.to(torch.float32).contiguous(),
+                                                 do.to(q.dtype).contiguous(), causal=causal, scale=scale)
+
+
+STEPS = {"torch": TorchStep, "numpy": NumpyStep, "triton": TritonStep, "gluon": GluonStep}
 
 
 def get_step(step):
-    """A local step from its name (``"torch"``, ``"numpy"``, ``"triton"``) or any object with ``forward`` and
+    """A local step from its name (``"torch"``, ``"numpy"``, ``"triton"``, ``"gluon"``) or any object with ``forward`` and
     ``backward`` methods of the signatures of :class:`TorchStep`."""
     if isinstance(step, str):
         if step not in STEPS:
