@@ -319,8 +319,17 @@ _ASSUMED09 = {
 
 def _lecture10() -> dict:
     out = {}
-    for name in ("h200-ring-w2.json", "h100-ring-w2.json"):  # the H100 run's numbers win where they coincide
+    for name in ("h200-ring-gluon-w2.json", "h200-ring-w2.json", "h100-ring-w2.json"):  # later files win on ties
         out.update(_ring_numbers(name))
+    g, t = load("h200-ring-gluon-w2.json"), load("h200-ring-w2.json")
+    if g and t:
+        key = lambda x: (x["pass"], x["causal"], x["layout"], x["n"])  # noqa: E731
+        tri = {key(x): x for x in t["rows"]}
+        for x in g["rows"]:
+            if key(x) == ("forward", True, "zigzag", max(y["n"] for y in g["rows"])):
+                out[_f(x["tflops"] / g["meta"]["world"], 0)] = "ring, Gluon step: TFLOP/s per GPU at the longest N"
+                if key(x) in tri:
+                    out[_f(tri[key(x)]["ring_ms"] / x["ring_ms"])] = "ring: Triton step time / Gluon step time"
     return out
 
 

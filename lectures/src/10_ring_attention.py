@@ -399,6 +399,11 @@ for path, data in two:
 # * **Re-run on 2 × H200** (`h200-ring-w2.json`, this course's own run, 32k–128k only to save device time; the
 #   same command): causal zig-zag 0.77 / 0.89 / 0.95, contiguous 0.58 / 0.64 / 0.67, backward 0.82 / 0.90 / 0.95,
 #   communication hidden 0.99–1.00 — the same picture on a GPU with faster memory and the same NVLink.
+# * **The Hopper kernels as the local step** (`step="gluon"`: lecture 6's persistent ping-pong forward and
+#   warp-specialised backward; `h200-ring-gluon-w2.json`, same command with `--step gluon`): at 128k the causal
+#   zig-zag ring runs 1.20x faster than with the Triton step, 565 TFLOP/s per GPU; its efficiency is lower at
+#   short N (0.63 / 0.83 / 0.93 at 32k / 64k / 128k) because the one-GPU baseline is now the faster kernel too,
+#   so the ring's fixed per-step costs (merges, two short segments per rank) weigh more; backward 0.81 / 0.91 / 0.95.
 
 # ## Summary
 #
