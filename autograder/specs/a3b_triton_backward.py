@@ -110,8 +110,16 @@ TESTS = [
     _t("flash_attention", "autograd (ragged N, causal and not, MQA)", 5, [_v(), _v(Hq=4, Hkv=1, causal=True)],
        lambda r: [_att(r), _att(r, hq=4, hkv=1, causal=True), _long(r, hq=1, same=True)]),
     _t("flash_attention", "autograd: scale argument", 5, [_v(scale=0.3, causal=True)],
-       lambda r: [_att(r, scale=float(r.uniform(0.05, 0.5)), causal=True)]),
+       lambda r: [_scale_case(r)]),
 ]
+
+def _scale_case(r):
+    """A causal case with a custom scale at least 1.5x away from the default ``1/sqrt(d)`` (a scale drawn close to
+    the default would let a backward that drops the scale pass: mutant ``w_autograd_drops_scale``)."""
+    d = int(r.choice([16, 32]))
+    factor = float(r.uniform(0.25, 0.65)) if r.integers(2) else float(r.uniform(1.5, 2.0))
+    return _att(r, d=d, scale=factor / d ** 0.5, causal=True)
+
 
 # The op audit (docs/design.md §6): torch may sum per-query-head dK/dV over the heads of a GQA group (a sum
 # alone computes no gradient); a3b.flash_attention's forward is the notebook's given torch attention_forward.
