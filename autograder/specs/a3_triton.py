@@ -65,6 +65,14 @@ def _mha(rng, **kw):
     return _att(rng, hq=h, hkv=h, **kw)
 
 
+def _custom_scale(rng) -> dict:
+    """``d`` and a scale at least 1.5x away from the default ``1/sqrt(d)``: a draw near the default would let a
+    kernel that ignores its scale argument pass (mutant ``w_basic_ignores_scale``)."""
+    d = int(rng.choice([16, 32]))
+    factor = float(rng.uniform(0.25, 0.65)) if rng.integers(2) else float(rng.uniform(1.5, 2.0))
+    return dict(d=d, scale=factor / d ** 0.5)
+
+
 # Speed cases follow the FlashAttention benchmarks' convention, batch x sequence = 16k tokens, so that the
 # kernel and not the host (launch, descriptor set-up: ~50 us) decides the ratio (notes/gpu_validation.md).
 GPU_FWD = [dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=64, dtype="bfloat16", timing_only=True),
@@ -100,7 +108,7 @@ TESTS = [
        lambda r: [_mha(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90)),
                   _mha(r, nq=ragged(r, 40, 90), nk=ragged(r, 2, 30))]),
     _t("flash_attention_forward_basic", "scale argument", 5, [_v(scale=0.3)],
-       lambda r: [_mha(r, scale=float(r.uniform(0.05, 0.5)))]),
+       lambda r: [_mha(r, **_custom_scale(r))]),
     _t("flash_attention_forward_basic", "large logits", 6, [_v(shift=100.0)],
        lambda r: [_mha(r, shift=100.0)]),
     _t("flash_attention_forward_basic", "float16 / bfloat16", 4, [_v(dtype="float16")],
