@@ -389,8 +389,12 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def check_ws_config(config):
-    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIG``); return it as a tuple."""
+def check_ws_config(config, head_dim=None):
+    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIG``); return it as a tuple.
+
+    ``BLOCK_M = 128`` only at ``head_dim = 64``: the consumer's ``S^T, dP^T`` tiles (64 x BLOCK_M fp32) and its
+    ``dK, dV`` (64 x d) must fit its 240 registers (at d = 128: 4 x 64 > 240); its shared memory fits only some
+    flag combinations (``compile_backward_ws`` + ``_aot.resource_usage``; notes/hopper.md section 1g)."""
     if config is None:
         config = DEFAULT_CONFIG
     if (not isinstance(config, (tuple, list)) or len(config) != 5
@@ -399,9 +403,9 @@ def check_ws_config(config):
         raise ValueError("config must be a tuple (BLOCK_M: int, STAGES: int, DQ_TMA: bool, DEFER: bool, LD_TMA: "
                          f"bool), got {config!r}")
     bm, stages = config[:2]
-    if bm != 64 or stages not in (2, 3):
-        raise ValueError(f"config: BLOCK_M must be 64 (one wgmma N tile per step) and STAGES 2 or 3, got "
-                         f"{tuple(config)}")
+    if bm not in (64, 128) or (bm == 128 and head_dim not in (None, 64)) or stages not in (2, 3):
+        raise ValueError(f"config: BLOCK_M must be 64 (or 128 at head_dim 64) and STAGES 2 or 3, got "
+                         f"{tuple(config)} at head_dim {head_dim}")
     return tuple(config)
 
 
@@ -418,7 +422,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, d)
     check_gluon_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     nq_pad = triton.cdiv(Nq, bm) * bm
@@ -445,7 +449,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
 def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, head_dim)
     half = BLOCK_N // 2
     dq_cols = head_dim // 2
     sig = {"desc_q": descriptor_signature(bm, head_dim, dtype), "desc_k": descriptor_signature(half, head_dim, dtype),
