@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from reference.triton import DEVICE
-from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIGS, flash_attention_backward_gluon_ws
 from tests.oracle import attention_grads, attention_ref, rel_err
 from tests.common import gluon_bwd_inputs as _inputs
 
@@ -45,14 +45,19 @@ def test_compiles_for_hopper_warp_specialised_without_spills():
     usages = [json.loads(x) for x in out.stdout.strip().splitlines()]
     assert len(usages) == len(cases)
     for (d, _, _), usage in zip(cases, usages):
-        # per consumer and step: S^T, dP^T (d/16 k-steps each), dV, dK (BLOCK_M/16 = 4 each), dQ (2 x 4: the
-        # consumer's column half over both consumers' keys), plus the deferred last dQ after the loop (8); two
+        bm = DEFAULT_CONFIGS[d][0]
+        # per consumer and step: S^T, dP^T (d/16 k-steps each), dV, dK (BLOCK_M/16 each), dQ (BLOCK_M/64 x 2 x 4:
+        # the consumer's column half over both consumers' keys), plus the deferred last dQ after the loop; two
         # consumers. A recomputing kernel has more.
-        assert usage["HGMMA"] == 2 * (2 * d // 16 + 4 + 4 + 8 + 8), usage
+        assert usage["HGMMA"] == 2 * (2 * d // 16 + 2 * bm // 16 + 2 * (bm // 64) * 8), usage
         assert usage["HMMA"] == 0, usage
         assert usage["UTMALDG"] > 0, usage
         assert usage["USETMAXREG"] > 0, usage  # warp_specialize with register budgets
-        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
+        if bm == 64:
+            assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
+        else:  # d = 64's 128-row steps: 10-13 spill instructions, 32 bytes of stack (notes/hopper.md 1g), not more
+            assert usage["LDL"] <= 16 and usage["STL"] <= 16 and usage["stack"] <= 32, usage
+        assert usage["shared_bytes"] <= 232448, usage  # 227 KB, the most one CTA may have
 
 
 def test_bad_inputs_are_named(rng):
@@ -69,7 +74,10 @@ def test_bad_inputs_are_named(rng):
     with pytest.raises(ValueError, match="config must be a tuple"):
         f(q, k, v, q, lse, do, config=(64, 2, 1, 1, 1))  # flags must be bools
     with pytest.raises(ValueError, match="BLOCK_M must be 64"):
-        f(q, k, v, q, lse, do, config=(128, 2, True, True, True))
+        f(q, k, v, q, lse, do, config=(96, 2, True, True, True))
+    q1, k1, v1, do1 = _inputs(rng, 1, 2, 2, 8, 8, 128)
+    with pytest.raises(ValueError, match=r"BLOCK_M must be 64 \(or 128 at head_dim 64\)"):
+        f(q1, k1, v1, q1, lse, do1, config=(128, 2, True, True, True))  # d = 128: too many registers
     with pytest.raises(ValueError, match="STAGES 2 or 3"):
         f(q, k, v, q, lse, do, config=(64, 4, True, True, True))
 
@@ -84,7 +92,8 @@ def test_needs_a_hopper_gpu(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 # the default, the first TMA-reduce version (no DEFER, no LD_TMA) and dQ by vector atomics from registers
-@pytest.mark.parametrize("config", [None, (64, 2, True, False, False), (64, 2, False, False, False)])
+@pytest.mark.parametrize("config", [None, (64, 2, True, False, False), (64, 2, False, False, False),
+                                    (64, 2, True, True, True)])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", [
     (2, 4, 4, 256, 256, 128, False, torch.bfloat16), (1, 4, 2, 300, 1000, 128, True, torch.bfloat16),
     (1, 2, 2, 1000, 300, 128, True, torch.bfloat16), (1, 2, 2, 333, 333, 64, False, torch.float16),

@@ -39,10 +39,12 @@ WS_SPLIT_TMA = ("ws", "split", 64, 2, True, False, False)
 WS_DEFER_TMA = ("ws", "split", 64, 2, True, True, False)
 WS_SPLIT_TMA_LD = ("ws", "split", 64, 2, True, False, True)
 WS_NOADD = WS + ("noadd",)
+#: d = 64's default (``DEFAULT_CONFIGS[64]``: 128 query rows per step; notes/hopper.md section 1g)
+WS_D64 = ("ws", "split", 128, 2, True, True, True)
 SETS = {"all": {"check": [WS], "time": [WS], "d64": [WS]},
         # the warp-specialised kernel's final run: its default and the first TMA-reduce version checked; timed
         # next to that version and the no-dQ-add ablation, N = 2k..16k
-        "ws": {"check": [WS, WS_SPLIT_TMA], "time": [WS_SPLIT_TMA, WS, WS_NOADD], "d64": [WS],
+        "ws": {"check": [WS, WS_SPLIT_TMA], "time": [WS_SPLIT_TMA, WS, WS_NOADD], "d64": [WS, WS_D64],
                "seqlens": [2048, 4096, 8192, 16384]},
         # every attempt (H200 exploration run)
         "ws_attempts": {"check": [WS_SPLIT, WS_SPLIT_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS],

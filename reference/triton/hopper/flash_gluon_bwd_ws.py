@@ -24,7 +24,8 @@ numbers):
   over all 128 keys, ``sum_u dS_u K_u[:, half w]``: one reduction per dQ element per key block, as in FA3 (the
   "own" mode, each consumer ``dS_w K_w`` over its own keys, lost: notes/experiments_removed.md);
 
-* ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``, default ``(64, 2, True, True, True)``: ``DQ_TMA`` stages
+* ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``, default ``(64, 2, True, True, True)`` at d = 128 and
+  ``(128, 2, True, True, True)`` at d = 64 (``DEFAULT_CONFIGS``): ``DQ_TMA`` stages
   the dQ tile in shared memory and has the copy engine add it into the fp32 buffer (a TMA reduce,
   ``cp.reduce.async.bulk.tensor``), instead of ``red.global.add.v2.f32`` from the consumers' registers;
   ``DEFER`` issues step ``t``'s dQ product at the end of step ``t + 1``, so the consumers wait for each other's
@@ -58,8 +59,12 @@ from .common import (LOG2E_F, backward_preprocess, check_backward_args, check_gl
 
 NAME = "flash_attention_backward_gluon_ws"
 #: (BLOCK_M query rows per step, STAGES of the Q/dO ring, DQ_TMA, DEFER, LD_TMA); the key block is 128 rows, 64
-#: per consumer
+#: per consumer. ``DEFAULT_CONFIG`` is d = 128's; ``DEFAULT_CONFIGS`` the default per head dimension: at d = 64,
+#: 128 query rows per step (half the per-step barriers and dQ reduces per FLOP; 231,840 of 232,448 bytes of shared
+#: memory, 10-13 spilled registers): 0.83-0.95x cuDNN against 0.70-0.80x non-causal, 0.89-1.08x against
+#: 0.86-0.96x causal on an H100 (benchmarks/results/h100-gluon-bwd-d64-sweep.json, notes/hopper.md section 1g)
 DEFAULT_CONFIG = (64, 2, True, True, True)
+DEFAULT_CONFIGS = {64: (128, 2, True, True, True), 128: DEFAULT_CONFIG}
 BLOCK_N = 128
 #: setmaxnreg budgets (second consumer warpgroup, producer warp) and the kernel-wide cap they are carved from
 #: (2 x 128 x 240 + 32 x 24 <= 64K registers), as in the forward's ping-pong kernel
@@ -389,19 +394,24 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def check_ws_config(config):
-    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIG``); return it as a tuple."""
+def check_ws_config(config, head_dim=None):
+    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIGS[head_dim]``, else
+    ``DEFAULT_CONFIG``); return it as a tuple.
+
+    ``BLOCK_M = 128`` only at ``head_dim = 64``: the consumer's ``S^T, dP^T`` tiles (64 x BLOCK_M fp32) and its
+    ``dK, dV`` (64 x d) must fit its 240 registers (at d = 128: 4 x 64 > 240); its shared memory fits only some
+    flag combinations (``compile_backward_ws`` + ``_aot.resource_usage``; notes/hopper.md section 1g)."""
     if config is None:
-        config = DEFAULT_CONFIG
+        config = DEFAULT_CONFIGS.get(head_dim, DEFAULT_CONFIG)
     if (not isinstance(config, (tuple, list)) or len(config) != 5
             or not all(isinstance(x, int) and not isinstance(x, bool) for x in config[:2])
             or not all(isinstance(x, bool) for x in config[2:])):
         raise ValueError("config must be a tuple (BLOCK_M: int, STAGES: int, DQ_TMA: bool, DEFER: bool, LD_TMA: "
                          f"bool), got {config!r}")
     bm, stages = config[:2]
-    if bm != 64 or stages not in (2, 3):
-        raise ValueError(f"config: BLOCK_M must be 64 (one wgmma N tile per step) and STAGES 2 or 3, got "
-                         f"{tuple(config)}")
+    if bm not in (64, 128) or (bm == 128 and head_dim not in (None, 64)) or stages not in (2, 3):
+        raise ValueError(f"config: BLOCK_M must be 64 (or 128 at head_dim 64) and STAGES 2 or 3, got "
+                         f"{tuple(config)} at head_dim {head_dim}")
     return tuple(config)
 
 
@@ -418,7 +428,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, d)
     check_gluon_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     nq_pad = triton.cdiv(Nq, bm) * bm
@@ -445,7 +455,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
 def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config)
+    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, head_dim)
     half = BLOCK_N // 2
     dq_cols = head_dim // 2
     sig = {"desc_q": descriptor_signature(bm, head_dim, dtype), "desc_k": descriptor_signature(half, head_dim, dtype),
@@ -461,4 +471,4 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
     return compile_gluon(_bwd_ws_kernel, sig, cx, 4, maxnreg=WS_MAXNREG)
 
 
-__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "DEFAULT_CONFIG"]
+__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "DEFAULT_CONFIG", "DEFAULT_CONFIGS"]
