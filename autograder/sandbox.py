@@ -44,8 +44,7 @@ LAUNCH = str(Path(__file__).resolve().parent / "launch.py")
 BOOT = ("import sys, json; cfg = json.loads(sys.argv[1]); sys.path[:0] = cfg['path']; "
         "from autograder.child import main; main()")
 PR_SET_PDEATHSIG = 1
-KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "TRITON_PTXAS_PATH",
-            "TRITON_LIBCUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "SYSTEMROOT")
+KEEP_ENV = isolation.KEEP_ENV
 TOKEN_VAR = "AUTOGRADER_SANDBOX_TOKEN"
 _NET_PROBE = {}
 

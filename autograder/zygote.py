@@ -102,8 +102,7 @@ def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list) -> Zy
 
 
 def _env(tmp):
-    from .sandbox import KEEP_ENV
-    env = {k: os.environ[k] for k in KEEP_ENV if k in os.environ}
+    env = {k: os.environ[k] for k in isolation.KEEP_ENV if k in os.environ}
     env.update({"HOME": os.path.join(tmp, "home"), "TMPDIR": os.path.join(tmp, "tmp"),
                 "TRITON_CACHE_DIR": os.path.join(tmp, "triton"), "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
