@@ -126,6 +126,12 @@ DECODE_PINS = {
 }
 
 
+#: the Gluon FP8 forward (``hopper.flash_fp8_gluon``): (BLOCK_M, BLOCK_N, STAGES, num_warps); 128 query rows = two
+#: consumer warpgroups of 64 (the query quantisation block), 128 keys (the key block); STAGES: the H100 sweep of
+#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "issue 25 item 7")
+FP8_GLUON_CONFIG = (128, 128, 3, 4)
+
+
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
 AUTOTUNE = "autotune"
 _SCOPED: contextvars.ContextVar = contextvars.ContextVar("reference_triton_pins", default={})
@@ -213,4 +219,4 @@ def as_tuple(pin: dict) -> tuple:
 
 
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
-           "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode"]
+           "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG"]

@@ -27,8 +27,8 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 HOPPER = GPUTarget("cuda", 90, 32)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-#: SASS opcodes counted by ``resource_usage`` (HMMA would be the pre-Hopper mma.sync path)
-SASS_OPS = ("HGMMA", "HMMA", "LDL", "STL", "UTMALDG", "BAR.SYNC", "MUFU.EX2", "USETMAXREG")
+#: SASS opcodes counted by ``resource_usage`` (QGMMA: the FP8 wgmma; HMMA would be the pre-Hopper mma.sync path)
+SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "LDL", "STL", "UTMALDG", "BAR.SYNC", "MUFU.EX2", "USETMAXREG")
 #: SASS opcode prefixes ``resource_usage(barriers=True)`` adds: mbarrier waits (a try-wait loop), mbarrier
 #: arrivals, wgmma waits
 BARRIER_SASS = ("SYNCS.PHASECHK", "SYNCS.ARRIVE.TRANS64.A1T0", "WARPGROUP.DEPBAR", "WARPGROUP.ARRIVE")
@@ -42,7 +42,7 @@ BARRIER_PTX = {"ptx_mbarrier_wait": r"mbarrier\.try_wait\.parity", "ptx_mbarrier
 def descriptor_signature(rows: int, cols: int, dtype: str = "bf16") -> str:
     """Signature string of a host ``TensorDescriptor`` argument with block ``[rows, cols]``, as the launcher
     mangles it."""
-    gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32}[dtype]
+    gl_dtype = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp32": gl.float32, "fp8e4nv": gl.float8e4nv}[dtype]
     layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl_dtype)
     return f"tensordesc<{dtype}[{rows}, {cols}],{layout!r}>"
 

@@ -1,6 +1,6 @@
 """Compile the wing's kernels for sm_90a without a GPU and print their resource usage, one JSON line each.
 
-    TRITON_INTERPRET=0 python -m reference.triton.hopper.aot_report [fwd|bwd|fp8|persistent|all] [--d 128] [--causal]
+    TRITON_INTERPRET=0 python -m reference.triton.hopper.aot_report [fwd|bwd|fp8|fp8g|persistent|all] [--d 128] [--causal]
 
 Registers per thread, stack, shared memory and SASS opcode counts (``_aot.SASS_OPS``: HGMMA, spills as LDL/STL,
 TMA loads, ...). The same numbers before and after a refactor say the GPU runs the same code
@@ -17,6 +17,7 @@ from ._aot import resource_usage
 def kernels(which: str, d: int, causal: bool):
     """``(name, compile thunk)`` pairs for ``which``."""
     from .flash_fp8 import compile_fp8
+    from .flash_fp8_gluon import compile_fp8_gluon
     from .flash_gluon import compile_forward
     from .flash_gluon_bwd_ws import compile_backward_ws
     from .flash_persistent import compile_persistent
@@ -27,6 +28,8 @@ def kernels(which: str, d: int, causal: bool):
         out.append((f"bwd_ws split d{d} causal={causal}", lambda: compile_backward_ws(d, causal)))
     if which in ("fp8", "all"):
         out.append((f"fp8 (Triton) d{d} causal={causal}", lambda: compile_fp8(d, causal)))
+    if which in ("fp8g", "all"):
+        out.append((f"fp8 (Gluon ws) d{d} causal={causal}", lambda: compile_fp8_gluon(d, causal)))
     if which in ("persistent", "all"):
         out.append((f"persistent (Triton) d{d} causal={causal}", lambda: compile_persistent(d, causal)))
     return out
@@ -34,7 +37,7 @@ def kernels(which: str, d: int, causal: bool):
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description="Compile the Hopper wing's kernels for sm_90a; print resource usage")
-    ap.add_argument("which", nargs="?", default="fwd", choices=("fwd", "bwd", "fp8", "persistent", "all"))
+    ap.add_argument("which", nargs="?", default="fwd", choices=("fwd", "bwd", "fp8", "fp8g", "persistent", "all"))
     ap.add_argument("--d", type=int, default=128)
     ap.add_argument("--causal", action="store_true")
     args = ap.parse_args(argv)

@@ -75,7 +75,8 @@ def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attentio
 # host helpers
 # --------------------------------------------------------------------------------------------------------------
 def gl_dtype(dtype: torch.dtype):
-    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32}[dtype]
+    return {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, torch.float32: gl.float32,
+            torch.float8_e4m3fn: gl.float8e4nv}[dtype]
 
 
 def tile_descriptor(x2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:

@@ -1,0 +1,170 @@
+"""The FP8 Gluon forward (``reference.triton.hopper.flash_fp8_gluon``): warp-specialised ping-pong on e4m3.
+
+CPU (CI): the kernel is compiled for sm_90a in a child process in compile-only mode (FP8 wgmma = ``QGMMA`` in
+the SASS, TMA loads, ``setmaxnreg``, registers, spills, shared memory within a Hopper CTA's 227 KiB); the key
+renumbering that lets P stay in registers is checked in torch (it must leave ``P V`` unchanged and match the
+kernel's reshape/permute); bad input is named. On an H100/H200 the outputs are compared with a float64 oracle
+fed the dequantised inputs, with the Triton FP8 tests' bounds (``tests/test_triton_hopper.py``: o 6e-2, lse
+1e-3), and the entry point with exact attention (o 0.1, lse 0.05); ``benchmarks/course/bench_fp8_gluon.py``
+checks again at scale before timing.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from reference.triton import DEVICE
+from reference.triton.hopper import flash_fp8_gluon as fg
+from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8, prepare_fp8, quantize_fp8_blocks
+from reference.triton.hopper.flash_gluon import SMEM_LIMIT
+from tests.oracle import attention_ref, lse_err, rel_err
+
+pytestmark = pytest.mark.triton_gluon
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+O_TOL_FP8, LSE_TOL_FP8 = 6e-2, 1e-3  # tests/test_triton_hopper.py, GPU (P rounded to e4m3)
+
+
+def t(rng, *shape, dtype=torch.bfloat16, spread=1.0):
+    return torch.tensor(rng.standard_normal(shape) * spread + rng.uniform(-0.5, 0.5), dtype=dtype, device=DEVICE)
+
+
+# ---------------------------------------------------------------- compile for sm_90a (CPU)
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [(), ("--causal",), ("--d", "64", "--causal")])
+def test_compiles_for_hopper(args):
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-m", "reference.triton.hopper.aot_report", "fp8g", *args], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    usage = json.loads(out.stdout.strip().splitlines()[-1])
+    assert usage["QGMMA"] > 0 and usage["HGMMA"] == 0 and usage["HMMA"] == 0, usage  # FP8 wgmma only
+    assert usage["UTMALDG"] > 0 and usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
+    assert usage["shared_bytes"] <= SMEM_LIMIT, usage
+    if "--causal" not in args or "64" in args:
+        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
+    else:  # d = 128 causal: a few values spill around each tile's epilogue, as in the bf16 kernel (notes/hopper.md)
+        assert usage["stack"] <= 64, usage
+
+
+# ---------------------------------------------------------------- the key renumbering (torch, CPU)
+def test_permute_keys_leaves_p_v_unchanged_and_matches_the_kernel(rng):
+    n, d, m = 256, 16, 8
+    p = torch.tensor(rng.random((m, n)))
+    vt = torch.tensor(rng.standard_normal((d, n)))
+    # the kernel's p_operand: reshape [m, n / 32, 2, 2, 4, 2], permute (0, 1, 2, 4, 3, 5), reshape back
+    p_perm = p.reshape(m, n // 32, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(m, n)
+    vt_perm = fg.permute_keys(vt)
+    assert torch.allclose(p_perm @ vt_perm.T, p @ vt.T)
+    assert not torch.equal(vt_perm, vt)
+    assert torch.equal(fg.permute_keys(vt_perm, inverse=True), vt)
+    # the thread that holds keys 8i + 2t + e (i < 4) of a 32-key chunk in the accumulator holds keys 4t .. 4t+3
+    # and 16 + 4t .. 16 + 4t + 3 of the operand
+    idx = torch.arange(32.0)[None, :].reshape(1, 1, 2, 2, 4, 2).permute(0, 1, 2, 4, 3, 5).reshape(32)
+    for lane in range(4):
+        acc_keys = {8 * i + 2 * lane + e for i in range(4) for e in range(2)}
+        op_keys = {16 * h + 4 * lane + e for h in range(2) for e in range(4)}
+        assert {int(idx[k]) for k in op_keys} == acc_keys
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fg.permute_keys(vt[:, :40])
+
+
+def test_permuted_blocks_dequantize_to_v(rng):
+    v = torch.tensor(rng.standard_normal((1, 2, 300, 64)), dtype=torch.float32)
+    plain = quantize_fp8_blocks(v, 128, transposed=True)
+    perm = fg.Fp8KeyPermuted(fg.permute_keys(plain.data), plain.scale, 128, 300, True)
+    assert torch.equal(perm.dequantize(), plain.dequantize())
+
+
+# ---------------------------------------------------------------- bad input
+def test_bad_inputs_are_named(rng):
+    q = t(rng, 1, 2, 64, 64)
+    with pytest.raises(ValueError, match="head dimension"):
+        fg.flash_attention_forward_fp8_gluon(t(rng, 1, 2, 8, 32), t(rng, 1, 2, 8, 32), t(rng, 1, 2, 8, 32))
+    with pytest.raises(TypeError, match="q must have dtype float16, bfloat16 or float32"):
+        qi = torch.ones(1, 2, 8, 64, dtype=torch.int32, device=DEVICE)
+        fg.flash_attention_forward_fp8_gluon(qi, qi, qi)
+    with pytest.raises((TypeError, ValueError), match="Hkv|head"):
+        fg.flash_attention_forward_fp8_gluon(t(rng, 1, 3, 8, 64), q, q)
+    with pytest.raises(ValueError, match="config"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(64, 128, 3, 4))
+    with pytest.raises(ValueError, match="config"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(128, 128, 5, 4))
+    with pytest.raises(ValueError, match="shared memory"):
+        fg.check_fp8_gluon_config((128, 128, 4, 4), head_dim=256)
+    with pytest.raises(TypeError, match="Fp8Inputs"):
+        fg.attention_fp8_gluon((q, q, q))
+
+
+@pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
+def test_needs_a_hopper_gpu(rng):
+    q = t(rng, 1, 2, 64, 64)
+    with pytest.raises(RuntimeError, match="compute capability 9.0"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q)
+
+
+def test_config_pin_fits_and_passes_the_check():
+    from reference.triton.configs import FP8_GLUON_CONFIG
+    assert fg.check_fp8_gluon_config(None) == FP8_GLUON_CONFIG
+    for d in fg.FP8_GLUON_HEAD_DIMS:
+        assert fg.shared_bytes(FP8_GLUON_CONFIG, d) + 1024 <= SMEM_LIMIT
+
+
+# ---------------------------------------------------------------- on a Hopper GPU
+CASES = [  # (B, Hq, Hkv, Nq, Nk, d, causal)
+    (2, 4, 4, 512, 512, 128, False),
+    (1, 4, 4, 1000, 1000, 128, True),   # N not a multiple of the 128-row tile
+    (2, 8, 2, 333, 333, 128, True),     # GQA
+    (1, 2, 2, 300, 1000, 128, True),    # Nq < Nk, bottom-right causal
+    (1, 2, 2, 1000, 300, 64, True),     # Nq > Nk: rows that see no key -> o = 0, lse = -inf
+    (1, 3, 3, 1, 77, 64, False),        # one query row
+    (4, 8, 8, 700, 900, 128, False),    # more tiles than SMs? (several per CTA)
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("hadamard", [False, True])
+def test_matches_float64_on_dequantised_inputs(rng, case, hadamard):
+    B, Hq, Hkv, Nq, Nk, d, causal = case
+    q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
+    # V blocks of very different magnitude exercise the per-block V scales folded into P
+    v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
+                                             device=DEVICE)
+    x = fg.prepare_fp8_gluon(q, k, v, causal=causal, hadamard=hadamard, seed=int(rng.integers(1000)))
+    o, lse = fg.attention_fp8_gluon(x, out_dtype=torch.float32)
+    ro, rl, _ = attention_ref(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal=causal, scale=d ** -0.5)
+    assert o.shape == (B, Hq, Nq, d) and lse.shape == (B, Hq, Nq)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert rel_err(o, ro) < O_TOL_FP8, rel_err(o, ro)
+    assert lse_err(lse, rl) < LSE_TOL_FP8, lse_err(lse, rl)
+    assert torch.all(o.cpu()[torch.isinf(rl)] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+def test_entry_point_close_to_exact_attention_and_to_the_triton_fp8_kernel(rng):
+    q, k, v = t(rng, 2, 4, 700, 128), t(rng, 2, 4, 700, 128), t(rng, 2, 4, 700, 128)
+    for causal in (False, True):
+        for had in (False, True):
+            o, lse = fg.flash_attention_forward_fp8_gluon(q, k, v, causal=causal, hadamard=had, seed=3)
+            ro, rl, _ = attention_ref(q, k, v, causal=causal)
+            assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+            assert rel_err(o, ro) < 0.1 and lse_err(lse, rl) < 0.05
+            # the same quantisation as the Triton FP8 kernel: the two differ by accumulation order only
+            o2, lse2 = flash_attention_forward_fp8(q, k, v, causal=causal, hadamard=had, seed=3)
+            assert rel_err(o, o2) < 1e-2 and lse_err(lse, lse2) < 1e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+def test_plain_layout_conversion_agrees(rng):
+    """Without the key renumbering (``prepare_fp8``'s V^T) P goes through ``convert_layout``: same output."""
+    q, k, v = t(rng, 1, 4, 600, 128), t(rng, 1, 4, 600, 128), t(rng, 1, 4, 600, 128)
+    a = fg.attention_fp8_gluon(fg.prepare_fp8_gluon(q, k, v, causal=True))
+    b = fg.attention_fp8_gluon(prepare_fp8(q, k, v, causal=True, block_m=64, block_n=128))
+    assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4
