@@ -1,0 +1,325 @@
+"""The FP8 Gluon forward (``reference.triton.hopper.flash_fp8_gluon``) on Hopper: checks, then timings against the
+FP8 Triton forward, the bf16 Gluon forward and cuDNN (bf16), all in one process (issue 25 item 7;
+notes/hopper.md, "issue 25 item 7: FP8 Gluon forward").
+
+Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it does not fail):
+
+1. ``check``: the FP8 Gluon forward against float64 on fresh random inputs (ragged N, bottom-right causal with
+   Nq < Nk and Nq > Nk, GQA, d = 64, one query row, more tiles than SMs, N = 4096), Hadamard off and on, with the
+   Triton FP8 bounds: against exact attention o < 0.1, lse < 0.1 (``bench_hopper``'s FP8 check); against
+   float64 on the dequantised inputs o < 6e-2, lse < 1e-3 (``tests/test_triton_hopper.py``); and against the
+   Triton FP8 kernel (same quantisation, o within 2e-2). The layout-conversion ablation (``permuted=False``) is
+   checked too. lse against exact attention is reported, not gated (e4m3's rounding of Q and K).
+2. ``bench``: d = 128, H = 16, B * N = 16k tokens, N = 2k .. 16k, causal and not. Kernel alone on quantised
+   inputs (quantisation excluded, as notes/hopper.md section 2 timed the Triton FP8 kernel): FP8 Gluon, FP8
+   Triton (its ``CONFIG``), bf16 Gluon (``flash_attention_forward_gluon``), cuDNN bf16 (SDPA); then both FP8
+   entry points with the quantisation included (and the Gluon one with the Hadamard rotation). TFLOP/s
+   (4 B H N^2 d, halved causal), ratios to the bf16 Gluon forward and cuDNN, every FP8 output compared with
+   cuDNN's. Then ``VARIANTS`` at N = 8k: ring depth (STAGES) and the P conversion without key renumbering.
+   ``predicted``: ``reference.simulators.cycle_model`` for the FP8 and bf16 tiles.
+3. ``pytest``: ``tests/test_triton_fp8_gluon.py`` on the GPU (where pytest is installed).
+4. ``ncu`` (if Nsight Compute runs): one forward each of FP8 Gluon, FP8 Triton, bf16 Gluon and cuDNN at
+   N = 8k non-causal: duration, tensor-pipe activity, issue slots, the MUFU (XU) pipe, warp stall reasons.
+
+    python3 -m benchmarks.course.bench_fp8_gluon --out DIR    # writes DIR/<gpu>-fp8-gluon.json (+ ncu CSV)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from benchmarks._common import RESULTS, ROOT
+
+SEQLENS = [2048, 4096, 8192, 16384]
+TOKENS, D, H = 16384, 128, 16
+# (B, Hq, Hkv, Nq, Nk, d, causal)
+CASES = [(2, 4, 4, 1024, 1024, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2, 8, 2, 512, 512, 128, True),
+         (1, 2, 2, 300, 1000, 128, True), (1, 2, 2, 1000, 300, 128, True), (1, 4, 4, 777, 777, 64, False),
+         (1, 4, 4, 777, 777, 64, True), (1, 2, 2, 1, 5, 64, False), (4, 8, 2, 1000, 1000, 128, True),
+         (4, 8, 8, 1000, 700, 128, False), (1, 8, 8, 4096, 4096, 128, True), (1, 8, 8, 4096, 4096, 128, False)]
+EXACT_TOL = (0.1, 0.1)        # o rel, lse abs vs exact attention (bench_hopper's FP8 check)
+DEQUANT_TOL = (6e-2, 1e-3)    # vs float64 on the dequantised inputs (tests/test_triton_hopper.py, GPU)
+#: timed at N = 8k after the main table: (STAGES, permuted)
+VARIANTS = [(2, True), (3, True), (4, True), (3, False)]
+NCU_N = 8192
+
+
+def _qkv(B, Hq, Hkv, Nq, Nk, d, dtype=None):
+    import torch
+    dtype = dtype or torch.bfloat16
+    return [torch.randn(*s, device="cuda", dtype=dtype) for s in ((B, Hq, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d))]
+
+
+def _stage_check():
+    import torch
+    from benchmarks._common import check_row, lse_abs, ref64
+    from benchmarks._common import rel_err as rel
+    from reference.triton.hopper import flash_fp8_gluon as fg
+    from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8, prepare_fp8
+    out = []
+    for (B, Hq, Hkv, Nq, Nk, d, causal) in CASES:
+        for had in (False, True):
+            q, k, v = _qkv(B, Hq, Hkv, Nq, Nk, d)
+            v = v * torch.rand(1, 1, Nk, 1, device="cuda", dtype=v.dtype) * 30  # V blocks of different scales
+
+            def fill(row):
+                x = fg.prepare_fp8_gluon(q, k, v, causal=causal, hadamard=had, seed=7)
+                o, lse = fg.attention_fp8_gluon(x, out_dtype=torch.float32)
+                torch.cuda.synchronize()
+                ro, rl = ref64(q, k, v, causal)
+                row["o_rel"], row["lse_abs"] = rel(o, ro), lse_abs(lse, rl)
+                do, dl = ref64(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal)
+                row["o_rel_dequant"], row["lse_abs_dequant"] = rel(o, do), lse_abs(lse, dl)
+                o2, l2 = flash_attention_forward_fp8(q, k, v, causal=causal, hadamard=had, seed=7)
+                row["o_rel_vs_triton_fp8"], row["lse_abs_vs_triton_fp8"] = rel(o, o2.float()), lse_abs(lse, l2)
+                empty = ~torch.isfinite(rl)
+                row["empty_rows"] = int(empty.sum())
+                row["empty_ok"] = bool((o[empty] == 0).all()) if row["empty_rows"] else True
+                row["nan"] = bool(torch.isnan(o).any())
+                # lse against exact attention is reported, not gated: e4m3's rounding of Q and K moves it by
+                # 0.12-0.13 at some shapes for the Triton FP8 kernel too (notes/hopper.md, checks)
+                row["lse_exact_within_0.1"] = row["lse_abs"] < EXACT_TOL[1]
+                ok = (row["o_rel"] < EXACT_TOL[0] and row["o_rel_dequant"] < DEQUANT_TOL[0]
+                      and row["lse_abs_dequant"] < DEQUANT_TOL[1] and row["o_rel_vs_triton_fp8"] < 2e-2
+                      and row["empty_ok"] and not row["nan"])
+                if d == 128 and not had:  # the ablation without key renumbering computes the same
+                    x2 = prepare_fp8(q, k, v, causal=causal, block_m=64, block_n=128)
+                    o3, l3 = fg.attention_fp8_gluon(x2, out_dtype=torch.float32)
+                    row["o_rel_plain_vs_permuted"] = rel(o3, o)
+                    ok = ok and row["o_rel_plain_vs_permuted"] < 1e-3
+                row["ok"] = bool(ok)
+            row = check_row({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "hadamard": had}, fill)
+            print(f"check {row}", flush=True)
+            out.append(row)
+    return out
+
+
+def predicted():
+    """The cycle model's numbers for one 128 x 128 tile at d = 128 (H100): MMA vs exp cycles, ping-pong
+    tensor-core utilisation, and the FP8 / bf16 speed-up they imply."""
+    from reference.simulators.cycle_model import pingpong_utilisation, tile_cycles
+    out = {}
+    for dt in ("bf16", "fp8"):
+        c = tile_cycles(128, 128, 128, "H100", dt)
+        u = pingpong_utilisation(c["mma_cycles"], c["exp_cycles"])
+        # one period of two tiles: max(2 mma, mma + exp) cycles (cycle_model.pingpong_utilisation)
+        period = max(2 * c["mma_cycles"], c["mma_cycles"] + c["exp_cycles"])
+        out[dt] = {**c, "pingpong_utilisation": u, "cycles_per_tile": period / 2}
+    out["fp8_over_bf16"] = out["bf16"]["cycles_per_tile"] / out["fp8"]["cycles_per_tile"]
+    return out
+
+
+def _stage_bench():
+    import torch
+    from torch.nn.attention import SDPBackend
+    from benchmarks._common import matmul_tflops, sdpa
+    from benchmarks._common import rel_err as rel
+    from benchmarks.course.bench_hopper import bench
+    from reference.triton.configs import FP8_GLUON_CONFIG
+    from reference.triton.flash_fwd import forward_flops
+    from reference.triton.hopper import flash_fp8
+    from reference.triton.hopper import flash_fp8_gluon as fg
+    from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+
+    cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
+    res = {"matmul_bf16_TFLOPs": matmul_tflops(), "config": list(FP8_GLUON_CONFIG),
+           "triton_fp8_config": dict(flash_fp8.CONFIG), "predicted": predicted(), "main": [], "variants": []}
+    print(f"matmul bf16 {res['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)
+
+    def timed(fn, flops, ref_o=None):
+        try:
+            with torch.no_grad():
+                o = fn()
+                o = o[0] if isinstance(o, tuple) else o
+                err = rel(o, ref_o) if ref_o is not None else None
+                ms = bench(fn)
+            return {"tflops": flops / ms / 1e9, "ms": ms, "rel_vs_cudnn": err}
+        except Exception as e:  # noqa: BLE001
+            return {"error": f"{type(e).__name__}: {str(e)[-400:]}"}
+
+    for causal in (False, True):
+        for N in SEQLENS:
+            B = TOKENS // N
+            q, k, v = _qkv(B, H, H, N, N, D)
+            flops = forward_flops(B, H, N, N, D, causal)
+            with torch.no_grad():
+                ref_o = cudnn(q, k, v, causal)
+            xg = fg.prepare_fp8_gluon(q, k, v, causal=causal)
+            xt = flash_fp8.prepare_fp8(q, k, v, causal=causal)
+            row = {"N": N, "B": B, "H": H, "d": D, "causal": causal}
+            row["cudnn_bf16"] = timed(lambda: cudnn(q, k, v, causal), flops)
+            row["gluon_bf16"] = timed(lambda: flash_attention_forward_gluon(q, k, v, causal=causal), flops, ref_o)
+            row["fp8_gluon"] = timed(lambda: fg.attention_fp8_gluon(xg), flops, ref_o)
+            row["fp8_triton"] = timed(lambda: flash_fp8.attention_fp8(xt), flops, ref_o)
+            row["fp8_gluon_with_quant"] = timed(
+                lambda: fg.flash_attention_forward_fp8_gluon(q, k, v, causal=causal), flops, ref_o)
+            row["fp8_gluon_hadamard_with_quant"] = timed(
+                lambda: fg.flash_attention_forward_fp8_gluon(q, k, v, causal=causal, hadamard=True), flops, ref_o)
+            row["fp8_triton_with_quant"] = timed(
+                lambda: flash_fp8.flash_attention_forward_fp8(q, k, v, causal=causal), flops, ref_o)
+            g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+            for n in ("fp8_gluon", "fp8_triton", "fp8_gluon_with_quant", "fp8_triton_with_quant",
+                      "fp8_gluon_hadamard_with_quant", "gluon_bf16"):
+                row[n]["x_gluon_bf16"] = g(n) / g("gluon_bf16")
+                row[n]["x_cudnn_bf16"] = g(n) / g("cudnn_bf16")
+            print(f"causal={causal!s:5} N={N:5} cudnn {g('cudnn_bf16'):4.0f} gluon-bf16 {g('gluon_bf16'):4.0f} | "
+                  f"fp8-gluon {g('fp8_gluon'):5.0f} ({row['fp8_gluon']['x_gluon_bf16']:.2f}x bf16-gluon, "
+                  f"{row['fp8_gluon']['x_cudnn_bf16']:.2f}x cudnn, err {row['fp8_gluon'].get('rel_vs_cudnn', -1):.1e}) "
+                  f"fp8-triton {g('fp8_triton'):4.0f} ({row['fp8_triton']['x_gluon_bf16']:.2f}x) | with quant: "
+                  f"gluon {g('fp8_gluon_with_quant'):4.0f} ({row['fp8_gluon_with_quant']['x_gluon_bf16']:.2f}x) "
+                  f"hadamard {g('fp8_gluon_hadamard_with_quant'):4.0f} triton {g('fp8_triton_with_quant'):4.0f}",
+                  flush=True)
+            res["main"].append(row)
+            del q, k, v, ref_o, xg, xt
+    N = 8192
+    B = TOKENS // N
+    for causal in (False, True):
+        q, k, v = _qkv(B, H, H, N, N, D)
+        flops = forward_flops(B, H, N, N, D, causal)
+        with torch.no_grad():
+            ref_o = cudnn(q, k, v, causal)
+        base = timed(lambda: flash_attention_forward_gluon(q, k, v, causal=causal), flops)
+        for stages, permuted in VARIANTS:
+            cfg = (128, 128, stages, 4)
+            x = fg.prepare_fp8_gluon(q, k, v, causal=causal, config=cfg, permuted=permuted)
+            r = timed(lambda: fg.attention_fp8_gluon(x, cfg), flops, ref_o)
+            r.update({"stages": stages, "permuted": permuted, "N": N, "causal": causal,
+                      "gluon_bf16_tflops": base.get("tflops")})
+            print(f"variant stages={stages} permuted={permuted} causal={causal}: {r.get('tflops', float('nan')):.0f} "
+                  f"TFLOP/s vs bf16 gluon {base.get('tflops', float('nan')):.0f} err {r.get('rel_vs_cudnn')} "
+                  f"{r.get('error', '')}", flush=True)
+            res["variants"].append(r)
+        del q, k, v, ref_o
+    return res
+
+
+def _profile():
+    """Under ncu (``--profile-from-start off``): one forward of each implementation at N = 8k, non-causal, after a
+    warm-up call (compilation outside the profiled region)."""
+    import torch
+    from torch.nn.attention import SDPBackend
+    from benchmarks._common import sdpa
+    from reference.triton.hopper import flash_fp8
+    from reference.triton.hopper import flash_fp8_gluon as fg
+    from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+    cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
+    q, k, v = _qkv(TOKENS // NCU_N, H, H, NCU_N, NCU_N, D)
+    xg = fg.prepare_fp8_gluon(q, k, v)
+    xt = flash_fp8.prepare_fp8(q, k, v)
+    runs = [lambda: fg.attention_fp8_gluon(xg), lambda: flash_fp8.attention_fp8(xt),
+            lambda: flash_attention_forward_gluon(q, k, v), lambda: cudnn(q, k, v, False)]
+    with torch.no_grad():
+        for fn in runs:
+            fn()
+        for fn in runs:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+
+
+def _stage_pytest():
+    """The GPU tests of the module (``-m gpu``), if pytest is installed on this machine: rc and the output tail."""
+    import subprocess
+    r = subprocess.run([sys.executable, "-m", "pytest", "tests/test_triton_fp8_gluon.py", "-q", "-m", "gpu",
+                        "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
+    print(r.stdout[-3000:], r.stderr[-1500:], flush=True)
+    return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-3000:]}
+
+
+NCU_METRICS = ["sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active",
+               "sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active",
+               "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active",
+               "sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active",
+               "sm__inst_executed.avg.per_cycle_active", "smsp__issue_active.avg.pct_of_peak_sustained_active",
+               "gpu__time_duration.sum"] + [
+    f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in (
+        "barrier", "branch_resolving", "dispatch_stall", "long_scoreboard", "math_pipe_throttle", "membar",
+        "mio_throttle", "misc", "no_instruction", "not_selected", "selected", "short_scoreboard", "sleeping",
+        "wait", "lg_throttle")]
+
+
+def _stage_ncu():
+    """ncu of ``_profile`` (``--clock-control none``): per kernel (launch order) the metrics in ``NCU_METRICS``
+    that this ncu knows; the CSV goes next to the JSON."""
+    import csv
+    import io
+    import subprocess
+    q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
+    names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
+    metrics = [m for m in NCU_METRICS if m.split(".")[0] in names]
+    csv_path = os.path.join(os.environ.get("BENCH_OUT", "/tmp"), "ncu_fp8_gluon.csv")
+    cmd = ["ncu", "--csv", "--page", "raw", "--clock-control", "none", "--profile-from-start", "off",
+           "--metrics", ",".join(metrics), sys.executable, "-m", "benchmarks.course.bench_fp8_gluon",
+           "--stage", "profile"]
+    with open(csv_path, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    print("ncu rc", r.returncode, r.stderr[-1500:], flush=True)
+    with open(csv_path) as f:
+        lines = f.read().splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith('"ID"')), None)
+    kernels = []
+    if start is not None:
+        rows = list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+        for row in rows[1:]:  # the first row after the header holds the units
+            kern = {"kernel": row.get("Kernel Name", "")[:80]}
+            for m in metrics:
+                try:
+                    kern[m] = float(row.get(m, "nan").replace(",", ""))
+                except ValueError:
+                    kern[m] = row.get(m)
+            kernels.append(kern)
+    labels = ["fp8_gluon", "fp8_triton", "gluon_bf16", "cudnn_bf16"]
+    if len(kernels) == len(labels):
+        for kern, label in zip(kernels, labels):
+            kern["impl"] = label
+    for kern in kernels:
+        print("ncu", json.dumps(kern), flush=True)
+    return {"N": NCU_N, "causal": False, "metrics": metrics, "kernels": kernels}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--stage", default="all", help="all | check | bench | pytest | ncu | profile")
+    ap.add_argument("--stages", default="check,bench,pytest,ncu")
+    ap.add_argument("--timeout", type=int, default=120, help="seconds for the check stage (bench and ncu get 3x)")
+    args = ap.parse_args(argv)
+    if args.stage == "profile":  # under ncu
+        return _profile()
+    if args.stage != "all":  # a child: run one stage, print its JSON last
+        result = {"check": _stage_check, "bench": _stage_bench, "pytest": _stage_pytest,
+                  "ncu": _stage_ncu}[args.stage]()
+        print("RESULT " + json.dumps(result), flush=True)
+        return
+    import torch
+    import triton
+    from benchmarks._common import gpu_tag
+    from benchmarks._staged import run_stages
+    os.makedirs(args.out, exist_ok=True)
+    res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "capability": list(torch.cuda.get_device_capability()),
+           "convention": "d=128, H=16, batch*seqlen=16384; flops 4BHN^2d (x0.5 causal); do_bench(warmup=10 ms, "
+                         "rep=40 ms) medians; kernel-only FP8 rows time the kernel on quantised inputs (with the "
+                         "two per-head reductions of V's scales), *_with_quant rows the entry point (rotation, "
+                         "quantisation, V transpose); ratios from this run only"}
+    path = os.path.join(args.out, f"{gpu_tag()}-fp8-gluon.json")
+
+    def env_of(stage, res):
+        return {"BENCH_OUT": args.out}
+    stages = args.stages.split(",")
+    if "check" in stages:  # time nothing that failed its check
+        run_stages("benchmarks.course.bench_fp8_gluon", ["check"], lambda st: args.timeout, res, path, env_of)
+        ok = isinstance(res.get("check"), list) and all(r.get("ok") for r in res["check"])
+        print(f"checks ok: {ok}", flush=True)
+        if not ok:
+            return
+        stages = [s for s in stages if s != "check"]
+    run_stages("benchmarks.course.bench_fp8_gluon", stages, lambda st: 3 * args.timeout, res, path, env_of)
+
+
+if __name__ == "__main__":
+    main()
