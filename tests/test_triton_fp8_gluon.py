@@ -106,6 +106,13 @@ def test_needs_a_hopper_gpu(rng):
         fg.flash_attention_forward_fp8_gluon(q, q, q)
 
 
+def test_bad_schedule_is_named():
+    with pytest.raises(ValueError, match="schedule must be a dict"):
+        fg.check_schedule({"turns": True})
+    with pytest.raises((TypeError, ValueError), match="merged"):
+        fg.check_schedule({"turns": True, "merged": "no"})
+
+
 def test_config_pin_fits_and_passes_the_check():
     from reference.triton.configs import FP8_GLUON_CONFIG
     assert fg.check_fp8_gluon_config(None) == FP8_GLUON_CONFIG
@@ -168,3 +175,16 @@ def test_plain_layout_conversion_agrees(rng):
     a = fg.attention_fp8_gluon(fg.prepare_fp8_gluon(q, k, v, causal=True))
     b = fg.attention_fp8_gluon(prepare_fp8(q, k, v, causal=True, block_m=64, block_n=128))
     assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("turns, merged", [(True, True), (False, False), (False, True)])
+def test_schedule_options_agree(rng, turns, merged):
+    """Without ping-pong turns, or with one release per ring slot: the same roundings in the same order."""
+    q, k, v = t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128)
+    for causal in (False, True):
+        x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
+        a = fg.attention_fp8_gluon(x)
+        b = fg.attention_fp8_gluon(x, schedule={"turns": turns, "merged": merged})
+        assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4

@@ -130,6 +130,9 @@ DECODE_PINS = {
 #: consumer warpgroups of 64 (the query quantisation block), 128 keys (the key block); STAGES: the H100 sweep of
 #: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "issue 25 item 7")
 FP8_GLUON_CONFIG = (128, 128, 3, 4)
+#: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, and one
+#: release per K/V ring slot instead of two; chosen by the same sweep
+FP8_GLUON_SCHEDULE = {"turns": True, "merged": False}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
@@ -219,4 +222,5 @@ def as_tuple(pin: dict) -> tuple:
 
 
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
-           "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG"]
+           "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
+           "FP8_GLUON_SCHEDULE"]

@@ -44,7 +44,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .._checks import check_attention_inputs, check_flag
-from ..configs import FP8_GLUON_CONFIG
+from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
 from .common import LOG2E_F, check_gluon_device, init_ring_barriers, tile_descriptor
 from .flash_fp8 import Fp8Blocks, Fp8Inputs, prepare_fp8
@@ -114,7 +114,7 @@ def p_operand(p, p_layout: gl.constexpr, fp8: gl.constexpr, BLOCK_M: gl.constexp
 def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, kblk0, full_end, hi, start_m,
                N_Q, N_K, q_scale, WG, it0, r0, s_layout: gl.constexpr, o_layout: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, PERMUTED: gl.constexpr):
+               CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr):
     """Key blocks ``0 .. hi-1`` of one consumer's 64 query rows (already in ``q_smem``): ``(acc, m_i, l_i)``.
 
     The bf16 kernel's ``flash_gluon.attend_overlapped`` (FA3 Algorithm 2 under ping-pong turns) on e4m3 tiles:
@@ -123,6 +123,10 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
     for it, frees V slot ``j - 1`` and rescales ``O``. Key block ``j`` sits in ring slot ``(it0 + j) % STAGES``;
     ``r0`` counts the matmul rounds of earlier tiles (``hi + 1`` each). The scales of block ``j + 1``
     (``SK``/``SV_LOG2`` at ``kblk0 + j + 1``) are loaded while block ``j`` is processed.
+
+    ``TURNS=False``: no ping-pong turns (the two consumers issue as they are ready). ``MERGED``: one release per
+    ring slot (``k_bars[STAGES + slot]``, after ``P_j V_j`` is done) instead of K's after ``S_j`` and V's after
+    ``P_j V_j``: one warpgroup barrier + arrive less per key block, K's slot held one step longer.
     """
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
@@ -135,15 +139,18 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
         sk = gl.load(SK + kblk0)
         cj = gl.load(SV_LOG2 + kblk0)
         mbarrier.wait(k_bars.index(it0 % STAGES), (it0 // STAGES) & 1)
-        mbarrier.wait(turn_bars.index(WG), (r0 & 1) ^ (1 - WG))
+        if TURNS:
+            mbarrier.wait(turn_bars.index(WG), (r0 & 1) ^ (1 - WG))
         s = warpgroup_mma(q_smem, k_smem.index(it0 % STAGES).permute((1, 0)), s_zero, use_acc=False,
                           is_async=True)
-        mbarrier.arrive(turn_bars.index(1 - WG))
+        if TURNS:
+            mbarrier.arrive(turn_bars.index(1 - WG))
         nxt = gl.minimum(1, hi - 1)  # the next block's scales (a valid index even when hi == 1)
         sk_n = gl.load(SK + kblk0 + nxt)
         cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
         s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
+        if not MERGED:
+            mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
         p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
                                          s_layout, BLOCK_M, BLOCK_N, CAUSAL)
         for j in range(1, hi):
@@ -156,28 +163,40 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
             prev = (it0 + j - 1) % STAGES
             mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
             mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
-            mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
+            if TURNS:
+                mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
-            mbarrier.arrive(turn_bars.index(1 - WG))
+            if TURNS:
+                mbarrier.arrive(turn_bars.index(1 - WG))
             nxt = gl.minimum(j + 1, hi - 1)
             sk_n = gl.load(SK + kblk0 + nxt)
             cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
             s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
-            mbarrier.arrive(k_bars.index(STAGES + slot))
+            if not MERGED:
+                mbarrier.arrive(k_bars.index(STAGES + slot))
             p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
                                              s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+            # (ptxas hoists this wait above the softmax in the SASS, as in the bf16 kernel: notes/hopper.md)
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            mbarrier.arrive(v_bars.index(STAGES + prev))
+            if MERGED:
+                mbarrier.arrive(k_bars.index(STAGES + prev))
+            else:
+                mbarrier.arrive(v_bars.index(STAGES + prev))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
         p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
         last = (it0 + hi - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
-        mbarrier.wait(turn_bars.index(WG), ((r0 + hi) & 1) ^ (1 - WG))
+        if TURNS:
+            mbarrier.wait(turn_bars.index(WG), ((r0 + hi) & 1) ^ (1 - WG))
         acc = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
-        mbarrier.arrive(turn_bars.index(1 - WG))
+        if TURNS:
+            mbarrier.arrive(turn_bars.index(1 - WG))
         acc = warpgroup_mma_wait(0, deps=(acc,))
-        mbarrier.arrive(v_bars.index(STAGES + last))
+        if MERGED:
+            mbarrier.arrive(k_bars.index(STAGES + last))
+        else:
+            mbarrier.arrive(v_bars.index(STAGES + last))
     return acc, m_i, l_i
 
 
@@ -209,7 +228,7 @@ def store_output_fp8(acc, m_i, l_i, sv_max, O, LSE, o_row0, start_m, N_Q, o_layo
 def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                   n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, WG: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, PERMUTED: gl.constexpr):
+                  CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
     matmul). ``_work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
@@ -240,7 +259,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                 acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, turn_bars, SK,
                                            SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
                                            WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
-                                           CAUSAL, PERMUTED)
+                                           CAUSAL, PERMUTED, TURNS, MERGED)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output_fp8(acc, m_i, l_i, sv_max, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout,
                                  HALF, HEAD_DIM)
@@ -252,7 +271,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
 @gluon.jit
 def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
                   GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr):
     """The producer warp (``flash_gluon._ws_producer_persistent`` + ``produce_kv``): per tile both Q halves into
     the free Q buffer, then ``K_t`` (rows ``kv_row0 + t BLOCK_N``) and ``V^T_t`` (rows ``bhk d``, columns
     ``t BLOCK_N`` of the transposed view) into ring slot ``it % STAGES`` once both consumers freed it."""
@@ -280,7 +299,8 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
                     mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
                     tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot),
                                                     k_smem.index(slot))
-                    mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
+                    if not MERGED:
+                        mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
                     mbarrier.expect(v_bars.index(slot), desc_vt.block_type.nbytes)
                     tma.async_copy_global_to_shared(desc_vt, [vt_row, t * BLOCK_N], v_bars.index(slot),
                                                     v_smem.index(slot))
@@ -291,8 +311,8 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
 @gluon.jit
 def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, H_Q, GROUP, N_Q, N_K, N_PAD_Q,
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                      STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
+                      MERGED: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
     HALF: gl.constexpr = BLOCK_M // 2
@@ -318,12 +338,12 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
     gl.warp_specialize([
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED)),
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED)),
         (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
-                         GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                         GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -396,11 +416,22 @@ def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
     return tuple(config)
 
 
-def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True) -> dict:
-    """The kernel's constexpr arguments (``permuted``: ``V^T``'s keys renumbered, ``p_operand``)."""
+def check_schedule(schedule) -> dict:
+    """``schedule``: ``{"turns": bool, "merged": bool}`` (``attend_fp8``), default ``configs.FP8_GLUON_SCHEDULE``."""
+    if schedule is None:
+        schedule = FP8_GLUON_SCHEDULE
+    if not isinstance(schedule, dict) or set(schedule) != {"turns", "merged"}:
+        raise ValueError(f"schedule must be a dict with keys turns, merged, got {schedule!r}")
+    return {k: check_flag(v, f"schedule[{k!r}]") for k, v in schedule.items()}
+
+
+def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True, schedule=None) -> dict:
+    """The kernel's constexpr arguments (``permuted``: ``V^T``'s keys renumbered, ``p_operand``; ``schedule``:
+    ``check_schedule``)."""
     bm, bn, stages, warps = config
+    sched = check_schedule(schedule)
     return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
-                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
+                TURNS=sched["turns"], MERGED=sched["merged"], CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
 
 
 def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:
@@ -413,15 +444,16 @@ def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:
             "qk_scale": "fp32", "BH": "i32"}
 
 
-def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16):
+def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, schedule=None):
     """Run the Gluon FP8 kernel on inputs from ``prepare_fp8_gluon`` (or ``flash_fp8.prepare_fp8`` with 64-row
     query and 128-row key blocks: then ``V^T`` is not renumbered and P goes through ``convert_layout``):
     ``(o (B, Hq, Nq, d) out_dtype, lse (B, Hq, Nq) float32)``. Time this to time the kernel alone (with the two
-    per-head reductions of V's scales, as ``flash_fp8.attention_fp8`` does)."""
+    per-head reductions of V's scales, as ``flash_fp8.attention_fp8`` does). ``schedule``: ``check_schedule``."""
     if not isinstance(x, Fp8Inputs):
         raise TypeError(f"x must be the Fp8Inputs of prepare_fp8_gluon, got {type(x).__name__}")
     d = x.q.data.shape[-1]
     config = check_fp8_gluon_config(config, d)
+    schedule = check_schedule(schedule)
     if x.q.block != HALF_M or x.k.block != config[1] or x.v.block != config[1] or not x.v.transposed:
         raise ValueError(f"x: quantised with query blocks of {x.q.block} and key blocks of {x.k.block}; the Gluon "
                          f"FP8 kernel needs {HALF_M} and {config[1]} and V transposed (prepare_fp8_gluon)")
@@ -441,7 +473,7 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16):
     grid = persistent_grid(B, Hq, nq, config[0], x.causal, torch.cuda.get_device_properties(dev).multi_processor_count)
     fwd_fp8_ws_kernel[grid](desc_q, desc_k, desc_vt, x.q.scale, x.k.scale, sv_log2, sv_max, o, lse, Hq, x.group,
                             nq, nk, nq_pad, nk_pad, x.scale * LOG2E_F, B * Hq,
-                            **fp8_gluon_constexprs(d, config, x.causal, isinstance(x.v, Fp8KeyPermuted)),
+                            **fp8_gluon_constexprs(d, config, x.causal, isinstance(x.v, Fp8KeyPermuted), schedule),
                             maxnreg=PINGPONG_MAXNREG)
     return o, lse
 
@@ -465,12 +497,14 @@ def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamar
     return attention_fp8_gluon(x, config)
 
 
-def compile_fp8_gluon(head_dim: int = 128, causal: bool = False, config=None, permuted: bool = True):
+def compile_fp8_gluon(head_dim: int = 128, causal: bool = False, config=None, permuted: bool = True,
+                      schedule=None):
     """Compile the kernel for sm_90a ahead of time (no GPU; run with ``TRITON_INTERPRET=0``); return it for
     ``_aot.resource_usage`` (registers, spills, shared memory, SASS: QGMMA is the FP8 wgmma)."""
     config = check_fp8_gluon_config(config, head_dim)
     sig = fp8_gluon_signature(head_dim, config[1])
-    return compile_gluon(fwd_fp8_ws_kernel, sig, fp8_gluon_constexprs(head_dim, config, causal, permuted), config[3],
+    return compile_gluon(fwd_fp8_ws_kernel, sig, fp8_gluon_constexprs(head_dim, config, causal, permuted, schedule),
+                         config[3],
                          maxnreg=PINGPONG_MAXNREG)
 
 
