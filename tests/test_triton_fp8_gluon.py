@@ -111,6 +111,9 @@ def test_bad_schedule_is_named():
         fg.check_schedule({"turns": True})
     with pytest.raises((TypeError, ValueError), match="merged"):
         fg.check_schedule({"turns": True, "merged": "no"})
+    with pytest.raises(ValueError, match="split"):
+        fg.check_schedule({"turns": True, "merged": False, "split": 3})
+    assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1}
 
 
 def test_config_pin_fits_and_passes_the_check():
@@ -179,12 +182,14 @@ def test_plain_layout_conversion_agrees(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("turns, merged", [(True, True), (False, False), (False, True)])
-def test_schedule_options_agree(rng, turns, merged):
-    """Without ping-pong turns, or with one release per ring slot: the same roundings in the same order."""
+@pytest.mark.parametrize("turns, merged, split", [(True, True, 1), (False, False, 1), (False, True, 1),
+                                                  (True, False, 4), (False, False, 8)])
+def test_schedule_options_agree(rng, turns, merged, split):
+    """Without ping-pong turns, with one release per ring slot: the same roundings in the same order; the row
+    reductions split into chains: the row sums added in another order (float rounding only)."""
     q, k, v = t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128)
     for causal in (False, True):
         x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
         a = fg.attention_fp8_gluon(x)
-        b = fg.attention_fp8_gluon(x, schedule={"turns": turns, "merged": merged})
+        b = fg.attention_fp8_gluon(x, schedule={"turns": turns, "merged": merged, "split": split})
         assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4

@@ -133,7 +133,7 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, and one
 #: release per K/V ring slot instead of two; chosen by the same sweep (no turns: 1.22-1.32x the bf16 Gluon
 #: forward at N = 8k against 1.16-1.20x with them, h100-fp8-gluon.json "variants")
-FP8_GLUON_SCHEDULE = {"turns": False, "merged": False}
+FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default

@@ -63,13 +63,14 @@ NAME = "flash_attention_forward_fp8_gluon"
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
 def softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, scale_j, c_j, s_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
     """FA2 Algorithm 1, lines 9-10 on one raw FP8 score tile ``s = Q8 K8_j^T`` (fp32), with the FP8 scalings.
 
     ``scale_j = sq sk_j scale log2(e)`` (base-2 scores), ``c_j = log2(sv_j / max sv) <= 0``. Returns
     ``(p, alpha, m_new, l_new)`` with ``p = 2^8 P 2^c_j`` (rounded to e4m3 by the caller), ``alpha`` the factor
     of ``O`` and ``l_new = alpha l + rowsum(p) 2^-c_j`` (carrying the ``2^8``). Masked blocks (diagonal, keys
     past ``N_K``) set invisible scores to ``-inf``; a row that has seen no key uses max 0 (no inf - inf).
+    ``SPLIT``: how the row max and sum are reduced (``row_reduce``).
     """
     if j >= full_end:
         cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
@@ -78,12 +79,34 @@ def softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, scale_j, c_j, s_lay
             rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
             visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, axis=1) * scale_j)
+    m_new = gl.maximum(m_i, row_reduce(s, gl.SliceLayout(1, s_layout), BLOCK_M, BLOCK_N, SPLIT, True) * scale_j)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * scale_j - (m_use - (8.0 + c_j))[:, None])
     alpha = gl.exp2(m_i - m_use)
-    l_new = l_i * alpha + gl.sum(p, axis=1) * gl.exp2(-c_j)
+    l_new = l_i * alpha + row_reduce(p, gl.SliceLayout(1, s_layout), BLOCK_M, BLOCK_N, SPLIT, False) * gl.exp2(-c_j)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def row_reduce(x, row_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, SPLIT: gl.constexpr,
+               IS_MAX: gl.constexpr):
+    """Row max (``IS_MAX``) or row sum of a score tile in the wgmma accumulator layout.
+
+    ``gl.max`` / ``gl.sum`` reduce a thread's 32 values of a row as one dependent chain (SASS: 31 FMNMX / FADD,
+    each waiting for the last). ``SPLIT``: first reduce over the ``SPLIT`` column blocks of ``BLOCK_N / SPLIT``
+    (columns ``c = (BLOCK_N / SPLIT) a + b``: for ``BLOCK_N / SPLIT >= 8`` the block index ``a`` is inside each
+    thread, so this step needs no shuffle), giving ``BLOCK_N / SPLIT`` independent chains of ``SPLIT``, then
+    over the rest. ``SPLIT = 1``: the plain reduction."""
+    if SPLIT > 1:
+        x3 = gl.reshape(x, [BLOCK_M, SPLIT, BLOCK_N // SPLIT])
+        if IS_MAX:
+            r = gl.max(gl.max(x3, axis=1), axis=1)
+        else:
+            r = gl.sum(gl.sum(x3, axis=1), axis=1)
+        return gl.convert_layout(r, row_layout)  # the same rows per thread: no data moves
+    if IS_MAX:
+        return gl.max(x, axis=1)
+    return gl.sum(x, axis=1)
 
 
 @gluon.jit
@@ -114,7 +137,8 @@ def p_operand(p, p_layout: gl.constexpr, fp8: gl.constexpr, BLOCK_M: gl.constexp
 def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, kblk0, full_end, hi, start_m,
                N_Q, N_K, q_scale, WG, it0, r0, s_layout: gl.constexpr, o_layout: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-               CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr):
+               CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
+               SPLIT: gl.constexpr):
     """Key blocks ``0 .. hi-1`` of one consumer's 64 query rows (already in ``q_smem``): ``(acc, m_i, l_i)``.
 
     The bf16 kernel's ``flash_gluon.attend_overlapped`` (FA3 Algorithm 2 under ping-pong turns) on e4m3 tiles:
@@ -152,7 +176,7 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
         if not MERGED:
             mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
         p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
-                                         s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+                                         s_layout, BLOCK_M, BLOCK_N, CAUSAL, SPLIT)
         for j in range(1, hi):
             # P_{j-1} is carried in fp32 and rounded here: an e4m3 tensor carried across the loop is one byte per
             # register (unpacked and repacked each iteration, measured in the SASS), packed it is 16 registers
@@ -176,7 +200,7 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
             if not MERGED:
                 mbarrier.arrive(k_bars.index(STAGES + slot))
             p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
-                                             s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+                                             s_layout, BLOCK_M, BLOCK_N, CAUSAL, SPLIT)
             # (ptxas hoists this wait above the softmax in the SASS, as in the bf16 kernel: notes/hopper.md)
             acc = warpgroup_mma_wait(0, deps=(acc,))
             if MERGED:
@@ -228,7 +252,8 @@ def store_output_fp8(acc, m_i, l_i, sv_max, O, LSE, o_row0, start_m, N_Q, o_layo
 def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                   n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, WG: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr):
+                  CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
+                  SPLIT: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
     matmul). ``_work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
@@ -259,7 +284,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                 acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, turn_bars, SK,
                                            SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
                                            WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
-                                           CAUSAL, PERMUTED, TURNS, MERGED)
+                                           CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output_fp8(acc, m_i, l_i, sv_max, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout,
                                  HALF, HEAD_DIM)
@@ -312,7 +337,7 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
 def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, H_Q, GROUP, N_Q, N_K, N_PAD_Q,
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
-                      MERGED: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                      MERGED: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
     HALF: gl.constexpr = BLOCK_M // 2
@@ -338,10 +363,10 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
     gl.warp_specialize([
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)),
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)),
         (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
                          GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -417,12 +442,17 @@ def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
 
 
 def check_schedule(schedule) -> dict:
-    """``schedule``: ``{"turns": bool, "merged": bool}`` (``attend_fp8``), default ``configs.FP8_GLUON_SCHEDULE``."""
+    """``schedule``: ``{"turns": bool, "merged": bool, "split": 1 | 2 | 4 | 8}`` (``attend_fp8``, ``row_reduce``),
+    default ``configs.FP8_GLUON_SCHEDULE``; ``split`` may be left out (1)."""
     if schedule is None:
         schedule = FP8_GLUON_SCHEDULE
-    if not isinstance(schedule, dict) or set(schedule) != {"turns", "merged"}:
-        raise ValueError(f"schedule must be a dict with keys turns, merged, got {schedule!r}")
-    return {k: check_flag(v, f"schedule[{k!r}]") for k, v in schedule.items()}
+    if not isinstance(schedule, dict) or not {"turns", "merged"} <= set(schedule) <= {"turns", "merged", "split"}:
+        raise ValueError(f"schedule must be a dict with keys turns, merged (and split), got {schedule!r}")
+    split = schedule.get("split", 1)
+    if split not in (1, 2, 4, 8) or isinstance(split, bool):
+        raise ValueError(f"schedule['split'] must be 1, 2, 4 or 8, got {split!r}")
+    return {"turns": check_flag(schedule["turns"], "schedule['turns']"),
+            "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split}
 
 
 def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True, schedule=None) -> dict:
@@ -431,7 +461,7 @@ def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = T
     bm, bn, stages, warps = config
     sched = check_schedule(schedule)
     return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
-                TURNS=sched["turns"], MERGED=sched["merged"], CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
+                TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
 
 
 def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:
