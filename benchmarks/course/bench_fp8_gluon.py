@@ -11,11 +11,11 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
    Triton FP8 kernel (same quantisation, o within 2e-2). The layout-conversion ablation (``permuted=False``) is
    checked too. lse against exact attention is reported, not gated (e4m3's rounding of Q and K).
 2. ``bench``: first ``VARIANTS`` at N = 8k (ring depth, P conversion without key renumbering, ping-pong turns,
-   one release per ring slot, row max / sum split into independent chains); the best of them (summed over causal and not) runs the main table. Then d = 128,
-   H = 16, B * N = 16k tokens, N = 2k .. 16k, causal and not, each implementation timed in rotated rounds
-   (median; ``timed``). Kernel alone on quantised inputs (quantisation excluded, as notes/hopper.md section 2 timed the Triton FP8 kernel): FP8 Gluon, FP8
-   Triton (its ``CONFIG``), bf16 Gluon (``flash_attention_forward_gluon``), cuDNN bf16 (SDPA); then both FP8
-   entry points with the quantisation included (and the Gluon one with the Hadamard rotation). TFLOP/s
+   one release per ring slot, row max / sum split into independent chains); the best of them (summed over
+   causal and not) runs the main table. Then d = 128, H = 16, B * N = 16k tokens, N = 2k .. 16k, causal and
+   not, each implementation timed in rotated rounds (median; ``timed``). Kernel alone on quantised inputs
+   (quantisation excluded, as notes/hopper.md section 2 timed the Triton FP8 kernel): FP8 Gluon, FP8 Triton
+   (its ``CONFIG``), bf16 Gluon (``flash_attention_forward_gluon``), cuDNN bf16 (SDPA); then both FP8 entry points with the quantisation included (and the Gluon one with the Hadamard rotation). TFLOP/s
    (4 B H N^2 d, halved causal), ratios to the bf16 Gluon forward and cuDNN, every FP8 output compared with
    cuDNN's.
    ``predicted``: ``reference.simulators.cycle_model`` for the FP8 and bf16 tiles.

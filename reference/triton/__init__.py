@@ -12,6 +12,7 @@ _EXPORTS = {
     "softmax": "fused_softmax",
     "flash_attention_forward": "flash_fwd",
     "flash_attention_forward_fp8": "hopper.flash_fp8",
+    "flash_attention_forward_fp8_gluon": "hopper.flash_fp8_gluon",
     "flash_attention_forward_persistent": "hopper.flash_persistent",
     "flash_attention_forward_gluon": "hopper.flash_gluon",
     "flash_attention_backward_gluon_ws": "hopper.flash_gluon_bwd_ws",

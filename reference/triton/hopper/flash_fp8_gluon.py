@@ -21,7 +21,7 @@ TMA copies of both 64-row Q halves (double-buffered across tiles) and the K / V^
 ring; two consumer warpgroups (``setmaxnreg`` budgets) own 64 query rows each and take turns issuing their
 matmuls (FA3 section 3.1 ping-pong), each overlapping its softmax of ``S_j`` with its own ``P_{j-1} V_{j-1}``
 (FA3 Algorithm 2); the grid is persistent, tiles head-major, causal tiles in heavy/light pairs
-(``flash_gluon._work_item``). What differs from bf16: e4m3 tiles (half the bytes, so a deeper ring fits),
+(``flash_gluon.work_item``). What differs from bf16: e4m3 tiles (half the bytes, so a deeper ring fits),
 the per-block scales (two scalar loads per key block, issued one block ahead), P's conversion to e4m3 and its
 register layout for the FP8 A operand (``k_width = 4``: four 8-bit values per 32-bit register).
 
@@ -48,7 +48,7 @@ from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
 from .common import LOG2E_F, check_gluon_device, init_ring_barriers, tile_descriptor
 from .flash_fp8 import Fp8Blocks, Fp8Inputs, prepare_fp8
-from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, _work_item, key_range, persistent_grid
+from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range, persistent_grid, work_item
 
 #: head dimensions of the Gluon FP8 kernel (the bf16 Gluon kernel's; ``flash_fp8`` also takes 32)
 FP8_GLUON_HEAD_DIMS = (64, 128)
@@ -256,7 +256,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                   SPLIT: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
-    matmul). ``_work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
+    matmul). ``work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
     the output rows use the unpadded ``N_Q``."""
     HALF: gl.constexpr = BLOCK_M // 2
     SUBS: gl.constexpr = 2 if CAUSAL else 1
@@ -269,7 +269,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
     count = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         for sub in range(SUBS):
-            valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_PAD_Q, N_PAD_K, BLOCK_M,
+            valid, start_m, q_row0, kv_row0 = work_item(item, sub, n_m, H_Q, GROUP, N_PAD_Q, N_PAD_K, BLOCK_M,
                                                          CAUSAL)
             if valid:
                 full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
@@ -306,7 +306,7 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
     count = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         for sub in range(SUBS):
-            valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_PAD_Q, N_PAD_K, BLOCK_M,
+            valid, start_m, q_row0, kv_row0 = work_item(item, sub, n_m, H_Q, GROUP, N_PAD_Q, N_PAD_K, BLOCK_M,
                                                          CAUSAL)
             if valid:
                 full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
@@ -337,7 +337,8 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
 def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, H_Q, GROUP, N_Q, N_K, N_PAD_Q,
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
-                      MERGED: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
+                      MERGED: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
     HALF: gl.constexpr = BLOCK_M // 2
@@ -461,7 +462,8 @@ def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = T
     bm, bn, stages, warps = config
     sched = check_schedule(schedule)
     return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
-                TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
+                TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], CONSUMER_REGS=PINGPONG_REGS[0],
+                PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
 
 
 def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:

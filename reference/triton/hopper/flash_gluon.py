@@ -271,6 +271,10 @@ def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUS
     return valid, pid_m * BLOCK_M, bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
 
 
+#: ``_work_item`` under a public name, for the other persistent Gluon forward (``flash_fp8_gluon``)
+work_item = _work_item
+
+
 @gluon.jit
 def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m, H_Q,
                             GROUP, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
