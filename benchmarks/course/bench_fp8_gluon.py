@@ -15,9 +15,9 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
    causal and not) runs the main table. Then d = 128, H = 16, B * N = 16k tokens, N = 2k .. 16k, causal and
    not, each implementation timed in rotated rounds (median; ``timed``). Kernel alone on quantised inputs
    (quantisation excluded, as notes/hopper.md section 2 timed the Triton FP8 kernel): FP8 Gluon, FP8 Triton
-   (its ``CONFIG``), bf16 Gluon (``flash_attention_forward_gluon``), cuDNN bf16 (SDPA); then both FP8 entry points with the quantisation included (and the Gluon one with the Hadamard rotation). TFLOP/s
-   (4 B H N^2 d, halved causal), ratios to the bf16 Gluon forward and cuDNN, every FP8 output compared with
-   cuDNN's.
+   (its ``CONFIG``), bf16 Gluon (``flash_attention_forward_gluon``), cuDNN bf16 (SDPA); then both FP8 entry
+   points with the quantisation included (and the Gluon one with the Hadamard rotation). TFLOP/s (4 B H N^2 d,
+   halved causal), ratios to the bf16 Gluon forward and cuDNN, every FP8 output compared with cuDNN's.
    ``predicted``: ``reference.simulators.cycle_model`` for the FP8 and bf16 tiles.
 3. ``pytest``: ``tests/test_triton_fp8_gluon.py`` on the GPU (where pytest is installed).
 4. ``ncu`` (if Nsight Compute runs): one forward each of FP8 Gluon, FP8 Triton, bf16 Gluon and cuDNN at

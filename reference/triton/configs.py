@@ -128,11 +128,12 @@ DECODE_PINS = {
 
 #: the Gluon FP8 forward (``hopper.flash_fp8_gluon``): (BLOCK_M, BLOCK_N, STAGES, num_warps); 128 query rows = two
 #: consumer warpgroups of 64 (the query quantisation block), 128 keys (the key block); STAGES: the H100 sweep of
-#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "issue 25 item 7")
+#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "issue 25 item 7"): without turns 3 and 4 agree (noise)
 FP8_GLUON_CONFIG = (128, 128, 3, 4)
-#: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, and one
-#: release per K/V ring slot instead of two; chosen by the same sweep (no turns: 1.22-1.32x the bf16 Gluon
-#: forward at N = 8k against 1.16-1.20x with them, h100-fp8-gluon.json "variants")
+#: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, one release
+#: per K/V ring slot instead of two, the row max / sum split into independent chains; chosen by the same sweep
+#: (h100-fp8-gluon.json "variants", N = 8k, x the bf16 Gluon forward, non-causal / causal): no turns 1.33 / 1.21;
+#: turns with 3 stages 1.20 / 1.08 (2 or 4 stages 1.33-1.34 / 1.16-1.17); merged, split: 1.28-1.33 / 1.14-1.19
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1}
 
 
