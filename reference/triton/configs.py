@@ -68,6 +68,14 @@ HOPPER_BENCH_BWD = {
 }
 
 
+#: the warp-specialised Gluon backward's program order by ``causal`` (``flash_gluon_bwd_ws._program_order``,
+#: ``order_heads``): how many (batch, kv head) pairs interleave their key blocks longest-first, 0 = all, 1 = the
+#: head-major order. Causal: all (predicted by reference.simulators.scheduling: busy fraction 0.81 -> 0.99 for
+#: GQA 16/4 at 8k); non-causal: every block is equally long, the head-major order kept (notes/hopper.md,
+#: "issue 25 item 6: GQA backward schedule")
+GLUON_BWD_ORDER_HEADS = {False: 1, True: 0}
+
+
 @dataclass(frozen=True)
 class KeyBlockConfig:
     """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
@@ -212,5 +220,6 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
-__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
+__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER_HEADS", "forward_pin", "backward_pin",
+           "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode"]
