@@ -109,6 +109,20 @@ def test_program_order_visits_every_block_once_longest_first():
     assert check_order_heads(0, True, 6) == 6 and check_order_heads(9, False, 6) == 6
 
 
+def test_the_pinned_order_interleaves_only_short_causal_launches():
+    # the longest program's share of one SM's work on 132 SMs (an H100): GQA 4:1 at 8k-16k interleaves two heads,
+    # MHA and 32k stay head-major; non-causal launches always do
+    from reference.triton import configs
+    from reference.triton.hopper.flash_gluon_bwd_ws import check_order_heads, longest_share
+    gqa_8k = longest_share(True, 8192, 8192, 64, 8, 132)  # B = 2, Hkv = 4
+    assert abs(gqa_8k - 128 * 132 / (4160 * 8)) < 1e-12  # blocks cost 128 - 2j query steps, j < 64
+    assert check_order_heads(None, True, 8, gqa_8k) == configs.GLUON_BWD_ORDER["heads"]
+    assert check_order_heads(None, False, 8, longest_share(False, 8192, 8192, 64, 8, 132)) == 1
+    for args in [(8192, 8192, 64, 32), (32768, 32768, 64, 8), (2048, 2048, 64, 128)]:  # MHA 8k, GQA 32k, MHA 2k
+        assert check_order_heads(None, True, args[-1], longest_share(True, *args, 132)) == 1, args
+    assert longest_share(True, 1, 5, 64, 1, 132) == 132.0  # one program
+
+
 @pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
 def test_needs_a_hopper_gpu(rng):
     q, k, v, do = _inputs(rng, 1, 2, 2, 8, 8, 64)

@@ -68,12 +68,13 @@ HOPPER_BENCH_BWD = {
 }
 
 
-#: the warp-specialised Gluon backward's program order by ``causal`` (``flash_gluon_bwd_ws._program_order``,
-#: ``order_heads``): how many (batch, kv head) pairs interleave their key blocks longest-first, 0 = all, 1 = the
-#: head-major order. Causal: all (predicted by reference.simulators.scheduling: busy fraction 0.81 -> 0.99 for
-#: GQA 16/4 at 8k); non-causal: every block is equally long, the head-major order kept (notes/hopper.md,
-#: "issue 25 item 6: GQA backward schedule")
-GLUON_BWD_ORDER_HEADS = {False: 1, True: 0}
+#: the warp-specialised Gluon backward's program order (``flash_gluon_bwd_ws.check_order_heads``): a causal launch
+#: whose longest program is at least ``min_share`` of one SM's share of the work (``longest_share``: 0.25-0.51
+#: for GQA 4:1 at 8k-16k, 0.12-0.13 for MHA and at 32k) interleaves ``heads`` (batch, kv head) pairs, key blocks
+#: longest-first; every other launch keeps the head-major order. Chosen from the H100 order sweep
+#: (benchmarks/results/h100-gluon-bwd-order-sweep.json, notes/hopper.md "issue 25 item 6: GQA backward
+#: schedule"): 2 heads best at GQA 16/4 8k (0.99 vs 0.86x cuDNN); 4 and all heads lose at 16k-32k and 2k (L2)
+GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,6 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
-__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER_HEADS", "forward_pin", "backward_pin",
+__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode"]

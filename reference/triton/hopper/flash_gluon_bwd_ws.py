@@ -42,6 +42,7 @@ cannot run Gluon; ``tests/test_triton_gluon_bwd_ws.py`` compiles the kernel for 
 """
 from __future__ import annotations
 
+import functools
 from collections import namedtuple
 
 import torch
@@ -357,23 +358,34 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
         dk, dv = _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, prev_row, cfg, WG)
         prev_row = row
     _dq_last(smem, bars, out, dq_offs, prev_row, place.n_iter, cfg, WG)
+    # the copy engine must have read dq_smem before the CTA (and its shared memory) ends. At d = 64 (128-row
+    # steps) waiting after the dK/dV stores overlaps them with the last reduce and leaves 7 spill instructions
+    # instead of 12-13: 0.99-1.02x cuDNN against 0.85-0.87 at N = 2k-4k non-causal on an H100; at d = 128 the
+    # wait stays before them (notes/hopper.md, "issue 25 item 6: GQA backward schedule")
+    if cfg.DQ_TMA == 1 and HEAD_DIM > 64:
+        tma.store_wait(0)
     store_dkdv(dk, dv, out.dk, out.dv, place.kv_row0, my_n, place.N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
-    if cfg.DQ_TMA == 1:  # the copy engine has read dq_smem before the CTA (and its shared memory) ends
+    if cfg.DQ_TMA == 1 and HEAD_DIM == 64:
         tma.store_wait(0)
 
 
 @gluon.jit
 def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV,
-                   GROUP, N_Q, N_K, qk_scale, sm_scale, ORDER_HEADS,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   GROUP, N_Q, N_K, qk_scale, sm_scale,
+                   ORDER_HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr,
                    DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """One CTA = key block ``j`` (128 rows) of one (batch, kv head); a 1-D grid of ``cdiv(N_K, 128) * B * H_KV``
-    programs in the order ``_program_order`` gives (``ORDER_HEADS``); the default partition is consumer 0
-    (``num_warps = 4``), the workers consumer 1 and the producer."""
+    """One CTA = key block ``j`` (128 rows) of one (batch, kv head); grid ``(cdiv(N_K, 128), B * H_KV)``
+    (``ORDER_HEADS = 1`` at d = 128) or a 1-D grid of as many programs in the order ``_program_order`` gives; the default
+    partition is consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
     HALF: gl.constexpr = 64
     dtype: gl.constexpr = desc_q.dtype
-    pid_n, pid_bh = _program_order(gl.program_id(0), gl.num_programs(0), gl.cdiv(N_K, 2 * HALF), ORDER_HEADS)
+    if ORDER_HEADS == 1 and HEAD_DIM > 64:  # head-major, the 2-D grid (cdiv(N_K, 128), B * H_KV) (see the launch)
+        pid_n = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+    else:
+        pid_n, pid_bh = _program_order(gl.program_id(0), gl.num_programs(0), gl.cdiv(N_K, 2 * HALF), ORDER_HEADS)
     b = pid_bh // H_KV
     hk = pid_bh % H_KV
     start_n = pid_n * (2 * HALF)
@@ -436,16 +448,42 @@ def check_ws_config(config, head_dim=None):
     return tuple(config)
 
 
-def check_order_heads(order_heads, causal, n_heads):
-    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the pin
-    ``configs.GLUON_BWD_ORDER_HEADS[causal]``, ``0`` for all ``n_heads`` (batch, kv head) pairs, else a positive
-    int (capped at ``n_heads``)."""
+def longest_share(causal, Nq, Nk, block_m, n_heads, n_sms):
+    """The longest program's work over one SM's share of the launch (``sum of all programs / n_sms``), programs
+    = key blocks of 128 rows x ``n_heads`` (batch, kv head) pairs, each ``n_m - m_lo(j)`` query steps (times the
+    GQA group, which cancels). Near or above ``1 / waves`` the head-major order's last heads start their longest
+    blocks too late to finish with the rest (list scheduling's bound: makespan <= average + longest)."""
+    n_m = -(-Nq // block_m)
+    n_blocks = -(-Nk // BLOCK_N)
+    if causal:
+        costs = [n_m - min(max(j * BLOCK_N - (Nk - Nq), 0) // block_m, n_m) for j in range(n_blocks)]
+    else:
+        costs = [n_m] * n_blocks
+    total = sum(costs) * n_heads
+    return max(costs) * n_sms / total if total else 0.0
+
+
+def check_order_heads(order_heads, causal, n_heads, share=0.0):
+    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the pin ``configs.GLUON_BWD_ORDER``
+    (causal launches whose ``longest_share`` is at least its ``min_share`` interleave ``heads`` heads; every other
+    launch is head-major, 1), ``0`` for all ``n_heads`` (batch, kv head) pairs, else a positive int (capped at
+    ``n_heads``)."""
     if order_heads is None:
         from .. import configs
-        order_heads = configs.GLUON_BWD_ORDER_HEADS[bool(causal)]
+        pin = configs.GLUON_BWD_ORDER
+        order_heads = pin["heads"] if causal and share >= pin["min_share"] else 1
     if not isinstance(order_heads, int) or isinstance(order_heads, bool) or order_heads < 0:
         raise ValueError(f"order_heads must be an int >= 0 (0: all heads), got {order_heads!r}")
     return min(order_heads, n_heads) if order_heads else n_heads
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device):
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, config=None,
@@ -459,13 +497,15 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
     loading them.
     ``order_heads``: the program order (``_program_order``): how many (batch, kv head) pairs interleave their key
-    blocks longest-first; ``None`` the pin ``configs.GLUON_BWD_ORDER_HEADS[causal]``, ``0`` all of them, ``1`` the
-    head-major order.
+    blocks longest-first; ``None`` the pin (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, d)
-    order_heads = check_order_heads(order_heads, causal, B * Hkv)
+    share = 0.0
+    if order_heads is None and causal:
+        share = longest_share(causal, Nq, Nk, bm, B * Hkv, _sm_count(q.device))
+    order_heads = check_order_heads(order_heads, causal, B * Hkv, share)
     check_gluon_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     nq_pad = triton.cdiv(Nq, bm) * bm
@@ -478,18 +518,24 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
-    _bwd_ws_kernel[(triton.cdiv(Nk, BLOCK_N) * B * Hkv,)](
+    # head-major at d = 128: the 2-D grid (in the order sweep the same order by the 1-D grid and _program_order
+    # measured 2-7% slower on causal GQA, with the dQ wait after the dK/dV stores too: not separated); at d = 64
+    # the 1-D grid measured with the late dQ wait (notes/hopper.md, "issue 25 item 6: GQA backward schedule")
+    n_blocks = triton.cdiv(Nk, BLOCK_N)
+    grid = (n_blocks, B * Hkv) if order_heads == 1 and d > 64 else (n_blocks * B * Hkv,)
+    _bwd_ws_kernel[grid](
         tile_descriptor(q2, bm, d), tile_descriptor(k2, BLOCK_N // 2, d), tile_descriptor(v2, BLOCK_N // 2, d),
         tile_descriptor(do2, bm, d), tile_descriptor(dq_acc.view(-1, d), bm, d // 2),
-        desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale, order_heads,
-        HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
+        desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
+        ORDER_HEADS=order_heads, HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
         DQ_TMA=2 if _ablate_dq_add else int(dq_tma),
         DEFER=defer, LD_TMA=ld_tma, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4,
         maxnreg=WS_MAXNREG)
     return finish_dq(dq_acc, q, scale), dk, dv
 
 
-def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):
+def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16",
+                        order_heads: int = 1):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, head_dim)
@@ -500,14 +546,14 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
            "desc_dq": descriptor_signature(bm, dq_cols, "fp32"), "desc_l": descriptor_signature(1, bm, "fp32"),
            "desc_d": descriptor_signature(1, bm, "fp32"),
            "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
-           "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32",
-           "ORDER_HEADS": "i32"}
-    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
+           "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+    cx = {"ORDER_HEADS": order_heads, "HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
           "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0],
           "PRODUCER_REGS": WS_REGS[1],
           "num_warps": 4}
     return compile_gluon(_bwd_ws_kernel, sig, cx, 4, maxnreg=WS_MAXNREG)
 
 
-__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "check_order_heads", "DEFAULT_CONFIG",
+__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "check_order_heads", "longest_share",
+           "DEFAULT_CONFIG",
            "DEFAULT_CONFIGS"]
