@@ -100,7 +100,8 @@ def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files(
     row = next(line for line in readme.splitlines() if line.startswith("| **Gluon training step**"))
     r = json.loads((RESULTS / "h100-gluon-train.json").read_text())["bench"]
     mha = [x for x in r if x.get("H_kv", x["H"]) == x["H"]]
-    spans = [_span([x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in mha if x["causal"] == c]) for c in (False, True)]
+    spans = [_span([x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in mha if x["causal"] == c])
+             for c in (False, True)]
     assert f"H100 {spans[0]} / {spans[1]}" in row
     assert _span([x["triton"]["tflops"] / x["cudnn"]["tflops"] for x in mha]) in row
     # the GQA rows (Hq = 32, Hkv = 8): causal 8k and 32k, the bar
