@@ -50,6 +50,12 @@ FWD_PINS = {
     "smoke": _pin(32, 16, 4, 1),
 }
 
+#: ring attention (``reference.distributed``): the running output between ring steps is kept in the input's
+#: 16-bit dtype (merged in fp32, rounded once per merge) on up to this many ranks, fp32 beyond. With two ranks
+#: that is exactly the rounding of an fp32 state (one merge, then the output's rounding); further ranks add one
+#: rounding per merge (error vs float64 measured on an H100, notes/ring_attention.md "issue 25 item 4, session 5")
+RING_PINS = {"half_state_max_world": 2}
+
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
 BWD_PINS = {
     "interpreter": {"dkdv": _pin(16, 32, 4, 1), "dq": _pin(32, 16, 4, 1)},
