@@ -421,6 +421,7 @@ def test_running_state_adopts_first_output_and_merges_later_ones(rng):
     assert torch.equal(o[:, :, 2:6], o2) and torch.all(o[:, :, 6:] == 0) and torch.all(lse[:, :, :2] == float("-inf"))
     q16 = torch.zeros(1, 1, 1, 1, dtype=torch.bfloat16)
     assert state_dtype_for(q16, 2) == torch.bfloat16 and state_dtype_for(q16, 64) == torch.float32
+    assert state_dtype_for(q16.float(), 2) == torch.float32
     assert state_dtype_for(q16.double(), 2) == torch.float64
     with pytest.raises(TypeError, match="state_dtype"):
         state_dtype_for(q16, 2, torch.int32)

@@ -160,7 +160,7 @@ def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", s
             CPU ``compute_cpu_s`` (process CPU time of the compute).
         state_dtype: dtype of the running output between steps (``merge.state_dtype_for``; default: float32,
             float64 for float64 inputs, the input's 16-bit dtype for 16-bit inputs on up to
-            ``RING_PINS["half_state_max_world"]`` ranks, where that costs no accuracy).
+            ``RING_PINS["half_state_max_world"]`` ranks: error vs float64 within 1.15x of the kernel's own).
 
     Returns:
         ``o`` (q's dtype and shape) and ``lse`` ``(B, Hq, nq_local)`` float32 (float64 for float64 inputs);
