@@ -236,9 +236,13 @@ plt.show()
 # A pair (query chunk, key chunk) under the global causal mask is either fully visible, invisible (skipped), or
 # visible below a diagonal offset. `reference.distributed.local_step.block_calls` slices the last case into at
 # most two calls of an ordinary kernel (rows that see every key; a bottom-right causal block), so the local step
-# is pluggable: dense torch, the NumPy FlashAttention-2 of lecture 3, or the Triton kernels of lecture 5. The
-# same schedule can run in one process (`simulate_ring_attention`), here with the Triton kernels in their CPU
-# interpreter:
+# is pluggable: dense torch, the NumPy FlashAttention-2 of lecture 3, or the Triton kernels of lecture 5. A rank
+# needs even fewer calls than one per pair: its keys sit in increasing position order (zig-zag chunks `r` and
+# `2W−1−r`), so every query row sees a *prefix* of the local keys, and rows whose prefix grows by one per row (a
+# causal call) or stays put (a plain call) join across chunk boundaries (`step_calls`). A zig-zag step is then
+# ONE kernel call: the diagonal step is a causal call over both local chunks, any other step is all rows against
+# the first visiting chunk or the second query chunk against both. The same schedule can run in one process
+# (`simulate_ring_attention`), here with the Triton kernels in their CPU interpreter:
 
 # %%
 from reference.triton import DEVICE  # noqa: E402
@@ -247,6 +251,14 @@ qt, kt, vt = (torch.randn(1, 2, 48, 16).to(DEVICE) for _ in range(3))
 o_sim, _ = simulate_ring_attention(qt, kt, vt, 3, causal=True, layout="zigzag", step="triton")
 o_dense, _ = simulate_ring_attention(qt, kt, vt, 1, causal=True, step="torch")
 print(f"Triton local step, 3 simulated ranks vs dense torch: max error {float((o_sim - o_dense).abs().max()):.2e}")
+
+from reference.distributed.local_step import step_calls  # noqa: E402
+
+segs16 = L.rank_segments(16, 2, "zigzag")
+for r in range(2):
+    for s in range(2):
+        print(f"rank {r} (positions {segs16[r]}), step {s} (keys {segs16[(r - s) % 2]}): calls (q_lo, q_hi, k_lo, "
+              f"k_hi, causal) = {step_calls(segs16[r], segs16[(r - s) % 2], 0, True)}")
 
 # %% [markdown]
 # ## 6. When is the communication hidden?
