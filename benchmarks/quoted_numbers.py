@@ -319,17 +319,39 @@ _ASSUMED09 = {
 
 def _lecture10() -> dict:
     out = {}
-    for name in ("h200-ring-gluon-w2.json", "h200-ring-w2.json", "h100-ring-w2.json"):  # later files win on ties
+    for name in ("h200-ring-gluon-w4.json", "h200-ring-gluon-w2.json", "h200-ring-w2.json",
+                 "h100-ring-w2.json"):  # later files win on ties
         out.update(_ring_numbers(name))
-    g, t = load("h200-ring-gluon-w2.json"), load("h200-ring-w2.json")
-    if g and t:
+    t = load("h200-ring-w2.json")
+    for name in ("h200-ring-gluon-w4.json", "h200-ring-gluon-w2.json"):
+        g = load(name)
+        if not g:
+            continue
         key = lambda x: (x["pass"], x["causal"], x["layout"], x["n"])  # noqa: E731
-        tri = {key(x): x for x in t["rows"]}
+        tri = {key(x): x for x in t["rows"]} if t and g["meta"]["world"] == t["meta"]["world"] else {}
         for x in g["rows"]:
             if key(x) == ("forward", True, "zigzag", max(y["n"] for y in g["rows"])):
-                out[_f(x["tflops"] / g["meta"]["world"], 0)] = "ring, Gluon step: TFLOP/s per GPU at the longest N"
+                out[_f(x["tflops"] / g["meta"]["world"], 0)] = f"ring, Gluon step: TFLOP/s per GPU at the longest N ({name})"
                 if key(x) in tri:
                     out[_f(tri[key(x)]["ring_ms"] / x["ring_ms"])] = "ring: Triton step time / Gluon step time"
+    p = RESULTS / "h100-profile-ring.json"
+    if p.exists():
+        out.update(_profile_ring_numbers(json.loads(p.read_text())))
+    return out
+
+
+def _profile_ring_numbers(r: dict) -> dict:
+    """``benchmarks/course/profile_ring.py`` (one rank of the W = 2 ring on one GPU): per-rank efficiency of the
+    old (``pairs``) and new (``calls``) decomposition, and the old version's merge time per rank, at 64k."""
+    out = {}
+    for row in r["rows"]:
+        if row["n"] != 65536:
+            continue
+        for path in ("pairs", "calls"):
+            worst = max(rr[path]["rank_ms"] for rr in row["ranks"])
+            out[_f(row["one_gpu_ms"] / row["world"] / worst)] = f"profile_ring: {path} per-rank efficiency at 64k"
+        merges = max(sum(sum(st["merge_ms"]) for st in rr["pairs"]["steps"].values()) for rr in row["ranks"])
+        out[_f(merges, 1)] = "profile_ring: merges per rank of the pairs decomposition at 64k, ms"
     return out
 
 

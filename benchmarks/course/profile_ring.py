@@ -19,7 +19,9 @@ float64 torch oracle, and the output error of a bf16 vs fp32 running state for W
 
 B = 1, Hq = 32, Hkv = 8, d = 128, bf16, causal.
 
-    python3 -m benchmarks.course.profile_ring --seqs 65536,32768,131072   # Hopper GPU; writes $OUT or --out
+    python3 -m benchmarks.course.profile_ring --seqs 65536,32768,131072   # Hopper GPU
+
+Writes ``<gpu>-profile-ring.json`` into ``--out`` (default ``$OUT`` or the current directory), after every length.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ import time
 
 import torch
 
+from benchmarks._common import gpu_tag
 from reference.distributed import layout as L
 from reference.distributed.local_step import _pairs, get_step, step_calls
 from reference.distributed.merge import RunningState, merge_into, merge_rows_
@@ -262,7 +265,10 @@ def main(argv=None):
     dev = torch.device(a.device)
     step = get_step(a.step)
     t0 = time.time()
-    res = {"device": torch.cuda.get_device_name(), "checks": check(step, dev)}
+    res = {"meta": {"command": "python3 -m benchmarks.course.profile_ring --seqs " + a.seqs, "world": a.world,
+                    "step": a.step, "shape": {"B": 1, "hq": 32, "hkv": 8, "d": 128}, "dtype": "bfloat16",
+                    "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"},
+           "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "checks": check(step, dev)}
     print("checks", json.dumps(res["checks"]), flush=True)
     res["state_err"] = state_errors(step, dev)
     print("state_err", json.dumps(res["state_err"]), flush=True)
@@ -270,7 +276,7 @@ def main(argv=None):
     bwd = {int(x) for x in a.backward_at.split(",") if x}
     for n in (int(x) for x in a.seqs.split(",")):
         res["rows"].append(bench(n, a.world, step, dev, a.reps, n in bwd))
-        with open(os.path.join(a.out, "profile_ring.json"), "w") as f:
+        with open(os.path.join(a.out, f"{gpu_tag()}-profile-ring.json"), "w") as f:
             json.dump(res, f, indent=1)
         r = res["rows"][-1]
         print(f"\nN={n} one GPU {r['one_gpu_ms']:.2f} ms, ideal per rank {r['one_gpu_ms'] / a.world:.2f}; merge alone "
