@@ -6,6 +6,8 @@ global bottom-right causal mask (query position ``p`` sees key position ``t`` if
 with ``delta = qs + (Nk - Nq) - ks``. :func:`block_calls` reduces any ``delta`` to at most two calls of an
 ordinary attention kernel: rows that see every key (no mask) and rows that see a prefix of the keys, which is a
 plain bottom-right causal block after slicing. Rows that see nothing are skipped (they keep ``lse = -inf``).
+A ring step goes further (:func:`step_calls`): a rank's keys are in increasing position order, so every query
+row sees a prefix of them, and rows join across segments into one call per zig-zag step.
 So the local step is any FlashAttention-style ``forward -> (o, lse)`` / ``backward(o, lse, do)`` pair:
 
 * ``"torch"``: dense float math in torch (fp32, fp64 for fp64 inputs); any device.
