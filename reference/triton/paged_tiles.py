@@ -35,31 +35,61 @@ __all__ = ["paged_prefill_kernel", "table_entries", "launch_paged_prefill"]
 
 
 @triton.jit
-def table_entries(bt, start, offs_n, n_keys, PAGE: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Physical pages (int64) of keys ``[start, start + BLOCK_N)``: one scalar when ``PAGE % BLOCK_N == 0`` (the
-    block is inside one page), else one per key row. Entries of keys ``>= n_keys`` read as 0 (never -1)."""
+def table_entries(bt, start, offs_n, n_keys, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, WHOLE: tl.constexpr):
+    """Block-table entries (int64) of keys ``[start, start + BLOCK_N)``, ``start % BLOCK_N == 0``:
+
+    * ``PAGE % BLOCK_N == 0``: the block lies in one page: one scalar entry;
+    * ``WHOLE`` and ``BLOCK_N % PAGE == 0``: the block is ``BLOCK_N / PAGE`` whole pages: one entry per page;
+    * otherwise (a page size that neither divides nor is divided by the key block, or not ``WHOLE``): one entry
+      per key row.
+
+    Entries of pages (rows) at or past ``n_keys`` read as 0, never as the table's -1 padding (and a -1 inside a
+    sequence, possible only with ``validate=False``, reads page 0: wrong output, no out-of-bounds read)."""
     if PAGE % BLOCK_N == 0:
-        phys = tl.load(bt + start // PAGE, mask=start < n_keys, other=0).to(tl.int64)
+        phys = tl.load(bt + start // PAGE, mask=start < n_keys, other=0)
+    elif WHOLE and BLOCK_N % PAGE == 0:
+        pages = start // PAGE + tl.arange(0, BLOCK_N // PAGE)
+        phys = tl.load(bt + pages, mask=pages * PAGE < n_keys, other=0)
     else:
         rows = start + offs_n
-        phys = tl.load(bt + rows // PAGE, mask=rows < n_keys, other=0).to(tl.int64)
-    return phys
+        phys = tl.load(bt + rows // PAGE, mask=rows < n_keys, other=0)
+    return tl.maximum(phys, 0).to(tl.int64)  # validate=False with a -1 inside a sequence: wrong, never unsafe
 
 
 @triton.jit
 def load_paged_block(base, phys, start, offs_n, offs_d, stride_page, stride_slot, n_keys,
-                     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BOUNDS: tl.constexpr):
+                     PAGE: tl.constexpr, BLOCK_N: tl.constexpr, BOUNDS: tl.constexpr, WHOLE: tl.constexpr):
     """The ``(BLOCK_N, d)`` tile of keys ``[start, start + BLOCK_N)`` given their pages ``phys``
-    (``table_entries``); rows ``>= n_keys`` read as zeros when ``BOUNDS``."""
+    (``table_entries``); rows ``>= n_keys`` read as zeros when ``BOUNDS``.
+
+    ``WHOLE`` and ``BLOCK_N % PAGE == 0`` loads a ``(BLOCK_N / PAGE, PAGE, d)`` tile, ``PAGE`` consecutive rows of each page,
+    and reshapes the loaded tile to ``(BLOCK_N, d)``: Triton then copies each page's rows into slices of one
+    shared-memory buffer and hands the reshaped buffer to the MMA (``ttg.memdesc_reshape``), with no per-row
+    address arithmetic. (Only for wgmma tiles, ``BLOCK_M >= 64``: with the 16-row tiles' mma.sync the 3-D load
+    is not copied asynchronously, so those keep the row gather.)"""
     if PAGE % BLOCK_N == 0:  # BLOCK_N consecutive slots of one page: the contiguous address pattern
         ptrs = base + phys * stride_page + ((start % PAGE) + offs_n)[:, None] * stride_slot + offs_d[None, :]
-    else:
+        if BOUNDS:
+            x = tl.load(ptrs, mask=(start + offs_n)[:, None] < n_keys, other=0.0)
+        else:
+            x = tl.load(ptrs)
+    elif WHOLE and BLOCK_N % PAGE == 0:  # whole pages: a (pages, PAGE, d) tile
+        slots = tl.arange(0, PAGE)
+        ptrs = (base + phys[:, None, None] * stride_page + slots[None, :, None] * stride_slot
+                + offs_d[None, None, :])
+        if BOUNDS:
+            rows = start + tl.arange(0, BLOCK_N // PAGE)[:, None, None] * PAGE + slots[None, :, None]
+            x = tl.load(ptrs, mask=rows < n_keys, other=0.0)
+        else:
+            x = tl.load(ptrs)
+        x = tl.reshape(x, (BLOCK_N, offs_d.shape[0]))
+    else:  # one table entry per row
         ptrs = (base + (phys * stride_page + ((start + offs_n) % PAGE).to(tl.int64) * stride_slot)[:, None]
                 + offs_d[None, :])
-    if BOUNDS:
-        x = tl.load(ptrs, mask=(start + offs_n)[:, None] < n_keys, other=0.0)
-    else:
-        x = tl.load(ptrs)
+        if BOUNDS:
+            x = tl.load(ptrs, mask=(start + offs_n)[:, None] < n_keys, other=0.0)
+        else:
+            x = tl.load(ptrs)
     return x
 
 
@@ -67,19 +97,19 @@ def load_paged_block(base, phys, start, offs_n, offs_d, stride_page, stride_slot
 def paged_key_blocks(acc, l_i, m_i, q, k_base, v_base, bt, lo, hi, offs_m, offs_n, offs_d,
                      stride_kp, stride_ks, stride_vp, stride_vs, N_K, OFFSET, qk_scale,
                      BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-                     AHEAD: tl.constexpr, INTERP: tl.constexpr):
+                     AHEAD: tl.constexpr, INTERP: tl.constexpr, WHOLE: tl.constexpr):
     """FA2 Algorithm 1, lines 6-10, over key blocks ``[lo, hi)`` of a paged cache (``flash_fwd.attend_key_block``
     with ``load_paged_block`` for K_j and V_j)."""
-    phys_next = table_entries(bt, lo, offs_n, N_K, PAGE, BLOCK_N)
+    phys_next = table_entries(bt, lo, offs_n, N_K, PAGE, BLOCK_N, WHOLE)
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
         if AHEAD:  # this block's entries were loaded one iteration ago; fetch the next block's now
             phys = phys_next
-            phys_next = table_entries(bt, start_n + BLOCK_N, offs_n, N_K, PAGE, BLOCK_N)
+            phys_next = table_entries(bt, start_n + BLOCK_N, offs_n, N_K, PAGE, BLOCK_N, WHOLE)
         else:
-            phys = table_entries(bt, start_n, offs_n, N_K, PAGE, BLOCK_N)
+            phys = table_entries(bt, start_n, offs_n, N_K, PAGE, BLOCK_N, WHOLE)
         # line 7-8: K_j, S_ij = Q_i K_j^T in base-2 units
-        k = load_paged_block(k_base, phys, start_n, offs_n, offs_d, stride_kp, stride_ks, N_K, PAGE, BLOCK_N, MASKED)
+        k = load_paged_block(k_base, phys, start_n, offs_n, offs_d, stride_kp, stride_ks, N_K, PAGE, BLOCK_N, MASKED, WHOLE)
         s = dot(q, tl.trans(k), INTERP) * qk_scale
         # line 9: masks on the diagonal / ragged tail, running max, probabilities
         s, m_new, m_use = mask_running_max(s, m_i, start_n, offs_m, offs_n, N_K, OFFSET, CAUSAL, MASKED)
@@ -87,7 +117,7 @@ def paged_key_blocks(acc, l_i, m_i, q, k_base, v_base, bt, lo, hi, offs_m, offs_
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         # line 10: O_i = diag(alpha) O_i + P_ij V_j
-        v = load_paged_block(v_base, phys, start_n, offs_n, offs_d, stride_vp, stride_vs, N_K, PAGE, BLOCK_N, MASKED)
+        v = load_paged_block(v_base, phys, start_n, offs_n, offs_d, stride_vp, stride_vs, N_K, PAGE, BLOCK_N, MASKED, WHOLE)
         acc = acc * alpha[:, None]
         acc = dot_acc(p.to(v.dtype), v, acc, INTERP)
         m_i = m_new
@@ -135,10 +165,10 @@ def paged_prefill_kernel(Q, K, V, O, LSE, CU_Q, SEQ_LENS, BT,
     hi = tl.where(start_m < n_q, hi, 0)
     acc, l_i, m_i = paged_key_blocks(acc, l_i, m_i, q, k_base, v_base, bt, 0, full_end, offs_m, offs_n, offs_d,
                                      stride_kp, stride_ks, stride_vp, stride_vs, n_k, offset, qk_scale,
-                                     BLOCK_N, PAGE, CAUSAL, False, AHEAD, INTERP)
+                                     BLOCK_N, PAGE, CAUSAL, False, AHEAD, INTERP, BLOCK_M >= 64)
     acc, l_i, m_i = paged_key_blocks(acc, l_i, m_i, q, k_base, v_base, bt, full_end, hi, offs_m, offs_n, offs_d,
                                      stride_kp, stride_ks, stride_vp, stride_vs, n_k, offset, qk_scale,
-                                     BLOCK_N, PAGE, CAUSAL, True, AHEAD, INTERP)
+                                     BLOCK_N, PAGE, CAUSAL, True, AHEAD, INTERP, BLOCK_M >= 64)
     # lines 12-15; a row with no visible key gives o = 0, lse = -inf
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
