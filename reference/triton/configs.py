@@ -50,13 +50,6 @@ FWD_PINS = {
     "smoke": _pin(32, 16, 4, 1),
 }
 
-#: the page-aligned paged prefill's autotuning list (``reference.triton.paged_tiles``), (BLOCK_M, BLOCK_N, warps,
-#: stages): ``flash_fwd.FWD_CONFIGS`` without (128, 128, 8, 3), which spills on this kernel (sm_90a compile: 24-48 B
-#: of stack) and measured 0.81-0.84x of the contiguous forward where (64, 64, 4, 3) / (128, 64, 8, 3) measured
-#: 0.98-1.00x on 64-token pages (notes/serving_perf.md, "paged prefill, session 5", run 1), yet the autotuner picked
-#: it on both page sizes in that run
-PAGED_PREFILL_TILES = [(64, 64, 4, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3)]
-
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
 BWD_PINS = {
     "interpreter": {"dkdv": _pin(16, 32, 4, 1), "dq": _pin(32, 16, 4, 1)},
@@ -220,4 +213,4 @@ def as_tuple(pin: dict) -> tuple:
 
 
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
-           "AUTOTUNE", "PAGED_PREFILL_TILES", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode"]
+           "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode"]

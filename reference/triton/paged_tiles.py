@@ -27,7 +27,7 @@ import triton.language as tl
 
 from . import configs
 from ._device import device_limits
-from .flash_fwd import FWD_FALLBACK, SMALL_Q_CONFIG, fwd_configs_for, small_q_config, tuning_bench
+from .flash_fwd import FWD_CONFIGS, FWD_FALLBACK, SMALL_Q_CONFIG, fwd_configs_for, small_q_config, tuning_bench
 from ._kernel_helpers import LN2, LOG2E, causal_key_range, dot, dot_acc, mask_running_max, pinned_or_tuned
 from ._runtime import INTERPRET
 
@@ -183,10 +183,11 @@ def paged_prefill_kernel(Q, K, V, O, LSE, CU_Q, SEQ_LENS, BT,
 # configs and launch
 # --------------------------------------------------------------------------------------------------------------
 def _configs():
-    """``configs.PAGED_PREFILL_TILES`` (the contiguous forward's ``FWD_CONFIGS`` less the one that spills here)
-    and the forward's fallbacks for small GPUs."""
+    """The contiguous forward's autotuning list (``flash_fwd.FWD_CONFIGS`` + fallbacks), so both kernels choose
+    among the same tiles (run 2 of notes/serving_perf.md's session 5: the 128x128 tile, though it spills 24-48 B
+    here, was the fastest pin on 16-token pages)."""
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
-            for bm, bn, w, st in configs.PAGED_PREFILL_TILES + FWD_FALLBACK]
+            for bm, bn, w, st in FWD_CONFIGS + FWD_FALLBACK]
 
 
 def _prune(configs_, named_args, **kwargs):
