@@ -11,8 +11,10 @@ same bottom-right causal split into unmasked and masked key blocks) with two cha
 
 * **Per page, not per row.** Key blocks start at multiples of ``BLOCK_N``. With ``PAGE % BLOCK_N == 0`` a block
   lies inside one page: one scalar table entry, then ``BLOCK_N`` consecutive rows, the contiguous kernel's
-  address pattern (``base + row * stride + d``). With ``BLOCK_N % PAGE == 0`` (16-token pages) each row's
-  page entry is still needed to form its address, but they are ``BLOCK_N / PAGE`` distinct entries.
+  address pattern (``base + row * stride + d``). With ``BLOCK_N % PAGE == 0`` (16-token pages, 64-row tiles and
+  up) the block is ``BLOCK_N / PAGE`` whole pages: one entry per page, a ``(pages, PAGE, d)`` tile loaded and
+  reshaped to ``(BLOCK_N, d)`` (Triton copies it asynchronously into one shared buffer and reshapes the buffer
+  for wgmma). Other page sizes keep one entry per row.
 * **One block ahead** (``AHEAD``): the table entries of block ``j + 1`` are loaded while block ``j`` is computed
   and carried through the loop, so the K/V addresses of an iteration do not wait on a load of that iteration.
 
@@ -62,8 +64,8 @@ def load_paged_block(base, phys, start, offs_n, offs_d, stride_page, stride_slot
     """The ``(BLOCK_N, d)`` tile of keys ``[start, start + BLOCK_N)`` given their pages ``phys``
     (``table_entries``); rows ``>= n_keys`` read as zeros when ``BOUNDS``.
 
-    ``WHOLE`` and ``BLOCK_N % PAGE == 0`` loads a ``(BLOCK_N / PAGE, PAGE, d)`` tile, ``PAGE`` consecutive rows of each page,
-    and reshapes the loaded tile to ``(BLOCK_N, d)``: Triton then copies each page's rows into slices of one
+    ``WHOLE`` and ``BLOCK_N % PAGE == 0`` loads a ``(BLOCK_N / PAGE, PAGE, d)`` tile, ``PAGE`` consecutive rows
+    of each page, and reshapes the loaded tile to ``(BLOCK_N, d)``: Triton then copies each page's rows into slices of one
     shared-memory buffer and hands the reshaped buffer to the MMA (``ttg.memdesc_reshape``), with no per-row
     address arithmetic. (Only for wgmma tiles, ``BLOCK_M >= 64``: with the 16-row tiles' mma.sync the 3-D load
     is not copied asynchronously, so those keep the row gather.)"""
@@ -109,7 +111,8 @@ def paged_key_blocks(acc, l_i, m_i, q, k_base, v_base, bt, lo, hi, offs_m, offs_
         else:
             phys = table_entries(bt, start_n, offs_n, N_K, PAGE, BLOCK_N, WHOLE)
         # line 7-8: K_j, S_ij = Q_i K_j^T in base-2 units
-        k = load_paged_block(k_base, phys, start_n, offs_n, offs_d, stride_kp, stride_ks, N_K, PAGE, BLOCK_N, MASKED, WHOLE)
+        k = load_paged_block(k_base, phys, start_n, offs_n, offs_d, stride_kp, stride_ks, N_K, PAGE, BLOCK_N, MASKED,
+                             WHOLE)
         s = dot(q, tl.trans(k), INTERP) * qk_scale
         # line 9: masks on the diagonal / ragged tail, running max, probabilities
         s, m_new, m_use = mask_running_max(s, m_i, start_n, offs_m, offs_n, N_K, OFFSET, CAUSAL, MASKED)
@@ -117,7 +120,8 @@ def paged_key_blocks(acc, l_i, m_i, q, k_base, v_base, bt, lo, hi, offs_m, offs_
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
         # line 10: O_i = diag(alpha) O_i + P_ij V_j
-        v = load_paged_block(v_base, phys, start_n, offs_n, offs_d, stride_vp, stride_vs, N_K, PAGE, BLOCK_N, MASKED, WHOLE)
+        v = load_paged_block(v_base, phys, start_n, offs_n, offs_d, stride_vp, stride_vs, N_K, PAGE, BLOCK_N, MASKED,
+                             WHOLE)
         acc = acc * alpha[:, None]
         acc = dot_acc(p.to(v.dtype), v, acc, INTERP)
         m_i = m_new
