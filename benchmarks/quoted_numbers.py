@@ -134,8 +134,10 @@ def mixed_batch_quotes(r) -> list[str]:
         f"({casc[0]['fraction_of_copy_bw']['cascade']:.4f})",
         "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
         f"{min(eager):.2f}-{max(eager):.2f} (met); {casc[0]['eager_speedup_vs_paged']:.2f}x (met",
-        pg("16", ("paged_prefill_row_gather", "mixed_block64", "mixed_block_per_page")) + "; "
-        + pg("64", ("paged_prefill_row_gather", "mixed_block64", "mixed_tma")),
+        pg("16", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_block64",
+                  "mixed_block64_first_version")) + "; "
+        + pg("64", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_tma", "mixed_tma_table_in_place")),
+        f"first version {g['mixed_one_launch_first_version'] * 1e3:.0f} us",
     ]
 
 
@@ -271,9 +273,20 @@ def _lecture09_mixed() -> dict:
     out[_f(tbs / 1e12)] = "mixed step: K/V TB/s of the one launch"
     out[_f(tbs / bw)] = "mixed step: one launch's K/V bandwidth / copy bandwidth"
     out[_f(m["kv_bytes"] / bw * 1e3, 1)] = "mixed step: K/V bytes at copy bandwidth, ms (the prediction)"
+    out[_f(g["mixed_one_launch_first_version"] * 1e3, 0)] = "mixed step: first version (table in place), graph us"
+    out[_f(g["mixed_one_launch_first_version"] / g["mixed_one_launch"])] = "mixed step: first version / one launch"
     for page, x in r["prefill"]["pages"].items():
         for name, v in x["vs_contiguous"].items():
             out[_f(v)] = f"paged prefill, {page}-token pages: {name} / contiguous"
+        for tile, row in x.get("pinned_ms", {}).items():
+            for name, v in row.items():
+                out[_f(row["contiguous_varlen"] / v)] = f"paged prefill, {page}-token pages, tile {tile}: {name}"
+    sweep = load("h100-paged-prefill-sweep.json")
+    for page, x in (sweep or {}).get("pages", {}).items():
+        for tile, row in x.items():
+            if isinstance(row, dict) and "paged_ahead_1_ms" in row:
+                out[_f(x["contiguous_autotuned_ms"] / row["paged_ahead_1_ms"])] = (
+                    f"sweep, {page}-token pages, tile {tile}: page tiles / contiguous autotuned")
     for c in r["cascade"]:
         b, cg, f = c["batch"], c["ms_graph"], c["fraction_of_copy_bw"]
         out[_f(cg["cascade"] * 1e3, 0)] = f"cascade one launch B={b} graph us"
@@ -300,6 +313,18 @@ def _lecture09_mixed() -> dict:
         out[pct(mk["DRAM Throughput"])] = "ncu mixed kernel: DRAM throughput %"
         out[pct(mk["L2 Hit Rate"])] = "ncu mixed kernel: L2 hit rate %"
         out[_f(mk["Dynamic Shared Memory Per Block"] / 1000, 0)] = "ncu mixed kernel: shared memory per program, KB"
+    # profile_paged_prefill --pins 64x64x4x3 order: 64-token pages: contiguous, page tiles, page tiles with the
+    # table in place, row gather; 16-token pages: contiguous, page tiles, row gather
+    pp = ncu_metrics("h100-prefill-ncu.csv")
+    if len(pp) >= 7:
+        for i, what in enumerate(("64-token contiguous", "64-token page tiles", "64-token table in place",
+                                  "64-token row gather", "16-token contiguous", "16-token page tiles",
+                                  "16-token row gather")):
+            x = pp[i]
+            out[_f(x["Dynamic Shared Memory Per Block"], 0)] = f"ncu prefill {what}: shared memory KB (Kbyte in this CSV)"
+            out[_f(x["Executed Instructions"] / 1e6, 0)] = f"ncu prefill {what}: executed instructions, millions"
+            out[_f(x["Warp Cycles Per Issued Instruction"])] = f"ncu prefill {what}: warp cycles per issued instr"
+            out[_f(x["Registers Per Thread"], 0)] = f"ncu prefill {what}: registers per thread"
     return out
 
 
@@ -319,17 +344,39 @@ _ASSUMED09 = {
 
 def _lecture10() -> dict:
     out = {}
-    for name in ("h200-ring-gluon-w2.json", "h200-ring-w2.json", "h100-ring-w2.json"):  # later files win on ties
+    for name in ("h200-ring-gluon-w4.json", "h200-ring-gluon-w2.json", "h200-ring-w2.json",
+                 "h100-ring-w2.json"):  # later files win on ties
         out.update(_ring_numbers(name))
-    g, t = load("h200-ring-gluon-w2.json"), load("h200-ring-w2.json")
-    if g and t:
+    t = load("h200-ring-w2.json")
+    for name in ("h200-ring-gluon-w4.json", "h200-ring-gluon-w2.json"):
+        g = load(name)
+        if not g:
+            continue
         key = lambda x: (x["pass"], x["causal"], x["layout"], x["n"])  # noqa: E731
-        tri = {key(x): x for x in t["rows"]}
+        tri = {key(x): x for x in t["rows"]} if t and g["meta"]["world"] == t["meta"]["world"] else {}
         for x in g["rows"]:
             if key(x) == ("forward", True, "zigzag", max(y["n"] for y in g["rows"])):
-                out[_f(x["tflops"] / g["meta"]["world"], 0)] = "ring, Gluon step: TFLOP/s per GPU at the longest N"
+                out[_f(x["tflops"] / g["meta"]["world"], 0)] = f"ring, Gluon step: TFLOP/s per GPU at the longest N ({name})"
                 if key(x) in tri:
                     out[_f(tri[key(x)]["ring_ms"] / x["ring_ms"])] = "ring: Triton step time / Gluon step time"
+    p = RESULTS / "h100-profile-ring.json"
+    if p.exists():
+        out.update(_profile_ring_numbers(json.loads(p.read_text())))
+    return out
+
+
+def _profile_ring_numbers(r: dict) -> dict:
+    """``benchmarks/course/profile_ring.py`` (one rank of the W = 2 ring on one GPU): per-rank efficiency of the
+    old (``pairs``) and new (``calls``) decomposition, and the old version's merge time per rank, at 64k."""
+    out = {}
+    for row in r["rows"]:
+        if row["n"] != 65536:
+            continue
+        for path in ("pairs", "calls"):
+            worst = max(rr[path]["rank_ms"] for rr in row["ranks"])
+            out[_f(row["one_gpu_ms"] / row["world"] / worst)] = f"profile_ring: {path} per-rank efficiency at 64k"
+        merges = max(sum(sum(st["merge_ms"]) for st in rr["pairs"]["steps"].values()) for rr in row["ranks"])
+        out[_f(merges, 1)] = "profile_ring: merges per rank of the pairs decomposition at 64k, ms"
     return out
 
 

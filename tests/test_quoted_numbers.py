@@ -93,14 +93,20 @@ def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files(
         r = json.loads((RESULTS / f"{gpu}-gluon-wsbwd.json").read_text())
         assert all(c["ok"] for c in r["check"])
         spans = [_span([x[key]["tflops"] / x["cudnn"]["tflops"] for x in r["bench"]["main"]
-                        if x["d"] == 128 and x["causal"] == causal and x["N"] >= 2048]) for causal in (False, True)]
+                        if x["d"] == 128 and x["causal"] == causal and x["N"] >= 2048
+                        and x.get("H_kv", x["H"]) == x["H"]]) for causal in (False, True)]  # MHA rows
         quoted = f"{gpu.upper()} {spans[0]} / {spans[1]}"
         assert quoted in row, quoted
     row = next(line for line in readme.splitlines() if line.startswith("| **Gluon training step**"))
     r = json.loads((RESULTS / "h100-gluon-train.json").read_text())["bench"]
-    spans = [_span([x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in r if x["causal"] == c]) for c in (False, True)]
+    mha = [x for x in r if x.get("H_kv", x["H"]) == x["H"]]
+    spans = [_span([x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in mha if x["causal"] == c])
+             for c in (False, True)]
     assert f"H100 {spans[0]} / {spans[1]}" in row
-    assert _span([x["triton"]["tflops"] / x["cudnn"]["tflops"] for x in r]) in row
+    assert _span([x["triton"]["tflops"] / x["cudnn"]["tflops"] for x in mha]) in row
+    # the GQA rows (Hq = 32, Hkv = 8): causal 8k and 32k, the bar
+    gqa = {(x["causal"], x["N"]): x["gluon"]["tflops"] / x["cudnn"]["tflops"] for x in r if x not in mha}
+    assert f"GQA 32/8 causal 8k / 32k {gqa[(True, 8192)]:.2f} / {gqa[(True, 32768)]:.2f}" in row
 
 
 def _gpu_of(name: str) -> str:

@@ -80,6 +80,47 @@ def test_bad_inputs_are_named(rng):
         f(q1, k1, v1, q1, lse, do1, config=(128, 2, True, True, True))  # d = 128: too many registers
     with pytest.raises(ValueError, match="STAGES 2 or 3"):
         f(q, k, v, q, lse, do, config=(64, 4, True, True, True))
+    for bad in (-1, 1.5, True, "all"):
+        with pytest.raises(ValueError, match="order_heads must be an int >= 0"):
+            f(q, k, v, q, lse, do, order_heads=bad)
+
+
+def test_program_order_visits_every_block_once_longest_first():
+    # _program_order's arithmetic, replayed in Python on the grids it sees (a head count that the group size does
+    # not divide included): a bijection onto (key block, head); inside a group the blocks come by key block, i.e.
+    # longest first under the causal mask, the heads interleaved
+    from reference.triton.hopper.flash_gluon_bwd_ws import check_order_heads
+
+    def order(pid, n_programs, n_blocks, g):
+        n_heads = n_programs // n_blocks
+        grp = pid // (n_blocks * g)
+        in_grp = min(g, n_heads - grp * g)
+        r = pid - grp * n_blocks * g
+        return r // in_grp, grp * g + r % in_grp
+
+    for n_blocks, n_heads in [(1, 1), (5, 3), (7, 8), (64, 8)]:
+        for g in {1, 2, 3, n_heads}:
+            g = check_order_heads(g, True, n_heads)
+            seq = [order(p, n_blocks * n_heads, n_blocks, g) for p in range(n_blocks * n_heads)]
+            assert sorted(seq) == [(j, h) for j in range(n_blocks) for h in range(n_heads)]
+            for grp in range(-(-n_heads // g)):
+                mine = [j for j, h in seq if h // g == grp]
+                assert mine == sorted(mine)  # key block ascending = longest first
+    assert check_order_heads(0, True, 6) == 6 and check_order_heads(9, False, 6) == 6
+
+
+def test_the_pinned_order_interleaves_only_short_causal_launches():
+    # the longest program's share of one SM's work on 132 SMs (an H100): GQA 4:1 at 8k-16k interleaves two heads,
+    # MHA and 32k stay head-major; non-causal launches always do
+    from reference.triton import configs
+    from reference.triton.hopper.flash_gluon_bwd_ws import check_order_heads, longest_share
+    gqa_8k = longest_share(True, 8192, 8192, 64, 8, 132)  # B = 2, Hkv = 4
+    assert abs(gqa_8k - 128 * 132 / (4160 * 8)) < 1e-12  # blocks cost 128 - 2j query steps, j < 64
+    assert check_order_heads(None, True, 8, gqa_8k) == configs.GLUON_BWD_ORDER["heads"]
+    assert check_order_heads(None, False, 8, longest_share(False, 8192, 8192, 64, 8, 132)) == 1
+    for args in [(8192, 8192, 64, 32), (32768, 32768, 64, 8), (2048, 2048, 64, 128)]:  # MHA 8k, GQA 32k, MHA 2k
+        assert check_order_heads(None, True, args[-1], longest_share(True, *args, 132)) == 1, args
+    assert longest_share(True, 1, 5, 64, 1, 132) == 132.0  # one program
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
@@ -103,6 +144,23 @@ def test_gradients_match_float64_autograd(rng, config, B, Hq, Hkv, Nq, Nk, d, ca
     o, lse, _ = attention_ref(q, k, v, causal=causal)
     got = flash_attention_backward_gluon_ws(q, k, v, o.to(DEVICE, dtype), lse.to(DEVICE, torch.float32), do,
                                             causal=causal, config=config)
+    for name, a, r in zip(("dq", "dk", "dv"), got, attention_grads(q, k, v, do, causal=causal)):
+        assert torch.isfinite(a).all(), name
+        assert rel_err(a, r) < G_TOL, (name, rel_err(a, r))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+# the program order (head-major, groups of 3 of 4 heads: one short group, all heads) on GQA with many key blocks,
+# ragged N, causal Nq < Nk and not; d = 64's 128-row steps and d = 128
+@pytest.mark.parametrize("order_heads", [1, 3, 0])
+@pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal", [
+    (2, 8, 2, 700, 900, 128, True), (2, 8, 2, 650, 650, 64, True), (1, 12, 4, 500, 500, 128, False)])
+def test_program_orders_match_float64_autograd(rng, order_heads, B, Hq, Hkv, Nq, Nk, d, causal):
+    q, k, v, do = _inputs(rng, B, Hq, Hkv, Nq, Nk, d, torch.bfloat16)
+    o, lse, _ = attention_ref(q, k, v, causal=causal)
+    got = flash_attention_backward_gluon_ws(q, k, v, o.to(DEVICE, q.dtype), lse.to(DEVICE, torch.float32), do,
+                                            causal=causal, order_heads=order_heads)
     for name, a, r in zip(("dq", "dk", "dv"), got, attention_grads(q, k, v, do, causal=causal)):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, r) < G_TOL, (name, rel_err(a, r))

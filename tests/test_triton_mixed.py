@@ -89,6 +89,22 @@ def test_mixed_plan_reused_and_noncausal(rng):
 
 
 @pytest.mark.triton_mixed
+@pytest.mark.parametrize("bs", [8, 32])
+@pytest.mark.parametrize("ahead", [True, False])
+def test_mixed_table_entries_ahead_or_in_place(rng, bs, ahead):
+    """Block-table entries looked up one key block ahead with whole-page tiles (the defaults) or in the
+    iteration that uses them, one entry per key (the first version): both match the float64 oracle, with pages
+    shorter (whole pages per block) and longer than the key block, and a split tile."""
+    lens, q_lens = [100, 45, 20], [30, 1, 20]
+    cache, kv, q, cu, tables, seq_lens, args = setup(rng, lens, q_lens, 4, 2, bs)
+    cfg = MixedConfig(small_rows=16, large_rows=64, block_n=16, num_stages=1 if INTERPRET else 3, split_keys=64,
+                      table_ahead=ahead, whole_pages=ahead)
+    o, lse = mixed_attention(*args, config=cfg)
+    ro, rl = oracle(q.astype(np.float64), [(k.astype(np.float64), v.astype(np.float64)) for k, v in kv], q_lens)
+    assert rel_err(o, ro) < TOL and lse_err(lse, rl) < TOL
+
+
+@pytest.mark.triton_mixed
 def test_mixed_bad_input_raises_and_writes_nothing(rng):
     cache, kv, q, cu, tables, seq_lens, args = setup(rng, [20, 6], [3, 1], 4, 2, 4)
     qq, kc, vc, bt, cut, sl = args

@@ -11,7 +11,10 @@ subprocess with a time limit (a wrong mbarrier phase hangs the GPU instead of fa
 2. ``bench``: bf16 backward TFLOP/s (FA convention, 2.5x the forward's FLOPs) of cuDNN (SDPA autograd), our
    Triton backward (``flash_bwd``, ``bench_hopper``'s pinned configs) and the Gluon kernel's variants, same run,
    batch x seqlen = 16k, hidden 2048, d = 128, N in {2k, 8k} ({2k, 4k, 8k, 16k} with ``--set ws``), causal and
-   not (all variants), and d = 64 at 8k; each timed Gluon result is also compared with cuDNN's gradients.
+   not (all variants), and d = 64 at 8k (2k..16k with ``--set ws``); with ``--set ws`` also GQA (Hkv = Hq / 4,
+   8k, d = 128 and 64, the default config), where cuDNN runs GQA natively (``enable_gqa``) and, as
+   ``cudnn_repeat``, on K, V repeated per query head; each timed Gluon result is also compared with cuDNN's
+   gradients.
 
     python3 -m benchmarks.course.bench_gluon_bwd --out DIR          # writes DIR/<gpu>-gluon-bwd.json
     python3 -m benchmarks.course.bench_gluon_bwd --out DIR --set ws --suffix=-wsbwd   # the warp-specialised run
@@ -45,11 +48,38 @@ SETS = {"all": {"check": [WS], "time": [WS], "d64": [WS]},
         # the warp-specialised kernel's final run: its default and the first TMA-reduce version checked; timed
         # next to that version and the no-dQ-add ablation, N = 2k..16k
         "ws": {"check": [WS, WS_SPLIT_TMA], "time": [WS_SPLIT_TMA, WS, WS_NOADD], "d64": [WS, WS_D64],
-               "seqlens": [2048, 4096, 8192, 16384]},
+               "seqlens": [2048, 4096, 8192, 16384], "d64_seqlens": [2048, 4096, 8192, 16384],
+               # GQA rows (Hkv = Hq / 4 at 8k; the default config only): issue 25 item 6
+               "gqa": [(128, True, 8192), (128, False, 8192), (64, True, 8192), (64, False, 8192)]},
         # every attempt (H200 exploration run)
         "ws_attempts": {"check": [WS_SPLIT, WS_SPLIT_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS],
                         "time": [WS_SPLIT, WS_SPLIT_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS, WS_NOADD],
                         "d64": [WS_SPLIT_TMA, WS]}}
+
+
+def cudnn_attention(q, k, v, causal, gqa="native"):
+    """SDPA's cuDNN backend on ``q (B, Hq, N, d)``, ``k, v (B, Hkv, N, d)``: with ``Hkv < Hq`` either natively
+    (``enable_gqa=True``, ``gqa="native"``) or on K, V repeated per query head (``gqa="repeat"``: the repeat and,
+    under autograd, its group sums are part of what is timed)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+    group = q.shape[1] // k.shape[1]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        if group == 1:
+            return scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if gqa == "native":
+            return scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        return scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                            is_causal=causal)
+
+
+def cudnn_bwd_timer(q, k, v, do, causal, gqa="native"):
+    """``sdpa_bwd_timer`` for ``cudnn_attention``: a zero-argument callable running the backward once (the forward
+    runs once here, outside what is timed); returns ``(dq, dk, dv)``, dK and dV per kv head."""
+    import torch
+    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = cudnn_attention(qg, kg, vg, causal, gqa)
+    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 
 def _set():
@@ -103,32 +133,41 @@ def _stage_check():
 
 def _stage_bench():
     import torch
-    from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
-    from benchmarks._common import sdpa_bwd_timer
     from benchmarks.course.bench_hopper import bench
     from reference.triton import configs, flash_bwd, flash_fwd
     from reference.triton.flash_bwd import backward_flops
 
     res = {"variants": _set()["time"], "main": []}
     seqlens = _set().get("seqlens", SEQLENS)
-    for d, causal, N in [(128, c, n) for c in (False, True) for n in seqlens] + [(64, False, 8192), (64, True, 8192)]:
+    shapes = [(128, c, n, 1) for c in (False, True) for n in seqlens]
+    shapes += [(64, c, n, 1) for c in (False, True) for n in _set().get("d64_seqlens", [8192])]
+    shapes += [(d, c, n, 4) for d, c, n in _set().get("gqa", [])]
+    for d, causal, N, group in shapes:
         H = HIDDEN // d
         fwd_pin, bwd_pin = configs.FWD_PINS["hopper_bench"], configs.HOPPER_BENCH_BWD[(d, causal)]
         B = TOKENS // N
-        q, k, v, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+        q, do = (torch.randn(B, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(B, H // group, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         flops = backward_flops(B, H, N, N, d, causal)
         o, lse = flash_fwd.flash_attention_forward(q, k, v, causal=causal, config=fwd_pin)
-        row = {"d": d, "causal": causal, "N": N, "B": B, "H": H}
-        cud = sdpa_bwd_timer(SDPBackend.CUDNN_ATTENTION, q, k, v, do, causal)
+        row = {"d": d, "causal": causal, "N": N, "B": B, "H": H, "H_kv": H // group}
+        # cuDNN (GQA natively, enable_gqa; and on K, V repeated per query head, group sums timed: cudnn_repeat)
+        cud = cudnn_bwd_timer(q, k, v, do, causal)
         ref = cud()
         ms = bench(cud)
         row["cudnn"] = {"tflops": flops / ms / 1e9, "ms": ms}
+        if group > 1:
+            ms = bench(cudnn_bwd_timer(q, k, v, do, causal, "repeat"))
+            row["cudnn_repeat"] = {"tflops": flops / ms / 1e9, "ms": ms}
         tri = lambda: flash_bwd.flash_attention_backward(  # noqa: E731
             q, k, v, o, lse, do, causal=causal, config=bwd_pin)
         ms = bench(tri)
         row["triton"] = {"tflops": flops / ms / 1e9, "ms": ms}
-        for cfg in _set()["time" if d == 128 else "d64"]:
+        cfgs = _set()["time" if d == 128 else "d64"]
+        if group > 1:  # the default config only
+            cfgs = [c for c in cfgs if c == (WS_D64 if d == 64 else WS)]
+        for cfg in cfgs:
             if str(cfg) in os.environ.get("GLUON_BWD_SKIP", "").split(";"):  # its checks hung: skip it
                 continue
             name = variant_name(cfg)
@@ -141,7 +180,7 @@ def _stage_bench():
             except Exception as e:  # noqa: BLE001
                 row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
         c = row["cudnn"]["tflops"]
-        print(f"d={d} causal={causal!s:5} N={N:5} cudnn {c:4.0f} triton {row['triton']['tflops']:4.0f} "
+        print(f"d={d} causal={causal!s:5} N={N:5} H={H}/{H // group} cudnn {c:4.0f} triton {row['triton']['tflops']:4.0f} "
               f"({row['triton']['tflops'] / c:.2f}) " + " ".join(
                   f"{n} {r.get('tflops', float('nan')):4.0f} ({r.get('tflops', float('nan')) / c:.2f}) "
                   f"err {max(r.get('rel_vs_cudnn', [-1])):.1e}"

@@ -3,7 +3,9 @@
 ``reference.triton.flash_attention_gluon`` (the persistent Gluon forward + the warp-specialised Gluon backward)
 against SDPA's cuDNN backend and our Triton ``flash_attention`` (FA2 forward + two-kernel backward), bf16,
 FlashAttention convention (batch x seqlen = 16k, hidden 2048, d = 128; FLOPs 3.5 x the forward's: forward +
-2.5 x for the backward). Per shape, the three gradients of each implementation are first compared with
+2.5 x for the backward), and GQA rows (issue 25: Hq = 32, Hkv = 8, causal 8k and 32k, non-causal 8k) where cuDNN
+runs GQA natively (``enable_gqa``; ``cudnn_repeat``: on K, V repeated per query head, as a model without
+``enable_gqa`` would call it). Per shape, the three gradients of each implementation are first compared with
 cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
@@ -19,6 +21,9 @@ from benchmarks._common import RESULTS
 
 SEQLENS = [2048, 4096, 8192, 16384]
 TOKENS, HIDDEN, D = 16384, 2048, 128
+#: GQA rows (issue 25's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
+GQA_HEADS = (32, 8)
+GQA_ROWS = [(True, 8192, 2), (True, 32768, 1), (False, 8192, 2)]
 
 
 def _stage_bench():
@@ -33,43 +38,50 @@ def _timings():
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
     from benchmarks._common import sdpa
+    from benchmarks.course.bench_gluon_bwd import cudnn_attention
     from benchmarks.course.bench_hopper import bench
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
     impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon}
+    # GQA: cuDNN natively (enable_gqa) as the base, and on K, V repeated per query head (repeat + group sums timed)
+    gqa_impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"),
+                 "cudnn_repeat": lambda q, k, v, c: cudnn_attention(q, k, v, c, "repeat"),
+                 "triton": flash_attention, "gluon": flash_attention_gluon}
+    shapes = [(c, N, TOKENS // N, HIDDEN // D, HIDDEN // D) for c in (False, True) for N in SEQLENS]
+    shapes += [(c, N, B) + GQA_HEADS for c, N, B in GQA_ROWS]
     out = []
-    for causal in (False, True):
-        for N in SEQLENS:
-            B, H = TOKENS // N, HIDDEN // D
-            q, k, v, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-            leaves = [x.requires_grad_(True) for x in (q, k, v)]
-            flops = 3.5 * forward_flops(B, H, N, N, D, causal)
+    for causal, N, B, H, Hkv in shapes:
+        q, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        leaves = [x.requires_grad_(True) for x in (q, k, v)]
+        flops = 3.5 * forward_flops(B, H, N, N, D, causal)
 
-            def step(fn):
-                for x in leaves:
-                    x.grad = None
-                fn(*leaves, causal).backward(do)
+        def step(fn):
+            for x in leaves:
+                x.grad = None
+            fn(*leaves, causal).backward(do)
 
-            row = {"N": N, "B": B, "H": H, "causal": causal}
-            ref = None
-            for name, fn in impls.items():
-                try:
-                    step(fn)
-                    grads = [x.grad.clone() for x in leaves]
-                    if ref is None:
-                        ref = grads
-                    ms = bench(lambda: step(fn))
-                    row[name] = {"ms": ms, "tflops": flops / ms / 1e9,
-                                 "grad_rel_vs_cudnn": max(rel(g, r) for g, r in zip(grads, ref))}
-                except Exception as e:  # noqa: BLE001
-                    row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
-            g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
-            print(f"causal={causal!s:5} N={N:5}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
-                f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
-                for n in ("triton", "gluon")), flush=True)
-            out.append(row)
-            del q, k, v, do, leaves, ref
+        row = {"N": N, "B": B, "H": H, "H_kv": Hkv, "causal": causal}
+        ref = None
+        for name, fn in (impls if Hkv == H else gqa_impls).items():
+            try:
+                step(fn)
+                grads = [x.grad.clone() for x in leaves]
+                if ref is None:
+                    ref = grads
+                ms = bench(lambda: step(fn))
+                row[name] = {"ms": ms, "tflops": flops / ms / 1e9,
+                             "grad_rel_vs_cudnn": max(rel(g, r) for g, r in zip(grads, ref))}
+            except Exception as e:  # noqa: BLE001
+                row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+        g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+        print(f"causal={causal!s:5} N={N:5} H={H}/{Hkv}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
+            f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
+            for n in ("cudnn_repeat", "triton", "gluon") if n in row), flush=True)
+        out.append(row)
+        del q, k, v, do, leaves, ref
+        torch.cuda.empty_cache()
     return out
 
 

@@ -7,12 +7,17 @@ medians with L2 flushed; ``graph``: CUDA-graph replay GPU time; ``loop``: wall t
 eager calls). Sections:
 
 * mixed: a serving step of 4 prefill chunks of 512 tokens (after 2k cached tokens each) and 60 decode rows at
-  1k-32k keys (log-uniform, fixed seed), 16-token pages: ``mixed_attention`` (one launch) vs the separate
-  launches (``paged_prefill`` for the chunks + ``paged_decode`` for the decodes) and vs ``paged_prefill`` over the
-  whole batch (one varlen launch with 128-row query tiles per query head);
-* prefill: 8 chunks of 512 tokens after 4k cached tokens, pages of 16 and 64 tokens: ``mixed_attention`` (page-
-  aligned key blocks; TMA boxes for 64-token pages on Hopper) and ``paged_prefill`` (row gather) vs
-  ``flash_attention_varlen_forward`` on the same keys stored contiguously;
+  1k-32k keys (log-uniform, fixed seed), 16-token pages: ``mixed_attention`` (one launch; also its first
+  version: table entries looked up in place, one per key row) vs the separate launches (``paged_prefill`` for the chunks,
+  page-aligned or row gather, + ``paged_decode`` for the decodes) and vs ``paged_prefill`` over the whole batch
+  (one varlen launch with 128-row query tiles per query head);
+* prefill: 8 chunks of 512 tokens after 4k cached tokens, pages of 16 and 64 tokens: ``paged_prefill`` (the
+  page-aligned kernel ``reference.triton.paged_tiles``, and ``gather="row"``, the first version's row gather),
+  ``mixed_attention`` (page-aligned key blocks; TMA boxes for 64-token pages on Hopper; table entries one block
+  ahead and whole-page tiles, or ``*_first_version`` / ``*_table_in_place``: looked up in the iteration that
+  uses them, one per key row) vs ``flash_attention_varlen_forward`` on
+  the same keys stored contiguously, all autotuned; then the same three tiles pinned on both sides
+  (``pinned_ms``) and the autotuners' picks (``autotuned``);
 * cascade: a 32k shared prefix + 1k suffix per request, B = 8..64: the one-launch ``cascade_decode`` vs the
   three-launch ``cascade_decode_separate`` vs ``paged_decode`` of the full sequences; graph and eager times, and
   the effective bandwidth of the whole call and of each pass (prefix alone: suffixes of length 0; suffixes alone:
@@ -104,11 +109,23 @@ def mixed_section(log):
     def separate():
         paged_prefill(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk, validate=False)
         paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
+
+    def separate_row():  # the first paged_prefill (row gather) + paged_decode
+        paged_prefill(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk, validate=False, gather="row")
+        paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
     plan16 = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=MixedConfig(block_n=16))
+    plan_first = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs,
+                                 config=MixedConfig(table_ahead=False, whole_pages=False))
+    o2, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first)
+    res["rel_err_first_version_vs_default"] = bd.rel(o2, o)
+    assert res["rel_err_first_version_vs_default"] < 2e-2
     cases = {
         "mixed_one_launch": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan, validate=False),
+        "mixed_one_launch_first_version": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first,
+                                                                  validate=False),
         "mixed_one_launch_block16": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan16, validate=False),
         "separate_prefill_plus_decode": separate,
+        "separate_row_gather_prefill_plus_decode": separate_row,
         "paged_prefill_whole_batch": lambda: paged_prefill(q, kc, vc, table, cu, sl, chunk, validate=False),
     }
     res["ms"] = {k: _common.bench(f, wall=SMOKE) for k, f in cases.items()}
@@ -128,6 +145,18 @@ def mixed_section(log):
 
 
 # ------------------------------------------------------------------------------------------------------------
+def _tuned_picks():
+    """The configs the autotuners chose so far (contiguous forward, page-aligned paged prefill), by key."""
+    from reference.triton import flash_fwd, paged_tiles
+    return {name: {str(k): str(v) for k, v in getattr(t, "cache", {}).items()}
+            for name, t in (("contiguous_varlen", flash_fwd._attn_fwd_tuned),
+                            ("paged_prefill_page_tiles", paged_tiles.paged_prefill_tuned))}
+
+
+#: pinned tiles (BLOCK_M, BLOCK_N, warps, stages) on which contiguous and paged run side by side
+PREFILL_PINS = [(64, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3)]
+
+
 def prefill_section(log):
     B, cached, chunk = (2, 64, 16) if SMOKE else (8, 4096, 512)
     n = cached + chunk
@@ -142,11 +171,16 @@ def prefill_section(log):
         res = dict(block_size=bs, ms={}, rel_err={})
         cases = {"contiguous_varlen": lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n,
                                                                              causal=True, validate=False),
+                 "paged_prefill_page_tiles": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
+                                                                   validate=False),
                  "paged_prefill_row_gather": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
-                                                                   validate=False)}
+                                                                   validate=False, gather="row")}
         for name, cfg in (("mixed_block64", MixedConfig(use_tma=False)),
+                          ("mixed_block64_first_version", MixedConfig(use_tma=False, table_ahead=False,
+                                                                      whole_pages=False)),
                           ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
-                          ("mixed_tma", MixedConfig(use_tma=True))):
+                          ("mixed_tma", MixedConfig(use_tma=True)),
+                          ("mixed_tma_table_in_place", MixedConfig(use_tma=True, table_ahead=False))):
             if SMOKE or ("tma" in name and bs % cfg.block_n):
                 continue
             try:
@@ -159,14 +193,28 @@ def prefill_section(log):
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result
                 res.setdefault("failed", {})[name] = repr(exc)[:300]
                 log(f"  prefill {name} failed: {exc!r}"[:300])
-        o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
-        res["rel_err"]["paged_prefill_row_gather"] = bd.rel(o, ref)
+        for gather in ("page", "row"):
+            o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather=gather)
+            res["rel_err"][f"paged_prefill_{'page_tiles' if gather == 'page' else 'row_gather'}"] = bd.rel(o, ref)
+        assert max(res["rel_err"].values()) < 2e-2, res["rel_err"]
         for name, f in cases.items():
             res["ms"][name] = _common.bench(f, wall=SMOKE)
         base = res["ms"]["contiguous_varlen"]
         res["vs_contiguous"] = {k: base / v for k, v in res["ms"].items()}
         log(f"  prefill page {bs}: " + ", ".join(f"{k} {v * 1e3:.1f} us ({res['vs_contiguous'][k]:.2f}x)"
                                                     for k, v in res["ms"].items()))
+        # the same tiles pinned on both sides: the kernel, not the autotuner's pick (added measurement)
+        res["pinned_ms"] = {}
+        for bm, bn, w, st in ([] if SMOKE else PREFILL_PINS):
+            pin = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+            row = {}
+            with configs.pinned(fwd=pin):
+                for name in ("contiguous_varlen", "paged_prefill_page_tiles", "paged_prefill_row_gather"):
+                    row[name] = _common.bench(cases[name])
+            res["pinned_ms"][f"{bm}x{bn}x{w}w{st}s"] = row
+            log(f"  prefill page {bs} pinned {bm}x{bn} {w} warps {st} stages: " + ", ".join(
+                f"{k} {v * 1e3:.1f} us ({row['contiguous_varlen'] / v:.2f}x)" for k, v in row.items()))
+        res["autotuned"] = _tuned_picks()
         out["pages"][str(bs)] = res
         del kc, vc, k, v
         bd.empty_cache()

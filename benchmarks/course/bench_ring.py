@@ -1,8 +1,9 @@
 """Ring attention on NCCL: time per step, communication hidden by compute, and scaling vs one GPU.
 
 Each of ``--world-size`` ranks owns one GPU and a shard of a bf16 sequence (B=1, Hq=32, Hkv=8, d=128: GQA as
-in Llama-class models), the course's Triton FA2 kernels are the local step, and K/V chunks travel around the
-ring with NCCL ``batch_isend_irecv`` while the current chunk is computed. For every total length in ``--seqs``
+in Llama-class models), the course's Triton FA2 kernels (``--step triton``) or the Hopper wing's Gluon kernels
+(``--step gluon``) are the local step, one kernel call per zig-zag step (``local_step.step_calls``), and K/V
+chunks travel around the ring with NCCL ``batch_isend_irecv`` while the current chunk is computed. For every total length in ``--seqs``
 and both layouts (causal: contiguous vs zig-zag; plus non-causal):
 
 * ``ring_ms``: one forward ring attention, slowest rank (barrier to barrier), median of ``--reps``;
@@ -196,6 +197,10 @@ def bench_rank(rank: int, world: int, opts: dict) -> dict:
         del q, k, v
         if device.type == "cuda":
             torch.cuda.empty_cache()
+        if rank == 0 and opts.get("partial"):   # what is done so far survives a timeout of the whole run
+            with open(opts["partial"], "w") as f:
+                json.dump({"meta": {**opts.get("meta", {}), "partial": True}, "checks": checks, "rows": rows}, f,
+                          indent=1)
     return {"rows": rows, "checks": checks}
 
 
@@ -295,6 +300,10 @@ def main(argv=None):
                     one_gpu=not a.no_one_gpu, emulate=a.emulate, backward=not a.no_backward)
         tag = gpu_tag()
     t0 = time.time()
+    os.makedirs(a.out, exist_ok=True)
+    base = os.path.join(a.out, f"{tag}-ring{'' if opts['step'] in ('triton', 'torch') else '-' + opts['step']}-w{world}")
+    opts["partial"] = base + ".json"
+    opts["meta"] = {"world": world, "step": opts["step"], "shape": opts["shape"], "dtype": opts["dtype"]}
     results = run_ranks(bench_rank, world, (opts,), timeout=3600, backend=opts["backend"])
     rows, checks = results[0]["rows"], results[0]["checks"]
     meta = {"world": world, "device": torch.cuda.get_device_name() if opts["backend"] == "nccl" else "cpu",
@@ -309,8 +318,6 @@ def main(argv=None):
         pass
     print(f"checks (ring vs one device, rel err): {[round(c['rel_err'], 5) for c in checks]}")
     print_table(rows)
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"{tag}-ring{'' if opts['step'] in ('triton', 'torch') else '-' + opts['step']}-w{world}")
     with open(base + ".json", "w") as f:
         json.dump({"meta": meta, "checks": checks, "rows": rows}, f, indent=1)
     plot(rows, base + ".png", f"ring attention, {world} x {meta['device']}")

@@ -680,12 +680,16 @@ for path, r in load_results("*-gluon-wsbwd.json"):
     for row in r["bench"]["main"]:
         if row["d"] == 128 and key in row:
             base = row["cudnn"]["tflops"]
-            print(f"  backward {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: cuDNN {base:4.0f} "
-                  f"TFLOP/s;  triton {row['triton']['tflops'] / base:.2f}x  gluon ws {row[key]['tflops'] / base:.2f}x")
+            heads = f"H={row['H']}/{row.get('H_kv', row['H'])}"
+            print(f"  backward {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d} {heads:8s}: cuDNN "
+                  f"{base:4.0f} TFLOP/s;  triton {row['triton']['tflops'] / base:.2f}x  gluon ws "
+                  f"{row[key]['tflops'] / base:.2f}x")
 for path, r in load_results("*-gluon-train.json"):
     print(f"== {path.name}: {r.get('gpu')}: forward + backward through autograd")
     for row in r["bench"]:
         base = row["cudnn"]["tflops"]
-        print(f"  step {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: cuDNN {base:4.0f} TFLOP/s;"
+        heads = f"H={row['H']}/{row.get('H_kv', row['H'])}"
+        print(f"  step {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d} {heads:8s}: cuDNN {base:4.0f} "
+              f"TFLOP/s;"
               f"  flash_attention (Triton) {row['triton']['tflops'] / base:.2f}x  flash_attention_gluon "
               f"{row['gluon']['tflops'] / base:.2f}x")

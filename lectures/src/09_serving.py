@@ -222,21 +222,37 @@ for res, p in measured_mixed("prefill"):
             f"{name} {r['vs_contiguous'][name]:.2f}x" for name in r["vs_contiguous"] if name != "contiguous_varlen"))
 
 # %% [markdown]
-# `paged_prefill_row_gather` is the kernel above; `mixed_*` is the mixed launch of §5 on a prefill-only batch:
-# 64-key tiles (`block64`: with 16-token pages a table entry per key, with 64-token pages one per tile),
-# one tile per page (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages). Measured on the H100:
-# larger pages buy little (row gather 0.73x → 0.76x), page-aligned tiles do not beat the row gather (0.68x), and
-# TMA boxes only match it (0.76x). The bar of issue 25 (0.9x of contiguous) is **missed**. (The serving run
-# above gave 0.64x for the row gather: the two runs are three days and several kernel changes apart, so compare
-# ratios inside one run.) Tiles of 16 keys, one per 16-token page, are the slowest (0.30x): every tile pays the
-# table load and the online-softmax rescale for a 16-wide matrix product.
+# `paged_prefill_row_gather` is the kernel above (`paged_prefill(..., gather="row")` now); `paged_prefill_page_tiles`
+# is today's `paged_prefill` (`reference.triton.paged_tiles`); `mixed_*` is the mixed launch of §5 on a
+# prefill-only batch: 64-key tiles (`block64`), its first version (`block64_first_version`), one tile per page
+# (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages).
 #
-# So the address arithmetic is not what is missing. Nsight Compute on the TMA kernel
-# (`h100-serving-ncu.csv`) shows neither limit reached: SM throughput 36% and DRAM throughput 13% of peak, with
-# an L2 hit rate of 88%. Its 219 registers per thread and 83 KB of shared memory leave room for two programs
-# (8 warps) per SM: the kernel waits on latency at low occupancy, where the contiguous FA2 forward (autotuned)
-# keeps the tensor cores busier. Tile shapes and warp counts were swept without closing the gap
-# (`notes/serving_perf.md`, run 1).
+# Where did the row gather lose its time? Not in the bytes (the same rows are read) and not mainly in the
+# address arithmetic: compiled for the H100 (`triton.compile` for sm_90a runs on a CPU), the contiguous kernel
+# keeps **three** K and V buffers in flight (115 KB of shared memory for 64 x 64 tiles), the paged one only **two**
+# (83 KB). Each K/V address depends on a block-table load *of the same loop iteration*, and Triton's software
+# pipeliner gives that load a pipeline stage of its own, taken from K and V. Two changes give the contiguous
+# kernel's pipeline back:
+#
+# * **Look the table up one key block ahead.** The entries of block `j + 1` are loaded while block `j` is
+#   computed and carried through the loop; the K/V loads of an iteration then depend on no load of that
+#   iteration, and the pipeliner keeps three buffers again.
+# * **Load whole pages.** A 64-key block of 16-token pages is 4 whole pages: one table entry per page, the block
+#   loaded as a `(4, 16, d)` tile and *reshaped after the load*. Triton copies each page's rows into a slice of
+#   one shared-memory buffer and hands the reshaped buffer to the tensor cores. (Reshaping the row *offsets*
+#   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
+#
+# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the bar of issue 25, 0.9x,
+# met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.85x-0.91x, and the best tile
+# of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
+# noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
+# 0.60x → 0.81x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
+# page-tile kernel executes the contiguous kernel's instruction count (233 million each; the row gather 287)
+# with the same shared memory, but at 5.28 cycles per issued instruction instead of 4.51: the table entries
+# of a block are still loaded and used in the iteration that issues its copy (the pipeliner moves the
+# look-ahead load there), a dependent load on the issue path. Looking two blocks ahead makes Triton give up
+# pipelining the loop altogether; a Hopper kernel with a producer warp issuing one TMA box per page would
+# take the table off the consumers' path (`notes/serving_perf.md`).
 #
 # ## 3. Prefix sharing: cascade attention
 #
@@ -527,14 +543,15 @@ for res, m in measured_mixed("mixed"):
               f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
 
 # %% [markdown]
-# One mixed launch takes 1045 µs, **1.23x** the speed of the separate prefill and decode launches and 3.45x
-# that of `paged_prefill` over the whole batch. The last comparison is the plan's worth: without it each decode
+# One mixed launch takes 898 µs, **1.41x** the speed of the separate prefill and decode launches and 2.12x
+# that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
+# 1059 µs). The last comparison is the plan's worth: without it each decode
 # row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
 # step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
-# `notes/serving_perf.md`); measured, the launch moves them at 2.25 TB/s, 0.75 of copy — the prefill chunks run
-# at the paged-prefill speed of §2, and how much of the gap is theirs was not profiled. Tiles of one page
-# (16 keys, `mixed_one_launch_block16`) cost 1445 µs: the per-tile fixed cost of §2 again.
+# `notes/serving_perf.md`); measured, the launch moves them at 2.61 TB/s, 0.87 of copy — the prefill chunks run
+# at the page-tile speed of §2. Tiles of one page (16 keys, `mixed_one_launch_block16`) cost 1089 µs: the
+# per-tile fixed cost of §2 again.
 #
 # ## 6. A mini engine
 #

@@ -236,9 +236,13 @@ plt.show()
 # A pair (query chunk, key chunk) under the global causal mask is either fully visible, invisible (skipped), or
 # visible below a diagonal offset. `reference.distributed.local_step.block_calls` slices the last case into at
 # most two calls of an ordinary kernel (rows that see every key; a bottom-right causal block), so the local step
-# is pluggable: dense torch, the NumPy FlashAttention-2 of lecture 3, or the Triton kernels of lecture 5. The
-# same schedule can run in one process (`simulate_ring_attention`), here with the Triton kernels in their CPU
-# interpreter:
+# is pluggable: dense torch, the NumPy FlashAttention-2 of lecture 3, or the Triton kernels of lecture 5. A rank
+# needs even fewer calls than one per pair: its keys sit in increasing position order (zig-zag chunks `r` and
+# `2W−1−r`), so every query row sees a *prefix* of the local keys, and rows whose prefix grows by one per row (a
+# causal call) or stays put (a plain call) join across chunk boundaries (`step_calls`). A zig-zag step is then
+# ONE kernel call: the diagonal step is a causal call over both local chunks, any other step is all rows against
+# the first visiting chunk or the second query chunk against both. The same schedule can run in one process
+# (`simulate_ring_attention`), here with the Triton kernels in their CPU interpreter:
 
 # %%
 from reference.triton import DEVICE  # noqa: E402
@@ -247,6 +251,14 @@ qt, kt, vt = (torch.randn(1, 2, 48, 16).to(DEVICE) for _ in range(3))
 o_sim, _ = simulate_ring_attention(qt, kt, vt, 3, causal=True, layout="zigzag", step="triton")
 o_dense, _ = simulate_ring_attention(qt, kt, vt, 1, causal=True, step="torch")
 print(f"Triton local step, 3 simulated ranks vs dense torch: max error {float((o_sim - o_dense).abs().max()):.2e}")
+
+from reference.distributed.local_step import step_calls  # noqa: E402
+
+segs16 = L.rank_segments(16, 2, "zigzag")
+for r in range(2):
+    for s in range(2):
+        print(f"rank {r} (positions {segs16[r]}), step {s} (keys {segs16[(r - s) % 2]}): calls (q_lo, q_hi, k_lo, "
+              f"k_hi, causal) = {step_calls(segs16[r], segs16[(r - s) % 2], 0, True)}")
 
 # %% [markdown]
 # ## 6. When is the communication hidden?
@@ -396,14 +408,21 @@ for path, data in two:
 # * **Contiguous** stays at 0.57–0.67: §4's imbalance, `W / (2W − 1) = 0.67` for W = 2, measured on real kernels.
 # * **The backward** (causal zig-zag, dK/dV travelling in fp32) reaches 0.82 / 0.90 / 0.94 / 0.94. Its bytes are
 #   three times the forward's (§6); the exposed waits stay under 0.5% of its time at every length.
-# * **Re-run on 2 × H200** (`h200-ring-w2.json`, this course's own run, 32k–128k only to save device time; the
-#   same command): causal zig-zag 0.77 / 0.89 / 0.95, contiguous 0.58 / 0.64 / 0.67, backward 0.82 / 0.90 / 0.95,
-#   communication hidden 0.99–1.00 — the same picture on a GPU with faster memory and the same NVLink.
+# * **Re-run on 2 × H200** (`h200-ring-w2.json`, 32k–128k, the same command, after the one-call-per-step change
+#   of §5): causal zig-zag 0.97 / 0.97 / 1.00, contiguous 0.69 / 0.64 / 0.67, backward 0.88 / 0.92 / 0.95,
+#   communication hidden 0.99–1.00.
 # * **The Hopper kernels as the local step** (`step="gluon"`: lecture 6's persistent ping-pong forward and
 #   warp-specialised backward; `h200-ring-gluon-w2.json`, same command with `--step gluon`): at 128k the causal
-#   zig-zag ring runs 1.20x faster than with the Triton step, 565 TFLOP/s per GPU; its efficiency is lower at
-#   short N (0.63 / 0.83 / 0.93 at 32k / 64k / 128k) because the one-GPU baseline is now the faster kernel too,
-#   so the ring's fixed per-step costs (merges, two short segments per rank) weigh more; backward 0.81 / 0.91 / 0.95.
+#   zig-zag ring runs 1.21x faster than with the Triton step, 601 TFLOP/s per GPU, efficiency 0.84 / 0.94 / 0.99
+#   at 32k / 64k / 128k against one GPU running the same kernels; backward 0.93 / 0.91 / 0.94. Why one kernel call
+#   per step mattered: with the faster kernel the fixed per-step costs weigh more. A profile of one rank on one
+#   H100 (`python3 -m benchmarks.course.profile_ring`, notes/ring_attention.md) found that at 64k the old
+#   decomposition spent 3.5 ms per rank in its five fp32 merges and ran five shorter kernels; one call per step, no
+#   merge on the diagonal step and one fused merge afterwards took that rank from 0.84 to 0.94 of half the
+#   one-GPU time.
+# * **Four GPUs** (`h200-ring-gluon-w4.json`, `--world-size 4`, 64k–256k): causal zig-zag 0.90 / 0.95 / 1.02, 584
+#   TFLOP/s per GPU at 256k, backward 0.92 / 0.94 / 0.93. Efficiencies above 1 are real but flattering: the
+#   one-GPU call over the whole 256k sequence runs at a lower rate per FLOP than the shorter local calls.
 
 # ## Summary
 #
@@ -417,4 +436,5 @@ for path, data in two:
 #   break-even chunk grows by 1.2x (625 → 750 positions in the model).
 # * Ulysses (all-to-all over heads) sends `1/W` of the ring's bytes but needs `H ≥ W` and exposes them;
 #   all-gather (Llama 3) sends the ring's bytes in one exposed collective; the ring hides them behind compute.
-# * Measured on two H100s: causal zig-zag 0.95 of perfect scaling at 128k, communication hidden.
+# * Measured on two H100s: causal zig-zag 0.95 of perfect scaling at 128k, communication hidden; with the
+#   Hopper kernels as the local step on two H200s, 0.99 at 128k and 601 TFLOP/s per GPU.

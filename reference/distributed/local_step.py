@@ -6,6 +6,8 @@ global bottom-right causal mask (query position ``p`` sees key position ``t`` if
 with ``delta = qs + (Nk - Nq) - ks``. :func:`block_calls` reduces any ``delta`` to at most two calls of an
 ordinary attention kernel: rows that see every key (no mask) and rows that see a prefix of the keys, which is a
 plain bottom-right causal block after slicing. Rows that see nothing are skipped (they keep ``lse = -inf``).
+A ring step goes further (:func:`step_calls`): a rank's keys are in increasing position order, so every query
+row sees a prefix of them, and rows join across segments into one call per zig-zag step.
 So the local step is any FlashAttention-style ``forward -> (o, lse)`` / ``backward(o, lse, do)`` pair:
 
 * ``"torch"``: dense float math in torch (fp32, fp64 for fp64 inputs); any device.
@@ -27,7 +29,7 @@ import torch
 
 from reference.numpy.flash import flash_attention_backward, flash_attention_forward
 
-from .merge import acc_dtype, merge_into
+from .merge import RunningState, acc_dtype, merge_rows_
 
 
 def block_calls(nq: int, nk: int, delta: int, causal: bool) -> list[tuple[int, int, int, bool]]:
@@ -208,23 +210,101 @@ def _pairs(q_segs, k_segs, offset, causal):
         qoff += qe - qs
 
 
+def _sorted_segments(segs) -> bool:
+    starts = [a for a, b in segs if b > a]
+    ends = [b for a, b in segs if b > a]
+    return all(e <= s for e, s in zip(ends, starts[1:]))
+
+
+def _visible_runs(q_segs, k_segs, offset):
+    """Per local query row, the number ``n(i)`` of local keys it sees, as runs ``[row_lo, row_hi, n_first,
+    n_last]`` on which ``n`` is constant or rises by one per row (key segments in increasing position order).
+
+    Row ``i`` at global position ``p`` sees the keys at positions ``<= c = p + offset``; with the local keys in
+    increasing position order that is a prefix of them, ``n(c) = sum_j clip(c - ks_j + 1, 0, ke_j - ks_j)``:
+    slope 1 while ``c`` is inside a key segment, 0 between segments. So the cut points of a query segment's
+    range of ``c`` are the key segments' ends.
+    """
+    ks = [(a, b) for a, b in k_segs if b > a]
+
+    def n_at(c):
+        return sum(min(max(c - a + 1, 0), b - a) for a, b in ks)
+
+    runs, q0 = [], 0
+    for qs, qe in q_segs:
+        if qe <= qs:
+            continue
+        c_lo, c_hi = qs + offset, qe - 1 + offset
+        cuts = sorted({x for a, b in ks for x in (a, b) if c_lo < x <= c_hi})
+        for lo, hi in zip([c_lo] + cuts, cuts + [c_hi + 1]):   # c in [lo, hi): one slope
+            n0 = n_at(lo)
+            inside = any(a <= lo < b for a, b in ks)
+            runs.append([q0 + lo - c_lo, q0 + hi - c_lo, n0, n0 + (hi - lo - 1 if inside else 0)])
+        q0 += qe - qs
+    return runs
+
+
+def step_calls(q_segs, k_segs, offset: int, causal: bool) -> list[tuple[int, int, int, int, bool]]:
+    """Kernel calls ``(q_lo, q_hi, k_lo, k_hi, causal)`` for one ring step, over LOCAL rows and keys.
+
+    The local queries are ``q_segs`` concatenated, the visiting keys ``k_segs`` concatenated; a call attends rows
+    ``[q_lo, q_hi)`` to keys ``[k_lo, k_hi)``, bottom-right causal when ``causal``. When the key segments are in
+    increasing position order (both layouts: zig-zag holds chunks ``r < 2W-1-r``), a row sees a PREFIX of the
+    local keys (:func:`_visible_runs`), so rows whose prefix length is constant (a plain call) or rises by one
+    per row (a causal call) join across segment boundaries, ``k_lo = 0``, and every row is in at most one call
+    (none when it sees no key): ONE call per zig-zag step whatever ``W`` with equal chunks (the diagonal step is
+    one causal ``2c x 2c`` call; an off-diagonal one is all rows to the first key chunk, or the second query
+    chunk to both). Unsorted key segments fall back to :func:`block_calls` per segment pair, where a row can be
+    in several calls.
+    """
+    nq = sum(max(b - a, 0) for a, b in q_segs)
+    nk = sum(max(b - a, 0) for a, b in k_segs)
+    if nq == 0 or nk == 0:
+        return []
+    if not causal:
+        return [(0, nq, 0, nk, False)]
+    if not _sorted_segments(k_segs):
+        return [(q0 + lo, q0 + hi, k0, k0 + kh, c) for q0, k0, (lo, hi, kh, c) in _pairs(q_segs, k_segs, offset,
+                                                                                           causal)]
+    merged = []
+    for run in _visible_runs(q_segs, k_segs, offset):
+        if merged and merged[-1][1] == run[0]:
+            p = merged[-1]
+            flat = p[2] == p[3] == run[2] == run[3]
+            rise = (p[3] - p[2] == p[1] - p[0] - 1 and run[3] - run[2] == run[1] - run[0] - 1
+                    and run[2] == p[3] + 1)
+            if flat or rise:
+                p[1], p[3] = run[1], run[3]
+                continue
+        merged.append(list(run))
+    # n_last > 0: rows that see no key of this chunk are skipped; a rising run is bottom-right causal
+    # (its first row sees n_first = n_last - rows + 1 >= 1 keys)
+    return [(lo, hi, 0, n1, n1 != n0) for lo, hi, n0, n1 in merged if n1 > 0]
+
+
 def attend_segments(q, k, v, q_segs, k_segs, offset, causal, scale, step, o_acc, lse_acc):
     """Merge the attention of local queries ``q`` (segments ``q_segs``) to the visiting ``k, v`` (segments
-    ``k_segs``) into the running state ``(o_acc, lse_acc)``, in place (``merge_states`` per kernel call).
+    ``k_segs``) into the running state, in place (``merge_states`` per kernel call of :func:`step_calls`).
 
-    ``offset = Nk - Nq`` of the GLOBAL sequence (bottom-right causal alignment).
+    ``offset = Nk - Nq`` of the GLOBAL sequence (bottom-right causal alignment). ``o_acc, lse_acc``: the
+    accumulators (float32/64, or the input's 16-bit dtype: merged in fp32, rounded once per merge), or
+    ``o_acc`` a :class:`~reference.distributed.merge.RunningState` and ``lse_acc = None`` (the ring's: it
+    adopts a step's first output instead of merging it into zeros).
     """
-    for q0, k0, (q_lo, q_hi, k_hi, c) in _pairs(q_segs, k_segs, offset, causal):
-        rows = slice(q0 + q_lo, q0 + q_hi)
-        o_c, lse_c = step.forward(q[:, :, rows], k[:, :, k0:k0 + k_hi], v[:, :, k0:k0 + k_hi], c, scale)
-        merge_into(o_acc[:, :, rows], lse_acc[:, :, rows], o_c, lse_c)
+    state = o_acc if isinstance(o_acc, RunningState) else None
+    for q_lo, q_hi, k_lo, k_hi, c in step_calls(q_segs, k_segs, offset, causal):
+        o_c, lse_c = step.forward(q[:, :, q_lo:q_hi], k[:, :, k_lo:k_hi], v[:, :, k_lo:k_hi], c, scale)
+        if state is not None:
+            state.absorb(q_lo, q_hi, o_c, lse_c)
+        else:
+            merge_rows_(o_acc[:, :, q_lo:q_hi], lse_acc[:, :, q_lo:q_hi], o_c, lse_c)
 
 
 def attend_segments_backward(q, k, v, o, lse, do, q_segs, k_segs, offset, causal, scale, step,
                              dq_acc, dk_acc, dv_acc):
     """Add this K/V chunk's share of ``dq`` (local queries) and of ``dk, dv`` (the visiting chunk) in place."""
-    for q0, k0, (q_lo, q_hi, k_hi, c) in _pairs(q_segs, k_segs, offset, causal):
-        rows, keys = slice(q0 + q_lo, q0 + q_hi), slice(k0, k0 + k_hi)
+    for q_lo, q_hi, k_lo, k_hi, c in step_calls(q_segs, k_segs, offset, causal):
+        rows, keys = slice(q_lo, q_hi), slice(k_lo, k_hi)
         dq, dk, dv = step.backward(q[:, :, rows], k[:, :, keys], v[:, :, keys], o[:, :, rows],
                                    lse[:, :, rows], do[:, :, rows], c, scale)
         dq_acc[:, :, rows] += dq

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from .layout import check_layout, local_length, rank_segments, shard, unshard
 from .local_step import attend_segments, attend_segments_backward, default_scale, get_step
-from .merge import acc_dtype
+from .merge import RunningState, acc_dtype, state_dtype_for
 
 _KV_TAG, _DKV_TAG = 1, 2
 
@@ -145,7 +145,7 @@ def _record(stats, clock, steps):
 # forward and backward
 # ----------------------------------------------------------------------------------------------------------
 def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", step="torch", group=None,
-                           seq_lens=None, stats=None):
+                           seq_lens=None, stats=None, state_dtype=None):
     """Forward ring attention on this rank's shard: ``(o, lse)`` of its queries over the whole sequence.
 
     Args:
@@ -158,6 +158,9 @@ def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", s
             all-reduce finds them).
         stats: a dict to fill with per-step ``compute_s`` and ``wait_s`` (time blocked on the receive), and on
             CPU ``compute_cpu_s`` (process CPU time of the compute).
+        state_dtype: dtype of the running output between steps (``merge.state_dtype_for``; default: float32,
+            float64 for float64 inputs, the input's 16-bit dtype for 16-bit inputs on up to
+            ``RING_PINS["half_state_max_world"]`` ranks: error vs float64 within 1.15x of the kernel's own).
 
     Returns:
         ``o`` (q's dtype and shape) and ``lse`` ``(B, Hq, nq_local)`` float32 (float64 for float64 inputs);
@@ -167,10 +170,8 @@ def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", s
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
     ring = _Ring(group, q, k, layout, seq_lens)
-    acc = acc_dtype(q)
-    B, Hq, nq, d = q.shape
-    o_acc = torch.zeros((B, Hq, nq, d), dtype=acc, device=q.device)
-    lse_acc = torch.full((B, Hq, nq), float("-inf"), dtype=acc, device=q.device)
+    state = RunningState(q.shape, state_dtype_for(q, ring.world, state_dtype), acc_dtype(q), q.device)
+    B, _, _, d = q.shape
     k_cur, v_cur = k.contiguous(), v.contiguous()
     clock, steps = _Clock(q.device), []
     for s in range(ring.world):
@@ -180,13 +181,14 @@ def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", s
             ex = ring.exchange([k_cur, v_cur], [k.new_empty(shape), v.new_empty(shape)], _KV_TAG)
         a = clock.mark()
         attend_segments(q, k_cur, v_cur, ring.q_segs[ring.rank], ring.k_segs[(ring.rank - s) % ring.world],
-                        ring.nk - ring.nq, causal, scale, step, o_acc, lse_acc)
+                        ring.nk - ring.nq, causal, scale, step, state, None)
         b = clock.mark()
         if ex is not None:
             k_cur, v_cur = ex.wait()
         steps.append((a, b, clock.mark()))
     _record(stats, clock, steps)
-    return o_acc.to(q.dtype), lse_acc
+    o, lse = state.result()
+    return o.to(q.dtype), lse
 
 
 def ring_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, layout="zigzag", step="torch",
@@ -273,7 +275,7 @@ def ring_attention(q, k, v, causal=False, scale=None, layout="zigzag", step="tor
 # the same schedule in one process (no communication): lecture and single-GPU emulation
 # ----------------------------------------------------------------------------------------------------------
 def simulate_ring_attention(q, k, v, world, causal=False, scale=None, layout="zigzag", step="torch", do=None,
-                            stats=None):
+                            stats=None, state_dtype=None):
     """Run every rank's ring steps one after another in this process, on FULL ``q (B, Hq, Nq, d)``,
     ``k, v (B, Hkv, Nk, d)``; return the full ``(o, lse)``, plus ``(dq, dk, dv)`` when ``do`` is given.
 
@@ -293,16 +295,16 @@ def simulate_ring_attention(q, k, v, world, causal=False, scale=None, layout="zi
     sync = torch.cuda.synchronize if q.device.type == "cuda" else (lambda: None)
     outs, lses, times = [], [], []
     for r in range(world):
-        o_r = torch.zeros(qs[r].shape, dtype=acc, device=q.device)
-        l_r = torch.full(qs[r].shape[:3], float("-inf"), dtype=acc, device=q.device)
+        st = RunningState(qs[r].shape, state_dtype_for(q, world, state_dtype), acc, q.device)
         times.append([])
         for s in range(world):
             src = (r - s) % world
             sync()
             t0 = time.perf_counter()
-            attend_segments(qs[r], ks[src], vs[src], q_segs[r], k_segs[src], nk - nq, causal, scale, step, o_r, l_r)
+            attend_segments(qs[r], ks[src], vs[src], q_segs[r], k_segs[src], nk - nq, causal, scale, step, st, None)
             sync()
             times[r].append(time.perf_counter() - t0)
+        o_r, l_r = st.result()
         outs.append(o_r.to(q.dtype))
         lses.append(l_r)
     if stats is not None:

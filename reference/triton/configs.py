@@ -50,6 +50,14 @@ FWD_PINS = {
     "smoke": _pin(32, 16, 4, 1),
 }
 
+#: ring attention (``reference.distributed``): the running output between ring steps is kept in the input's
+#: 16-bit dtype (merged in fp32, rounded once per merge) on up to this many ranks, fp32 beyond. With two ranks
+#: that is exactly the rounding of an fp32 state (one merge, then the output's rounding); each further rank adds
+#: one rounding. Output error vs float64 on an H100 (Gluon step, causal zig-zag, N = 8192, d = 128; the one-GPU
+#: kernel itself: 2.06e-3): W = 2 2.17e-3 either way, W = 4 2.33e-3 (bf16) vs 2.22e-3 (fp32), W = 8 2.57e-3 vs
+#: 2.26e-3 (notes/ring_attention.md "issue 25 item 4, session 5"): within 1.15x of the kernel's own error to W = 4
+RING_PINS = {"half_state_max_world": 4}
+
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
 BWD_PINS = {
     "interpreter": {"dkdv": _pin(16, 32, 4, 1), "dq": _pin(32, 16, 4, 1)},
@@ -66,6 +74,15 @@ HOPPER_BENCH_BWD = {
     (128, False): {"dkdv": _pin(64, 64, 4, 2), "dq": _pin(128, 64, 8, 3)},
     (128, True): {"dkdv": _pin(32, 64, 4, 3), "dq": _pin(128, 32, 4, 3)},
 }
+
+
+#: the warp-specialised Gluon backward's program order (``flash_gluon_bwd_ws.check_order_heads``): a causal launch
+#: whose longest program is at least ``min_share`` of one SM's share of the work (``longest_share``: 0.25-0.51
+#: for GQA 4:1 at 8k-16k, 0.12-0.13 for MHA and at 32k) interleaves ``heads`` (batch, kv head) pairs, key blocks
+#: longest-first; every other launch keeps the head-major order. Chosen from the H100 order sweep
+#: (benchmarks/results/h100-gluon-bwd-order-sweep.json, notes/hopper.md "issue 25 item 6: GQA backward
+#: schedule"): 2 heads best at GQA 16/4 8k (0.99 vs 0.86x cuDNN); 4 and all heads lose at 16k-32k and 2k (L2)
+GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 
 
 @dataclass(frozen=True)
@@ -223,6 +240,7 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
-__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "forward_pin", "backward_pin", "pinned", "as_tuple", "check_pin",
+__all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
+           "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE"]

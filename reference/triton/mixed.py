@@ -12,8 +12,9 @@ unified batch); the kernel runs one program per (work item, kv head):
 * **Page-aligned key tiles.** Key blocks start at multiples of ``BLOCK_N``. With ``page % BLOCK_N == 0`` a key
   block lies in one page: one block-table entry, then ``BLOCK_N`` consecutive rows of that page (the same
   address pattern as a contiguous cache; on Hopper optionally one TMA box per block, ``use_tma``). Shorter
-  pages fall back to one table entry per key (a row gather; ``MixedConfig(block_n=page)`` keeps one page per
-  block instead).
+  pages that divide the block: one table entry per page, the block loaded as a ``(pages, page, d)`` tile
+  (``whole_pages``); other page sizes: one table entry per key (a row gather). The next block's table entries
+  are loaded while the current block is computed (``table_ahead``).
 * **Key splits merged in the same launch.** A tile with more than ``split_keys`` visible keys is several work
   items (Flash-Decoding). Each writes its partial state ``(o_s, lse_s)``; the program that draws the last
   ticket of its tile's atomic counter merges them (lse rule, as ``merge_states``) and writes the output, so
@@ -50,12 +51,18 @@ class MixedConfig(KeyBlockConfig):
     The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
     large_rows: rows (tokens x G) of the decode and prefill tiles;
     split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
-    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never.
+    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
+    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
+    iteration that uses them, the first version; ``notes/serving_perf.md``, "paged prefill, session 5");
+    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
+    tiles with one table entry per page (False: one entry per key row, the first version).
     """
     small_rows: int = 16
     large_rows: int = 64
     split_keys: int = 4096
     use_tma: bool | None = None
+    table_ahead: bool = True
+    whole_pages: bool = True
 
 
 #: the GPU default (H100: 4 warps, 64-row prefill tiles, 64-key blocks); the interpreter uses small tiles
@@ -67,36 +74,64 @@ DEFAULT_CONFIG = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, 
 # kernel
 # --------------------------------------------------------------------------------------------------------------
 @triton.jit
-def _key_rows(bt, n0, n_end, stride_p, stride_s, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
-    """Offsets of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0 % BLOCK_N == 0``) in a paged cache, page-aligned.
+def _pages(bt, n0, n_end, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, WHOLE_PAGES: tl.constexpr = False):
+    """Block-table entries (int64) of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0 % BLOCK_N == 0``): one scalar when
+    the block lies in one page (``PAGE % BLOCK_N == 0``), one per page when the block is whole pages
+    (``WHOLE_PAGES`` and ``BLOCK_N % PAGE == 0``), else one per key (a row gather). Keys ``>= n_end`` and -1 entries read as
+    page 0; ``PAGE == 0`` (not paged): a dummy 0."""
+    if PAGE == 0:
+        phys = (n0 * 0).to(tl.int64)
+    elif PAGE % BLOCK_N == 0:
+        phys = tl.maximum(tl.load(bt + n0 // PAGE, mask=n0 < n_end, other=0), 0).to(tl.int64)
+    elif WHOLE_PAGES and BLOCK_N % PAGE == 0:  # whole pages: one entry per page
+        pages = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
+        phys = tl.maximum(tl.load(bt + pages, mask=pages * PAGE < n_end, other=0), 0).to(tl.int64)
+    else:
+        keys = n0 + tl.arange(0, BLOCK_N)
+        phys = tl.maximum(tl.load(bt + keys // PAGE, mask=keys < n_end, other=0), 0).to(tl.int64)
+    return phys
 
-    ``PAGE == 0``: not paged, row ``n`` at ``n * stride_s``. Returns ``(rows, ok)``: the element offset of each key's row (kv head and d not added) and whether it is
-    below ``n_end``."""
+
+@triton.jit
+def _key_rows(phys, n0, n_end, stride_p, stride_s, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Offsets of keys ``n0 .. n0 + BLOCK_N - 1`` in a paged cache, given their pages ``phys`` (``_pages``).
+
+    ``PAGE == 0``: not paged, row ``n`` at ``n * stride_s``. Returns ``(rows, ok)``: the element offset of each
+    key's row (kv head and d not added) and whether it is below ``n_end``."""
     offs = tl.arange(0, BLOCK_N)
     ok = n0 + offs < n_end
     if PAGE == 0:  # a contiguous (N, Hkv, d) tensor
         rows = (n0 + offs).to(tl.int64) * stride_s
     elif PAGE % BLOCK_N == 0:  # the block lies in one page: one table entry, consecutive rows
-        phys = tl.maximum(tl.load(bt + n0 // PAGE), 0).to(tl.int64)
         rows = phys * stride_p + ((n0 % PAGE) + offs).to(tl.int64) * stride_s
-    else:  # pages shorter than the block (or not dividing it): one table entry per key (a row gather;
-        # loading the block's page entries as one vector and reshaping measured 2.4x slower on an H100)
-        keys = n0 + offs
-        phys = tl.maximum(tl.load(bt + keys // PAGE, mask=ok, other=0), 0).to(tl.int64)
-        rows = phys * stride_p + (keys % PAGE).to(tl.int64) * stride_s
+    else:  # one table entry per key
+        rows = phys * stride_p + ((n0 + offs) % PAGE).to(tl.int64) * stride_s
     return rows, ok
 
 
 @triton.jit
-def _load_kv(base, desc, bt, n0, n_end, hk, stride_p, stride_s, offs_d,
+def _load_kv(base, desc, phys, n0, n_end, hk, stride_p, stride_s, offs_d,
              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr,
-             USE_TMA: tl.constexpr):
-    """One ``(BLOCK_N, HEAD_DIM)`` key or value block of kv head ``hk`` (zeros past ``n_end`` when MASKED)."""
+             USE_TMA: tl.constexpr, WHOLE_PAGES: tl.constexpr = False):
+    """One ``(BLOCK_N, HEAD_DIM)`` key or value block of kv head ``hk`` (zeros past ``n_end`` when MASKED),
+    its pages ``phys`` looked up by ``_pages``."""
     if USE_TMA:  # PAGE % BLOCK_N == 0: one box of the (num_blocks * PAGE, Hkv * d) view
-        phys = tl.maximum(tl.load(bt + n0 // PAGE), 0)
-        x = desc.load([phys * PAGE + n0 % PAGE, hk * HEAD_DIM])
+        x = desc.load([(phys * PAGE + n0 % PAGE).to(tl.int32), hk * HEAD_DIM])
+    elif WHOLE_PAGES and PAGE > 0 and PAGE < BLOCK_N and BLOCK_N % PAGE == 0:
+        # whole pages: a (pages, PAGE, d) tile reshaped to (BLOCK_N, d) after the load; Triton copies each
+        # page's rows into a slice of one shared buffer and gives the MMA the reshaped buffer (the first
+        # version reshaped the row offsets instead and measured 2.4x slower on an H100: no async copy)
+        slots = tl.arange(0, PAGE)
+        ptrs = (base + phys[:, None, None] * stride_p + slots[None, :, None].to(tl.int64) * stride_s
+                + offs_d[None, None, :])
+        if MASKED:
+            keys = n0 + tl.arange(0, BLOCK_N // PAGE)[:, None, None] * PAGE + slots[None, :, None]
+            x = tl.load(ptrs, mask=keys < n_end, other=0.0)
+        else:
+            x = tl.load(ptrs)
+        x = tl.reshape(x, (BLOCK_N, HEAD_DIM))
     else:
-        rows, ok = _key_rows(bt, n0, n_end, stride_p, stride_s, BLOCK_N, PAGE)
+        rows, ok = _key_rows(phys, n0, n_end, stride_p, stride_s, BLOCK_N, PAGE)
         ptrs = base + rows[:, None] + offs_d[None, :]
         if MASKED:
             x = tl.load(ptrs, mask=ok[:, None], other=0.0)
@@ -109,22 +144,32 @@ def _load_kv(base, desc, bt, n0, n_end, hk, stride_p, stride_s, offs_d,
 def key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, lo, hi, n_keys, qpos, offset,
               stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
               BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-              MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr):
+              MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr, AHEAD: tl.constexpr = False,
+              WHOLE_PAGES: tl.constexpr = False):
     """FA2 Algorithm 1, lines 6-10, over key blocks ``[lo, hi)``: row ``r`` (query ``qpos[r]``) sees key ``j``
-    iff ``j < n_keys`` and (causal) ``j <= qpos[r] + offset``."""
+    iff ``j < n_keys`` and (causal) ``j <= qpos[r] + offset``. ``AHEAD``: block ``j + 1``'s table entries are
+    loaded while block ``j`` is computed, so the K/V loads do not wait on a table load of their own iteration
+    (``reference.triton.paged_tiles``: Triton's pipeliner then keeps K/V as deep as on a contiguous cache).
+    ``WHOLE_PAGES``: a block of several whole pages is loaded as ``(pages, PAGE, d)`` and reshaped (``_load_kv``)."""
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
+    phys_next = _pages(bt, lo, n_keys, BLOCK_N, PAGE, WHOLE_PAGES)
     for n0 in range(lo, hi, BLOCK_N):
         n0 = tl.multiple_of(n0, BLOCK_N)
-        k = _load_kv(k_base, desc_k, bt, n0, n_keys, hk, stride_kp, stride_ks, offs_d, BLOCK_N, HEAD_DIM, PAGE,
-                     MASKED, USE_TMA)
+        if AHEAD:
+            phys = phys_next
+            phys_next = _pages(bt, n0 + BLOCK_N, n_keys, BLOCK_N, PAGE, WHOLE_PAGES)
+        else:
+            phys = _pages(bt, n0, n_keys, BLOCK_N, PAGE, WHOLE_PAGES)
+        k = _load_kv(k_base, desc_k, phys, n0, n_keys, hk, stride_kp, stride_ks, offs_d, BLOCK_N, HEAD_DIM, PAGE,
+                     MASKED, USE_TMA, WHOLE_PAGES)
         s = dot(q, tl.trans(k), INTERP) * qk_scale
         s, m_new, m_use = mask_running_max(s, m_i, n0, qpos, offs_n, n_keys, offset, CAUSAL, MASKED)
         p = tl.math.exp2(s - m_use[:, None])
         alpha = tl.math.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_base, desc_v, bt, n0, n_keys, hk, stride_vp, stride_vs, offs_d, BLOCK_N, HEAD_DIM, PAGE,
-                     MASKED, USE_TMA)
+        v = _load_kv(v_base, desc_v, phys, n0, n_keys, hk, stride_vp, stride_vs, offs_d, BLOCK_N, HEAD_DIM, PAGE,
+                     MASKED, USE_TMA, WHOLE_PAGES)
         acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
         m_i = m_new
     return acc, l_i, m_i
@@ -137,7 +182,7 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
           stride_ot, stride_oh, stride_lh, stride_tb, qk_scale,
           GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, PART_M: tl.constexpr,
           BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-          INTERP: tl.constexpr):
+          INTERP: tl.constexpr, AHEAD: tl.constexpr, WHOLE_PAGES: tl.constexpr):
     """One work item with a ``BLOCK_M``-row tile: attend, then write the output or a partial state (merging
     the tile's partials if this program finishes it)."""
     offs_r = tl.arange(0, BLOCK_M)
@@ -164,10 +209,10 @@ def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
     mid = tl.maximum(tl.minimum(full, k_hi), k_lo)
     acc, l_i, m_i = key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, k_lo, mid, n_keys, qpos,
                               offset, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                              BLOCK_N, HEAD_DIM, PAGE, CAUSAL, False, USE_TMA, INTERP)
+                              BLOCK_N, HEAD_DIM, PAGE, CAUSAL, False, USE_TMA, INTERP, AHEAD, WHOLE_PAGES)
     acc, l_i, m_i = key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, mid, k_hi, n_keys, qpos,
                               offset, stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-                              BLOCK_N, HEAD_DIM, PAGE, CAUSAL, True, USE_TMA, INTERP)
+                              BLOCK_N, HEAD_DIM, PAGE, CAUSAL, True, USE_TMA, INTERP, AHEAD, WHOLE_PAGES)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]
     lse2 = tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))  # base 2; -inf: no key seen
@@ -206,7 +251,7 @@ def _mixed_kernel(Q, K, V, O, LSE, CU, SeqLens, BT, Items, OPart, LPart, Counter
                   stride_ot, stride_oh, stride_lh, stride_tb, n_kv_heads, qk_scale,
                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, SMALL_M: tl.constexpr, LARGE_M: tl.constexpr,
                   BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, USE_TMA: tl.constexpr,
-                  INTERP: tl.constexpr, N_COLS: tl.constexpr):
+                  INTERP: tl.constexpr, N_COLS: tl.constexpr, AHEAD: tl.constexpr, WHOLE_PAGES: tl.constexpr):
     """Program (item, kv head): read the item's row of the plan (``ITEM_COLUMNS``) and run it with the small
     or the large tile."""
     item = Items + tl.program_id(0).to(tl.int64) * N_COLS
@@ -228,13 +273,15 @@ def _mixed_kernel(Q, K, V, O, LSE, CU, SeqLens, BT, Items, OPart, LPart, Counter
               b, t0, n_tok, k_lo, k_hi, n_splits, slot0, split, hk, n_kv_heads, q0, n_q, n_keys,
               stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
               stride_ot, stride_oh, stride_lh, stride_tb, qk_scale,
-              GROUP, HEAD_DIM, LARGE_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP)
+              GROUP, HEAD_DIM, LARGE_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP, AHEAD,
+              WHOLE_PAGES and LARGE_M >= 64)
     else:
         _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
               b, t0, n_tok, k_lo, k_hi, n_splits, slot0, split, hk, n_kv_heads, q0, n_q, n_keys,
               stride_qt, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
               stride_ot, stride_oh, stride_lh, stride_tb, qk_scale,
-              GROUP, HEAD_DIM, SMALL_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP)
+              GROUP, HEAD_DIM, SMALL_M, LARGE_M, BLOCK_N, PAGE, CAUSAL, USE_TMA, INTERP, AHEAD,
+              WHOLE_PAGES and SMALL_M >= 64)  # small tiles (mma.sync, not wgmma): no async copy of 3-D tiles
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -373,5 +420,6 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
         block_tables.stride(0), hkv, scale * LOG2E.value,
         GROUP=q.shape[1] // hkv, HEAD_DIM=d, SMALL_M=cfg.small_rows, LARGE_M=cfg.large_rows, BLOCK_N=cfg.block_n,
         PAGE=page, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, N_COLS=len(ITEM_COLUMNS),
+        AHEAD=cfg.table_ahead, WHOLE_PAGES=cfg.whole_pages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse

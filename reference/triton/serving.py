@@ -2,8 +2,10 @@
 
 Definitions and the reasoning are in ``reference.numpy.serving``; these are the fast versions.
 
-* ``paged_prefill``: the FA2 forward kernel (``flash_fwd._attn_fwd``) with ``VARLEN`` (packed chunk queries)
-  and ``PAGE`` (keys read through each sequence's block-table row, slot by slot, any block size).
+* ``paged_prefill``: the FA2 forward over packed chunk queries and each sequence's block-table row, any block
+  size: by default ``reference.triton.paged_tiles`` (one table entry per page-aligned key block, looked up a
+  block ahead), or (``gather="row"``) the FA2 kernel ``flash_fwd._attn_fwd`` with ``VARLEN`` and ``PAGE``
+  (one table entry per key row, the first version).
 * ``cascade_decode_separate``: the first cascade decode, kept as the benchmark's before-state (the course's
   ``cascade_decode`` is ``reference.triton.cascade``, one launch): (1) the shared prefix once for the whole batch -- the ``G`` query heads of every
   request that read kv head ``h`` become ``B * G`` rows of one dense FA2 call over the prefix, whose keys are
@@ -21,11 +23,12 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
+from . import _checks, configs
 from ._runtime import num_sms
 from .cascade import check_cascade_inputs
 from .flash_fwd import Varlen, launch_forward
 from .paged import check_block_tables, check_paged_cache
+from .paged_tiles import launch_paged_prefill
 from .varlen import check_cu_seqlens
 
 __all__ = ["paged_prefill", "cascade_decode_separate", "cascade_num_splits"]
@@ -34,6 +37,8 @@ __all__ = ["paged_prefill", "cascade_decode_separate", "cascade_num_splits"]
 MIN_PREFIX_KEYS_PER_SPLIT = 256
 #: aim for this many prefix programs per SM
 PROGRAMS_PER_SM = 2
+#: ``paged_prefill(gather=...)``: the page-aligned kernel, or the FA2 kernel's row gather (the before-state)
+GATHERS = ("page", "row")
 
 
 def _check_caches(q, k_cache, v_cache):
@@ -47,7 +52,7 @@ def _last_axis_contiguous(x):
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q=None, causal=True,
-                  scale=None, *, validate=True):
+                  scale=None, *, validate=True, gather="page", config=None):
     """Attention of packed chunk queries to their sequences' paged KV cache; returns ``(o, lse)``.
 
     q: ``(total_q, Hq, d)`` packed chunks (sequence ``b``: rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1``);
@@ -56,10 +61,18 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     max_seqlen_q: the longest chunk (None: read from ``cu_seqlens_q``, one device sync). Bottom-right causal
     by default (the chunk is the last ``n_q`` of ``seq_lens[b]`` positions). Returns ``o (total_q, Hq, d)`` and
     ``lse (Hq, total_q)`` float32. ``validate=False`` skips the value checks that need a device sync.
+    gather: ``"page"`` (default) the page-aligned kernel ``reference.triton.paged_tiles`` (one table entry per
+    page-aligned key block, looked up one block ahead); ``"row"`` the FA2 kernel's ``PAGE`` path (one table
+    entry per key row, the first version, kept as the benchmarks' before-state). config: one forward pin
+    (``reference.triton.configs``; None: ``configs.forward_pin()``, i.e. autotuning on a GPU).
     """
     _checks.check_tensor(q, "q", ndim=3)
     num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
     validate = _checks.check_flag(validate, "validate")
+    if gather not in GATHERS:
+        raise ValueError(f"gather must be one of {GATHERS}, got {gather!r}")
+    if config is not None:
+        configs.check_pin(config, "config")
     causal = _checks.check_flag(causal, "causal")
     if max_seqlen_q is not None and (isinstance(max_seqlen_q, bool) or not isinstance(max_seqlen_q, int)
                                      or max_seqlen_q < 0):
@@ -71,16 +84,27 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     scale = _checks.check_scale(scale, d)
     max_q = max_seqlen_q if max_seqlen_q is not None else longest
     vl = Varlen(cu_q, seq_lens, batch, max_q, block_tables.shape[1] * block_size, block_tables, block_size)
-    return _paged_forward(q, _last_axis_contiguous(k_cache), _last_axis_contiguous(v_cache), vl, causal, scale,
-                          q.shape[1] // hkv)
+    k_cache, v_cache = _last_axis_contiguous(k_cache), _last_axis_contiguous(v_cache)
+    if gather == "row":
+        return _paged_forward(q, k_cache, v_cache, vl, causal, scale, q.shape[1] // hkv, config)
+    q = _last_axis_contiguous(q)
+    o = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if max_q > 0:
+        launch_paged_prefill(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q, causal, scale,
+                             q.shape[1] // hkv, config=config)
+    else:
+        o.zero_()
+        lse.fill_(float("-inf"))
+    return o, lse
 
 
-def _paged_forward(q, k_cache, v_cache, vl: Varlen, causal: bool, scale: float, group: int):
+def _paged_forward(q, k_cache, v_cache, vl: Varlen, causal: bool, scale: float, group: int, config=None):
     q = _last_axis_contiguous(q)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if vl.max_q > 0:
-        launch_forward(q, k_cache, v_cache, o, lse, causal, scale, group, vl)
+        launch_forward(q, k_cache, v_cache, o, lse, causal, scale, group, vl, config=config)
     else:
         o.zero_()
         lse.fill_(float("-inf"))

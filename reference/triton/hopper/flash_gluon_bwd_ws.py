@@ -42,6 +42,7 @@ cannot run Gluon; ``tests/test_triton_gluon_bwd_ws.py`` compiles the kernel for 
 """
 from __future__ import annotations
 
+import functools
 from collections import namedtuple
 
 import torch
@@ -120,6 +121,26 @@ def _query_blocks(start_n, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexp
         m_lo = 0
         m_full = 0
     return m_lo, m_full, n_m
+
+
+@gluon.jit
+def _program_order(pid, n_programs, n_blocks, ORDER_HEADS):
+    """Program ``pid`` -> (key block, (batch, kv head) index). The hardware issues programs in ``pid`` order and
+    gives each next one to the SM that frees up first (list scheduling). The (batch, kv head) pairs go in groups
+    of ``ORDER_HEADS`` (the last group may be smaller); inside a group the key block is the slow index and the
+    head the fast one, so under the causal mask (key block ``j`` sees ``n_m - m_lo(j)`` query blocks, ``j = 0``
+    the most) the group's blocks come longest-first across its heads (LPT, Graham 1969;
+    ``reference.simulators.scheduling``). ``ORDER_HEADS = 1`` is the head-major order (key block fastest:
+    every head's blocks longest to shortest, head after head), whose last heads leave a tail of short blocks
+    after the long ones of the previous heads: with GQA (``GROUP`` times fewer, ``GROUP`` times longer programs)
+    the simulated busy fraction at 8k is 0.81-0.90 against 0.99 with the heads interleaved (notes/hopper.md,
+    "issue 25 item 6: GQA backward schedule")."""
+    n_heads = n_programs // n_blocks
+    span = n_blocks * ORDER_HEADS
+    grp = pid // span
+    in_grp = gl.minimum(ORDER_HEADS, n_heads - grp * ORDER_HEADS)
+    r = pid - grp * span
+    return r // in_grp, grp * ORDER_HEADS + r % in_grp
 
 
 @gluon.jit
@@ -263,7 +284,8 @@ def _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, p
 
 @gluon.jit
 def _dq_last(smem, bars, out, dq_offs, prev_row, n_iter, cfg, WG: gl.constexpr):
-    """``DEFER``'s epilogue: the last step's dQ product and add; then every dQ reduce completed."""
+    """``DEFER``'s epilogue: the last step's dQ product and add (the caller waits for the reduces to finish,
+    ``tma.store_wait(0)``, after its dK/dV stores, so those overlap the last reduce)."""
     DQ_COLS: gl.constexpr = cfg.HEAD_DIM // 2
     if cfg.DEFER:
         if n_iter > 0:
@@ -273,8 +295,6 @@ def _dq_last(smem, bars, out, dq_offs, prev_row, n_iter, cfg, WG: gl.constexpr):
             dq = _dq_issue(smem, (last % 3) * 2, last, dq_zero, WG, DQ_COLS)
             dq = warpgroup_mma_wait(0, deps=(dq,))
             _dq_add(dq, smem, out, dq_offs, prev_row, WG * DQ_COLS, cfg.HEAD_DIM, cfg.DQ_TMA)
-    if cfg.DQ_TMA == 1:
-        tma.store_wait(0)
 
 
 @gluon.jit
@@ -338,21 +358,34 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
         dk, dv = _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, prev_row, cfg, WG)
         prev_row = row
     _dq_last(smem, bars, out, dq_offs, prev_row, place.n_iter, cfg, WG)
+    # the copy engine must have read dq_smem before the CTA (and its shared memory) ends. At d = 64 (128-row
+    # steps) waiting after the dK/dV stores overlaps them with the last reduce and leaves 7 spill instructions
+    # instead of 12-13: 0.99-1.02x cuDNN against 0.85-0.87 at N = 2k-4k non-causal on an H100; at d = 128 the
+    # wait stays before them (notes/hopper.md, "issue 25 item 6: GQA backward schedule")
+    if cfg.DQ_TMA == 1 and HEAD_DIM > 64:
+        tma.store_wait(0)
     store_dkdv(dk, dv, out.dk, out.dv, place.kv_row0, my_n, place.N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
+    if cfg.DQ_TMA == 1 and HEAD_DIM == 64:
+        tma.store_wait(0)
 
 
 @gluon.jit
 def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV,
                    GROUP, N_Q, N_K, qk_scale, sm_scale,
-                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                   ORDER_HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
+                   CAUSAL: gl.constexpr,
                    DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """One CTA = key block ``j`` (128 rows) of one (batch, kv head); grid ``(cdiv(N_K, 128), B * H_KV)``; the
-    default partition is consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
+    """One CTA = key block ``j`` (128 rows) of one (batch, kv head); grid ``(cdiv(N_K, 128), B * H_KV)``
+    (``ORDER_HEADS = 1`` at d = 128) or a 1-D grid of as many programs in the order ``_program_order`` gives; the default
+    partition is consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
     HALF: gl.constexpr = 64
     dtype: gl.constexpr = desc_q.dtype
-    pid_n = gl.program_id(0)
-    pid_bh = gl.program_id(1)
+    if ORDER_HEADS == 1 and HEAD_DIM > 64:  # head-major, the 2-D grid (cdiv(N_K, 128), B * H_KV) (see the launch)
+        pid_n = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+    else:
+        pid_n, pid_bh = _program_order(gl.program_id(0), gl.num_programs(0), gl.cdiv(N_K, 2 * HALF), ORDER_HEADS)
     b = pid_bh // H_KV
     hk = pid_bh % H_KV
     start_n = pid_n * (2 * HALF)
@@ -415,8 +448,46 @@ def check_ws_config(config, head_dim=None):
     return tuple(config)
 
 
+def longest_share(causal, Nq, Nk, block_m, n_heads, n_sms):
+    """The longest program's work over one SM's share of the launch (``sum of all programs / n_sms``), programs
+    = key blocks of 128 rows x ``n_heads`` (batch, kv head) pairs, each ``n_m - m_lo(j)`` query steps (times the
+    GQA group, which cancels). Near or above ``1 / waves`` the head-major order's last heads start their longest
+    blocks too late to finish with the rest (list scheduling's bound: makespan <= average + longest)."""
+    n_m = -(-Nq // block_m)
+    n_blocks = -(-Nk // BLOCK_N)
+    if causal:
+        costs = [n_m - min(max(j * BLOCK_N - (Nk - Nq), 0) // block_m, n_m) for j in range(n_blocks)]
+    else:
+        costs = [n_m] * n_blocks
+    total = sum(costs) * n_heads
+    return max(costs) * n_sms / total if total else 0.0
+
+
+def check_order_heads(order_heads, causal, n_heads, share=0.0):
+    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the pin ``configs.GLUON_BWD_ORDER``
+    (causal launches whose ``longest_share`` is at least its ``min_share`` interleave ``heads`` heads; every other
+    launch is head-major, 1), ``0`` for all ``n_heads`` (batch, kv head) pairs, else a positive int (capped at
+    ``n_heads``)."""
+    if order_heads is None:
+        from .. import configs
+        pin = configs.GLUON_BWD_ORDER
+        order_heads = pin["heads"] if causal and share >= pin["min_share"] else 1
+    if not isinstance(order_heads, int) or isinstance(order_heads, bool) or order_heads < 0:
+        raise ValueError(f"order_heads must be an int >= 0 (0: all heads), got {order_heads!r}")
+    return min(order_heads, n_heads) if order_heads else n_heads
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count_of(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _sm_count(device):
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, config=None,
-                                      _ablate_dq_add=False):
+                                      order_heads=None, _ablate_dq_add=False):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` on Hopper, warp-specialised (module docstring).
 
     ``q, o, do (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` bfloat16/float16, ``d`` in {64, 128}, ``lse (B, Hq, Nq)``
@@ -425,10 +496,16 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     from shared memory instead of vector atomics from registers; ``DEFER`` issues each dQ product one step late;
     ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
     loading them.
+    ``order_heads``: the program order (``_program_order``): how many (batch, kv head) pairs interleave their key
+    blocks longest-first; ``None`` the pin (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, d)
+    share = 0.0
+    if order_heads is None and causal:
+        share = longest_share(causal, Nq, Nk, bm, B * Hkv, _sm_count(q.device))
+    order_heads = check_order_heads(order_heads, causal, B * Hkv, share)
     check_gluon_device(q.device, NAME)
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
     nq_pad = triton.cdiv(Nq, bm) * bm
@@ -441,18 +518,24 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
-    _bwd_ws_kernel[(triton.cdiv(Nk, BLOCK_N), B * Hkv)](
+    # head-major at d = 128: the 2-D grid (in the order sweep the same order by the 1-D grid and _program_order
+    # measured 2-7% slower on causal GQA, with the dQ wait after the dK/dV stores too: not separated); at d = 64
+    # the 1-D grid measured with the late dQ wait (notes/hopper.md, "issue 25 item 6: GQA backward schedule")
+    n_blocks = triton.cdiv(Nk, BLOCK_N)
+    grid = (n_blocks, B * Hkv) if order_heads == 1 and d > 64 else (n_blocks * B * Hkv,)
+    _bwd_ws_kernel[grid](
         tile_descriptor(q2, bm, d), tile_descriptor(k2, BLOCK_N // 2, d), tile_descriptor(v2, BLOCK_N // 2, d),
         tile_descriptor(do2, bm, d), tile_descriptor(dq_acc.view(-1, d), bm, d // 2),
         desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale,
-        HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
+        ORDER_HEADS=order_heads, HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
         DQ_TMA=2 if _ablate_dq_add else int(dq_tma),
         DEFER=defer, LD_TMA=ld_tma, CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4,
         maxnreg=WS_MAXNREG)
     return finish_dq(dq_acc, q, scale), dk, dv
 
 
-def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16"):
+def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16",
+                        order_heads: int = 1):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
     bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, head_dim)
@@ -464,11 +547,13 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
            "desc_d": descriptor_signature(1, bm, "fp32"),
            "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
            "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
-    cx = {"HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
+    cx = {"ORDER_HEADS": order_heads, "HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
           "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0],
           "PRODUCER_REGS": WS_REGS[1],
           "num_warps": 4}
     return compile_gluon(_bwd_ws_kernel, sig, cx, 4, maxnreg=WS_MAXNREG)
 
 
-__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "DEFAULT_CONFIG", "DEFAULT_CONFIGS"]
+__all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "check_order_heads", "longest_share",
+           "DEFAULT_CONFIG",
+           "DEFAULT_CONFIGS"]

@@ -1,0 +1,66 @@
+"""Each paged-prefill kernel once, with pinned tiles, for ncu (notes/serving_perf.md, "paged prefill, session 5").
+
+    ncu --section SpeedOfLight ... -k regex:"_attn_fwd|paged_prefill_kernel" \\
+        python3 -m benchmarks.tuning.profile_paged_prefill [--pins 64x64x4x3,128x64x8x3]
+
+bench_mixed_batch's prefill shape (bf16, 8 chunks of 512 after 4k cached keys, Hq=32, Hkv=8, d=128). For each
+pin, in this launch order (ncu's IDs follow it; the order is also printed): 64-token pages: contiguous varlen
+(``_attn_fwd``), page tiles (``paged_prefill_kernel``), page tiles with the table looked up in place, row
+gather (``_attn_fwd``); 16-token pages: contiguous, page tiles, row gather. Each output is checked against the contiguous
+one before the next launch (a wrong kernel is not profiled silently).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from benchmarks.course import bench_mixed_batch as bm
+from reference.triton import DEVICE, configs, flash_attention_varlen_forward, paged_prefill
+from reference.triton.paged_tiles import launch_paged_prefill
+
+
+def run(pins):
+    B, n, chunk = 8, 4608, 512
+    order = []
+    for pin_s in pins:
+        bm_, bn, w, st = (int(x) for x in pin_s.split("x"))
+        pin = {"BLOCK_M": bm_, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
+        for bs in (64, 16):
+            kc, vc, table = bm.paged_batch([n] * B, bs)
+            q = bm.randn(B * chunk, bm.HQ, bm.D)
+            cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
+            lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
+            k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+            with configs.pinned(fwd=pin):
+                ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
+                order.append(f"{pin_s} page{bs} contiguous")
+                o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
+                order.append(f"{pin_s} page{bs} page_tiles")
+                assert bm.bd.rel(o, ref) < 2e-2
+                if bs == 64:
+                    o = torch.empty_like(q)
+                    lse = torch.empty((bm.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
+                    launch_paged_prefill(q, kc, vc, o, lse, cu_q, lens, table, chunk, True, bm.D ** -0.5,
+                                         bm.HQ // bm.HKV, config=pin, ahead=False)
+                    order.append(f"{pin_s} page{bs} page_tiles_table_in_place")
+                    assert bm.bd.rel(o, ref) < 2e-2
+                o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="row")
+                order.append(f"{pin_s} page{bs} row_gather")
+                assert bm.bd.rel(o, ref) < 2e-2
+    torch.cuda.synchronize()
+    print("launch order (kernels of interest):", "; ".join(order))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--pins", default="128x64x8x3,64x64x4x3")
+    args = ap.parse_args(argv)
+    torch.manual_seed(0)
+    run(args.pins.split(","))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
