@@ -190,3 +190,43 @@ def test_cascade_num_splits_one_prefix_program_per_sm_and_key_cap():
     assert cascade_num_splits(64, 4, 8, 32768, dataclasses.replace(cfg, max_split_keys=2048), sms=132) == 16
     assert cascade_num_splits(64, 4, 8, 32768, dataclasses.replace(cfg, max_split_keys=1 << 30), sms=132) == 4
     assert cascade_num_splits(8, 4, 8, 1000, cfg, sms=132) == 1  # chunks of at least min_split_keys
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("prefix_first,use_tma", [(True, False), (False, True), (True, True)])
+def test_cascade_launch_order_and_tma_prefix_match_full_attention(rng, prefix_first, use_tma):
+    """``CascadeConfig(prefix_first=..., use_tma=...)``: the 1-D grid with every prefix item first and the TMA
+    prefix loads (Hopper; the pointer loads elsewhere) compute the same attention: several row tiles (B G > rows),
+    several kv heads and prefix chunks, a prefix that ends inside a key block, an empty suffix."""
+    import dataclasses
+    from reference.triton.cascade import DEFAULT_CONFIG, CascadeConfig
+    base = DEFAULT_CONFIG if INTERPRET else CascadeConfig(rows=16, block_n=32, num_stages=2, min_split_keys=32)
+    cfg = dataclasses.replace(base, prefix_first=prefix_first, use_tma=use_tma)
+    B, hq, hkv, d, bs, P = 7, 8, 2, 16 if INTERPRET else 64, 8, 83 if INTERPRET else 1000
+    suffix = [int(x) for x in rng.integers(1, 20, B)]
+    suffix[2] = 0
+    cache, kv = build_cache(rng, [max(n, 1) for n in suffix], hkv, d, bs, 64)
+    tables, _ = cache.block_tables(range(B))
+    pk = rng.standard_normal((P, hkv, d)).astype(np.float32)
+    pv = rng.standard_normal((P, hkv, d)).astype(np.float32)
+    q = rng.standard_normal((B, hq, d)).astype(np.float32)
+    args = (t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT), t(cache.v_cache).to(DT), t(tables),
+            t(np.array(suffix, dtype=np.int32)))
+    for splits in (None, 3):
+        o, lse = cascade_decode(*args, num_splits=splits, config=cfg)
+        o2, lse2 = cascade_decode(*args, num_splits=splits, config=cfg)  # the recorded launch on a GPU
+        assert torch.equal(o, o2) and torch.equal(lse, lse2)
+        for b in range(B):
+            k = np.concatenate([pk, kv[b][0][:suffix[b]]]).transpose(1, 0, 2)
+            v = np.concatenate([pv, kv[b][1][:suffix[b]]]).transpose(1, 0, 2)
+            ro, rl, _ = attention_ref(torch.tensor(q[b][:, None]).to(DT), torch.tensor(k).to(DT),
+                                      torch.tensor(v).to(DT))
+            assert rel_err(o[b], ro[:, 0]) < TOL and lse_err(lse[b], rl[:, 0]) < TOL, (b, splits)
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("field", ["prefix_first", "use_tma"])
+def test_cascade_config_rejects_non_bool_flags(field):
+    from reference.triton.cascade import CascadeConfig
+    with pytest.raises(ValueError, match=f"CascadeConfig.{field} must be a bool"):
+        CascadeConfig(**{field: 1})
