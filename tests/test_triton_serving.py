@@ -230,3 +230,17 @@ def test_cascade_config_rejects_non_bool_flags(field):
     from reference.triton.cascade import CascadeConfig
     with pytest.raises(ValueError, match=f"CascadeConfig.{field} must be a bool"):
         CascadeConfig(**{field: 1})
+
+
+@pytest.mark.triton_serving
+def test_cascade_prefix_first_rule():
+    """prefix_first=None: prefix items first exactly when the prefix programs fit one per SM (32k prefix,
+    H100: B=8 and B=16 have 1 tile x 16 splits x 8 heads = 128 <= 132; B=32 and B=64 have 256 and 512)."""
+    from reference.triton.cascade import CascadeConfig, cascade_num_splits, prefix_first_order
+    cfg = CascadeConfig()
+    for B, want in ((8, True), (16, True), (32, False), (64, False)):
+        tiles = -(-B * 4 // min(64, 1 << (B * 4 - 1).bit_length()))
+        n_prefix = tiles * cascade_num_splits(B, 4, 8, 32768, cfg, sms=132) * 8
+        assert prefix_first_order(n_prefix, cfg, sms=132) is want, (B, n_prefix)
+    assert prefix_first_order(10 ** 6, CascadeConfig(prefix_first=True), sms=132) is True
+    assert prefix_first_order(1, CascadeConfig(prefix_first=False), sms=132) is False

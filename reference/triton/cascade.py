@@ -55,18 +55,23 @@ class CascadeConfig(KeyBlockConfig):
     max_split_keys: int = 2048
     #: launch order (session 5): False keeps the (item, kv head) grid, whose kv heads run one after another
     #: (head h's prefix items, then its suffix items); True is a 1-D grid with every prefix item of every head
-    #: first (the long programs first, longest-processing-time order), the tiles of one chunk adjacent (they
-    #: read the same keys, so they share them through L2), the suffix items last
-    prefix_first: bool = False
+    #: first (the tiles of one chunk adjacent: they read the same keys), the suffix items last; None (default)
+    #: picks True when the prefix programs fit one per SM: then each prefix program gets an SM of its own (the
+    #: block scheduler spreads the first programs one per SM) and the suffix programs fill the second slots,
+    #: where the (item, head) order put two compute-bound prefix programs on some SMs (H100, B=8: 80.6-82.8 ->
+    #: 76.5-77.8 us; with more prefix programs than SMs prefix-first ran every prefix program before the
+    #: suffixes and lost the overlap: B=32 133 -> 144 us, B=64 205 -> 223 us; notes/serving_perf.md session 5)
+    prefix_first: bool | None = None
     #: Hopper only (sm_90+): the prefix pass loads its key blocks as TMA boxes of the contiguous prefix
     #: (a host descriptor on the ``(P, Hkv * d)`` view) instead of pointer loads; elsewhere the pointer loads run
     use_tma: bool = False
 
     def __post_init__(self):
         super().__post_init__()
-        for field in ("prefix_first", "use_tma"):
-            if type(getattr(self, field)) is not bool:
-                raise ValueError(f"CascadeConfig.{field} must be a bool, got {getattr(self, field)!r}")
+        if self.prefix_first is not None and type(self.prefix_first) is not bool:
+            raise ValueError(f"CascadeConfig.prefix_first must be a bool or None, got {self.prefix_first!r}")
+        if type(self.use_tma) is not bool:
+            raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
@@ -272,6 +277,13 @@ def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int,
     return max(1, min(want, prefix_len // config.min_split_keys))
 
 
+def prefix_first_order(n_prefix_programs: int, config: CascadeConfig, sms: int | None = None) -> bool:
+    """``config.prefix_first``, or when it is None whether the prefix programs fit one per SM."""
+    if config.prefix_first is not None:
+        return config.prefix_first
+    return n_prefix_programs <= (num_sms() if sms is None else sms)
+
+
 def _tma_ok(prefix_k, prefix_v) -> bool:
     """The prefix pass may load TMA boxes: a Hopper GPU (not the interpreter) and contiguous fp16/bf16 prefix
     tensors with 16-byte aligned bases (one 2-D ``(P, Hkv * d)`` view each)."""
@@ -405,7 +417,8 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     else:
         desc_k, desc_v = prefix_k, prefix_v
     n_items = n_tiles * num_splits + B
-    grid = (n_items * hkv, 1) if cfg.prefix_first else (n_items, hkv)
+    prefix_first = prefix_first_order(n_tiles * num_splits * hkv, cfg)
+    grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
             desc_k, desc_v,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
@@ -413,7 +426,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
     meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
-                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=cfg.prefix_first, USE_TMA=use_tma,
+                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if key is not None and direct and q.is_contiguous():
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
