@@ -12,6 +12,8 @@ decode kernel's fraction of copy can be read against what a launch of these byte
 from __future__ import annotations
 
 import torch
+
+import reference.triton  # noqa: F401  (first: on a machine without CUDA it selects the interpreter before triton loads)
 import triton
 import triton.language as tl
 

@@ -26,7 +26,6 @@ import sys
 import time
 
 import torch
-import triton
 
 from benchmarks import _common
 from benchmarks.course import bench_decode as bd
@@ -34,6 +33,8 @@ from benchmarks.course.read_ceiling import read_ceiling_ms
 from reference.triton import DEVICE, cascade_decode, flash_decode, paged_decode
 from reference.triton.cascade import CascadeConfig
 from reference.triton.configs import DecodeConfig
+
+import triton  # noqa: E402  (after reference.triton, which picks the interpreter on a machine without CUDA)
 
 HQ, HKV, D = 32, 8, 128
 
