@@ -131,7 +131,7 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
-def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, prefix_len, stride_qb, stride_qh,
+def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, stride_qb, stride_qh,
                      qk_scale, M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                      INTERP: tl.constexpr):
     """``_attend_rows`` over prefix keys ``[lo, hi)`` with the key blocks as TMA boxes ``(BLOCK_N, d)`` at
@@ -188,8 +188,8 @@ def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_
     lo = split * chunk
     hi = tl.minimum(lo + chunk, prefix_len)
     if USE_TMA:
-        o, lse2 = _prefix_rows_tma(Q, reqs, heads, row_ok, DescK, DescV, hk, lo, hi, prefix_len, stride_qb,
-                                   stride_qh, qk_scale, ROWS, HEAD_DIM, BLOCK_N, INTERP)
+        o, lse2 = _prefix_rows_tma(Q, reqs, heads, row_ok, DescK, DescV, hk, lo, hi, stride_qb, stride_qh,
+                                   qk_scale, ROWS, HEAD_DIM, BLOCK_N, INTERP)
     else:
         o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
                                0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
