@@ -244,3 +244,42 @@ def test_cascade_prefix_first_rule():
         assert prefix_first_order(n_prefix, cfg, sms=132) is want, (B, n_prefix)
     assert prefix_first_order(10 ** 6, CascadeConfig(prefix_first=True), sms=132) is True
     assert prefix_first_order(1, CascadeConfig(prefix_first=False), sms=132) is False
+
+
+_AOT_CHILD = """
+import json
+from reference.triton.hopper._aot import resource_usage
+from reference.triton import cascade, decode
+out = {}
+for name, c in (("cascade", cascade.compile_sm90()),
+                ("cascade_tma", cascade.compile_sm90(prefix_first=True, use_tma=True)),
+                ("decode", decode.compile_sm90()),
+                ("decode_tma_pdl", decode.compile_sm90(num_stages=3, use_tma=True, pdl=True))):
+    out[name] = dict(resource_usage(c), griddep="griddepcontrol" in c.asm["ptx"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.triton_serving
+@pytest.mark.slow
+def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
+    """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``decode.compile_sm90``): the cascade's 64-row prefix tiles run on
+    wgmma (HGMMA; the 16-row suffix tiles on mma.sync), the TMA options issue bulk tensor copies (UTMALDG), PDL
+    emits griddepcontrol, and nothing spills (notes/serving_perf.md, session 5)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _AOT_CHILD], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    u = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, usage in u.items():
+        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, (name, usage)
+        assert usage["shared_bytes"] <= 232448, (name, usage)
+    assert u["cascade"]["HGMMA"] > 0 and u["cascade"]["HMMA"] > 0 and u["cascade"]["UTMALDG"] == 0, u["cascade"]
+    assert u["cascade_tma"]["UTMALDG"] > 0 and u["cascade_tma"]["HGMMA"] > 0, u["cascade_tma"]
+    assert u["decode"]["UTMALDG"] == 0 and not u["decode"]["griddep"], u["decode"]
+    assert u["decode_tma_pdl"]["UTMALDG"] > 0 and u["decode_tma_pdl"]["griddep"], u["decode_tma_pdl"]

@@ -574,3 +574,21 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     v = v if v.stride(-1) == 1 else v.contiguous()
     return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1,
                          fast_key=key if direct else None, config=config)
+
+
+def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
+                 pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True):
+    """Stage 1 compiled for sm_90a on any machine (``serving_aot``): contiguous bf16 cache, GQA group ``group``,
+    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``) or one split writing the output."""
+    from .serving_aot import compile_with_hints
+    k = _split_kv_kernel
+    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
+            "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
+    desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
+    types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
+    merge_m = max(2, triton.next_power_of_2(group))
+    const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
+                 PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
+                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, 128 // merge_m), USE_TMA=use_tma, PDL=pdl)
+    div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
+    return compile_with_hints(k, types, const, div, num_warps, num_stages)
