@@ -130,8 +130,8 @@ def mixed_batch_quotes(r) -> list[str]:
         j([c["ms_graph"]["cascade"] * 1e3 for c in casc], "{:.0f}") + " us (three launches in the same run: "
         + j([c["ms_graph"]["cascade_separate"] * 1e3 for c in casc], "{:.0f}") + " us)",
         j([c["speedup_graph_vs_paged"] for c in casc], "{:.2f}x"),
-        j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + f": B={casc[0]['batch']} at the bar "
-        f"({casc[0]['fraction_of_copy_bw']['cascade']:.4f})",
+        j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + " (unrounded "
+        + j([c["fraction_of_copy_bw"]["cascade"] for c in casc], "{:.4f}") + ")",
         "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
         f"{min(eager):.2f}-{max(eager):.2f} (met); {casc[0]['eager_speedup_vs_paged']:.2f}x (met",
         pg("16", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_block64",

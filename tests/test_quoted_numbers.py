@@ -37,8 +37,8 @@ def test_results_md_quotes_the_mixed_batch_and_h100_decode_runs():
     quotes += qn.decode_quotes(json.loads((RESULTS / "h100-decode.json").read_text()))
     assert len(quotes) >= 9
     assert [q for q in quotes if q not in text] == []
-    moved = text.replace("2.53x / 3.81x", "2.35x / 3.81x")
-    assert [q for q in quotes if q not in moved] == ["2.53x / 3.81x / 6.59x / 8.54x"]
+    moved = text.replace("2.38x / 3.94x", "2.83x / 3.94x")
+    assert [q for q in quotes if q not in moved] == ["2.38x / 3.94x / 6.61x / 8.56x"]
 
 
 def test_readme_decode_and_cpu_numbers_match_the_results_files():

@@ -190,3 +190,96 @@ def test_cascade_num_splits_one_prefix_program_per_sm_and_key_cap():
     assert cascade_num_splits(64, 4, 8, 32768, dataclasses.replace(cfg, max_split_keys=2048), sms=132) == 16
     assert cascade_num_splits(64, 4, 8, 32768, dataclasses.replace(cfg, max_split_keys=1 << 30), sms=132) == 4
     assert cascade_num_splits(8, 4, 8, 1000, cfg, sms=132) == 1  # chunks of at least min_split_keys
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("prefix_first,use_tma", [(True, False), (False, True), (True, True)])
+def test_cascade_launch_order_and_tma_prefix_match_full_attention(rng, prefix_first, use_tma):
+    """``CascadeConfig(prefix_first=..., use_tma=...)``: the 1-D grid with every prefix item first and the TMA
+    prefix loads (Hopper; the pointer loads elsewhere) compute the same attention: several row tiles (B G > rows),
+    several kv heads and prefix chunks, a prefix that ends inside a key block, an empty suffix."""
+    import dataclasses
+    from reference.triton.cascade import DEFAULT_CONFIG, CascadeConfig
+    base = DEFAULT_CONFIG if INTERPRET else CascadeConfig(rows=16, block_n=32, num_stages=2, min_split_keys=32)
+    cfg = dataclasses.replace(base, prefix_first=prefix_first, use_tma=use_tma)
+    B, hq, hkv, d, bs, P = 7, 8, 2, 16 if INTERPRET else 64, 8, 83 if INTERPRET else 1000
+    suffix = [int(x) for x in rng.integers(1, 20, B)]
+    suffix[2] = 0
+    cache, kv = build_cache(rng, [max(n, 1) for n in suffix], hkv, d, bs, 64)
+    tables, _ = cache.block_tables(range(B))
+    pk = rng.standard_normal((P, hkv, d)).astype(np.float32)
+    pv = rng.standard_normal((P, hkv, d)).astype(np.float32)
+    q = rng.standard_normal((B, hq, d)).astype(np.float32)
+    args = (t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT), t(cache.v_cache).to(DT), t(tables),
+            t(np.array(suffix, dtype=np.int32)))
+    for splits in (None, 3):
+        o, lse = cascade_decode(*args, num_splits=splits, config=cfg)
+        o2, lse2 = cascade_decode(*args, num_splits=splits, config=cfg)  # the recorded launch on a GPU
+        assert torch.equal(o, o2) and torch.equal(lse, lse2)
+        for b in range(B):
+            k = np.concatenate([pk, kv[b][0][:suffix[b]]]).transpose(1, 0, 2)
+            v = np.concatenate([pv, kv[b][1][:suffix[b]]]).transpose(1, 0, 2)
+            ro, rl, _ = attention_ref(torch.tensor(q[b][:, None]).to(DT), torch.tensor(k).to(DT),
+                                      torch.tensor(v).to(DT))
+            assert rel_err(o[b], ro[:, 0]) < TOL and lse_err(lse[b], rl[:, 0]) < TOL, (b, splits)
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("field", ["prefix_first", "use_tma"])
+def test_cascade_config_rejects_non_bool_flags(field):
+    from reference.triton.cascade import CascadeConfig
+    with pytest.raises(ValueError, match=f"CascadeConfig.{field} must be a bool"):
+        CascadeConfig(**{field: 1})
+
+
+@pytest.mark.triton_serving
+def test_cascade_prefix_first_rule():
+    """prefix_first=None: prefix items first exactly when the prefix programs fit one per SM (32k prefix,
+    H100: B=8 and B=16 have 1 tile x 16 splits x 8 heads = 128 <= 132; B=32 and B=64 have 256 and 512)."""
+    from reference.triton.cascade import CascadeConfig, cascade_num_splits, prefix_first_order
+    cfg = CascadeConfig()
+    for B, want in ((8, True), (16, True), (32, False), (64, False)):
+        tiles = -(-B * 4 // min(64, 1 << (B * 4 - 1).bit_length()))
+        n_prefix = tiles * cascade_num_splits(B, 4, 8, 32768, cfg, sms=132) * 8
+        assert prefix_first_order(n_prefix, cfg, sms=132) is want, (B, n_prefix)
+    assert prefix_first_order(10 ** 6, CascadeConfig(prefix_first=True), sms=132) is True
+    assert prefix_first_order(1, CascadeConfig(prefix_first=False), sms=132) is False
+
+
+_AOT_CHILD = """
+import json
+from reference.triton.hopper._aot import resource_usage
+from reference.triton import cascade, decode
+out = {}
+for name, c in (("cascade", cascade.compile_sm90()),
+                ("cascade_tma", cascade.compile_sm90(prefix_first=True, use_tma=True)),
+                ("decode", decode.compile_sm90()),
+                ("decode_tma_pdl", decode.compile_sm90(num_stages=3, use_tma=True, pdl=True))):
+    out[name] = dict(resource_usage(c), griddep="griddepcontrol" in c.asm["ptx"])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.triton_serving
+@pytest.mark.slow
+def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
+    """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``decode.compile_sm90``): the cascade's 64-row prefix tiles run on
+    wgmma (HGMMA; the 16-row suffix tiles on mma.sync), the TMA options issue bulk tensor copies (UTMALDG), PDL
+    emits griddepcontrol, and nothing spills (notes/serving_perf.md, session 5)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _AOT_CHILD], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    u = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, usage in u.items():
+        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, (name, usage)
+        assert usage["shared_bytes"] <= 232448, (name, usage)
+    assert u["cascade"]["HGMMA"] > 0 and u["cascade"]["HMMA"] > 0 and u["cascade"]["UTMALDG"] == 0, u["cascade"]
+    assert u["cascade_tma"]["UTMALDG"] > 0 and u["cascade_tma"]["HGMMA"] > 0, u["cascade_tma"]
+    assert u["decode"]["UTMALDG"] == 0 and not u["decode"]["griddep"], u["decode"]
+    assert u["decode_tma_pdl"]["UTMALDG"] > 0 and u["decode_tma_pdl"]["griddep"], u["decode_tma_pdl"]

@@ -37,6 +37,7 @@ import torch
 from benchmarks import _common
 from benchmarks._common import RESULTS, sync
 from benchmarks._common import rel_err as rel
+from benchmarks.course.read_ceiling import read_ceiling_ms
 from reference.triton import DEVICE, flash_attention_forward, flash_decode, num_sms, paged_decode
 from reference.triton import configs
 from reference.triton.configs import DECODE_PINS, DecodeConfig
@@ -319,6 +320,31 @@ def kernel_breakdown(log):
     return out
 
 
+def read_ceiling(copy_bw, log):
+    """The batch-1 rows' K/V bytes streamed by one launch that computes nothing (``read_ceiling.py``): 32 splits
+    x 8 kv heads = 256 programs as ``flash_decode``'s 32k row, pointer loads and (Hopper) TMA boxes, graph-timed
+    like the rows. An added measurement: what one launch of these bytes reaches at all in this timing."""
+    out = {}
+    tma_options = (False, True) if torch.cuda.get_device_capability(DEVICE) >= (9, 0) else (False,)
+    for N in (32768, 131072):
+        kv_bytes = 2 * HKV * N * D * 2
+        sets = [inputs(1, N)[1:] for _ in range(n_sets(kv_bytes))]
+        for tma in tma_options:
+            key = f"B=1 N={N} {'tma' if tma else 'pointer'}"
+            try:
+                ms = read_ceiling_ms(sets, 32, tma)
+            except Exception as exc:  # noqa: BLE001 - an added measurement never costs the benchmark
+                out[key] = dict(error=repr(exc)[:200])
+                log(f"  read ceiling {key} failed: {exc!r}"[:300])
+                continue
+            out[key] = dict(batch=1, context=N, splits=32, tma=tma, kv_bytes=kv_bytes, input_sets=len(sets),
+                            ms_graph=ms, frac_copy_bw_graph=kv_bytes / (ms * 1e-3) / copy_bw)
+            log(f"  read ceiling {key}: graph {ms * 1e3:.1f} us = {out[key]['frac_copy_bw_graph']:.3f} of copy")
+        del sets
+        empty_cache()
+    return out
+
+
 #: (BLOCK_N, num_warps, num_stages, fused merge); the first is the baseline of the geomean
 TUNE_CONFIGS = [(128, 8, 2, False), (128, 8, 2, True), (128, 8, 3, True), (128, 4, 2, True), (64, 4, 3, True),
                 (64, 4, 4, True), (64, 8, 2, True)]
@@ -582,6 +608,9 @@ def _measure(args, slug, copy_bw, tuning, pins, log):
             breakdown = kernel_breakdown(log)
         except Exception as exc:  # the profiler is a nice-to-have; never lose the benchmark to it
             log(f"  kernel breakdown failed: {exc!r}")
+    ceiling = None
+    if not SMOKE:
+        ceiling = read_ceiling(copy_bw, log)
     batches, contexts, sweep_cases, paged_cases = _cases(args)
     rows = []
     for B in batches:
@@ -600,10 +629,14 @@ def _measure(args, slug, copy_bw, tuning, pins, log):
     path = os.path.join(args.out, f"{slug}-decode.json")
     with open(path, "w") as f:
         json.dump(dict(meta=_meta(args, slug, copy_bw, overhead, breakdown, pins), results=rows, split_sweep=sweep,
-                       paged=paged, bars=table, tuning=tuning), f, indent=1)
+                       paged=paged, bars=table, tuning=tuning, read_ceiling=ceiling), f, indent=1)
     figs = plots(rows, args.out, slug, copy_bw)
     log(f"wrote {path}, {', '.join(figs)}")
     _print_summary(table, rows, batches, contexts)
+    for key, r in (ceiling or {}).items():
+        if "ms_graph" in r:
+            print(f"read ceiling (one launch streaming the same K/V, no attention) {key}: "
+                  f"{r['ms_graph'] * 1e3:.1f} us graph = {r['frac_copy_bw_graph']:.3f} of copy")
     return 0
 
 if __name__ == "__main__":

@@ -362,29 +362,32 @@ for res, rows in measured_mixed("cascade"):
               f" | {f['cascade']:22.2f} {f['prefix_pass']:7.2f} {f['suffix_pass']:7.2f}")
 
 # %% [markdown]
-# * **Small batches.** At B = 8 one launch takes 80 µs against 117 µs for the three launches in the same run,
-#   2.53x paged decode (3.81x, 6.59x, 8.54x at B = 16, 32, 64). Its own 168 MB move at 0.70 of the copy
-#   bandwidth measured in the same run — the bar issue 25 set (0.7), which no L2 hit on a shared page can
-#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.82 times the copy bandwidth at B = 8: the
+# * **Small batches.** At B = 8 one launch takes 85 µs against 116 µs for the three launches in the same run,
+#   2.38x paged decode (3.94x, 6.61x, 8.56x at B = 16, 32, 64). Its own 168 MB move at 0.65 of the copy
+#   bandwidth measured in the same run — below the bar issue 25 set (0.7), which no L2 hit on a shared page can
+#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.81 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
 #   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (133 vs
-#   128 µs, 204 vs 207 µs): there the prefix pass, not the launches, sets the time (below).
-# * **Called eagerly it now costs its GPU time**: eager loop / graph 0.96–1.00 (bar 1.2) and 2.59x eager paged
+#   126 µs, 205 vs 207 µs): there the prefix pass, not the launches, sets the time (below).
+# * **Called eagerly it now costs its GPU time**: eager loop / graph 0.86–0.99 (bar 1.2) and 2.73x eager paged
 #   decode at B = 8 (bar 1.5), where the three-launch version lost.
-# * **Larger batches miss the bar**: 0.68 / 0.67 / 0.66 of copy at B = 16 / 32 / 64. The column that explains it
-#   is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 74 µs (B = 8) to 145 µs
-#   (B = 64), falling to 0.31 of copy. It is limited by its tile work (`B · G = 256` rows against 32k keys at
-#   B = 64 is a small prefill: 34 GFLOP), not by bytes. Nsight Compute on the prefix pass alone at B = 64: DRAM
-#   throughput 33% of peak, SM throughput 27%, L2 hit rate 62% (the four 64-row tiles of a kv head each read the
-#   prefix, partly from L2), SMs busy for 67% of the elapsed cycles (the long prefix programs
-#   are the launch's tail). The whole call overlaps that work with the suffixes' reads, which is why it still
-#   reaches 0.66. Wider tiles (128 rows, 8 warps) and narrower ones (32 rows) were both slower; a faster prefix
-#   tile (Hopper's wgmma and TMA on the GQA-packed rows) is the next step, not measured here.
-# * **B = 8 is at the bar, not above it**: its prefix pass alone reads at 0.61 of copy; ncu shows its 128
-#   programs (16 chunks x 8 kv heads, fewer than the 132 SMs) keep the SMs busy for only 54% of the elapsed
-#   cycles. Twice the chunks make the prefix no faster and the whole call slower (the suffix programs then wait
-#   for free slots). Re-runs of the same configuration spread by several percent (`notes/serving_perf.md`,
-#   runs 3 and 4), so "at the bar" is as precise as one run allows.
+# * **Larger batches miss the bar too**: 0.70 (just under: the unrounded value is in `docs/results.md`) / 0.67 /
+#   0.65 of copy at B = 16 / 32 / 64. The column that explains it is the prefix pass alone: the same 134 MB at
+#   every batch, yet its time grows from 63 µs (B = 8) to 146 µs (B = 64), falling to 0.31 of copy. It is
+#   limited by its tile work (`B · G = 256` rows against 32k keys at B = 64 is a small prefill: 34 GFLOP), not by
+#   bytes. Nsight Compute on the prefix pass alone at B = 64: DRAM throughput 33% of peak, SM throughput 27%, L2
+#   hit rate 62% (the four 64-row tiles of a kv head each read the prefix, partly from L2), SMs busy for 67% of
+#   the elapsed cycles (the long prefix programs are the launch's tail). The whole call overlaps that work with
+#   the suffixes' reads, which is why it still reaches 0.65. Wider tiles (128 rows, 8 warps) and narrower ones
+#   (32 rows) were both slower. The 64-row tiles already run on Hopper's wgmma (the sm_90a compile holds HGMMA
+#   instructions); loading the prefix keys as TMA boxes moved the whole call by a few percent either way, and running
+#   every prefix program first made the prefix pass faster but the call slower at B = 32 and 64 (the suffixes'
+#   reads no longer overlapped it): `notes/serving_perf.md`, session 5.
+# * **B = 8 depends on where the prefix programs land**: 128 of them (16 chunks x 8 kv heads) for 132 SMs. In
+#   the (item, kv head) launch order some SMs got two compute-bound prefix programs while others got none (ncu:
+#   SMs busy for 54% of the elapsed cycles). Launching the prefix items first when they fit one per SM (the
+#   default now) gives each its own SM: the prefix pass alone reads at 0.71 of copy. The whole call's CUDA-graph
+#   time at B = 8 still spreads by several percent between runs (`notes/serving_perf.md`).
 #
 # ## 4. Eager calls: host time vs GPU time
 #

@@ -29,7 +29,8 @@ import triton
 import triton.language as tl
 
 from . import _checks, _fastlaunch
-from ._kernel_helpers import LOG2E, lse_merge_finish, lse_merge_step
+from ._device import device_limits, hopper
+from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
 from ._runtime import INTERPRET, num_sms
 from .configs import KeyBlockConfig
 from .mixed import key_loop
@@ -52,6 +53,25 @@ class CascadeConfig(KeyBlockConfig):
     programs_per_sm: int = 1
     min_split_keys: int = 512
     max_split_keys: int = 2048
+    #: launch order (session 5): False keeps the (item, kv head) grid, whose kv heads run one after another
+    #: (head h's prefix items, then its suffix items); True is a 1-D grid with every prefix item of every head
+    #: first (the tiles of one chunk adjacent: they read the same keys), the suffix items last; None (default)
+    #: picks True when the prefix programs fit one per SM: then each prefix program gets an SM of its own (the
+    #: block scheduler spreads the first programs one per SM) and the suffix programs fill the second slots,
+    #: where the (item, head) order put two compute-bound prefix programs on some SMs (H100, B=8: 80.6-82.8 ->
+    #: 76.5-77.8 us; with more prefix programs than SMs prefix-first ran every prefix program before the
+    #: suffixes and lost the overlap: B=32 133 -> 144 us, B=64 205 -> 223 us; notes/serving_perf.md session 5)
+    prefix_first: bool | None = None
+    #: Hopper only (sm_90+): the prefix pass loads its key blocks as TMA boxes of the contiguous prefix
+    #: (a host descriptor on the ``(P, Hkv * d)`` view) instead of pointer loads; elsewhere the pointer loads run
+    use_tma: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.prefix_first is not None and type(self.prefix_first) is not bool:
+            raise ValueError(f"CascadeConfig.prefix_first must be a bool or None, got {self.prefix_first!r}")
+        if type(self.use_tma) is not bool:
+            raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
@@ -111,10 +131,52 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
+def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, stride_qb, stride_qh,
+                     qk_scale, M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
+                     INTERP: tl.constexpr):
+    """``_attend_rows`` over prefix keys ``[lo, hi)`` with the key blocks as TMA boxes ``(BLOCK_N, d)`` at
+    ``(n0, hk * d)`` of the ``(P, Hkv * d)`` prefix (Hopper): whole blocks without masks, then the partial last
+    block (rows past ``P`` are zero-filled by the copy engine; their scores are masked). FA2 Algorithm 1, lines
+    6-10, base 2."""
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+    q = tl.load(Q + q_rows.to(tl.int64)[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([M], float("-inf"), tl.float32)
+    l_i = tl.zeros([M], tl.float32)
+    acc = tl.zeros([M, HEAD_DIM], tl.float32)
+    mid = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    col = hk * HEAD_DIM
+    for n0 in range(lo, mid, BLOCK_N):
+        k = DescK.load([n0, col])
+        s = dot(q, tl.trans(k), INTERP) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = DescV.load([n0, col])
+        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
+        m_i = m_new
+    if mid < hi:
+        k = DescK.load([mid, col])
+        s = tl.where((mid + offs_n)[None, :] < hi, dot(q, tl.trans(k), INTERP) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_use[:, None])
+        alpha = tl.math.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = DescV.load([mid, col])
+        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
+        m_i = m_new
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    return acc / l_safe[:, None], tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
+
+
+@triton.jit
 def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len, chunk,
-                 stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
+                 stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale, DescK, DescV,
                  GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                 INTERP: tl.constexpr):
+                 INTERP: tl.constexpr, USE_TMA: tl.constexpr):
     """Prefix item ``(tile, split)``: the tile's ROWS rows over one chunk of the prefix; writes state ``split``."""
     REQ: tl.constexpr = ROWS // GROUP
     tile = pid // n_splits
@@ -125,9 +187,13 @@ def _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_
     row_ok = (offs_r < REQ * GROUP) & (reqs < batch)
     lo = split * chunk
     hi = tl.minimum(lo + chunk, prefix_len)
-    o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
-                           0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
-                           ROWS, HEAD_DIM, BLOCK_N, 0, INTERP)
+    if USE_TMA:
+        o, lse2 = _prefix_rows_tma(Q, reqs, heads, row_ok, DescK, DescV, hk, lo, hi, stride_qb, stride_qh,
+                                   qk_scale, ROWS, HEAD_DIM, BLOCK_N, INTERP)
+    else:
+        o, lse2 = _attend_rows(Q, reqs, heads, row_ok, PK, PV, BT, hk, lo, hi, stride_qb, stride_qh,
+                               0, stride_pkn, stride_pkh, 0, stride_pvn, stride_pvh, qk_scale,
+                               ROWS, HEAD_DIM, BLOCK_N, 0, INTERP)
     part = ((tile * n_states + split) * n_kv_heads + hk).to(tl.int64) * ROWS + offs_r
     tl.store(OPart + part[:, None] * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :], o)
     tl.store(LPart + part, lse2)
@@ -157,20 +223,34 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states
 
 
 @triton.jit
-def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters,
+def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, DescK, DescV,
                     stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
                     stride_ob, stride_oh, batch, n_kv_heads, prefix_len, chunk, n_splits, n_tiles, qk_scale,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
-                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr):
-    pid = tl.program_id(0)
-    hk = tl.program_id(1)
+                    BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
+                    PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False):
     REQ: tl.constexpr = ROWS // GROUP
     n_states = n_splits + 1
-    if pid < n_tiles * n_splits:  # prefix item (tile, split)
+    n_prefix = n_tiles * n_splits
+    if PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
+        g = tl.program_id(0)
+        if g < n_prefix * n_kv_heads:
+            t = g % n_tiles
+            rest = g // n_tiles
+            hk = rest // n_splits
+            pid = t * n_splits + rest % n_splits
+        else:
+            g -= n_prefix * n_kv_heads
+            hk = g % n_kv_heads
+            pid = n_prefix + g // n_kv_heads
+    else:
+        pid = tl.program_id(0)
+        hk = tl.program_id(1)
+    if pid < n_prefix:  # prefix item (tile, split)
         tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
                             chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
-                            GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP)
+                            DescK, DescV, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP, USE_TMA)
     else:  # suffix item: request b's G rows over its pages
         tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
                             n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
@@ -197,13 +277,28 @@ def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int,
     return max(1, min(want, prefix_len // config.min_split_keys))
 
 
+def prefix_first_order(n_prefix_programs: int, config: CascadeConfig, sms: int | None = None) -> bool:
+    """``config.prefix_first``, or when it is None whether the prefix programs fit one per SM."""
+    if config.prefix_first is not None:
+        return config.prefix_first
+    return n_prefix_programs <= (num_sms() if sms is None else sms)
+
+
+def _tma_ok(prefix_k, prefix_v) -> bool:
+    """The prefix pass may load TMA boxes: a Hopper GPU (not the interpreter) and contiguous fp16/bf16 prefix
+    tensors with 16-byte aligned bases (one 2-D ``(P, Hkv * d)`` view each)."""
+    return (not INTERPRET and prefix_k.device.type == "cuda" and hopper(device_limits(prefix_k.device))
+            and prefix_k.dtype in (torch.float16, torch.bfloat16)
+            and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
+
+
 def _rows(config: CascadeConfig, batch: int, group: int) -> int:
     return max(16, min(config.rows, triton.next_power_of_2(batch * group)), triton.next_power_of_2(group))
 
 
 _COUNTERS: dict = {}
 LAUNCH_CACHE = _fastlaunch.LaunchCache()
-_SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT")
+_SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT", "DescK", "DescV")
 
 
 def _counters(device, n: int) -> torch.Tensor:
@@ -281,8 +376,14 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        dk = rec.args[rec.slots["DescK"]]
+        if isinstance(dk, torch.Tensor):
+            desc_k, desc_v = prefix_k, prefix_v
+        else:  # a launch recorded with TMA boxes: descriptors of the new prefix (same shape and box)
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            desc_k, desc_v = (TensorDescriptor(x, dk.shape, dk.strides, dk.block_shape) for x in (prefix_k, prefix_v))
         rec({"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
-             "SeqLens": seq_lens, "OUT": out, "LOUT": lse})
+             "SeqLens": seq_lens, "OUT": out, "LOUT": lse, "DescK": desc_k, "DescV": desc_v})
         return out, lse
     _checks.check_flag(fast_launch, "fast_launch")
     B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
@@ -308,14 +409,25 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     counters = _counters(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
-    grid = (n_tiles * num_splits + B, hkv)
+    use_tma = cfg.use_tma and _tma_ok(prefix_k, prefix_v)
+    if use_tma:  # (P, Hkv * d) views, boxes (block_n, d)
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        desc_k, desc_v = (TensorDescriptor(x, [P, hkv * d], [hkv * d, 1], [cfg.block_n, d])
+                          for x in (prefix_k, prefix_v))
+    else:
+        desc_k, desc_v = prefix_k, prefix_v
+    n_items = n_tiles * num_splits + B
+    prefix_first = prefix_first_order(n_tiles * num_splits * hkv, cfg)
+    grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
+            desc_k, desc_v,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
     meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
-                PAGE=block_size, INTERP=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if key is not None and direct and q.is_contiguous():
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
         if recd is not None:
@@ -323,3 +435,19 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     else:
         _cascade_kernel[grid](*args, **meta)
     return out, lse
+
+
+def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
+                 prefix_first: bool = False, use_tma: bool = False, group: int = 4, d: int = 128, page: int = 16):
+    """The cascade kernel compiled for sm_90a on any machine (``serving_aot``): bf16, GQA group ``group``, head
+    dim ``d``, ``page``-token suffix pages; ``rows`` the prefix tile's rows."""
+    from .serving_aot import compile_with_hints
+    k = _cascade_kernel
+    ptrs = {"Q": "*bf16", "PK": "*bf16", "PV": "*bf16", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "SeqLens": "*i32",
+            "OUT": "*bf16", "LOUT": "*fp32", "OPart": "*fp32", "LPart": "*fp32", "Counters": "*i32"}
+    desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
+    types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
+    const = dict(GROUP=group, HEAD_DIM=d, ROWS=rows, SMALL=max(16, group), BLOCK_N=block_n, PAGE=page, INTERP=False,
+                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma)
+    div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["prefix_len", "chunk"]
+    return compile_with_hints(k, types, const, div, num_warps, num_stages)

@@ -115,11 +115,18 @@ class DecodeConfig(KeyBlockConfig):
     needs runs the first fallback that fits (``_device.stage_ladder``: fewer stages, then shorter key blocks)."""
     num_stages: int = 4
     fuse_merge: bool = True
+    #: Hopper only (sm_90+, contiguous cache): K/V tiles as TMA boxes of a host tensor descriptor instead of
+    #: pointer loads (None: never; the portable path runs everywhere else). notes/serving_perf.md session 5.
+    use_tma: bool = False
+    #: Hopper only: programmatic dependent launch (the next kernel on the stream may start while this one drains;
+    #: this one waits for its predecessor with ``griddepcontrol.wait`` before reading anything). Session 5.
+    pdl: bool = False
 
     def __post_init__(self):
         super().__post_init__()
-        if type(self.fuse_merge) is not bool:
-            raise ValueError(f"DecodeConfig.fuse_merge must be a bool, got {self.fuse_merge!r}")
+        for field in ("fuse_merge", "use_tma", "pdl"):
+            if type(getattr(self, field)) is not bool:
+                raise ValueError(f"DecodeConfig.{field} must be a bool, got {getattr(self, field)!r}")
 
     def launch(self) -> dict:
         """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""

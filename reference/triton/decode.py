@@ -30,6 +30,7 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks, _device, _fastlaunch, configs
 from .configs import DecodeConfig
@@ -71,12 +72,21 @@ def _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
         v_rows = b64 * stride_vb + kvh * stride_vh + offs_n.to(tl.int64) * stride_vn
     kt = tl.load(K + k_rows[None, :] + offs_d[:, None], mask=key_ok[None, :], other=0.0)  # (d, BLOCK_N)
     vb = tl.load(V + v_rows[:, None] + offs_d[None, :], mask=key_ok[:, None], other=0.0)  # (BLOCK_N, d)
+    return _online_block(q, kt, vb, key_ok, m_i, l_i, acc, qk_scale, True, IEEE_DOT)
 
+
+@triton.jit
+def _online_block(q, kt, vb, key_ok, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, IEEE_DOT: tl.constexpr):
+    """FA2 Algorithm 1, lines 8-10 (base 2) on one loaded block: ``kt`` (d, BLOCK_N), ``vb`` (BLOCK_N, d); keys
+    outside ``key_ok`` get score -inf when ``MASKED``."""
     if IEEE_DOT:
         s = tl.dot(q.to(tl.float32), kt.to(tl.float32), input_precision="ieee")
     else:
         s = tl.dot(q, kt)
-    s = tl.where(key_ok[None, :], s * qk_scale, float("-inf"))  # qk_scale includes log2(e): exp2 below
+    if MASKED:
+        s = tl.where(key_ok[None, :], s * qk_scale, float("-inf"))  # qk_scale includes log2(e): exp2 below
+    else:
+        s = s * qk_scale
     m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block holds >= 1 valid key
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
@@ -90,8 +100,30 @@ def _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
 
 
 @triton.jit
+def _tma_blocks(q, m_i, l_i, acc, DescK, DescV, row0, start, end, qk_scale, BLOCK_N: tl.constexpr,
+                IEEE_DOT: tl.constexpr):
+    """Keys ``[start, end)`` of one (batch, kv head) whose key 0 is row ``row0`` of the 2-D K/V descriptors: whole
+    blocks without masks (the pipelined TMA loop), then the partial last block, whose rows past ``end`` (the
+    next head's keys, or never-written cache slots that may hold NaN) are masked out of the scores and zeroed in
+    V. FA2 Algorithm 1, lines 8-10, as ``_attend_block``."""
+    full_end = start + tl.maximum(end - start, 0) // BLOCK_N * BLOCK_N
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in range(start, full_end, BLOCK_N):
+        kb = DescK.load([row0 + start_n, 0])
+        vb = DescV.load([row0 + start_n, 0])
+        m_i, l_i, acc = _online_block(q, tl.trans(kb), vb, offs_n < BLOCK_N, m_i, l_i, acc, qk_scale, False,
+                                      IEEE_DOT)
+    if full_end < end:
+        key_ok = full_end + offs_n < end
+        kb = DescK.load([row0 + full_end, 0])
+        vb = tl.where(key_ok[:, None], DescV.load([row0 + full_end, 0]), 0.0)
+        m_i, l_i, acc = _online_block(q, tl.trans(kb), vb, key_ok, m_i, l_i, acc, qk_scale, True, IEEE_DOT)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_kv_kernel(
-    Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters,
+    Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh,
     stride_kb, stride_kh, stride_kn,  # contiguous: (batch, head, token); paged: (block, head, token-in-block)
     stride_vb, stride_vh, stride_vn,
@@ -102,10 +134,14 @@ def _split_kv_kernel(
     HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr,
     FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
+    USE_TMA: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
     """Stage 1: partial attention of one GQA group over one split of the keys (FA2 Alg. 1 lines 8-10)."""
+    if PDL:  # programmatic dependent launch (Hopper): let the next kernel launch now; wait for the previous one
+        gdc_launch_dependents()  # before touching memory (its writes: q, the K/V cache, our ticket counters)
+        gdc_wait()
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -133,10 +169,14 @@ def _split_kv_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    for start_n in range(start, end, BLOCK_N):
-        m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
-                                      stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                                      stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
+    if USE_TMA:  # Hopper, contiguous cache: (BLOCK_N, d) TMA boxes of the (B * Hkv * Nmax, d) view
+        m_i, l_i, acc = _tma_blocks(q, m_i, l_i, acc, DescK, DescV, pid_bh * n_max, start, end, qk_scale,
+                                    BLOCK_N, IEEE_DOT)
+    else:
+        for start_n in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
+                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
@@ -350,8 +390,12 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     B, Hq, d = q.shape
     paged = block_tables is not None
     group = Hq // n_kv_heads
-    fuse_merge = base_config(q.dtype, paged, num_splits, config).fuse_merge
-    cfg = launch_config(q.dtype, paged, num_splits, d, _device.device_limits(q.device), group, config)
+    base = base_config(q.dtype, paged, num_splits, config)
+    fuse_merge = base.fuse_merge
+    limits = _device.device_limits(q.device)
+    cfg = launch_config(q.dtype, paged, num_splits, d, limits, group, config)
+    use_tma = base.use_tma and tma_ok(q, k, v, paged, limits)
+    pdl = base.pdl and not INTERPRET and q.device.type == "cuda" and _device.hopper(limits)
     out = torch.empty_like(q)
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
         sk = (k.stride(0), k.stride(2), k.stride(1))
@@ -372,18 +416,20 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     chunk = min(triton.next_power_of_2(num_splits), max(1, FUSED_MERGE_ROWS // merge_m))
     has_seq = seq_lens is not None
     sl = seq_lens if has_seq else q
+    desc_k, desc_v = _descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
     grid = (num_splits, B * n_kv_heads)
     launch = _split_kv_kernel[grid] if fast_key is None or (num_splits > 1 and not fused) else \
         lambda *a, **kw: _record(fast_key, grid, a, kw)
+    extra = dict(launch_pdl=True) if pdl else {}
     launch(
-        q, k, v, sl, bt, out, o_part, lse_part, counters,
+        q, k, v, sl, bt, out, o_part, lse_part, counters, desc_k, desc_v,
         q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
         n_kv_heads, group, n_max, num_splits, scale * LOG2E.value,
         HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
-        FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma, PDL=pdl,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     if num_splits > 1 and not fused:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
@@ -391,8 +437,23 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     return out
 
 
+def tma_ok(q, k, v, paged, limits) -> bool:
+    """TMA K/V boxes apply: a Hopper GPU (not the interpreter), a contiguous ``(B, Hkv, Nmax, d)`` fp16/bf16 cache
+    (one 2-D ``(B * Hkv * Nmax, d)`` view) with 16-byte aligned bases; otherwise the pointer loads run."""
+    return (not INTERPRET and not paged and q.device.type == "cuda" and _device.hopper(limits)
+            and q.dtype in (torch.float16, torch.bfloat16)
+            and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
+
+
+def _descriptors(k, v, block_n: int):
+    """Host TMA descriptors of the K and V caches as ``(B * Hkv * Nmax, d)`` matrices, boxes ``(block_n, d)``."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    d = k.shape[-1]
+    return tuple(TensorDescriptor(x, [x.numel() // d, d], [d, 1], [block_n, d]) for x in (k, v))
+
+
 LAUNCH_CACHE = _fastlaunch.LaunchCache()
-_SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out")
+_SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out", "DescK", "DescV")
 
 
 def clear_launch_cache() -> None:
@@ -431,10 +492,17 @@ def _record(key, grid, args, kwargs):
 
 
 def repeat_launch(rec, q, k, v, seq_lens, block_tables):
-    """Repeat a recorded decode launch on new tensors of the recorded shapes; returns the output."""
+    """Repeat a recorded decode launch on new tensors of the recorded shapes; returns the output. A launch
+    recorded with TMA descriptors gets descriptors of the new K/V (same shapes and box)."""
     out = torch.empty_like(q)
+    i = rec.slots["DescK"]
+    desc_k = rec.args[i]
+    if isinstance(desc_k, torch.Tensor):
+        desc_k, desc_v = k, v
+    else:
+        desc_k, desc_v = _descriptors(k, v, desc_k.block_shape[0])
     rec({"Q": q, "K": k, "V": v, "SeqLens": q if seq_lens is None else seq_lens,
-         "BlockTables": q if block_tables is None else block_tables, "Out": out})
+         "BlockTables": q if block_tables is None else block_tables, "Out": out, "DescK": desc_k, "DescV": desc_v})
     return out
 
 
@@ -506,3 +574,21 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     v = v if v.stride(-1) == 1 else v.contiguous()
     return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1,
                          fast_key=key if direct else None, config=config)
+
+
+def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
+                 pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True):
+    """Stage 1 compiled for sm_90a on any machine (``serving_aot``): contiguous bf16 cache, GQA group ``group``,
+    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``) or one split writing the output."""
+    from .serving_aot import compile_with_hints
+    k = _split_kv_kernel
+    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
+            "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
+    desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
+    types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
+    merge_m = max(2, triton.next_power_of_2(group))
+    const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
+                 PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
+                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, 128 // merge_m), USE_TMA=use_tma, PDL=pdl)
+    div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
+    return compile_with_hints(k, types, const, div, num_warps, num_stages)
