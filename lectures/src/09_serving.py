@@ -242,11 +242,11 @@ for res, p in measured_mixed("prefill"):
 #   one shared-memory buffer and hands the reshaped buffer to the tensor cores. (Reshaping the row *offsets*
 #   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
 #
-# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the bar of issue 25, 0.9x,
-# met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.85x-0.91x, and the best tile
+# Measured on the H100, both page sizes: 64-token pages **1.00x** of contiguous (the bar of issue 25, 0.9x,
+# met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.83x-0.90x, and the best tile
 # of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
 # noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
-# 0.60x → 0.81x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
+# 0.58x → 0.83x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
 # page-tile kernel executes the contiguous kernel's instruction count (233 million each; the row gather 287)
 # with the same shared memory, but at 5.28 cycles per issued instruction instead of 4.51: the table entries
 # of a block are still loaded and used in the iteration that issues its copy (the pipeliner moves the
@@ -362,16 +362,16 @@ for res, rows in measured_mixed("cascade"):
               f" | {f['cascade']:22.2f} {f['prefix_pass']:7.2f} {f['suffix_pass']:7.2f}")
 
 # %% [markdown]
-# * **Small batches.** At B = 8 one launch takes 85 µs against 116 µs for the three launches in the same run,
-#   2.38x paged decode (3.94x, 6.61x, 8.56x at B = 16, 32, 64). Its own 168 MB move at 0.65 of the copy
-#   bandwidth measured in the same run — below the bar issue 25 set (0.7), which no L2 hit on a shared page can
-#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.81 times the copy bandwidth at B = 8: the
+# * **Small batches.** At B = 8 one launch takes 75 µs against 117 µs for the three launches in the same run,
+#   2.69x paged decode (3.94x, 6.70x, 8.55x at B = 16, 32, 64). Its own 168 MB move at 0.74 of the copy
+#   bandwidth measured in the same run — above the bar issue 25 set (0.7), which no L2 hit on a shared page can
+#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.83 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
-#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (133 vs
-#   126 µs, 205 vs 207 µs): there the prefix pass, not the launches, sets the time (below).
-# * **Called eagerly it now costs its GPU time**: eager loop / graph 0.86–0.99 (bar 1.2) and 2.73x eager paged
+#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (131 vs
+#   127 µs, 205 vs 208 µs): there the prefix pass, not the launches, sets the time (below).
+# * **Called eagerly it now costs its GPU time**: eager loop / graph 0.97–1.04 (bar 1.2) and 2.73x eager paged
 #   decode at B = 8 (bar 1.5), where the three-launch version lost.
-# * **Larger batches miss the bar too**: 0.70 (just under: the unrounded value is in `docs/results.md`) / 0.67 /
+# * **Larger batches miss the bar**: 0.70 (just under: the unrounded value is in `docs/results.md`) / 0.68 /
 #   0.65 of copy at B = 16 / 32 / 64. The column that explains it is the prefix pass alone: the same 134 MB at
 #   every batch, yet its time grows from 63 µs (B = 8) to 146 µs (B = 64), falling to 0.31 of copy. It is
 #   limited by its tile work (`B · G = 256` rows against 32k keys at B = 64 is a small prefill: 34 GFLOP), not by
@@ -386,7 +386,7 @@ for res, rows in measured_mixed("cascade"):
 # * **B = 8 depends on where the prefix programs land**: 128 of them (16 chunks x 8 kv heads) for 132 SMs. In
 #   the (item, kv head) launch order some SMs got two compute-bound prefix programs while others got none (ncu:
 #   SMs busy for 54% of the elapsed cycles). Launching the prefix items first when they fit one per SM (the
-#   default now) gives each its own SM: the prefix pass alone reads at 0.71 of copy. The whole call's CUDA-graph
+#   default now) gives each its own SM: the prefix pass alone reads at 0.72 of copy. The whole call's CUDA-graph
 #   time at B = 8 still spreads by several percent between runs (`notes/serving_perf.md`).
 #
 # ## 4. Eager calls: host time vs GPU time
@@ -546,9 +546,9 @@ for res, m in measured_mixed("mixed"):
               f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
 
 # %% [markdown]
-# One mixed launch takes 898 µs, **1.41x** the speed of the separate prefill and decode launches and 2.12x
+# One mixed launch takes 899 µs, **1.41x** the speed of the separate prefill and decode launches and 2.12x
 # that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
-# 1059 µs). The last comparison is the plan's worth: without it each decode
+# 1056 µs). The last comparison is the plan's worth: without it each decode
 # row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
 # step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
