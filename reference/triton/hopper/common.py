@@ -5,7 +5,8 @@ warp-specialised Gluon backward and their autograd op have in common.
 * host helpers: TMA tensor descriptors, FA2 Algorithm 2 line 4 (``backward_preprocess``) and the final dQ
   scale/cast (``finish_dq``) around a kernel that accumulates dQ in fp32;
 * ``@gluon.jit`` helpers of the backward (the query-block row of a step, ``L_i``/``D_i`` loads, the ``P^T``
-  mask, the dK/dV store, a vector reduction) and of the forward's rings (``init_ring_barriers``).
+  mask, the dK/dV store, a vector reduction) and of the forwards (bf16 ``flash_gluon``, FP8 ``flash_fp8_gluon``):
+  their rings (``init_ring_barriers``) and epilogue (``store_output``).
 
 Nothing here launches a kernel on its own but ``backward_preprocess`` / ``finish_dq`` (plain Triton kernels,
 which run in the interpreter too).
@@ -132,6 +133,34 @@ def init_ring_barriers(k_bars, v_bars, STAGES: gl.constexpr, CONSUMERS: gl.const
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(k_bars.index(STAGES + i), count=CONSUMERS)
         mbarrier.init(v_bars.index(STAGES + i), count=CONSUMERS)
+
+
+@gluon.jit
+def store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, o_scale=1.0, SCALED: gl.constexpr = False, LSE_SHIFT: gl.constexpr = 0.0):
+    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows).
+
+    ``m_i`` is the running max in base 2; rows ``start_m ..`` (those ``< N_Q``) of the head whose first output row
+    is ``o_row0``. The FP8 forward passes ``SCALED`` with ``o_scale = max_j sv_j`` (``O_i = acc o_scale / l_i``)
+    and ``LSE_SHIFT = 8`` (its ``acc`` and ``l_i`` carry ``2^8``: ``L_i = (m_i + log2 l_i - 8) ln 2``).
+    """
+    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.convert_layout(m_i, row_l)
+    l_i = gl.convert_layout(l_i, row_l)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    if SCALED:
+        o = acc * (o_scale / l_safe)[:, None]
+    else:
+        o = acc / l_safe[:, None]
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe) - LSE_SHIFT) * 0.6931471805599453)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row_ok = offs_m < N_Q
+    rows = (o_row0 + offs_m).to(gl.int64)
+    gl.store(LSE + rows, lse, mask=row_ok)
+    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @gluon.jit

@@ -47,7 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, tile_descriptor
+from .common import (LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, store_output,
+                     tile_descriptor)
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
 #: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
@@ -100,26 +101,6 @@ def online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
-                  o_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows)."""
-    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.convert_layout(m_i, row_l)
-    l_i = gl.convert_layout(l_i, row_l)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row_ok = offs_m < N_Q
-    rows = (o_row0 + offs_m).to(gl.int64)
-    gl.store(LSE + rows, lse, mask=row_ok)
-    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @gluon.jit
