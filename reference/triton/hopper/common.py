@@ -6,7 +6,8 @@ warp-specialised Gluon backward and their autograd op have in common.
   scale/cast (``finish_dq``) around a kernel that accumulates dQ in fp32;
 * ``@gluon.jit`` helpers of the backward (the query-block row of a step, ``L_i``/``D_i`` loads, the ``P^T``
   mask, the dK/dV store, a vector reduction) and of the forwards (bf16 ``flash_gluon``, FP8 ``flash_fp8_gluon``):
-  their rings (``init_ring_barriers``) and epilogue (``store_output``).
+  their rings (``init_ring_barriers``), the producer's Q loads (``load_q_halves``), the epilogue
+  (``store_output``).
 
 Nothing here launches a kernel on its own but ``backward_preprocess`` / ``finish_dq`` (plain Triton kernels,
 which run in the interpreter too).
@@ -18,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import _device
@@ -133,6 +134,18 @@ def init_ring_barriers(k_bars, v_bars, STAGES: gl.constexpr, CONSUMERS: gl.const
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(k_bars.index(STAGES + i), count=CONSUMERS)
         mbarrier.init(v_bars.index(STAGES + i), count=CONSUMERS)
+
+
+@gluon.jit
+def load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF: gl.constexpr):
+    """The producer's Q loads of its ``count``-th tile: both ``HALF``-row halves (rows ``q_row0 + start_m ..`` of
+    the 2-D view) into Q buffer ``count % 2`` (slots ``2 (count % 2) + w``), each once its consumer freed it."""
+    for w in gl.static_range(2):
+        q_slot = 2 * (count % 2) + w
+        mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
+        mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
+                                        q_smem.index(q_slot))
 
 
 @gluon.jit

@@ -46,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .._checks import check_attention_inputs, check_flag
 from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, check_gluon_device, init_ring_barriers, store_output, tile_descriptor
+from .common import LOG2E_F, check_gluon_device, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 from .flash_fp8 import Fp8Blocks, Fp8Inputs, prepare_fp8
 from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range, persistent_grid, work_item
 
@@ -290,12 +290,7 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
                                                          CAUSAL)
             if valid:
                 full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-                for w in gl.static_range(2):
-                    q_slot = 2 * (count % 2) + w
-                    mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
-                    mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
-                    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
-                                                    q_smem.index(q_slot))
+                load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF)
                 vt_row = (kv_row0 // N_PAD_K) * HEAD_DIM
                 for t in range(hi):
                     slot = it % STAGES

@@ -47,8 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._aot import compile_gluon, descriptor_signature
-from .common import (LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, store_output,
-                     tile_descriptor)
+from .common import (LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, load_q_halves,
+                     store_output, tile_descriptor)
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
 #: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
@@ -312,12 +312,7 @@ def _ws_producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_ba
             valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
             if valid:
                 full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-                for w in gl.static_range(2):
-                    q_slot = 2 * (count % 2) + w
-                    mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
-                    mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
-                    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
-                                                    q_smem.index(q_slot))
+                load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF)
                 it = produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, BLOCK_N, STAGES)
                 count += 1
 
