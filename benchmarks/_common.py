@@ -190,6 +190,21 @@ def sdpa(backend):
     return run
 
 
+def profile_once(runs) -> None:
+    """ncu's profiled region (run under ``ncu --profile-from-start off``): each of ``runs`` (zero-argument
+    callables) once to warm up (compilation and autotuning stay outside the region), then each once between
+    ``cudaProfilerStart`` and ``cudaProfilerStop``; all under ``torch.no_grad()``."""
+    with torch.no_grad():
+        for fn in runs:
+            fn()
+        for fn in runs:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
+
+
 def sdpa_bwd_timer(backend, q, k, v, do, causal):
     """A zero-argument callable that runs SDPA's backward (``backend``) for ``do`` once per call; the forward
     runs once here, outside what is timed."""
