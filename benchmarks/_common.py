@@ -45,6 +45,14 @@ def device_name(smoke: bool = False) -> str:
     return "cpu (Triton interpreter, smoke test)" if smoke else torch.cuda.get_device_name()
 
 
+def run_meta(smoke: bool = False, **extra) -> dict:
+    """A results file's ``meta``: the device (``device_name``), the torch and Triton versions and the date, then
+    ``extra`` (a script's own fields)."""
+    import triton
+    return dict(gpu=device_name(smoke), torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d %H:%M:%S"), **extra)
+
+
 def start_run(script: str, smoke: bool, out_dir: str, body) -> int:
     """The start of a course benchmark's ``main``: returns 0 (after saying so) when ``script`` is asked for a GPU
     run where there is none (or under ``TRITON_INTERPRET=1``, where the full shapes would take hours), else

@@ -11,14 +11,12 @@ the contiguous one before it is timed (notes/serving_perf.md, "paged prefill, se
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
-from benchmarks import _common
+from benchmarks import _common, write_json
 from benchmarks.course import bench_mixed_batch as bm
 from reference.triton import DEVICE, configs, flash_attention_varlen_forward
 from reference.triton.paged_tiles import launch_paged_prefill
@@ -77,12 +75,9 @@ def main(argv=None):
     torch.manual_seed(0)
     t0 = time.time()
     log, _ = _common.timestamped_log(t0)
-    res = dict(meta=dict(gpu=_common.device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
-                         date=time.strftime("%Y-%m-%d %H:%M:%S"), timing="do_bench median, L2 flushed"))
+    res = dict(meta=_common.run_meta(timing="do_bench median, L2 flushed"))
     res["pages"] = sweep(log)
-    path = os.path.join(args.out, f"{_common.result_tag()}-paged-prefill-sweep.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write_json(args.out, f"{_common.result_tag()}-paged-prefill-sweep.json", res)
     log(f"wrote {path}")
     return 0
 
