@@ -140,6 +140,29 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
+def _tma_key_block(q, DescK, DescV, n0, col, hi, offs_n, acc, l_i, m_i, qk_scale, MASKED: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """One key block of ``_prefix_rows_tma`` (FA2 Algorithm 1, lines 8-10, base 2): the TMA boxes at ``(n0, col)``;
+    ``MASKED`` (the partial last block): keys ``>= hi`` score ``-inf`` and a row with no finite score uses max 0."""
+    k = DescK.load([n0, col])
+    if MASKED:
+        s = tl.where((n0 + offs_n)[None, :] < hi, dot(q, tl.trans(k), INTERP) * qk_scale, float("-inf"))
+    else:
+        s = dot(q, tl.trans(k), INTERP) * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = DescV.load([n0, col])
+    acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, stride_qb, stride_qh,
                      qk_scale, M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                      INTERP: tl.constexpr):
@@ -151,26 +174,9 @@ def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, stride_
     q, m_i, l_i, acc, mid = _rows_start(Q, q_rows, heads, row_ok, lo, hi, stride_qb, stride_qh, M, HEAD_DIM, BLOCK_N)
     col = hk * HEAD_DIM
     for n0 in range(lo, mid, BLOCK_N):
-        k = DescK.load([n0, col])
-        s = dot(q, tl.trans(k), INTERP) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = DescV.load([n0, col])
-        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
-        m_i = m_new
+        acc, l_i, m_i = _tma_key_block(q, DescK, DescV, n0, col, hi, offs_n, acc, l_i, m_i, qk_scale, False, INTERP)
     if mid < hi:
-        k = DescK.load([mid, col])
-        s = tl.where((mid + offs_n)[None, :] < hi, dot(q, tl.trans(k), INTERP) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = DescV.load([mid, col])
-        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
-        m_i = m_new
+        acc, l_i, m_i = _tma_key_block(q, DescK, DescV, mid, col, hi, offs_n, acc, l_i, m_i, qk_scale, True, INTERP)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     return acc / l_safe[:, None], tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
 
