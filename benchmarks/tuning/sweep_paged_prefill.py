@@ -24,15 +24,23 @@ from reference.triton.paged_tiles import launch_paged_prefill
 TILES = [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)]
 
 
+def prefill_case(B, n, chunk, bs):
+    """bench_mixed_batch's prefill inputs: ``B`` chunks of ``chunk`` queries after ``n`` cached keys each, in
+    ``bs``-token pages: ``(q, kc, vc, table, cu_q, cu_k, lens, k, v)``, ``k, v`` the contiguous copies of the
+    cache (the baseline's inputs)."""
+    kc, vc, table = bm.paged_batch([n] * B, bs)
+    q = bm.randn(B * chunk, bm.HQ, bm.D)
+    cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
+    lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
+    k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+    return q, kc, vc, table, cu_q, cu_k, lens, k, v
+
+
 def sweep(log):
     B, n, chunk = 8, 4608, 512
     out = {}
     for bs in (16, 64):
-        kc, vc, table = bm.paged_batch([n] * B, bs)
-        q = bm.randn(B * chunk, bm.HQ, bm.D)
-        cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
-        lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
-        k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+        q, kc, vc, table, cu_q, cu_k, lens, k, v = prefill_case(B, n, chunk, bs)
         o = torch.empty_like(q)
         lse = torch.empty((bm.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
 
