@@ -46,7 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .._checks import check_attention_inputs, check_flag
 from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, check_gluon_device, init_ring_barriers, load_q_halves, store_output, tile_descriptor
+from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_barriers, load_q_halves, store_output,
+                     tile_descriptor)
 from .flash_fp8 import Fp8Blocks, Fp8Inputs, prepare_fp8
 from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range, persistent_grid, work_item
 
@@ -404,9 +405,7 @@ def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
     ``STAGES`` in 2..4 within the 227 KiB of a Hopper CTA's shared memory."""
     if config is None:
         config = FP8_GLUON_CONFIG
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
+    check_config_ints(config)
     bm, bn, stages, warps = config
     if bm != 2 * HALF_M or bn != 128 or warps != 4 or stages not in (2, 3, 4):
         raise ValueError(f"config: BLOCK_M = 128, BLOCK_N = 128, num_warps = 4 and STAGES in 2..4, got "

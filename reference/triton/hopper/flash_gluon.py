@@ -47,8 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._aot import compile_gluon, descriptor_signature
-from .common import (LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, load_q_halves,
-                     store_output, tile_descriptor)
+from .common import (LOG2E_F, check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers,
+                     load_q_halves, store_output, tile_descriptor)
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
 #: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
@@ -380,9 +380,7 @@ def check_gluon_config(config, head_dim: int | None = None) -> tuple:
     """
     if config is None:
         config = DEFAULT_CONFIG
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
+    check_config_ints(config)
     bm, bn, stages, warps = config
     if bn not in (64, 128) or stages not in (2, 3):
         raise ValueError(f"config: BLOCK_N must be 64 or 128 and STAGES 2 or 3, got {tuple(config)}")
