@@ -14,6 +14,7 @@ are interpreter objects that the compiler rejects. The kernel modules call ``com
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -87,6 +88,19 @@ def _dump(compiled) -> tuple[str, list[str]]:
         sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", path],
                               capture_output=True, text=True, check=True).stdout
     return res, re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+
+
+def sass_md5(compiled) -> tuple[str, int]:
+    """``(md5, count)`` of a compiled kernel's SASS instructions (operands included, one line each, as
+    ``cuobjdump -sass`` prints them): equal md5s before and after a refactor mean the GPU runs the same code."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", path],
+                              capture_output=True, text=True, check=True).stdout
+    lines = [line.strip() for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    return hashlib.md5("\n".join(lines).encode()).hexdigest(), len(lines)
 
 
 def resource_usage(compiled, barriers: bool = False) -> dict:
