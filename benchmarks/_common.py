@@ -45,6 +45,14 @@ def device_name(smoke: bool = False) -> str:
     return "cpu (Triton interpreter, smoke test)" if smoke else torch.cuda.get_device_name()
 
 
+def run_meta(smoke: bool = False, **extra) -> dict:
+    """A results file's ``meta``: the device (``device_name``), the torch and Triton versions and the date, then
+    ``extra`` (a script's own fields)."""
+    import triton
+    return dict(gpu=device_name(smoke), torch=torch.__version__, triton=triton.__version__,
+                date=time.strftime("%Y-%m-%d %H:%M:%S"), **extra)
+
+
 def start_run(script: str, smoke: bool, out_dir: str, body) -> int:
     """The start of a course benchmark's ``main``: returns 0 (after saying so) when ``script`` is asked for a GPU
     run where there is none (or under ``TRITON_INTERPRET=1``, where the full shapes would take hours), else
@@ -188,6 +196,21 @@ def sdpa(backend):
         with sdpa_kernel(backend):
             return scaled_dot_product_attention(q, k, v, is_causal=causal)
     return run
+
+
+def profile_once(runs) -> None:
+    """ncu's profiled region (run under ``ncu --profile-from-start off``): each of ``runs`` (zero-argument
+    callables) once to warm up (compilation and autotuning stay outside the region), then each once between
+    ``cudaProfilerStart`` and ``cudaProfilerStop``; all under ``torch.no_grad()``."""
+    with torch.no_grad():
+        for fn in runs:
+            fn()
+        for fn in runs:
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStart()
+            fn()
+            torch.cuda.synchronize()
+            torch.cuda.cudart().cudaProfilerStop()
 
 
 def sdpa_bwd_timer(backend, q, k, v, do, causal):

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from reference.triton.hopper import flash_gluon as fg
 from reference.triton.hopper._aot import compile_gluon, resource_usage
-from reference.triton.hopper.common import check_gluon_device, check_gluon_inputs, init_ring_barriers
+from reference.triton.hopper.common import check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers
 
 SCHEDULES = ("pingpong", "specialized", "overlap")
 #: per schedule: (BLOCK_M, BLOCK_N, STAGES, num_warps); the warp-specialised ones as the production kernel
@@ -176,9 +176,7 @@ def check_config(config, schedule: str) -> tuple:
         return DEFAULT_CONFIG[schedule]
     if schedule != "overlap":
         return fg.check_gluon_config(config)
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
+    check_config_ints(config)
     bm, bn, stages, warps = config
     if bn not in (64, 128) or stages not in (2, 3) or warps not in (4, 8) or bm != 16 * warps:
         raise ValueError(f"config for schedule 'overlap': BLOCK_N 64 or 128, STAGES 2 or 3, num_warps 4 or 8 and "

@@ -74,12 +74,10 @@ def test_paged_prefill_bad_input_raises(rng):
         paged_prefill(q, kc, vc, t(tables), cu([2]), t(seq_lens))
 
 
-@pytest.mark.triton_serving
-@pytest.mark.parametrize("B,P,num_splits", [(3, 50, None), (2, 33, 4), (1, 7, 1), (11, 40, 3)])
-def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
-    hq, hkv, d, bs = 4, 2, 16, 8
-    suffix = [int(x) for x in rng.integers(1, 30, B)]
-    suffix[-1] = 0 if B > 1 else suffix[-1]  # a request with nothing after the prefix
+def cascade_case(rng, suffix, P, hq, hkv, d, bs):
+    """A shared prefix of ``P`` keys and per-request suffixes of ``suffix[b]`` tokens (0: none) in a paged cache of
+    ``bs``-token blocks: ``(q, pk, pv, kv, args)`` with ``args`` the positional arguments of ``cascade_decode``."""
+    B = len(suffix)
     cache, kv = build_cache(rng, [max(n, 1) for n in suffix], hkv, d, bs, 64)
     tables, _ = cache.block_tables(range(B))
     pk = rng.standard_normal((P, hkv, d)).astype(np.float32)
@@ -87,16 +85,31 @@ def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
     q = rng.standard_normal((B, hq, d)).astype(np.float32)
     args = (t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT), t(cache.v_cache).to(DT), t(tables),
             t(np.array(suffix, dtype=np.int32)))
-    o, lse = cascade_decode(*args, num_splits=num_splits)
-    o_sep, lse_sep = cascade_decode_separate(*args, num_splits=num_splits)  # the three-launch version
-    assert rel_err(o, o_sep) < TOL and lse_err(lse, lse_sep) < TOL
-    assert o.shape == (B, hq, d) and o.dtype == DT and lse.shape == (B, hq)
-    for b in range(B):
+    return q, pk, pv, kv, args
+
+
+def check_against_full(o, lse, q, pk, pv, kv, suffix, tag=None):
+    """Request ``b``'s ``(o, lse)`` equal the float64 oracle's attention over its prefix + suffix keys."""
+    for b in range(len(suffix)):
         k = np.concatenate([pk, kv[b][0][:suffix[b]]]).transpose(1, 0, 2)
         v = np.concatenate([pv, kv[b][1][:suffix[b]]]).transpose(1, 0, 2)
         ro, rl, _ = attention_ref(torch.tensor(q[b][:, None]).to(DT), torch.tensor(k).to(DT),
                                   torch.tensor(v).to(DT))
-        assert rel_err(o[b], ro[:, 0]) < TOL and lse_err(lse[b], rl[:, 0]) < TOL
+        assert rel_err(o[b], ro[:, 0]) < TOL and lse_err(lse[b], rl[:, 0]) < TOL, (b, tag)
+
+
+@pytest.mark.triton_serving
+@pytest.mark.parametrize("B,P,num_splits", [(3, 50, None), (2, 33, 4), (1, 7, 1), (11, 40, 3)])
+def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
+    hq, hkv, d, bs = 4, 2, 16, 8
+    suffix = [int(x) for x in rng.integers(1, 30, B)]
+    suffix[-1] = 0 if B > 1 else suffix[-1]  # a request with nothing after the prefix
+    q, pk, pv, kv, args = cascade_case(rng, suffix, P, hq, hkv, d, bs)
+    o, lse = cascade_decode(*args, num_splits=num_splits)
+    o_sep, lse_sep = cascade_decode_separate(*args, num_splits=num_splits)  # the three-launch version
+    assert rel_err(o, o_sep) < TOL and lse_err(lse, lse_sep) < TOL
+    assert o.shape == (B, hq, d) and o.dtype == DT and lse.shape == (B, hq)
+    check_against_full(o, lse, q, pk, pv, kv, suffix)
 
 
 @pytest.mark.triton_serving
@@ -205,23 +218,12 @@ def test_cascade_launch_order_and_tma_prefix_match_full_attention(rng, prefix_fi
     B, hq, hkv, d, bs, P = 7, 8, 2, 16 if INTERPRET else 64, 8, 83 if INTERPRET else 1000
     suffix = [int(x) for x in rng.integers(1, 20, B)]
     suffix[2] = 0
-    cache, kv = build_cache(rng, [max(n, 1) for n in suffix], hkv, d, bs, 64)
-    tables, _ = cache.block_tables(range(B))
-    pk = rng.standard_normal((P, hkv, d)).astype(np.float32)
-    pv = rng.standard_normal((P, hkv, d)).astype(np.float32)
-    q = rng.standard_normal((B, hq, d)).astype(np.float32)
-    args = (t(q).to(DT), t(pk).to(DT), t(pv).to(DT), t(cache.k_cache).to(DT), t(cache.v_cache).to(DT), t(tables),
-            t(np.array(suffix, dtype=np.int32)))
+    q, pk, pv, kv, args = cascade_case(rng, suffix, P, hq, hkv, d, bs)
     for splits in (None, 3):
         o, lse = cascade_decode(*args, num_splits=splits, config=cfg)
         o2, lse2 = cascade_decode(*args, num_splits=splits, config=cfg)  # the recorded launch on a GPU
         assert torch.equal(o, o2) and torch.equal(lse, lse2)
-        for b in range(B):
-            k = np.concatenate([pk, kv[b][0][:suffix[b]]]).transpose(1, 0, 2)
-            v = np.concatenate([pv, kv[b][1][:suffix[b]]]).transpose(1, 0, 2)
-            ro, rl, _ = attention_ref(torch.tensor(q[b][:, None]).to(DT), torch.tensor(k).to(DT),
-                                      torch.tensor(v).to(DT))
-            assert rel_err(o[b], ro[:, 0]) < TOL and lse_err(lse[b], rl[:, 0]) < TOL, (b, splits)
+        check_against_full(o, lse, q, pk, pv, kv, suffix, splits)
 
 
 @pytest.mark.triton_serving

@@ -252,9 +252,8 @@ def _profile():
     """Under ncu (``--profile-from-start off``): one forward of each implementation at N = 8k, non-causal, after a
     warm-up call (compilation outside the profiled region); the FP8 Gluon kernel with the bench stage's main
     schedule (``BENCH_SCHEDULE``), else the pin."""
-    import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks._common import sdpa
+    from benchmarks._common import profile_once, sdpa
     from reference.triton.hopper import flash_fp8
     from reference.triton.hopper import flash_fp8_gluon as fg
     from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
@@ -267,15 +266,7 @@ def _profile():
     xt = flash_fp8.prepare_fp8(q, k, v)
     runs = [lambda: fg.attention_fp8_gluon(xg, cfg, schedule=sch), lambda: flash_fp8.attention_fp8(xt),
             lambda: flash_attention_forward_gluon(q, k, v), lambda: cudnn(q, k, v, False)]
-    with torch.no_grad():
-        for fn in runs:
-            fn()
-        for fn in runs:
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStart()
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda.cudart().cudaProfilerStop()
+    profile_once(runs)
 
 
 def _stage_pytest():

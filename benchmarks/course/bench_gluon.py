@@ -175,22 +175,14 @@ def _profile():
     (warmed up first, so compilation is outside the profiled region)."""
     import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks._common import sdpa
+    from benchmarks._common import profile_once, sdpa
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
     d, H = 128, HIDDEN // 128
     for N, causal in NCU_CASES:
         q, k, v = (torch.randn(TOKENS // N, H, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         runs = [(lambda: cudnn(q, k, v, causal)) if name == "cudnn" else
                 (lambda g=_gluon(name): g(q, k, v, causal)) for name in NCU_IMPLS]
-        with torch.no_grad():
-            for fn in runs:
-                fn()
-            for fn in runs:
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaProfilerStart()
-                fn()
-                torch.cuda.synchronize()
-                torch.cuda.cudart().cudaProfilerStop()
+        profile_once(runs)
 
 
 def _stage_ncu():

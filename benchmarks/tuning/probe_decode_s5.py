@@ -19,22 +19,19 @@ whole sequences and, at B=8, a float64 oracle); a failing variant is recorded, n
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 import time
 
 import torch
 
-from benchmarks import _common
+from benchmarks import _common, write_json
 from benchmarks.course import bench_decode as bd
 from benchmarks.course.read_ceiling import read_ceiling_ms
 from reference.triton import DEVICE, cascade_decode, flash_decode, paged_decode
 from reference.triton.cascade import CascadeConfig
 from reference.triton.configs import DecodeConfig
 
-import triton  # noqa: E402  (after reference.triton, which picks the interpreter on a machine without CUDA)
 
 HQ, HKV, D = 32, 8, 128
 
@@ -203,13 +200,10 @@ def main(argv=None):
     copy_bw = _common.copy_bandwidth(1 << 30, device=DEVICE)
     log = lambda m: print(f"[{time.time() - t0:6.1f}s] {m}", flush=True)  # noqa: E731
     log(f"{_common.device_name(False)}: copy {copy_bw / 1e12:.3f} TB/s")
-    res = dict(meta=dict(gpu=_common.device_name(False), copy_bw_bytes_per_s=copy_bw, torch=torch.__version__,
-                         triton=triton.__version__, date=time.strftime("%Y-%m-%d %H:%M:%S")))
-    path = os.path.join(args.out, f"{_common.result_tag(False)}-decode-probe.json")
+    res = dict(meta=_common.run_meta(copy_bw_bytes_per_s=copy_bw))
     for sec in args.sections.split(","):
         {"decode": decode_section, "cascade": cascade_section}[sec](log, copy_bw, res)
-        with open(path, "w") as f:
-            json.dump(res, f, indent=1)
+        path = write_json(args.out, f"{_common.result_tag(False)}-decode-probe.json", res)  # after each section
     log(f"wrote {path}")
     return 0
 

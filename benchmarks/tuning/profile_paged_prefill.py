@@ -17,6 +17,7 @@ import sys
 import torch
 
 from benchmarks.course import bench_mixed_batch as bm
+from benchmarks.tuning.sweep_paged_prefill import prefill_case
 from reference.triton import DEVICE, configs, flash_attention_varlen_forward, paged_prefill
 from reference.triton.paged_tiles import launch_paged_prefill
 
@@ -28,11 +29,7 @@ def run(pins):
         bm_, bn, w, st = (int(x) for x in pin_s.split("x"))
         pin = {"BLOCK_M": bm_, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
         for bs in (64, 16):
-            kc, vc, table = bm.paged_batch([n] * B, bs)
-            q = bm.randn(B * chunk, bm.HQ, bm.D)
-            cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
-            lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
-            k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+            q, kc, vc, table, cu_q, cu_k, lens, k, v = prefill_case(B, n, chunk, bs)
             with configs.pinned(fwd=pin):
                 ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
                 order.append(f"{pin_s} page{bs} contiguous")

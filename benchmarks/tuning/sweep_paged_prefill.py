@@ -11,14 +11,12 @@ the contiguous one before it is timed (notes/serving_perf.md, "paged prefill, se
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 
 import torch
 
-from benchmarks import _common
+from benchmarks import _common, write_json
 from benchmarks.course import bench_mixed_batch as bm
 from reference.triton import DEVICE, configs, flash_attention_varlen_forward
 from reference.triton.paged_tiles import launch_paged_prefill
@@ -26,15 +24,23 @@ from reference.triton.paged_tiles import launch_paged_prefill
 TILES = [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)]
 
 
+def prefill_case(B, n, chunk, bs):
+    """bench_mixed_batch's prefill inputs: ``B`` chunks of ``chunk`` queries after ``n`` cached keys each, in
+    ``bs``-token pages: ``(q, kc, vc, table, cu_q, cu_k, lens, k, v)``, ``k, v`` the contiguous copies of the
+    cache (the baseline's inputs)."""
+    kc, vc, table = bm.paged_batch([n] * B, bs)
+    q = bm.randn(B * chunk, bm.HQ, bm.D)
+    cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
+    lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
+    k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+    return q, kc, vc, table, cu_q, cu_k, lens, k, v
+
+
 def sweep(log):
     B, n, chunk = 8, 4608, 512
     out = {}
     for bs in (16, 64):
-        kc, vc, table = bm.paged_batch([n] * B, bs)
-        q = bm.randn(B * chunk, bm.HQ, bm.D)
-        cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
-        lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
-        k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+        q, kc, vc, table, cu_q, cu_k, lens, k, v = prefill_case(B, n, chunk, bs)
         o = torch.empty_like(q)
         lse = torch.empty((bm.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
 
@@ -77,12 +83,9 @@ def main(argv=None):
     torch.manual_seed(0)
     t0 = time.time()
     log, _ = _common.timestamped_log(t0)
-    res = dict(meta=dict(gpu=_common.device_name(), torch=torch.__version__, triton=__import__("triton").__version__,
-                         date=time.strftime("%Y-%m-%d %H:%M:%S"), timing="do_bench median, L2 flushed"))
+    res = dict(meta=_common.run_meta(timing="do_bench median, L2 flushed"))
     res["pages"] = sweep(log)
-    path = os.path.join(args.out, f"{_common.result_tag()}-paged-prefill-sweep.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write_json(args.out, f"{_common.result_tag()}-paged-prefill-sweep.json", res)
     log(f"wrote {path}")
     return 0
 

@@ -234,8 +234,7 @@ def main(argv=None):
     log, _ = _common.timestamped_log(t0)
     copy_bw = _common.copy_bandwidth()
     log(f"{_common.device_name()}: copy {copy_bw / 1e12:.2f} TB/s")
-    res = dict(meta=dict(gpu=_common.device_name(), copy_bw_bytes_per_s=copy_bw, torch=torch.__version__,
-                         triton=__import__("triton").__version__, date=time.strftime("%Y-%m-%d %H:%M:%S")))
+    res = dict(meta=_common.run_meta(copy_bw_bytes_per_s=copy_bw))
     path = os.path.join(args.out, f"{_common.result_tag()}-serving-sweep.json")
     fns = dict(decode=lambda: decode_sweep(log, copy_bw), cascade=lambda: cascade_sweep(log, copy_bw),
                prefill=lambda: prefill_sweep(log), mixed=lambda: mixed_step_sweep(log))

@@ -105,18 +105,27 @@ def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, 
 
 
 @triton.jit
-def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stride_qh,
-                 stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, qk_scale,
-                 M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                 INTERP: tl.constexpr):
-    """Rows (request ``q_rows``, query head ``heads``) over keys ``[lo, hi)`` of kv head ``hk``; base-2 state."""
+def _rows_start(Q, q_rows, heads, row_ok, lo, hi, stride_qb, stride_qh, M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    """The start of a row tile's pass over keys ``[lo, hi)`` (FA2 Algorithm 1, lines 4-5): its query rows (request
+    ``q_rows``, head ``heads``; rows not ``row_ok`` read as 0), the empty state ``m = -inf, l = 0, acc = 0`` and
+    ``mid``, the end of the whole ``BLOCK_N`` key blocks (the blocks after it need the key mask)."""
     offs_d = tl.arange(0, HEAD_DIM)
     q = tl.load(Q + q_rows.to(tl.int64)[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=row_ok[:, None], other=0.0)
     m_i = tl.full([M], float("-inf"), tl.float32)
     l_i = tl.zeros([M], tl.float32)
     acc = tl.zeros([M, HEAD_DIM], tl.float32)
-    mid = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    return q, m_i, l_i, acc, lo + (hi - lo) // BLOCK_N * BLOCK_N
+
+
+@triton.jit
+def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stride_qh,
+                 stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, qk_scale,
+                 M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                 INTERP: tl.constexpr):
+    """Rows (request ``q_rows``, query head ``heads``) over keys ``[lo, hi)`` of kv head ``hk``; base-2 state."""
+    q, m_i, l_i, acc, mid = _rows_start(Q, q_rows, heads, row_ok, lo, hi, stride_qb, stride_qh, M, HEAD_DIM, BLOCK_N)
     qpos = tl.zeros([M], tl.int32)
     k_base = K + hk.to(tl.int64) * stride_kh
     v_base = V + hk.to(tl.int64) * stride_vh
@@ -131,6 +140,29 @@ def _attend_rows(Q, q_rows, heads, row_ok, K, V, bt, hk, lo, hi, stride_qb, stri
 
 
 @triton.jit
+def _tma_key_block(q, DescK, DescV, n0, col, hi, offs_n, acc, l_i, m_i, qk_scale, MASKED: tl.constexpr,
+                   INTERP: tl.constexpr):
+    """One key block of ``_prefix_rows_tma`` (FA2 Algorithm 1, lines 8-10, base 2): the TMA boxes at ``(n0, col)``;
+    ``MASKED`` (the partial last block): keys ``>= hi`` score ``-inf`` and a row with no finite score uses max 0."""
+    k = DescK.load([n0, col])
+    if MASKED:
+        s = tl.where((n0 + offs_n)[None, :] < hi, dot(q, tl.trans(k), INTERP) * qk_scale, float("-inf"))
+    else:
+        s = dot(q, tl.trans(k), INTERP) * qk_scale
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if MASKED:
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_use = m_new
+    p = tl.math.exp2(s - m_use[:, None])
+    alpha = tl.math.exp2(m_i - m_use)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = DescV.load([n0, col])
+    acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
+    return acc, l_i, m_new
+
+
+@triton.jit
 def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, stride_qb, stride_qh,
                      qk_scale, M: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr,
                      INTERP: tl.constexpr):
@@ -138,36 +170,13 @@ def _prefix_rows_tma(Q, q_rows, heads, row_ok, DescK, DescV, hk, lo, hi, stride_
     ``(n0, hk * d)`` of the ``(P, Hkv * d)`` prefix (Hopper): whole blocks without masks, then the partial last
     block (rows past ``P`` are zero-filled by the copy engine; their scores are masked). FA2 Algorithm 1, lines
     6-10, base 2."""
-    offs_d = tl.arange(0, HEAD_DIM)
     offs_n = tl.arange(0, BLOCK_N)
-    q = tl.load(Q + q_rows.to(tl.int64)[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=row_ok[:, None], other=0.0)
-    m_i = tl.full([M], float("-inf"), tl.float32)
-    l_i = tl.zeros([M], tl.float32)
-    acc = tl.zeros([M, HEAD_DIM], tl.float32)
-    mid = lo + (hi - lo) // BLOCK_N * BLOCK_N
+    q, m_i, l_i, acc, mid = _rows_start(Q, q_rows, heads, row_ok, lo, hi, stride_qb, stride_qh, M, HEAD_DIM, BLOCK_N)
     col = hk * HEAD_DIM
     for n0 in range(lo, mid, BLOCK_N):
-        k = DescK.load([n0, col])
-        s = dot(q, tl.trans(k), INTERP) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = DescV.load([n0, col])
-        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
-        m_i = m_new
+        acc, l_i, m_i = _tma_key_block(q, DescK, DescV, n0, col, hi, offs_n, acc, l_i, m_i, qk_scale, False, INTERP)
     if mid < hi:
-        k = DescK.load([mid, col])
-        s = tl.where((mid + offs_n)[None, :] < hi, dot(q, tl.trans(k), INTERP) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = DescV.load([mid, col])
-        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
-        m_i = m_new
+        acc, l_i, m_i = _tma_key_block(q, DescK, DescV, mid, col, hi, offs_n, acc, l_i, m_i, qk_scale, True, INTERP)
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     return acc / l_safe[:, None], tl.where(l_i > 0, m_i + tl.math.log2(l_safe), float("-inf"))
 

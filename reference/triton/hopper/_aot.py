@@ -14,6 +14,7 @@ are interpreter objects that the compiler rejects. The kernel modules call ``com
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -76,17 +77,29 @@ def compile_triton(kernel, signature: dict, constexprs: dict, num_warps: int, nu
     return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def _dump(compiled) -> tuple[str, list[str]]:
-    """``cuobjdump``'s resource usage text and the SASS opcodes of a compiled kernel's cubin."""
+def _cuobjdump(compiled, flag: str) -> str:
+    """``cuobjdump flag`` of a compiled kernel's cubin (``--dump-resource-usage`` or ``-sass``): its text."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
         with open(path, "wb") as f:
             f.write(compiled.asm["cubin"])
-        res = subprocess.run([os.path.join(_BIN, "cuobjdump"), "--dump-resource-usage", path],
-                             capture_output=True, text=True, check=True).stdout
-        sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", path],
+        return subprocess.run([os.path.join(_BIN, "cuobjdump"), flag, path],
                               capture_output=True, text=True, check=True).stdout
+
+
+def _dump(compiled) -> tuple[str, list[str]]:
+    """``cuobjdump``'s resource usage text and the SASS opcodes of a compiled kernel's cubin."""
+    res = _cuobjdump(compiled, "--dump-resource-usage")
+    sass = _cuobjdump(compiled, "-sass")
     return res, re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+
+
+def sass_md5(compiled) -> tuple[str, int]:
+    """``(md5, count)`` of a compiled kernel's SASS instructions (operands included, one line each, as
+    ``cuobjdump -sass`` prints them): equal md5s before and after a refactor mean the GPU runs the same code."""
+    lines = [line.strip() for line in _cuobjdump(compiled, "-sass").splitlines()
+             if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    return hashlib.md5("\n".join(lines).encode()).hexdigest(), len(lines)
 
 
 def resource_usage(compiled, barriers: bool = False) -> dict:

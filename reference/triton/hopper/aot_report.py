@@ -2,16 +2,17 @@
 
     TRITON_INTERPRET=0 python -m reference.triton.hopper.aot_report [fwd|bwd|fp8|fp8g|persistent|all] [--d 128] [--causal]
 
-Registers per thread, stack, shared memory and SASS opcode counts (``_aot.SASS_OPS``: HGMMA, spills as LDL/STL,
-TMA loads, ...). The same numbers before and after a refactor say the GPU runs the same code
-(notes/experiments_removed.md has the table of the move into this wing).
+Registers per thread, stack, shared memory, SASS opcode counts (``_aot.SASS_OPS``: HGMMA, spills as LDL/STL,
+TMA loads, ...) and the md5 of the SASS instructions (``_aot.sass_md5``). The same md5 before and after a refactor
+says the GPU runs the same code (notes/experiments_removed.md has the table of the move into this wing;
+notes/layout.md "Duplicates, fifth pass" the md5s of the shared forward helpers).
 """
 from __future__ import annotations
 
 import argparse
 import json
 
-from ._aot import resource_usage
+from ._aot import resource_usage, sass_md5
 
 
 def kernels(which: str, d: int, causal: bool):
@@ -42,7 +43,10 @@ def main(argv=None) -> None:
     ap.add_argument("--causal", action="store_true")
     args = ap.parse_args(argv)
     for name, thunk in kernels(args.which, args.d, args.causal):
-        print(json.dumps({"kernel": name, "d": args.d, "causal": args.causal, **resource_usage(thunk())}), flush=True)
+        compiled = thunk()
+        md5, n = sass_md5(compiled)
+        print(json.dumps({"kernel": name, "d": args.d, "causal": args.causal, **resource_usage(compiled),
+                          "sass_instructions": n, "sass_md5": md5}), flush=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ warp-specialised Gluon backward and their autograd op have in common.
 * host helpers: TMA tensor descriptors, FA2 Algorithm 2 line 4 (``backward_preprocess``) and the final dQ
   scale/cast (``finish_dq``) around a kernel that accumulates dQ in fp32;
 * ``@gluon.jit`` helpers of the backward (the query-block row of a step, ``L_i``/``D_i`` loads, the ``P^T``
-  mask, the dK/dV store, a vector reduction) and of the forward's rings (``init_ring_barriers``).
+  mask, the dK/dV store, a vector reduction) and of the forwards (bf16 ``flash_gluon``, FP8 ``flash_fp8_gluon``):
+  their rings (``init_ring_barriers``), the producer's Q loads (``load_q_halves``), the epilogue
+  (``store_output``).
 
 Nothing here launches a kernel on its own but ``backward_preprocess`` / ``finish_dq`` (plain Triton kernels,
 which run in the interpreter too).
@@ -17,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import _device
@@ -69,6 +71,14 @@ def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attentio
     out = check_gluon_inputs(q, k, v, causal, scale, name)
     check_backward_inputs(q, o, lse, do)
     return out
+
+
+def check_config_ints(config) -> None:
+    """A Gluon forward's ``config`` must be 4 ints ``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` (a tuple or list, no
+    bools); each kernel's own check then says which values it takes."""
+    if (not isinstance(config, (tuple, list)) or len(config) != 4
+            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
+        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -132,6 +142,46 @@ def init_ring_barriers(k_bars, v_bars, STAGES: gl.constexpr, CONSUMERS: gl.const
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(k_bars.index(STAGES + i), count=CONSUMERS)
         mbarrier.init(v_bars.index(STAGES + i), count=CONSUMERS)
+
+
+@gluon.jit
+def load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF: gl.constexpr):
+    """The producer's Q loads of its ``count``-th tile: both ``HALF``-row halves (rows ``q_row0 + start_m ..`` of
+    the 2-D view) into Q buffer ``count % 2`` (slots ``2 (count % 2) + w``), each once its consumer freed it."""
+    for w in gl.static_range(2):
+        q_slot = 2 * (count % 2) + w
+        mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
+        mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
+                                        q_smem.index(q_slot))
+
+
+@gluon.jit
+def store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                 HEAD_DIM: gl.constexpr, o_scale=1.0, SCALED: gl.constexpr = False, LSE_SHIFT: gl.constexpr = 0.0):
+    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows).
+
+    ``m_i`` is the running max in base 2; rows ``start_m ..`` (those ``< N_Q``) of the head whose first output row
+    is ``o_row0``. The FP8 forward passes ``SCALED`` with ``o_scale = max_j sv_j`` (``O_i = acc o_scale / l_i``)
+    and ``LSE_SHIFT = 8`` (its ``acc`` and ``l_i`` carry ``2^8``: ``L_i = (m_i + log2 l_i - 8) ln 2``).
+    """
+    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    m_i = gl.convert_layout(m_i, row_l)
+    l_i = gl.convert_layout(l_i, row_l)
+    empty = l_i == 0.0
+    l_safe = gl.where(empty, 1.0, l_i)
+    if SCALED:
+        o = acc * (o_scale / l_safe)[:, None]
+    else:
+        o = acc / l_safe[:, None]
+    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe) - LSE_SHIFT) * 0.6931471805599453)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    row_ok = offs_m < N_Q
+    rows = (o_row0 + offs_m).to(gl.int64)
+    gl.store(LSE + rows, lse, mask=row_ok)
+    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
+    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @gluon.jit

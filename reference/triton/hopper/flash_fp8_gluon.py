@@ -46,7 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .._checks import check_attention_inputs, check_flag
 from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, check_gluon_device, init_ring_barriers, tile_descriptor
+from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_barriers, load_q_halves, store_output,
+                     tile_descriptor)
 from .flash_fp8 import Fp8Blocks, Fp8Inputs, prepare_fp8
 from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range, persistent_grid, work_item
 
@@ -54,7 +55,8 @@ from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range,
 FP8_GLUON_HEAD_DIMS = (64, 128)
 #: rows of Q per consumer warpgroup = the query quantisation block
 HALF_M = 64
-P_SHIFT = 8.0  # log2 of the factor P is multiplied by before its e4m3 rounding (flash_fp8.P_SHIFT)
+#: log2 of the factor P is multiplied by before its e4m3 rounding (``flash_fp8.P_SHIFT``; the epilogue removes it)
+P_SHIFT = gl.constexpr(8.0)
 NAME = "flash_attention_forward_fp8_gluon"
 
 
@@ -224,27 +226,6 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
     return acc, m_i, l_i
 
 
-@gluon.jit
-def store_output_fp8(acc, m_i, l_i, sv_max, O, LSE, o_row0, start_m, N_Q, o_layout: gl.constexpr,
-                     BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """FA2 Algorithm 1, lines 12-15 with the FP8 scalings: ``O = acc max(sv) / l`` (``acc`` and ``l`` both carry
-    ``2^8``), ``lse = (m + log2 l - 8) ln 2``; rows that saw no key get ``O = 0``, ``lse = -inf``."""
-    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.convert_layout(m_i, row_l)
-    l_i = gl.convert_layout(l_i, row_l)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    o = acc * (sv_max / l_safe)[:, None]
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe) - 8.0) * 0.6931471805599453)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row_ok = offs_m < N_Q
-    rows = (o_row0 + offs_m).to(gl.int64)
-    gl.store(LSE + rows, lse, mask=row_ok)
-    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
-
-
 # --------------------------------------------------------------------------------------------------------------
 # the partitions and the kernel
 # --------------------------------------------------------------------------------------------------------------
@@ -286,8 +267,8 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                                            WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
                                            CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
-                store_output_fp8(acc, m_i, l_i, sv_max, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout,
-                                 HALF, HEAD_DIM)
+                store_output(acc, m_i, l_i, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout, HALF,
+                             HEAD_DIM, sv_max, SCALED=True, LSE_SHIFT=P_SHIFT)
                 it += hi
                 rnd += gl.where(hi > 0, hi + 1, 0)
                 count += 1
@@ -310,12 +291,7 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
                                                          CAUSAL)
             if valid:
                 full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-                for w in gl.static_range(2):
-                    q_slot = 2 * (count % 2) + w
-                    mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
-                    mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
-                    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
-                                                    q_smem.index(q_slot))
+                load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF)
                 vt_row = (kv_row0 // N_PAD_K) * HEAD_DIM
                 for t in range(hi):
                     slot = it % STAGES
@@ -429,9 +405,7 @@ def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
     ``STAGES`` in 2..4 within the 227 KiB of a Hopper CTA's shared memory."""
     if config is None:
         config = FP8_GLUON_CONFIG
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
+    check_config_ints(config)
     bm, bn, stages, warps = config
     if bm != 2 * HALF_M or bn != 128 or warps != 4 or stages not in (2, 3, 4):
         raise ValueError(f"config: BLOCK_M = 128, BLOCK_N = 128, num_warps = 4 and STAGES in 2..4, got "

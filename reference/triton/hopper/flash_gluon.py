@@ -47,7 +47,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, check_gluon_device, check_gluon_inputs, init_ring_barriers, tile_descriptor
+from .common import (LOG2E_F, check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers,
+                     load_q_halves, store_output, tile_descriptor)
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
 #: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
@@ -100,26 +101,6 @@ def online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
-                  o_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows)."""
-    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.convert_layout(m_i, row_l)
-    l_i = gl.convert_layout(l_i, row_l)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row_ok = offs_m < N_Q
-    rows = (o_row0 + offs_m).to(gl.int64)
-    gl.store(LSE + rows, lse, mask=row_ok)
-    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
 
 
 @gluon.jit
@@ -331,12 +312,7 @@ def _ws_producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_ba
             valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
             if valid:
                 full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-                for w in gl.static_range(2):
-                    q_slot = 2 * (count % 2) + w
-                    mbarrier.wait(q_bars.index(4 + q_slot), ((count // 2) & 1) ^ 1)  # fresh: phase 1 complete
-                    mbarrier.expect(q_bars.index(q_slot), desc_q.block_type.nbytes)
-                    tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(q_slot),
-                                                    q_smem.index(q_slot))
+                load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF)
                 it = produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, BLOCK_N, STAGES)
                 count += 1
 
@@ -404,9 +380,7 @@ def check_gluon_config(config, head_dim: int | None = None) -> tuple:
     """
     if config is None:
         config = DEFAULT_CONFIG
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
+    check_config_ints(config)
     bm, bn, stages, warps = config
     if bn not in (64, 128) or stages not in (2, 3):
         raise ValueError(f"config: BLOCK_N must be 64 or 128 and STAGES 2 or 3, got {tuple(config)}")
