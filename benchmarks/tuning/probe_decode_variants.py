@@ -1,6 +1,6 @@
 """Issue 25 items 5 and 1, session 5: what limits batch-1 decode at 32k and the cascade (one GPU call).
 
-    python3 -m benchmarks.tuning.probe_decode_s5 --out DIR        # DIR/<gpu>-decode-probe.json
+    python3 -m benchmarks.tuning.probe_decode_variants --out DIR        # DIR/<gpu>-decode-probe.json
 
 bf16, Hq=32, Hkv=8, d=128, the shapes of ``bench_decode`` / ``bench_mixed_batch`` and their timing
 (``_common.graph_ms``: CUDA-graph replays over input sets >= 3x L2; the cascade's one set per graph as in
