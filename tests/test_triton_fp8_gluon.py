@@ -50,6 +50,49 @@ def test_compiles_for_hopper(args):
         assert usage["stack"] <= 64, usage
 
 
+def _pv_waits(*args):
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-m", "reference.triton.hopper.aot_report", "fp8g", "--waits", *args],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def pv_wait_after_exps(loop) -> bool:
+    """FA3 Algorithm 2's overlap in the SASS of one key loop: all 64 exps of a consumer's 64 x 128 score tile (64
+    per thread) sit between the wait for ``S_j`` and the wait for ``P_{j-1} V_{j-1}``."""
+    return loop["pv_wait"] is not None and loop["exps_before_pv_wait"] >= 64 and loop["first_exp"] < loop["pv_wait"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [(), ("--causal",), ("--d", "64", "--causal")])
+def test_peeled_keeps_the_pv_wait_after_the_exps(args):
+    """``schedule["peeled"]``: two key loops per consumer (unmasked, masked), no branch in either body. Each
+    unmasked loop (the bulk of the blocks) keeps the ``P V`` wait after the 64 exps; so does each masked loop
+    except at d = 128 causal, where ptxas still hoists it there (1-2 diagonal blocks per tile); no spill in a
+    key loop (d = 128 causal spills per tile as the pin does: stack <= 64 B)."""
+    usage = _pv_waits("--peeled", *args)
+    loops = usage["pv_waits"]
+    assert len(loops) == 4, loops  # 2 consumers x (unmasked, masked)
+    assert pv_wait_after_exps(loops[0]) and pv_wait_after_exps(loops[2]), loops
+    if args != ("--causal",):
+        assert all(pv_wait_after_exps(w) for w in loops), loops
+        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
+    else:
+        assert usage["stack"] <= 64, usage
+    assert usage["registers"] == 168 and usage["QGMMA"] > 0 and usage["HGMMA"] == 0, usage
+
+
+@pytest.mark.slow
+def test_pin_hoists_the_pv_wait_above_the_exps():
+    """Why ``peeled`` exists: with the mask's run-time branch in the loop body (the pin), ptxas hoists the
+    ``P_{j-1} V_{j-1}`` wait to the top of the softmax's basic block, above every exp, in both consumers' loops
+    (the check above fails on it). If a newer ptxas stops doing this, this test says so."""
+    loops = _pv_waits()["pv_waits"]
+    assert len(loops) == 2 and not any(pv_wait_after_exps(w) for w in loops), loops
+    assert all(w["exps_before_pv_wait"] == 0 for w in loops), loops
+
+
 # ---------------------------------------------------------------- the key renumbering (torch, CPU)
 def test_permute_keys_leaves_p_v_unchanged_and_matches_the_kernel(rng):
     n, d, m = 256, 16, 8
@@ -113,7 +156,12 @@ def test_bad_schedule_is_named():
         fg.check_schedule({"turns": True, "merged": "no"})
     with pytest.raises(ValueError, match="split"):
         fg.check_schedule({"turns": True, "merged": False, "split": 3})
-    assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1}
+    with pytest.raises((TypeError, ValueError), match="peeled"):
+        fg.check_schedule({"turns": True, "merged": False, "peeled": "yes"})
+    with pytest.raises(ValueError, match="schedule must be a dict"):
+        fg.check_schedule({"turns": True, "merged": False, "peel": True})
+    assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1,
+                                                                   "peeled": False}
 
 
 def test_config_pin_fits_and_passes_the_check():
@@ -182,14 +230,38 @@ def test_plain_layout_conversion_agrees(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("turns, merged, split", [(True, True, 1), (False, False, 1), (False, True, 1),
-                                                  (True, False, 4), (False, False, 8)])
-def test_schedule_options_agree(rng, turns, merged, split):
-    """Without ping-pong turns, with one release per ring slot: the same roundings in the same order; the row
-    reductions split into chains: the row sums added in another order (float rounding only)."""
+@pytest.mark.parametrize("turns, merged, split, peeled", [(True, True, 1, False), (False, False, 1, False),
+                                                          (False, True, 1, False), (True, False, 4, False),
+                                                          (False, False, 8, False), (False, False, 1, True),
+                                                          (True, False, 4, True)])
+def test_schedule_options_agree(rng, turns, merged, split, peeled):
+    """Without ping-pong turns, with one release per ring slot, with the peeled key loop: the same roundings in
+    the same order; the row reductions split into chains: the row sums added in another order (float rounding
+    only)."""
     q, k, v = t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128)
     for causal in (False, True):
         x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
         a = fg.attention_fp8_gluon(x)
-        b = fg.attention_fp8_gluon(x, schedule={"turns": turns, "merged": merged, "split": split})
+        b = fg.attention_fp8_gluon(x, schedule={"turns": turns, "merged": merged, "split": split,
+                                                "peeled": peeled})
         assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("case", CASES)
+def test_peeled_matches_float64_on_dequantised_inputs(rng, case):
+    """``schedule["peeled"]`` on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows
+    that see no key, one query row): the float64 oracle on the dequantised inputs, the pin's bounds."""
+    B, Hq, Hkv, Nq, Nk, d, causal = case
+    q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
+    v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
+                                             device=DEVICE)
+    x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
+    o, lse = fg.attention_fp8_gluon(x, out_dtype=torch.float32,
+                                    schedule={"turns": False, "merged": False, "peeled": True})
+    ro, rl, _ = attention_ref(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal=causal, scale=d ** -0.5)
+    assert not torch.isnan(o).any() and not torch.isnan(lse).any()
+    assert rel_err(o, ro) < O_TOL_FP8, rel_err(o, ro)
+    assert lse_err(lse, rl) < LSE_TOL_FP8, lse_err(lse, rl)
+    assert torch.all(o.cpu()[torch.isinf(rl)] == 0)

@@ -44,15 +44,17 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2
 EXACT_TOL = (0.1, 0.1)        # o rel, lse abs vs exact attention (bench_hopper's FP8 check)
 DEQUANT_TOL = (6e-2, 1e-3)    # vs float64 on the dequantised inputs (tests/test_triton_hopper.py, GPU)
 #: the schedule sweep at N = 8k, before the main table: (STAGES, permuted keys, ping-pong turns, merged releases,
-#: split row reductions)
-VARIANTS = [(3, True, True, False, 1), (2, True, True, False, 1), (4, True, True, False, 1),
-            (3, False, True, False, 1), (3, True, True, True, 1), (3, True, False, False, 1),
-            (3, True, False, True, 1), (3, True, True, False, 4), (3, True, False, False, 4),
-            (3, True, False, False, 8), (4, True, False, False, 4)]
+#: split row reductions, peeled key loop)
+VARIANTS = [(3, True, True, False, 1, False), (2, True, True, False, 1, False), (4, True, True, False, 1, False),
+            (3, False, True, False, 1, False), (3, True, True, True, 1, False), (3, True, False, False, 1, False),
+            (3, True, False, True, 1, False), (3, True, True, False, 4, False), (3, True, False, False, 4, False),
+            (3, True, False, False, 8, False), (4, True, False, False, 4, False), (3, True, False, False, 1, True),
+            (3, True, False, False, 4, True)]
 ROUNDS = 3  # interleaved timings per implementation (median)
 #: the schedule options checked against the pin's output in ``check``
 SCHEDULES = [{"turns": True, "merged": True}, {"turns": False, "merged": True}, {"turns": False, "merged": False},
-             {"turns": True, "merged": False, "split": 4}, {"turns": False, "merged": False, "split": 8}]
+             {"turns": True, "merged": False, "split": 4}, {"turns": False, "merged": False, "split": 8},
+             {"turns": False, "merged": False, "peeled": True}]
 NCU_N = 8192
 
 
@@ -101,7 +103,8 @@ def _stage_check():
                     ok = ok and row["o_rel_plain_vs_permuted"] < 1e-3
                     for sch in (SCHEDULES if (B, Hq) == (4, 8) else ()):  # two cases with several tiles a CTA
                         o4, l4 = fg.attention_fp8_gluon(x, out_dtype=torch.float32, schedule=sch)
-                        key = f"o_rel_turns{int(sch['turns'])}_merged{int(sch['merged'])}_split{sch.get('split', 1)}"
+                        key = (f"o_rel_turns{int(sch['turns'])}_merged{int(sch['merged'])}_split{sch.get('split', 1)}"
+                               + ("_peeled" if sch.get("peeled") else ""))
                         row[key] = rel(o4, o)
                         ok = ok and row[key] < 1e-3 and lse_abs(l4, lse) < 1e-4
                 row["ok"] = bool(ok)
@@ -179,16 +182,18 @@ def _stage_bench():
         with torch.no_grad():
             ref_o = cudnn(q, k, v, causal)
         fns = {"gluon_bf16": lambda: flash_attention_forward_gluon(q, k, v, causal=causal)}
-        for (stages, permuted, turns, merged, split) in VARIANTS:
+        for (stages, permuted, turns, merged, split, peeled) in VARIANTS:
             cfg = (128, 128, stages, 4)
-            sch = {"turns": turns, "merged": merged, "split": split}
+            sch = {"turns": turns, "merged": merged, "split": split, "peeled": peeled}
             x = fg.prepare_fp8_gluon(q, k, v, causal=causal, config=cfg, permuted=permuted)
-            fns[f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}"] = (
+            name = f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}" + ("_peeled" if peeled else "")
+            fns[name] = (
                 lambda x=x, cfg=cfg, sch=sch: fg.attention_fp8_gluon(x, cfg, schedule=sch))
         r = timed(fns, flops, ref_o)
-        for name, (stages, permuted, turns, merged, split) in zip(list(fns)[1:], VARIANTS):
-            row = {"stages": stages, "permuted": permuted, "turns": turns, "merged": merged, "split": split, "N": N,
-                   "causal": causal, **r[name], "gluon_bf16_tflops": r["gluon_bf16"].get("tflops")}
+        for name, (stages, permuted, turns, merged, split, peeled) in zip(list(fns)[1:], VARIANTS):
+            row = {"stages": stages, "permuted": permuted, "turns": turns, "merged": merged, "split": split,
+                   "peeled": peeled, "N": N, "causal": causal, **r[name],
+                   "gluon_bf16_tflops": r["gluon_bf16"].get("tflops")}
             row["x_gluon_bf16"] = row.get("tflops", float("nan")) / (row["gluon_bf16_tflops"] or float("nan"))
             print(f"variant {name} causal={causal}: {row.get('tflops', float('nan')):.0f} TFLOP/s "
                   f"({row['x_gluon_bf16']:.2f}x bf16 gluon {row['gluon_bf16_tflops']:.0f}) "
@@ -198,11 +203,11 @@ def _stage_bench():
     # the main table runs the sweep's best (summed over causal and not); the pin is set from it
     score = {}
     for row in res["variants"]:
-        key = (row["stages"], row["permuted"], row["turns"], row["merged"], row["split"])
+        key = (row["stages"], row["permuted"], row["turns"], row["merged"], row["split"], row["peeled"])
         score[key] = score.get(key, 0.0) + row.get("x_gluon_bf16", 0.0)
     best = max(score, key=score.get)
     cfg = (128, 128, best[0], 4)
-    sch = {"turns": best[2], "merged": best[3], "split": best[4]}
+    sch = {"turns": best[2], "merged": best[3], "split": best[4], "peeled": best[5]}
     res["main_schedule"] = {"config": list(cfg), "permuted": best[1], **sch, "chosen_by": "the sweep above, this run"}
     print(f"main table: config {cfg} schedule {sch} permuted {best[1]}", flush=True)
 
@@ -261,7 +266,7 @@ def _profile():
     q, k, v = _qkv(TOKENS // NCU_N, H, H, NCU_N, NCU_N, D)
     chosen = json.loads(os.environ.get("BENCH_SCHEDULE") or "null") or {}  # the bench stage's main schedule
     cfg = tuple(chosen.get("config") or fg.check_fp8_gluon_config(None))
-    sch = {k: chosen[k] for k in ("turns", "merged", "split")} if chosen else None
+    sch = {k: chosen[k] for k in ("turns", "merged", "split", "peeled") if k in chosen} if chosen else None
     xg = fg.prepare_fp8_gluon(q, k, v, config=cfg, permuted=chosen.get("permuted", True))
     xt = flash_fp8.prepare_fp8(q, k, v)
     runs = [lambda: fg.attention_fp8_gluon(xg, cfg, schedule=sch), lambda: flash_fp8.attention_fp8(xt),

@@ -158,7 +158,10 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: per K/V ring slot instead of two, the row max / sum split into independent chains; chosen by the same sweep
 #: (h100-fp8-gluon.json "variants", N = 8k, x the bf16 Gluon forward, non-causal / causal): no turns 1.33 / 1.21;
 #: turns with 3 stages 1.20 / 1.08 (2 or 4 stages 1.33-1.34 / 1.16-1.17); merged, split: 1.28-1.33 / 1.14-1.19
-FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1}
+#: "peeled" (default off, NOT MEASURED on a GPU): the key loop split at the first masked block into an unmasked and a
+#: masked loop with no branch in either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3
+#: Algorithm 2's overlap; with the mask's branch it hoists the wait above them): notes/hopper.md "the P V wait"
+FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default

@@ -121,3 +121,26 @@ def resource_usage(compiled, barriers: bool = False) -> dict:
         for key, pattern in BARRIER_PTX.items():
             out[key] = len(re.findall(pattern, compiled.asm["ptx"]))
     return out
+
+
+def wgmma_wait_order(compiled) -> list[dict]:
+    """Where ptxas put each key loop's two wgmma waits relative to the softmax's exps (FA3 Algorithm 2's
+    intra-warpgroup overlap: the softmax of ``S_j`` runs while ``P_{j-1} V_{j-1}`` is on the tensor cores).
+
+    In a forward key loop the wait for ``S_j`` alone is ``WARPGROUP.DEPBAR.LE gsb0, 0x1`` (one group, the
+    ``P V``, left in flight) and the wait for ``P_{j-1} V_{j-1}`` the next ``WARPGROUP.DEPBAR.LE gsb0, 0x0``. For
+    each ``0x1`` wait (SASS address order): ``{"s_wait", "pv_wait", "first_exp"}`` (byte addresses; the first
+    ``MUFU.EX2`` after the ``S`` wait) and ``exps_before_pv_wait``, the ``MUFU.EX2`` between the two waits: the
+    exps that can overlap ``P V`` (0 when ptxas hoisted the ``P V`` wait above the softmax)."""
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);",
+                       _cuobjdump(compiled, "-sass"))
+    ins = [(int(a, 16), op, rest.strip()) for a, op, rest in lines]
+    out = []
+    for i, (addr, op, rest) in enumerate(ins):
+        if op != "WARPGROUP.DEPBAR.LE" or not rest.endswith("0x1"):
+            continue
+        pv = next((a for a, o, r in ins[i + 1:] if o == "WARPGROUP.DEPBAR.LE" and r.endswith("0x0")), None)
+        exp = next((a for a, o, _ in ins[i + 1:] if o == "MUFU.EX2"), None)
+        n = sum(1 for a, o, _ in ins[i + 1:] if o == "MUFU.EX2" and (pv is None or a < pv))
+        out.append({"s_wait": addr, "pv_wait": pv, "first_exp": exp, "exps_before_pv_wait": n})
+    return out

@@ -57,6 +57,11 @@ FP8_GLUON_HEAD_DIMS = (64, 128)
 HALF_M = 64
 #: log2 of the factor P is multiplied by before its e4m3 rounding (``flash_fp8.P_SHIFT``; the epilogue removes it)
 P_SHIFT = gl.constexpr(8.0)
+#: ``softmax_fp8``'s ``MASK``: test ``j >= full_end`` at run time (a branch in the key loop), never mask (the
+#: peeled loop over blocks ``< full_end``), always mask (the peeled loop over blocks ``>= full_end``)
+MASK_CHECK = gl.constexpr(0)
+MASK_NEVER = gl.constexpr(1)
+MASK_ALWAYS = gl.constexpr(2)
 NAME = "flash_attention_forward_fp8_gluon"
 
 
@@ -65,28 +70,41 @@ NAME = "flash_attention_forward_fp8_gluon"
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
 def softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, scale_j, c_j, s_layout: gl.constexpr,
-                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr):
+                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SPLIT: gl.constexpr,
+                MASK: gl.constexpr = MASK_CHECK):
     """FA2 Algorithm 1, lines 9-10 on one raw FP8 score tile ``s = Q8 K8_j^T`` (fp32), with the FP8 scalings.
 
     ``scale_j = sq sk_j scale log2(e)`` (base-2 scores), ``c_j = log2(sv_j / max sv) <= 0``. Returns
     ``(p, alpha, m_new, l_new)`` with ``p = 2^8 P 2^c_j`` (rounded to e4m3 by the caller), ``alpha`` the factor
     of ``O`` and ``l_new = alpha l + rowsum(p) 2^-c_j`` (carrying the ``2^8``). Masked blocks (diagonal, keys
     past ``N_K``) set invisible scores to ``-inf``; a row that has seen no key uses max 0 (no inf - inf).
-    ``SPLIT``: how the row max and sum are reduced (``row_reduce``).
+    ``SPLIT``: how the row max and sum are reduced (``row_reduce``). ``MASK``: ``MASK_CHECK`` masks the blocks
+    ``j >= full_end`` (a run-time branch), ``MASK_NEVER`` / ``MASK_ALWAYS`` decide at compile time (no branch).
     """
-    if j >= full_end:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = cols[None, :] < N_K
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
-        s = gl.where(visible, s, float("-inf"))
+    if MASK == MASK_ALWAYS:
+        s = mask_scores(s, j, start_m, N_Q, N_K, s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+    elif MASK == MASK_CHECK:
+        if j >= full_end:
+            s = mask_scores(s, j, start_m, N_Q, N_K, s_layout, BLOCK_M, BLOCK_N, CAUSAL)
     m_new = gl.maximum(m_i, row_reduce(s, gl.SliceLayout(1, s_layout), BLOCK_M, BLOCK_N, SPLIT, True) * scale_j)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * scale_j - (m_use - (8.0 + c_j))[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + row_reduce(p, gl.SliceLayout(1, s_layout), BLOCK_M, BLOCK_N, SPLIT, False) * gl.exp2(-c_j)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def mask_scores(s, j, start_m, N_Q, N_K, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr):
+    """``s`` with the scores of keys past ``N_K`` and, ``CAUSAL``, above the bottom-right diagonal (row ``i``
+    sees key ``k`` iff ``k <= i + N_K - N_Q``) set to ``-inf`` (FA2 Algorithm 1, the mask of line 9)."""
+    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    visible = cols[None, :] < N_K
+    if CAUSAL:
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
+    return gl.where(visible, s, float("-inf"))
 
 
 @gluon.jit
@@ -136,11 +154,54 @@ def p_operand(p, p_layout: gl.constexpr, fp8: gl.constexpr, BLOCK_M: gl.constexp
 
 
 @gluon.jit
+def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, kblk0,
+              full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout: gl.constexpr,
+              o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
+              MERGED: gl.constexpr, SPLIT: gl.constexpr, MASK: gl.constexpr):
+    """Iteration ``j >= 1`` of ``attend_fp8``'s key loop (FA3 Algorithm 2): issue ``S_j = Q K_j^T`` and
+    ``O += P_{j-1} V_{j-1}``, wait for ``S_j`` only, free its K slot, softmax (``softmax_fp8``, ``MASK``) while
+    ``P_{j-1} V_{j-1}`` runs, wait for it, free its V slot, rescale ``O``. ``sk, cj``: block ``j``'s scales;
+    returns ``(p, acc, m_i, l_i)`` and block ``j + 1``'s scales (loaded one block ahead)."""
+    fp8: gl.constexpr = k_smem.dtype
+    # P_{j-1} is carried in fp32 and rounded here: an e4m3 tensor carried across the loop is one byte per
+    # register (unpacked and repacked each iteration, measured in the SASS), packed it is 16 registers
+    p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
+    slot = (it0 + j) % STAGES
+    prev = (it0 + j - 1) % STAGES
+    mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
+    mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
+    if TURNS:
+        mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
+    s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+    if TURNS:
+        mbarrier.arrive(turn_bars.index(1 - WG))
+    nxt = gl.minimum(j + 1, hi - 1)
+    sk_n = gl.load(SK + kblk0 + nxt)
+    cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
+    s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
+    if not MERGED:
+        mbarrier.arrive(k_bars.index(STAGES + slot))
+    p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
+                                     BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK)
+    # MASK_CHECK: the mask's branch splits the body into basic blocks and ptxas hoists this wait to the top of
+    # the one holding the softmax, above the first exp; MASK_NEVER / MASK_ALWAYS (no branch) leave it here
+    acc = warpgroup_mma_wait(0, deps=(acc,))
+    if MERGED:
+        mbarrier.arrive(k_bars.index(STAGES + prev))
+    else:
+        mbarrier.arrive(v_bars.index(STAGES + prev))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    return p, acc, m_i, l_i, sk_n, cj_n
+
+
+@gluon.jit
 def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, kblk0, full_end, hi, start_m,
                N_Q, N_K, q_scale, WG, it0, r0, s_layout: gl.constexpr, o_layout: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
-               SPLIT: gl.constexpr):
+               SPLIT: gl.constexpr, PEELED: gl.constexpr):
     """Key blocks ``0 .. hi-1`` of one consumer's 64 query rows (already in ``q_smem``): ``(acc, m_i, l_i)``.
 
     The bf16 kernel's ``flash_gluon.attend_overlapped`` (FA3 Algorithm 2 under ping-pong turns) on e4m3 tiles:
@@ -152,7 +213,8 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
 
     ``TURNS=False``: no ping-pong turns (the two consumers issue as they are ready). ``MERGED``: one release per
     ring slot (``k_bars[STAGES + slot]``, after ``P_j V_j`` is done) instead of K's after ``S_j`` and V's after
-    ``P_j V_j``: one warpgroup barrier + arrive less per key block, K's slot held one step longer.
+    ``P_j V_j``: one warpgroup barrier + arrive less per key block, K's slot held one step longer. ``PEELED``:
+    the loop split at ``full_end`` into an unmasked and a masked loop (``key_block``), no branch in either body.
     """
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
@@ -179,37 +241,25 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
             mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
         p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
                                          s_layout, BLOCK_M, BLOCK_N, CAUSAL, SPLIT)
-        for j in range(1, hi):
-            # P_{j-1} is carried in fp32 and rounded here: an e4m3 tensor carried across the loop is one byte per
-            # register (unpacked and repacked each iteration, measured in the SASS), packed it is 16 registers
-            p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
-            sk = sk_n
-            cj = cj_n
-            slot = (it0 + j) % STAGES
-            prev = (it0 + j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
-            mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
-            if TURNS:
-                mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
-            if TURNS:
-                mbarrier.arrive(turn_bars.index(1 - WG))
-            nxt = gl.minimum(j + 1, hi - 1)
-            sk_n = gl.load(SK + kblk0 + nxt)
-            cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
-            s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
-            if not MERGED:
-                mbarrier.arrive(k_bars.index(STAGES + slot))
-            p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
-                                             s_layout, BLOCK_M, BLOCK_N, CAUSAL, SPLIT)
-            # (ptxas hoists this wait above the softmax in the SASS, as in the bf16 kernel: notes/hopper.md)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            if MERGED:
-                mbarrier.arrive(k_bars.index(STAGES + prev))
-            else:
-                mbarrier.arrive(v_bars.index(STAGES + prev))
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        if PEELED:
+            # keys blocks 1 .. full_end - 1 need no mask, full_end .. hi - 1 do: two loops with no branch in their
+            # bodies, so ptxas keeps the P V wait after the softmax's exps (notes/hopper.md, "the P V wait")
+            for j in range(1, full_end):
+                p, acc, m_i, l_i, sk_n, cj_n = key_block(
+                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
+                    kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_NEVER)
+            for j in range(gl.maximum(full_end, 1), hi):
+                p, acc, m_i, l_i, sk_n, cj_n = key_block(
+                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
+                    kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_ALWAYS)
+        else:
+            for j in range(1, hi):
+                p, acc, m_i, l_i, sk_n, cj_n = key_block(
+                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
+                    kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_CHECK)
         p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
         last = (it0 + hi - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
@@ -234,7 +284,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                   n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, WG: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
-                  SPLIT: gl.constexpr):
+                  SPLIT: gl.constexpr, PEELED: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
     matmul). ``work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
@@ -265,7 +315,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                 acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, turn_bars, SK,
                                            SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
                                            WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
-                                           CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)
+                                           CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output(acc, m_i, l_i, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout, HALF,
                              HEAD_DIM, sv_max, SCALED=True, LSE_SHIFT=P_SHIFT)
@@ -313,7 +363,7 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
 def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, H_Q, GROUP, N_Q, N_K, N_PAD_Q,
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
-                      MERGED: gl.constexpr, SPLIT: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      MERGED: gl.constexpr, SPLIT: gl.constexpr, PEELED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
@@ -340,10 +390,10 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
     gl.warp_specialize([
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED)),
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED)),
         (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
                          GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -417,17 +467,20 @@ def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
 
 
 def check_schedule(schedule) -> dict:
-    """``schedule``: ``{"turns": bool, "merged": bool, "split": 1 | 2 | 4 | 8}`` (``attend_fp8``, ``row_reduce``),
-    default ``configs.FP8_GLUON_SCHEDULE``; ``split`` may be left out (1)."""
+    """``schedule``: ``{"turns": bool, "merged": bool, "split": 1 | 2 | 4 | 8, "peeled": bool}`` (``attend_fp8``,
+    ``row_reduce``), default ``configs.FP8_GLUON_SCHEDULE``; ``split`` (1) and ``peeled`` (False) may be left
+    out."""
     if schedule is None:
         schedule = FP8_GLUON_SCHEDULE
-    if not isinstance(schedule, dict) or not {"turns", "merged"} <= set(schedule) <= {"turns", "merged", "split"}:
-        raise ValueError(f"schedule must be a dict with keys turns, merged (and split), got {schedule!r}")
+    keys = {"turns", "merged", "split", "peeled"}
+    if not isinstance(schedule, dict) or not {"turns", "merged"} <= set(schedule) <= keys:
+        raise ValueError(f"schedule must be a dict with keys turns, merged (and split, peeled), got {schedule!r}")
     split = schedule.get("split", 1)
     if split not in (1, 2, 4, 8) or isinstance(split, bool):
         raise ValueError(f"schedule['split'] must be 1, 2, 4 or 8, got {split!r}")
     return {"turns": check_flag(schedule["turns"], "schedule['turns']"),
-            "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split}
+            "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split,
+            "peeled": check_flag(schedule.get("peeled", False), "schedule['peeled']")}
 
 
 def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True, schedule=None) -> dict:
@@ -436,8 +489,8 @@ def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = T
     bm, bn, stages, warps = config
     sched = check_schedule(schedule)
     return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
-                TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], CONSUMER_REGS=PINGPONG_REGS[0],
-                PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
+                TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], PEELED=sched["peeled"],
+                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
 
 
 def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:
