@@ -412,9 +412,13 @@ for path, data in two:
 #   of §5): causal zig-zag 0.97 / 0.97 / 1.00, contiguous 0.69 / 0.64 / 0.67, backward 0.88 / 0.92 / 0.95,
 #   communication hidden 0.99–1.00.
 # * **The Hopper kernels as the local step** (`step="gluon"`: lecture 6's persistent ping-pong forward and
-#   warp-specialised backward; `h200-ring-gluon-w2.json`, same command with `--step gluon`): at 128k the causal
-#   zig-zag ring runs 1.21x faster than with the Triton step, 601 TFLOP/s per GPU, efficiency 0.84 / 0.94 / 0.99
-#   at 32k / 64k / 128k against one GPU running the same kernels; backward 0.93 / 0.91 / 0.94. Why one kernel call
+#   warp-specialised backward; `h200-ring-gluon-w2.json`, same command with `--step gluon --seqs
+#   32768,65536,131072,262144`): at 128k the causal zig-zag ring runs 1.22x faster than with the Triton step, 604
+#   TFLOP/s per GPU, efficiency 0.92 / 0.94 / 0.99 / 1.02 at 32k / 64k / 128k / 256k against one GPU running the
+#   same kernels; backward 0.91 / 0.94 / 0.95 / 0.94. (The previous run, on another 2 × H200 machine, was
+#   lower at 32k: a 32k ring call is short, so its fixed per-call host cost (notes/ring_attention.md) moves the
+#   ratio by several points between machines; from 64k on, the two runs' forward efficiencies are equal to two
+#   decimals.) Why one kernel call
 #   per step mattered: with the faster kernel the fixed per-step costs weigh more. A profile of one rank on one
 #   H100 (`python3 -m benchmarks.course.profile_ring`, notes/ring_attention.md) found that at 64k the old
 #   decomposition spent 3.5 ms per rank in its five fp32 merges and ran five shorter kernels; one call per step, no
@@ -437,4 +441,4 @@ for path, data in two:
 # * Ulysses (all-to-all over heads) sends `1/W` of the ring's bytes but needs `H ≥ W` and exposes them;
 #   all-gather (Llama 3) sends the ring's bytes in one exposed collective; the ring hides them behind compute.
 # * Measured on two H100s: causal zig-zag 0.95 of perfect scaling at 128k, communication hidden; with the
-#   Hopper kernels as the local step on two H200s, 0.99 at 128k and 601 TFLOP/s per GPU.
+#   Hopper kernels as the local step on two H200s, 0.99 at 128k and 604 TFLOP/s per GPU.
