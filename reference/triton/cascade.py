@@ -65,13 +65,33 @@ class CascadeConfig(KeyBlockConfig):
     #: Hopper only (sm_90+): the prefix pass loads its key blocks as TMA boxes of the contiguous prefix
     #: (a host descriptor on the ``(P, Hkv * d)`` view) instead of pointer loads; elsewhere the pointer loads run
     use_tma: bool = False
+    #: the prefix pass on Hopper (session 6): True runs it as the warp-specialised Gluon prefill
+    #: (``hopper.cascade_prefix_gluon``: 128-row tiles of packed rows, two ping-pong consumer warpgroups, TMA ring)
+    #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
+    #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
+    #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs
+    prefix_gluon: bool | None = None
+    gluon_min_rows: int = 64
+    #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
+    gluon_block_n: int = 128
+    gluon_stages: int = 2
 
     def __post_init__(self):
         super().__post_init__()
-        if self.prefix_first is not None and type(self.prefix_first) is not bool:
-            raise ValueError(f"CascadeConfig.prefix_first must be a bool or None, got {self.prefix_first!r}")
+        for field in ("prefix_first", "prefix_gluon"):
+            v = getattr(self, field)
+            if v is not None and type(v) is not bool:
+                raise ValueError(f"CascadeConfig.{field} must be a bool or None, got {v!r}")
         if type(self.use_tma) is not bool:
             raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
+        if type(self.gluon_min_rows) is not int or self.gluon_min_rows < 1:
+            raise ValueError(f"CascadeConfig.gluon_min_rows must be a positive int, got {self.gluon_min_rows!r}")
+        from .hopper.cascade_prefix_gluon import check_prefix_config
+        try:
+            check_prefix_config(self.gluon_block_n, self.gluon_stages)
+        except ValueError as e:
+            raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
@@ -238,11 +258,17 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
                     stride_ob, stride_oh, batch, n_kv_heads, prefix_len, chunk, n_splits, n_tiles, qk_scale,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
                     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
-                    PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False):
+                    PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False,
+                    PREFIX_DONE: tl.constexpr = False):
+    """``PREFIX_DONE``: an earlier launch (the Gluon prefix pass on Hopper) wrote the prefix states; the grid
+    ``(B, Hkv)`` holds the suffix items only and the last of a tile's requests merges."""
     REQ: tl.constexpr = ROWS // GROUP
     n_states = n_splits + 1
     n_prefix = n_tiles * n_splits
-    if PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
+    if PREFIX_DONE:
+        pid = n_prefix + tl.program_id(0)
+        hk = tl.program_id(1)
+    elif PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
         g = tl.program_id(0)
         if g < n_prefix * n_kv_heads:
             t = g % n_tiles
@@ -256,7 +282,11 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
     else:
         pid = tl.program_id(0)
         hk = tl.program_id(1)
-    if pid < n_prefix:  # prefix item (tile, split)
+    if PREFIX_DONE:  # the prefix pass ran before: suffix items only (no prefix code compiled)
+        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_prefix, hk, n_splits, n_states,
+                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
+    elif pid < n_prefix:  # prefix item (tile, split)
         tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
                             chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
                             DescK, DescV, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP, USE_TMA)
@@ -268,7 +298,11 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
     tl.debug_barrier()
     counter = Counters + tile * n_kv_heads + hk
     ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-    if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+    if PREFIX_DONE:
+        last = tl.minimum(REQ, batch - tile * REQ) - 1
+    else:
+        last = n_splits + tl.minimum(REQ, batch - tile * REQ) - 1
+    if ticket == last:
         tl.debug_barrier()
         _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
                     GROUP, ROWS, HEAD_DIM)
@@ -299,6 +333,26 @@ def _tma_ok(prefix_k, prefix_v) -> bool:
     return (not INTERPRET and prefix_k.device.type == "cuda" and hopper(device_limits(prefix_k.device))
             and prefix_k.dtype in (torch.float16, torch.bfloat16)
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
+
+
+def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v) -> bool:
+    """Whether ``cascade_decode`` runs the prefix pass as the Hopper Gluon kernel: ``config.prefix_gluon``, or
+    when it is None, where the kernel applies (``cascade_prefix_gluon.prefix_ok``) and the batch has at least
+    ``config.gluon_min_rows`` packed rows ``B * G`` per kv head. ``prefix_gluon=True`` where the kernel does
+    not apply raises ``ValueError`` naming the requirement."""
+    if config.prefix_gluon is False or INTERPRET or q.device.type != "cuda":
+        if config.prefix_gluon:
+            raise ValueError("CascadeConfig.prefix_gluon=True needs a Hopper GPU (compute capability 9.0); the "
+                             f"inputs are on {q.device}" + (" under the interpreter" if INTERPRET else ""))
+        return False
+    from .hopper.cascade_prefix_gluon import prefix_ok
+    ok = prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
+    if config.prefix_gluon:
+        if not ok:
+            raise ValueError("CascadeConfig.prefix_gluon=True needs compute capability 9.0, fp16/bf16, d in {64, 128}, "
+                             "Hq/Hkv dividing 64 and a contiguous 16-byte aligned prefix")
+        return True
+    return ok and q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= config.gluon_min_rows
 
 
 def _rows(config: CascadeConfig, batch: int, group: int) -> int:
@@ -385,6 +439,12 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        if isinstance(rec, tuple):  # Hopper: the Gluon prefix launch, then the suffix + merge launch
+            from .hopper.cascade_prefix_gluon import descriptors
+            rec_prefix, rec = rec
+            dk = rec_prefix.args[rec_prefix.slots["desc_k"]]
+            desc_k, desc_v = descriptors(prefix_k, prefix_v, dk.block_shape[0])
+            rec_prefix({"desc_k": desc_k, "desc_v": desc_v, "Q": q})
         dk = rec.args[rec.slots["DescK"]]
         if isinstance(dk, torch.Tensor):
             desc_k, desc_v = prefix_k, prefix_v
@@ -402,16 +462,25 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     cfg = DEFAULT_CONFIG if config is None else config
     scale = _checks.check_scale(scale, d)
     P, g = prefix_k.shape[0], hq // hkv
-    if num_splits is None:
-        num_splits = cascade_num_splits(B, g, hkv, P, cfg)
-    num_splits = min(_checks.check_positive_int(num_splits, "num_splits"), P)
-    chunk = triton.cdiv(triton.cdiv(P, num_splits), cfg.block_n) * cfg.block_n
-    num_splits = triton.cdiv(P, chunk)
+    if num_splits is not None:
+        num_splits = _checks.check_positive_int(num_splits, "num_splits")
     direct = (q.stride(-1) == 1 and all(x.stride(-1) == 1 for x in (prefix_k, prefix_v, k_cache, v_cache))
               and block_tables.stride(1) == 1 and seq_lens.is_contiguous())
     q, prefix_k, prefix_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, prefix_k, prefix_v))
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
-    rows = _rows(cfg, B, g)
+    gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
+    if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
+        from .hopper import cascade_prefix_gluon as cpg
+        if num_splits is None:
+            num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys, cfg.programs_per_sm)
+        key_block, rows = cfg.gluon_block_n, cpg.HALF.value
+    else:
+        if num_splits is None:
+            num_splits = cascade_num_splits(B, g, hkv, P, cfg)
+        key_block, rows = cfg.block_n, _rows(cfg, B, g)
+    num_splits = min(num_splits, P)
+    chunk = triton.cdiv(triton.cdiv(P, num_splits), key_block) * key_block
+    num_splits = triton.cdiv(P, chunk)
     n_tiles = triton.cdiv(B, rows // g)
     o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
@@ -426,8 +495,11 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     else:
         desc_k, desc_v = prefix_k, prefix_v
     n_items = n_tiles * num_splits + B
-    prefix_first = prefix_first_order(n_tiles * num_splits * hkv, cfg)
-    grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
+    prefix_first = not gluon and prefix_first_order(n_tiles * num_splits * hkv, cfg)
+    if gluon:
+        grid = (B, hkv)  # suffix items only; the merge waits for its tile's requests
+    else:
+        grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
             desc_k, desc_v,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
@@ -435,12 +507,22 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
     meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
-                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if key is not None and direct and q.is_contiguous():
+                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma and not gluon,
+                PREFIX_DONE=gluon, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    record = key is not None and direct and q.is_contiguous()
+    rec_prefix = None
+    if gluon:  # launch 1 of 2: prefix states 0 .. S-1 of every 64-row tile
+        grid_p, args_p, meta_p = cpg.launch_spec(q, prefix_k, prefix_v, o_part, l_part, num_splits, chunk, scale,
+                                                 cfg.gluon_block_n, cfg.gluon_stages)
+        if record:
+            rec_prefix = _fastlaunch.launch_and_record(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p,
+                                                       cpg.SLOTS)
+        else:
+            cpg.cascade_prefix_kernel[grid_p](*args_p, **meta_p)
+    if record:
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
-        if recd is not None:
-            LAUNCH_CACHE.put(key, recd)
+        if recd is not None and (not gluon or rec_prefix is not None):
+            LAUNCH_CACHE.put(key, (rec_prefix, recd) if gluon else recd)
     else:
         _cascade_kernel[grid](*args, **meta)
     return out, lse
