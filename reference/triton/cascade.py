@@ -487,7 +487,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     counters = _counters(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
-    use_tma = cfg.use_tma and _tma_ok(prefix_k, prefix_v)
+    use_tma = cfg.use_tma and not gluon and _tma_ok(prefix_k, prefix_v)
     if use_tma:  # (P, Hkv * d) views, boxes (block_n, d)
         from triton.tools.tensor_descriptor import TensorDescriptor
         desc_k, desc_v = (TensorDescriptor(x, [P, hkv * d], [hkv * d, 1], [cfg.block_n, d])
@@ -507,7 +507,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
     meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
-                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma and not gluon,
+                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
                 PREFIX_DONE=gluon, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     record = key is not None and direct and q.is_contiguous()
     rec_prefix = None
