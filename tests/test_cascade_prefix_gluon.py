@@ -28,7 +28,10 @@ out = {}
 for name, kw in (("g4_d128_s2", {}), ("g4_d128_s3", dict(stages=3)), ("g8_d64", dict(group=8, head_dim=64))):
     c = compile_cascade_prefix(**kw)
     out[name] = dict(resource_usage(c), named_bar_128="bar.sync \\t2, 128;" in c.asm["ptx"])
-print(json.dumps(out))
+from reference.triton import cascade
+out_t = {"suffix_merge": resource_usage(cascade.compile_sm90(prefix_done=True)),
+         "one_launch": resource_usage(cascade.compile_sm90())}
+print(json.dumps([out, out_t]))
 """
 
 
@@ -37,12 +40,17 @@ print(json.dumps(out))
 def test_sm90_compile_runs_on_wgmma_tma_and_warp_specialised_without_spills():
     """Compiled for sm_90a on the CPU: wgmma (HGMMA, no mma.sync), TMA loads, setmaxnreg budgets (168 registers
     a thread kernel-wide), a named barrier of one warpgroup (128 threads) before its Q tile is read, no spills,
-    shared memory within a CTA's 227 KiB (3 stages at d = 128 fit: 229,688 B)."""
+    shared memory within a CTA's 227 KiB (3 stages at d = 128 fit: 229,688 B). The Triton kernel's suffix-and-merge
+    launch that follows (``PREFIX_DONE``) compiles without the prefix tiles."""
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, "-c", _AOT_CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    u = json.loads(out.stdout.strip().splitlines()[-1])
+    u, t = json.loads(out.stdout.strip().splitlines()[-1])
+    # the suffix-and-merge kernel after it: no prefix tiles compiled (no wgmma), mma.sync suffix tiles, no spills
+    assert t["suffix_merge"]["HGMMA"] == 0 and t["suffix_merge"]["HMMA"] > 0, t
+    assert t["suffix_merge"]["LDL"] == 0 and t["suffix_merge"]["STL"] == 0, t
+    assert t["one_launch"]["HGMMA"] > 0, t
     for name, usage in u.items():
         assert usage["HGMMA"] > 0 and usage["HMMA"] == 0 and usage["UTMALDG"] > 0, (name, usage)
         assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, (name, usage)

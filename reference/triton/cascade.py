@@ -529,9 +529,11 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
 
 
 def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
-                 prefix_first: bool = False, use_tma: bool = False, group: int = 4, d: int = 128, page: int = 16):
+                 prefix_first: bool = False, use_tma: bool = False, group: int = 4, d: int = 128, page: int = 16,
+                 prefix_done: bool = False):
     """The cascade kernel compiled for sm_90a on any machine (``serving_aot``): bf16, GQA group ``group``, head
-    dim ``d``, ``page``-token suffix pages; ``rows`` the prefix tile's rows."""
+    dim ``d``, ``page``-token suffix pages; ``rows`` the prefix tile's rows; ``prefix_done``: the suffix-and-merge
+    kernel that follows the Gluon prefix pass on Hopper."""
     from .serving_aot import compile_with_hints
     k = _cascade_kernel
     ptrs = {"Q": "*bf16", "PK": "*bf16", "PV": "*bf16", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "SeqLens": "*i32",
@@ -539,6 +541,6 @@ def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stag
     desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
     types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
     const = dict(GROUP=group, HEAD_DIM=d, ROWS=rows, SMALL=max(16, group), BLOCK_N=block_n, PAGE=page, INTERP=False,
-                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma)
+                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma, PREFIX_DONE=prefix_done)
     div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["prefix_len", "chunk"]
     return compile_with_hints(k, types, const, div, num_warps, num_stages)
