@@ -24,7 +24,8 @@ eager calls). Sections:
   ``paged_decode`` of the suffixes) against the copy bandwidth measured in the same run. On Hopper also both
   prefix paths in the same process (``cascade_triton``: the one-launch Triton kernel; ``cascade_gluon``: the Gluon
   prefix launch + the suffix/merge launch, ``reference.triton.hopper.cascade_prefix_gluon``; ``_s3``: 3 ring
-  stages; ``_pps2``: twice the key splits), each with its prefix pass alone (``prefix_pass_*``); ``cascade`` is
+  stages; ``_n64``: 64-key blocks, 4 stages; ``_pps2``: twice the key splits; ``kernel_us``: each launch's GPU time
+  from the profiler), each with its prefix pass alone (``prefix_pass_*``); ``cascade`` is
   the default configuration (``row["default_prefix"]`` says which path it took).
 
 ``--results-name cascade`` writes ``<gpu>-cascade.json`` instead (a run of one section beside the full file).
@@ -296,12 +297,35 @@ def _cascade(log, copy_bw):
             f"{k} {row['tb_per_s_graph'][k]:.2f} TB/s ({row['fraction_of_copy_bw'][k]:.2f})"
             for k in ("cascade", "cascade_separate", "prefix_pass", "suffix_pass", "paged")))
         if variants:
+            row["kernel_us"] = _kernel_us({k: fns[k] for k in ("cascade_triton", "cascade_gluon",
+                                                                "prefix_pass_triton", "prefix_pass_gluon")}, log)
             log("    prefix paths (graph us, fraction of copy): " + ", ".join(
                 f"{k} {g[k] * 1e3:.1f} ({row['fraction_of_copy_bw'][k]:.2f})" for k in fns
                 if k.startswith(("cascade_", "prefix_pass_")) and k != "cascade_separate"))
         del kc, vc, prefix_k, prefix_v
         bd.empty_cache()
     return rows
+
+
+def _kernel_us(fns: dict, log) -> dict:
+    """Per-kernel GPU time (torch.profiler, mean of 10 eager calls) of each of ``fns``: an added measurement beside
+    the graph times, saying which launch of a path the microseconds go to."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for name, f in fns.items():
+        try:
+            f()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    f()
+                torch.cuda.synchronize()
+            out[name] = {e.key[:60]: round(e.device_time_total / e.count, 2) for e in prof.key_averages()
+                         if e.device_time_total > 0}
+        except Exception as exc:  # noqa: BLE001 - an added measurement never costs the benchmark
+            out[name] = {"error": repr(exc)[:200]}
+        log(f"    kernels {name}: " + ", ".join(f"{k[:36]} {t}" for k, t in out[name].items()))
+    return out
 
 
 def _cascade_variants(q, prefix_k, prefix_v) -> dict:
@@ -313,6 +337,7 @@ def _cascade_variants(q, prefix_k, prefix_v) -> dict:
         return {}
     return {"triton": dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=False), "gluon": gl,
             "gluon_s3": dataclasses.replace(gl, gluon_stages=3),
+            "gluon_n64": dataclasses.replace(gl, gluon_block_n=64, gluon_stages=4),
             "gluon_pps2": dataclasses.replace(gl, programs_per_sm=2 * gl.programs_per_sm)}
 
 

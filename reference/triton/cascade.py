@@ -252,6 +252,41 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states
 
 
 @triton.jit
+def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads,
+                       stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                       stride_tb, stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       ROWS: tl.constexpr, SMALL: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                       INTERP: tl.constexpr):
+    """Request ``b``'s G rows over its own pages, then the lse rule over this state and the ``S`` prefix states an
+    earlier launch wrote for its rows (slots ``0 .. S-1`` of its tile): every request merges its own rows in
+    parallel, no ticket and no partial write of the suffix state (the merge of ``_merge_tile``, G rows wide)."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    n_keys = tl.load(SeqLens + b).to(tl.int32)
+    o, lse2 = _attend_rows(Q, tl.zeros([SMALL], tl.int32) + b, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb,
+                           hk, 0, n_keys, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                           stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
+    m = tl.full([SMALL], float("-inf"), tl.float32)
+    den = tl.zeros([SMALL], tl.float32)
+    num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
+    m, den, num = lse_merge_step(m, den, num, lse2, o)
+    for s in range(0, n_splits):
+        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"))
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    out, lse = lse_merge_finish(m, den, num)
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+
+
+@triton.jit
 def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, DescK, DescV,
                     stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
@@ -261,52 +296,48 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
                     PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False,
                     PREFIX_DONE: tl.constexpr = False):
     """``PREFIX_DONE``: an earlier launch (the Gluon prefix pass on Hopper) wrote the prefix states; the grid
-    ``(B, Hkv)`` holds the suffix items only and the last of a tile's requests merges."""
+    ``(B, Hkv)`` holds the suffix items only, each merging its own request's rows (``_suffix_merge_item``)."""
     REQ: tl.constexpr = ROWS // GROUP
     n_states = n_splits + 1
     n_prefix = n_tiles * n_splits
-    if PREFIX_DONE:
-        pid = n_prefix + tl.program_id(0)
-        hk = tl.program_id(1)
-    elif PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
-        g = tl.program_id(0)
-        if g < n_prefix * n_kv_heads:
-            t = g % n_tiles
-            rest = g // n_tiles
-            hk = rest // n_splits
-            pid = t * n_splits + rest % n_splits
+    if PREFIX_DONE:  # no prefix code compiled, no tickets: the prefix states are complete at launch
+        _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, tl.program_id(0), tl.program_id(1),
+                           n_splits, n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                           stride_vs, stride_vh, stride_tb, stride_ob, stride_oh, qk_scale, GROUP, HEAD_DIM, ROWS,
+                           SMALL, BLOCK_N, PAGE, INTERP)
+    else:
+        if PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
+            g = tl.program_id(0)
+            if g < n_prefix * n_kv_heads:
+                t = g % n_tiles
+                rest = g // n_tiles
+                hk = rest // n_splits
+                pid = t * n_splits + rest % n_splits
+            else:
+                g -= n_prefix * n_kv_heads
+                hk = g % n_kv_heads
+                pid = n_prefix + g // n_kv_heads
         else:
-            g -= n_prefix * n_kv_heads
-            hk = g % n_kv_heads
-            pid = n_prefix + g // n_kv_heads
-    else:
-        pid = tl.program_id(0)
-        hk = tl.program_id(1)
-    if PREFIX_DONE:  # the prefix pass ran before: suffix items only (no prefix code compiled)
-        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_prefix, hk, n_splits, n_states,
-                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
-    elif pid < n_prefix:  # prefix item (tile, split)
-        tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
-                            chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
-                            DescK, DescV, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP, USE_TMA)
-    else:  # suffix item: request b's G rows over its pages
-        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
-                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
-    # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
-    tl.debug_barrier()
-    counter = Counters + tile * n_kv_heads + hk
-    ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-    if PREFIX_DONE:
-        last = tl.minimum(REQ, batch - tile * REQ) - 1
-    else:
-        last = n_splits + tl.minimum(REQ, batch - tile * REQ) - 1
-    if ticket == last:
+            pid = tl.program_id(0)
+            hk = tl.program_id(1)
+        if pid < n_prefix:  # prefix item (tile, split)
+            tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch,
+                                prefix_len, chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn,
+                                stride_pvh, qk_scale, DescK, DescV, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP, USE_TMA)
+        else:  # suffix item: request b's G rows over its pages
+            tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits,
+                                n_states, n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                                stride_vs, stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE,
+                                INTERP)
+        # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
         tl.debug_barrier()
-        _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                    GROUP, ROWS, HEAD_DIM)
-        tl.atomic_xchg(counter, 0)
+        counter = Counters + tile * n_kv_heads + hk
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
+        if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+            tl.debug_barrier()
+            _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
+                        GROUP, ROWS, HEAD_DIM)
+            tl.atomic_xchg(counter, 0)
 
 
 def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, config: CascadeConfig | None = None,
