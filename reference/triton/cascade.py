@@ -70,9 +70,11 @@ class CascadeConfig(KeyBlockConfig):
     #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
     #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
     #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
-    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 128 rows (B >= 32 at
+    #: G = 4): H100 graph times in one process (``h100-cascade.json``, notes/serving_perf.md session 6), Gluon vs
+    #: Triton: B=8 98.1 vs 76.7 us, B=16 114.7 vs 108.9, B=32 126.0 vs 139.2, B=64 168.1 vs 207.3
     prefix_gluon: bool | None = None
-    gluon_min_rows: int = 64
+    gluon_min_rows: int = 128
     #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
     gluon_block_n: int = 128
     gluon_stages: int = 2
