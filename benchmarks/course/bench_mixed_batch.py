@@ -21,7 +21,14 @@ eager calls). Sections:
 * cascade: a 32k shared prefix + 1k suffix per request, B = 8..64: the one-launch ``cascade_decode`` vs the
   three-launch ``cascade_decode_separate`` vs ``paged_decode`` of the full sequences; graph and eager times, and
   the effective bandwidth of the whole call and of each pass (prefix alone: suffixes of length 0; suffixes alone:
-  ``paged_decode`` of the suffixes) against the copy bandwidth measured in the same run.
+  ``paged_decode`` of the suffixes) against the copy bandwidth measured in the same run. On Hopper also both
+  prefix paths in the same process (``cascade_triton``: the one-launch Triton kernel; ``cascade_gluon``: the Gluon
+  prefix launch + the suffix/merge launch, ``reference.triton.hopper.cascade_prefix_gluon``; ``_s3``: 3 ring
+  stages; ``_n64``: 64-key blocks, 4 stages; ``_pps2``: twice the key splits; ``kernel_us``: each launch's GPU time
+  from the profiler), each with its prefix pass alone (``prefix_pass_*``); ``cascade`` is
+  the default configuration (``row["default_prefix"]`` says which path it took).
+
+``--results-name cascade`` writes ``<gpu>-cascade.json`` instead (a run of one section beside the full file).
 
 Writes ``<gpu>-mixed-batch.json`` after every section.
 """
@@ -43,6 +50,7 @@ from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_for
                               paged_prefill)
 from reference.triton import configs
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
+from reference.triton.cascade import DEFAULT_CONFIG as CASCADE_DEFAULT, use_gluon_prefix
 from reference.triton.serving import cascade_decode_separate
 
 HQ, HKV, D = bd.HQ, bd.HKV, bd.D
@@ -243,6 +251,12 @@ def _cascade(log, copy_bw):
         row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=bd.rel(oc, op),
                    rel_err_vs_separate=bd.rel(oc, os_), recorded_equal=bool(torch.equal(oc, oc2)))
         assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
+        variants = _cascade_variants(q, prefix_k, prefix_v)
+        row["default_prefix"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v) else "triton"
+        for name, cfg in variants.items():  # each path vs the float64-checked paged decode, before timing
+            ov, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, config=cfg)
+            row.setdefault("rel_err_vs_paged_variants", {})[name] = err = bd.rel(ov, op)
+            assert err < 2e-2, (name, err)
         fns = {
             "cascade": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, validate=False),
             "cascade_separate": lambda: cascade_decode_separate(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len,
@@ -251,11 +265,22 @@ def _cascade(log, copy_bw):
             "prefix_pass": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, zero_len, validate=False),
             "suffix_pass": lambda: paged_decode(q, kc, vc, suf_tab, suf_len, validate=False),
         }
+        for name, cfg in variants.items():
+            fns[f"cascade_{name}"] = (lambda c: lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len,
+                                                                       validate=False, config=c))(cfg)
+            if name in ("triton", "gluon"):
+                fns[f"prefix_pass_{name}"] = (lambda c: lambda: cascade_decode(
+                    q, prefix_k, prefix_v, kc, vc, suf_tab, zero_len, validate=False, config=c))(cfg)
         row["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in fns.items()}
         row["ms_loop"] = {k: _common.loop_ms(fns[k], 100, warmup=10, smoke=SMOKE)
                           for k in ("cascade", "cascade_separate", "paged")}
         row["bytes"] = bd.shared_prefix_bytes(B, P, S)
         row["bytes"]["cascade_separate"] = row["bytes"]["cascade"]
+        for k in fns:
+            if k.startswith("cascade_") and k != "cascade_separate":
+                row["bytes"][k] = row["bytes"]["cascade"]
+            elif k.startswith("prefix_pass_"):
+                row["bytes"][k] = row["bytes"]["prefix_pass"]
         row["tb_per_s_graph"] = {k: row["bytes"][k] / (row["ms_graph"][k] * 1e-3) / 1e12 for k in row["bytes"]}
         row["fraction_of_copy_bw"] = {k: v * 1e12 / copy_bw for k, v in row["tb_per_s_graph"].items()}
         g, lp = row["ms_graph"], row["ms_loop"]
@@ -271,9 +296,49 @@ def _cascade(log, copy_bw):
         log("    effective bandwidth (fraction of copy): " + ", ".join(
             f"{k} {row['tb_per_s_graph'][k]:.2f} TB/s ({row['fraction_of_copy_bw'][k]:.2f})"
             for k in ("cascade", "cascade_separate", "prefix_pass", "suffix_pass", "paged")))
+        if variants:
+            row["kernel_us"] = _kernel_us({k: fns[k] for k in ("cascade_triton", "cascade_gluon",
+                                                                "prefix_pass_triton", "prefix_pass_gluon")}, log)
+            log("    prefix paths (graph us, fraction of copy): " + ", ".join(
+                f"{k} {g[k] * 1e3:.1f} ({row['fraction_of_copy_bw'][k]:.2f})" for k in fns
+                if k.startswith(("cascade_", "prefix_pass_")) and k != "cascade_separate"))
         del kc, vc, prefix_k, prefix_v
         bd.empty_cache()
     return rows
+
+
+def _kernel_us(fns: dict, log) -> dict:
+    """Per-kernel GPU time (torch.profiler, mean of 10 eager calls) of each of ``fns``: an added measurement beside
+    the graph times, saying which launch of a path the microseconds go to."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for name, f in fns.items():
+        try:
+            f()
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(10):
+                    f()
+                torch.cuda.synchronize()
+            out[name] = {e.key[:60]: round(e.device_time_total / e.count, 2) for e in prof.key_averages()
+                         if e.device_time_total > 0}
+        except Exception as exc:  # noqa: BLE001 - an added measurement never costs the benchmark
+            out[name] = {"error": repr(exc)[:200]}
+        log(f"    kernels {name}: " + ", ".join(f"{k[:36]} {t}" for k, t in out[name].items()))
+    return out
+
+
+def _cascade_variants(q, prefix_k, prefix_v) -> dict:
+    """The prefix paths timed side by side where the Gluon one applies (Hopper): name -> CascadeConfig."""
+    import dataclasses
+    gl = dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=True)
+    if SMOKE or not use_gluon_prefix(dataclasses.replace(gl, prefix_gluon=None, gluon_min_rows=1), q, prefix_k,
+                                     prefix_v):
+        return {}
+    return {"triton": dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=False), "gluon": gl,
+            "gluon_s3": dataclasses.replace(gl, gluon_stages=3),
+            "gluon_n64": dataclasses.replace(gl, gluon_block_n=64, gluon_stages=4),
+            "gluon_pps2": dataclasses.replace(gl, programs_per_sm=2 * gl.programs_per_sm)}
 
 
 def main(argv=None):
@@ -281,6 +346,8 @@ def main(argv=None):
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
     ap.add_argument("--sections", default="mixed,prefill,cascade")
+    ap.add_argument("--results-name", default="mixed-batch",
+                    help="results file <gpu>-<name>.json (e.g. 'cascade' for a run of that section alone)")
     args = ap.parse_args(argv)
     global SMOKE
     SMOKE = args.smoke
@@ -296,7 +363,7 @@ def _run(args, t0, log):
                          date=time.strftime("%Y-%m-%d %H:%M:%S"),
                          timing="ms: do_bench median (L2 flushed); ms_graph: CUDA-graph replay GPU time; "
                                 "ms_loop: wall time per call of back-to-back eager calls"))
-    path = os.path.join(args.out, f"{_common.result_tag(SMOKE)}-mixed-batch.json")
+    path = os.path.join(args.out, f"{_common.result_tag(SMOKE)}-{args.results_name}.json")
     sections = dict(mixed=lambda: mixed_section(log), prefill=lambda: prefill_section(log),
                     cascade=lambda: cascade_section(log, copy_bw))
     _common.run_sections(sections, args.sections, out, path, log, t0)

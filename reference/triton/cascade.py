@@ -65,13 +65,35 @@ class CascadeConfig(KeyBlockConfig):
     #: Hopper only (sm_90+): the prefix pass loads its key blocks as TMA boxes of the contiguous prefix
     #: (a host descriptor on the ``(P, Hkv * d)`` view) instead of pointer loads; elsewhere the pointer loads run
     use_tma: bool = False
+    #: the prefix pass on Hopper (session 6): True runs it as the warp-specialised Gluon prefill
+    #: (``hopper.cascade_prefix_gluon``: 128-row tiles of packed rows, two ping-pong consumer warpgroups, TMA ring)
+    #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
+    #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
+    #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 128 rows (B >= 32 at
+    #: G = 4): H100 graph times in one process (``h100-cascade.json``, notes/serving_perf.md session 6), Gluon vs
+    #: Triton: B=8 98.1 vs 76.7 us, B=16 114.7 vs 108.9, B=32 126.0 vs 139.2, B=64 168.1 vs 207.3
+    prefix_gluon: bool | None = None
+    gluon_min_rows: int = 128
+    #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
+    gluon_block_n: int = 128
+    gluon_stages: int = 2
 
     def __post_init__(self):
         super().__post_init__()
-        if self.prefix_first is not None and type(self.prefix_first) is not bool:
-            raise ValueError(f"CascadeConfig.prefix_first must be a bool or None, got {self.prefix_first!r}")
+        for field in ("prefix_first", "prefix_gluon"):
+            v = getattr(self, field)
+            if v is not None and type(v) is not bool:
+                raise ValueError(f"CascadeConfig.{field} must be a bool or None, got {v!r}")
         if type(self.use_tma) is not bool:
             raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
+        if type(self.gluon_min_rows) is not int or self.gluon_min_rows < 1:
+            raise ValueError(f"CascadeConfig.gluon_min_rows must be a positive int, got {self.gluon_min_rows!r}")
+        from .hopper.cascade_prefix_gluon import check_prefix_config
+        try:
+            check_prefix_config(self.gluon_block_n, self.gluon_stages)
+        except ValueError as e:
+            raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
 
 
 DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
@@ -232,47 +254,92 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states
 
 
 @triton.jit
+def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads,
+                       stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                       stride_tb, stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
+                       ROWS: tl.constexpr, SMALL: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+                       INTERP: tl.constexpr):
+    """Request ``b``'s G rows over its own pages, then the lse rule over this state and the ``S`` prefix states an
+    earlier launch wrote for its rows (slots ``0 .. S-1`` of its tile): every request merges its own rows in
+    parallel, no ticket and no partial write of the suffix state (the merge of ``_merge_tile``, G rows wide)."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    n_keys = tl.load(SeqLens + b).to(tl.int32)
+    o, lse2 = _attend_rows(Q, tl.zeros([SMALL], tl.int32) + b, heads, row_ok, KC, VC, BT + b.to(tl.int64) * stride_tb,
+                           hk, 0, n_keys, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
+                           stride_vh, qk_scale, SMALL, HEAD_DIM, BLOCK_N, PAGE, INTERP)
+    m = tl.full([SMALL], float("-inf"), tl.float32)
+    den = tl.zeros([SMALL], tl.float32)
+    num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
+    m, den, num = lse_merge_step(m, den, num, lse2, o)
+    for s in range(0, n_splits):
+        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"))
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    out, lse = lse_merge_finish(m, den, num)
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+
+
+@triton.jit
 def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, DescK, DescV,
                     stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
                     stride_ob, stride_oh, batch, n_kv_heads, prefix_len, chunk, n_splits, n_tiles, qk_scale,
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
                     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
-                    PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False):
+                    PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False,
+                    PREFIX_DONE: tl.constexpr = False):
+    """``PREFIX_DONE``: an earlier launch (the Gluon prefix pass on Hopper) wrote the prefix states; the grid
+    ``(B, Hkv)`` holds the suffix items only, each merging its own request's rows (``_suffix_merge_item``)."""
     REQ: tl.constexpr = ROWS // GROUP
     n_states = n_splits + 1
     n_prefix = n_tiles * n_splits
-    if PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
-        g = tl.program_id(0)
-        if g < n_prefix * n_kv_heads:
-            t = g % n_tiles
-            rest = g // n_tiles
-            hk = rest // n_splits
-            pid = t * n_splits + rest % n_splits
-        else:
-            g -= n_prefix * n_kv_heads
-            hk = g % n_kv_heads
-            pid = n_prefix + g // n_kv_heads
+    if PREFIX_DONE:  # no prefix code compiled, no tickets: the prefix states are complete at launch
+        _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, tl.program_id(0), tl.program_id(1),
+                           n_splits, n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                           stride_vs, stride_vh, stride_tb, stride_ob, stride_oh, qk_scale, GROUP, HEAD_DIM, ROWS,
+                           SMALL, BLOCK_N, PAGE, INTERP)
     else:
-        pid = tl.program_id(0)
-        hk = tl.program_id(1)
-    if pid < n_prefix:  # prefix item (tile, split)
-        tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch, prefix_len,
-                            chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh, qk_scale,
-                            DescK, DescV, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP, USE_TMA)
-    else:  # suffix item: request b's G rows over its pages
-        tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits, n_states,
-                            n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs,
-                            stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP)
-    # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
-    tl.debug_barrier()
-    counter = Counters + tile * n_kv_heads + hk
-    ticket = tl.atomic_add(counter, 1, sem="acq_rel")
-    if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+        if PREFIX_FIRST:  # 1-D grid: every head's prefix items (tiles of a chunk adjacent), then the suffix items
+            g = tl.program_id(0)
+            if g < n_prefix * n_kv_heads:
+                t = g % n_tiles
+                rest = g // n_tiles
+                hk = rest // n_splits
+                pid = t * n_splits + rest % n_splits
+            else:
+                g -= n_prefix * n_kv_heads
+                hk = g % n_kv_heads
+                pid = n_prefix + g // n_kv_heads
+        else:
+            pid = tl.program_id(0)
+            hk = tl.program_id(1)
+        if pid < n_prefix:  # prefix item (tile, split)
+            tile = _prefix_item(Q, PK, PV, BT, OPart, LPart, pid, hk, n_splits, n_states, n_kv_heads, batch,
+                                prefix_len, chunk, stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn,
+                                stride_pvh, qk_scale, DescK, DescV, GROUP, HEAD_DIM, ROWS, BLOCK_N, INTERP, USE_TMA)
+        else:  # suffix item: request b's G rows over its pages
+            tile = _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, pid - n_tiles * n_splits, hk, n_splits,
+                                n_states, n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                                stride_vs, stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE,
+                                INTERP)
+        # the last of the tile's S prefix items and its requests' suffix items merges (acq_rel publishes partials)
         tl.debug_barrier()
-        _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
-                    GROUP, ROWS, HEAD_DIM)
-        tl.atomic_xchg(counter, 0)
+        counter = Counters + tile * n_kv_heads + hk
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel")
+        if ticket == n_splits + tl.minimum(REQ, batch - tile * REQ) - 1:
+            tl.debug_barrier()
+            _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
+                        GROUP, ROWS, HEAD_DIM)
+            tl.atomic_xchg(counter, 0)
 
 
 def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, config: CascadeConfig | None = None,
@@ -299,6 +366,26 @@ def _tma_ok(prefix_k, prefix_v) -> bool:
     return (not INTERPRET and prefix_k.device.type == "cuda" and hopper(device_limits(prefix_k.device))
             and prefix_k.dtype in (torch.float16, torch.bfloat16)
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
+
+
+def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v) -> bool:
+    """Whether ``cascade_decode`` runs the prefix pass as the Hopper Gluon kernel: ``config.prefix_gluon``, or
+    when it is None, where the kernel applies (``cascade_prefix_gluon.prefix_ok``) and the batch has at least
+    ``config.gluon_min_rows`` packed rows ``B * G`` per kv head. ``prefix_gluon=True`` where the kernel does
+    not apply raises ``ValueError`` naming the requirement."""
+    if config.prefix_gluon is False or INTERPRET or q.device.type != "cuda":
+        if config.prefix_gluon:
+            raise ValueError("CascadeConfig.prefix_gluon=True needs a Hopper GPU (compute capability 9.0); the "
+                             f"inputs are on {q.device}" + (" under the interpreter" if INTERPRET else ""))
+        return False
+    from .hopper.cascade_prefix_gluon import prefix_ok
+    ok = prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
+    if config.prefix_gluon:
+        if not ok:
+            raise ValueError("CascadeConfig.prefix_gluon=True needs compute capability 9.0, fp16/bf16, d in {64, 128}, "
+                             "Hq/Hkv dividing 64 and a contiguous 16-byte aligned prefix")
+        return True
+    return ok and q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= config.gluon_min_rows
 
 
 def _rows(config: CascadeConfig, batch: int, group: int) -> int:
@@ -385,6 +472,12 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
+        if isinstance(rec, tuple):  # Hopper: the Gluon prefix launch, then the suffix + merge launch
+            from .hopper.cascade_prefix_gluon import descriptors
+            rec_prefix, rec = rec
+            dk = rec_prefix.args[rec_prefix.slots["desc_k"]]
+            desc_k, desc_v = descriptors(prefix_k, prefix_v, dk.block_shape[0])
+            rec_prefix({"desc_k": desc_k, "desc_v": desc_v, "Q": q})
         dk = rec.args[rec.slots["DescK"]]
         if isinstance(dk, torch.Tensor):
             desc_k, desc_v = prefix_k, prefix_v
@@ -402,23 +495,32 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     cfg = DEFAULT_CONFIG if config is None else config
     scale = _checks.check_scale(scale, d)
     P, g = prefix_k.shape[0], hq // hkv
-    if num_splits is None:
-        num_splits = cascade_num_splits(B, g, hkv, P, cfg)
-    num_splits = min(_checks.check_positive_int(num_splits, "num_splits"), P)
-    chunk = triton.cdiv(triton.cdiv(P, num_splits), cfg.block_n) * cfg.block_n
-    num_splits = triton.cdiv(P, chunk)
+    if num_splits is not None:
+        num_splits = _checks.check_positive_int(num_splits, "num_splits")
     direct = (q.stride(-1) == 1 and all(x.stride(-1) == 1 for x in (prefix_k, prefix_v, k_cache, v_cache))
               and block_tables.stride(1) == 1 and seq_lens.is_contiguous())
     q, prefix_k, prefix_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, prefix_k, prefix_v))
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
-    rows = _rows(cfg, B, g)
+    gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
+    if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
+        from .hopper import cascade_prefix_gluon as cpg
+        if num_splits is None:
+            num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys, cfg.programs_per_sm)
+        key_block, rows = cfg.gluon_block_n, cpg.HALF.value
+    else:
+        if num_splits is None:
+            num_splits = cascade_num_splits(B, g, hkv, P, cfg)
+        key_block, rows = cfg.block_n, _rows(cfg, B, g)
+    num_splits = min(num_splits, P)
+    chunk = triton.cdiv(triton.cdiv(P, num_splits), key_block) * key_block
+    num_splits = triton.cdiv(P, chunk)
     n_tiles = triton.cdiv(B, rows // g)
     o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
     counters = _counters(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
-    use_tma = cfg.use_tma and _tma_ok(prefix_k, prefix_v)
+    use_tma = cfg.use_tma and not gluon and _tma_ok(prefix_k, prefix_v)
     if use_tma:  # (P, Hkv * d) views, boxes (block_n, d)
         from triton.tools.tensor_descriptor import TensorDescriptor
         desc_k, desc_v = (TensorDescriptor(x, [P, hkv * d], [hkv * d, 1], [cfg.block_n, d])
@@ -426,8 +528,11 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     else:
         desc_k, desc_v = prefix_k, prefix_v
     n_items = n_tiles * num_splits + B
-    prefix_first = prefix_first_order(n_tiles * num_splits * hkv, cfg)
-    grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
+    prefix_first = not gluon and prefix_first_order(n_tiles * num_splits * hkv, cfg)
+    if gluon:
+        grid = (B, hkv)  # suffix items only; the merge waits for its tile's requests
+    else:
+        grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
             desc_k, desc_v,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
@@ -436,20 +541,32 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
     meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
                 PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if key is not None and direct and q.is_contiguous():
+                PREFIX_DONE=gluon, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    record = key is not None and direct and q.is_contiguous()
+    rec_prefix = None
+    if gluon:  # launch 1 of 2: prefix states 0 .. S-1 of every 64-row tile
+        grid_p, args_p, meta_p = cpg.launch_spec(q, prefix_k, prefix_v, o_part, l_part, num_splits, chunk, scale,
+                                                 cfg.gluon_block_n, cfg.gluon_stages)
+        if record:
+            rec_prefix = _fastlaunch.launch_and_record(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p,
+                                                       cpg.SLOTS)
+        else:
+            cpg.cascade_prefix_kernel[grid_p](*args_p, **meta_p)
+    if record:
         recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
-        if recd is not None:
-            LAUNCH_CACHE.put(key, recd)
+        if recd is not None and (not gluon or rec_prefix is not None):
+            LAUNCH_CACHE.put(key, (rec_prefix, recd) if gluon else recd)
     else:
         _cascade_kernel[grid](*args, **meta)
     return out, lse
 
 
 def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
-                 prefix_first: bool = False, use_tma: bool = False, group: int = 4, d: int = 128, page: int = 16):
+                 prefix_first: bool = False, use_tma: bool = False, group: int = 4, d: int = 128, page: int = 16,
+                 prefix_done: bool = False):
     """The cascade kernel compiled for sm_90a on any machine (``serving_aot``): bf16, GQA group ``group``, head
-    dim ``d``, ``page``-token suffix pages; ``rows`` the prefix tile's rows."""
+    dim ``d``, ``page``-token suffix pages; ``rows`` the prefix tile's rows; ``prefix_done``: the suffix-and-merge
+    kernel that follows the Gluon prefix pass on Hopper."""
     from .serving_aot import compile_with_hints
     k = _cascade_kernel
     ptrs = {"Q": "*bf16", "PK": "*bf16", "PV": "*bf16", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "SeqLens": "*i32",
@@ -457,6 +574,6 @@ def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stag
     desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
     types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
     const = dict(GROUP=group, HEAD_DIM=d, ROWS=rows, SMALL=max(16, group), BLOCK_N=block_n, PAGE=page, INTERP=False,
-                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma)
+                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma, PREFIX_DONE=prefix_done)
     div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["prefix_len", "chunk"]
     return compile_with_hints(k, types, const, div, num_warps, num_stages)
