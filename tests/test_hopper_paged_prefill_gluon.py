@@ -16,11 +16,54 @@ import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET, paged_prefill
-from tests.test_triton_paged_tiles import check, make_case
+from tests.oracle import attention_ref, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_serving
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
+
+
+def make_case(rng, seq_lens, chunks, hq, hkv, d, page, dtype):
+    """Fresh random pools whose pages (every sequence's, plus 3 spare) are permuted, so a table row is out of
+    order; tables padded with -1 (one column more than the longest sequence needs); packed chunk queries.
+    Returns the device tensors, each sequence's K/V in token order (float64, NumPy) and ``cu`` (NumPy)."""
+    n_pages = [-(-n // page) for n in seq_lens]
+    total = sum(n_pages) + 3
+    perm = rng.permutation(total)
+    table = np.full((len(seq_lens), max(n_pages) + 1), -1, np.int32)
+    at = 0
+    for b, p in enumerate(n_pages):
+        table[b, :p] = perm[at:at + p]
+        at += p
+    kc = rng.standard_normal((total, page, hkv, d)) + rng.uniform(-0.5, 0.5)
+    vc = rng.standard_normal((total, page, hkv, d))
+    q = rng.standard_normal((sum(chunks), hq, d))
+    seqs = []
+    for b, n in enumerate(seq_lens):
+        pages = table[b, np.arange(n) // page]
+        slots = np.arange(n) % page
+        seqs.append((kc[pages, slots], vc[pages, slots]))
+    cu = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+
+    def dev(x, dt=dtype):
+        return torch.tensor(np.asarray(x), device=DEVICE).to(dt)
+    return (dev(q), dev(kc), dev(vc), dev(table, torch.int32), dev(cu, torch.int32),
+            dev(np.array(seq_lens, np.int32), torch.int32)), seqs, cu
+
+
+def check(out, q, seqs, cu, causal, dtype):
+    """Each request's rows against the float64 oracle on its keys (rounded to ``dtype`` as the kernel read them)."""
+    o, lse = out
+    for b, (k, v) in enumerate(seqs):
+        sl = slice(cu[b], cu[b + 1])
+        if cu[b + 1] == cu[b]:
+            continue
+        qq = q[sl].to(torch.float64).cpu().transpose(0, 1)
+        kk, vv = (torch.tensor(x).to(dtype).to(torch.float64).transpose(0, 1) for x in (k, v))
+        ro, rl, _ = attention_ref(qq, kk, vv, causal=causal)
+        assert rel_err(o[sl].transpose(0, 1).double().cpu(), ro) < TOL[dtype], b
+        assert lse_err(lse[:, sl].double().cpu(), rl) < TOL[dtype], b
 
 
 def _aot(*args) -> dict:
