@@ -1,6 +1,7 @@
 """Mixed prefill + decode launch, paged prefill and cascade decode against their baselines, in one run (GPU).
 
     python -m benchmarks.course.bench_mixed_batch [--out DIR] [--sections copy,mixed,prefill,cascade] [--smoke]
+        [--prefill-cases all|core]
 
 bf16, Hq=32, Hkv=8, d=128. Every section checks correctness on the GPU first, then times (``do_bench``
 medians with L2 flushed; ``graph``: CUDA-graph replay GPU time; ``loop``: wall time per call of back-to-back
@@ -50,6 +51,9 @@ from reference.triton.serving import cascade_decode_separate
 HQ, HKV, D = bd.HQ, bd.HKV, bd.D
 DTYPE = torch.bfloat16
 SMOKE = False
+#: ``--prefill-cases core``: the prefill section times only the contiguous varlen baseline, the Triton page tiles
+#: and, on Hopper, the Gluon kernels (no mixed variants, no pinned rows): a short run of one helper's part
+PREFILL_CORE = False
 PER_TOKEN = HKV * D * 2 * 2  # K and V bytes of one token
 
 
@@ -183,7 +187,7 @@ def prefill_section(log):
                           ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
                           ("mixed_tma", MixedConfig(use_tma=True)),
                           ("mixed_tma_table_in_place", MixedConfig(use_tma=True, table_ahead=False))):
-            if SMOKE or ("tma" in name and bs % cfg.block_n):
+            if SMOKE or PREFILL_CORE or ("tma" in name and bs % cfg.block_n):
                 continue
             try:
                 plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
@@ -211,7 +215,7 @@ def prefill_section(log):
                                                     for k, v in res["ms"].items()))
         # the same tiles pinned on both sides: the kernel, not the autotuner's pick (added measurement)
         res["pinned_ms"] = {}
-        for bm, bn, w, st in ([] if SMOKE else PREFILL_PINS):
+        for bm, bn, w, st in ([] if SMOKE or PREFILL_CORE else PREFILL_PINS):
             pin = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
             row = {}
             with configs.pinned(fwd=pin):
@@ -312,9 +316,12 @@ def main(argv=None):
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, tiny shapes: tests the script only")
     ap.add_argument("--sections", default="mixed,prefill,cascade")
+    ap.add_argument("--prefill-cases", choices=("all", "core"), default="all",
+                    help="core: the prefill section without the mixed-kernel variants and pinned rows")
     args = ap.parse_args(argv)
-    global SMOKE
+    global SMOKE, PREFILL_CORE
     SMOKE = args.smoke
+    PREFILL_CORE = args.prefill_cases == "core"
     return _common.start_run("bench_mixed_batch.py", SMOKE, args.out, lambda t0, log: _run(args, t0, log))
 
 
