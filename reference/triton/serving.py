@@ -3,8 +3,10 @@
 Definitions and the reasoning are in ``reference.numpy.serving``; these are the fast versions.
 
 * ``paged_prefill``: the FA2 forward over packed chunk queries and each sequence's block-table row, any block
-  size: by default ``reference.triton.paged_tiles`` (one table entry per page-aligned key block, looked up a
-  block ahead), or (``gather="row"``) the FA2 kernel ``flash_fwd._attn_fwd`` with ``VARLEN`` and ``PAGE``
+  size: by default on Hopper the Gluon kernel ``reference.triton.hopper.paged_prefill_gluon`` (a producer warp
+  reads the table and copies one TMA box per page; ``gather="tma"``), elsewhere and for inputs it does not take
+  ``reference.triton.paged_tiles`` (one table entry per page-aligned key block, looked up a block ahead;
+  ``gather="page"``), or (``gather="row"``) the FA2 kernel ``flash_fwd._attn_fwd`` with ``VARLEN`` and ``PAGE``
   (one table entry per key row, the first version).
 * ``cascade_decode_separate``: the first cascade decode, kept as the benchmark's before-state (the course's
   ``cascade_decode`` is ``reference.triton.cascade``, one launch): (1) the shared prefix once for the whole batch -- the ``G`` query heads of every
@@ -68,15 +70,16 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     entry per key row, the first version, kept as the benchmarks' before-state); ``"tma"`` on a Hopper GPU the
     Gluon kernel ``reference.triton.hopper.paged_prefill_gluon`` (its producer warp reads the table and copies
     one TMA box per page; bf16/fp16, d in {64, 128}, pages of 8, 16, ... keys or multiples of 128, contiguous
-    caches), the page-aligned kernel for every other input; None: ``configs.PAGED_PREFILL["gather"]``.
+    caches), the page-aligned kernel for every other input; None: ``"page"`` when ``config`` is given, else
+    ``configs.PAGED_PREFILL["gather"]`` (``"tma"``).
     config: one forward pin (``reference.triton.configs``; None: ``configs.forward_pin()``, i.e. autotuning on a
     GPU) for the Triton kernels; the Gluon kernel takes ``configs.PAGED_PREFILL["gluon_config"]``.
     """
     _checks.check_tensor(q, "q", ndim=3)
     num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
     validate = _checks.check_flag(validate, "validate")
-    if gather is None:
-        gather = configs.PAGED_PREFILL["gather"]
+    if gather is None:  # a Triton pin asks for the Triton kernel
+        gather = "page" if config is not None else configs.PAGED_PREFILL["gather"]
     if gather not in GATHERS:
         raise ValueError(f"gather must be one of {GATHERS} or None, got {gather!r}")
     if config is not None:

@@ -43,12 +43,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-from ._aot import _cuobjdump, compile_gluon, descriptor_signature, resource_usage
+from ._aot import compile_gluon, descriptor_signature, resource_usage, sass_text
 from .common import LOG2E_F, gl_dtype, init_ring_barriers
 from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, attend_overlapped, key_range
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-__all__ = ["paged_prefill_gluon", "gluon_paged_ok", "compile_paged_prefill", "aot_summary", "box_rows", "DEFAULT_CONFIG"]
+__all__ = ["paged_prefill_gluon", "gluon_paged_ok", "compile_paged_prefill", "aot_summary", "key_loops", "box_rows",
+           "DEFAULT_CONFIG"]
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): the contiguous Gluon forward's default (flash_gluon.DEFAULT_CONFIG)
 DEFAULT_CONFIG = (128, 128, 2, 4)
@@ -352,7 +353,7 @@ def key_loops(compiled) -> list[dict]:
     loop): conditional backward branches, each ``{"start", "end", "HGMMA", "UTMALDG", "LDL", "STL"}`` (byte
     addresses and opcode counts inside). ``LDL``/``STL`` there are register spills on the hot path; the ones a
     d = 128 compile has elsewhere (kernel entry, once per work item) are not."""
-    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", _cuobjdump(compiled, "-sass"))
+    lines = re.findall(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass_text(compiled))
     ins = [(int(a, 16), bool(pred), op, rest) for a, pred, op, rest in lines]
     loops = []
     for addr, pred, op, rest in ins:
