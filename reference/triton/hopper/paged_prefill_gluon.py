@@ -3,7 +3,8 @@
 ``paged_prefill_gluon(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_q, causal, scale)`` computes
 what ``reference.triton.serving.paged_prefill`` computes (packed chunk queries after each sequence's cached keys,
 bottom-right causal, GQA; FA2 Algorithm 1) on inputs that entry point has already checked; it is selected there
-with ``gather="tma"`` (Hopper only; the Triton kernels stay the path everywhere else).
+with ``gather="tma"``, the default (``configs.PAGED_PREFILL``), on a Hopper GPU for the inputs ``gluon_paged_ok``
+accepts; the Triton kernels stay the path everywhere else.
 
 Why (notes/serving_perf.md, "paged prefill, session 5"): the Triton page-tile kernel executes the contiguous
 kernel's instructions but stalls on the block-table load that Triton's pipeliner puts next to the copy it feeds
