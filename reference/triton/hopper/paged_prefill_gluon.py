@@ -1,7 +1,7 @@
 """Paged prefill on Hopper in Gluon: the warp-specialised ping-pong forward whose producer reads the block table.
 
-``paged_prefill_gluon(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_q, causal, scale)`` computes
-what ``reference.triton.serving.paged_prefill`` computes (packed chunk queries after each sequence's cached keys,
+``paged_prefill_gluon(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q, causal, scale, group)``
+writes what ``reference.triton.serving.paged_prefill`` returns (packed chunk queries after each sequence's cached keys,
 bottom-right causal, GQA; FA2 Algorithm 1) on inputs that entry point has already checked; it is selected there
 with ``gather="tma"``, the default (``configs.PAGED_PREFILL``), on a Hopper GPU for the inputs ``gluon_paged_ok``
 accepts; the Triton kernels stay the path everywhere else.
