@@ -76,7 +76,7 @@ def test_page_aligned_prefill_matches_oracle(rng, page, causal):
     hq, hkv, d = 6, 2, 16
     (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, hq, hkv, d, page, DT)
     for pin in PINS:
-        out = paged_prefill(q, kc, vc, table, cu_t, sl, causal=causal, config=pin)
+        out = paged_prefill(q, kc, vc, table, cu_t, sl, causal=causal, config=pin, gather="page")
         assert out[0].shape == q.shape and out[1].shape == (hq, q.shape[0])
         check(out, q, seqs, cu, causal, DT)
 
@@ -104,7 +104,8 @@ def test_bf16_benchmark_pages_gqa(rng, page):
     hq, hkv, d = 8, 2, 128
     (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, hq, hkv, d, page, torch.bfloat16)
     for pin in PINS + [pin_of(128, 64, 8, 3), pin_of(128, 128, 8, 3)]:
-        check(paged_prefill(q, kc, vc, table, cu_t, sl, config=pin), q, seqs, cu, True, torch.bfloat16)
+        check(paged_prefill(q, kc, vc, table, cu_t, sl, config=pin, gather="page"), q, seqs, cu, True,
+              torch.bfloat16)
 
 
 @pytest.mark.triton_serving

@@ -1,6 +1,7 @@
 """Mixed prefill + decode launch, paged prefill and cascade decode against their baselines, in one run (GPU).
 
     python -m benchmarks.course.bench_mixed_batch [--out DIR] [--sections copy,mixed,prefill,cascade] [--smoke]
+        [--prefill-cases all|core]
 
 bf16, Hq=32, Hkv=8, d=128. Every section checks correctness on the GPU first, then times (``do_bench``
 medians with L2 flushed; ``graph``: CUDA-graph replay GPU time; ``loop``: wall time per call of back-to-back
@@ -16,7 +17,9 @@ eager calls). Sections:
   ``mixed_attention`` (page-aligned key blocks; TMA boxes for 64-token pages on Hopper; table entries one block
   ahead and whole-page tiles, or ``*_first_version`` / ``*_table_in_place``: looked up in the iteration that
   uses them, one per key row) vs ``flash_attention_varlen_forward`` on
-  the same keys stored contiguously, all autotuned; then the same three tiles pinned on both sides
+  the same keys stored contiguously, all autotuned; on Hopper also ``paged_prefill(gather="tma")`` (the Gluon
+  kernel, one TMA box per page: ``paged_prefill_gluon_tma``) and the contiguous Gluon forward on the same keys
+  (``contiguous_gluon``; ratios to it in ``vs_contiguous_gluon``); then the same three tiles pinned on both sides
   (``pinned_ms``) and the autotuners' picks (``autotuned``);
 * cascade: a 32k shared prefix + 1k suffix per request, B = 8..64: the one-launch ``cascade_decode`` vs the
   three-launch ``cascade_decode_separate`` vs ``paged_decode`` of the full sequences; graph and eager times, and
@@ -56,6 +59,9 @@ from reference.triton.serving import cascade_decode_separate
 HQ, HKV, D = bd.HQ, bd.HKV, bd.D
 DTYPE = torch.bfloat16
 SMOKE = False
+#: ``--prefill-cases core``: the prefill section times only the contiguous varlen baseline, the Triton page tiles
+#: and, on Hopper, the Gluon kernels (no mixed variants, no pinned rows): a short run of one helper's part
+PREFILL_CORE = False
 PER_TOKEN = HKV * D * 2 * 2  # K and V bytes of one token
 
 
@@ -180,7 +186,7 @@ def prefill_section(log):
         cases = {"contiguous_varlen": lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n,
                                                                              causal=True, validate=False),
                  "paged_prefill_page_tiles": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
-                                                                   validate=False),
+                                                                   validate=False, gather="page"),
                  "paged_prefill_row_gather": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
                                                                    validate=False, gather="row")}
         for name, cfg in (("mixed_block64", MixedConfig(use_tma=False)),
@@ -189,7 +195,7 @@ def prefill_section(log):
                           ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
                           ("mixed_tma", MixedConfig(use_tma=True)),
                           ("mixed_tma_table_in_place", MixedConfig(use_tma=True, table_ahead=False))):
-            if SMOKE or ("tma" in name and bs % cfg.block_n):
+            if SMOKE or PREFILL_CORE or ("tma" in name and bs % cfg.block_n):
                 continue
             try:
                 plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
@@ -204,16 +210,20 @@ def prefill_section(log):
         for gather in ("page", "row"):
             o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather=gather)
             res["rel_err"][f"paged_prefill_{'page_tiles' if gather == 'page' else 'row_gather'}"] = bd.rel(o, ref)
+        if not SMOKE:
+            _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, ref, log)
         assert max(res["rel_err"].values()) < 2e-2, res["rel_err"]
         for name, f in cases.items():
             res["ms"][name] = _common.bench(f, wall=SMOKE)
         base = res["ms"]["contiguous_varlen"]
         res["vs_contiguous"] = {k: base / v for k, v in res["ms"].items()}
+        if "contiguous_gluon" in res["ms"]:  # added measurement: against the contiguous Gluon forward too
+            res["vs_contiguous_gluon"] = {k: res["ms"]["contiguous_gluon"] / v for k, v in res["ms"].items()}
         log(f"  prefill page {bs}: " + ", ".join(f"{k} {v * 1e3:.1f} us ({res['vs_contiguous'][k]:.2f}x)"
                                                     for k, v in res["ms"].items()))
         # the same tiles pinned on both sides: the kernel, not the autotuner's pick (added measurement)
         res["pinned_ms"] = {}
-        for bm, bn, w, st in ([] if SMOKE else PREFILL_PINS):
+        for bm, bn, w, st in ([] if SMOKE or PREFILL_CORE else PREFILL_PINS):
             pin = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
             row = {}
             with configs.pinned(fwd=pin):
@@ -227,6 +237,31 @@ def prefill_section(log):
         del kc, vc, k, v
         bd.empty_cache()
     return out
+
+
+def _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, ref, log) -> bool:
+    """On Hopper, add the Gluon paged prefill (``gather="tma"``: one TMA box per page, producer warp reads the
+    table) and the contiguous Gluon forward on the same keys (``(B, H, N, d)`` copies made once, outside the
+    timing) to ``cases``, each checked against the contiguous varlen output first. False elsewhere."""
+    from reference.triton.hopper.common import gluon_supported
+    from reference.triton._device import device_limits
+    from reference.triton.hopper.paged_prefill_gluon import gluon_paged_ok
+    if not gluon_supported(device_limits(q.device)):
+        return False
+    from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+    res["gluon_paged_runs"] = gluon_paged_ok(q, kc) is None  # else gather="tma" fell back to the Triton kernel
+    qb = q.view(B, chunk, HQ, D).transpose(1, 2).contiguous()
+    kb, vb = (x.view(B, n, HKV, D).transpose(1, 2).contiguous() for x in (k, v))
+    o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="tma")
+    res["rel_err"]["paged_prefill_gluon_tma"] = bd.rel(o, ref)
+    o, _ = flash_attention_forward_gluon(qb, kb, vb, causal=True)
+    res["rel_err"]["contiguous_gluon"] = bd.rel(o.transpose(1, 2).reshape(B * chunk, HQ, D), ref)
+    cases["paged_prefill_gluon_tma"] = lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False,
+                                                             gather="tma")
+    cases["contiguous_gluon"] = lambda: flash_attention_forward_gluon(qb, kb, vb, causal=True)
+    log(f"  prefill gluon: rel err paged {res['rel_err']['paged_prefill_gluon_tma']:.1e}, contiguous "
+        f"{res['rel_err']['contiguous_gluon']:.1e} (Gluon paged kernel ran: {res['gluon_paged_runs']})")
+    return True
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -348,9 +383,12 @@ def main(argv=None):
     ap.add_argument("--sections", default="mixed,prefill,cascade")
     ap.add_argument("--results-name", default="mixed-batch",
                     help="results file <gpu>-<name>.json (e.g. 'cascade' for a run of that section alone)")
+    ap.add_argument("--prefill-cases", choices=("all", "core"), default="all",
+                    help="core: the prefill section without the mixed-kernel variants and pinned rows")
     args = ap.parse_args(argv)
-    global SMOKE
+    global SMOKE, PREFILL_CORE
     SMOKE = args.smoke
+    PREFILL_CORE = args.prefill_cases == "core"
     return _common.start_run("bench_mixed_batch.py", SMOKE, args.out, lambda t0, log: _run(args, t0, log))
 
 

@@ -33,7 +33,7 @@ def run(pins):
             with configs.pinned(fwd=pin):
                 ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
                 order.append(f"{pin_s} page{bs} contiguous")
-                o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
+                o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="page")
                 order.append(f"{pin_s} page{bs} page_tiles")
                 assert bm.bd.rel(o, ref) < 2e-2
                 if bs == 64:

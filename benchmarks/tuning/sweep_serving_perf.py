@@ -123,7 +123,7 @@ def prefill_sweep(log):
         ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
         base = bd.bench(lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True,
                                                                validate=False))
-        gather = bd.bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False))
+        gather = bd.bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False, gather="row"))
         out.append(dict(block_size=bs, impl="contiguous_varlen", us=base * 1e3))
         out.append(dict(block_size=bs, impl="paged_prefill_row_gather", us=gather * 1e3, vs_contiguous=base / gather))
         log(f"  prefill page {bs}: contiguous {base * 1e3:.1f} us, row gather {gather * 1e3:.1f} us "

@@ -58,6 +58,15 @@ FWD_PINS = {
 #: 2.26e-3 (notes/ring_attention.md "issue 25 item 4, session 5"): within 1.15x of the kernel's own error to W = 4
 RING_PINS = {"half_state_max_world": 4}
 
+#: ``serving.paged_prefill``'s kernel when ``gather=None`` and no Triton ``config`` is passed ("page": the Triton
+#: page-tile kernel; "tma": on Hopper the Gluon kernel with one TMA box per page,
+#: reference/triton/hopper/paged_prefill_gluon.py, the Triton kernel elsewhere) and the Gluon kernel's (BLOCK_M,
+#: BLOCK_N, STAGES, num_warps): the contiguous Gluon forward's default. "tma" from the H100 run of
+#: benchmarks/results/h100-paged-prefill.json (8 x 512 after 4k, bf16): 537 / 507 us at 16 / 64-token pages vs the
+#: Triton page tiles' 759 / 668 us and the contiguous Triton varlen's 643 us (notes/serving_perf.md "paged prefill
+#: on Gluon, session 6")
+PAGED_PREFILL = {"gather": "tma", "gluon_config": (128, 128, 2, 4)}
+
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
 BWD_PINS = {
     "interpreter": {"dkdv": _pin(16, 32, 4, 1), "dq": _pin(32, 16, 4, 1)},

@@ -3,8 +3,10 @@
 Definitions and the reasoning are in ``reference.numpy.serving``; these are the fast versions.
 
 * ``paged_prefill``: the FA2 forward over packed chunk queries and each sequence's block-table row, any block
-  size: by default ``reference.triton.paged_tiles`` (one table entry per page-aligned key block, looked up a
-  block ahead), or (``gather="row"``) the FA2 kernel ``flash_fwd._attn_fwd`` with ``VARLEN`` and ``PAGE``
+  size: by default on Hopper the Gluon kernel ``reference.triton.hopper.paged_prefill_gluon`` (a producer warp
+  reads the table and copies one TMA box per page; ``gather="tma"``), elsewhere and for inputs it does not take
+  ``reference.triton.paged_tiles`` (one table entry per page-aligned key block, looked up a block ahead;
+  ``gather="page"``), or (``gather="row"``) the FA2 kernel ``flash_fwd._attn_fwd`` with ``VARLEN`` and ``PAGE``
   (one table entry per key row, the first version).
 * ``cascade_decode_separate``: the first cascade decode, kept as the benchmark's before-state (the course's
   ``cascade_decode`` is ``reference.triton.cascade``, one launch): (1) the shared prefix once for the whole batch -- the ``G`` query heads of every
@@ -24,7 +26,7 @@ import triton
 import triton.language as tl
 
 from . import _checks, configs
-from ._runtime import num_sms
+from ._runtime import INTERPRET, num_sms
 from .cascade import check_cascade_inputs
 from .flash_fwd import Varlen, launch_forward
 from .paged import check_block_tables, check_paged_cache
@@ -37,8 +39,10 @@ __all__ = ["paged_prefill", "cascade_decode_separate", "cascade_num_splits"]
 MIN_PREFIX_KEYS_PER_SPLIT = 256
 #: aim for this many prefix programs per SM
 PROGRAMS_PER_SM = 2
-#: ``paged_prefill(gather=...)``: the page-aligned kernel, or the FA2 kernel's row gather (the before-state)
-GATHERS = ("page", "row")
+#: ``paged_prefill(gather=...)``: the page-aligned kernel, the FA2 kernel's row gather (the before-state), or on
+#: Hopper the Gluon kernel with one TMA box per page (``reference.triton.hopper.paged_prefill_gluon``; elsewhere,
+#: and for inputs it does not take, "tma" runs the page-aligned kernel)
+GATHERS = ("page", "row", "tma")
 
 
 def _check_caches(q, k_cache, v_cache):
@@ -52,7 +56,7 @@ def _last_axis_contiguous(x):
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q=None, causal=True,
-                  scale=None, *, validate=True, gather="page", config=None):
+                  scale=None, *, validate=True, gather=None, config=None):
     """Attention of packed chunk queries to their sequences' paged KV cache; returns ``(o, lse)``.
 
     q: ``(total_q, Hq, d)`` packed chunks (sequence ``b``: rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1``);
@@ -61,16 +65,23 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     max_seqlen_q: the longest chunk (None: read from ``cu_seqlens_q``, one device sync). Bottom-right causal
     by default (the chunk is the last ``n_q`` of ``seq_lens[b]`` positions). Returns ``o (total_q, Hq, d)`` and
     ``lse (Hq, total_q)`` float32. ``validate=False`` skips the value checks that need a device sync.
-    gather: ``"page"`` (default) the page-aligned kernel ``reference.triton.paged_tiles`` (one table entry per
+    gather: ``"page"`` the page-aligned kernel ``reference.triton.paged_tiles`` (one table entry per
     page-aligned key block, looked up one block ahead); ``"row"`` the FA2 kernel's ``PAGE`` path (one table
-    entry per key row, the first version, kept as the benchmarks' before-state). config: one forward pin
-    (``reference.triton.configs``; None: ``configs.forward_pin()``, i.e. autotuning on a GPU).
+    entry per key row, the first version, kept as the benchmarks' before-state); ``"tma"`` on a Hopper GPU the
+    Gluon kernel ``reference.triton.hopper.paged_prefill_gluon`` (its producer warp reads the table and copies
+    one TMA box per page; bf16/fp16, d in {64, 128}, pages of 8, 16, ... keys or multiples of 128, contiguous
+    caches), the page-aligned kernel for every other input; None: ``"page"`` when ``config`` is given, else
+    ``configs.PAGED_PREFILL["gather"]`` (``"tma"``).
+    config: one forward pin (``reference.triton.configs``; None: ``configs.forward_pin()``, i.e. autotuning on a
+    GPU) for the Triton kernels; the Gluon kernel takes ``configs.PAGED_PREFILL["gluon_config"]``.
     """
     _checks.check_tensor(q, "q", ndim=3)
     num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
     validate = _checks.check_flag(validate, "validate")
+    if gather is None:  # a Triton pin asks for the Triton kernel
+        gather = "page" if config is not None else configs.PAGED_PREFILL["gather"]
     if gather not in GATHERS:
-        raise ValueError(f"gather must be one of {GATHERS}, got {gather!r}")
+        raise ValueError(f"gather must be one of {GATHERS} or None, got {gather!r}")
     if config is not None:
         configs.check_pin(config, "config")
     causal = _checks.check_flag(causal, "causal")
@@ -90,13 +101,31 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     q = _last_axis_contiguous(q)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    if max_q > 0:
+    if max_q > 0 and gather == "tma" and _gluon_takes(q, k_cache, v_cache):
+        from .hopper.paged_prefill_gluon import paged_prefill_gluon
+        paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
+                            max_q, causal, scale, q.shape[1] // hkv, config=configs.PAGED_PREFILL["gluon_config"])
+    elif max_q > 0:
         launch_paged_prefill(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q, causal, scale,
                              q.shape[1] // hkv, config=config)
     else:
         o.zero_()
         lse.fill_(float("-inf"))
     return o, lse
+
+
+def _gluon_takes(q, k_cache, v_cache) -> bool:
+    """The Gluon paged prefill runs these inputs: a Hopper GPU, its dtypes / head dims / page sizes
+    (``paged_prefill_gluon.gluon_paged_ok``) and caches it can view as one 2-D TMA tensor (contiguous)."""
+    if INTERPRET or not q.is_cuda or not all(x.is_contiguous() and x.data_ptr() % 16 == 0
+                                             for x in (q, k_cache, v_cache)):  # TMA: 16-byte aligned bases
+        return False
+    from .hopper.paged_prefill_gluon import gluon_paged_ok
+    return gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"]) is None
+
+
+def _int32(x):
+    return x if x.dtype == torch.int32 else x.to(torch.int32)
 
 
 def _paged_forward(q, k_cache, v_cache, vl: Varlen, causal: bool, scale: float, group: int, config=None):

@@ -87,6 +87,11 @@ def _cuobjdump(compiled, flag: str) -> str:
                               capture_output=True, text=True, check=True).stdout
 
 
+def sass_text(compiled) -> str:
+    """``cuobjdump -sass`` of a compiled kernel: one instruction a line with its byte address (``/*0a40*/``)."""
+    return _cuobjdump(compiled, "-sass")
+
+
 def _dump(compiled) -> tuple[str, list[str]]:
     """``cuobjdump``'s resource usage text and the SASS opcodes of a compiled kernel's cubin."""
     res = _cuobjdump(compiled, "--dump-resource-usage")
