@@ -29,6 +29,9 @@ pytestmark = pytest.mark.triton_hopper
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 SMALL = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 4}
+#: relative difference of the scales with the rotation: float32 sums in another order (interpreter: NumPy's; GPU: the
+#: bf16 tensor core's fp32 accumulation against cuBLAS's fp32 matmul)
+ROT_RTOL = 1e-6 if INTERPRET else 1e-5
 
 
 def t(rng, *shape, dtype=torch.bfloat16, spread=1.0):
@@ -75,12 +78,12 @@ def check_against_float64(x64, data, scale, block, transposed=False, permute=Fal
     xb = torch.nn.functional.pad(x64, (0, 0, 0, nb * block - n)).view(B, H, nb, block, d)
     amax = xb.abs().amax(dim=(-1, -2))
     want = torch.where(amax > 0, amax / 448, torch.ones_like(amax))
-    assert torch.allclose(scale.cpu().double(), want, rtol=2e-6, atol=0), "scale != block amax / 448"
+    assert torch.allclose(scale.cpu().double(), want, rtol=2 * ROT_RTOL, atol=0), "scale != block amax / 448"
     back = dequant64(data, scale, block, n, transposed, permute)
     s = scale.cpu().double().repeat_interleave(block, dim=-1)[..., :n, None]
     # e4m3: 3 mantissa bits, relative step 2^-3 (error <= 2^-4 |x|), subnormal step 2^-9 scale; 1e-5 of slack for
     # the float32 rotation
-    bound = torch.maximum(x64.abs() * 2.0 ** -4, s * 2.0 ** -9) * 1.0001 + 1e-5 * s * 448
+    bound = torch.maximum(x64.abs() * 2.0 ** -4, s * 2.0 ** -9) * 1.0001 + 10 * ROT_RTOL * s * 448
     assert bool(((back - x64).abs() <= bound).all()), float(((back - x64).abs() - bound).max())
     if data.shape[-2 if not transposed else -1] > n:  # padding rows / columns are zeros
         plain = fq.permute_keys(data.cpu(), inverse=True) if permute else data
@@ -107,7 +110,7 @@ def test_fused_equals_torch_path_and_float64(rng, case, hadamard):
         assert a.shape == b.shape and a.dtype == b.dtype and a.is_contiguous(), name
         if a.dtype == torch.float32:  # scales
             if hadamard and "v" not in name:
-                assert torch.allclose(a, b, rtol=1e-6, atol=0), name
+                assert torch.allclose(a, b, rtol=ROT_RTOL, atol=0), name
             else:
                 assert torch.equal(a, b), name
         else:
@@ -138,7 +141,7 @@ def test_other_dtypes_and_strided_inputs(rng, dtype):
         want = torch_path(q.contiguous(), k.contiguous(), v.contiguous(), 16, 32, hadamard, 3, True)
         for a, b in zip(got, want):
             if a.dtype == torch.float32:
-                assert torch.allclose(a, b, rtol=1e-6, atol=0)
+                assert torch.allclose(a, b, rtol=ROT_RTOL, atol=0)
             else:
                 assert int((ordinal(a) - ordinal(b)).abs().max()) <= int(hadamard)
 
@@ -289,7 +292,7 @@ def test_gluon_entry_point_uses_the_fused_quantisation(rng, hadamard):
     xt = fg.prepare_fp8_gluon(q, k, v, causal=True, hadamard=hadamard, seed=4, fused=False)
     for a, b in ((xf.q, xt.q), (xf.k, xt.k), (xf.v, xt.v)):
         assert int((ordinal(a.data) - ordinal(b.data)).abs().max()) <= int(hadamard)
-        assert torch.allclose(a.scale, b.scale, rtol=1e-6, atol=0)
+        assert torch.allclose(a.scale, b.scale, rtol=ROT_RTOL, atol=0)
     o, lse = fg.flash_attention_forward_fp8_gluon(q, k, v, causal=True, hadamard=hadamard, seed=4)
     eo, _, _ = attention_ref(q.double(), k.double(), v.double(), causal=True)
     assert rel_err(o.float(), eo) < 0.1
