@@ -370,13 +370,13 @@ def _stage_quant():
                                         check_finite=False, config=cfg)
 
     def rounds(fns: dict) -> dict:
-        """``max(ROUNDS, len(fns))`` rounds, order rotated each round; median ms per name."""
+        """``ROUNDS`` rounds, the order rotated by one each round; median ms per name."""
         ms = {n: [] for n in fns}
         names = list(fns)
         with torch.no_grad():
             for n in names:
                 fns[n]()  # compile / warm
-            for i in range(max(ROUNDS, len(names))):
+            for i in range(ROUNDS):
                 for n in names[i % len(names):] + names[:i % len(names)]:
                     ms[n].append(bench(fns[n]))
         return {n: {"ms": statistics.median(v), "rounds_ms": v} for n, v in ms.items()}
@@ -433,7 +433,8 @@ def _stage_quant():
                     m["tflops"] = flops / m["ms"] / 1e9
                     m["x_gluon_bf16"] = base / m["ms"]
             print(f"causal={causal!s:5} N={N:5} bf16 {base * 1e3:6.0f} us | fp8 kernel "
-                  f"{r['fp8_gluon_kernel']['x_gluon_bf16']:.2f}x | e2e fused {r['fp8_gluon_e2e']['x_gluon_bf16']:.2f}x, "
+                  f"{r['fp8_gluon_kernel']['x_gluon_bf16']:.2f}x | e2e fused "
+                  f"{r['fp8_gluon_e2e']['x_gluon_bf16']:.2f}x, "
                   f"hadamard {r['fp8_gluon_e2e_hadamard']['x_gluon_bf16']:.2f}x, torch quant "
                   f"{r['fp8_gluon_e2e_torch_quant']['x_gluon_bf16']:.2f}x"
                   + (f" | quant {r['quant_fused']['ms'] * 1e3:.0f} us ({r['quant_fused']['x_copy_bw']:.2f} of copy), "
@@ -531,8 +532,9 @@ def main(argv=None):
     stages = args.stages.split(",")
     if "quant" in stages:  # its own results file (the other stages' file is re-run separately)
         qres = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
-        qres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs; do_bench(warmup=10 ms, rep=40 ms) medians "
-                              "of rotated rounds; bytes = Q, K, V read + e4m3 data and scales written (quant_bytes); "
+        qres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs; do_bench(warmup=10 ms, rep=40 ms) "
+                              "medians of rotated rounds; bytes = Q, K, V read + e4m3 data and scales written "
+                              "(quant_bytes); "
                               "copy bandwidth = bytes read + written by a 1 GiB device copy, same process; e2e = "
                               "flash_attention_forward_fp8_gluon (fused quantisation with its non-finite check + "
                               "kernel); ratios from this run only")
