@@ -171,6 +171,10 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: masked loop with no branch in either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3
 #: Algorithm 2's overlap; with the mask's branch it hoists the wait above them): notes/hopper.md "the P V wait"
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False}
+#: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
+#: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
+#: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, session 6)
+FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
@@ -262,4 +266,4 @@ def as_tuple(pin: dict) -> tuple:
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
-           "FP8_GLUON_SCHEDULE"]
+           "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG"]

@@ -71,9 +71,14 @@ def compile_gluon(kernel, signature: dict, constexprs: dict, num_warps: int, max
     return triton.compile(src, target=HOPPER, options=options)
 
 
-def compile_triton(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int):
-    """``triton.compile`` of a ``@triton.jit`` kernel for sm_90a (the FP8 and persistent Triton kernels)."""
+def compile_triton(kernel, signature: dict, constexprs: dict, num_warps: int, num_stages: int,
+                   divisible: tuple = ()):
+    """``triton.compile`` of a ``@triton.jit`` kernel for sm_90a (the FP8 and persistent Triton kernels).
+    ``divisible``: argument names the JIT would mark divisible by 16 at a launch (aligned pointers, ints that are
+    multiples of 16), so the ahead-of-time compile vectorises the loads and stores as a launch does."""
     src = _source(ASTSource, kernel, signature, constexprs, "compile_triton")
+    for name in divisible:
+        src.attrs[(kernel.arg_names.index(name),)] = [["tt.divisibility", 16]]
     return triton.compile(src, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 

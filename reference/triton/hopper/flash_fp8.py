@@ -26,13 +26,14 @@ V is stored transposed (``(B, H, d, N)``): Hopper's FP8 WGMMA reads its B operan
 Requirements: on a GPU, compute capability 9.0 (Hopper) or newer (FP8 tensor-core MMA); elsewhere
 ``flash_attention_forward_fp8`` raises ``RuntimeError`` naming it. Under the Triton interpreter the kernel runs
 too, with one difference: the interpreter's float32 -> float8 cast rounds wrongly (0.4963 -> 0.25, measured), so
-there ``P`` is kept in float32 for ``P @ V``; Q, K, V are quantised by torch on the host in both modes.
+there ``P`` is kept in float32 for ``P @ V``. Q, K, V are quantised by one fused Triton launch on a GPU
+(``fp8_quant.quantize_qkv_fp8``, bitwise the torch path without the rotation) and by torch ops under the
+interpreter (``prepare_fp8(fused=...)`` picks either).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -41,6 +42,7 @@ from .. import _device
 from .._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
 from .._runtime import INTERPRET
 from .._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
+from .fp8_quant import hadamard_matrix, permute_keys, quantize_qkv_fp8
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -98,18 +100,23 @@ def quantize_fp8_blocks(x: torch.Tensor, block: int, transposed: bool = False) -
     amax = xb.abs().amax(dim=(-1, -2))
     if not bool(torch.isfinite(amax).all()):
         raise ValueError("x must be finite to be quantised to fp8 (found NaN or inf)")
-    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    # a tensor divisor: PyTorch's CUDA kernels divide by a Python scalar as a multiply by its reciprocal (1 ulp off
+    # amax / 448 in some blocks, measured on an H100), by a tensor with IEEE division, as on CPU and in fp8_quant
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, FP8_MAX), torch.ones_like(amax))
     data = (xb / scale[..., None, None]).to(FP8_DTYPE).view(B, H, nb * block, d)
     if transposed:
         data = data.transpose(-1, -2)
     return Fp8Blocks(data.contiguous(), scale.contiguous(), block, N, transposed)
 
 
-def hadamard_matrix(d: int, seed: int, device) -> torch.Tensor:
-    """``J = diag(random signs) H / sqrt(d)`` as float32 on ``device`` (``reference.simulators.fp8_error.random_hadamard``)."""
-    from reference.simulators.fp8_error import random_hadamard
-    j = random_hadamard(d, np.random.default_rng(seed))
-    return torch.tensor(j, dtype=torch.float32, device=device)
+@dataclass
+class Fp8KeyPermuted(Fp8Blocks):
+    """``V^T`` quantised as ``Fp8Blocks(transposed=True)``, its keys renumbered by ``fp8_quant.permute_keys`` (the
+    order the Gluon FP8 kernel's P operand uses); ``dequantize`` undoes the renumbering."""
+
+    def dequantize(self) -> torch.Tensor:
+        plain = Fp8Blocks(permute_keys(self.data, inverse=True), self.scale, self.block, self.n, True)
+        return plain.dequantize()
 
 
 def rotate(x: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -232,8 +239,13 @@ class Fp8Inputs:
     causal: bool
 
 
-def prepare_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, block_m=None, block_n=None):
-    """Validate, optionally rotate Q and K by a random Hadamard matrix, and quantise: return ``Fp8Inputs``."""
+def prepare_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, block_m=None, block_n=None,
+                permute_v=False, fused=None):
+    """Validate, optionally rotate Q and K by a random Hadamard matrix, and quantise: return ``Fp8Inputs``.
+
+    ``fused`` (default: on a GPU, not under the interpreter): one launch of ``fp8_quant.quantize_qkv_fp8``;
+    otherwise torch ops (``rotate``, ``quantize_fp8_blocks``), the oracle the fused kernel is tested against.
+    ``permute_v``: ``V^T``'s keys renumbered for the Gluon kernel (an ``Fp8KeyPermuted``)."""
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=FP8_HEAD_DIMS)
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
@@ -246,12 +258,21 @@ def prepare_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, block
     for name, val, least in (("block_m", bm, 16), ("block_n", bn, 32)):
         if val & (val - 1) or val < least:
             raise ValueError(f"{name} must be a power of two >= {least}, got {val}")
+    permute_v = check_flag(permute_v, "permute_v")
+    fused = (not INTERPRET) if fused is None else check_flag(fused, "fused")
     check_fp8_device(q.device)
+    vcls = Fp8KeyPermuted if permute_v else Fp8Blocks
+    if fused:
+        qd, qs, kd, ks, vd, vs = quantize_qkv_fp8(q, k, v, bm, bn, hadamard=hadamard, seed=seed, permute=permute_v)
+        return Fp8Inputs(Fp8Blocks(qd, qs, bm, Nq), Fp8Blocks(kd, ks, bn, Nk), vcls(vd, vs, bn, Nk, True), group,
+                         scale, causal)
     if hadamard:
         j = hadamard_matrix(d, seed, q.device)
         q, k = rotate(q, j), rotate(k, j)
-    return Fp8Inputs(quantize_fp8_blocks(q, bm), quantize_fp8_blocks(k, bn),
-                     quantize_fp8_blocks(v, bn, transposed=True), group, scale, causal)
+    vq = quantize_fp8_blocks(v, bn, transposed=True)
+    if permute_v:
+        vq = Fp8KeyPermuted(permute_keys(vq.data), vq.scale, vq.block, vq.n, True)
+    return Fp8Inputs(quantize_fp8_blocks(q, bm), quantize_fp8_blocks(k, bn), vq, group, scale, causal)
 
 
 def attention_fp8(x: Fp8Inputs, out_dtype=torch.bfloat16, config=None, return_kernel=False):
@@ -260,6 +281,9 @@ def attention_fp8(x: Fp8Inputs, out_dtype=torch.bfloat16, config=None, return_ke
     ``config`` overrides ``num_warps`` / ``num_stages`` (the blocks are the quantisation blocks);
     ``return_kernel`` also returns the compiled Triton kernel (registers, SASS) as a third item."""
     cfg = dict(CONFIG if config is None else config)
+    if isinstance(x.v, Fp8KeyPermuted):
+        raise ValueError("x: V^T's keys are renumbered for the Gluon FP8 kernel (permute_v=True); this kernel "
+                         "reads them in order: prepare_fp8(..., permute_v=False)")
     bm, bn = x.q.block, x.k.block
     B, Hq, nq_pad, d = x.q.data.shape
     Hkv = x.k.data.shape[1]
@@ -309,4 +333,4 @@ def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=Fals
 
 
 __all__ = ["flash_attention_forward_fp8", "prepare_fp8", "attention_fp8", "quantize_fp8_blocks", "Fp8Blocks",
-           "Fp8Inputs", "hadamard_matrix", "check_fp8_device", "CONFIG", "FP8_HEAD_DIMS"]
+           "Fp8KeyPermuted", "Fp8Inputs", "hadamard_matrix", "check_fp8_device", "CONFIG", "FP8_HEAD_DIMS"]

@@ -35,8 +35,6 @@ Requirements: a Hopper GPU (compute capability 9.0; Gluon's wgmma / TMA / setmax
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,7 +46,8 @@ from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
 from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_barriers, load_q_halves, store_output,
                      tile_descriptor)
-from .flash_fp8 import Fp8Blocks, Fp8Inputs, prepare_fp8
+from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
+from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name stays here too)
 from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range, persistent_grid, work_item
 
 #: head dimensions of the Gluon FP8 kernel (the bf16 Gluon kernel's; ``flash_fp8`` also takes 32)
@@ -402,44 +401,20 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def permute_keys(vt: torch.Tensor, inverse: bool = False) -> torch.Tensor:
-    """Renumber the keys (last axis, a multiple of 32) of ``V^T`` as ``p_operand`` renumbers P's columns: within
-    each 32-key chunk, key ``16a + 8b + 2t + e`` moves to ``16a + 4t + 2b + e`` (``a, b, e < 2``, ``t < 4``);
-    ``inverse`` undoes it. Returns a contiguous copy."""
-    *lead, n = vt.shape
-    if n % 32:
-        raise ValueError(f"vt: the key axis must be a multiple of 32, got {n}")
-    mid = (2, 4, 2, 2) if inverse else (2, 2, 4, 2)
-    x = vt.reshape(*lead, n // 32, *mid)
-    r = len(lead) + 1
-    return x.permute(*range(r), r, r + 2, r + 1, r + 3).reshape(*lead, n).contiguous()
-
-
-@dataclass
-class Fp8KeyPermuted(Fp8Blocks):
-    """``V^T`` quantised as ``flash_fp8.Fp8Blocks(transposed=True)``, its keys renumbered by ``permute_keys`` (the
-    order the kernel's P operand uses); ``dequantize`` undoes the renumbering."""
-
-    def dequantize(self) -> torch.Tensor:
-        plain = Fp8Blocks(permute_keys(self.data, inverse=True), self.scale, self.block, self.n, True)
-        return plain.dequantize()
-
-
 def prepare_fp8_gluon(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None,
-                      permuted: bool = True) -> Fp8Inputs:
+                      permuted: bool = True, fused=None) -> Fp8Inputs:
     """Validate and quantise for the Gluon kernel: ``flash_fp8.prepare_fp8`` (rotation, 64-row query blocks,
-    ``BLOCK_N``-row key blocks, ``V^T``), then, with ``permuted``, ``V^T``'s keys renumbered (one more pass over
-    the e4m3 ``V^T``, a quarter of the bytes of the bf16 V it came from). Bad input raises naming the argument,
-    a GPU other than Hopper ``RuntimeError`` naming compute capability 9.0."""
+    ``BLOCK_N``-row key blocks, ``V^T``) with, if ``permuted``, ``V^T``'s keys renumbered (``Fp8KeyPermuted``).
+    On a GPU (``fused=None`` or True) that is one launch of ``fp8_quant.quantize_qkv_fp8``, which writes ``V^T``
+    renumbered directly; ``fused=False`` takes the torch path (rotation, block quantisation, then
+    ``permute_keys`` on the e4m3 ``V^T``). Bad input raises naming the argument, a GPU other than Hopper
+    ``RuntimeError`` naming compute capability 9.0."""
     check_fp8_gluon_inputs(q, k, v)
     config = check_fp8_gluon_config(config, q.shape[-1])
     check_flag(permuted, "permuted")
     check_gluon_device(q.device, NAME)
-    x = prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=HALF_M,
-                    block_n=config[1])
-    if permuted:
-        x.v = Fp8KeyPermuted(permute_keys(x.v.data), x.v.scale, x.v.block, x.v.n, True)
-    return x
+    return prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=HALF_M,
+                       block_n=config[1], permute_v=permuted, fused=fused)
 
 
 def shared_bytes(config: tuple, head_dim: int) -> int:
