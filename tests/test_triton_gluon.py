@@ -47,6 +47,34 @@ def test_compiles_for_hopper_without_spills(module, args):
         assert usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
 
 
+def _pv_waits(*args) -> list:
+    """Exps before the P V wait in each key loop of the production kernel's sm_90a SASS (``_aot.wgmma_wait_order``)."""
+    usage = _aot("reference.triton.hopper.aot_report", "fwd", "--waits", *args)
+    assert usage["HGMMA"] > 0 and usage["registers"] == 168, usage
+    return [w["exps_before_pv_wait"] for w in usage["pv_waits"]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [("--fence",), ("--fence", "--causal"), ("--fence", "--peeled", "--d", "64",
+                                                                          "--causal")])
+def test_fence_keeps_the_pv_wait_after_the_exps(args):
+    """``key_loop={"fence": True}`` (the K release after the softmax, in a branch that is always taken): in every
+    key loop of both consumers all 64 exps of the softmax (and the two of ``alpha``) come before the wait for
+    ``P_{j-1} V_{j-1}``, FA3 Algorithm 2's overlap; with ``peeled`` there are two loops per consumer."""
+    waits = _pv_waits(*args)
+    assert len(waits) == (4 if "--peeled" in args else 2), waits
+    assert all(n >= 64 for n in waits), waits
+
+
+@pytest.mark.slow
+def test_pin_and_peeled_alone_hoist_the_pv_wait():
+    """Why ``fence`` exists: with the mask's run-time branch (the plain loop) ptxas puts the ``P V`` wait at the top
+    of the block after it, above every exp; the peeled loops alone (no branch) leave it above them in the unmasked
+    loop too. The check of the test above fails on both (``--no-peeled`` pins the option off whatever the pin)."""
+    assert _pv_waits("--no-peeled") == [0, 0]
+    assert _pv_waits("--peeled")[::2] == [0, 0]  # the unmasked loop of each consumer
+
+
 def test_compile_only_mode_is_refused_under_the_interpreter(monkeypatch):
     from reference.triton.hopper._aot import compile_gluon
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -87,7 +115,9 @@ def test_needs_a_hopper_gpu(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("schedule", ["pingpong", "specialized", "overlap", "pingpong+persistent"])
+@pytest.mark.parametrize("schedule", ["pingpong", "specialized", "overlap", "pingpong+persistent",
+                                      "pingpong+persistent+fence", "pingpong+persistent+peeled+fence",
+                                      "pingpong+persistent+peeled"])
 @pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, causal", [
     (2, 4, 4, 256, 256, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2, 8, 2, 333, 333, 128, True),
     (1, 2, 2, 300, 1000, 128, True), (1, 2, 2, 1000, 300, 64, True), (1, 3, 3, 1, 77, 64, False),
@@ -95,8 +125,10 @@ def test_needs_a_hopper_gpu(rng):
 def test_matches_float64(rng, schedule, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v = _qkv(rng, B, Hq, Hkv, Nq, Nk, d)
     schedule, _, mode = schedule.partition("+")
-    if schedule == "pingpong" and mode == "persistent":  # the production kernel, through the public name
-        o, lse = flash_attention_forward_gluon(q, k, v, causal=causal)
+    if schedule == "pingpong" and mode.startswith("persistent"):  # the production kernel, through the public name
+        opts = mode.split("+")[1:]  # its key-loop options (flash_gluon.attend_overlapped), else the pin
+        loop = {"peeled": "peeled" in opts, "fence": "fence" in opts} if opts else None
+        o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, key_loop=loop)
     else:  # an ablation (experiments/gluon_schedules.py)
         o, lse = gluon_schedules.forward(q, k, v, causal=causal, schedule=schedule, persistent=mode == "persistent")
     ro, rl, _ = attention_ref(q, k, v, causal=causal)
@@ -128,6 +160,15 @@ def test_bad_config_is_named(rng, schedule, config, match):
     if schedule == "pingpong":  # the production kernel checks the same way
         with pytest.raises(ValueError, match=match):
             flash_attention_forward_gluon(q, k, v, config=config)
+
+
+@pytest.mark.parametrize("key_loop, match", [({"peeled": "yes"}, "key_loop\\['peeled'\\]"),
+                                             ({"fenced": True}, "key_loop must be a dict"),
+                                             ((True, True), "key_loop must be a dict")])
+def test_bad_key_loop_is_named(rng, key_loop, match):
+    q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 128)
+    with pytest.raises((TypeError, ValueError), match=match):
+        flash_attention_forward_gluon(q, k, v, key_loop=key_loop)
 
 
 def test_default_configs_pass_the_check():

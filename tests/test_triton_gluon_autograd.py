@@ -27,6 +27,8 @@ def test_bad_inputs_are_named(rng):
         flash_attention_gluon(q, k, v, causal="yes")
     with pytest.raises(ValueError, match="scale must be finite"):
         flash_attention_gluon(q, k, v, scale=float("inf"))
+    with pytest.raises(ValueError, match="key_loop"):
+        flash_attention_gluon(q, k, v, key_loop={"fenced": True})
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
@@ -42,10 +44,12 @@ def test_needs_a_hopper_gpu(rng):
     (2, 4, 4, 512, 512, 128, False, torch.bfloat16), (1, 8, 2, 700, 700, 128, True, torch.bfloat16),
     (1, 2, 2, 300, 1000, 128, True, torch.bfloat16), (1, 2, 2, 1000, 300, 64, True, torch.float16),
     (1, 2, 1, 1, 77, 64, False, torch.bfloat16)])
-def test_output_and_gradients_match_float64(rng, B, Hq, Hkv, Nq, Nk, d, causal, dtype):
+@pytest.mark.parametrize("key_loop", [None, {"fence": True}, {"peeled": True, "fence": True}])
+def test_output_and_gradients_match_float64(rng, B, Hq, Hkv, Nq, Nk, d, causal, dtype, key_loop):
+    """The pinned forward and its key-loop options (``flash_gluon.attend_overlapped``: ``fence``, ``peeled``)."""
     q, k, v, do = _inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-    o = flash_attention_gluon(*leaves, causal=causal)
+    o = flash_attention_gluon(*leaves, causal=causal, key_loop=key_loop)
     o.backward(do)
     ro, _, _ = attention_ref(q, k, v, causal=causal)
     assert o.dtype == dtype and rel_err(o, ro) < 1e-2

@@ -7,6 +7,7 @@ FlashAttention convention (batch x seqlen = 16k, hidden 2048, d = 128; FLOPs 3.5
 runs GQA natively (``enable_gqa``; ``cudnn_repeat``: on K, V repeated per query head, as a model without
 ``enable_gqa`` would call it). Per shape, the three gradients of each implementation are first compared with
 cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
+``gluon_<option>`` (``KEY_LOOPS``): the Gluon op with the forward's key-loop options instead of its pin.
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
     python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
@@ -24,6 +25,8 @@ TOKENS, HIDDEN, D = 16384, 2048, 128
 #: GQA rows (issue 25's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
 GQA_HEADS = (32, 8)
 GQA_ROWS = [(True, 8192, 2), (True, 32768, 1), (False, 8192, 2)]
+#: the Gluon forward's key-loop options timed beside its pin (``flash_gluon.key_loop_constexprs``)
+KEY_LOOPS = {"fence": {"fence": True}, "peeled_fence": {"peeled": True, "fence": True}}
 
 
 def _stage_bench():
@@ -43,11 +46,15 @@ def _timings():
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
-    impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon}
+    # the forward's key-loop options (flash_gluon.attend_overlapped), timed beside the pin in the same process
+    options = {f"gluon_{name}": (lambda loop: lambda q, k, v, c: flash_attention_gluon(q, k, v, c, key_loop=loop))(loop)
+               for name, loop in KEY_LOOPS.items()}
+    impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon,
+             **options}
     # GQA: cuDNN natively (enable_gqa) as the base, and on K, V repeated per query head (repeat + group sums timed)
     gqa_impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"),
                  "cudnn_repeat": lambda q, k, v, c: cudnn_attention(q, k, v, c, "repeat"),
-                 "triton": flash_attention, "gluon": flash_attention_gluon}
+                 "triton": flash_attention, "gluon": flash_attention_gluon, **options}
     shapes = [(c, N, TOKENS // N, HIDDEN // D, HIDDEN // D) for c in (False, True) for N in SEQLENS]
     shapes += [(c, N, B) + GQA_HEADS for c, N, B in GQA_ROWS]
     out = []
@@ -78,7 +85,7 @@ def _timings():
         g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
         print(f"causal={causal!s:5} N={N:5} H={H}/{Hkv}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
             f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
-            for n in ("cudnn_repeat", "triton", "gluon") if n in row), flush=True)
+            for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row), flush=True)
         out.append(row)
         del q, k, v, do, leaves, ref
         torch.cuda.empty_cache()

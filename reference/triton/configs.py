@@ -175,6 +175,12 @@ FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": Fal
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
 #: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, session 6)
 FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
+#: the bf16 Gluon forward's key loop (``hopper.flash_gluon.attend_overlapped``'s ``PEELED`` / ``FENCE``): where ptxas
+#: puts the P_{j-1} V_{j-1} wait. Pin (both off): the mask's branch leaves it above all 64 exps of the softmax (no
+#: FA3 Algorithm 2 overlap); "fence" (the K release after the softmax in an always-taken branch) keeps it after all
+#: of them, with or without "peeled" (an unmasked and a masked loop; alone it does not move the wait). NOT MEASURED on
+#: a GPU yet: notes/hopper.md "issue 25 items 6/7, session 6: the peeled key loop"
+GLUON_FWD_KEY_LOOP = {"peeled": False, "fence": False}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
@@ -266,4 +272,5 @@ def as_tuple(pin: dict) -> tuple:
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
-           "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG"]
+           "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
+           "GLUON_FWD_KEY_LOOP"]

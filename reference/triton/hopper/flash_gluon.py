@@ -46,6 +46,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from .. import configs
+from .._checks import check_flag
 from ._aot import compile_gluon, descriptor_signature
 from .common import (LOG2E_F, check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers,
                      load_q_halves, store_output, tile_descriptor)
@@ -57,6 +59,11 @@ DEFAULT_CONFIG = (128, 128, 2, 4)
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
 PINGPONG_MAXNREG = 168
+#: ``online_softmax``'s ``MASK``: test ``j >= full_end`` at run time (a branch in the key loop), never mask (the
+#: peeled loop over blocks ``< full_end``), always mask (the peeled loop over blocks ``>= full_end``)
+MASK_CHECK = gl.constexpr(0)
+MASK_NEVER = gl.constexpr(1)
+MASK_ALWAYS = gl.constexpr(2)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -81,26 +88,40 @@ def key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, C
 
 @gluon.jit
 def online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
-                    s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
+                    s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                    MASK: gl.constexpr = MASK_CHECK):
     """FA2 Algorithm 1, lines 9-10 on one score tile ``s = Q_i K_j^T`` (raw, unscaled, fp32).
 
     Returns ``(p, alpha, m_new, l_new)`` with ``p = exp2(s * qk_scale - m_new)`` and ``alpha = exp2(m_i - m_new)``,
     the factor the caller applies to ``O`` before adding ``p V_j``. Masked (diagonal / ragged) blocks set
     invisible scores to ``-inf``; the max used for the exponent is 0 where no key was seen yet (no inf - inf).
+    ``MASK``: ``MASK_CHECK`` masks the blocks ``j >= full_end`` (a run-time branch), ``MASK_NEVER`` /
+    ``MASK_ALWAYS`` decide at compile time (no branch: the peeled key loops of ``attend_overlapped``).
     """
-    if j >= full_end:
-        cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        visible = cols[None, :] < N_K
-        if CAUSAL:
-            rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-            visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
-        s = gl.where(visible, s, float("-inf"))
+    if MASK == MASK_ALWAYS:
+        s = mask_scores(s, j, start_m, N_Q, N_K, s_layout, BLOCK_M, BLOCK_N, CAUSAL)
+    elif MASK == MASK_CHECK:
+        if j >= full_end:
+            s = mask_scores(s, j, start_m, N_Q, N_K, s_layout, BLOCK_M, BLOCK_N, CAUSAL)
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s * qk_scale - m_use[:, None])
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def mask_scores(s, j, start_m, N_Q, N_K, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                CAUSAL: gl.constexpr):
+    """``s`` with the scores of keys past ``N_K`` and, ``CAUSAL``, above the bottom-right diagonal (row ``i``
+    sees key ``k`` iff ``k <= i + N_K - N_Q``) set to ``-inf`` (FA2 Algorithm 1, the mask of line 9)."""
+    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    visible = cols[None, :] < N_K
+    if CAUSAL:
+        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+        visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
+    return gl.where(visible, s, float("-inf"))
 
 
 @gluon.jit
@@ -119,7 +140,8 @@ def attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv
                        turn_bars, WG, it0, r0,
                        s_layout: gl.constexpr, o_layout: gl.constexpr, BLOCK_M: gl.constexpr,
                        BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                       LOADS: gl.constexpr, SYNC: gl.constexpr, PINGPONG: gl.constexpr):
+                       LOADS: gl.constexpr, SYNC: gl.constexpr, PINGPONG: gl.constexpr,
+                       PEELED: gl.constexpr = False, FENCE: gl.constexpr = False):
     """Key blocks ``0 .. hi-1`` for one query tile already in ``q_smem``; return ``(acc, m_i, l_i)``.
 
     FA3 Algorithm 2: iteration ``j`` issues ``S_j = Q K_j^T`` then ``O += P_{j-1} V_{j-1}`` (both async), waits for
@@ -135,6 +157,19 @@ def attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv
     running across tiles: key block ``j`` sits in slot ``(it0 + j) % STAGES`` with phase ``(it0 + j) // STAGES``);
     ``r0``: how many matmul rounds the two consumers took turns on before (``hi + 1`` per tile). Both 0 for a CTA
     that owns one tile (the "overlap" schedule's refills index the ring by ``j`` alone).
+
+    Where the ``P_{j-1} V_{j-1}`` wait lands is ptxas's choice: ``warpgroup_mma_wait`` has no register operands in
+    the PTX (Gluon's ``deps`` constrain LLVM only), and ptxas schedules it as early as the basic block allows. In
+    the plain loop the mask's run-time ``if j >= full_end`` (``online_softmax``) ends a block, so the softmax and
+    the wait share the block after it and the wait lands at its top, above the exps: no overlap (the SASS has
+    0 of 64 exps before it; notes/hopper.md, "the peeled key loop"). Two options move it:
+
+    * ``FENCE`` (producer mode only): release K slot ``j`` after the softmax, inside ``if N_K > 0`` (always true
+      when there is a key block): the branch ends the softmax's block, and the wait starts the next one;
+    * ``PEELED``: the loop split at ``full_end`` into blocks ``1 .. full_end - 1`` without the mask and the rest
+      with it (FA3 peels its masked iterations the same way): no branch in either body. Alone it does not move
+      the wait in this kernel (ptxas still puts it right after the K release); with ``FENCE`` it also drops
+      the mask's compare from the unmasked blocks.
     """
     dtype: gl.constexpr = q_smem.dtype
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
@@ -162,35 +197,45 @@ def attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv
         p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, qk_scale,
                                              s_layout, BLOCK_M, BLOCK_N, CAUSAL)
         p_op = gl.convert_layout(p.to(dtype), p_layout)
-        for j in range(1, hi):
-            slot = (it0 + j) % STAGES
-            prev = (it0 + j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
-            mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
-            if PINGPONG:
-                mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
-            s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-            if PINGPONG:
-                mbarrier.arrive(turn_bars.index(1 - WG))
-            s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
-            if SYNC:
-                gl.thread_barrier()
-            if LOADS:
-                issue_kv(desc_k, k_smem, k_bars, j + STAGES, kv_row0, hi, BLOCK_N, STAGES)
-            else:
-                mbarrier.arrive(k_bars.index(STAGES + slot))
-            p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
-                                                 s_layout, BLOCK_M, BLOCK_N, CAUSAL)
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            if SYNC:
-                gl.thread_barrier()
-            if LOADS:
-                issue_kv(desc_v, v_smem, v_bars, j - 1 + STAGES, kv_row0, hi, BLOCK_N, STAGES)
-            else:
-                mbarrier.arrive(v_bars.index(STAGES + prev))
-            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_layout)
+        # PEELED: part 0 = blocks 1 .. full_end - 1 (no mask), part 1 = the rest (masked); else one loop that
+        # tests each block (a branch in the body, after which ptxas puts the P V wait above the softmax)
+        for part in gl.static_range(2 if PEELED else 1):
+            lo = 1 if part == 0 else gl.maximum(full_end, 1)
+            end = (full_end if PEELED else hi) if part == 0 else hi
+            for j in range(lo, end):
+                slot = (it0 + j) % STAGES
+                prev = (it0 + j - 1) % STAGES
+                mbarrier.wait(k_bars.index(slot), ((it0 + j) // STAGES) & 1)
+                mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
+                if PINGPONG:
+                    mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
+                s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+                if PINGPONG:
+                    mbarrier.arrive(turn_bars.index(1 - WG))
+                s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
+                if SYNC:
+                    gl.thread_barrier()
+                if LOADS:
+                    issue_kv(desc_k, k_smem, k_bars, j + STAGES, kv_row0, hi, BLOCK_N, STAGES)
+                elif not FENCE:
+                    mbarrier.arrive(k_bars.index(STAGES + slot))
+                p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
+                                                     s_layout, BLOCK_M, BLOCK_N, CAUSAL,
+                                                     (MASK_NEVER if part == 0 else MASK_ALWAYS) if PEELED
+                                                     else MASK_CHECK)
+                if FENCE and not LOADS:
+                    if N_K > 0:  # always true here; the branch keeps the next wait below the softmax
+                        mbarrier.arrive(k_bars.index(STAGES + slot))
+                acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+                if SYNC:
+                    gl.thread_barrier()
+                if LOADS:
+                    issue_kv(desc_v, v_smem, v_bars, j - 1 + STAGES, kv_row0, hi, BLOCK_N, STAGES)
+                else:
+                    mbarrier.arrive(v_bars.index(STAGES + prev))
+                acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+                p_op = gl.convert_layout(p.to(dtype), p_layout)
         last = (it0 + hi - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
         if PINGPONG:
@@ -260,7 +305,8 @@ work_item = _work_item
 def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m, H_Q,
                             GROUP, N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr,
                             BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                            CAUSAL: gl.constexpr, TURNS: gl.constexpr):
+                            CAUSAL: gl.constexpr, TURNS: gl.constexpr, PEELED: gl.constexpr,
+                            FENCE: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order.
 
     Q is double-buffered (tile ``c`` of this CTA in buffer ``c % 2``): ``q_bars[2 * buf + WG]`` says this
@@ -289,7 +335,7 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn
                                                    v_bars, kv_row0, full_end, hi, my_start, N_Q, N_K, qk_scale,
                                                    turn_bars, WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N,
                                                    HEAD_DIM, STAGES, CAUSAL, LOADS=False, SYNC=False,
-                                                   PINGPONG=TURNS)
+                                                   PINGPONG=TURNS, PEELED=PEELED, FENCE=FENCE)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output(acc, m_i, l_i, O, LSE, q_row0, my_start, N_Q, o_layout, HALF, HEAD_DIM)
                 it += hi
@@ -321,9 +367,11 @@ def _ws_producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_ba
 def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale, BH,
                               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                              PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
+                              PRODUCER_REGS: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr,
+                              PEELED: gl.constexpr = False, FENCE: gl.constexpr = False):
     """Grid = min(work items, SMs); CTA ``p`` takes items ``p, p + grid, ...`` (``_work_item``), each with the
-    producer/consumer partitions of ``_fwd_ws_kernel`` and the K/V ring and turn phases carried across tiles."""
+    producer/consumer partitions of ``_fwd_ws_kernel`` and the K/V ring and turn phases carried across tiles.
+    ``PEELED``, ``FENCE``: the consumers' key-loop options (``attend_overlapped``; ``key_loop_constexprs``)."""
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = desc_q.dtype
     n_m = gl.cdiv(N_Q, BLOCK_M)
@@ -347,10 +395,10 @@ def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_
     gl.warp_specialize([
         (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m,
                                    H_Q, GROUP, N_Q, N_K, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                                   TURNS)),
+                                   TURNS, PEELED, FENCE)),
         (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m,
                                    H_Q, GROUP, N_Q, N_K, qk_scale, 1, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,
-                                   TURNS)),
+                                   TURNS, PEELED, FENCE)),
         (_ws_producer_persistent, (desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items,
                                    n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -426,36 +474,52 @@ def persistent_grid(B: int, Hq: int, Nq: int, bm: int, causal: bool, n_sms: int)
     return (min(items, n_sms),)
 
 
-def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None):
+def key_loop_constexprs(key_loop=None) -> dict:
+    """``key_loop``: ``{"peeled": bool, "fence": bool}`` (``attend_overlapped``'s ``PEELED`` / ``FENCE``; a key left
+    out is False), None for the pin ``configs.GLUON_FWD_KEY_LOOP``; returns the kernel's constexprs."""
+    if key_loop is None:
+        key_loop = configs.GLUON_FWD_KEY_LOOP
+    if not isinstance(key_loop, dict) or not set(key_loop) <= {"peeled", "fence"}:
+        raise ValueError(f"key_loop must be a dict with keys among peeled, fence, got {key_loop!r}")
+    return {"PEELED": check_flag(key_loop.get("peeled", False), "key_loop['peeled']"),
+            "FENCE": check_flag(key_loop.get("fence", False), "key_loop['fence']")}
+
+
+def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None, key_loop=None):
     """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
     non-contiguous inputs are copied. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
-    ``DEFAULT_CONFIG`` (``check_gluon_config`` says what is legal).
+    ``DEFAULT_CONFIG`` (``check_gluon_config`` says what is legal). ``key_loop``: where the consumers' key loop
+    waits for ``P V`` (``key_loop_constexprs``, ``attend_overlapped``), default ``configs.GLUON_FWD_KEY_LOOP``.
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_gluon_inputs(q, k, v, causal, scale,
                                                                      "flash_attention_forward_gluon")
     config = check_gluon_config(config, d)
+    loop = key_loop_constexprs(key_loop)
     check_gluon_device(q.device)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
     bm = config[0]
     grid = persistent_grid(B, Hq, Nq, bm, causal, torch.cuda.get_device_properties(q.device).multi_processor_count)
     fwd_ws_persistent_kernel[grid](*forward_args(q, k, v, o, lse, config, bm // 2, scale, group), B * Hq,
-                                   **ws_constexprs(d, config, causal), maxnreg=PINGPONG_MAXNREG)
+                                   **ws_constexprs(d, config, causal), **loop, maxnreg=PINGPONG_MAXNREG)
     return o, lse
 
 
-def compile_forward(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16", turns: bool = True):
+def compile_forward(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16", turns: bool = True,
+                    key_loop=None):
     """Compile the production kernel for sm_90a ahead of time (no GPU needed); return the compiled kernel.
 
     ``reference.triton.hopper._aot.resource_usage`` then reads its registers, spills and SASS (tests,
-    notes/hopper.md). ``turns=False``: without the ping-pong turn barriers (the "specialized" ablation).
+    notes/hopper.md). ``turns=False``: without the ping-pong turn barriers (the "specialized" ablation);
+    ``key_loop``: as ``flash_attention_forward_gluon``'s.
     """
     config = check_gluon_config(config)
     bm, _, _, warps = config
     sig = dict(forward_signature(bm // 2, config[1], head_dim, dtype), BH="i32")
-    return compile_gluon(fwd_ws_persistent_kernel, sig, ws_constexprs(head_dim, config, causal, turns), warps,
+    return compile_gluon(fwd_ws_persistent_kernel, sig,
+                         dict(ws_constexprs(head_dim, config, causal, turns), **key_loop_constexprs(key_loop)), warps,
                          maxnreg=PINGPONG_MAXNREG)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .common import check_gluon_device, check_gluon_inputs
-from .flash_gluon import flash_attention_forward_gluon
+from .flash_gluon import flash_attention_forward_gluon, key_loop_constexprs
 from .flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 
 
@@ -19,8 +19,8 @@ class FlashAttentionGluonFunction(torch.autograd.Function):
     """``o = softmax(scale * q k^T [+ causal mask]) v``; forward and backward by the Gluon kernels."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale):
-        o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, scale=scale)
+    def forward(ctx, q, k, v, causal, scale, key_loop=None):
+        o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, scale=scale, key_loop=key_loop)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.scale = causal, scale
         return o
@@ -30,19 +30,21 @@ class FlashAttentionGluonFunction(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward_gluon_ws(q, k, v, o, lse, do.to(q.dtype), causal=ctx.causal,
                                                        scale=ctx.scale)
-        return dq, dk, dv, None, None
+        return dq, dk, dv, None, None, None
 
 
-def flash_attention_gluon(q, k, v, causal=False, scale=None):
+def flash_attention_gluon(q, k, v, causal=False, scale=None, key_loop=None):
     """Differentiable attention on an H100/H200 with the Gluon forward and warp-specialised backward.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``
     (GQA: ``k.grad``/``v.grad`` sum over each kv head's query heads), bottom-right causal. Returns ``o``;
-    ``o.backward(do)`` fills ``q.grad``, ``k.grad``, ``v.grad``.
+    ``o.backward(do)`` fills ``q.grad``, ``k.grad``, ``v.grad``. ``key_loop``: the forward's key-loop options
+    (``flash_gluon.key_loop_constexprs``; default the pin ``configs.GLUON_FWD_KEY_LOOP``).
     """
     *_, causal, scale = check_gluon_inputs(q, k, v, causal, scale, "flash_attention_gluon")
+    key_loop_constexprs(key_loop)  # a bad option is named before any launch
     check_gluon_device(q.device, "flash_attention_gluon")
-    return FlashAttentionGluonFunction.apply(q, k, v, causal, scale)
+    return FlashAttentionGluonFunction.apply(q, k, v, causal, scale, key_loop)
 
 
 __all__ = ["flash_attention_gluon", "FlashAttentionGluonFunction"]
