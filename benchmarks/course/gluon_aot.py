@@ -10,7 +10,8 @@ the turns, one CTA per tile) by ``experiments.gluon_schedules.compile_forward``.
 ``resource_usage(barriers=True)``: registers per thread, stack, shared bytes, SASS opcode counts (``HGMMA``
 matrix instructions, ``UTMALDG`` TMA loads, ``LDL``/``STL`` spills, ``SYNCS.PHASECHK`` mbarrier waits,
 ``SYNCS.ARRIVE..A1T0`` mbarrier arrivals, ``WARPGROUP.DEPBAR`` wgmma waits) and the PTX counts they come from
-(``mbarrier.try_wait.parity``, ``mbarrier.arrive``, ``wgmma.wait_group N``). Compiling every variant takes
+(``mbarrier.try_wait.parity``, ``mbarrier.arrive``, ``wgmma.wait_group N``); for the production kernel and its
+key-loop options (``KEY_LOOPS``) also ``pv_waits``. Compiling every variant takes
 one to three minutes on two cores, too long for a lecture cell, so the results are committed to
 ``benchmarks/results/sm90a-gluon-aot.json`` (with the Triton version) and the lecture compiles one live.
 """
@@ -37,22 +38,40 @@ VARIANTS = {
     "pingpong_persistent": ("pingpong", None, False, True),
     "pingpong_persistent_stages3": ("pingpong", (128, 128, 3, 4), False, True),
 }
+#: the production kernel's key-loop options (``flash_gluon.attend_overlapped``'s ``FENCE`` / ``PEELED``): name ->
+#: (key_loop, causal); the rows also get ``pv_waits`` (``_aot.wgmma_wait_order``: the exps ptxas put before each key
+#: loop's ``P V`` wait), as does ``pingpong_persistent`` (with its loop spelled out: ``not_peeled``, the option off)
+KEY_LOOPS = {
+    "pingpong_persistent_not_peeled": ({"peeled": False, "fence": False}, False),
+    "pingpong_persistent_peeled": ({"peeled": True, "fence": False}, False),
+    "pingpong_persistent_fence": ({"peeled": False, "fence": True}, False),
+    "pingpong_persistent_peeled_fence": ({"peeled": True, "fence": True}, False),
+    "pingpong_persistent_causal_not_peeled": ({"peeled": False, "fence": False}, True),
+    "pingpong_persistent_causal_fence": ({"peeled": False, "fence": True}, True),
+}
 
 
-def compile_variant(schedule: str, config, causal: bool, persistent: bool, d: int = 128):
-    """The compiled kernel: the production one for ``("pingpong", persistent=True)``, else the ablation."""
+def compile_variant(schedule: str, config, causal: bool, persistent: bool, d: int = 128, key_loop=None):
+    """The compiled kernel: the production one for ``("pingpong", persistent=True)`` (``key_loop``: its options,
+    None for the pin), else the ablation."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("run with TRITON_INTERPRET=0 (the compiler rejects interpreter objects)")
     if schedule == "pingpong" and persistent:
         from reference.triton.hopper.flash_gluon import compile_forward
-        return compile_forward(d, causal, config)
+        return compile_forward(d, causal, config, key_loop=key_loop)
     from experiments.gluon_schedules import compile_forward
     return compile_forward(schedule, d, causal, config, persistent=persistent)
 
 
-def usage(schedule: str, config, causal: bool, persistent: bool, d: int = 128) -> dict:
-    from reference.triton.hopper._aot import resource_usage
-    return resource_usage(compile_variant(schedule, config, causal, persistent, d), barriers=True)
+def usage(schedule: str, config, causal: bool, persistent: bool, d: int = 128, key_loop=None, waits=False) -> dict:
+    """``resource_usage(barriers=True)`` of a variant; ``waits``: also ``pv_waits``, the exps before each key
+    loop's ``P V`` wait (``_aot.wgmma_wait_order``)."""
+    from reference.triton.hopper._aot import resource_usage, wgmma_wait_order
+    compiled = compile_variant(schedule, config, causal, persistent, d, key_loop)
+    out = resource_usage(compiled, barriers=True)
+    if waits:
+        out["pv_waits"] = [w["exps_before_pv_wait"] for w in wgmma_wait_order(compiled)]
+    return out
 
 
 def main(argv=None) -> int:
@@ -71,7 +90,11 @@ def main(argv=None) -> int:
     rows = {}
     for name, (schedule, cfg, causal, persistent) in VARIANTS.items():
         rows[name] = dict(schedule=schedule, config=cfg, causal=causal, persistent=persistent, d=128,
-                          **usage(schedule, cfg, causal, persistent))
+                          **usage(schedule, cfg, causal, persistent, waits=name == "pingpong_persistent"))
+        print(name, rows[name], file=sys.stderr, flush=True)
+    for name, (loop, causal) in KEY_LOOPS.items():
+        rows[name] = dict(schedule="pingpong", config=None, causal=causal, persistent=True, d=128, key_loop=loop,
+                          **usage("pingpong", None, causal, True, key_loop=loop, waits=True))
         print(name, rows[name], file=sys.stderr, flush=True)
     out = os.path.abspath(args.out)
     with open(out, "w") as f:
