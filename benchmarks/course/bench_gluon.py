@@ -53,7 +53,7 @@ SCHEDULES = ("pingpong", "pingpong+persistent", "specialized", "specialized+pers
              "pingpong+persistent+fence", "pingpong+persistent+peeled+fence")
 #: profiled by the ``ncu`` stage: (N, causal) at d = 128, and the implementations
 NCU_CASES = [(2048, False), (2048, True), (8192, False)]
-NCU_IMPLS = ("cudnn", "pingpong", "pingpong+persistent")
+NCU_IMPLS = ("cudnn", "pingpong", "pingpong+persistent", "pingpong+persistent+fence")
 
 
 def _gluon(name):
