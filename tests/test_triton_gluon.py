@@ -56,21 +56,22 @@ def _pv_waits(*args) -> list:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [("--fence",), ("--fence", "--causal"), ("--fence", "--peeled", "--d", "64",
-                                                                          "--causal")])
+                                                                          "--causal"), ()])
 def test_fence_keeps_the_pv_wait_after_the_exps(args):
-    """``key_loop={"fence": True}`` (the K release after the softmax, in a branch that is always taken): in every
-    key loop of both consumers all 64 exps of the softmax (and the two of ``alpha``) come before the wait for
-    ``P_{j-1} V_{j-1}``, FA3 Algorithm 2's overlap; with ``peeled`` there are two loops per consumer."""
+    """``key_loop={"fence": True}`` (the K release after the softmax, in a branch that is always taken; the pin at
+    d = 128, the last case): in every key loop of both consumers all 64 exps of the softmax (and the two of
+    ``alpha``) come before the wait for ``P_{j-1} V_{j-1}``, FA3 Algorithm 2's overlap; with ``peeled`` there are
+    two loops per consumer."""
     waits = _pv_waits(*args)
     assert len(waits) == (4 if "--peeled" in args else 2), waits
     assert all(n >= 64 for n in waits), waits
 
 
 @pytest.mark.slow
-def test_pin_and_peeled_alone_hoist_the_pv_wait():
-    """Why ``fence`` exists: with the mask's run-time branch (the plain loop) ptxas puts the ``P V`` wait at the top
-    of the block after it, above every exp; the peeled loops alone (no branch) leave it above them in the unmasked
-    loop too. The check of the test above fails on both (``--no-peeled`` pins the option off whatever the pin)."""
+def test_options_off_and_peeled_alone_hoist_the_pv_wait():
+    """Why ``fence`` exists: with the mask's run-time branch (the plain loop, both options off) ptxas puts the
+    ``P V`` wait at the top of the block after it, above every exp; the peeled loops alone (no branch) leave it
+    above them in the unmasked loop too. The check of the test above fails on both."""
     assert _pv_waits("--no-peeled") == [0, 0]
     assert _pv_waits("--peeled")[::2] == [0, 0]  # the unmasked loop of each consumer
 
@@ -116,8 +117,8 @@ def test_needs_a_hopper_gpu(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 @pytest.mark.parametrize("schedule", ["pingpong", "specialized", "overlap", "pingpong+persistent",
-                                      "pingpong+persistent+fence", "pingpong+persistent+peeled+fence",
-                                      "pingpong+persistent+peeled"])
+                                      "pingpong+persistent+off", "pingpong+persistent+fence",
+                                      "pingpong+persistent+peeled+fence", "pingpong+persistent+peeled"])
 @pytest.mark.parametrize("B, Hq, Hkv, Nq, Nk, d, causal", [
     (2, 4, 4, 256, 256, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2, 8, 2, 333, 333, 128, True),
     (1, 2, 2, 300, 1000, 128, True), (1, 2, 2, 1000, 300, 64, True), (1, 3, 3, 1, 77, 64, False),
@@ -126,7 +127,7 @@ def test_matches_float64(rng, schedule, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v = _qkv(rng, B, Hq, Hkv, Nq, Nk, d)
     schedule, _, mode = schedule.partition("+")
     if schedule == "pingpong" and mode.startswith("persistent"):  # the production kernel, through the public name
-        opts = mode.split("+")[1:]  # its key-loop options (flash_gluon.attend_overlapped), else the pin
+        opts = mode.split("+")[1:]  # its key-loop options (flash_gluon.attend_overlapped; "off": none), else the pin
         loop = {"peeled": "peeled" in opts, "fence": "fence" in opts} if opts else None
         o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, key_loop=loop)
     else:  # an ablation (experiments/gluon_schedules.py)

@@ -41,26 +41,28 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, T
          (4, 8, 2, 1000, 1000, 128, True, "bf16"), (8, 16, 16, 600, 1200, 64, True, "bf16"),
          (4, 8, 8, 1000, 700, 128, False, "bf16")]
 #: timed again after the main table (the earlier runs' block-size variants are in notes/hopper.md section 1c): a
-#: second timing of the ping-pong kernels in the same run, for the noise; "+peeled" alone (its SASS keeps the P V
-#: wait above the exps, like the pin: a control for the key-loop options)
+#: second timing of the ping-pong kernels in the same run, for the noise, and the production kernel's key-loop
+#: options spelled out ("+off": both off; "+peeled" alone keeps the P V wait above the exps, a control)
 VARIANTS = {"pingpong": [(128, 128, 2, 4)], "pingpong+persistent": [(128, 128, 2, 4)],
-            "pingpong+persistent+fence": [(128, 128, 2, 4)], "pingpong+persistent+peeled+fence": [(128, 128, 2, 4)],
-            "pingpong+persistent+peeled": [(128, 128, 2, 4)]}
+            "pingpong+persistent+off": [(128, 128, 2, 4)], "pingpong+persistent+fence": [(128, 128, 2, 4)],
+            "pingpong+persistent+peeled+fence": [(128, 128, 2, 4)], "pingpong+persistent+peeled": [(128, 128, 2, 4)]}
 O_TOL, LSE_TOL = 1.5e-2, 1e-2
 #: timed in the main table (and checked); "+persistent": one CTA per SM looping over query tiles (the production
-#: kernel); "+fence" / "+peeled": its key-loop options (``flash_gluon.attend_overlapped``, ``key_loop=``)
+#: kernel, its key loop pinned per head dimension, ``configs.GLUON_FWD_KEY_LOOP``); "+off" / "+fence": that key
+#: loop with both options off / with ``fence`` at every d (``flash_gluon.attend_overlapped``, ``key_loop=``)
 SCHEDULES = ("pingpong", "pingpong+persistent", "specialized", "specialized+persistent", "overlap",
-             "pingpong+persistent+fence", "pingpong+persistent+peeled+fence")
+             "pingpong+persistent+off", "pingpong+persistent+fence")
 #: profiled by the ``ncu`` stage: (N, causal) at d = 128, and the implementations
 NCU_CASES = [(2048, False), (2048, True), (8192, False)]
-NCU_IMPLS = ("cudnn", "pingpong", "pingpong+persistent", "pingpong+persistent+fence")
+NCU_IMPLS = ("cudnn", "pingpong", "pingpong+persistent", "pingpong+persistent+off")
 
 
 def _gluon(name):
     """The forward for ``name`` = ``schedule[+persistent]``: ``f(q, k, v, causal, config=None) -> (o, lse)``.
     ``pingpong+persistent`` is the production kernel (``flash_attention_forward_gluon``, its pinned key loop),
-    ``pingpong+persistent+<option>...`` the same with ``key_loop`` options (``fence``, ``peeled``); the others are
-    the ablations of ``experiments/gluon_schedules.py``."""
+    ``pingpong+persistent+<option>...`` the same with ``key_loop`` options spelled out (``fence``, ``peeled``; each
+    one named is on, the other off: ``+off`` turns both off); the others are the ablations of
+    ``experiments/gluon_schedules.py``."""
     schedule, _, mode = name.partition("+")
     if name.startswith("pingpong+persistent"):
         from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon

@@ -7,7 +7,7 @@ FlashAttention convention (batch x seqlen = 16k, hidden 2048, d = 128; FLOPs 3.5
 runs GQA natively (``enable_gqa``; ``cudnn_repeat``: on K, V repeated per query head, as a model without
 ``enable_gqa`` would call it). Per shape, the three gradients of each implementation are first compared with
 cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
-``gluon_<option>`` (``KEY_LOOPS``): the Gluon op with the forward's key-loop options instead of its pin.
+``gluon_<option>`` (``KEY_LOOPS``): the Gluon op with the forward's key loop spelled out instead of its pin.
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
     python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
@@ -25,8 +25,9 @@ TOKENS, HIDDEN, D = 16384, 2048, 128
 #: GQA rows (issue 25's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
 GQA_HEADS = (32, 8)
 GQA_ROWS = [(True, 8192, 2), (True, 32768, 1), (False, 8192, 2)]
-#: the Gluon forward's key-loop options timed beside its pin (``flash_gluon.key_loop_constexprs``)
-KEY_LOOPS = {"fence": {"fence": True}, "peeled_fence": {"peeled": True, "fence": True}}
+#: the Gluon forward's key loop spelled out, timed beside its pin (``flash_gluon.key_loop_constexprs``,
+#: ``configs.GLUON_FWD_KEY_LOOP``: fence at d = 128)
+KEY_LOOPS = {"off": {"peeled": False, "fence": False}, "fence": {"peeled": False, "fence": True}}
 
 
 def _stage_bench():

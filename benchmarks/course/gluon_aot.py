@@ -40,13 +40,13 @@ VARIANTS = {
 }
 #: the production kernel's key-loop options (``flash_gluon.attend_overlapped``'s ``FENCE`` / ``PEELED``): name ->
 #: (key_loop, causal); the rows also get ``pv_waits`` (``_aot.wgmma_wait_order``: the exps ptxas put before each key
-#: loop's ``P V`` wait), as does ``pingpong_persistent`` (with its loop spelled out: ``not_peeled``, the option off)
+#: loop's ``P V`` wait), as does ``pingpong_persistent`` (the pin: fence at d = 128; ``_off``: both options off)
 KEY_LOOPS = {
-    "pingpong_persistent_not_peeled": ({"peeled": False, "fence": False}, False),
+    "pingpong_persistent_off": ({"peeled": False, "fence": False}, False),
     "pingpong_persistent_peeled": ({"peeled": True, "fence": False}, False),
     "pingpong_persistent_fence": ({"peeled": False, "fence": True}, False),
     "pingpong_persistent_peeled_fence": ({"peeled": True, "fence": True}, False),
-    "pingpong_persistent_causal_not_peeled": ({"peeled": False, "fence": False}, True),
+    "pingpong_persistent_causal_off": ({"peeled": False, "fence": False}, True),
     "pingpong_persistent_causal_fence": ({"peeled": False, "fence": True}, True),
 }
 

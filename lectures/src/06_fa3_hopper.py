@@ -420,14 +420,16 @@ ALG2 = [  # (a piece of the source line, what it does in FA3 Algorithm 2 / secti
     ("s = warpgroup_mma_wait(0, deps=(s,))", "Alg.2: commit and wait (nothing else in flight yet)"),
     ("mbarrier.arrive(k_bars.index(STAGES + it0", "Alg.2: release K stage 0 (empty barrier, count 2)"),
     ("p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, 0,", "Alg.2: m_i, P_cur, l_i from S_cur"),
-    ("for j in range(1, hi):", "Alg.2: main loop over key blocks j = 1 .. T_c - 1"),
+    ("for part in gl.static_range(", "one loop, or two with PEELED (unmasked, then masked blocks; 10c)"),
+    ("for j in range(lo, end):", "Alg.2: main loop over key blocks j = 1 .. T_c - 1"),
     ("mbarrier.wait(k_bars.index(slot)", "Alg.2: wait for K_j"),
     ("mbarrier.wait(v_bars.index(prev)", "Alg.2: wait for V_{j-1}"),
     ("mbarrier.wait(turn_bars.index(WG), ((r0 + j)", "turn: my round j"),
     ("s = warpgroup_mma(q_smem, k_smem.index(slot)", "Alg.2: S_next = Q K_j^T, commit, do not wait"),
     ("acc = warpgroup_mma(p_op, v_smem.index(prev)", "Alg.2: O += P_cur V_{j-1}, commit, do not wait"),
     ("s = warpgroup_mma_wait(1, deps=(s,))", "Alg.2: wait for Q K_j^T only (1 group may stay in flight)"),
-    ("mbarrier.arrive(k_bars.index(STAGES + slot))", "Alg.2: release K_j (earlier than Alg.2, which frees K and V together)"),
+    ("mbarrier.arrive(k_bars.index(STAGES + slot))", "Alg.2: release K_j (Alg.2 frees K and V together)"),
+    ("if N_K > 0:", "FENCE: always true; ends the block, so the P V wait stays below (10c)"),
     ("p, alpha, m_i, l_i = online_softmax(s, m_i, l_i, j,", "Alg.2: m_i, P_next, l_i from S_next -- under P V"),
     ("acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))", "Alg.2: wait for P_cur V_{j-1}"),
     ("mbarrier.arrive(v_bars.index(STAGES + prev))", "Alg.2: release V_{j-1}"),
@@ -536,7 +538,7 @@ check_guess(guess, var["pingpong"]["ptx_wgmma_wait_1"], rel=0, what="wgmma.wait_
 print(f"compiled for {aot['target']} by Triton {aot['triton']}")
 print(f"{'variant':24s} {'regs':>4} {'shared B':>8} {'spill':>5} {'HGMMA':>5} {'mbar wait':>9} {'mbar arrive':>11} "
       f"{'wgmma wait(0)':>13} {'wait(1)':>7}")
-for name, u in var.items():
+for name, u in ((n, u) for n, u in var.items() if "key_loop" not in u):  # key-loop options: the next cells
     print(f"{name:24s} {u['registers']:4d} {u['shared_bytes']:8d} {u['LDL'] + u['STL']:5d} {u['HGMMA']:5d} "
           f"{u['ptx_mbarrier_wait']:9d} {u['ptx_mbarrier_arrive']:11d} {u['ptx_wgmma_wait_0']:13d} "
           f"{u['ptx_wgmma_wait_1']:7d}")
@@ -578,6 +580,48 @@ if "shared_bytes" in live:
 # %% [markdown]
 # So three stages of 128-key tiles fit only the one-CTA-per-tile ablation (one Q buffer); the persistent kernel
 # spends that room on its second Q buffer, which hides the next tile's Q load, and keeps two K/V stages.
+
+# %% [markdown]
+# **Where ptxas puts the wait for $P_{j-1}V_{j-1}$.** Section 10a's loop writes the softmax of $S_j$ *before*
+# `warpgroup_mma_wait(0, ...)`, and the PTX keeps that order. The SASS does not: `warpgroup_mma_wait` becomes
+# `WARPGROUP.DEPBAR.LE gsb0, 0x0`, an instruction with no register operands (Gluon's `deps` only constrain LLVM,
+# one level up), so ptxas's scheduler is free to place it anywhere in its basic block, and it places it early.
+# A basic block ends at every branch, and the loop has one: `online_softmax` masks only the blocks
+# `j >= full_end` (the causal diagonal, the ragged end), a run-time `if`. The softmax therefore sits in the block
+# after that `if` joins, and the wait lands at the top of that block, *above* the 64 exps: the tensor cores
+# finish $P_{j-1}V_{j-1}$ while the warpgroup waits instead of computing, and Algorithm 2's overlap is lost (only
+# the other warpgroup's GEMMs run under this softmax). `_aot.wgmma_wait_order` reads the SASS and counts the
+# `MUFU.EX2` (exps) between each key loop's two waits; `gluon_aot` recorded it for the production kernel and for
+# two ways to move the wait (`key_loop=` of `flash_attention_forward_gluon`, `attend_overlapped`'s `PEELED` /
+# `FENCE`):
+#
+# * `peeled`: the loop split at `full_end` into an unmasked and a masked loop, no branch in either body (FA3
+#   peels its masked iterations this way). Alone it does not help here: without a block boundary, ptxas
+#   hoists the wait right up to the last barrier instruction before it, the K slot's release after $S_j$;
+# * `fence`: that release moved after the softmax, inside `if N_K > 0:` (always true once there is a key
+#   block). The branch is the point: it *ends* the softmax's block, so the wait starts the next one, below
+#   all the exps. A branch in the wrong place hoisted the wait; one in the right place keeps it down.
+#
+# The production kernel pins `fence` at d = 128 and both options off at d = 64
+# (`configs.GLUON_FWD_KEY_LOOP`); the cell prints what the H100 measured for each option in one process
+# (`benchmarks/course/bench_key_loop.py`, medians of rotated rounds; notes/hopper.md has the noise, which is of the
+# same order as the gains). **Predict:** in each of the two consumers' key loops, how many exps come before the
+# wait with both options off, and how many with `fence` (64 scores per thread and row block, plus the two of
+# `alpha`)?
+
+# %%
+guess = None  # your answer: exps before the P V wait in one key loop with fence
+check_guess(guess, var["pingpong_persistent_fence"]["pv_waits"][0], rel=0, what="exps before the wait, fence")
+print(f"{'variant (d = 128)':40s} {'exps before the P V wait, per key loop':>40s} {'HGMMA':>6} {'spills':>6}")
+for name, u in var.items():
+    if "pv_waits" in u:
+        print(f"{name:40s} {str(u['pv_waits']):>40s} {u['HGMMA']:6d} {u['LDL'] + u['STL']:6d}")
+for path, r in load_results("*-gluon-key-loop.json"):
+    print(f"\n{path.name} ({r['meta']['gpu']}): forward TFLOP/s, x both options off")
+    for row in r["bf16"]:
+        t = {n: row[n]["tflops"] for n in ("cudnn", "off", "fence", "peeled_fence")}
+        print(f"  d={row['d']:3d} N={row['N']:5d} {'causal' if row['causal'] else '      '}  cuDNN {t['cudnn']:4.0f}  "
+              + "  ".join(f"{n} {t[n]:4.0f} ({t[n] / t['off']:.2f})" for n in ("off", "fence", "peeled_fence")))
 
 # %% [markdown]
 # ### 10d. Measured: each idea with and without persistence

@@ -167,20 +167,25 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: per K/V ring slot instead of two, the row max / sum split into independent chains; chosen by the same sweep
 #: (h100-fp8-gluon.json "variants", N = 8k, x the bf16 Gluon forward, non-causal / causal): no turns 1.33 / 1.21;
 #: turns with 3 stages 1.20 / 1.08 (2 or 4 stages 1.33-1.34 / 1.16-1.17); merged, split: 1.28-1.33 / 1.14-1.19
-#: "peeled" (default off, NOT MEASURED on a GPU): the key loop split at the first masked block into an unmasked and a
-#: masked loop with no branch in either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3
-#: Algorithm 2's overlap; with the mask's branch it hoists the wait above them): notes/hopper.md "the P V wait"
+#: "peeled" (off): the key loop split at the first masked block into an unmasked and a masked loop with no branch in
+#: either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3 Algorithm 2's overlap; with the
+#: mask's branch it hoists the wait above them): notes/hopper.md "the P V wait". H100 (h100-gluon-key-loop.json, one
+#: process, 5 rotated rounds), peeled / pin at N = 8k / 16k: medians 1.06 / 1.08 non-causal, 0.99 / 1.02 causal; the
+#: fastest rounds 1.02 / 1.02 and 0.96 / 0.95: not ahead beyond the noise (rounds spread 5-15%), so not pinned
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
 #: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, session 6)
 FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
-#: the bf16 Gluon forward's key loop (``hopper.flash_gluon.attend_overlapped``'s ``PEELED`` / ``FENCE``): where ptxas
-#: puts the P_{j-1} V_{j-1} wait. Pin (both off): the mask's branch leaves it above all 64 exps of the softmax (no
-#: FA3 Algorithm 2 overlap); "fence" (the K release after the softmax in an always-taken branch) keeps it after all
-#: of them, with or without "peeled" (an unmasked and a masked loop; alone it does not move the wait). NOT MEASURED on
-#: a GPU yet: notes/hopper.md "issue 25 items 6/7, session 6: the peeled key loop"
-GLUON_FWD_KEY_LOOP = {"peeled": False, "fence": False}
+#: the bf16 Gluon forward's key loop per head dimension (``hopper.flash_gluon.attend_overlapped``'s ``PEELED`` /
+#: ``FENCE``): where ptxas puts the P_{j-1} V_{j-1} wait. Both off: the mask's branch leaves it above all 64 exps of
+#: the softmax (no FA3 Algorithm 2 overlap); "fence" (the K release after the softmax in an always-taken branch)
+#: keeps it after all of them (sm_90a SASS, d = 64 and 128); "peeled" (an unmasked and a masked loop) alone does
+#: not move it. H100, one process, 5 rotated rounds (h100-gluon-key-loop.json), fence / both off, medians: d = 128
+#: non-causal 1.03 / 1.04 / 1.05 at N = 2k / 8k / 16k, causal 0.97 / 1.00 / 1.03; GQA 32/8 causal training step
+#: 1.02 (8k) / 1.06 (32k); d = 64 at 8k 0.95 / 0.99 (off there); peeled + fence no better than fence. The rounds
+#: spread by 3-20%, so the d = 128 gain is near the noise (notes/hopper.md "issue 25 items 6/7, session 6")
+GLUON_FWD_KEY_LOOP = {128: {"peeled": False, "fence": True}, 64: {"peeled": False, "fence": False}}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default

@@ -7,8 +7,9 @@ Registers per thread, stack, shared memory, SASS opcode counts (``_aot.SASS_OPS`
 TMA loads, ...) and the md5 of the SASS instructions (``_aot.sass_md5``). The same md5 before and after a refactor
 says the GPU runs the same code (notes/experiments_removed.md has the table of the move into this wing;
 notes/layout.md "Duplicates, fifth pass" the md5s of the shared forward helpers). ``--peeled`` / ``--no-peeled``
-compile the bf16 (``fwd``) and FP8 (``fp8g``) Gluon forwards with / without their peeled key loop (neither: the
-pins); ``--fence`` the bf16 forward with its K release after the softmax (``attend_overlapped``'s ``FENCE``);
+compile the bf16 (``fwd``) and FP8 (``fp8g``) Gluon forwards with / without their peeled key loop, ``--fence`` the
+bf16 forward with its K release after the softmax (``attend_overlapped``'s ``FENCE``); any of them spells the bf16
+key loop out (an option not named is off), none of them compiles the pins;
 ``--waits`` adds ``_aot.wgmma_wait_order`` (where ptxas put each key loop's P V wait relative to the softmax's
 exps) as ``pv_waits``.
 """

@@ -13,7 +13,8 @@ combines three of its ideas:
 
 * intra-warpgroup overlap, FA3 Algorithm 2 (``attend_overlapped``): in iteration ``j`` the warps issue
   ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back, wait only for ``S_j`` (wgmma groups retire in
-  order), and run the softmax of ``S_j`` while ``P_{j-1} V_{j-1}`` is still on the tensor cores;
+  order), and run the softmax of ``S_j`` while ``P_{j-1} V_{j-1}`` is still on the tensor cores (in the SASS only
+  where ptxas keeps that wait below the softmax: the ``key_loop`` option ``fence``, pinned at d = 128);
 * warp specialisation with ping-pong, FA3 section 3.1: one producer warp issues every TMA copy into
   ``STAGES``-deep K/V rings (ready/empty mbarriers); two consumer warpgroups (``gl.warp_specialize``
   partitions, register budgets set by ``setmaxnreg``: few for the producer, the rest for the consumers) each
@@ -209,7 +210,8 @@ def attend_overlapped(q_smem, k_smem, v_smem, k_bars, v_bars, desc_k, desc_v, kv
                 mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
                 if PINGPONG:
                     mbarrier.wait(turn_bars.index(WG), ((r0 + j) & 1) ^ (1 - WG))
-                s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+                s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)
                 acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
                 if PINGPONG:
                     mbarrier.arrive(turn_bars.index(1 - WG))
@@ -474,11 +476,12 @@ def persistent_grid(B: int, Hq: int, Nq: int, bm: int, causal: bool, n_sms: int)
     return (min(items, n_sms),)
 
 
-def key_loop_constexprs(key_loop=None) -> dict:
+def key_loop_constexprs(key_loop=None, head_dim: int = 128) -> dict:
     """``key_loop``: ``{"peeled": bool, "fence": bool}`` (``attend_overlapped``'s ``PEELED`` / ``FENCE``; a key left
-    out is False), None for the pin ``configs.GLUON_FWD_KEY_LOOP``; returns the kernel's constexprs."""
+    out is False), None for the pin of ``head_dim`` in ``configs.GLUON_FWD_KEY_LOOP``; returns the kernel's
+    constexprs."""
     if key_loop is None:
-        key_loop = configs.GLUON_FWD_KEY_LOOP
+        key_loop = configs.GLUON_FWD_KEY_LOOP[head_dim]
     if not isinstance(key_loop, dict) or not set(key_loop) <= {"peeled", "fence"}:
         raise ValueError(f"key_loop must be a dict with keys among peeled, fence, got {key_loop!r}")
     return {"PEELED": check_flag(key_loop.get("peeled", False), "key_loop['peeled']"),
@@ -491,12 +494,12 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
     non-contiguous inputs are copied. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
     ``DEFAULT_CONFIG`` (``check_gluon_config`` says what is legal). ``key_loop``: where the consumers' key loop
-    waits for ``P V`` (``key_loop_constexprs``, ``attend_overlapped``), default ``configs.GLUON_FWD_KEY_LOOP``.
+    waits for ``P V`` (``key_loop_constexprs``, ``attend_overlapped``), default ``configs.GLUON_FWD_KEY_LOOP[d]``.
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_gluon_inputs(q, k, v, causal, scale,
                                                                      "flash_attention_forward_gluon")
     config = check_gluon_config(config, d)
-    loop = key_loop_constexprs(key_loop)
+    loop = key_loop_constexprs(key_loop, d)
     check_gluon_device(q.device)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
@@ -518,9 +521,8 @@ def compile_forward(head_dim: int = 128, causal: bool = False, config=None, dtyp
     config = check_gluon_config(config)
     bm, _, _, warps = config
     sig = dict(forward_signature(bm // 2, config[1], head_dim, dtype), BH="i32")
-    return compile_gluon(fwd_ws_persistent_kernel, sig,
-                         dict(ws_constexprs(head_dim, config, causal, turns), **key_loop_constexprs(key_loop)), warps,
-                         maxnreg=PINGPONG_MAXNREG)
+    cx = dict(ws_constexprs(head_dim, config, causal, turns), **key_loop_constexprs(key_loop, head_dim))
+    return compile_gluon(fwd_ws_persistent_kernel, sig, cx, warps, maxnreg=PINGPONG_MAXNREG)
 
 
 __all__ = ["flash_attention_forward_gluon", "compile_forward", "check_gluon_config", "DEFAULT_CONFIG"]
