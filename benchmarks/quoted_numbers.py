@@ -168,6 +168,27 @@ _NUM = re.compile(r"(?<![\w.:])(\d+(?:\.\d+)?)(?![\deE]|\.\d)(?:\s?(" + _UNITS +
 _ARXIV = re.compile(r"\d{4}\.\d{5}")
 
 
+def key_loop_quotes(r) -> list[str]:
+    """The key-loop row of docs/results.md from ``<gpu>-gluon-key-loop.json`` (``bench_key_loop``): fence / off of
+    the bf16 Gluon forward (d = 128 at N = 2k / 8k / 16k, non-causal then causal; d = 64 at 8k), the GQA training
+    step against cuDNN (off, fence; 8k / 32k), FP8 peeled / pin (8k / 16k, non-causal then causal)."""
+    def ratio(row, a, b):
+        return row[a]["tflops"] / row[b]["tflops"]
+
+    def joined(rows, a, b):
+        return " / ".join(f"{ratio(x, a, b):.2f}" for x in rows)
+    bf = r["bf16"]
+    d128 = [[x for x in bf if x["d"] == 128 and x["causal"] == c] for c in (False, True)]
+    d64 = [x for x in bf if x["d"] == 64]
+    tr = r["train"]
+    fp = [[x for x in r["fp8"] if x["causal"] == c] for c in (False, True)]
+    return [f"d = 128 {joined(d128[0], 'fence', 'off')} non-causal, {joined(d128[1], 'fence', 'off')} causal",
+            f"d = 64 {joined(d64, 'fence', 'off')}",
+            f"off {joined(tr, 'gluon_off', 'cudnn')}, fence {joined(tr, 'gluon_fence', 'cudnn')}",
+            f"peeled / pin {joined(fp[0], 'fp8_peeled', 'fp8_pin')} non-causal, "
+            f"{joined(fp[1], 'fp8_peeled', 'fp8_pin')} causal"]
+
+
 def prose_numbers(src_path) -> list[str]:
     """The result-like numbers of the markdown cells of a lecture source (``lectures/src/NN_*.py``), as written
     (without their unit)."""
@@ -566,6 +587,9 @@ def main() -> int:
     for path in sorted(RESULTS.glob("*-mixed-batch.json")):
         r = json.loads(path.read_text())
         lines += [f"{path.name} ({r['meta']['gpu']}): {q}" for q in mixed_batch_quotes(r)]
+    for path in sorted(RESULTS.glob("*-gluon-key-loop.json")):
+        r = json.loads(path.read_text())
+        lines += [f"{path.name} ({r['meta']['gpu']}): {q}" for q in key_loop_quotes(r)]
     frag = load("cpu-fragmentation.json")
     if frag:
         s = frag["summary"]

@@ -43,6 +43,13 @@ def test_results_md_quotes_the_mixed_batch_and_h100_decode_runs():
     assert [q for q in quotes if q not in moved] == [speedups]  # one number moved: the check notices
 
 
+def test_results_md_quotes_the_key_loop_run():
+    """The Gluon key-loop row quotes ``h100-gluon-key-loop.json`` as ``quoted_numbers.key_loop_quotes`` rebuilds it."""
+    text = re.sub(r"\s+", " ", _quoted())
+    quotes = _qn().key_loop_quotes(json.loads((RESULTS / "h100-gluon-key-loop.json").read_text()))
+    assert len(quotes) == 4 and [q for q in quotes if q not in text] == []
+
+
 def test_readme_decode_and_cpu_numbers_match_the_results_files():
     readme = _quoted()
     decode = json.loads((RESULTS / "h200-decode.json").read_text())
