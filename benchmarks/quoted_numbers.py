@@ -251,6 +251,7 @@ def _lecture09() -> dict:
         paged = [p["vs_contiguous_graph"] for p in d["paged"] if p.get("block_size") == 16]
         out[_f(min(paged))] = out[_f(max(paged))] = "lecture 8: paged / contiguous decode, block 16 (H200)"
     out.update(_lecture09_mixed())
+    out.update(_lecture09_hopper())
     return out
 
 
@@ -272,6 +273,35 @@ def ncu_metrics(name: str) -> list[dict]:
             continue
         out.setdefault(row["ID"], {}).setdefault(row["Metric Name"], value)  # first of a repeated name: the % one
     return [out[k] for k in sorted(out, key=int)]
+
+
+def _lecture09_hopper() -> dict:
+    """Lecture 09's Hopper sections: the Gluon paged prefill (``h100-paged-prefill.json``) and the Gluon cascade
+    prefix pass (``h100-cascade.json``), each a ``bench_mixed_batch --sections`` run with its baselines."""
+    out = {}
+    p = load("h100-paged-prefill.json")
+    if p:
+        for page, r in p["prefill"]["pages"].items():
+            x = r["vs_contiguous"]["paged_prefill_gluon_tma"]
+            y = r["vs_contiguous_gluon"]["paged_prefill_gluon_tma"]
+            out[_f(x)] = f"paged prefill, Gluon, {page}-token pages / Triton contiguous"
+            out[_f(y)] = f"paged prefill, Gluon, {page}-token pages / Gluon contiguous"
+            out[_f(100 * (1 - y), 0)] = f"paged prefill, Gluon, {page}-token pages: % behind Gluon contiguous"
+    c = load("h100-cascade.json")
+    if c:
+        bw = c["meta"]["copy_bw_bytes_per_s"]
+        prefix_fraction = []
+        for r in c["cascade"]:
+            g, f, b = r["ms_graph"], r["fraction_of_copy_bw"], r["batch"]
+            for path in ("cascade_triton", "cascade_gluon"):
+                out[_f(g[path] * 1e3, 0)] = f"cascade {path} B={b} graph us"
+                out[_f(f[path])] = f"cascade {path} B={b} own bytes / copy"
+            out[_f(r["eager_loop_over_graph"])] = f"cascade B={b} eager / graph (default path)"
+            us = r["kernel_us"]["cascade_gluon"]["cascade_prefix_kernel"]
+            out[_f(us, 0)] = f"cascade B={b} Gluon prefix kernel us"
+            prefix_fraction.append(r["bytes"]["prefix_pass"] / (us * 1e-6) / bw)
+        out[_f(min(prefix_fraction))] = out[_f(max(prefix_fraction))] = "cascade: Gluon prefix kernel bytes / copy"
+    return out
 
 
 def _lecture09_mixed() -> dict:

@@ -41,6 +41,8 @@ plt = setup()
 rng = np.random.default_rng(9)
 serving = load_results("*-serving.json")
 mixed_runs = load_results("*-mixed-batch.json")
+paged_prefill_runs = load_results("*-paged-prefill.json")  # bench_mixed_batch --sections prefill
+cascade_runs = load_results("*-cascade.json")              # bench_mixed_batch --sections cascade
 
 
 def measured(section, runs=serving, pattern="*-serving.json"):
@@ -251,8 +253,44 @@ for res, p in measured_mixed("prefill"):
 # with the same shared memory, but at 5.28 cycles per issued instruction instead of 4.51: the table entries
 # of a block are still loaded and used in the iteration that issues its copy (the pipeliner moves the
 # look-ahead load there), a dependent load on the issue path. Looking two blocks ahead makes Triton give up
-# pipelining the loop altogether; a Hopper kernel with a producer warp issuing one TMA box per page would
-# take the table off the consumers' path (`notes/serving_perf.md`).
+# pipelining the loop altogether; a Hopper kernel with a producer warp issuing one TMA box per page takes the
+# table off the consumers' path. That kernel is next.
+#
+# ### Paged prefill on Hopper: a producer warp that reads the block table
+#
+# Lecture 6's warp-specialised forward already separates *who loads* from *who computes*: one producer warp
+# issues TMA copies into a ring of shared-memory stages, two consumer warpgroups compute. A paged cache changes
+# only the producer's job. For a 128-key tile of 16-token pages it reads the tile's 8 table entries (one vector
+# load, issued *before* it waits for a free stage, so the wait hides it) and issues **one TMA box per page**:
+# eight `(16, d)` copies into row slices of the same stage, all counted on one mbarrier that expects the whole
+# tile's bytes. The pool `(num_blocks, page, Hkv, d)` is one 2-D descriptor `(num_blocks · page, Hkv · d)` and a
+# box starts at row `block · page`, column `h · d`. The consumers run lecture 6's `attend_overlapped` unchanged:
+# they never see a page. (`reference/triton/hopper/paged_prefill_gluon.py`; `paged_prefill` uses it on Hopper,
+# `gather="tma"`, and the Triton page tiles everywhere else.)
+#
+# **Predict** before reading the run: the bytes are the same as contiguous, the producer issues 32 copies per
+# key block instead of 4. How close to the *contiguous Gluon* forward should it get with 16-token pages, and with
+# 64-token pages?
+
+# %%
+for res in [r for _, r in paged_prefill_runs] or not_run("paged prefill on Hopper", "*-paged-prefill.json") or []:
+    print(f"{res['meta']['gpu']}: {res['prefill']['batch']} chunks of {res['prefill']['chunk']} after "
+          f"{res['prefill']['cached']} cached keys")
+    for page, r in res["prefill"]["pages"].items():
+        ms = r["ms"]
+        print(f"  {page:>2s}-token pages: Triton contiguous {ms['contiguous_varlen'] * 1e3:4.0f} us, Gluon contiguous "
+              f"{ms['contiguous_gluon'] * 1e3:4.0f} us, Gluon paged {ms['paged_prefill_gluon_tma'] * 1e3:4.0f} us = "
+              f"{r['vs_contiguous']['paged_prefill_gluon_tma']:.2f}x the Triton contiguous (the bar's baseline), "
+              f"{r['vs_contiguous_gluon']['paged_prefill_gluon_tma']:.2f}x the Gluon contiguous")
+
+# %% [markdown]
+# Measured on the H100: **1.20x** (16-token pages) and **1.27x** (64-token pages) the contiguous Triton varlen
+# forward the bar is defined on, and 0.96x / 1.01x of the *contiguous Gluon* forward: with the copies issued
+# by a warp that does nothing else, paging costs a few percent at most. The 4% left on 16-token pages is, by the
+# compiled code (not yet by a profiler), the producer's own instructions: 336 per key block against 55 for
+# contiguous tiles (32 TMA copies with their address arithmetic), issued from an SM sub-partition it shares with
+# consumer warps. One contract the Triton kernels do not have: the unused slots of a sequence's last page are
+# copied with the page, so they must hold finite values (a zero-initialised cache does).
 #
 # ## 3. Prefix sharing: cascade attention
 #
@@ -383,6 +421,39 @@ for res, rows in measured_mixed("cascade"):
 #   instructions); loading the prefix keys as TMA boxes moved the whole call by a few percent either way, and running
 #   every prefix program first made the prefix pass faster but the call slower at B = 32 and 64 (the suffixes'
 #   reads no longer overlapped it): `notes/serving_perf.md`, session 5.
+
+#
+# ### The prefix pass on Hopper's warp-specialised kernel
+#
+# The prefix pass *is* a small prefill: per kv head, the `B · G` query rows of all requests (packed) against the
+# prefix's keys, non-causal, returning `(o, lse)`. So on Hopper it can run on lecture 6's kernel: one CTA per (kv
+# head, 128 packed rows, chunk of the prefix), a producer warp streaming the prefix through TMA, two ping-pong
+# consumer warpgroups (`reference/triton/hopper/cascade_prefix_gluon.py`). The price is a second launch: a Gluon
+# kernel and a Triton kernel cannot share one, so the Triton kernel runs after it with suffix items only, each
+# request merging its own rows. Two launches in one CUDA graph, chosen where the packed rows reach 128 per kv head
+# (`CascadeConfig.gluon_min_rows`). Measured (`bench_mixed_batch --sections cascade`, both paths in one process):
+
+# %%
+for res in [r for _, r in cascade_runs] or not_run("the Gluon prefix pass", "*-cascade.json") or []:
+    print(f"{res['meta']['gpu']}: copy bandwidth {res['meta']['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s")
+    print(" B  | graph us: Triton (1 launch)  Gluon prefix (2) | own bytes / copy: Triton  Gluon | Gluon prefix kernel us")
+    for c in res["cascade"]:
+        g, f = c["ms_graph"], c["fraction_of_copy_bw"]
+        print(f"{c['batch']:3d} | {g['cascade_triton'] * 1e3:26.0f} {g['cascade_gluon'] * 1e3:18.0f} |"
+              f" {f['cascade_triton']:24.2f} {f['cascade_gluon']:6.2f} |"
+              f" {c['kernel_us']['cascade_gluon']['cascade_prefix_kernel']:10.0f}")
+
+# %% [markdown]
+# * The Gluon prefix kernel takes about 48-55 µs at every batch: the 134 MB prefix at 0.81-0.93 of the copy
+#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.31 of copy there.
+# * The whole call meets the bar at B = 32 and 64 (0.71 and 0.80 of copy: 126 and 168 µs against 139 and 207 µs
+#   for the one-launch Triton kernel), and loses at B = 8 and 16: there the prefix was never the problem, and
+#   two launches pay prefix plus suffixes in full (plus the gap between the launches), where one launch
+#   overlapped them. B = 16 misses on both paths (best 0.62 in this run); what would fix it is the two passes at
+#   once (suffix work items inside the persistent kernel, or a second graph stream), not built.
+# * Called eagerly, the two-launch path costs 1.68x its graph time at B = 32 (not profiled; the two TMA
+#   descriptors rebuilt on every call are the suspect): an eager caller at B = 32 is better served by the
+#   Triton path today.
 # * **B = 8 depends on where the prefix programs land**: 128 of them (16 chunks x 8 kv heads) for 132 SMs. In
 #   the (item, kv head) launch order some SMs got two compute-bound prefix programs while others got none (ncu:
 #   SMs busy for 54% of the elapsed cycles). Launching the prefix items first when they fit one per SM (the
