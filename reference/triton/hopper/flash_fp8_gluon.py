@@ -48,7 +48,10 @@ from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_b
                      tile_descriptor)
 from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
 from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name stays here too)
-from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range, persistent_grid, work_item
+# MASK_*: ``softmax_fp8``'s ``MASK`` (the bf16 ``online_softmax``'s: a run-time test of ``j >= full_end``, never,
+# always); ``mask_scores``: the mask of FA2 Algorithm 1 line 9, shared with the bf16 forward
+from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range,
+                          mask_scores, persistent_grid, work_item)
 
 #: head dimensions of the Gluon FP8 kernel (the bf16 Gluon kernel's; ``flash_fp8`` also takes 32)
 FP8_GLUON_HEAD_DIMS = (64, 128)
@@ -56,11 +59,6 @@ FP8_GLUON_HEAD_DIMS = (64, 128)
 HALF_M = 64
 #: log2 of the factor P is multiplied by before its e4m3 rounding (``flash_fp8.P_SHIFT``; the epilogue removes it)
 P_SHIFT = gl.constexpr(8.0)
-#: ``softmax_fp8``'s ``MASK``: test ``j >= full_end`` at run time (a branch in the key loop), never mask (the
-#: peeled loop over blocks ``< full_end``), always mask (the peeled loop over blocks ``>= full_end``)
-MASK_CHECK = gl.constexpr(0)
-MASK_NEVER = gl.constexpr(1)
-MASK_ALWAYS = gl.constexpr(2)
 NAME = "flash_attention_forward_fp8_gluon"
 
 
@@ -91,19 +89,6 @@ def softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, scale_j, c_j, s_lay
     alpha = gl.exp2(m_i - m_use)
     l_new = l_i * alpha + row_reduce(p, gl.SliceLayout(1, s_layout), BLOCK_M, BLOCK_N, SPLIT, False) * gl.exp2(-c_j)
     return p, alpha, m_new, l_new
-
-
-@gluon.jit
-def mask_scores(s, j, start_m, N_Q, N_K, s_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                CAUSAL: gl.constexpr):
-    """``s`` with the scores of keys past ``N_K`` and, ``CAUSAL``, above the bottom-right diagonal (row ``i``
-    sees key ``k`` iff ``k <= i + N_K - N_Q``) set to ``-inf`` (FA2 Algorithm 1, the mask of line 9)."""
-    cols = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    visible = cols[None, :] < N_K
-    if CAUSAL:
-        rows = start_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
-        visible = visible & (cols[None, :] <= rows[:, None] + (N_K - N_Q))
-    return gl.where(visible, s, float("-inf"))
 
 
 @gluon.jit
