@@ -45,9 +45,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
 from ._aot import compile_gluon, descriptor_signature, resource_usage, sass_text
-from .common import LOG2E_F, gl_dtype, init_ring_barriers
-from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, attend_overlapped, key_range
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+from .common import LOG2E_F, init_ring_barriers, tile_descriptor
+from .flash_gluon import PINGPONG_MAXNREG, SMEM_LIMIT, attend_overlapped, key_range, persistent_grid, ws_constexprs
 
 __all__ = ["paged_prefill_gluon", "gluon_paged_ok", "compile_paged_prefill", "aot_summary", "key_loops", "box_rows",
            "DEFAULT_CONFIG"]
@@ -297,14 +296,10 @@ def paged_prefill_ws_kernel(desc_q, desc_k, desc_v, O, LSE, CU_Q, SEQ_LENS, BT, 
 # host side
 # --------------------------------------------------------------------------------------------------------------
 def _constexprs(d: int, page: int, config: tuple, causal: bool) -> dict:
-    bm, bn, stages, warps = config
-    return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, PAGE=page, BOX=box_rows(page, bn), CAUSAL=causal,
-                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
-
-
-def _descriptor(x2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor:
-    layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl_dtype(x2d.dtype))
-    return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, cols], layout)
+    """The contiguous kernel's (``flash_gluon.ws_constexprs``, no ping-pong switch: the turns are always on) with
+    the page and its TMA box."""
+    cx = {k: v for k, v in ws_constexprs(d, config, causal).items() if k != "TURNS"}
+    return dict(cx, PAGE=page, BOX=box_rows(page, config[1]))
 
 
 def paged_prefill_gluon(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q: int, causal: bool,
@@ -321,11 +316,11 @@ def paged_prefill_gluon(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_table
     box = box_rows(page, bn)
     batch = cu_q.shape[0] - 1
     n_m = triton.cdiv(max_q, bm)
-    items = batch * hq * ((n_m + 1) // 2 if causal else n_m)
-    grid = (min(items, torch.cuda.get_device_properties(q.device).multi_processor_count),)
-    desc_q = _descriptor(q.view(total_q, hq * d), bm // 2, d)
-    desc_k = _descriptor(k_cache.view(num_blocks * page, hkv * d), box, d)
-    desc_v = _descriptor(v_cache.view(num_blocks * page, hkv * d), box, d)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    grid = persistent_grid(batch, hq, max_q, bm, causal, sms)
+    desc_q = tile_descriptor(q.view(total_q, hq * d), bm // 2, d)
+    desc_k = tile_descriptor(k_cache.view(num_blocks * page, hkv * d), box, d)
+    desc_v = tile_descriptor(v_cache.view(num_blocks * page, hkv * d), box, d)
     paged_prefill_ws_kernel[grid](desc_q, desc_k, desc_v, o, lse, cu_q, seq_lens, block_tables,
                                   block_tables.stride(0), n_m, batch, hq, group, total_q, num_blocks * page,
                                   scale * LOG2E_F, **_constexprs(d, page, config, causal), maxnreg=PINGPONG_MAXNREG)
