@@ -5,10 +5,12 @@ Tolerances are relative errors against the float64 oracle of ``tests/oracle.py``
 (NumPy tolerances and shapes, ``load_solution``) live in ``tests/common_numpy.py``, which imports neither torch
 nor Triton.
 """
+import numpy as np
 import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET
+from tests.oracle import attention_ref, lse_err, rel_err
 
 # ---- Triton kernels ----------------------------------------------------------------------------------------------
 # FlashAttention. fp16/bf16: P is rounded to the input dtype before P @ V, as in FlashAttention. fp32: exact fp32
@@ -47,3 +49,48 @@ def gluon_bwd_inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
     def t(*shape):
         return torch.tensor(rng.standard_normal(shape), dtype=dtype, device=DEVICE)
     return t(B, Hq, Nq, d), t(B, Hkv, Nk, d), t(B, Hkv, Nk, d), t(B, Hq, Nq, d)
+
+
+# Paged prefill (the Triton page-tile kernels, the Gluon TMA kernel): packed chunk queries after cached keys.
+def make_paged_prefill(rng, seq_lens, chunks, hq, hkv, d, page, dtype):
+    """Fresh random pools whose pages (every sequence's, plus 3 spare) are permuted, so a table row is out of
+    order; tables padded with -1 (one column more than the longest sequence needs); packed chunk queries.
+    Returns the device tensors ``(q, k_cache, v_cache, table, cu_q, seq_lens)``, each sequence's K/V in token
+    order (float64, NumPy) and ``cu`` (NumPy)."""
+    n_pages = [-(-n // page) for n in seq_lens]
+    total = sum(n_pages) + 3
+    perm = rng.permutation(total)
+    table = np.full((len(seq_lens), max(max(n_pages), 1) + 1), -1, np.int32)
+    at = 0
+    for b, p in enumerate(n_pages):
+        table[b, :p] = perm[at:at + p]
+        at += p
+    kc = rng.standard_normal((total, page, hkv, d)) + rng.uniform(-0.5, 0.5)
+    vc = rng.standard_normal((total, page, hkv, d))
+    q = rng.standard_normal((sum(chunks), hq, d))
+    seqs = []
+    for b, n in enumerate(seq_lens):
+        pages = table[b, np.arange(n) // page]
+        slots = np.arange(n) % page
+        seqs.append((kc[pages, slots], vc[pages, slots]))
+    cu = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
+
+    def dev(x, dt=dtype):
+        return torch.tensor(np.asarray(x), device=DEVICE).to(dt)
+    return (dev(q), dev(kc), dev(vc), dev(table, torch.int32), dev(cu, torch.int32),
+            dev(np.array(seq_lens, np.int32), torch.int32)), seqs, cu
+
+
+def check_paged_prefill(out, q, seqs, cu, causal, dtype, tol):
+    """Each request's rows of ``out = (o, lse)`` against the float64 oracle on its keys (rounded to ``dtype`` as
+    the kernel read them): relative error of O and of the LSE below ``tol``."""
+    o, lse = out
+    for b, (k, v) in enumerate(seqs):
+        sl = slice(cu[b], cu[b + 1])
+        if cu[b + 1] == cu[b]:
+            continue
+        qq = q[sl].to(torch.float64).cpu().transpose(0, 1)
+        kk, vv = (torch.tensor(x).to(dtype).to(torch.float64).transpose(0, 1) for x in (k, v))
+        ro, rl, _ = attention_ref(qq, kk, vv, causal=causal)
+        assert rel_err(o[sl].transpose(0, 1).double().cpu(), ro) < tol, b
+        assert lse_err(lse[:, sl].double().cpu(), rl) < tol, b

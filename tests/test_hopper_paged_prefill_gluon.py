@@ -15,55 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from reference.triton import DEVICE, INTERPRET, paged_prefill
-from tests.oracle import attention_ref, lse_err, rel_err
+from reference.triton import INTERPRET, paged_prefill
+from tests.common import check_paged_prefill, make_paged_prefill
 
 pytestmark = pytest.mark.triton_serving
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
-
-
-def make_case(rng, seq_lens, chunks, hq, hkv, d, page, dtype):
-    """Fresh random pools whose pages (every sequence's, plus 3 spare) are permuted, so a table row is out of
-    order; tables padded with -1 (one column more than the longest sequence needs); packed chunk queries.
-    Returns the device tensors, each sequence's K/V in token order (float64, NumPy) and ``cu`` (NumPy)."""
-    n_pages = [-(-n // page) for n in seq_lens]
-    total = sum(n_pages) + 3
-    perm = rng.permutation(total)
-    table = np.full((len(seq_lens), max(n_pages) + 1), -1, np.int32)
-    at = 0
-    for b, p in enumerate(n_pages):
-        table[b, :p] = perm[at:at + p]
-        at += p
-    kc = rng.standard_normal((total, page, hkv, d)) + rng.uniform(-0.5, 0.5)
-    vc = rng.standard_normal((total, page, hkv, d))
-    q = rng.standard_normal((sum(chunks), hq, d))
-    seqs = []
-    for b, n in enumerate(seq_lens):
-        pages = table[b, np.arange(n) // page]
-        slots = np.arange(n) % page
-        seqs.append((kc[pages, slots], vc[pages, slots]))
-    cu = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
-
-    def dev(x, dt=dtype):
-        return torch.tensor(np.asarray(x), device=DEVICE).to(dt)
-    return (dev(q), dev(kc), dev(vc), dev(table, torch.int32), dev(cu, torch.int32),
-            dev(np.array(seq_lens, np.int32), torch.int32)), seqs, cu
-
-
-def check(out, q, seqs, cu, causal, dtype):
-    """Each request's rows against the float64 oracle on its keys (rounded to ``dtype`` as the kernel read them)."""
-    o, lse = out
-    for b, (k, v) in enumerate(seqs):
-        sl = slice(cu[b], cu[b + 1])
-        if cu[b + 1] == cu[b]:
-            continue
-        qq = q[sl].to(torch.float64).cpu().transpose(0, 1)
-        kk, vv = (torch.tensor(x).to(dtype).to(torch.float64).transpose(0, 1) for x in (k, v))
-        ro, rl, _ = attention_ref(qq, kk, vv, causal=causal)
-        assert rel_err(o[sl].transpose(0, 1).double().cpu(), ro) < TOL[dtype], b
-        assert lse_err(lse[:, sl].double().cpu(), rl) < TOL[dtype], b
 
 
 def _aot(*args) -> dict:
@@ -106,14 +64,14 @@ def test_box_rows_and_what_the_kernel_takes():
 def test_tma_gather_off_hopper_runs_the_triton_kernel(rng):
     """``gather="tma"`` on a machine without a Hopper GPU gives the page-aligned Triton kernel's output."""
     dt = torch.float32 if INTERPRET else torch.float16
-    (q, kc, vc, table, cu_t, sl), _, _ = make_case(rng, [40, 21], [9, 21], 4, 2, 16, 16, dt)
+    (q, kc, vc, table, cu_t, sl), _, _ = make_paged_prefill(rng, [40, 21], [9, 21], 4, 2, 16, 16, dt)
     o1, l1 = paged_prefill(q, kc, vc, table, cu_t, sl, gather="tma")
     o2, l2 = paged_prefill(q, kc, vc, table, cu_t, sl, gather="page")
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
 def test_bad_gather_is_named(rng):
-    (q, kc, vc, table, cu_t, sl), _, _ = make_case(rng, [8], [8], 2, 1, 16, 8, torch.float32)
+    (q, kc, vc, table, cu_t, sl), _, _ = make_paged_prefill(rng, [8], [8], 2, 1, 16, 8, torch.float32)
     with pytest.raises(ValueError, match="gather"):
         paged_prefill(q, kc, vc, table, cu_t, sl, gather="box")
 
@@ -125,12 +83,13 @@ def test_bad_gather_is_named(rng):
 def test_gluon_paged_prefill_matches_float64(rng, page, d, causal):
     seq_lens, chunks = [700, 333, 90, 1300, 17, 129], [300, 1, 0, 700, 17, 129]
     hq, hkv = 8, 2
-    (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, hq, hkv, d, page, torch.bfloat16)
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, hq, hkv, d, page,
+                                                                torch.bfloat16)
     from reference.triton.hopper.paged_prefill_gluon import gluon_paged_ok
     assert gluon_paged_ok(q, kc) is None  # the Gluon kernel runs, not the fallback
     out = paged_prefill(q, kc, vc, table, cu_t, sl, causal=causal, gather="tma")
     assert out[0].shape == q.shape and out[1].shape == (hq, q.shape[0])
-    check(out, q, seqs, cu, causal, torch.bfloat16)
+    check_paged_prefill(out, q, seqs, cu, causal, torch.bfloat16, TOL[torch.bfloat16])
     # against the Triton kernel on the same inputs (both bf16; independent code paths)
     ref = paged_prefill(q, kc, vc, table, cu_t, sl, causal=causal, gather="page")
     assert (out[0].float() - ref[0].float()).abs().max() < 3e-2
@@ -141,7 +100,7 @@ def test_gluon_paged_prefill_matches_float64(rng, page, d, causal):
 def test_gluon_paged_prefill_int64_tables_and_the_benchmark_shape(rng):
     """int64 tables / lengths (converted), float16, a shape like the benchmark's (chunks after cached keys)."""
     seq_lens, chunks = [1024 + 256] * 3, [256] * 3
-    (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, 8, 2, 128, 16, torch.float16)
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, 8, 2, 128, 16, torch.float16)
     out = paged_prefill(q, kc, vc, table.long(), cu_t.long(), sl.long(), causal=True, gather="tma")
-    check(out, q, seqs, cu, True, torch.float16)
+    check_paged_prefill(out, q, seqs, cu, True, torch.float16, TOL[torch.float16])
     assert np.isfinite(out[1].cpu().numpy()).all()

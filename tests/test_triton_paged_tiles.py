@@ -6,14 +6,13 @@ Pages smaller than, equal to, larger than and not dividing the key tile, so ever
 entry per block (``page % BLOCK_N == 0``), one per row (the rest); table entries looked up one block ahead and
 in the same iteration. On a GPU also bf16 at the benchmark's page sizes with 64-key tiles.
 """
-import numpy as np
 import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET, paged_prefill
 from reference.triton.paged_tiles import launch_paged_prefill
+from tests.common import check_paged_prefill, make_paged_prefill
 from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
-from tests.oracle import attention_ref, lse_err, rel_err
 
 DT = torch.float32 if INTERPRET else torch.float16
 TOL = {torch.float32: 1e-5 if INTERPRET else 5e-3, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -28,57 +27,17 @@ def pin_of(block_m, block_n, num_warps, num_stages):
 PINS = [None, pin_of(64, 32, 4, 1)] if INTERPRET else [None, pin_of(64, 64, 4, 3)]
 
 
-def make_case(rng, seq_lens, chunks, hq, hkv, d, page, dtype):
-    """Random paged K/V (pages of all sequences permuted through one pool, a few spare pages), the block table
-    padded with -1, and packed queries; returns tensors and the per-sequence float64 K/V."""
-    n_pages = [-(-n // page) for n in seq_lens]
-    total = sum(n_pages) + 3
-    perm = rng.permutation(total)
-    table = np.full((len(seq_lens), max(max(n_pages), 1) + 1), -1, np.int32)
-    at = 0
-    for b, p in enumerate(n_pages):
-        table[b, :p] = perm[at:at + p]
-        at += p
-    kc = rng.standard_normal((total, page, hkv, d)) + rng.uniform(-0.5, 0.5)
-    vc = rng.standard_normal((total, page, hkv, d))
-    q = rng.standard_normal((sum(chunks), hq, d))
-    seqs = []
-    for b, n in enumerate(seq_lens):
-        rows = [(table[b, j // page], j % page) for j in range(n)]
-        seqs.append((np.array([kc[p, s] for p, s in rows]).reshape(n, hkv, d),
-                     np.array([vc[p, s] for p, s in rows]).reshape(n, hkv, d)))
-    cu = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int32)
-
-    def dev(x, dt=dtype):
-        return torch.tensor(np.asarray(x), device=DEVICE).to(dt)
-    return (dev(q), dev(kc), dev(vc), dev(table, torch.int32), dev(cu, torch.int32),
-            dev(np.array(seq_lens, np.int32), torch.int32)), seqs, cu
-
-
-def check(out, q, seqs, cu, causal, dtype):
-    o, lse = out
-    for b, (k, v) in enumerate(seqs):
-        sl = slice(cu[b], cu[b + 1])
-        if cu[b + 1] == cu[b]:
-            continue
-        qq = q[sl].to(torch.float64).cpu().transpose(0, 1)
-        kk, vv = (torch.tensor(x).to(dtype).to(torch.float64).transpose(0, 1) for x in (k, v))
-        ro, rl, _ = attention_ref(qq, kk, vv, causal=causal)
-        assert rel_err(o[sl].transpose(0, 1).double().cpu(), ro) < TOL[dtype], b
-        assert lse_err(lse[:, sl].double().cpu(), rl) < TOL[dtype], b
-
-
 @pytest.mark.triton_serving
 @pytest.mark.parametrize("page", [5, 8, 16, 64])
 @pytest.mark.parametrize("causal", [True, False])
 def test_page_aligned_prefill_matches_oracle(rng, page, causal):
     seq_lens, chunks = [70, 33, 9, 130, 17], [40, 1, 0, 70, 17]
     hq, hkv, d = 6, 2, 16
-    (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, hq, hkv, d, page, DT)
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, hq, hkv, d, page, DT)
     for pin in PINS:
         out = paged_prefill(q, kc, vc, table, cu_t, sl, causal=causal, config=pin, gather="page")
         assert out[0].shape == q.shape and out[1].shape == (hq, q.shape[0])
-        check(out, q, seqs, cu, causal, DT)
+        check_paged_prefill(out, q, seqs, cu, causal, DT, TOL[DT])
 
 
 @pytest.mark.triton_serving
@@ -88,12 +47,12 @@ def test_table_lookup_in_same_iteration_and_row_gather_agree(rng, page):
     (``gather="row"``) give the oracle's answer too, on a cache whose unused table entries are -1."""
     seq_lens, chunks = [45, 100], [45, 23]
     hq, hkv, d = 4, 1, 32
-    (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, hq, hkv, d, page, DT)
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, hq, hkv, d, page, DT)
     o = torch.empty_like(q)
     lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=DEVICE)
     launch_paged_prefill(q, kc, vc, o, lse, cu_t, sl, table, max(chunks), True, d ** -0.5, hq, ahead=False)
-    check((o, lse), q, seqs, cu, True, DT)
-    check(paged_prefill(q, kc, vc, table, cu_t, sl, gather="row"), q, seqs, cu, True, DT)
+    check_paged_prefill((o, lse), q, seqs, cu, True, DT, TOL[DT])
+    check_paged_prefill(paged_prefill(q, kc, vc, table, cu_t, sl, gather="row"), q, seqs, cu, True, DT, TOL[DT])
 
 
 @pytest.mark.triton_serving
@@ -102,15 +61,16 @@ def test_table_lookup_in_same_iteration_and_row_gather_agree(rng, page):
 def test_bf16_benchmark_pages_gqa(rng, page):
     seq_lens, chunks = [300, 517, 64], [128, 200, 64]
     hq, hkv, d = 8, 2, 128
-    (q, kc, vc, table, cu_t, sl), seqs, cu = make_case(rng, seq_lens, chunks, hq, hkv, d, page, torch.bfloat16)
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, hq, hkv, d, page,
+                                                                torch.bfloat16)
     for pin in PINS + [pin_of(128, 64, 8, 3), pin_of(128, 128, 8, 3)]:
-        check(paged_prefill(q, kc, vc, table, cu_t, sl, config=pin, gather="page"), q, seqs, cu, True,
-              torch.bfloat16)
+        check_paged_prefill(paged_prefill(q, kc, vc, table, cu_t, sl, config=pin, gather="page"), q, seqs, cu, True,
+                            torch.bfloat16, TOL[torch.bfloat16])
 
 
 @pytest.mark.triton_serving
 def test_bad_input_names_the_argument(rng):
-    (q, kc, vc, table, cu_t, sl), _, _ = make_case(rng, [20, 9], [4, 2], 2, 1, 16, 8, DT)
+    (q, kc, vc, table, cu_t, sl), _, _ = make_paged_prefill(rng, [20, 9], [4, 2], 2, 1, 16, 8, DT)
     with pytest.raises(ValueError, match="gather must be one of"):
         paged_prefill(q, kc, vc, table, cu_t, sl, gather="rows")
     with pytest.raises(ValueError, match="config must be"):
