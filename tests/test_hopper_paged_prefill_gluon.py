@@ -70,6 +70,64 @@ def test_tma_gather_off_hopper_runs_the_triton_kernel(rng):
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
+def _tail_slot(table, sl, page, b):
+    """(pool page, slot) of the first unused slot of sequence ``b``'s last page."""
+    n = int(sl[b])
+    return int(table[b, (n - 1) // page]), n % page
+
+
+def test_tail_values_finite_looks_only_past_each_sequence_end(rng):
+    """``tail_values_finite``: True for finite pools; False for a NaN or inf in an unused slot of a sequence's
+    last page; a NaN in a used slot, or in a page no table names, is not its business."""
+    from reference.triton.serving import tail_values_finite
+    page = 16
+    (q, kc, vc, table, cu_t, sl), _, _ = make_paged_prefill(rng, [40, 32, 21], [9, 32, 21], 4, 2, 8, page,
+                                                            torch.float32)
+    assert tail_values_finite(vc, table, sl)
+    for b in (0, 2):                                   # 40 and 21 keys: last pages with 8 and 11 unused slots
+        for bad in (float("nan"), float("inf")):
+            v = vc.clone()
+            pg, slot = _tail_slot(table, sl, page, b)
+            v[pg, rng.integers(slot, page), int(rng.integers(2)), int(rng.integers(8))] = bad
+            assert not tail_values_finite(v, table, sl), (b, bad)
+    v = vc.clone()
+    v[int(table[1, 1]), page - 1] = float("nan")       # sequence 1 fills its last page: that slot is used
+    pg, slot = _tail_slot(table, sl, page, 0)
+    v[pg, slot - 1] = float("nan")                     # the last used slot of sequence 0
+    spare = sorted(set(range(vc.shape[0])) - set(table[table >= 0].tolist()))[0]
+    v[spare] = float("nan")                            # a page no sequence holds
+    assert tail_values_finite(v, table, sl)
+
+
+def test_tma_path_falls_back_where_the_tail_is_not_finite(rng, monkeypatch):
+    """``paged_prefill(gather="tma")`` with ``validate=True`` runs the Triton kernel when a sequence's last page
+    holds NaN past its end (the Gluon kernel would give NaN; a stub stands in for it on a CPU); finite tails and
+    ``validate=False`` reach the Gluon kernel."""
+    from reference.triton import serving
+    from reference.triton.hopper import paged_prefill_gluon as pg_mod
+    calls = []
+
+    def stub(q, k_cache, v_cache, o, lse, *args, **kwargs):
+        calls.append(1)
+        o.zero_()
+        lse.zero_()
+    monkeypatch.setattr(serving, "_gluon_takes", lambda *a: True)
+    monkeypatch.setattr(pg_mod, "paged_prefill_gluon", stub)
+    page = 16
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, [40, 21], [9, 21], 4, 2, 16, page,
+                                                                torch.float32)
+    paged_prefill(q, kc, vc, table, cu_t, sl, gather="tma")
+    assert calls == [1]                                # finite tails: the Gluon kernel
+    pg, slot = _tail_slot(table, sl, page, 1)
+    vc[pg, slot:] = float("nan")
+    out = paged_prefill(q, kc, vc, table, cu_t, sl, gather="tma")
+    assert calls == [1]                                # the fallback ran, not the stub
+    assert torch.isfinite(out[0]).all()
+    check_paged_prefill(out, q, seqs, cu, True, torch.float32, 1e-5)
+    paged_prefill(q, kc, vc, table, cu_t, sl, gather="tma", validate=False)
+    assert calls == [1, 1]                             # validate=False: the caller's promise
+
+
 def test_bad_gather_is_named(rng):
     (q, kc, vc, table, cu_t, sl), _, _ = make_paged_prefill(rng, [8], [8], 2, 1, 16, 8, torch.float32)
     with pytest.raises(ValueError, match="gather"):

@@ -290,7 +290,9 @@ for res in [r for _, r in paged_prefill_runs] or not_run("paged prefill on Hoppe
 # compiled code (not yet by a profiler), the producer's own instructions: 336 per key block against 55 for
 # contiguous tiles (32 TMA copies with their address arithmetic), issued from an SM sub-partition it shares with
 # consumer warps. One contract the Triton kernels do not have: the unused slots of a sequence's last page are
-# copied with the page, so they must hold finite values (a zero-initialised cache does).
+# copied with the page and weighted 0, so they must hold finite values (`0 · NaN` is NaN). A zero-initialised
+# cache keeps it; `paged_prefill` checks it when it validates its inputs and runs the Triton kernel where a
+# cache from `torch.empty` breaks it.
 #
 # ## 3. Prefix sharing: cascade attention
 #

@@ -73,7 +73,10 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     caches), the page-aligned kernel for every other input; None: ``"page"`` when ``config`` is given, else
     ``configs.PAGED_PREFILL["gather"]`` (``"tma"``).
     config: one forward pin (``reference.triton.configs``; None: ``configs.forward_pin()``, i.e. autotuning on a
-    GPU) for the Triton kernels; the Gluon kernel takes ``configs.PAGED_PREFILL["gluon_config"]``.
+    GPU) for the Triton kernels; the Gluon kernel takes ``configs.PAGED_PREFILL["gluon_config"]``. The Gluon
+    kernel copies whole pages, so the V slots past a sequence's end in its last page must be finite: with
+    ``validate=True`` that is checked (``tail_values_finite``) and the Triton kernel runs where it does not hold;
+    with ``validate=False`` it is the caller's promise (a zero-initialised cache keeps it).
     """
     _checks.check_tensor(q, "q", ndim=3)
     num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
@@ -101,7 +104,8 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     q = _last_axis_contiguous(q)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    if max_q > 0 and gather == "tma" and _gluon_takes(q, k_cache, v_cache):
+    if (max_q > 0 and gather == "tma" and _gluon_takes(q, k_cache, v_cache)
+            and (not validate or tail_values_finite(v_cache, block_tables, seq_lens))):
         from .hopper.paged_prefill_gluon import paged_prefill_gluon
         paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
                             max_q, causal, scale, q.shape[1] // hkv, config=configs.PAGED_PREFILL["gluon_config"])
@@ -112,6 +116,24 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
         o.zero_()
         lse.fill_(float("-inf"))
     return o, lse
+
+
+def tail_values_finite(v_cache, block_tables, seq_lens) -> bool:
+    """Whether every V slot past a sequence's end inside its last page is finite: the Gluon paged prefill's
+    contract (``hopper/paged_prefill_gluon.py``). It copies whole pages; the scores of those slots are masked
+    to ``-inf`` (FA2 Algorithm 1, line 9's mask), so their weight is 0, but ``0 * NaN`` or ``0 * inf`` in
+    ``P V`` is NaN. The Triton kernels mask the loads instead and take any values there. One gather of at most
+    one page per sequence and one device sync; ``paged_prefill`` runs it with ``validate=True`` and falls back
+    to the Triton kernel where it fails (a cache from ``torch.empty`` may hold anything in those slots)."""
+    page = v_cache.shape[1]
+    seq_lens = seq_lens.long()
+    tail = seq_lens % page
+    rows = (tail > 0).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return True
+    last = block_tables[rows, (seq_lens[rows] - 1) // page].long()
+    unused = torch.arange(page, device=v_cache.device)[None, :] >= tail[rows][:, None]
+    return bool(torch.isfinite(v_cache[last][unused]).all())
 
 
 def _gluon_takes(q, k_cache, v_cache) -> bool:

@@ -32,7 +32,8 @@ chunk reads the next chunk's rows (or the copy engine's zeros past the end), whi
 Contract on the cache: the slots past ``seq_lens[b]`` inside a sequence's last page are copied with the page and
 their scores are masked, but their V rows enter ``P V`` with weight 0, so they must hold finite values (a NaN
 there gives NaN output: ``0 * NaN``). A zero-initialised cache, or one that only ever held K/V, satisfies it.
-The Triton kernels mask those loads instead.
+The Triton kernels mask those loads instead. ``serving.paged_prefill`` checks the contract when it validates
+(``serving.tail_values_finite``: one gather of a page per sequence) and runs the Triton kernel where it fails.
 """
 from __future__ import annotations
 
