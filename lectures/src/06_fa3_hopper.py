@@ -776,7 +776,45 @@ for path, r in load_results("*-fp8-gluon.json"):
 # softmax, not the matmul, now sets the pace, and the other warpgroup's (now shorter) matmuls no longer hide it.
 # (Barrier stalls alone do not tell the two kernels apart: the bf16 kernel has as many.) The gap to twice the speed is the lesson of section 1 in a real kernel.
 # FlashAttention-3 closes more of it by overlapping a warpgroup's softmax with *its own* P·V matmul (the
-# intra-warpgroup pipelining of its Algorithm 2); in our compiled code the wait for that matmul lands before the
-# softmax (ptxas moves it), so neither of our kernels gets that overlap yet — `notes/hopper.md` ("issue 25
-# item 7") has the evidence and the next steps. With the quantisation done by separate torch kernels, FP8 loses to
-# bf16 at every length: fusing it is the other half of a real FP8 speed-up.
+# intra-warpgroup pipelining of its Algorithm 2). §10c showed why our compiled code first lost that overlap (ptxas
+# hoisted the wait for that matmul above the exponentials) and how the bf16 kernel at d = 128 gets it back; the FP8
+# kernel's `peeled` schedule keeps the wait down too, but timed within the noise of its default, so it stays off
+# (`notes/hopper.md`, "session 6").
+#
+# ### FP8 end to end: the quantisation is a memory-bound kernel of its own
+#
+# The timings above start from e4m3 tensors. A model hands the kernel bf16 Q, K and V, so something must compute
+# each block's scale and round: `quantize_qkv_fp8` (`reference/triton/hopper/fp8_quant.py`) does it in one launch
+# that reads each bf16 element once (2 bytes) and writes it as e4m3 (1 byte) plus one scale per block, V already
+# transposed for the FP8 WGMMA. It does almost no arithmetic, so its speed is set by memory. **Predict, then
+# read:** with B · N = 16k tokens, H = 16 and d = 128 at every N (the benchmark's convention), how long should it
+# take at the copy bandwidth, and how does that compare with the attention itself at N = 2k and at N = 16k?
+# `python3 -m benchmarks.course.bench_fp8_gluon --stages quant` timed it beside the attention (checked first:
+# without the Hadamard option its bytes and scales equal the torch recipe's bit for bit):
+
+# %%
+for path, r in load_results("*-fp8-quant.json"):
+    q = r["quant"]
+    bw = q["copy_bw_bytes_per_s"]
+    print(f"== {path.name}: {r.get('gpu')}; checks passed: {q['checks_ok']}; copy bandwidth {bw / 1e12:.2f} TB/s")
+    first = q["main"][0]
+    print(f"  bytes moved by the quantisation: {first['bytes'] / 1e6:.0f} MB -> {first['bytes'] / bw * 1e6:.0f} us "
+          f"at the copy bandwidth (the model)")
+    for row in q["main"]:
+        quant = row.get("quant_fused")  # timed once per N (on the non-causal row): the same inputs
+        quant = f"{quant['ms'] * 1e3:4.0f} us ({quant['x_copy_bw']:.2f} of copy)" if quant else "(as above)        "
+        print(f"  {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d}: bf16 attention "
+              f"{row['gluon_bf16']['ms'] * 1e3:5.0f} us | quantisation {quant} | x bf16: FP8 kernel "
+              f"{row['fp8_gluon_kernel']['x_gluon_bf16']:.2f}x, end to end {row['fp8_gluon_e2e']['x_gluon_bf16']:.2f}x"
+              f" (torch quantisation {row['fp8_gluon_e2e_torch_quant']['x_gluon_bf16']:.2f}x)")
+
+# %% [markdown]
+# The quantisation moves the same bytes at every N here (the token count is fixed), while the attention's work
+# grows with N: at short sequences the quantisation, with the entry point's check and launch work around it, eats
+# what the FP8 matmuls saved, and FP8 pays off end to end only where the attention is long. Fusing it into one
+# pass made it an order of magnitude cheaper than the torch recipe, which is what moved FP8 from losing everywhere
+# to winning at the longest non-causal length. (The end-to-end time at short N is also longer than the kernel plus
+# the quantisation: the entry point waits for the quantisation's non-finite flag before it launches the
+# attention, so the GPU idles while the host prepares that launch; `notes/hopper.md`, "session 6".) In serving
+# the balance is different again: K and V are quantised once, when they are written into the cache, and read by
+# every later decoding step.
