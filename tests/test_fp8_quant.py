@@ -255,6 +255,31 @@ def test_non_finite_input_is_named(where):
         fq.quantize_qkv_fp8(x["q"], x["k"], x["v"], 16, 32, config=SMALL)
 
 
+@pytest.mark.parametrize("where", ["q", "v"])
+def test_deferred_non_finite_check_raises_after_the_attention_launch(where):
+    """``prepare_fp8(fused=True, defer_check=True)`` (what the entry points do) returns without reading the flag;
+    the attention call on those inputs launches, then raises the same ``ValueError`` naming the tensor. Finite
+    inputs give the same output as the immediate check, and the flag must be a one-element int32 tensor."""
+    gen = torch.Generator().manual_seed(5)
+    x = {n: torch.randn(1, 2, 40, 32, generator=gen).to(DEVICE) for n in "qkv"}
+    cfg = dict(block_m=16, block_n=32, fused=True)
+    ref = attention_fp8(prepare_fp8(x["q"], x["k"], x["v"], **cfg), out_dtype=torch.float32)
+    deferred = prepare_fp8(x["q"], x["k"], x["v"], defer_check=True, **cfg)
+    assert deferred.pending_flag is not None
+    out = attention_fp8(deferred, out_dtype=torch.float32)
+    assert torch.equal(out[0], ref[0]) and torch.equal(out[1], ref[1])
+    x[where][0, 1, 21, 3] = float("nan")
+    with pytest.raises(ValueError, match=f"^{where} must be finite"):
+        prepare_fp8(x["q"], x["k"], x["v"], **cfg)                    # the immediate check
+    bad = prepare_fp8(x["q"], x["k"], x["v"], defer_check=True, **cfg)  # no raise yet
+    with pytest.raises(ValueError, match=f"^{where} must be finite"):
+        attention_fp8(bad)
+    with pytest.raises(TypeError, match="defer_check"):
+        prepare_fp8(x["q"], x["k"], x["v"], defer_check="yes", **cfg)
+    with pytest.raises(ValueError, match="flag"):
+        fq.quantize_qkv_fp8(x["q"], x["k"], x["v"], 16, 32, flag=torch.zeros(2, dtype=torch.int32, device=DEVICE))
+
+
 def test_quant_bytes():
     q, k = torch.empty(2, 4, 100, 64, dtype=torch.bfloat16), torch.empty(2, 2, 300, 64, dtype=torch.bfloat16)
     read = 2 * (2 * 4 * 100 * 64 + 2 * 2 * 2 * 300 * 64)
@@ -298,3 +323,18 @@ def test_gluon_entry_point_uses_the_fused_quantisation(rng, hadamard):
     assert rel_err(o.float(), eo) < 0.1
     do, _, _ = attention_ref(xf.q.dequantize(), xf.k.dequantize(), xf.v.dequantize(), causal=True)
     assert rel_err(fg.attention_fp8_gluon(xf, out_dtype=torch.float32)[0], do) < 6e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the FP8 forwards need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+def test_entry_points_raise_on_non_finite_input_after_the_deferred_check(rng, where):
+    """Both entry points quantise with ``defer_check=True``: a NaN / inf still raises ``ValueError`` naming the
+    tensor (read after the attention's launch)."""
+    from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8
+    from reference.triton.hopper.flash_fp8_gluon import flash_attention_forward_fp8_gluon
+    x = {n: randn(rng, 1, 2, 300, 128) for n in "qkv"}
+    x[where][0, 1, 77, 9] = float("nan") if where != "k" else float("inf")
+    for fn in (flash_attention_forward_fp8, flash_attention_forward_fp8_gluon):
+        with pytest.raises(ValueError, match=f"^{where} must be finite"):
+            fn(x["q"], x["k"], x["v"], causal=True)

@@ -813,8 +813,9 @@ for path, r in load_results("*-fp8-quant.json"):
 # grows with N: at short sequences the quantisation, with the entry point's check and launch work around it, eats
 # what the FP8 matmuls saved, and FP8 pays off end to end only where the attention is long. Fusing it into one
 # pass made it an order of magnitude cheaper than the torch recipe, which is what moved FP8 from losing everywhere
-# to winning at the longest non-causal length. (The end-to-end time at short N is also longer than the kernel plus
-# the quantisation: the entry point waits for the quantisation's non-finite flag before it launches the
-# attention, so the GPU idles while the host prepares that launch; `notes/hopper.md`, "session 6".) In serving
+# to winning at the longest non-causal length. (In this run the end-to-end time at short N was also longer than
+# the kernel plus the quantisation: the entry point waited for the quantisation's non-finite flag before it
+# launched the attention, so the GPU idled while the host prepared that launch. The entry points now read the
+# flag after the attention's launch; that change has not been timed yet: `notes/hopper.md`, "session 6".) In serving
 # the balance is different again: K and V are quantised once, when they are written into the cache, and read by
 # every later decoding step.

@@ -42,7 +42,7 @@ from .. import _device
 from .._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
 from .._runtime import INTERPRET
 from .._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
-from .fp8_quant import hadamard_matrix, permute_keys, quantize_qkv_fp8
+from .fp8_quant import hadamard_matrix, permute_keys, quantize_qkv_fp8, raise_if_nonfinite
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -237,15 +237,21 @@ class Fp8Inputs:
     group: int
     scale: float
     causal: bool
+    #: the fused quantisation's non-finite flag, not yet read (``prepare_fp8(..., defer_check=True)``): the
+    #: attention reads it after its own launch and raises there
+    pending_flag: torch.Tensor | None = None
 
 
 def prepare_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, block_m=None, block_n=None,
-                permute_v=False, fused=None):
+                permute_v=False, fused=None, defer_check=False):
     """Validate, optionally rotate Q and K by a random Hadamard matrix, and quantise: return ``Fp8Inputs``.
 
     ``fused`` (default: on a GPU, not under the interpreter): one launch of ``fp8_quant.quantize_qkv_fp8``;
     otherwise torch ops (``rotate``, ``quantize_fp8_blocks``), the oracle the fused kernel is tested against.
-    ``permute_v``: ``V^T``'s keys renumbered for the Gluon kernel (an ``Fp8KeyPermuted``)."""
+    ``permute_v``: ``V^T``'s keys renumbered for the Gluon kernel (an ``Fp8KeyPermuted``). ``defer_check``
+    (fused path): do not wait here for the non-finite flag; the attention call on these inputs reads it after
+    launching its kernel and raises the same ``ValueError`` (the entry points do this, so the GPU does not idle
+    between the two launches while the host waits)."""
     B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=FP8_HEAD_DIMS)
     causal = check_flag(causal, "causal")
     scale = check_scale(scale, d)
@@ -260,12 +266,15 @@ def prepare_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, block
             raise ValueError(f"{name} must be a power of two >= {least}, got {val}")
     permute_v = check_flag(permute_v, "permute_v")
     fused = (not INTERPRET) if fused is None else check_flag(fused, "fused")
+    defer_check = check_flag(defer_check, "defer_check")
     check_fp8_device(q.device)
     vcls = Fp8KeyPermuted if permute_v else Fp8Blocks
     if fused:
-        qd, qs, kd, ks, vd, vs = quantize_qkv_fp8(q, k, v, bm, bn, hadamard=hadamard, seed=seed, permute=permute_v)
+        flag = torch.zeros(1, dtype=torch.int32, device=q.device)
+        qd, qs, kd, ks, vd, vs = quantize_qkv_fp8(q, k, v, bm, bn, hadamard=hadamard, seed=seed, permute=permute_v,
+                                                  check_finite=not defer_check, flag=flag)
         return Fp8Inputs(Fp8Blocks(qd, qs, bm, Nq), Fp8Blocks(kd, ks, bn, Nk), vcls(vd, vs, bn, Nk, True), group,
-                         scale, causal)
+                         scale, causal, flag if defer_check else None)
     if hadamard:
         j = hadamard_matrix(d, seed, q.device)
         q, k = rotate(q, j), rotate(k, j)
@@ -300,6 +309,8 @@ def attention_fp8(x: Fp8Inputs, out_dtype=torch.bfloat16, config=None, return_ke
                         HEAD_DIM=d, CAUSAL=x.causal, INTERP=INTERPRET,
                         BLOCK_M=bm, BLOCK_N=bn, num_warps=cfg.get("num_warps", 4),
                         num_stages=cfg.get("num_stages", 2))
+    if x.pending_flag is not None:  # prepare_fp8(defer_check=True): raise now, the outputs are dropped
+        raise_if_nonfinite(x.pending_flag)
     return (o, lse, kern) if return_kernel else (o, lse)
 
 
@@ -328,7 +339,7 @@ def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=Fals
     if not isinstance(cfg, dict) or set(cfg) != {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}:
         raise ValueError(f"config must be a dict with keys BLOCK_M, BLOCK_N, num_warps, num_stages, got {config!r}")
     x = prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=cfg["BLOCK_M"],
-                    block_n=cfg["BLOCK_N"])
+                    block_n=cfg["BLOCK_N"], defer_check=True)
     return attention_fp8(x, config={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 

@@ -48,6 +48,7 @@ from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_b
                      tile_descriptor)
 from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
 from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name stays here too)
+from .fp8_quant import raise_if_nonfinite
 # MASK_*: ``softmax_fp8``'s ``MASK`` (the bf16 ``online_softmax``'s: a run-time test of ``j >= full_end``, never,
 # always); ``mask_scores``: the mask of FA2 Algorithm 1 line 9, shared with the bf16 forward
 from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range,
@@ -387,19 +388,20 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
 # host side
 # --------------------------------------------------------------------------------------------------------------
 def prepare_fp8_gluon(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None,
-                      permuted: bool = True, fused=None) -> Fp8Inputs:
+                      permuted: bool = True, fused=None, defer_check=False) -> Fp8Inputs:
     """Validate and quantise for the Gluon kernel: ``flash_fp8.prepare_fp8`` (rotation, 64-row query blocks,
     ``BLOCK_N``-row key blocks, ``V^T``) with, if ``permuted``, ``V^T``'s keys renumbered (``Fp8KeyPermuted``).
     On a GPU (``fused=None`` or True) that is one launch of ``fp8_quant.quantize_qkv_fp8``, which writes ``V^T``
     renumbered directly; ``fused=False`` takes the torch path (rotation, block quantisation, then
-    ``permute_keys`` on the e4m3 ``V^T``). Bad input raises naming the argument, a GPU other than Hopper
+    ``permute_keys`` on the e4m3 ``V^T``). ``defer_check``: as ``prepare_fp8`` (``attention_fp8_gluon`` then
+    reads the non-finite flag after its launch). Bad input raises naming the argument, a GPU other than Hopper
     ``RuntimeError`` naming compute capability 9.0."""
     check_fp8_gluon_inputs(q, k, v)
     config = check_fp8_gluon_config(config, q.shape[-1])
     check_flag(permuted, "permuted")
     check_gluon_device(q.device, NAME)
     return prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=HALF_M,
-                       block_n=config[1], permute_v=permuted, fused=fused)
+                       block_n=config[1], permute_v=permuted, fused=fused, defer_check=defer_check)
 
 
 def shared_bytes(config: tuple, head_dim: int) -> int:
@@ -494,6 +496,8 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, sch
                             nq, nk, nq_pad, nk_pad, x.scale * LOG2E_F, B * Hq,
                             **fp8_gluon_constexprs(d, config, x.causal, isinstance(x.v, Fp8KeyPermuted), schedule),
                             maxnreg=PINGPONG_MAXNREG)
+    if x.pending_flag is not None:  # prepare_fp8_gluon(defer_check=True): raise now, the outputs are dropped
+        raise_if_nonfinite(x.pending_flag)
     return o, lse
 
 
@@ -512,7 +516,8 @@ def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamar
     ``lse`` float32 natural log. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
     ``configs.FP8_GLUON_CONFIG``. Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
     """
-    x = prepare_fp8_gluon(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, config=config)
+    x = prepare_fp8_gluon(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, config=config,
+                          defer_check=True)
     return attention_fp8_gluon(x, config)
 
 

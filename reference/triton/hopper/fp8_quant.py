@@ -203,13 +203,15 @@ def check_quant_args(q, k, v, block_q, block_k, hadamard, seed, permute):
 
 
 def quantize_qkv_fp8(q, k, v, block_q: int = 64, block_k: int = 128, hadamard: bool = False, seed: int = 0,
-                     permute: bool = False, check_finite: bool = True, config=None):
+                     permute: bool = False, check_finite: bool = True, config=None, flag=None):
     """Quantise ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` (float16 / bfloat16 / float32, any strides) to e4m3
     in one launch (module docstring). Returns ``(q_data, q_scale, k_data, k_scale, vt_data, v_scale)``:
     ``q_data (B, Hq, cdiv(Nq, block_q) block_q, d)``, ``k_data`` alike with ``block_k``, ``vt_data (B, Hkv, d,
     Npad_k)`` (keys renumbered if ``permute``), all ``float8_e4m3fn`` contiguous; scales float32 ``(B, H, blocks)``.
     ``check_finite``: read the kernel's non-finite flag (one device-to-host copy) and raise ``ValueError`` naming
-    the tensor; writes nothing the caller sees then."""
+    the tensor; writes nothing the caller sees then. ``flag``: an int32 tensor of one zero the kernel ORs its
+    bits into (``FLAG_BITS``), for a caller that reads it later with ``raise_if_nonfinite`` (pass
+    ``check_finite=False``): the attention can then be launched before the host waits for the flag."""
     B, Hq, Hkv, Nq, Nk, d = check_quant_args(q, k, v, block_q, block_k, hadamard, seed, permute)
     check_flag(check_finite, "check_finite")
     cfg = check_quant_config(config)
@@ -221,7 +223,11 @@ def quantize_qkv_fp8(q, k, v, block_q: int = 64, block_k: int = 128, hadamard: b
     qs = torch.empty((B, Hq, nbq), dtype=torch.float32, device=dev)
     ks = torch.empty((B, Hkv, nbk), dtype=torch.float32, device=dev)
     vs = torch.empty((B, Hkv, nbk), dtype=torch.float32, device=dev)
-    flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    if flag is None:
+        flag = torch.zeros(1, dtype=torch.int32, device=dev)
+    elif not (isinstance(flag, torch.Tensor) and flag.dtype == torch.int32 and flag.numel() == 1
+              and flag.device == dev):
+        raise ValueError(f"flag must be an int32 tensor of one element on {dev}, got {flag!r}")
     if hadamard:
         hm, had_scale = _signed_hadamard(d, seed, str(dev), q.dtype)
     else:
@@ -235,11 +241,17 @@ def quantize_qkv_fp8(q, k, v, block_q: int = 64, block_k: int = 128, hadamard: b
                             KV_PER_PROG=cfg["kv_per_program"], HADAMARD=hadamard, PERMUTE=permute,
                             IEEE=q.dtype == torch.float32, INTERP=INTERPRET, num_warps=cfg["num_warps"])
     if check_finite:
-        bits = int(flag.item())
-        if bits:
-            names = [n for n, bit in FLAG_BITS.items() if bits & bit]
-            raise ValueError(f"{', '.join(names)} must be finite to be quantised to fp8 (found NaN or inf)")
+        raise_if_nonfinite(flag)
     return qd, qs, kd, ks, vd, vs
+
+
+def raise_if_nonfinite(flag: torch.Tensor) -> None:
+    """Read the quantisation's non-finite flag (one device-to-host copy: it waits for the kernels queued so far)
+    and raise ``ValueError`` naming the tensors that held NaN or inf."""
+    bits = int(flag.item())
+    if bits:
+        names = [n for n, bit in FLAG_BITS.items() if bits & bit]
+        raise ValueError(f"{', '.join(names)} must be finite to be quantised to fp8 (found NaN or inf)")
 
 
 def quant_bytes(q, k, v, block_q: int = 64, block_k: int = 128) -> int:
@@ -273,5 +285,5 @@ def compile_quant(head_dim: int = 128, hadamard: bool = False, permute: bool = T
     return compile_triton(_quant_qkv_kernel, sig, cx, cfg["num_warps"], 1, divisible=divisible)
 
 
-__all__ = ["quantize_qkv_fp8", "permute_keys", "hadamard_matrix", "round_e4m3", "quant_bytes", "compile_quant",
+__all__ = ["quantize_qkv_fp8", "raise_if_nonfinite", "permute_keys", "hadamard_matrix", "round_e4m3", "quant_bytes", "compile_quant",
            "check_quant_config", "FLAG_BITS"]
