@@ -338,3 +338,16 @@ def test_entry_points_raise_on_non_finite_input_after_the_deferred_check(rng, wh
     for fn in (flash_attention_forward_fp8, flash_attention_forward_fp8_gluon):
         with pytest.raises(ValueError, match=f"^{where} must be finite"):
             fn(x["q"], x["k"], x["v"], causal=True)
+
+
+def test_accumulation_probe_reads_float32_precision_under_the_interpreter(tmp_path):
+    """``benchmarks/tuning/probe_fp8_accumulation.py --smoke`` (the GPU question: how many bits the e4m3 MMA
+    keeps), run as a script under the interpreter, which accumulates in float32: every row must report at least
+    20 bits; a wrong product (A B instead of A B^T, a bad scale of the error) reads as a few bits or fewer."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tuning.probe_fp8_accumulation", "--smoke", "--out",
+                          str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = json.loads((tmp_path / "cpu-smoke-fp8-accumulation.json").read_text())["rows"]
+    assert {r["dtype"] for r in rows} == {"float8_e4m3fn", "float16"}
+    assert all(r["bits"] >= 20 for r in rows), rows
