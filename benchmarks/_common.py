@@ -88,6 +88,20 @@ def bench(fn, *, warmup: int = 25, rep: int = 100, grad_to_none=None, wall: bool
     return do_bench(fn, warmup=warmup, rep=rep, grad_to_none=grad_to_none, return_mode="median")
 
 
+def rotated_rounds(fns: dict, rounds: int, timer, first_shift: int = 0) -> dict:
+    """``{name: [ms of each round]}``: each of ``fns`` timed by ``timer(fn)`` once per round for ``rounds`` rounds,
+    the order rotated by one each round (starting ``first_shift`` places in), so every implementation is timed in
+    every position (a kernel timed right after another heavy one can run a few percent slower; the H100's clock
+    drifts over a long run)."""
+    names = list(fns)
+    ms = {n: [] for n in names}
+    for i in range(rounds if names else 0):
+        shift = (first_shift + i) % len(names)
+        for n in names[shift:] + names[:shift]:
+            ms[n].append(timer(fns[n]))
+    return ms
+
+
 def graph_ms(fns, reps: int = 20, *, smoke: bool = False) -> float:
     """GPU time per call (ms): capture all closures (one per input set) in one CUDA graph, median of replays.
 

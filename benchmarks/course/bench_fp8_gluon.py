@@ -141,7 +141,7 @@ def _stage_bench():
     import statistics
     import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks._common import matmul_tflops, sdpa
+    from benchmarks._common import matmul_tflops, rotated_rounds, sdpa
     from benchmarks._common import rel_err as rel
     from benchmarks.course.bench_hopper import bench
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
@@ -161,7 +161,7 @@ def _stage_bench():
         rotated by one each round, median per implementation. (A kernel timed right after another heavy one ran
         5-10% slower in the first runs: the card's clock drifts; rotating gives each implementation each
         position.)"""
-        out, ms = {}, {n: [] for n in fns}
+        out = {}
         with torch.no_grad():
             for n, fn in fns.items():
                 try:
@@ -170,13 +170,10 @@ def _stage_bench():
                     out[n] = {"rel_vs_cudnn": rel(o, ref_o) if ref_o is not None else None}
                 except Exception as e:  # noqa: BLE001
                     out[n] = {"error": f"{type(e).__name__}: {str(e)[-400:]}"}
-            names = list(fns)
-            for i in range(max(ROUNDS, len(names))):
-                for n in names[i % len(names):] + names[:i % len(names)]:
-                    if "error" not in out[n]:
-                        ms[n].append(bench(fns[n]))
+            ms = rotated_rounds({n: f for n, f in fns.items() if "error" not in out[n]}, max(ROUNDS, len(fns)),
+                                bench)
         for n in fns:
-            if ms[n]:
+            if ms.get(n):
                 m = statistics.median(ms[n])
                 out[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=ms[n])
         return out
@@ -352,7 +349,7 @@ def _stage_quant():
     """Module docstring, stage 5: checks, copy bandwidth, config sweep, quantisation alone, end to end."""
     import statistics
     import torch
-    from benchmarks._common import copy_bandwidth
+    from benchmarks._common import copy_bandwidth, rotated_rounds
     from benchmarks.course.bench_hopper import bench
     from reference.triton.configs import FP8_QUANT_CONFIG
     from reference.triton.flash_fwd import forward_flops
@@ -375,14 +372,10 @@ def _stage_quant():
 
     def rounds(fns: dict) -> dict:
         """``ROUNDS`` rounds, the order rotated by one each round; median ms per name."""
-        ms = {n: [] for n in fns}
-        names = list(fns)
         with torch.no_grad():
-            for n in names:
-                fns[n]()  # compile / warm
-            for i in range(ROUNDS):
-                for n in names[i % len(names):] + names[:i % len(names)]:
-                    ms[n].append(bench(fns[n]))
+            for fn in fns.values():
+                fn()  # compile / warm
+            ms = rotated_rounds(fns, ROUNDS, bench)
         return {n: {"ms": statistics.median(v), "rounds_ms": v} for n, v in ms.items()}
 
     # config sweep, N = 8k, kernel alone

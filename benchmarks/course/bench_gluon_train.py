@@ -8,6 +8,10 @@ runs GQA natively (``enable_gqa``; ``cudnn_repeat``: on K, V repeated per query 
 ``enable_gqa`` would call it). Per shape, the three gradients of each implementation are first compared with
 cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
 ``gluon_<option>`` (``KEY_LOOPS``): the Gluon op with the forward's key loop spelled out instead of its pin.
+Timing: ``ms`` / ``tflops`` are one ``do_bench`` median per implementation, in a fixed order (the method of the
+earlier runs, which the quoted ratios use); ``rounds_ms`` adds ``ROUNDS - 1`` more rounds in rotated order
+(``_common.rotated_rounds``) and ``tflops_rounds_median`` is the median over all ``ROUNDS`` (added after one run
+showed two columns running identical kernels 25% apart: notes/hopper.md, "session 6").
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
     python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
@@ -17,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 from benchmarks._common import RESULTS
 
 SEQLENS = [2048, 4096, 8192, 16384]
+ROUNDS = 3  # timings per implementation: the fixed-order one, then rotated rounds
 TOKENS, HIDDEN, D = 16384, 2048, 128
 #: GQA rows (issue 25's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
 GQA_HEADS = (32, 8)
@@ -41,7 +47,7 @@ def _timings():
     import torch
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
-    from benchmarks._common import sdpa
+    from benchmarks._common import rotated_rounds, sdpa
     from benchmarks.course.bench_gluon_bwd import cudnn_attention
     from benchmarks.course.bench_hopper import bench
     from reference.triton import flash_attention, flash_attention_gluon
@@ -83,10 +89,19 @@ def _timings():
                              "grad_rel_vs_cudnn": max(rel(g, r) for g, r in zip(grads, ref))}
             except Exception as e:  # noqa: BLE001
                 row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+        timed = {n: fn for n, fn in (impls if Hkv == H else gqa_impls).items() if "ms" in row[n]}
+        more = rotated_rounds(timed, ROUNDS - 1, lambda fn: bench(lambda: step(fn)), first_shift=1)
+        for n, extra in more.items():
+            rounds = [row[n]["ms"], *extra]
+            row[n].update(rounds_ms=rounds, tflops_rounds_median=flops / statistics.median(rounds) / 1e9)
         g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+        gm = lambda n: row[n].get("tflops_rounds_median", float("nan"))  # noqa: E731
         print(f"causal={causal!s:5} N={N:5} H={H}/{Hkv}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
             f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
             for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row), flush=True)
+        print(f"    median of {ROUNDS} rotated rounds: " + "; ".join(
+            f"{n} {gm(n) / gm('cudnn'):.2f}x" for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row),
+            flush=True)
         out.append(row)
         del q, k, v, do, leaves, ref
         torch.cuda.empty_cache()

@@ -46,9 +46,9 @@ def rotated(fns: dict, flops: float, ref=None) -> dict:
     """Each of ``fns`` run once (error vs ``ref`` if given), then timed in ``ROUNDS`` rotated rounds: median ms,
     TFLOP/s, the round times."""
     import torch
-    from benchmarks._common import rel_err
+    from benchmarks._common import rel_err, rotated_rounds
     from benchmarks.course.bench_hopper import bench
-    out, ms = {}, {n: [] for n in fns}
+    out = {}
     for n, fn in fns.items():
         try:
             o = fn()
@@ -58,9 +58,7 @@ def rotated(fns: dict, flops: float, ref=None) -> dict:
             out[n] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
     torch.cuda.synchronize()
     names = [n for n in fns if "error" not in out[n]]
-    for i in range(ROUNDS):
-        for n in names[i % len(names):] + names[:i % len(names)]:
-            ms[n].append(bench(fns[n]))
+    ms = rotated_rounds({n: fns[n] for n in names}, ROUNDS, bench)
     for n in names:
         m = statistics.median(ms[n])
         out[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=ms[n])
