@@ -203,7 +203,16 @@ def test_end_to_end_triton_fp8_on_fused_quantisation(rng, causal, hadamard):
     assert rel_err(of, ro) < tol
     eo, _, _ = attention_ref(q.double(), k.double(), v.double(), causal=causal)
     assert rel_err(of, eo) < 0.1
-    assert torch.allclose(lf, lt, atol=1e-4, rtol=0, equal_nan=True)
+    # Without the rotation the two paths' bytes are equal, so the lse must agree to the kernel's rounding. With it
+    # a byte may differ by one e4m3 step (checked above), which moves a row's lse by at most the largest change of
+    # its scores (lse is 1-Lipschitz in the max norm): the float64 lse of each path's dequantised inputs measures
+    # that move exactly, and the kernel adds its own rounding (1e-4).
+    _, rl_f, _ = attention_ref(xf.q.dequantize(), xf.k.dequantize(), xf.v.dequantize(), causal=causal)
+    _, rl_t, _ = attention_ref(xt.q.dequantize(), xt.k.dequantize(), xt.v.dequantize(), causal=causal)
+    fin = torch.isfinite(rl_f)
+    assert torch.equal(fin, torch.isfinite(lf.cpu())) and torch.equal(fin, torch.isfinite(lt.cpu()))
+    moved = (rl_f - rl_t).abs()[fin]
+    assert ((lf.cpu().double() - lt.cpu().double()).abs()[fin] <= moved + 1e-4).all()
 
 
 def test_permuted_v_for_the_gluon_kernel(rng):
