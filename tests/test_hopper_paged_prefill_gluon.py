@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from reference.triton import INTERPRET, paged_prefill
-from tests.common import check_paged_prefill, make_paged_prefill
+from tests.common import FLASH_O_TOL, check_paged_prefill, make_paged_prefill
 
 pytestmark = pytest.mark.triton_serving
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -123,7 +123,8 @@ def test_tma_path_falls_back_where_the_tail_is_not_finite(rng, monkeypatch):
     out = paged_prefill(q, kc, vc, table, cu_t, sl, gather="tma")
     assert calls == [1]                                # the fallback ran, not the stub
     assert torch.isfinite(out[0]).all()
-    check_paged_prefill(out, q, seqs, cu, True, torch.float32, 1e-5)
+    # the Triton kernel's float32 dots run in TF32 on a GPU (1e-5 holds only under the interpreter)
+    check_paged_prefill(out, q, seqs, cu, True, torch.float32, FLASH_O_TOL[torch.float32])
     paged_prefill(q, kc, vc, table, cu_t, sl, gather="tma", validate=False)
     assert calls == [1, 1]                             # validate=False: the caller's promise
 

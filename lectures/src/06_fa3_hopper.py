@@ -664,26 +664,28 @@ for path, r in runs:
 # What the table says, idea by idea:
 #
 # * **Overlap alone is slower than plain Triton**, not "a little faster": in 13 of 16 rows on the H100 and 15 of
-#   16 on the H200 (causal d = 128, N = 2k on the H100: 0.69x cuDNN against Triton's 0.79x). One partition of
+#   16 on the H200 (causal d = 128, N = 2k on the H100: 0.69x cuDNN against Triton's 0.78x). One partition of
 #   two warpgroups (8 warps, 128 rows) holds the $S$ accumulator, the $P$ operand and $O$ at once (217 registers
 #   per thread, section 10c) and issues its own TMA copies; Triton's compiler-pipelined loop with 64-row tiles
 #   hides latency as well without that pressure. The FA3 paper's ablation (its Table 2) points the same way:
 #   without warp specialisation its pipelined kernel drops from 661 to 570 TFLOP/s.
 # * **Warp specialisation is the step that pays**: a producer warp and two consumers with the registers moved
-#   to them closes most of the gap to cuDNN (`specialized`, 0.79-1.01x at N >= 2k on the H100).
-# * **Ping-pong, one CTA per tile, buys nothing**: it trails `specialized` in 14 of 16 rows on the H100 and 12
-#   of 16 on the H200, by -8.4% to +2.7% (H100) and -5.2% to +1.0% (H200). With a CTA that lives for one tile, the
+#   to them closes most of the gap to cuDNN (`specialized`, 0.79-1.04x at N >= 2k on the H100).
+# * **Ping-pong, one CTA per tile, buys nothing**: it trails `specialized` in 13 of 16 rows on the H100 and 12
+#   of 16 on the H200, by -4.2% to +6.6% (H100) and -5.2% to +1.0% (H200). With a CTA that lives for one tile, the
 #   two consumers start together and the warp schedulers already interleave them; the turn barriers add
 #   waits.
-# * **The fair comparison is with persistence on both**: then ping-pong gains +0.7% to +9.1% (H100) and +3.1%
-#   to +7.8% (H200) non-causal, and -1.5% to +0.3% (H100), -2.2% to +1.9% (H200) causal. That is the talk's
-#   direction (580 -> 640 TFLOPS in FA3's CUDA kernel, about +10%), smaller. One outlier: the H100's persistent
-#   `specialized` at causal d = 128, N = 1k (0.39x) is a single run, left in the file as measured.
+# * **The fair comparison is with persistence on both**: then ping-pong gains -0.1% to +10.6% (H100) and +3.1%
+#   to +7.8% (H200) non-causal, and -2.0% to +6.5% (H100), -2.2% to +1.9% (H200) causal. That is the talk's
+#   direction (580 -> 640 TFLOPS in FA3's CUDA kernel, about +10%), mostly smaller. An earlier H100 run had one
+#   outlier, the persistent `specialized` at less than half cuDNN's speed at one shape; re-run, that row reads
+#   `specialized` at causal d = 128, N = 1k (0.90x): a single do_bench median can be that far off, which is why
+#   the ratios that decide a default are taken over rotated rounds (section 10c).
 #
 # Persistence itself: with one 164 KB CTA per SM, a CTA per tile pays its start (Q and the first K/V tile from
 # memory) and its epilogue with the tensor cores idle; at N = 2k a tile has only 16 key blocks, and on the H100
-# ncu shows the tensor pipe busy 64% of the time against cuDNN's 74%. The persistent kernel hides both (69%; causal 55%
-# -> 62%) and lifts ping-pong at d = 128, N = 2k from 0.84-0.85x to 0.89-0.97x cuDNN
+# ncu shows the tensor pipe busy 64% of the time against cuDNN's 74%. The persistent kernel hides both (71%; causal 55%
+# -> 62%) and lifts ping-pong at d = 128, N = 2k from 0.84-0.86x to 0.92-0.97x cuDNN
 # (`benchmarks/results/*-gluon-ncu.csv`). Order matters as much as persistence: an earlier version that ran the
 # tiles head-minor (neighbouring CTAs on different heads) read every head's K/V from memory once per query tile
 # and fell to 0.59x (non-causal) and 0.65x (causal) at d = 128, N = 2k on the H100
