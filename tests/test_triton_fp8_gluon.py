@@ -160,8 +160,12 @@ def test_bad_schedule_is_named():
         fg.check_schedule({"turns": True, "merged": False, "peeled": "yes"})
     with pytest.raises(ValueError, match="schedule must be a dict"):
         fg.check_schedule({"turns": True, "merged": False, "peel": True})
+    with pytest.raises((TypeError, ValueError), match="fence"):
+        fg.check_schedule({"turns": True, "merged": False, "fence": 1})
+    with pytest.raises(ValueError, match="fence.*merged"):
+        fg.check_schedule({"turns": False, "merged": True, "fence": True})
     assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1,
-                                                                   "peeled": False}
+                                                                   "peeled": False, "fence": False}
 
 
 def test_config_pin_fits_and_passes_the_check():
@@ -230,36 +234,38 @@ def test_plain_layout_conversion_agrees(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("turns, merged, split, peeled", [(True, True, 1, False), (False, False, 1, False),
-                                                          (False, True, 1, False), (True, False, 4, False),
-                                                          (False, False, 8, False), (False, False, 1, True),
-                                                          (True, False, 4, True)])
-def test_schedule_options_agree(rng, turns, merged, split, peeled):
-    """Without ping-pong turns, with one release per ring slot, with the peeled key loop: the same roundings in
-    the same order; the row reductions split into chains: the row sums added in another order (float rounding
-    only)."""
+@pytest.mark.parametrize("turns, merged, split, peeled, fence", [
+    (True, True, 1, False, False), (False, False, 1, False, False), (False, True, 1, False, False),
+    (True, False, 4, False, False), (False, False, 8, False, False), (False, False, 1, True, False),
+    (True, False, 4, True, False), (False, False, 1, False, True), (True, False, 1, True, True)])
+def test_schedule_options_agree(rng, turns, merged, split, peeled, fence):
+    """Without ping-pong turns, with one release per ring slot, with the peeled key loop, with the K release after
+    the softmax (fence): the same roundings in the same order; the row reductions split into chains: the row
+    sums added in another order (float rounding only)."""
     q, k, v = t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128), t(rng, 2, 4, 900, 128)
     for causal in (False, True):
         x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
         a = fg.attention_fp8_gluon(x)
         b = fg.attention_fp8_gluon(x, schedule={"turns": turns, "merged": merged, "split": split,
-                                                "peeled": peeled})
+                                                "peeled": peeled, "fence": fence})
         assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 @pytest.mark.parametrize("case", CASES)
-def test_peeled_matches_float64_on_dequantised_inputs(rng, case):
-    """``schedule["peeled"]`` on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows
-    that see no key, one query row): the float64 oracle on the dequantised inputs, the pin's bounds."""
+@pytest.mark.parametrize("option", ["peeled", "fence"])
+def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option):
+    """``schedule["peeled"]`` and ``schedule["fence"]`` on every shape of ``CASES`` (no masked block, several,
+    none unmasked: Nq > Nk rows that see no key, one query row): the float64 oracle on the dequantised inputs,
+    the pin's bounds."""
     B, Hq, Hkv, Nq, Nk, d, causal = case
     q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
     v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
                                              device=DEVICE)
     x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
     o, lse = fg.attention_fp8_gluon(x, out_dtype=torch.float32,
-                                    schedule={"turns": False, "merged": False, "peeled": True})
+                                    schedule={"turns": False, "merged": False, option: True})
     ro, rl, _ = attention_ref(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal=causal, scale=d ** -0.5)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     assert rel_err(o, ro) < O_TOL_FP8, rel_err(o, ro)

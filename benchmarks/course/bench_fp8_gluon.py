@@ -22,7 +22,11 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
 3. ``pytest``: ``tests/test_triton_fp8_gluon.py`` on the GPU (where pytest is installed).
 4. ``ncu`` (if Nsight Compute runs): one forward each of FP8 Gluon, FP8 Triton, bf16 Gluon and cuDNN at
    N = 8k non-causal: duration, tensor-pipe activity, issue slots, the MUFU (XU) pipe, warp stall reasons.
-5. ``quant`` (issue 25 item 7, session 6; its own file ``<gpu>-fp8-quant.json``): the fused quantisation
+5. ``keyloop`` (issue 25 item 7, session 7): the key-loop options that keep the ``P_{j-1} V_{j-1}`` wait below the
+   softmax's exps (``schedule["fence"]``, ``["peeled"]``, both) against the pinned schedule and the bf16 Gluon
+   forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal and not, ``KEYLOOP_ROUNDS`` rotated rounds
+   (median and the rounds' spread: an option is pinned only if it wins beyond that spread).
+6. ``quant`` (issue 25 item 7, session 6; its own file ``<gpu>-fp8-quant.json``): the fused quantisation
    (``fp8_quant.quantize_qkv_fp8``) checked on the GPU against the torch path (e4m3 bytes equal without the
    rotation, within one step with it; scales) and the entry point's o against float64 (exact: 0.1; on the
    dequantised inputs: 6e-2; the kernel's lse is reported, the check stage gates it); then the kernel alone as bytes
@@ -52,17 +56,20 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2
 EXACT_TOL = (0.1, 0.1)        # o rel, lse abs vs exact attention (bench_hopper's FP8 check)
 DEQUANT_TOL = (6e-2, 1e-3)    # vs float64 on the dequantised inputs (tests/test_triton_hopper.py, GPU)
 #: the schedule sweep at N = 8k, before the main table: (STAGES, permuted keys, ping-pong turns, merged releases,
-#: split row reductions, peeled key loop)
-VARIANTS = [(3, True, True, False, 1, False), (2, True, True, False, 1, False), (4, True, True, False, 1, False),
-            (3, False, True, False, 1, False), (3, True, True, True, 1, False), (3, True, False, False, 1, False),
-            (3, True, False, True, 1, False), (3, True, True, False, 4, False), (3, True, False, False, 4, False),
-            (3, True, False, False, 8, False), (4, True, False, False, 4, False), (3, True, False, False, 1, True),
-            (3, True, False, False, 4, True)]
+#: split row reductions, peeled key loop, fence)
+VARIANTS = [(3, True, True, False, 1, False, False), (2, True, True, False, 1, False, False),
+            (4, True, True, False, 1, False, False), (3, False, True, False, 1, False, False),
+            (3, True, True, True, 1, False, False), (3, True, False, False, 1, False, False),
+            (3, True, False, True, 1, False, False), (3, True, True, False, 4, False, False),
+            (3, True, False, False, 4, False, False), (3, True, False, False, 8, False, False),
+            (4, True, False, False, 4, False, False), (3, True, False, False, 1, True, False),
+            (3, True, False, False, 4, True, False), (3, True, False, False, 1, False, True),
+            (3, True, False, False, 1, True, True)]
 ROUNDS = 3  # interleaved timings per implementation (median)
 #: the schedule options checked against the pin's output in ``check``
 SCHEDULES = [{"turns": True, "merged": True}, {"turns": False, "merged": True}, {"turns": False, "merged": False},
              {"turns": True, "merged": False, "split": 4}, {"turns": False, "merged": False, "split": 8},
-             {"turns": False, "merged": False, "peeled": True}]
+             {"turns": False, "merged": False, "peeled": True}, {"turns": False, "merged": False, "fence": True}]
 NCU_N = 8192
 
 
@@ -112,7 +119,7 @@ def _stage_check():
                     for sch in (SCHEDULES if (B, Hq) == (4, 8) else ()):  # two cases with several tiles a CTA
                         o4, l4 = fg.attention_fp8_gluon(x, out_dtype=torch.float32, schedule=sch)
                         key = (f"o_rel_turns{int(sch['turns'])}_merged{int(sch['merged'])}_split{sch.get('split', 1)}"
-                               + ("_peeled" if sch.get("peeled") else ""))
+                               + ("_peeled" if sch.get("peeled") else "") + ("_fence" if sch.get("fence") else ""))
                         row[key] = rel(o4, o)
                         ok = ok and row[key] < 1e-3 and lse_abs(l4, lse) < 1e-4
                 row["ok"] = bool(ok)
@@ -187,17 +194,18 @@ def _stage_bench():
         with torch.no_grad():
             ref_o = cudnn(q, k, v, causal)
         fns = {"gluon_bf16": lambda: flash_attention_forward_gluon(q, k, v, causal=causal)}
-        for (stages, permuted, turns, merged, split, peeled) in VARIANTS:
+        for (stages, permuted, turns, merged, split, peeled, fence) in VARIANTS:
             cfg = (128, 128, stages, 4)
-            sch = {"turns": turns, "merged": merged, "split": split, "peeled": peeled}
+            sch = {"turns": turns, "merged": merged, "split": split, "peeled": peeled, "fence": fence}
             x = fg.prepare_fp8_gluon(q, k, v, causal=causal, config=cfg, permuted=permuted)
-            name = f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}" + ("_peeled" if peeled else "")
+            name = (f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}" + ("_peeled" if peeled else "")
+                    + ("_fence" if fence else ""))
             fns[name] = (
                 lambda x=x, cfg=cfg, sch=sch: fg.attention_fp8_gluon(x, cfg, schedule=sch))
         r = timed(fns, flops, ref_o)
-        for name, (stages, permuted, turns, merged, split, peeled) in zip(list(fns)[1:], VARIANTS):
+        for name, (stages, permuted, turns, merged, split, peeled, fence) in zip(list(fns)[1:], VARIANTS):
             row = {"stages": stages, "permuted": permuted, "turns": turns, "merged": merged, "split": split,
-                   "peeled": peeled, "N": N, "causal": causal, **r[name],
+                   "peeled": peeled, "fence": fence, "N": N, "causal": causal, **r[name],
                    "gluon_bf16_tflops": r["gluon_bf16"].get("tflops")}
             row["x_gluon_bf16"] = row.get("tflops", float("nan")) / (row["gluon_bf16_tflops"] or float("nan"))
             print(f"variant {name} causal={causal}: {row.get('tflops', float('nan')):.0f} TFLOP/s "
@@ -208,11 +216,12 @@ def _stage_bench():
     # the main table runs the sweep's best (summed over causal and not); the pin is set from it
     score = {}
     for row in res["variants"]:
-        key = (row["stages"], row["permuted"], row["turns"], row["merged"], row["split"], row["peeled"])
+        key = (row["stages"], row["permuted"], row["turns"], row["merged"], row["split"], row["peeled"],
+               row["fence"])
         score[key] = score.get(key, 0.0) + row.get("x_gluon_bf16", 0.0)
     best = max(score, key=score.get)
     cfg = (128, 128, best[0], 4)
-    sch = {"turns": best[2], "merged": best[3], "split": best[4], "peeled": best[5]}
+    sch = {"turns": best[2], "merged": best[3], "split": best[4], "peeled": best[5], "fence": best[6]}
     res["main_schedule"] = {"config": list(cfg), "permuted": best[1], **sch, "chosen_by": "the sweep above, this run"}
     print(f"main table: config {cfg} schedule {sch} permuted {best[1]}", flush=True)
 
@@ -271,7 +280,7 @@ def _profile():
     q, k, v = _qkv(TOKENS // NCU_N, H, H, NCU_N, NCU_N, D)
     chosen = json.loads(os.environ.get("BENCH_SCHEDULE") or "null") or {}  # the bench stage's main schedule
     cfg = tuple(chosen.get("config") or fg.check_fp8_gluon_config(None))
-    sch = {k: chosen[k] for k in ("turns", "merged", "split", "peeled") if k in chosen} if chosen else None
+    sch = {k: chosen[k] for k in ("turns", "merged", "split", "peeled", "fence") if k in chosen} if chosen else None
     xg = fg.prepare_fp8_gluon(q, k, v, config=cfg, permuted=chosen.get("permuted", True))
     xt = flash_fp8.prepare_fp8(q, k, v)
     runs = [lambda: fg.attention_fp8_gluon(xg, cfg, schedule=sch), lambda: flash_fp8.attention_fp8(xt),
@@ -286,6 +295,65 @@ def _stage_pytest():
                         "-p", "no:cacheprovider"], capture_output=True, text=True, cwd=ROOT)
     print(r.stdout[-3000:], r.stderr[-1500:], flush=True)
     return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-3000:]}
+
+
+#: the keyloop stage: rotated rounds per shape, sequence lengths, and the schedules timed beside the pin
+KEYLOOP_ROUNDS = 5
+KEYLOOP_N = (4096, 8192, 16384)
+KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True}, "peeled_fence": {"peeled": True, "fence": True}}
+
+
+def _stage_keyloop():
+    """Module docstring, stage 5: each key-loop option against the pin (``configs.FP8_GLUON_SCHEDULE``), kernel
+    alone on the same quantised inputs; every output compared with the pin's (same roundings, same order) and
+    with cuDNN's before timing; per option the median ratio to the pin and the rounds' spread ((max - min) /
+    median of each implementation's rounds)."""
+    import statistics
+    import torch
+    from torch.nn.attention import SDPBackend
+    from benchmarks._common import rotated_rounds, sdpa
+    from benchmarks._common import rel_err as rel
+    from benchmarks.course.bench_hopper import bench
+    from reference.triton.configs import FP8_GLUON_SCHEDULE
+    from reference.triton.flash_fwd import forward_flops
+    from reference.triton.hopper import flash_fp8_gluon as fg
+    from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+    cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
+    res = {"pin": dict(FP8_GLUON_SCHEDULE), "rounds": KEYLOOP_ROUNDS, "rows": []}
+    for causal in (False, True):
+        for N in KEYLOOP_N:
+            B = TOKENS // N
+            q, k, v = _qkv(B, H, H, N, N, D)
+            flops = forward_flops(B, H, N, N, D, causal)
+            x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
+            fns = {"gluon_bf16": lambda: flash_attention_forward_gluon(q, k, v, causal=causal),
+                   "fp8_pin": lambda: fg.attention_fp8_gluon(x)}
+            for name, opt in KEYLOOP_OPTIONS.items():
+                fns[f"fp8_{name}"] = (lambda sch: lambda: fg.attention_fp8_gluon(x, schedule=sch))(
+                    dict(FP8_GLUON_SCHEDULE, **opt))
+            row = {"N": N, "B": B, "H": H, "d": D, "causal": causal}
+            with torch.no_grad():
+                ref = cudnn(q, k, v, causal)
+                pin_o, pin_l = fns["fp8_pin"]()
+                for n, fn in fns.items():
+                    o = fn()
+                    row[n] = {"rel_vs_cudnn": rel(o[0] if isinstance(o, tuple) else o, ref)}
+                    if n.startswith("fp8_") and n != "fp8_pin":
+                        row[n]["o_rel_vs_pin"] = rel(o[0], pin_o)
+                        row[n]["lse_abs_vs_pin"] = float((o[1] - pin_l).abs().max())
+                ms = rotated_rounds(fns, KEYLOOP_ROUNDS, bench)
+            for n, r in ms.items():
+                m = statistics.median(r)
+                row[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=r, spread=(max(r) - min(r)) / m,
+                              x_pin=statistics.median(ms["fp8_pin"]) / m,
+                              x_pin_fastest=min(ms["fp8_pin"]) / min(r),
+                              x_gluon_bf16=statistics.median(ms["gluon_bf16"]) / m)
+            print(f"keyloop causal={causal!s:5} N={N:5}: " + " ".join(
+                f"{n} {row[n]['tflops']:4.0f} ({row[n]['x_pin']:.3f}x pin, {row[n]['x_gluon_bf16']:.2f}x bf16, "
+                f"spread {row[n]['spread']:.2f})" for n in fns), flush=True)
+            res["rows"].append(row)
+            del q, k, v, x, ref, pin_o, pin_l
+    return res
 
 
 #: the quant stage: configs of ``fp8_quant.quantize_qkv_fp8`` swept at N = 8k (kernel alone)
@@ -346,7 +414,7 @@ def _quant_check() -> list:
 
 
 def _stage_quant():
-    """Module docstring, stage 5: checks, copy bandwidth, config sweep, quantisation alone, end to end."""
+    """Module docstring, stage 6: checks, copy bandwidth, config sweep, quantisation alone, end to end."""
     import statistics
     import torch
     from benchmarks._common import copy_bandwidth, rotated_rounds
@@ -499,14 +567,14 @@ def _stage_ncu():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--stage", default="all", help="all | check | bench | pytest | ncu | quant | profile")
-    ap.add_argument("--stages", default="check,bench,pytest,ncu")
+    ap.add_argument("--stage", default="all", help="all | check | bench | keyloop | pytest | ncu | quant | profile")
+    ap.add_argument("--stages", default="check,bench,keyloop,pytest,ncu")
     ap.add_argument("--timeout", type=int, default=120, help="seconds for the check stage (bench and ncu get 3x)")
     args = ap.parse_args(argv)
     if args.stage == "profile":  # under ncu
         return _profile()
     if args.stage != "all":  # a child: run one stage, print its JSON last
-        result = {"check": _stage_check, "bench": _stage_bench, "pytest": _stage_pytest,
+        result = {"check": _stage_check, "bench": _stage_bench, "keyloop": _stage_keyloop, "pytest": _stage_pytest,
                   "ncu": _stage_ncu, "quant": _stage_quant}[args.stage]()
         print("RESULT " + json.dumps(result), flush=True)
         return
