@@ -7,7 +7,8 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
 1. ``check``: the FP8 Gluon forward against float64 on fresh random inputs (ragged N, bottom-right causal with
    Nq < Nk and Nq > Nk, GQA, d = 64, one query row, more tiles than SMs, N = 4096), Hadamard off and on, with the
    Triton FP8 bounds: against exact attention o < 0.1, lse < 0.1 (``bench_hopper``'s FP8 check); against
-   float64 on the dequantised inputs o < 6e-2, lse < 1e-3 (``tests/test_triton_hopper.py``); and against the
+   float64 on the dequantised inputs o < 6e-2 and lse within ``tests/oracle.fp8_lse_bound`` on every row (the
+   e4m3 MMA's accumulation bits, ``FP8_MMA_BITS``; ``tests/test_triton_hopper.py``); and against the
    Triton FP8 kernel (same quantisation, o within 2e-2). The layout-conversion ablation (``permuted=False``) is
    checked too. lse against exact attention is reported, not gated (e4m3's rounding of Q and K).
 2. ``bench``: first ``VARIANTS`` at N = 8k (ring depth, P conversion without key renumbering, ping-pong turns,
@@ -54,7 +55,7 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False), (1, 4, 4, 1000, 1000, 128, True), (2
          (1, 4, 4, 777, 777, 64, True), (1, 2, 2, 1, 5, 64, False), (4, 8, 2, 1000, 1000, 128, True),
          (4, 8, 8, 1000, 700, 128, False), (1, 8, 8, 4096, 4096, 128, True), (1, 8, 8, 4096, 4096, 128, False)]
 EXACT_TOL = (0.1, 0.1)        # o rel, lse abs vs exact attention (bench_hopper's FP8 check)
-DEQUANT_TOL = (6e-2, 1e-3)    # vs float64 on the dequantised inputs (tests/test_triton_hopper.py, GPU)
+DEQUANT_TOL = 6e-2  # o vs float64 on the dequantised inputs (tests/test_triton_hopper.py, GPU); lse: _lse_violation
 #: the schedule sweep at N = 8k, before the main table: (STAGES, permuted keys, ping-pong turns, merged releases,
 #: split row reductions, peeled key loop, fence)
 VARIANTS = [(3, True, True, False, 1, False, False), (2, True, True, False, 1, False, False),
@@ -79,6 +80,13 @@ def _qkv(B, Hq, Hkv, Nq, Nk, d, dtype=None):
     return [torch.randn(*s, device="cuda", dtype=dtype) for s in ((B, Hq, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d))]
 
 
+def _lse_violation(lse, dl, x, causal) -> float:
+    """The kernel's lse against float64 on the dequantised inputs ``dl``, as a fraction of the per-row bound
+    ``tests/oracle.fp8_lse_bound`` (< 1: within; it replaced a flat 1e-3 that the MMA's own error crossed)."""
+    from tests.oracle import FP8_MMA_BITS, fp8_lse_violation
+    return fp8_lse_violation(lse, dl, x.q.dequantize(), x.k.dequantize(), causal, x.scale, FP8_MMA_BITS)
+
+
 def _stage_check():
     import torch
     from benchmarks._common import check_row, lse_abs, ref64
@@ -99,6 +107,7 @@ def _stage_check():
                 row["o_rel"], row["lse_abs"] = rel(o, ro), lse_abs(lse, rl)
                 do, dl = ref64(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal)
                 row["o_rel_dequant"], row["lse_abs_dequant"] = rel(o, do), lse_abs(lse, dl)
+                row["lse_dequant_violation"] = _lse_violation(lse, dl, x, causal)
                 o2, l2 = flash_attention_forward_fp8(q, k, v, causal=causal, hadamard=had, seed=7)
                 row["o_rel_vs_triton_fp8"], row["lse_abs_vs_triton_fp8"] = rel(o, o2.float()), lse_abs(lse, l2)
                 empty = ~torch.isfinite(rl)
@@ -108,8 +117,8 @@ def _stage_check():
                 # lse against exact attention is reported, not gated: e4m3's rounding of Q and K moves it by
                 # 0.12-0.13 at some shapes for the Triton FP8 kernel too (notes/hopper.md, checks)
                 row["lse_exact_within_0.1"] = row["lse_abs"] < EXACT_TOL[1]
-                ok = (row["o_rel"] < EXACT_TOL[0] and row["o_rel_dequant"] < DEQUANT_TOL[0]
-                      and row["lse_abs_dequant"] < DEQUANT_TOL[1] and row["o_rel_vs_triton_fp8"] < 2e-2
+                ok = (row["o_rel"] < EXACT_TOL[0] and row["o_rel_dequant"] < DEQUANT_TOL
+                      and row["lse_dequant_violation"] < 1 and row["o_rel_vs_triton_fp8"] < 2e-2
                       and row["empty_ok"] and not row["nan"])
                 if d == 128 and not had:  # the ablations compute the same (same roundings, same order)
                     x2 = prepare_fp8(q, k, v, causal=causal, block_m=64, block_n=128)
@@ -401,12 +410,12 @@ def _quant_check() -> list:
                 row["o_rel_dequant"], row["lse_abs_dequant"] = rel(o32, do), lse_abs(l32, dl)
                 steps = max(row[f"{n}_max_steps"] for n in "qkv")
                 # the kernel's lse against float64 on the dequantised inputs is reported here, not gated: it is the
-                # kernel's property (gated by the check stage), not the quantisation's, and reached 1.09e-3 on
-                # the 1000-row causal Hadamard case in the second GPU run (bound 1e-3; notes/hopper.md, session 6)
-                row["lse_dequant_within_bound"] = bool(row["lse_abs_dequant"] < DEQUANT_TOL[1])
+                # kernel's property (gated by the check stage), not the quantisation's
+                row["lse_dequant_violation"] = _lse_violation(l32, dl, xf, causal)
+                row["lse_dequant_within_bound"] = bool(row["lse_dequant_violation"] < 1)
                 row["ok"] = bool(steps <= (1 if had else 0) and row["v_max_steps"] == 0
                                  and max(row[f"{n}_scale_rel"] for n in "qkv") <= (1e-5 if had else 0.0)
-                                 and row["o_rel"] < EXACT_TOL[0] and row["o_rel_dequant"] < DEQUANT_TOL[0])
+                                 and row["o_rel"] < EXACT_TOL[0] and row["o_rel_dequant"] < DEQUANT_TOL)
             row = check_row({"shape": [B, Hq, Hkv, Nq, Nk, d], "causal": causal, "hadamard": had}, fill)
             print(f"quant check {row}", flush=True)
             out.append(row)
