@@ -27,7 +27,8 @@ def _qk(rng, B=2, Hq=4, Hkv=2, Nq=96, Nk=130, d=128):
 
 def test_bound_follows_the_model(rng):
     """Every row: ``scale max_j sum_i |q_i k_ji| 2^-bits`` (keys the row sees) plus the small fp32 terms; one bit
-    more halves the MMA term; the probe's bits put a randn row at d = 128 near 1e-3 (the flat bound it replaces)."""
+    more halves the MMA term; the probe's bits put a randn row at d = 128 at a few 1e-3 (the flat 1e-3 it
+    replaces sat inside the hardware's error)."""
     q, k, _ = _qk(rng, Nq=20, Nk=33)
     sc = 128 ** -0.5
     for causal in (False, True):
@@ -39,7 +40,7 @@ def test_bound_follows_the_model(rng):
             mma = sc * max(float((q[bb, h, i].abs() * ke[bb, h, j].abs()).sum()) for j in range(33) if seen[j])
             assert mma * 2.0 ** -FP8_MMA_BITS <= float(b[bb, h, i]) <= mma * 2.0 ** -FP8_MMA_BITS + 1e-5
             assert float(b[bb, h, i] - b1[bb, h, i]) == pytest.approx(mma * 2.0 ** -(FP8_MMA_BITS + 1), rel=1e-9)
-    assert 2e-4 < float(fp8_lse_bound(q, k).median()) < 5e-3
+    assert 1e-3 < float(fp8_lse_bound(q, k).median()) < 1e-2
     assert fp32_dot_bits(128) == 17.0
 
 

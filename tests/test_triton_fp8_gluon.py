@@ -89,6 +89,23 @@ def test_peeled_keeps_the_pv_wait_after_the_exps(args):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("args", [(), ("--causal",), ("--d", "64", "--causal")])
+def test_fence_keeps_the_pv_wait_after_the_exps(args):
+    """``schedule["fence"]``: K slot ``j`` freed after the softmax inside an always-taken branch, which ends the
+    softmax's basic block: every consumer's key loop keeps the ``P V`` wait after the 64 exps, the d = 128 causal
+    one included (where ``peeled`` leaves it hoisted in the masked loop); 168 registers, the spills of the pin only
+    (d = 128 causal, per tile)."""
+    usage = _pv_waits("--fence", *args)
+    loops = usage["pv_waits"]
+    assert len(loops) == 2 and all(pv_wait_after_exps(w) for w in loops), loops
+    assert usage["registers"] == 168 and usage["QGMMA"] > 0 and usage["HGMMA"] == 0, usage
+    if args == ("--causal",):
+        assert usage["stack"] <= 64, usage
+    else:
+        assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
+
+
+@pytest.mark.slow
 def test_pin_hoists_the_pv_wait_above_the_exps():
     """Why ``peeled`` exists: with the mask's run-time branch in the loop body (the pin), ptxas hoists the
     ``P_{j-1} V_{j-1}`` wait to the top of the softmax's basic block, above every exp, in both consumers' loops

@@ -23,20 +23,26 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
 3. ``pytest``: ``tests/test_triton_fp8_gluon.py`` on the GPU (where pytest is installed).
 4. ``ncu`` (if Nsight Compute runs): one forward each of FP8 Gluon, FP8 Triton, bf16 Gluon and cuDNN at
    N = 8k non-causal: duration, tensor-pipe activity, issue slots, the MUFU (XU) pipe, warp stall reasons.
-5. ``keyloop`` (issue 25 item 7, session 7): the key-loop options that keep the ``P_{j-1} V_{j-1}`` wait below the
-   softmax's exps (``schedule["fence"]``, ``["peeled"]``, both) against the pinned schedule and the bf16 Gluon
-   forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal and not, ``KEYLOOP_ROUNDS`` rotated rounds
-   (median and the rounds' spread: an option is pinned only if it wins beyond that spread).
+5. ``keyloop`` (issue 25 item 7, session 7; its own file ``<gpu>-fp8-key-loop.json``): the key-loop options that
+   keep the ``P_{j-1} V_{j-1}`` wait below the softmax's exps (``schedule["fence"]``, ``["peeled"]``, both)
+   against the pinned schedule and the bf16 Gluon forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal
+   and not, ``KEYLOOP_ROUNDS`` rounds, half of them rotated in the listed order and half in the reversed order
+   (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the pin,
+   timed right after the bf16 forward in 4 of 5 rounds, was 7-16% slower in those rounds in 5 of 6 shapes);
+   median, fastest round and the rounds' spread: an option is pinned only if it wins beyond that spread.
 6. ``quant`` (issue 25 item 7, session 6; its own file ``<gpu>-fp8-quant.json``): the fused quantisation
    (``fp8_quant.quantize_qkv_fp8``) checked on the GPU against the torch path (e4m3 bytes equal without the
    rotation, within one step with it; scales) and the entry point's o against float64 (exact: 0.1; on the
    dequantised inputs: 6e-2; the kernel's lse is reported, the check stage gates it); then the kernel alone as bytes
    moved / time against the device-to-device copy bandwidth of the same process (``quant_bytes``; a config sweep
    at N = 8k first), and end to end: ``flash_attention_forward_fp8_gluon`` (fused quantisation + kernel) against
-   the bf16 Gluon forward, beside the torch-path quantisation, at the main table's shapes.
+   the bf16 Gluon forward, beside the torch-path quantisation, at the main table's shapes; and (session 7) the
+   same two launches with the non-finite flag never read (``fp8_gluon_e2e_flag_unread``: no host sync per call,
+   not the entry point's contract), which isolates what the per-call flag read costs.
 
     python3 -m benchmarks.course.bench_fp8_gluon --out DIR    # writes DIR/<gpu>-fp8-gluon.json (+ ncu CSV)
     python3 -m benchmarks.course.bench_fp8_gluon --out DIR --stages quant   # DIR/<gpu>-fp8-quant.json
+    python3 -m benchmarks.course.bench_fp8_gluon --out DIR --stages keyloop # DIR/<gpu>-fp8-key-loop.json
 """
 from __future__ import annotations
 
@@ -87,6 +93,12 @@ def _lse_violation(lse, dl, x, causal) -> float:
     return fp8_lse_violation(lse, dl, x.q.dequantize(), x.k.dequantize(), causal, x.scale, FP8_MMA_BITS)
 
 
+def _lse_bits() -> float:
+    """The bits ``_lse_violation`` assumes (``tests/oracle.FP8_MMA_BITS``), recorded beside each check row."""
+    from tests.oracle import FP8_MMA_BITS
+    return FP8_MMA_BITS
+
+
 def _stage_check():
     import torch
     from benchmarks._common import check_row, lse_abs, ref64
@@ -108,6 +120,7 @@ def _stage_check():
                 do, dl = ref64(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal)
                 row["o_rel_dequant"], row["lse_abs_dequant"] = rel(o, do), lse_abs(lse, dl)
                 row["lse_dequant_violation"] = _lse_violation(lse, dl, x, causal)
+                row["lse_bound_bits"] = _lse_bits()
                 o2, l2 = flash_attention_forward_fp8(q, k, v, causal=causal, hadamard=had, seed=7)
                 row["o_rel_vs_triton_fp8"], row["lse_abs_vs_triton_fp8"] = rel(o, o2.float()), lse_abs(lse, l2)
                 empty = ~torch.isfinite(rl)
@@ -306,21 +319,40 @@ def _stage_pytest():
     return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-3000:]}
 
 
-#: the keyloop stage: rotated rounds per shape, sequence lengths, and the schedules timed beside the pin
-KEYLOOP_ROUNDS = 5
+#: the keyloop stage: rounds per shape (half in each direction, ``_both_ways``), sequence lengths, and the schedules
+#: timed beside the pin
+KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
 KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True}, "peeled_fence": {"peeled": True, "fence": True}}
+
+
+def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
+    """``_common.rotated_rounds`` for ``rounds // 2`` rounds in the listed order and ``rounds - rounds // 2`` in the
+    reversed one, so each implementation is timed behind two different ones (a rotation alone keeps the cyclic
+    order: in the first keyloop run the pin followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
+    there than in the fifth in 5 of 6 shapes). Returns ``({name: [ms per round]}, [the order of each round])``."""
+    from benchmarks._common import rotated_rounds
+    names = list(fns)
+    half = rounds // 2
+    ms = {n: [] for n in names}
+    orders = []
+    for order, k in ((names, half), (names[::-1], rounds - half)):
+        got = rotated_rounds({n: fns[n] for n in order}, k, timer)
+        for n in names:
+            ms[n] += got[n]
+        orders += [order[i % len(order):] + order[:i % len(order)] for i in range(k)]
+    return ms, orders
 
 
 def _stage_keyloop():
     """Module docstring, stage 5: each key-loop option against the pin (``configs.FP8_GLUON_SCHEDULE``), kernel
     alone on the same quantised inputs; every output compared with the pin's (same roundings, same order) and
-    with cuDNN's before timing; per option the median ratio to the pin and the rounds' spread ((max - min) /
-    median of each implementation's rounds)."""
+    with cuDNN's before timing; per option the median ratio to the pin, the ratio of the fastest rounds and the
+    rounds' spread ((max - min) / median of each implementation's rounds); ``orders``: each round's order."""
     import statistics
     import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks._common import rotated_rounds, sdpa
+    from benchmarks._common import sdpa
     from benchmarks._common import rel_err as rel
     from benchmarks.course.bench_hopper import bench
     from reference.triton.configs import FP8_GLUON_SCHEDULE
@@ -350,7 +382,7 @@ def _stage_keyloop():
                     if n.startswith("fp8_") and n != "fp8_pin":
                         row[n]["o_rel_vs_pin"] = rel(o[0], pin_o)
                         row[n]["lse_abs_vs_pin"] = float((o[1] - pin_l).abs().max())
-                ms = rotated_rounds(fns, KEYLOOP_ROUNDS, bench)
+                ms, row["orders"] = _both_ways(fns, KEYLOOP_ROUNDS, bench)
             for n, r in ms.items():
                 m = statistics.median(r)
                 row[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=r, spread=(max(r) - min(r)) / m,
@@ -412,6 +444,7 @@ def _quant_check() -> list:
                 # the kernel's lse against float64 on the dequantised inputs is reported here, not gated: it is the
                 # kernel's property (gated by the check stage), not the quantisation's
                 row["lse_dequant_violation"] = _lse_violation(l32, dl, xf, causal)
+                row["lse_bound_bits"] = _lse_bits()
                 row["lse_dequant_within_bound"] = bool(row["lse_dequant_violation"] < 1)
                 row["ok"] = bool(steps <= (1 if had else 0) and row["v_max_steps"] == 0
                                  and max(row[f"{n}_scale_rel"] for n in "qkv") <= (1e-5 if had else 0.0)
@@ -424,6 +457,7 @@ def _quant_check() -> list:
 
 def _stage_quant():
     """Module docstring, stage 6: checks, copy bandwidth, config sweep, quantisation alone, end to end."""
+    import dataclasses
     import statistics
     import torch
     from benchmarks._common import copy_bandwidth, rotated_rounds
@@ -491,7 +525,12 @@ def _stage_quant():
                    "fp8_gluon_e2e_hadamard": lambda: fg.flash_attention_forward_fp8_gluon(
                        q, k, v, causal=causal, hadamard=True, seed=7),
                    "fp8_gluon_e2e_torch_quant": lambda: fg.attention_fp8_gluon(
-                       fg.prepare_fp8_gluon(q, k, v, causal=causal, fused=False))}
+                       fg.prepare_fp8_gluon(q, k, v, causal=causal, fused=False)),
+                   # the entry point's two launches with the non-finite flag never read (no host sync per call;
+                   # NOT the entry point's contract: a NaN would go unreported): the end-to-end time minus this is
+                   # what the per-call flag read costs, host gaps included (notes/hopper.md, session 7)
+                   "fp8_gluon_e2e_flag_unread": lambda: fg.attention_fp8_gluon(dataclasses.replace(
+                       fg.prepare_fp8_gluon(q, k, v, causal=causal, defer_check=True), pending_flag=None))}
             if not causal:  # the quantisation does not depend on the mask
                 fns.update({"quant_fused": quant_fn(q, k, v, False), "quant_fused_hadamard": quant_fn(q, k, v, True),
                             "quant_fused_checked": lambda: quantize_qkv_fp8(q, k, v, 64, 128, permute=True),
@@ -510,7 +549,8 @@ def _stage_quant():
                   f"{r['fp8_gluon_kernel']['x_gluon_bf16']:.2f}x | e2e fused "
                   f"{r['fp8_gluon_e2e']['x_gluon_bf16']:.2f}x, "
                   f"hadamard {r['fp8_gluon_e2e_hadamard']['x_gluon_bf16']:.2f}x, torch quant "
-                  f"{r['fp8_gluon_e2e_torch_quant']['x_gluon_bf16']:.2f}x"
+                  f"{r['fp8_gluon_e2e_torch_quant']['x_gluon_bf16']:.2f}x, flag unread "
+                  f"{r['fp8_gluon_e2e_flag_unread']['x_gluon_bf16']:.2f}x"
                   + (f" | quant {r['quant_fused']['ms'] * 1e3:.0f} us ({r['quant_fused']['x_copy_bw']:.2f} of copy), "
                      f"hadamard {r['quant_fused_hadamard']['ms'] * 1e3:.0f} us, checked "
                      f"{r['quant_fused_checked']['ms'] * 1e3:.0f} us, torch {r['quant_torch']['ms'] * 1e3:.0f} us"
@@ -577,7 +617,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--stage", default="all", help="all | check | bench | keyloop | pytest | ncu | quant | profile")
-    ap.add_argument("--stages", default="check,bench,keyloop,pytest,ncu")
+    ap.add_argument("--stages", default="check,bench,pytest,ncu")
     ap.add_argument("--timeout", type=int, default=120, help="seconds for the check stage (bench and ncu get 3x)")
     args = ap.parse_args(argv)
     if args.stage == "profile":  # under ncu
@@ -615,6 +655,16 @@ def main(argv=None):
         run_stages("benchmarks.course.bench_fp8_gluon", ["quant"], lambda st: 4 * args.timeout, qres,
                    os.path.join(args.out, f"{gpu_tag()}-fp8-quant.json"))
         stages = [s for s in stages if s != "quant"]
+        if not stages:
+            return
+    if "keyloop" in stages:  # its own results file too
+        kres = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
+        kres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs quantised once; kernel alone; "
+                              "do_bench(warmup=10 ms, rep=40 ms) medians over rounds (half rotated in the listed "
+                              "order, half reversed); flops 4BHN^2d (x0.5 causal); ratios from this run only")
+        run_stages("benchmarks.course.bench_fp8_gluon", ["keyloop"], lambda st: 3 * args.timeout, kres,
+                   os.path.join(args.out, f"{gpu_tag()}-fp8-key-loop.json"))
+        stages = [s for s in stages if s != "keyloop"]
         if not stages:
             return
     if "check" in stages:  # time nothing that failed its check
