@@ -5,8 +5,8 @@ the SASS, TMA loads, ``setmaxnreg``, registers, spills, shared memory within a H
 renumbering that lets P stay in registers is checked in torch (it must leave ``P V`` unchanged and match the
 kernel's reshape/permute); bad input is named. On an H100/H200 the outputs are compared with a float64 oracle
 fed the dequantised inputs, with the Triton FP8 tests' bounds (``tests/test_triton_hopper.py``: o 6e-2, lse per
-row ``oracle.fp8_lse_bound``), and the entry point with exact attention (o 0.1, lse 0.05); ``benchmarks/course/bench_fp8_gluon.py``
-checks again at scale before timing.
+row ``oracle.fp8_lse_bound``), and the entry point with exact attention (o 0.1, lse 0.05);
+``benchmarks/course/bench_fp8_gluon.py`` checks again at scale before timing.
 """
 import json
 import os

@@ -323,7 +323,8 @@ def _stage_pytest():
 #: timed beside the pin
 KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
-KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True}, "peeled_fence": {"peeled": True, "fence": True}}
+KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
+                   "peeled_fence": {"peeled": True, "fence": True}}
 
 
 def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
