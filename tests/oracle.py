@@ -120,6 +120,65 @@ def tf32_lse_violation(lse, ref, q, k, scale=None) -> float:
     return float(((lse - ref).abs()[fin] / (2.0 ** -10 * abs(sc) * qn * kn)[fin]).max())
 
 
+#: bits of ``sum_i a_i b_i`` that the e4m3 tensor-core MMA keeps while it accumulates (into an fp32 register):
+#: ``benchmarks/tuning/probe_fp8_accumulation.py`` on an H100 (``benchmarks/results/h100-fp8-accumulation.json``,
+#: max |dS| / sum_i |a_i b_i| over 20 draws of 64 x 64 dots per K: 12.01 / 12.06 / 11.99 bits at K = 64 / 128 /
+#: 256, the same at every K; float16 operands 22.1-22.4), rounded down to whole bits: 11 (a factor 2 of margin)
+FP8_MMA_BITS = 11.0
+
+
+def fp32_dot_bits(d: int) -> float:
+    """Bits an fp32 dot product of length ``d`` keeps in the worst case: recursive summation in fp32 errs by at most
+    ``(d - 1) u sum_i |a_i b_i|`` with ``u = 2^-24`` (Higham, Accuracy and Stability, eq. 3.5), and e4m3 products
+    are exact in fp32; so ``24 - log2(d)`` (the FP8 kernels under the Triton interpreter)."""
+    return 24.0 - math.log2(max(d, 1))
+
+
+def fp8_lse_bound(q, k, causal=False, scale=None, bits=None) -> torch.Tensor:
+    """Per-row bound ``(B, Hq, Nq)`` float64 on ``|lse - lse_64|`` for an FP8 forward, ``q, k`` its dequantised
+    inputs ``(B, Hq, Nq, d)``, ``(B, Hkv, Nk, d)`` (the float64 reference ``attention_ref`` is fed the same).
+
+    Each score ``S_j = scale sum_i q_i k_ji`` leaves the MMA with ``|dS_j| <= scale sum_i |q_i k_ji| 2^-bits``
+    (``bits``: ``FP8_MMA_BITS`` on the GPU's e4m3 MMA, ``fp32_dot_bits(d)`` for fp32 dots); lse is a soft maximum
+    of the row's scores, ``d lse = sum_j P_j dS_j``, so ``|d lse| <= max_j |dS_j|`` over the keys the row sees
+    (bottom-right causal). Plus the fp32 softmax: the scores, ``m`` and the exp2 arguments rounded (``2^-22 (1 +
+    max_j |S_j| + |lse|)``, MUFU.EX2's relative error included) and ``l`` summed over ``ceil(Nk / 128)`` key
+    blocks of 128 (``(2 n_blocks + 40) 2^-24``: per block a sum of 32 per thread, 2 shuffle levels, the rescale
+    and the add). Computed in float64 on the inputs' device; rows that see no key get 0.
+    """
+    bits = FP8_MMA_BITS if bits is None else bits
+    q, k = q.detach().double(), k.detach().double()
+    d = q.shape[-1]
+    sc = abs(1.0 / math.sqrt(d) if scale is None else scale)
+    ke = _expand_kv(k, q.shape[-3])
+    sum_abs = sc * (q.abs() @ ke.abs().transpose(-1, -2))            # (B, Hq, Nq, Nk): scale sum_i |q_i k_ji|
+    s = sc * (q @ ke.transpose(-1, -2))
+    nq, nk = q.shape[-2], k.shape[-2]
+    if causal:
+        hide = ~allowed_mask(nq, nk).to(q.device)
+        sum_abs, s = sum_abs.masked_fill(hide, 0.0), s.masked_fill(hide, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    lse = torch.where(torch.isfinite(lse), lse, 0.0)
+    s_max = torch.where(torch.isfinite(s), s.abs(), 0.0).amax(dim=-1)
+    mma = sum_abs.amax(dim=-1) * 2.0 ** -bits
+    fp32 = 2.0 ** -22 * (1 + s_max + lse.abs()) + (2 * math.ceil(nk / 128) + 40) * 2.0 ** -24
+    return mma + fp32
+
+
+def fp8_lse_violation(lse, ref, q, k, causal=False, scale=None, bits=None) -> float:
+    """Largest ``|lse - ref| / fp8_lse_bound(q, k, causal, scale, bits)`` over the rows where ``ref`` is finite (<= 1:
+    within the bound); inf when the -inf rows differ or ``lse`` has NaN. ``ref``: float64 lse of ``q, k``."""
+    ref = ref.detach().double()
+    lse = lse.detach().double().to(ref.device)
+    if torch.isnan(lse).any() or not torch.equal(torch.isinf(lse), torch.isinf(ref)):
+        return float("inf")
+    fin = torch.isfinite(ref)
+    if not bool(fin.any()):
+        return 0.0
+    bound = fp8_lse_bound(q.to(ref.device), k.to(ref.device), causal, scale, bits)
+    return float(((lse - ref).abs()[fin] / bound[fin]).max())
+
+
 def decode_ref(q, k, v, seq_lens=None, scale=None):
     """float64 oracle: sequence b attends its first seq_lens[b] keys; a length of 0 gives 0."""
     B, Hq, d = q.shape

@@ -171,8 +171,13 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3 Algorithm 2's overlap; with the
 #: mask's branch it hoists the wait above them): notes/hopper.md "the P V wait". H100 (h100-gluon-key-loop.json, one
 #: process, 5 rotated rounds), peeled / pin at N = 8k / 16k: medians 1.06 / 1.08 non-causal, 0.99 / 1.02 causal; the
-#: fastest rounds 1.02 / 1.02 and 0.96 / 0.95: not ahead beyond the noise (rounds spread 5-15%), so not pinned
-FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False}
+#: fastest rounds 1.02 / 1.02 and 0.96 / 0.95: not ahead beyond the noise (rounds spread 5-15%), so not pinned.
+#: "fence" (off): the K release after the softmax in an always-taken branch (sm_90a SASS: the P V wait below all 64
+#: exps in every loop, d = 128 causal too). H100 (h100-fp8-key-loop.json, 5 rounds), fence / pin at N = 4k / 8k / 16k:
+#: medians 1.06 / 1.12 / 1.05 non-causal, 1.06 / 1.07 / 1.14 causal, but the fastest rounds 0.99-1.02, and in the one
+#: round per shape where the pin did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
+#: lead is the pin's position in the rotation, not the option, so not pinned (notes/hopper.md, session 7)
+FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
 #: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, session 6)

@@ -143,11 +143,14 @@ def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bar
               full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout: gl.constexpr,
               o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
-              MERGED: gl.constexpr, SPLIT: gl.constexpr, MASK: gl.constexpr):
+              MERGED: gl.constexpr, SPLIT: gl.constexpr, MASK: gl.constexpr, FENCE: gl.constexpr = False):
     """Iteration ``j >= 1`` of ``attend_fp8``'s key loop (FA3 Algorithm 2): issue ``S_j = Q K_j^T`` and
     ``O += P_{j-1} V_{j-1}``, wait for ``S_j`` only, free its K slot, softmax (``softmax_fp8``, ``MASK``) while
     ``P_{j-1} V_{j-1}`` runs, wait for it, free its V slot, rescale ``O``. ``sk, cj``: block ``j``'s scales;
-    returns ``(p, acc, m_i, l_i)`` and block ``j + 1``'s scales (loaded one block ahead)."""
+    returns ``(p, acc, m_i, l_i)`` and block ``j + 1``'s scales (loaded one block ahead). ``FENCE`` (not with
+    ``MERGED``): K slot ``j`` is freed after the softmax instead, inside ``if N_K > 0`` (always true here): the
+    branch ends the softmax's basic block, so ptxas cannot hoist the ``P_{j-1} V_{j-1}`` wait above the exps
+    (the bf16 kernel's ``flash_gluon.attend_overlapped(FENCE=True)``)."""
     fp8: gl.constexpr = k_smem.dtype
     # P_{j-1} is carried in fp32 and rounded here: an e4m3 tensor carried across the loop is one byte per
     # register (unpacked and repacked each iteration, measured in the SASS), packed it is 16 registers
@@ -166,12 +169,15 @@ def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bar
     sk_n = gl.load(SK + kblk0 + nxt)
     cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
     s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
-    if not MERGED:
+    if not MERGED and not FENCE:
         mbarrier.arrive(k_bars.index(STAGES + slot))
     p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
                                      BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK)
+    if FENCE:
+        if N_K > 0:  # always true here; the branch keeps the next wait below the softmax
+            mbarrier.arrive(k_bars.index(STAGES + slot))
     # MASK_CHECK: the mask's branch splits the body into basic blocks and ptxas hoists this wait to the top of
-    # the one holding the softmax, above the first exp; MASK_NEVER / MASK_ALWAYS (no branch) leave it here
+    # the one holding the softmax, above the first exp; MASK_NEVER / MASK_ALWAYS (no branch) or FENCE leave it here
     acc = warpgroup_mma_wait(0, deps=(acc,))
     if MERGED:
         mbarrier.arrive(k_bars.index(STAGES + prev))
@@ -186,7 +192,7 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
                N_Q, N_K, q_scale, WG, it0, r0, s_layout: gl.constexpr, o_layout: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
-               SPLIT: gl.constexpr, PEELED: gl.constexpr):
+               SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr = False):
     """Key blocks ``0 .. hi-1`` of one consumer's 64 query rows (already in ``q_smem``): ``(acc, m_i, l_i)``.
 
     The bf16 kernel's ``flash_gluon.attend_overlapped`` (FA3 Algorithm 2 under ping-pong turns) on e4m3 tiles:
@@ -200,6 +206,8 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
     ring slot (``k_bars[STAGES + slot]``, after ``P_j V_j`` is done) instead of K's after ``S_j`` and V's after
     ``P_j V_j``: one warpgroup barrier + arrive less per key block, K's slot held one step longer. ``PEELED``:
     the loop split at ``full_end`` into an unmasked and a masked loop (``key_block``), no branch in either body.
+    ``FENCE``: K slot ``j`` freed after the softmax in an always-taken branch (``key_block``), which keeps the
+    ``P_{j-1} V_{j-1}`` wait below the exps in every loop, masked ones included.
     """
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
@@ -233,18 +241,18 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
                 p, acc, m_i, l_i, sk_n, cj_n = key_block(
                     j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
                     kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_NEVER)
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_NEVER, FENCE)
             for j in range(gl.maximum(full_end, 1), hi):
                 p, acc, m_i, l_i, sk_n, cj_n = key_block(
                     j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
                     kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_ALWAYS)
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_ALWAYS, FENCE)
         else:
             for j in range(1, hi):
                 p, acc, m_i, l_i, sk_n, cj_n = key_block(
                     j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
                     kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_CHECK)
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_CHECK, FENCE)
         p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
         last = (it0 + hi - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
@@ -269,7 +277,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                   n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, WG: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
-                  SPLIT: gl.constexpr, PEELED: gl.constexpr):
+                  SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
     matmul). ``work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
@@ -300,7 +308,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                 acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, turn_bars, SK,
                                            SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
                                            WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
-                                           CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED)
+                                           CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output(acc, m_i, l_i, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout, HALF,
                              HEAD_DIM, sv_max, SCALED=True, LSE_SHIFT=P_SHIFT)
@@ -348,7 +356,8 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
 def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, H_Q, GROUP, N_Q, N_K, N_PAD_Q,
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
-                      MERGED: gl.constexpr, SPLIT: gl.constexpr, PEELED: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      MERGED: gl.constexpr, SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
@@ -375,10 +384,10 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
     gl.warp_specialize([
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE)),
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE)),
         (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
                          GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
@@ -429,20 +438,26 @@ def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
 
 
 def check_schedule(schedule) -> dict:
-    """``schedule``: ``{"turns": bool, "merged": bool, "split": 1 | 2 | 4 | 8, "peeled": bool}`` (``attend_fp8``,
-    ``row_reduce``), default ``configs.FP8_GLUON_SCHEDULE``; ``split`` (1) and ``peeled`` (False) may be left
-    out."""
+    """``schedule``: ``{"turns": bool, "merged": bool, "split": 1 | 2 | 4 | 8, "peeled": bool, "fence": bool}``
+    (``attend_fp8``, ``row_reduce``), default ``configs.FP8_GLUON_SCHEDULE``; ``split`` (1), ``peeled`` and
+    ``fence`` (False) may be left out; ``fence`` moves the K release, which ``merged`` removes: not both."""
     if schedule is None:
         schedule = FP8_GLUON_SCHEDULE
-    keys = {"turns", "merged", "split", "peeled"}
+    keys = {"turns", "merged", "split", "peeled", "fence"}
     if not isinstance(schedule, dict) or not {"turns", "merged"} <= set(schedule) <= keys:
-        raise ValueError(f"schedule must be a dict with keys turns, merged (and split, peeled), got {schedule!r}")
+        raise ValueError(f"schedule must be a dict with keys turns, merged (and split, peeled, fence), got "
+                         f"{schedule!r}")
     split = schedule.get("split", 1)
     if split not in (1, 2, 4, 8) or isinstance(split, bool):
         raise ValueError(f"schedule['split'] must be 1, 2, 4 or 8, got {split!r}")
-    return {"turns": check_flag(schedule["turns"], "schedule['turns']"),
-            "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split,
-            "peeled": check_flag(schedule.get("peeled", False), "schedule['peeled']")}
+    out = {"turns": check_flag(schedule["turns"], "schedule['turns']"),
+           "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split,
+           "peeled": check_flag(schedule.get("peeled", False), "schedule['peeled']"),
+           "fence": check_flag(schedule.get("fence", False), "schedule['fence']")}
+    if out["fence"] and out["merged"]:
+        raise ValueError("schedule['fence'] moves the K slot's own release, which schedule['merged'] removes: "
+                         "set at most one of them")
+    return out
 
 
 def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True, schedule=None) -> dict:
@@ -452,6 +467,7 @@ def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = T
     sched = check_schedule(schedule)
     return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
                 TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], PEELED=sched["peeled"],
+                FENCE=sched["fence"],
                 CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
 
 
