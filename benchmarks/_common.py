@@ -90,14 +90,17 @@ def bench(fn, *, warmup: int = 25, rep: int = 100, grad_to_none=None, wall: bool
 
 def rotated_rounds(fns: dict, rounds: int, timer, first_shift: int = 0) -> dict:
     """``{name: [ms of each round]}``: each of ``fns`` timed by ``timer(fn)`` once per round for ``rounds`` rounds,
-    the order rotated by one each round (starting ``first_shift`` places in), so every implementation is timed in
-    every position (a kernel timed right after another heavy one can run a few percent slower; the H100's clock
-    drifts over a long run)."""
+    alternately in the listed and the reversed order, each rotated by one more place every second round (starting
+    ``first_shift`` places in). A kernel timed right after another heavy one can run a few percent slower and the
+    H100's clock drifts over a long run: with ``2 len(fns)`` rounds every implementation is timed twice in every
+    position and behind at least two different ones (a rotation alone keeps each behind the same one: in
+    session 7 an FP8 kernel timed behind the bf16 forward in 4 of 5 rounds was 7-16% slower in those rounds)."""
     names = list(fns)
     ms = {n: [] for n in names}
     for i in range(rounds if names else 0):
-        shift = (first_shift + i) % len(names)
-        for n in names[shift:] + names[:shift]:
+        order = names if i % 2 == 0 else names[::-1]
+        shift = (first_shift + i // 2) % len(names)
+        for n in order[shift:] + order[:shift]:
             ms[n].append(timer(fns[n]))
     return ms
 

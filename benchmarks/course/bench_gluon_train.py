@@ -26,7 +26,7 @@ import statistics
 from benchmarks._common import RESULTS
 
 SEQLENS = [2048, 4096, 8192, 16384]
-ROUNDS = 3  # timings per implementation: the fixed-order one, then rotated rounds
+ROUNDS = 5  # timings per implementation: the fixed-order one, then rotated rounds (both directions)
 TOKENS, HIDDEN, D = 16384, 2048, 128
 #: GQA rows (issue 25's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
 GQA_HEADS = (32, 8)
