@@ -274,8 +274,14 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
+#: ``cascade_decode``'s Hopper path (``CascadeConfig.overlap=None``): how the Gluon prefix kernel and the Triton
+#: suffix programs share the GPU ("off": one after the other; "pdl": the suffix launch programmatically dependent,
+#: beside the prefix CTAs; "streams": a fork/join of two streams and a merge launch). Not yet measured: "off"
+#: (session 6's two launches in stream order)
+CASCADE_OVERLAP = "off"
+
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
-           "GLUON_FWD_KEY_LOOP"]
+           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP"]
