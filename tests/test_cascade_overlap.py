@@ -82,11 +82,27 @@ def test_overlap_split_and_program_rules():
 
 
 @pytest.mark.triton_serving
+def test_overlap_default_rule():
+    """overlap=None: configs.CASCADE_OVERLAP ("pdl", the H100 pin) up to overlap_max_rows = 128 packed rows a kv
+    head (B <= 32 at G = 4), the sequential two launches above (B = 64: the prefix on half the SMs is the tail); an
+    explicit mode always wins."""
+    from reference.triton import configs
+    from reference.triton.cascade import overlap_mode
+    cfg = CascadeConfig()
+    assert configs.CASCADE_OVERLAP == "pdl"
+    assert [overlap_mode(cfg, 4 * B) for B in (1, 8, 16, 32, 33, 64)] == ["pdl"] * 4 + ["off"] * 2
+    assert overlap_mode(dataclasses.replace(cfg, overlap="streams"), 256) == "streams"
+    assert overlap_mode(dataclasses.replace(cfg, overlap="off"), 8) == "off"
+    assert overlap_mode(dataclasses.replace(cfg, overlap_max_rows=0), 8) == "off"
+
+
+@pytest.mark.triton_serving
 @pytest.mark.parametrize("kw, match", [
     (dict(overlap="yes"), "CascadeConfig.overlap must be None, 'off', 'pdl' or 'streams'"),
     (dict(overlap=True), "CascadeConfig.overlap must be None"),
     (dict(overlap_prefix_share=0), "overlap_prefix_share must be a number in"),
     (dict(overlap_prefix_share="0.5"), "overlap_prefix_share must be a number in"),
+    (dict(overlap_max_rows=-1), "overlap_max_rows must be an int >= 0"),
     (dict(overlap_suffix_per_sm=0), "overlap_suffix_per_sm must be a positive int"),
     (dict(overlap_suffix_per_sm=2.0), "overlap_suffix_per_sm must be a positive int")])
 def test_overlap_config_rejects_bad_fields(kw, match):

@@ -292,7 +292,8 @@ def _cascade(log, copy_bw):
         assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
         variants = _cascade_variants(q, prefix_k, prefix_v)
         row["default_prefix"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v) else "triton"
-        row["default_overlap"] = overlap_mode(CASCADE_DEFAULT) if row["default_prefix"] == "gluon" else "off"
+        row["default_overlap"] = (overlap_mode(CASCADE_DEFAULT, B * (HQ // HKV)) if row["default_prefix"] == "gluon"
+                                  else "off")
         for name, cfg in variants.items():  # each path vs the float64-checked paged decode, before timing
             ov, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, config=cfg)
             row.setdefault("rel_err_vs_paged_variants", {})[name] = err = bd.rel(ov, op)

@@ -72,11 +72,12 @@ class CascadeConfig(KeyBlockConfig):
     #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
     #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
     #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
-    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 128 rows (B >= 32 at
-    #: G = 4): H100 graph times in one process (``h100-cascade.json``, notes/serving_perf.md session 6), Gluon vs
-    #: Triton: B=8 98.1 vs 76.7 us, B=16 114.7 vs 108.9, B=32 126.0 vs 139.2, B=64 168.1 vs 207.3
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 32 rows (B >= 8 at
+    #: G = 4; session 7, with the overlap below): H100 graph times in one process (``h100-cascade.json``,
+    #: notes/serving_perf.md "cascade overlap, session 7"), Gluon with the pinned overlap vs Triton: B=8 67.1 vs
+    #: 75.1 us, B=16 81.3 vs 98.8, B=32 121.5 vs 134.0, B=64 173.6 vs 211.8 (session 6, sequential Gluon: 128 rows)
     prefix_gluon: bool | None = None
-    gluon_min_rows: int = 128
+    gluon_min_rows: int = 32
     #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
     gluon_block_n: int = 128
     gluon_stages: int = 2
@@ -87,9 +88,15 @@ class CascadeConfig(KeyBlockConfig):
     #: its requests' suffix states, then waiting for the prefix grid (``griddepcontrol.wait``: the prefix CTAs are
     #: all resident, so it completes on its own) and merging them; "streams" forks the prefix kernel onto a second
     #: stream (a fork/join of the CUDA graph) beside the suffix kernel and merges in a third launch after the join.
-    #: None: the pinned default (``overlap_default``)
+    #: None: ``configs.CASCADE_OVERLAP`` where the batch has at most ``overlap_max_rows`` packed rows ``B * G`` per
+    #: kv head, "off" above (``overlap_mode``)
     overlap: str | None = None
-    #: prefix CTAs per SM aimed at while overlapping (key splits: ``share * SMs / (Hkv * 128-row tiles)``)
+    #: 128 rows (B <= 32 at G = 4): H100, same run, "pdl" vs "off": B=8 67.1 vs 96.3 us, B=16 81.3 vs 103.4,
+    #: B=32 121.5 vs 124.0, B=64 189.2 vs 173.6 (at B=64 the prefix on half the SMs is compute-bound: 106 us)
+    overlap_max_rows: int = 128
+    #: prefix CTAs per SM aimed at while overlapping (key splits: ``share * SMs / (Hkv * 128-row tiles)``); 0.5
+    #: (H100, "pdl", B = 8 / 16 / 32 / 64 in us): 67.1 / 81.3 / 121.5 / 189.2; 0.35: 69.9 / 83.9 / 114.7 / 187.1;
+    #: 0.75: 75.4 / 118.1 / 190.8 / 308.0 (too few SMs left for the suffix programs)
     overlap_prefix_share: float = 0.5
     #: suffix programs per SM left free by the prefix CTAs (a persistent grid looping over the (request, kv head)
     #: items; two fit an SM beside each other with the default key block)
@@ -102,6 +109,8 @@ class CascadeConfig(KeyBlockConfig):
         share = self.overlap_prefix_share
         if type(share) not in (int, float) or not 0 < share <= 4:
             raise ValueError(f"CascadeConfig.overlap_prefix_share must be a number in (0, 4], got {share!r}")
+        if type(self.overlap_max_rows) is not int or self.overlap_max_rows < 0:
+            raise ValueError(f"CascadeConfig.overlap_max_rows must be an int >= 0, got {self.overlap_max_rows!r}")
         if type(self.overlap_suffix_per_sm) is not int or self.overlap_suffix_per_sm < 1:
             raise ValueError("CascadeConfig.overlap_suffix_per_sm must be a positive int, got "
                              f"{self.overlap_suffix_per_sm!r}")
@@ -492,9 +501,12 @@ class GluonLaunches(NamedTuple):
     block_n: int
 
 
-def overlap_mode(config: CascadeConfig) -> str:
-    """``config.overlap``, or its pinned default where it is None."""
-    return OVERLAP_DEFAULT if config.overlap is None else config.overlap
+def overlap_mode(config: CascadeConfig, rows: int) -> str:
+    """How the Gluon path runs its passes for ``rows = B * G`` packed rows per kv head: ``config.overlap``, or where
+    it is None the pinned ``configs.CASCADE_OVERLAP`` up to ``config.overlap_max_rows`` rows and "off" above."""
+    if config.overlap is not None:
+        return config.overlap
+    return OVERLAP_DEFAULT if rows <= config.overlap_max_rows else "off"
 
 
 def _side_stream(device):
@@ -622,7 +634,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     q, prefix_k, prefix_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, prefix_k, prefix_v))
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
     gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
-    mode = overlap_mode(cfg) if gluon else "off"
+    mode = overlap_mode(cfg, B * g) if gluon else "off"
     if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
         from .hopper import cascade_prefix_gluon as cpg
         if num_splits is None:  # an overlap gives the prefix overlap_prefix_share of the SMs
