@@ -29,7 +29,11 @@ eager calls). Sections:
   prefix launch + the suffix/merge launch, ``reference.triton.hopper.cascade_prefix_gluon``; ``_s3``: 3 ring
   stages; ``_n64``: 64-key blocks, 4 stages; ``_pps2``: twice the key splits; ``kernel_us``: each launch's GPU time
   from the profiler), each with its prefix pass alone (``prefix_pass_*``); ``cascade`` is
-  the default configuration (``row["default_prefix"]`` says which path it took).
+  the default configuration (``row["default_prefix"]`` says which path it took). Session 7: the Gluon path with
+  both passes at once (``CascadeConfig.overlap``): ``cascade_gluon_pdl`` (the suffix launch programmatically
+  dependent on the prefix kernel, prefix CTAs on half the SMs; ``_p35`` / ``_p75``: on 0.35 / 0.75 of them) and
+  ``cascade_gluon_streams`` (fork/join of two streams, merge launch); eager loop / graph and the host time of an
+  eager call (``host_us_per_call``: calls issued while the GPU sleeps) for each path.
 
 ``--results-name cascade`` writes ``<gpu>-cascade.json`` instead (a run of one section beside the full file).
 
@@ -53,7 +57,7 @@ from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_for
                               paged_prefill)
 from reference.triton import configs
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
-from reference.triton.cascade import DEFAULT_CONFIG as CASCADE_DEFAULT, use_gluon_prefix
+from reference.triton.cascade import DEFAULT_CONFIG as CASCADE_DEFAULT, overlap_mode, use_gluon_prefix
 from reference.triton.serving import cascade_decode_separate
 
 HQ, HKV, D = bd.HQ, bd.HKV, bd.D
@@ -288,10 +292,15 @@ def _cascade(log, copy_bw):
         assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
         variants = _cascade_variants(q, prefix_k, prefix_v)
         row["default_prefix"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v) else "triton"
+        row["default_overlap"] = (overlap_mode(CASCADE_DEFAULT, B * (HQ // HKV)) if row["default_prefix"] == "gluon"
+                                  else "off")
         for name, cfg in variants.items():  # each path vs the float64-checked paged decode, before timing
             ov, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, config=cfg)
             row.setdefault("rel_err_vs_paged_variants", {})[name] = err = bd.rel(ov, op)
             assert err < 2e-2, (name, err)
+            ov2, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, config=cfg)  # recorded
+            row.setdefault("recorded_equal_variants", {})[name] = same = bool(torch.equal(ov, ov2))
+            assert same, name
         fns = {
             "cascade": lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, validate=False),
             "cascade_separate": lambda: cascade_decode_separate(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len,
@@ -333,7 +342,15 @@ def _cascade(log, copy_bw):
             for k in ("cascade", "cascade_separate", "prefix_pass", "suffix_pass", "paged")))
         if variants:
             row["kernel_us"] = _kernel_us({k: fns[k] for k in ("cascade_triton", "cascade_gluon",
-                                                                "prefix_pass_triton", "prefix_pass_gluon")}, log)
+                                                                "prefix_pass_triton", "prefix_pass_gluon",
+                                                                "cascade_gluon_pdl", "cascade_gluon_streams")}, log)
+            eager = ("cascade",) + EAGER_PATHS
+            row["ms_loop_paths"] = {k: _common.loop_ms(fns[k], 100, warmup=10) for k in eager}
+            row["eager_loop_over_graph_paths"] = {k: row["ms_loop_paths"][k] / g[k] for k in eager}
+            row["host_us_per_call"] = {k: _host_us(fns[k]) for k in eager}
+            log("    eager loop / graph: " + ", ".join(f"{k} {row['eager_loop_over_graph_paths'][k]:.2f}"
+                                                        for k in eager)
+                + "; host us a call: " + ", ".join(f"{k} {v:.0f}" for k, v in row["host_us_per_call"].items()))
             log("    prefix paths (graph us, fraction of copy): " + ", ".join(
                 f"{k} {g[k] * 1e3:.1f} ({row['fraction_of_copy_bw'][k]:.2f})" for k in fns
                 if k.startswith(("cascade_", "prefix_pass_")) and k != "cascade_separate"))
@@ -370,10 +387,35 @@ def _cascade_variants(q, prefix_k, prefix_v) -> dict:
     if SMOKE or not use_gluon_prefix(dataclasses.replace(gl, prefix_gluon=None, gluon_min_rows=1), q, prefix_k,
                                      prefix_v):
         return {}
-    return {"triton": dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=False), "gluon": gl,
-            "gluon_s3": dataclasses.replace(gl, gluon_stages=3),
-            "gluon_n64": dataclasses.replace(gl, gluon_block_n=64, gluon_stages=4),
-            "gluon_pps2": dataclasses.replace(gl, programs_per_sm=2 * gl.programs_per_sm)}
+    seq = dataclasses.replace(gl, overlap="off")
+    pdl = dataclasses.replace(gl, overlap="pdl")
+    return {"triton": dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=False), "gluon": seq,
+            "gluon_s3": dataclasses.replace(seq, gluon_stages=3),
+            "gluon_n64": dataclasses.replace(seq, gluon_block_n=64, gluon_stages=4),
+            "gluon_pps2": dataclasses.replace(seq, programs_per_sm=2 * seq.programs_per_sm),
+            # session 7: the passes at once (CascadeConfig.overlap), prefix CTAs on a share of the SMs
+            "gluon_pdl": pdl,
+            "gluon_pdl_p35": dataclasses.replace(pdl, overlap_prefix_share=0.35),
+            "gluon_pdl_p75": dataclasses.replace(pdl, overlap_prefix_share=0.75),
+            "gluon_streams": dataclasses.replace(gl, overlap="streams")}
+
+
+#: the paths whose eager calls are timed beside their graph time (loop and host time per call)
+EAGER_PATHS = ("cascade_triton", "cascade_gluon", "cascade_gluon_pdl", "cascade_gluon_streams")
+
+
+def _host_us(fn, n: int = 20) -> float:
+    """Host time per eager call (us): ``n`` calls issued while the GPU is held busy by a sleep kernel, so the
+    wall time is the Python + launch cost alone (an added measurement beside ``ms_loop``)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))  # ~100 ms of GPU time ahead of the calls
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6
 
 
 def main(argv=None):

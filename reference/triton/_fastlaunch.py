@@ -39,12 +39,14 @@ class RecordedLaunch:
     def __init__(self, kernel, grid, args, slots):
         self.kernel, self.run, self.grid, self.args, self.slots = kernel, kernel.run, grid, args, slots
 
-    def __call__(self, tensors: dict) -> None:
+    def __call__(self, tensors: dict, stream: int | None = None) -> None:
+        """Launch on ``tensors`` (slot name -> argument), on the current stream or the stream handle ``stream``."""
         from triton import knobs
         args = list(self.args)
         for name, i in self.slots.items():
             args[i] = tensors[name]
-        stream = torch.cuda.current_stream().cuda_stream
+        if stream is None:
+            stream = torch.cuda.current_stream().cuda_stream
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         meta = self.kernel.launch_metadata(self.grid, stream, *args) if enter is not None else None
         g = self.grid

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from . import _checks, _fastlaunch
 from ._device import device_limits, hopper
 from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
 from ._runtime import INTERPRET, num_sms
-from .configs import KeyBlockConfig
+from .configs import CASCADE_OVERLAP as OVERLAP_DEFAULT, KeyBlockConfig
 from .mixed import key_loop
 from .paged import check_block_tables, check_paged_cache
 
@@ -70,17 +72,48 @@ class CascadeConfig(KeyBlockConfig):
     #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
     #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
     #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
-    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 128 rows (B >= 32 at
-    #: G = 4): H100 graph times in one process (``h100-cascade.json``, notes/serving_perf.md session 6), Gluon vs
-    #: Triton: B=8 98.1 vs 76.7 us, B=16 114.7 vs 108.9, B=32 126.0 vs 139.2, B=64 168.1 vs 207.3
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 32 rows (B >= 8 at
+    #: G = 4; session 7, with the overlap below): H100 graph times in one process (``h100-cascade.json``,
+    #: notes/serving_perf.md "cascade overlap, session 7"), Gluon with the pinned overlap vs Triton: B=8 67.1 vs
+    #: 75.1 us, B=16 81.3 vs 98.8, B=32 121.5 vs 134.0, B=64 173.6 vs 211.8 (session 6, sequential Gluon: 128 rows)
     prefix_gluon: bool | None = None
-    gluon_min_rows: int = 128
+    gluon_min_rows: int = 32
     #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
     gluon_block_n: int = 128
     gluon_stages: int = 2
+    #: the Gluon path's passes at once (session 7, notes/serving_perf.md "cascade overlap"): "off" runs the prefix
+    #: kernel, then the suffix + merge kernel (two launches in stream order); "pdl" launches the suffix kernel
+    #: programmatically dependent on the prefix kernel, which lets it start once every prefix CTA is resident (the
+    #: prefix on ``overlap_prefix_share`` of the SMs, the suffix programs on the rest), each suffix program writing
+    #: its requests' suffix states, then waiting for the prefix grid (``griddepcontrol.wait``: the prefix CTAs are
+    #: all resident, so it completes on its own) and merging them; "streams" forks the prefix kernel onto a second
+    #: stream (a fork/join of the CUDA graph) beside the suffix kernel and merges in a third launch after the join.
+    #: None: ``configs.CASCADE_OVERLAP`` where the batch has at most ``overlap_max_rows`` packed rows ``B * G`` per
+    #: kv head, "off" above (``overlap_mode``)
+    overlap: str | None = None
+    #: 128 rows (B <= 32 at G = 4): H100, same run, "pdl" vs "off": B=8 67.1 vs 96.3 us, B=16 81.3 vs 103.4,
+    #: B=32 121.5 vs 124.0, B=64 189.2 vs 173.6 (at B=64 the prefix on half the SMs is compute-bound: 106 us)
+    overlap_max_rows: int = 128
+    #: prefix CTAs per SM aimed at while overlapping (key splits: ``share * SMs / (Hkv * 128-row tiles)``); 0.5
+    #: (H100, "pdl", B = 8 / 16 / 32 / 64 in us): 67.1 / 81.3 / 121.5 / 189.2; 0.35: 69.9 / 83.9 / 114.7 / 187.1;
+    #: 0.75: 75.4 / 118.1 / 190.8 / 308.0 (too few SMs left for the suffix programs)
+    overlap_prefix_share: float = 0.5
+    #: suffix programs per SM left free by the prefix CTAs (a persistent grid looping over the (request, kv head)
+    #: items; two fit an SM beside each other with the default key block)
+    overlap_suffix_per_sm: int = 2
 
     def __post_init__(self):
         super().__post_init__()
+        if self.overlap not in (None, "off", "pdl", "streams"):
+            raise ValueError(f"CascadeConfig.overlap must be None, 'off', 'pdl' or 'streams', got {self.overlap!r}")
+        share = self.overlap_prefix_share
+        if type(share) not in (int, float) or not 0 < share <= 4:
+            raise ValueError(f"CascadeConfig.overlap_prefix_share must be a number in (0, 4], got {share!r}")
+        if type(self.overlap_max_rows) is not int or self.overlap_max_rows < 0:
+            raise ValueError(f"CascadeConfig.overlap_max_rows must be an int >= 0, got {self.overlap_max_rows!r}")
+        if type(self.overlap_suffix_per_sm) is not int or self.overlap_suffix_per_sm < 1:
+            raise ValueError("CascadeConfig.overlap_suffix_per_sm must be a positive int, got "
+                             f"{self.overlap_suffix_per_sm!r}")
         for field in ("prefix_first", "prefix_gluon"):
             v = getattr(self, field)
             if v is not None and type(v) is not bool:
@@ -289,6 +322,60 @@ def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n
 
 
 @triton.jit
+def _merge_request(OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads, stride_ob, stride_oh,
+                   GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr):
+    """Request ``b``'s G rows of kv head ``hk``: the lse rule over the ``S + 1`` states of its tile (``S`` prefix
+    states, the suffix state in slot ``S``), ``o = sum_s exp2(lse_s - lse) o_s`` (``_merge_tile``, G rows wide)."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    m = tl.full([SMALL], float("-inf"), tl.float32)
+    den = tl.zeros([SMALL], tl.float32)
+    num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
+    for s in range(0, n_splits + 1):
+        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                      cache_modifier=".cg")
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    out, lse = lse_merge_finish(m, den, num)
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+
+
+@triton.jit
+def _overlap_items(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, batch, n_kv_heads, n_splits,
+                   stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
+                   stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
+                   SMALL: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
+                   OVERLAP: tl.constexpr):
+    """The overlapped Gluon path's Triton programs, a persistent grid over the ``(request, kv head)`` items
+    ``pid, pid + programs, ..``: ``OVERLAP`` 1 writes each item's suffix state (slot ``S``, ``_suffix_item``); 2
+    does that, then waits for the prefix grid this launch depends on (``gdc_wait``: PTX ``griddepcontrol.wait``,
+    which returns once that grid has completed and its writes are visible; its CTAs were all resident before this
+    grid could start, so it completes without this one) and merges its items; 3 merges only (after a join)."""
+    n_items = batch * n_kv_heads
+    if OVERLAP != 3:
+        for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+            _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, item // n_kv_heads, item % n_kv_heads, n_splits,
+                         n_splits + 1, n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
+                         stride_vs, stride_vh, stride_tb, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE,
+                         INTERP)
+    if OVERLAP != 1:
+        tl.debug_barrier()  # this program's suffix states (other threads' stores) before its merge reads them
+        if OVERLAP == 2:
+            gdc_wait()
+        for item in range(tl.program_id(0), n_items, tl.num_programs(0)):
+            _merge_request(OUT, LOUT, OPart, LPart, item // n_kv_heads, item % n_kv_heads, n_splits, n_kv_heads,
+                           stride_ob, stride_oh, GROUP, HEAD_DIM, ROWS, SMALL)
+
+
+@triton.jit
 def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Counters, DescK, DescV,
                     stride_qb, stride_qh, stride_pkn, stride_pkh, stride_pvn, stride_pvh,
                     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_tb,
@@ -296,13 +383,19 @@ def _cascade_kernel(Q, PK, PV, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, Cou
                     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr,
                     BLOCK_N: tl.constexpr, PAGE: tl.constexpr, INTERP: tl.constexpr,
                     PREFIX_FIRST: tl.constexpr = False, USE_TMA: tl.constexpr = False,
-                    PREFIX_DONE: tl.constexpr = False):
+                    PREFIX_DONE: tl.constexpr = False, OVERLAP: tl.constexpr = 0):
     """``PREFIX_DONE``: an earlier launch (the Gluon prefix pass on Hopper) wrote the prefix states; the grid
-    ``(B, Hkv)`` holds the suffix items only, each merging its own request's rows (``_suffix_merge_item``)."""
+    ``(B, Hkv)`` holds the suffix items only, each merging its own request's rows (``_suffix_merge_item``).
+    ``OVERLAP`` 1 / 2 / 3: the programs of the overlapped Gluon path (``_overlap_items``)."""
     REQ: tl.constexpr = ROWS // GROUP
     n_states = n_splits + 1
     n_prefix = n_tiles * n_splits
-    if PREFIX_DONE:  # no prefix code compiled, no tickets: the prefix states are complete at launch
+    if OVERLAP != 0:
+        _overlap_items(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, batch, n_kv_heads, n_splits,
+                       stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+                       stride_tb, stride_ob, stride_oh, qk_scale, GROUP, HEAD_DIM, ROWS, SMALL, BLOCK_N, PAGE, INTERP,
+                       OVERLAP)
+    elif PREFIX_DONE:  # no prefix code compiled, no tickets: the prefix states are complete at launch
         _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, tl.program_id(0), tl.program_id(1),
                            n_splits, n_kv_heads, stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp,
                            stride_vs, stride_vh, stride_tb, stride_ob, stride_oh, qk_scale, GROUP, HEAD_DIM, ROWS,
@@ -394,6 +487,49 @@ def _rows(config: CascadeConfig, batch: int, group: int) -> int:
 
 _COUNTERS: dict = {}
 LAUNCH_CACHE = _fastlaunch.LaunchCache()
+_SIDE: dict = {}
+
+
+class GluonLaunches(NamedTuple):
+    """The recorded launches of the Hopper path: the Gluon prefix kernel (``prefix``), the Triton kernel after it
+    (``main``: suffix + merge, or the suffix programs of an overlap) and, for ``overlap = "streams"``, the merge
+    after the join (``merge``); ``block_n`` the prefix descriptors' box rows."""
+    prefix: object
+    main: object
+    merge: object
+    mode: str
+    block_n: int
+
+
+def overlap_mode(config: CascadeConfig, rows: int) -> str:
+    """How the Gluon path runs its passes for ``rows = B * G`` packed rows per kv head: ``config.overlap``, or where
+    it is None the pinned ``configs.CASCADE_OVERLAP`` up to ``config.overlap_max_rows`` rows and "off" above."""
+    if config.overlap is not None:
+        return config.overlap
+    return OVERLAP_DEFAULT if rows <= config.overlap_max_rows else "off"
+
+
+def _side_stream(device):
+    """``(side stream, fork event, join event)`` of the current stream: the prefix kernel's stream of the
+    ``"streams"`` overlap (high priority: where both kernels wait for SMs, the prefix CTAs are placed first)."""
+    cur = torch.cuda.current_stream(device)
+    key = (device.index, cur.cuda_stream)
+    side = _SIDE.get(key)
+    if side is None:
+        stream = torch.cuda.Stream(device=device, priority=-1)
+        if stream.cuda_stream == cur.cuda_stream:  # pragma: no cover - pool streams never equal the current one
+            stream = torch.cuda.Stream(device=device, priority=-1)
+        side = _SIDE[key] = (stream, torch.cuda.Event(), torch.cuda.Event())
+    return (cur, *side)
+
+
+def overlap_programs(batch: int, n_kv_heads: int, n_prefix_ctas: int, config: CascadeConfig,
+                     sms: int | None = None) -> int:
+    """Suffix programs of an overlap: ``overlap_suffix_per_sm`` on each SM the prefix CTAs leave free (all SMs where
+    they leave none), at most one per ``(request, kv head)`` item."""
+    sms = num_sms() if sms is None else sms
+    free = sms - n_prefix_ctas if n_prefix_ctas < sms else sms
+    return max(1, min(batch * n_kv_heads, free * config.overlap_suffix_per_sm))
 _SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT", "DescK", "DescV")
 
 
@@ -472,12 +608,8 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
         out = torch.empty_like(q)
         lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        if isinstance(rec, tuple):  # Hopper: the Gluon prefix launch, then the suffix + merge launch
-            from .hopper.cascade_prefix_gluon import descriptors
-            rec_prefix, rec = rec
-            dk = rec_prefix.args[rec_prefix.slots["desc_k"]]
-            desc_k, desc_v = descriptors(prefix_k, prefix_v, dk.block_shape[0])
-            rec_prefix({"desc_k": desc_k, "desc_v": desc_v, "Q": q})
+        if isinstance(rec, GluonLaunches):  # Hopper: the Gluon prefix launch and the Triton launch(es)
+            return _replay_gluon(rec, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse)
         dk = rec.args[rec.slots["DescK"]]
         if isinstance(dk, torch.Tensor):
             desc_k, desc_v = prefix_k, prefix_v
@@ -502,10 +634,12 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     q, prefix_k, prefix_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, prefix_k, prefix_v))
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
     gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
+    mode = overlap_mode(cfg, B * g) if gluon else "off"
     if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
         from .hopper import cascade_prefix_gluon as cpg
-        if num_splits is None:
-            num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys, cfg.programs_per_sm)
+        if num_splits is None:  # an overlap gives the prefix overlap_prefix_share of the SMs
+            num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys,
+                                              cfg.programs_per_sm if mode == "off" else cfg.overlap_prefix_share)
         key_block, rows = cfg.gluon_block_n, cpg.HALF.value
     else:
         if num_splits is None:
@@ -529,7 +663,9 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
         desc_k, desc_v = prefix_k, prefix_v
     n_items = n_tiles * num_splits + B
     prefix_first = not gluon and prefix_first_order(n_tiles * num_splits * hkv, cfg)
-    if gluon:
+    if mode != "off":  # a persistent grid of suffix programs beside the prefix CTAs
+        grid = (overlap_programs(B, hkv, hkv * num_splits * cpg.tiles(B, g)[1], cfg), 1)
+    elif gluon:
         grid = (B, hkv)  # suffix items only; the merge waits for its tile's requests
     else:
         grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
@@ -543,30 +679,74 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
                 PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
                 PREFIX_DONE=gluon, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     record = key is not None and direct and q.is_contiguous()
-    rec_prefix = None
-    if gluon:  # launch 1 of 2: prefix states 0 .. S-1 of every 64-row tile
-        grid_p, args_p, meta_p = cpg.launch_spec(q, prefix_k, prefix_v, o_part, l_part, num_splits, chunk, scale,
-                                                 cfg.gluon_block_n, cfg.gluon_stages)
+    if not gluon:
         if record:
-            rec_prefix = _fastlaunch.launch_and_record(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p,
-                                                       cpg.SLOTS)
+            recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
+            if recd is not None:
+                LAUNCH_CACHE.put(key, recd)
         else:
-            cpg.cascade_prefix_kernel[grid_p](*args_p, **meta_p)
-    if record:
-        recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
-        if recd is not None and (not gluon or rec_prefix is not None):
-            LAUNCH_CACHE.put(key, (rec_prefix, recd) if gluon else recd)
+            _cascade_kernel[grid](*args, **meta)
+        return out, lse
+    # Hopper: the Gluon prefix launch (prefix states 0 .. S-1 of every 64-row tile) and the Triton launch(es)
+    grid_p, args_p, meta_p = cpg.launch_spec(q, prefix_k, prefix_v, o_part, l_part, num_splits, chunk, scale,
+                                             cfg.gluon_block_n, cfg.gluon_stages, pdl_trigger=mode == "pdl")
+    meta.update(OVERLAP={"off": 0, "pdl": 2, "streams": 1}[mode])
+    if mode == "pdl":
+        meta.update(launch_pdl=True)
+    launch = _fastlaunch.launch_and_record if record else _launch
+    if mode == "streams":  # fork: the prefix on the side stream, the suffix programs here; join; merge
+        cur, side, fork, join = _side_stream(q.device)
+        fork.record(cur)
+        side.wait_event(fork)
+        with torch.cuda.stream(side):
+            rec_p = launch(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p, cpg.SLOTS)
+        rec_m = launch(_cascade_kernel, grid, args, meta, _SLOTS)
+        join.record(side)
+        cur.wait_event(join)
+        rec_x = launch(_cascade_kernel, (B * hkv, 1), args, dict(meta, OVERLAP=3), _SLOTS)
     else:
-        _cascade_kernel[grid](*args, **meta)
+        rec_p = launch(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p, cpg.SLOTS)
+        rec_m = launch(_cascade_kernel, grid, args, meta, _SLOTS)
+        rec_x = True
+    if record and rec_p is not None and rec_m is not None and rec_x is not None:
+        LAUNCH_CACHE.put(key, GluonLaunches(rec_p, rec_m, None if rec_x is True else rec_x, mode, cfg.gluon_block_n))
+    return out, lse
+
+
+def _launch(kernel, grid, args, meta, slots):
+    kernel[grid](*args, **meta)
+
+
+def _replay_gluon(rec: GluonLaunches, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse):
+    """The recorded Hopper launches on this call's tensors; the prefix descriptors come from
+    ``cascade_prefix_gluon.cached_descriptors`` (built once per prefix tensor)."""
+    from .hopper.cascade_prefix_gluon import cached_descriptors
+    desc_k, desc_v = cached_descriptors(prefix_k, prefix_v, rec.block_n)
+    tensors = {"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
+               "SeqLens": seq_lens, "OUT": out, "LOUT": lse, "DescK": prefix_k, "DescV": prefix_v}
+    prefix = {"desc_k": desc_k, "desc_v": desc_v, "Q": q}
+    if rec.mode == "streams":
+        cur, side, fork, join = _side_stream(q.device)
+        fork.record(cur)
+        side.wait_event(fork)
+        rec.prefix(prefix, stream=side.cuda_stream)
+        rec.main(tensors)
+        join.record(side)
+        cur.wait_event(join)
+        rec.merge(tensors)
+    else:
+        rec.prefix(prefix)
+        rec.main(tensors)
     return out, lse
 
 
 def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 3,
                  prefix_first: bool = False, use_tma: bool = False, group: int = 4, d: int = 128, page: int = 16,
-                 prefix_done: bool = False):
+                 prefix_done: bool = False, overlap: int = 0):
     """The cascade kernel compiled for sm_90a on any machine (``serving_aot``): bf16, GQA group ``group``, head
     dim ``d``, ``page``-token suffix pages; ``rows`` the prefix tile's rows; ``prefix_done``: the suffix-and-merge
-    kernel that follows the Gluon prefix pass on Hopper."""
+    kernel that follows the Gluon prefix pass on Hopper; ``overlap`` 1 / 2 / 3: the overlapped path's programs
+    (suffix states / suffix states, grid-dependency wait and merge / merge: ``_overlap_items``)."""
     from .serving_aot import compile_with_hints
     k = _cascade_kernel
     ptrs = {"Q": "*bf16", "PK": "*bf16", "PV": "*bf16", "KC": "*bf16", "VC": "*bf16", "BT": "*i32", "SeqLens": "*i32",
@@ -574,6 +754,6 @@ def compile_sm90(rows: int = 64, block_n: int = 64, num_warps: int = 4, num_stag
     desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
     types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
     const = dict(GROUP=group, HEAD_DIM=d, ROWS=rows, SMALL=max(16, group), BLOCK_N=block_n, PAGE=page, INTERP=False,
-                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma, PREFIX_DONE=prefix_done)
+                 PREFIX_FIRST=prefix_first, USE_TMA=use_tma, PREFIX_DONE=prefix_done, OVERLAP=overlap)
     div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["prefix_len", "chunk"]
     return compile_with_hints(k, types, const, div, num_warps, num_stages)

@@ -279,8 +279,17 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
+#: ``cascade_decode``'s Hopper path (``CascadeConfig.overlap=None``): how the Gluon prefix kernel and the Triton
+#: suffix programs share the GPU ("off": one after the other; "pdl": the suffix launch programmatically dependent,
+#: beside the prefix CTAs; "streams": a fork/join of two streams and a merge launch), up to
+#: ``CascadeConfig.overlap_max_rows`` packed rows. "pdl": H100 graph times in one process (bf16, 32k prefix + 1k
+#: suffixes, ``benchmarks/results/h100-cascade.json``, notes/serving_perf.md "cascade overlap, session 7"), B = 8 /
+#: 16 / 32: "pdl" 67.1 / 81.3 / 121.5 us (0.83 / 0.83 / 0.74 of copy), "streams" 72.3 / 86.7 / 122.0, "off" 96.3 /
+#: 103.4 / 124.0
+CASCADE_OVERLAP = "pdl"
+
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
-           "GLUON_FWD_KEY_LOOP"]
+           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP"]

@@ -35,6 +35,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._aot import compile_gluon, descriptor_signature
 from .common import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, gluon_supported, init_ring_barriers, tile_descriptor
@@ -58,6 +59,16 @@ def produce_kv_at(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, row0, col, hi,
         mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
         mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_v, [row0 + t * BLOCK_N, col], v_bars.index(slot), v_smem.index(slot))
+
+
+@gluon.jit
+def launch_dependents():
+    """PTX ``griddepcontrol.launch_dependents``: this CTA no longer holds back the programmatically dependent
+    launch that follows in the stream; its CTAs are scheduled once every CTA of this grid has issued it (or exited),
+    i.e. once all of this grid's CTAs are resident, so a dependent waiting for this grid (``griddepcontrol.wait``)
+    never holds resources this grid still needs (CUDA programmatic dependent launch)."""
+    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [], dtype=gl.int32,
+                              is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -132,8 +143,12 @@ def _producer(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, n_t128, n_splits, 
 def cascade_prefix_kernel(desc_k, desc_v, Q, OPart, LPart, stride_qb, stride_qh, batch, n_tiles64, n_t128, n_splits,
                           n_kv_heads, prefix_len, chunk, qk_scale, GROUP: gl.constexpr, HEAD_DIM: gl.constexpr,
                           BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                          PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """Grid = ``n_kv_heads * n_splits * n_t128`` work items, one CTA each (module docstring)."""
+                          PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr, PDL_TRIGGER: gl.constexpr = False):
+    """Grid = ``n_kv_heads * n_splits * n_t128`` work items, one CTA each (module docstring). ``PDL_TRIGGER``: the
+    first instruction lets the launch that follows (the suffix kernel, launched programmatically dependent) start
+    its CTAs beside this grid's once every CTA of this grid is resident (``launch_dependents``)."""
+    if PDL_TRIGGER:
+        launch_dependents()
     dtype: gl.constexpr = desc_k.dtype
     q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_k.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
@@ -209,8 +224,56 @@ def descriptors(prefix_k, prefix_v, block_n: int) -> tuple:
     return tuple(tile_descriptor(x.view(P, hkv * d), block_n, d) for x in (prefix_k, prefix_v))
 
 
+class _Base:
+    """What a recorded launch reads of a descriptor's base (``data_ptr``, ``dtype``), without holding the tensor:
+    a cached descriptor must not keep a freed prefix's memory alive."""
+
+    __slots__ = ("ptr", "dtype")
+
+    def __init__(self, x):
+        self.ptr, self.dtype = x.data_ptr(), x.dtype
+
+    def data_ptr(self) -> int:
+        return self.ptr
+
+
+_DESC_CACHE: dict = {}
+_DESC_CACHE_LIMIT = 64
+
+
+def desc_key(x, block_n: int) -> tuple:
+    """Everything a descriptor of ``x``'s ``(P, Hkv * d)`` view encodes: base address, shape, strides, dtype, device
+    and the box; a tensor with another address (or shape, ...) gets a descriptor of its own."""
+    return (x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device, block_n)
+
+
+def clear_descriptor_cache() -> None:
+    """Forget every cached prefix descriptor."""
+    _DESC_CACHE.clear()
+
+
+def cached_descriptors(prefix_k, prefix_v, block_n: int) -> tuple:
+    """``descriptors`` for the recorded (eager) launches, cached per ``desc_key`` (the serving case: the same
+    shared prefix every decode step), so a call builds no descriptor object; the cached ones hold the base's address
+    (``_Base``), not the tensor. Only a launch through ``_fastlaunch`` may use them (Triton's JIT path reads the
+    base tensor)."""
+    out = []
+    for x in (prefix_k, prefix_v):
+        key = desc_key(x, block_n)
+        desc = _DESC_CACHE.get(key)
+        if desc is None:
+            if len(_DESC_CACHE) >= _DESC_CACHE_LIMIT:
+                _DESC_CACHE.clear()
+            P, hkv, d = x.shape
+            full = tile_descriptor(x.view(P, hkv * d), block_n, d)
+            desc = _DESC_CACHE[key] = TensorDescriptor(_Base(x), full.shape, full.strides, full.block_shape,
+                                                       full.layout)
+        out.append(desc)
+    return tuple(out)
+
+
 def launch_spec(q, prefix_k, prefix_v, o_part, l_part, n_splits: int, chunk: int, scale: float, block_n: int = 128,
-                stages: int = 2) -> tuple:
+                stages: int = 2, pdl_trigger: bool = False) -> tuple:
     """``(grid, args, meta)`` of the launch that writes prefix states ``0 .. n_splits - 1`` of ``o_part (n64, S + 1,
     Hkv, 64, d)`` / ``l_part`` (keys ``[s * chunk, (s + 1) * chunk)`` in split ``s``); the caller
     (``cascade_decode``) has checked the inputs and ``prefix_ok``."""
@@ -220,27 +283,28 @@ def launch_spec(q, prefix_k, prefix_v, o_part, l_part, n_splits: int, chunk: int
     dk, dv = descriptors(prefix_k, prefix_v, block_n)
     args = (dk, dv, q, o_part, l_part, q.stride(0), q.stride(1), B, n64, n128, n_splits, hkv, P, chunk,
             scale * LOG2E_F)
-    meta = dict(constexprs(hq // hkv, d, block_n, stages), maxnreg=PINGPONG_MAXNREG)
+    meta = dict(constexprs(hq // hkv, d, block_n, stages, pdl_trigger), maxnreg=PINGPONG_MAXNREG)
     return (hkv * n_splits * n128,), args, meta
 
 
-def constexprs(group: int, d: int, block_n: int, stages: int) -> dict:
+def constexprs(group: int, d: int, block_n: int, stages: int, pdl_trigger: bool = False) -> dict:
     return dict(GROUP=group, HEAD_DIM=d, BLOCK_N=block_n, STAGES=stages, CONSUMER_REGS=PINGPONG_REGS[0],
-                PRODUCER_REGS=PINGPONG_REGS[1], num_warps=4)
+                PRODUCER_REGS=PINGPONG_REGS[1], num_warps=4, PDL_TRIGGER=pdl_trigger)
 
 
 def compile_cascade_prefix(group: int = 4, head_dim: int = 128, block_n: int = 128, stages: int = 2,
-                           dtype: str = "bf16"):
-    """The kernel compiled for sm_90a without a GPU (``_aot.resource_usage`` reads registers, spills, HGMMA)."""
+                           dtype: str = "bf16", pdl_trigger: bool = False):
+    """The kernel compiled for sm_90a without a GPU (``_aot.resource_usage`` reads registers, spills, HGMMA);
+    ``pdl_trigger``: the variant that starts the dependent suffix launch (``CascadeConfig.overlap = "pdl"``)."""
     check_prefix_config(block_n, stages, head_dim)
     desc = descriptor_signature(block_n, head_dim, dtype)
     sig = {"desc_k": desc, "desc_v": desc, "Q": f"*{dtype}", "OPart": "*fp32", "LPart": "*fp32"}
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "batch", "n_tiles64", "n_t128", "n_splits", "n_kv_heads",
                                    "prefix_len", "chunk")})
     sig["qk_scale"] = "fp32"
-    return compile_gluon(cascade_prefix_kernel, sig, constexprs(group, head_dim, block_n, stages), 4,
+    return compile_gluon(cascade_prefix_kernel, sig, constexprs(group, head_dim, block_n, stages, pdl_trigger), 4,
                          maxnreg=PINGPONG_MAXNREG)
 
 
-__all__ = ["launch_spec", "descriptors", "prefix_ok", "gluon_num_splits", "tiles", "compile_cascade_prefix", "check_prefix_config",
+__all__ = ["launch_spec", "descriptors", "cached_descriptors", "clear_descriptor_cache", "prefix_ok", "gluon_num_splits", "tiles", "compile_cascade_prefix", "check_prefix_config",
            "shared_bytes"]
