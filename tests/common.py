@@ -94,3 +94,37 @@ def check_paged_prefill(out, q, seqs, cu, causal, dtype, tol):
         ro, rl, _ = attention_ref(qq, kk, vv, causal=causal)
         assert rel_err(o[sl].transpose(0, 1).double().cpu(), ro) < tol, b
         assert lse_err(lse[:, sl].double().cpu(), rl) < tol, b
+
+
+def cascade_case(rng, B, hq, hkv, d, P, suffix, bs, dtype):
+    """A cascade decode case on DEVICE: ``B`` queries ``(B, hq, d)``, a shared ``(P, hkv, d)`` prefix and each
+    request's ``suffix[b]`` keys in scattered ``bs``-token pages; returns the device arguments of ``cascade_decode``
+    and the float64 originals for ``cascade_oracle``."""
+    n_blocks = [max(1, -(-n // bs)) for n in suffix]
+    table = np.zeros((B, max(n_blocks)), dtype=np.int32)
+    perm = rng.permutation(sum(n_blocks))  # scattered pages
+    pos = 0
+    for b, nb in enumerate(n_blocks):
+        table[b, :nb] = perm[pos:pos + nb]
+        pos += nb
+    q = torch.tensor(rng.standard_normal((B, hq, d)), dtype=torch.float64)
+    pk, pv = (torch.tensor(rng.standard_normal((P, hkv, d)), dtype=torch.float64) for _ in range(2))
+    kc, vc = (torch.tensor(rng.standard_normal((sum(n_blocks), bs, hkv, d)), dtype=torch.float64) for _ in range(2))
+    dev = [x.to(DEVICE, dtype) for x in (q, pk, pv, kc, vc)]
+    args = (*dev, torch.tensor(table, device=DEVICE), torch.tensor(suffix, dtype=torch.int32, device=DEVICE))
+    return args, (q, pk, pv, kc, vc, table)
+
+
+def cascade_oracle(ref, suffix, bs):
+    """float64 attention of each request over prefix + its own suffix, from the rounded inputs."""
+    q, pk, pv, kc, vc, table = ref
+    os_, ls = [], []
+    for b, n in enumerate(suffix):
+        ks = kc[table[b]].reshape(-1, *kc.shape[2:])[:n]
+        vs = vc[table[b]].reshape(-1, *vc.shape[2:])[:n]
+        k = torch.cat([pk, ks]).transpose(0, 1)
+        v = torch.cat([pv, vs]).transpose(0, 1)
+        o, lse, _ = attention_ref(q[b][:, None], k, v)
+        os_.append(o[:, 0])
+        ls.append(lse[:, 0])
+    return torch.stack(os_), torch.stack(ls)

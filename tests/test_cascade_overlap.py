@@ -15,10 +15,11 @@ import weakref
 import pytest
 import torch
 
-from reference.triton import DEVICE, INTERPRET, cascade_decode
+from reference.triton import INTERPRET, cascade_decode
 from reference.triton.cascade import CascadeConfig
+from tests.common import cascade_case as _case
+from tests.common import cascade_oracle as _oracle
 from tests.oracle import lse_err, rel_err
-from tests.test_cascade_prefix_gluon import _case, _oracle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and not INTERPRET and torch.cuda.get_device_capability() == (9, 0)

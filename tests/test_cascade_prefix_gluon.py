@@ -9,13 +9,14 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET, cascade_decode
 from reference.triton.cascade import CascadeConfig
-from tests.oracle import attention_ref, lse_err, rel_err
+from tests.common import cascade_case as _case
+from tests.common import cascade_oracle as _oracle
+from tests.oracle import lse_err, rel_err
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and not INTERPRET and torch.cuda.get_device_capability() == (9, 0)
@@ -79,37 +80,6 @@ def test_split_rule_and_tiles():
 def test_config_rejects_bad_fields(kw, match):
     with pytest.raises(ValueError, match=match):
         CascadeConfig(**kw)
-
-
-def _case(rng, B, hq, hkv, d, P, suffix, bs, dtype):
-    n_blocks = [max(1, -(-n // bs)) for n in suffix]
-    table = np.zeros((B, max(n_blocks)), dtype=np.int32)
-    perm = rng.permutation(sum(n_blocks))  # scattered pages
-    pos = 0
-    for b, nb in enumerate(n_blocks):
-        table[b, :nb] = perm[pos:pos + nb]
-        pos += nb
-    q = torch.tensor(rng.standard_normal((B, hq, d)), dtype=torch.float64)
-    pk, pv = (torch.tensor(rng.standard_normal((P, hkv, d)), dtype=torch.float64) for _ in range(2))
-    kc, vc = (torch.tensor(rng.standard_normal((sum(n_blocks), bs, hkv, d)), dtype=torch.float64) for _ in range(2))
-    dev = [x.to(DEVICE, dtype) for x in (q, pk, pv, kc, vc)]
-    args = (*dev, torch.tensor(table, device=DEVICE), torch.tensor(suffix, dtype=torch.int32, device=DEVICE))
-    return args, (q, pk, pv, kc, vc, table)
-
-
-def _oracle(ref, suffix, bs):
-    """float64 attention of each request over prefix + its own suffix, from the rounded inputs."""
-    q, pk, pv, kc, vc, table = ref
-    os_, ls = [], []
-    for b, n in enumerate(suffix):
-        ks = kc[table[b]].reshape(-1, *kc.shape[2:])[:n]
-        vs = vc[table[b]].reshape(-1, *vc.shape[2:])[:n]
-        k = torch.cat([pk, ks]).transpose(0, 1)
-        v = torch.cat([pv, vs]).transpose(0, 1)
-        o, lse, _ = attention_ref(q[b][:, None], k, v)
-        os_.append(o[:, 0])
-        ls.append(lse[:, 0])
-    return torch.stack(os_), torch.stack(ls)
 
 
 @pytest.mark.triton_serving
