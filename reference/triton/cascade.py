@@ -72,12 +72,15 @@ class CascadeConfig(KeyBlockConfig):
     #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
     #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
     #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
-    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 32 rows (B >= 8 at
-    #: G = 4; session 7, with the overlap below): H100 graph times in one process (``h100-cascade.json``,
-    #: notes/serving_perf.md "cascade overlap, session 7"), Gluon with the pinned overlap vs Triton: B=8 67.1 vs
-    #: 75.1 us, B=16 81.3 vs 98.8, B=32 121.5 vs 134.0, B=64 173.6 vs 211.8 (session 6, sequential Gluon: 128 rows)
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 64 rows (B >= 16 at
+    #: G = 4; session 7). Graph times favour Gluon with the pinned overlap from B = 8 on (H100, one process,
+    #: ``h100-cascade.json``: B=8 67.1 vs 75.1 us, B=16 81.3 vs 98.8, B=32 121.5 vs 134.0, B=64 173.6 vs 211.8), but
+    #: at B = 8 its eager calls are host-bound: the full run ``h100-mixed-batch.json`` has the Gluon "pdl" path at
+    #: 71.1 us graph and 1.91-2.17x that eagerly (95 us of host time a call, 1.31x paged decode eagerly), the
+    #: Triton kernel at 0.73 of copy and 1.07x eagerly; only the Triton path meets issue 25's eager bar at B = 8
+    #: (within 1.2x of graph, >= 1.5x paged decode). (Session 6, sequential Gluon: 128 rows.)
     prefix_gluon: bool | None = None
-    gluon_min_rows: int = 32
+    gluon_min_rows: int = 64
     #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
     gluon_block_n: int = 128
     gluon_stages: int = 2
