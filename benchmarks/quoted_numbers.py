@@ -123,7 +123,11 @@ def mixed_batch_quotes(r) -> list[str]:
     pages = r["prefill"]["pages"]
     pg = lambda page, names: " / ".join(f"{pages[page]['vs_contiguous'][n]:.2f}x" for n in names)  # noqa: E731
     eager = [c["eager_loop_over_graph"] for c in casc]
-    return [
+    met = lambda ok: "met" if ok else "missed"  # noqa: E731
+    tma = [pages[p]["vs_contiguous"].get("paged_prefill_gluon_tma") for p in ("16", "64")]
+    gluon = ([f"the Gluon paged kernel in the same run {tma[0]:.2f}x / {tma[1]:.2f}x"]
+             if None not in tma else [])  # Hopper runs since session 7
+    return gluon + [
         f"{g['mixed_one_launch'] * 1e3:.0f} us: {m['speedup_vs_separate_graph']:.2f}x / "
         f"{m['speedup_vs_paged_prefill_graph']:.2f}x; K/V ({m['kv_bytes'] / 1e9:.2f} GB) at {tbs / 1e12:.2f} TB/s = "
         f"{tbs / bw:.2f} of the copy bandwidth",
@@ -133,7 +137,9 @@ def mixed_batch_quotes(r) -> list[str]:
         j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + " (unrounded "
         + j([c["fraction_of_copy_bw"]["cascade"] for c in casc], "{:.4f}") + ")",
         "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
-        f"{min(eager):.2f}-{max(eager):.2f} (met); {casc[0]['eager_speedup_vs_paged']:.2f}x (met",
+        f"B = {casc[0]['batch']}: {eager[0]:.2f} ({met(eager[0] <= 1.2)}); B = {casc[0]['batch']}..{casc[-1]['batch']}: "
+        f"{min(eager):.2f}-{max(eager):.2f}; {casc[0]['eager_speedup_vs_paged']:.2f}x "
+        f"({met(casc[0]['eager_speedup_vs_paged'] >= 1.5)}",
         pg("16", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_block64",
                   "mixed_block64_first_version")) + "; "
         + pg("64", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_tma", "mixed_tma_table_in_place")),
@@ -293,9 +299,16 @@ def _lecture09_hopper() -> dict:
         prefix_fraction = []
         for r in c["cascade"]:
             g, f, b = r["ms_graph"], r["fraction_of_copy_bw"], r["batch"]
-            for path in ("cascade_triton", "cascade_gluon"):
-                out[_f(g[path] * 1e3, 0)] = f"cascade {path} B={b} graph us"
-                out[_f(f[path])] = f"cascade {path} B={b} own bytes / copy"
+            for path in ("cascade_triton", "cascade_gluon", "cascade_gluon_pdl", "cascade_gluon_streams"):
+                if path in g:
+                    out[_f(g[path] * 1e3, 0)] = f"cascade {path} B={b} graph us"
+                    out[_f(g[path] * 1e3, 1)] = f"cascade {path} B={b} graph us"
+                    out[_f(f[path])] = f"cascade {path} B={b} own bytes / copy"
+            for path, ratio in r.get("eager_loop_over_graph_paths", {}).items():
+                out[_f(ratio)] = f"cascade {path} B={b} eager loop / graph"
+            for path, kernels in r["kernel_us"].items():
+                for kernel, us in kernels.items():
+                    out[_f(us, 0)] = f"cascade {path} B={b} {kernel} us (profiler)"
             out[_f(r["eager_loop_over_graph"])] = f"cascade B={b} eager / graph (default path)"
             us = r["kernel_us"]["cascade_gluon"]["cascade_prefix_kernel"]
             out[_f(us, 0)] = f"cascade B={b} Gluon prefix kernel us"
@@ -349,6 +362,15 @@ def _lecture09_mixed() -> dict:
         out[_f(c["eager_loop_over_graph"])] = f"cascade B={b} eager loop / graph"
         for part in ("cascade", "prefix_pass", "suffix_pass", "paged"):
             out[_f(f[part])] = f"cascade B={b} {part} bytes / time / copy bandwidth"
+        for path in ("cascade_triton", "prefix_pass_triton", "cascade_gluon_pdl"):  # the paths, not only the default
+            if path in cg:
+                out[_f(cg[path] * 1e3, 0)] = f"cascade {path} B={b} graph us"
+                out[_f(f[path])] = f"cascade {path} B={b} own bytes / copy"
+        for path, ratio in c.get("eager_loop_over_graph_paths", {}).items():
+            out[_f(ratio)] = f"cascade {path} B={b} eager loop / graph"
+            out[_f(c["host_us_per_call"][path], 0)] = f"cascade {path} B={b} host us a call"
+        if "cascade_triton" in cg:
+            out[_f(cg["paged"] / cg["cascade_triton"])] = f"cascade one-launch Triton B={b} speed-up over paged decode"
     ncu = ncu_metrics("h100-serving-ncu.csv")
     if len(ncu) >= 5:
         pct = lambda x: _f(x, 0)  # noqa: E731

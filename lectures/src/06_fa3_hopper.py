@@ -780,8 +780,9 @@ for path, r in load_results("*-fp8-gluon.json"):
 # FlashAttention-3 closes more of it by overlapping a warpgroup's softmax with *its own* P·V matmul (the
 # intra-warpgroup pipelining of its Algorithm 2). §10c showed why our compiled code first lost that overlap (ptxas
 # hoisted the wait for that matmul above the exponentials) and how the bf16 kernel at d = 128 gets it back; the FP8
-# kernel's `peeled` schedule keeps the wait down too, but timed within the noise of its default, so it stays off
-# (`notes/hopper.md`, "session 6").
+# kernel's `peeled` and `fence` schedules keep the wait down too (its SASS shows all the exponentials before the
+# wait), but timed within the noise of its default once the rounds ran in both orders, so they stay off
+# (`notes/hopper.md`, "session 6" and "FP8 end to end, session 7").
 #
 # ### FP8 end to end: the quantisation is a memory-bound kernel of its own
 #
@@ -815,9 +816,11 @@ for path, r in load_results("*-fp8-quant.json"):
 # grows with N: at short sequences the quantisation, with the entry point's check and launch work around it, eats
 # what the FP8 matmuls saved, and FP8 pays off end to end only where the attention is long. Fusing it into one
 # pass made it an order of magnitude cheaper than the torch recipe, which is what moved FP8 from losing everywhere
-# to winning at the longest non-causal length. (In this run the end-to-end time at short N was also longer than
-# the kernel plus the quantisation: the entry point waited for the quantisation's non-finite flag before it
-# launched the attention, so the GPU idled while the host prepared that launch. The entry points now read the
-# flag after the attention's launch; that change has not been timed yet: `notes/hopper.md`, "session 6".) In serving
+# to winning at the longest non-causal length. (The end-to-end time at short N is also longer than the kernel
+# plus the quantisation. The entry point used to wait for the quantisation's non-finite flag before it launched
+# the attention; it now reads the flag after the launch, which this run times: the causal rows gained, the
+# non-causal ones did not. Every call still ends by reading that flag on the host, so the host work of the next
+# call runs while the GPU idles, a fixed cost of somewhat over a hundred microseconds a call at every N:
+# `notes/hopper.md`, "FP8 end to end, session 7".) In serving
 # the balance is different again: K and V are quantised once, when they are written into the cache, and read by
 # every later decoding step.

@@ -244,11 +244,11 @@ for res, p in measured_mixed("prefill"):
 #   one shared-memory buffer and hands the reshaped buffer to the tensor cores. (Reshaping the row *offsets*
 #   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
 #
-# Measured on the H100, both page sizes: 64-token pages **1.00x** of contiguous (the bar of issue 25, 0.9x,
-# met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.83x-0.90x, and the best tile
+# Measured on the H100, both page sizes: 64-token pages **0.98x** of contiguous (the bar of issue 25, 0.9x,
+# met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.86x-0.90x, and the best tile
 # of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
 # noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
-# 0.58x → 0.83x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
+# 0.60x → 0.79x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
 # page-tile kernel executes the contiguous kernel's instruction count (233 million each; the row gather 287)
 # with the same shared memory, but at 5.28 cycles per issued instruction instead of 4.51: the table entries
 # of a block are still loaded and used in the iteration that issues its copy (the pipeliner moves the
@@ -387,7 +387,8 @@ for res, rows in measured("cascade"):
 # merge launch is needed. `S` aims at one prefix program per SM with at most 2048 keys each. Eager calls repeat
 # a recorded launch (§4). Measured by `python3 -m benchmarks.course.bench_mixed_batch` (one H100 run: the
 # one-launch and three-launch versions, paged decode, each pass alone, and the copy bandwidth, all in the same
-# process):
+# process; the table is the one-launch Triton kernel, `cascade_triton`, which is `cascade_decode`'s path on
+# every GPU but Hopper and on Hopper at B = 8 — the next sections say why):
 
 # %%
 for res, rows in measured_mixed("cascade"):
@@ -396,24 +397,26 @@ for res, rows in measured_mixed("cascade"):
     print(" B  | graph us (3 launches) | eager/graph | vs paged: graph  eager | fraction of copy: call  prefix  suffix")
     for c in rows:
         g, f = c["ms_graph"], c["fraction_of_copy_bw"]
-        print(f"{c['batch']:3d} | {g['cascade'] * 1e3:5.0f} ({g['cascade_separate'] * 1e3:5.0f})        |"
-              f" {c['eager_loop_over_graph']:11.2f} | {c['speedup_graph_vs_paged']:13.2f}x"
-              f" {c['eager_speedup_vs_paged']:5.2f}x"
-              f" | {f['cascade']:22.2f} {f['prefix_pass']:7.2f} {f['suffix_pass']:7.2f}")
+        one = "cascade_triton" if "cascade_triton" in g else "cascade"  # runs off Hopper time only the Triton kernel
+        prefix = "prefix_pass_triton" if one == "cascade_triton" else "prefix_pass"
+        loop = c.get("ms_loop_paths", {}).get(one, c["ms_loop"]["cascade"])
+        print(f"{c['batch']:3d} | {g[one] * 1e3:5.0f} ({g['cascade_separate'] * 1e3:5.0f})        |"
+              f" {loop / g[one]:11.2f} | {g['paged'] / g[one]:13.2f}x {c['ms_loop']['paged'] / loop:5.2f}x"
+              f" | {f[one]:22.2f} {f[prefix]:7.2f} {f['suffix_pass']:7.2f}")
 
 # %% [markdown]
-# * **Small batches.** At B = 8 one launch takes 75 µs against 117 µs for the three launches in the same run,
-#   2.69x paged decode (3.94x, 6.70x, 8.55x at B = 16, 32, 64). Its own 168 MB move at 0.74 of the copy
+# * **Small batches.** At B = 8 one launch takes 74 µs against 118 µs for the three launches in the same run,
+#   2.74x paged decode (3.76x, 6.68x, 8.38x at B = 16, 32, 64). Its own 168 MB move at 0.76 of the copy
 #   bandwidth measured in the same run — above the bar issue 25 set (0.7), which no L2 hit on a shared page can
 #   flatter. (Paged decode, the baseline, "reads" its bytes at 1.83 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
-#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (131 vs
-#   127 µs, 205 vs 208 µs): there the prefix pass, not the launches, sets the time (below).
-# * **Called eagerly it now costs its GPU time**: eager loop / graph 0.97–1.04 (bar 1.2) and 2.73x eager paged
+#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (135 vs
+#   131 µs, 208 vs 210 µs): there the prefix pass, not the launches, sets the time (below).
+# * **Called eagerly it costs its GPU time**: eager loop / graph 0.93–0.98 (bar 1.2) and 2.74x eager paged
 #   decode at B = 8 (bar 1.5), where the three-launch version lost.
-# * **Larger batches miss the bar**: 0.70 (just under: the unrounded value is in `docs/results.md`) / 0.68 /
-#   0.65 of copy at B = 16 / 32 / 64. The column that explains it is the prefix pass alone: the same 134 MB at
-#   every batch, yet its time grows from 63 µs (B = 8) to 146 µs (B = 64), falling to 0.31 of copy. It is
+# * **Larger batches miss the bar** on this kernel: 0.65 / 0.67 / 0.65 of copy at B = 16 / 32 / 64. The column
+#   that explains it is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 61 µs
+#   (B = 8) to 149 µs (B = 64), falling to 0.30 of copy. It is
 #   limited by its tile work (`B · G = 256` rows against 32k keys at B = 64 is a small prefill: 34 GFLOP), not by
 #   bytes. Nsight Compute on the prefix pass alone at B = 64: DRAM throughput 33% of peak, SM throughput 27%, L2
 #   hit rate 62% (the four 64-row tiles of a kv head each read the prefix, partly from L2), SMs busy for 67% of
@@ -432,35 +435,83 @@ for res, rows in measured_mixed("cascade"):
 # head, 128 packed rows, chunk of the prefix), a producer warp streaming the prefix through TMA, two ping-pong
 # consumer warpgroups (`reference/triton/hopper/cascade_prefix_gluon.py`). The price is a second launch: a Gluon
 # kernel and a Triton kernel cannot share one, so the Triton kernel runs after it with suffix items only, each
-# request merging its own rows. Two launches in one CUDA graph, chosen where the packed rows reach 128 per kv head
-# (`CascadeConfig.gluon_min_rows`). Measured (`bench_mixed_batch --sections cascade`, both paths in one process):
+# request merging its own rows: two launches in one CUDA graph, one after the other (`CascadeConfig.overlap="off"`).
+# Measured (`bench_mixed_batch --sections cascade --results-name cascade`, every path in one process):
 
 # %%
 for res in [r for _, r in cascade_runs] or not_run("the Gluon prefix pass", "*-cascade.json") or []:
     print(f"{res['meta']['gpu']}: copy bandwidth {res['meta']['copy_bw_bytes_per_s'] / 1e12:.2f} TB/s")
-    print(" B  | graph us: Triton (1 launch)  Gluon prefix (2) | own bytes / copy: Triton  Gluon | Gluon prefix kernel us")
+    print(" B  | graph us: Triton (1 launch)  Gluon, off (2) | own bytes / copy: Triton  Gluon | Gluon prefix kernel us")
     for c in res["cascade"]:
         g, f = c["ms_graph"], c["fraction_of_copy_bw"]
-        print(f"{c['batch']:3d} | {g['cascade_triton'] * 1e3:26.0f} {g['cascade_gluon'] * 1e3:18.0f} |"
+        print(f"{c['batch']:3d} | {g['cascade_triton'] * 1e3:26.0f} {g['cascade_gluon'] * 1e3:16.0f} |"
               f" {f['cascade_triton']:24.2f} {f['cascade_gluon']:6.2f} |"
               f" {c['kernel_us']['cascade_gluon']['cascade_prefix_kernel']:10.0f}")
 
 # %% [markdown]
 # * The Gluon prefix kernel takes about 48-55 µs at every batch: the 134 MB prefix at 0.81-0.93 of the copy
-#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.31 of copy there.
-# * The whole call meets the bar at B = 32 and 64 (0.71 and 0.80 of copy: 126 and 168 µs against 139 and 207 µs
-#   for the one-launch Triton kernel), and loses at B = 8 and 16: there the prefix was never the problem, and
-#   two launches pay prefix plus suffixes in full (plus the gap between the launches), where one launch
-#   overlapped them. B = 16 misses on both paths (best 0.62 in this run); what would fix it is the two passes at
-#   once (suffix work items inside the persistent kernel, or a second graph stream), not built.
-# * Called eagerly, the two-launch path costs 1.68x its graph time at B = 32 (not profiled; the two TMA
-#   descriptors rebuilt on every call are the suspect): an eager caller at B = 32 is better served by the
-#   Triton path today.
-# * **B = 8 depends on where the prefix programs land**: 128 of them (16 chunks x 8 kv heads) for 132 SMs. In
-#   the (item, kv head) launch order some SMs got two compute-bound prefix programs while others got none (ncu:
-#   SMs busy for 54% of the elapsed cycles). Launching the prefix items first when they fit one per SM (the
-#   default now) gives each its own SM: the prefix pass alone reads at 0.72 of copy. The whole call's CUDA-graph
-#   time at B = 8 still spreads by several percent between runs (`notes/serving_perf.md`).
+#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.30 of copy there.
+# * One after the other, the Gluon call meets the bar at B = 32 and 64 (0.72 and 0.77 of copy: 124 and 174 µs
+#   against 134 and 212 µs for the one-launch Triton kernel), and loses at B = 8 and 16 (96 and 103 µs against
+#   75 and 99): there the prefix was never the problem, and two launches pay prefix plus suffixes in full (plus
+#   the gap between the launches), where one launch overlapped them.
+# * **B = 8 depends on where the prefix programs land** (the Triton kernel): 128 of them (16 chunks x 8 kv heads)
+#   for 132 SMs. In the (item, kv head) launch order some SMs got two compute-bound prefix programs while others
+#   got none (ncu: SMs busy for 54% of the elapsed cycles). Launching the prefix items first when they fit one
+#   per SM (the default) gives each its own SM: the prefix pass alone reads at 0.73 of copy. The whole call's
+#   CUDA-graph time at B = 8 still spreads by several percent between runs (`notes/serving_perf.md`).
+#
+# ### Both passes at once: a programmatically dependent launch
+#
+# At B = 16 the sequential Gluon call is a ~48 µs prefix kernel, a ~48 µs suffix launch and the gap between them.
+# The two passes share nothing until the merge, so they could run side by side — if each left the other room.
+# The prefix kernel at B ≤ 32 executes its padded tiles far faster than it can stream the 134 MB prefix, so it
+# is bandwidth-bound: it may not need all 132 SMs.
+#
+# **Predict** before running the next cell: with the prefix kernel on half the SMs (64 CTAs, each twice the keys)
+# and the suffix programs on the other half, (a) how long does the prefix kernel take at B = 16, and at B = 64,
+# where its 34 GFLOP now share half the tensor cores? (b) What is the floor of the whole call (its own 201 MB at
+# B = 16 at the copy bandwidth)? (c) Where should the overlap stop paying?
+#
+# How it is launched matters. Two kernels on two streams of a graph (`overlap="streams"`: fork, join, then a merge
+# launch) leave the GPU free to place either grid first; if the suffix grid spread over every SM first, the prefix
+# CTAs (a whole SM's registers each) would wait. Hopper's **programmatic dependent launch** fixes the order
+# (`overlap="pdl"`): every prefix CTA starts with `griddepcontrol.launch_dependents`, and the suffix grid,
+# launched on the same stream with the programmatic-serialization attribute, is placed only once *every* prefix
+# CTA has issued it — so only on the SMs the prefix left free. Each suffix program computes its requests' suffix
+# states, then executes `griddepcontrol.wait`, which returns when the prefix grid has completed and its writes
+# are visible, and merges. That wait is not a spin on another kernel's memory (which could hang if the other
+# kernel never got an SM): every prefix CTA was resident before any suffix CTA started, so the prefix always
+# finishes.
+
+# %%
+for res in [r for _, r in cascade_runs if "cascade_gluon_pdl" in r["cascade"][0]["ms_graph"]] or []:
+    print(f"{res['meta']['gpu']}: graph us (own bytes / copy)")
+    print(" B  |  pdl            streams        off            Triton 1 launch | pdl kernels us: prefix  suffix+merge")
+    for c in res["cascade"]:
+        g, f, k = c["ms_graph"], c["fraction_of_copy_bw"], c["kernel_us"]["cascade_gluon_pdl"]
+        cell = lambda p: f"{g[p] * 1e3:6.1f} ({f[p]:.2f})"  # noqa: E731
+        print(f"{c['batch']:3d} | {cell('cascade_gluon_pdl')}  {cell('cascade_gluon_streams')}  {cell('cascade_gluon')}"
+              f"  {cell('cascade_triton')}   | {k['cascade_prefix_kernel']:24.0f} {k['_cascade_kernel']:12.0f}")
+
+# %% [markdown]
+# * **Half the SMs stream the prefix almost as fast as all of them**: the prefix kernel on 64 CTAs takes 53 /
+#   55 / 55 µs at B = 8 / 16 / 32, against 48-55 µs on all SMs — it was bandwidth-bound. At B = 64 it takes 106
+#   µs: its 34 GFLOP on half the tensor cores make it compute-bound.
+# * "pdl" is 67.1 / 81.3 / 121.5 / 189.2 µs (0.83 / 0.83 / 0.74 / 0.71 of copy): **B = 16 meets the bar** with
+#   room, where both one-pass-after-the-other designs missed. The two kernels' profiler durations add up to more
+#   than the graph time by about 30 µs, so they overlap, though not fully; at B = 32 the suffix programs (82 µs
+#   for 256 requests' items) are the tail, and at B = 64 (166 µs) overlapping loses to "off".
+# * "streams" is a few µs slower (72.3 / 86.7 / 122.0 / 185.2): the merge launch and the fork/join.
+#
+# So `cascade_decode` picks per batch (`CascadeConfig`): the one-launch Triton kernel below 64 packed rows
+# (B = 8 here), "pdl" up to 128 (B = 16, 32), "off" above. Why not Gluon at B = 8, where "pdl" is faster by graph
+# time? **Eager calls.** The Gluon paths launch two kernels from Python and build TMA descriptors (now cached per
+# prefix address); their host time a call is about as long as their GPU time at small batches, and eagerly the
+# "pdl" path at B = 8 ran at 1.23x (the full benchmark run) to 2.52x (the overlap run) its graph time, the Triton
+# kernel at 0.98x. The full run of `bench_mixed_batch` (the first table of this section, `cascade` column there
+# is the default path at each B): 77 / 87 / 125 / 168 µs, 0.73 / 0.77 / 0.72 / 0.80 of copy — the bar met at
+# every batch.
 #
 # ## 4. Eager calls: host time vs GPU time
 #
@@ -619,13 +670,14 @@ for res, m in measured_mixed("mixed"):
               f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
 
 # %% [markdown]
-# One mixed launch takes 899 µs, **1.41x** the speed of the separate prefill and decode launches and 2.12x
+# One mixed launch takes 897 µs, **1.35x** the speed of the separate prefill and decode launches and 4.72x
 # that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
-# 1056 µs). The last comparison is the plan's worth: without it each decode
-# row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
+# 1059 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
+# than the Triton page tiles, slower still for the decode rows. The last comparison is the plan's worth: without
+# it each decode row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
 # step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
-# `notes/serving_perf.md`); measured, the launch moves them at 2.61 TB/s, 0.87 of copy — the prefill chunks run
+# `notes/serving_perf.md`); measured, the launch moves them at 2.62 TB/s, 0.87 of copy — the prefill chunks run
 # at the page-tile speed of §2. Tiles of one page (16 keys, `mixed_one_launch_block16`) cost 1089 µs: the
 # per-tile fixed cost of §2 again.
 #
