@@ -142,13 +142,16 @@ def test_quantize_fp8_is_e4m3(rng):
 
 
 def test_incoherent_processing_reduces_output_error(rng):
-    """Talk slide 24: ~2.6x lower error. Measured here at N=4096, d=128 (FA3 section 4.3 data): ~2.2-2.9x on O;
-    the RMS error of S itself is unchanged (FP8 rounding is relative, and rotation preserves norms)."""
-    r = fp8err.fp8_incoherent_experiment(rng, n=4096, d=128, n_heads=1)
-    assert 1.8 <= r["o_ratio"] <= 4.0, r
-    assert 0.9 <= r["s_ratio"] <= 1.1, r
-    assert 4e-3 < r["o_hadamard"] < 1.5e-2, r  # FA3 paper: 9.1e-3
-    assert r["rotation_err"] < 1e-9 * r["s_rms"] * 128
+    """Talk slide 24: ~2.6x lower error. Measured here at N=4096, d=128 (FA3 section 4.3 data): ~1.8-2.7x on O
+    per draw (30 draws: 1.82-2.67, and one CI draw at 1.70), so the ratio is checked on the median of three draws
+    (2.04-2.30 over ten such medians); the RMS error of S itself is unchanged (FP8 rounding is relative, and
+    rotation preserves norms)."""
+    runs = [fp8err.fp8_incoherent_experiment(rng, n=4096, d=128, n_heads=1) for _ in range(3)]
+    assert 1.8 <= float(np.median([r["o_ratio"] for r in runs])) <= 4.0, runs
+    for r in runs:
+        assert 0.9 <= r["s_ratio"] <= 1.1, r
+        assert 4e-3 < r["o_hadamard"] < 1.5e-2, r  # FA3 paper: 9.1e-3
+        assert r["rotation_err"] < 1e-9 * r["s_rms"] * 128
 
 
 def test_aligned_error_splits_the_error(rng):
