@@ -819,8 +819,9 @@ for path, r in load_results("*-fp8-quant.json"):
 # to winning at the longest non-causal length. (The end-to-end time at short N is also longer than the kernel
 # plus the quantisation. The entry point used to wait for the quantisation's non-finite flag before it launched
 # the attention; it now reads the flag after the launch, which this run times: the causal rows gained, the
-# non-causal ones did not. Every call still ends by reading that flag on the host, so the host work of the next
-# call runs while the GPU idles, a fixed cost of somewhat over a hundred microseconds a call at every N:
-# `notes/hopper.md`, "FP8 end to end, session 7".) In serving
+# non-causal ones less. Every call still ends by reading that flag on the host, so the host work of the next
+# call runs while the GPU idles: the column `fp8_gluon_e2e_flag_unread` in the results file times the same two
+# launches with the flag never read, and it is the faster one at every N — the sync, not the GPU work, is the
+# rest of the gap: `notes/hopper.md`, "FP8 end to end, session 7".) In serving
 # the balance is different again: K and V are quantised once, when they are written into the cache, and read by
 # every later decoding step.
