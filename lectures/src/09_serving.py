@@ -485,7 +485,21 @@ for res in [r for _, r in cascade_runs] or not_run("the Gluon prefix pass", "*-c
 # finishes.
 
 # %%
-for res in [r for _, r in cascade_runs if "cascade_gluon_pdl" in r["cascade"][0]["ms_graph"]] or []:
+pdl_runs = [r for _, r in cascade_runs if "cascade_gluon_pdl" in r["cascade"][0]["ms_graph"]]
+for res in pdl_runs[:1]:
+    by_b = {c["batch"]: c for c in res["cascade"]}
+    guess = None  # (a) your answer: the prefix kernel on half the SMs at B = 16, in µs
+    check_guess(guess, by_b[16]["kernel_us"]["cascade_gluon_pdl"]["cascade_prefix_kernel"], rel=0.2,
+                what="prefix kernel on 64 CTAs, B = 16, us (profiler)")
+    guess = None  # (a) ... and at B = 64
+    check_guess(guess, by_b[64]["kernel_us"]["cascade_gluon_pdl"]["cascade_prefix_kernel"], rel=0.2,
+                what="prefix kernel on 64 CTAs, B = 64, us (profiler)")
+    guess = None  # (b) your answer: the floor at B = 16, own bytes at the copy bandwidth of the run, in µs
+    check_guess(guess, by_b[16]["bytes"]["cascade"] / res["meta"]["copy_bw_bytes_per_s"] * 1e6, rel=0.15,
+                what="B = 16 own bytes at copy bandwidth, us")
+
+# %%
+for res in pdl_runs:
     print(f"{res['meta']['gpu']}: graph us (own bytes / copy)")
     print(" B  |  pdl            streams        off            Triton 1 launch | pdl kernels us: prefix  suffix+merge")
     for c in res["cascade"]:
