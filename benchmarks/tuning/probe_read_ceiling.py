@@ -9,9 +9,12 @@ sets (larger than L2 together):
 * the stream kernel with more programs (64, 128 splits), 128-key blocks and more stages, pointer loads and TMA;
 * torch's own full reduction of the same bytes held as one tensor (``torch.sum(x, dtype=float32)``);
 * a device-to-device copy of those bytes (read + write), i.e. the copy bandwidth at this size rather than at
-  1 GiB: how much of the gap is the size of one launch, not the kernel.
+  1 GiB: how much of the gap is the size of one launch, not the kernel;
+* the decode itself (``flash_decode``, Hq = 32) with 32 (the heuristic's pick), 64 and 128 splits, pointer loads
+  and TMA (``DecodeConfig.use_tma``): does the decode follow the stream kernel when it gets more programs?
 
-Every stream variant is checked against torch first (``read_ceiling_ms`` asserts its sums).
+Every stream variant is checked against torch first (``read_ceiling_ms`` asserts its sums), every decode
+variant against float64 attention on the same inputs.
 
     python3 -m benchmarks.tuning.probe_read_ceiling --out DIR      # DIR/<gpu>-read-ceiling-probe.json
     python3 -m benchmarks.tuning.probe_read_ceiling --smoke        # CPU, interpreter, tiny shapes
@@ -32,6 +35,36 @@ HKV, D = 8, 128
 #: (splits, block_n, num_stages, tma): the session-5 ceiling first
 VARIANTS = [(32, 64, 4, False), (32, 64, 4, True), (64, 64, 4, True), (128, 64, 4, True), (64, 128, 3, True),
             (128, 64, 4, False), (64, 128, 3, False)]
+
+
+def decode_rows(sets, record, res, smoke):
+    """``flash_decode`` at B = 1 over the same K/V with 32 / 64 / 128 splits (pointer loads; TMA on Hopper), each
+    checked against float64 attention first (relative error of o < 2e-2 in bf16)."""
+    import dataclasses
+    from reference.triton import configs, flash_decode
+    hq = 4 * HKV
+    qs = [torch.randn(1, hq, D, device=sets[0][0].device, dtype=sets[0][0].dtype) for _ in sets]
+    q64, k64, v64 = (x.double().cpu() for x in (qs[0], *sets[0]))
+    s64 = torch.einsum("bhgd,bhnd->bhgn", q64.view(1, HKV, 4, D), k64) / D ** 0.5
+    ref = torch.einsum("bhgn,bhnd->bhgd", torch.softmax(s64, -1), v64).reshape(1, hq, D)
+    pin = configs.decode_pin("contiguous")
+    for splits in ((8,) if smoke else (32, 64, 128)):
+        for tma in ((False,) if smoke else (False, True)):
+            name = f"flash_decode splits={splits} {'tma' if tma else 'pointer'}"
+            cfg = dataclasses.replace(pin, use_tma=tma)
+            try:
+                o = flash_decode(qs[0], *sets[0], num_splits=splits, config=cfg)
+                err = float((o.double().cpu() - ref).norm() / ref.norm())
+                if err > 2e-2:
+                    raise AssertionError(f"o relative error {err:.2e} vs float64")
+                ms = _common.graph_ms([lambda q=q, k=k, v=v: flash_decode(q, k, v, num_splits=splits, config=cfg,
+                                                                           validate=False)
+                                       for q, (k, v) in zip(qs, sets)], smoke=smoke)
+            except Exception as exc:  # noqa: BLE001 - one variant failing keeps the others
+                res["rows"].append({"name": name, "error": repr(exc)[:300]})
+                print(f"{name}: {exc!r}"[:300], flush=True)
+                continue
+            record(name, ms, splits=splits, tma=tma, rel_err_vs_float64=err)
 
 
 def main(argv=None):
@@ -74,6 +107,7 @@ def main(argv=None):
             print(f"{name}: {exc!r}"[:300], flush=True)
             continue
         record(name, ms, splits=splits, block_n=block_n, stages=stages, tma=tma)
+    decode_rows(sets, record, res, smoke)
     flat = [torch.cat([k.flatten(), v.flatten()]) for k, v in sets]
     ref = flat[0].double().sum()
     got = torch.sum(flat[0], dtype=torch.float32).double()
