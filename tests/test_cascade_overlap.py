@@ -230,3 +230,36 @@ def test_overlap_in_a_cuda_graph_equals_eager(rng, mode):
         torch.cuda.synchronize()
         o_e, lse_e = cascade_decode(*args, config=cfg, validate=False, fast_launch=False)
         assert torch.equal(o_g, o_e) and torch.equal(lse_g, lse_e)
+
+
+@pytest.mark.triton_serving
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the eager / captured path split exists on an H100/H200 (sm_90) only")
+def test_default_config_eager_warmup_then_capture(rng):
+    """The serving pattern with the default config at B G = 64 packed rows: warm up eagerly (the Triton kernel,
+    ``eager_gluon_min_rows``), then capture (the Gluon "pdl" path, first launched inside the capture), replay with
+    new inputs; both paths against float64 attention of the same rounded inputs."""
+    B, hq, hkv, d, P, bs = 16, 32, 8, 128, 1500, 16
+    suffix = [int(x) for x in rng.integers(0, 70, B)]
+    args, ref = _case(rng, B, hq, hkv, d, P, suffix, bs, torch.bfloat16)
+    new, ref_new = _case(rng, B, hq, hkv, d, P, suffix, bs, torch.bfloat16)
+    from reference.triton.cascade import use_gluon_prefix
+    assert not use_gluon_prefix(CascadeConfig(), args[0], args[1], args[2], capturing=False)
+    assert use_gluon_prefix(CascadeConfig(), args[0], args[1], args[2], capturing=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        o_e, lse_e = cascade_decode(*args, validate=False)
+    torch.cuda.current_stream().wait_stream(side)
+    ro, rl = _oracle(ref, suffix, bs)
+    assert rel_err(o_e, ro) < 8e-3 and lse_err(lse_e, rl) < 1e-3
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o_g, lse_g = cascade_decode(*args, validate=False)
+    for inputs, oracle in ((args, ref), (new, ref_new)):
+        for dst, src in zip(args[:5], inputs[:5]):
+            dst.copy_(src)
+        g.replay()
+        torch.cuda.synchronize()
+        ro, rl = _oracle(oracle, suffix, bs)
+        assert rel_err(o_g, ro) < 8e-3 and lse_err(lse_g, rl) < 1e-3

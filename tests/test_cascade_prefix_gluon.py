@@ -75,6 +75,7 @@ def test_split_rule_and_tiles():
 @pytest.mark.parametrize("kw, match", [
     (dict(prefix_gluon=1), "CascadeConfig.prefix_gluon must be a bool or None"),
     (dict(gluon_min_rows=0), "CascadeConfig.gluon_min_rows must be a positive int"),
+    (dict(eager_gluon_min_rows=2.5), "CascadeConfig.eager_gluon_min_rows must be a positive int"),
     (dict(gluon_block_n=32), "gluon_block_n / gluon_stages: .*block_n must be one of"),
     (dict(gluon_stages=5), "gluon_block_n / gluon_stages: .*stages must be one of")])
 def test_config_rejects_bad_fields(kw, match):
@@ -127,9 +128,15 @@ def test_auto_selection_on_hopper(rng):
     from reference.triton.cascade import use_gluon_prefix
     cfg = CascadeConfig()
     pk = torch.zeros(64, 8, 128, device=DEVICE, dtype=torch.bfloat16)
-    for B, want in ((4, False), (8, False), (15, False), (16, True), (64, True)):  # the H100 pin: B G >= 64 (session 7)
+    # the H100 pins (session 7): B G >= 64 under graph capture, >= 256 in an eager call
+    for B, graph, eager in ((4, False, False), (8, False, False), (15, False, False), (16, True, False),
+                            (63, True, False), (64, True, True)):
         q = torch.zeros(B, 32, 128, device=DEVICE, dtype=torch.bfloat16)
-        assert use_gluon_prefix(cfg, q, pk, pk) is want
+        assert use_gluon_prefix(cfg, q, pk, pk, capturing=True) is graph
+        assert use_gluon_prefix(cfg, q, pk, pk, capturing=False) is eager
+        assert use_gluon_prefix(cfg, q, pk, pk) is eager  # this test runs eagerly
+    q = torch.zeros(16, 32, 128, device=DEVICE, dtype=torch.bfloat16)
+    assert use_gluon_prefix(dataclasses.replace(cfg, eager_gluon_min_rows=1), q, pk, pk, capturing=False)
     q = torch.zeros(4, 24, 128, device=DEVICE, dtype=torch.bfloat16)  # G = 3
     assert use_gluon_prefix(cfg, q, pk, pk) is False
     with pytest.raises(ValueError, match="prefix_gluon=True needs"):

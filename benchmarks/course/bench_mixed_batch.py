@@ -29,7 +29,8 @@ eager calls). Sections:
   prefix launch + the suffix/merge launch, ``reference.triton.hopper.cascade_prefix_gluon``; ``_s3``: 3 ring
   stages; ``_n64``: 64-key blocks, 4 stages; ``_pps2``: twice the key splits; ``kernel_us``: each launch's GPU time
   from the profiler), each with its prefix pass alone (``prefix_pass_*``); ``cascade`` is
-  the default configuration (``row["default_prefix"]`` says which path it took). Session 7: the Gluon path with
+  the default configuration (``row["default_prefix"]`` says which path its graph took, ``default_prefix_eager``
+  which path its eager calls took). Session 7: the Gluon path with
   both passes at once (``CascadeConfig.overlap``): ``cascade_gluon_pdl`` (the suffix launch programmatically
   dependent on the prefix kernel, prefix CTAs on half the SMs; ``_p35`` / ``_p75``: on 0.35 / 0.75 of them) and
   ``cascade_gluon_streams`` (fork/join of two streams, merge launch); eager loop / graph and the host time of an
@@ -291,7 +292,12 @@ def _cascade(log, copy_bw):
                    rel_err_vs_separate=bd.rel(oc, os_), recorded_equal=bool(torch.equal(oc, oc2)))
         assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
         variants = _cascade_variants(q, prefix_k, prefix_v)
-        row["default_prefix"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v) else "triton"
+        # the graph time's path (captured) and the eager loop's (session 7: eager calls keep the Triton kernel
+        # below CascadeConfig.eager_gluon_min_rows)
+        row["default_prefix"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v,
+                                                            capturing=True) else "triton"
+        row["default_prefix_eager"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v,
+                                                                  capturing=False) else "triton"
         row["default_overlap"] = (overlap_mode(CASCADE_DEFAULT, B * (HQ // HKV)) if row["default_prefix"] == "gluon"
                                   else "off")
         for name, cfg in variants.items():  # each path vs the float64-checked paged decode, before timing

@@ -81,6 +81,13 @@ class CascadeConfig(KeyBlockConfig):
     #: (within 1.2x of graph, >= 1.5x paged decode). (Session 6, sequential Gluon: 128 rows.)
     prefix_gluon: bool | None = None
     gluon_min_rows: int = 64
+    #: the same threshold for an eager call (none outside CUDA-graph capture): below it eager calls take the
+    #: one-launch Triton kernel. The Gluon path's two launches cost 146-167 us of host time a call at B = 16
+    #: (H100, ``h100-mixed-batch.json``, session 7), more than its GPU time: eager loop per call at B = 8 / 16 /
+    #: 32 / 64, Triton one launch vs Gluon ("pdl" / "off" at 64): 72.7 vs 82.0, 95.6 vs 160.7, 130.8 vs 136.2,
+    #: 201.2 vs 164.5 us; so 256 rows (B = 64 at G = 4). Captured calls (graph replay: no host time) keep
+    #: ``gluon_min_rows``.
+    eager_gluon_min_rows: int = 256
     #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
     gluon_block_n: int = 128
     gluon_stages: int = 2
@@ -125,6 +132,9 @@ class CascadeConfig(KeyBlockConfig):
             raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
         if type(self.gluon_min_rows) is not int or self.gluon_min_rows < 1:
             raise ValueError(f"CascadeConfig.gluon_min_rows must be a positive int, got {self.gluon_min_rows!r}")
+        if type(self.eager_gluon_min_rows) is not int or self.eager_gluon_min_rows < 1:
+            raise ValueError("CascadeConfig.eager_gluon_min_rows must be a positive int, got "
+                             f"{self.eager_gluon_min_rows!r}")
         from .hopper.cascade_prefix_gluon import check_prefix_config
         try:
             check_prefix_config(self.gluon_block_n, self.gluon_stages)
@@ -464,11 +474,12 @@ def _tma_ok(prefix_k, prefix_v) -> bool:
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
 
 
-def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v) -> bool:
+def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v, *, capturing: bool | None = None) -> bool:
     """Whether ``cascade_decode`` runs the prefix pass as the Hopper Gluon kernel: ``config.prefix_gluon``, or
     when it is None, where the kernel applies (``cascade_prefix_gluon.prefix_ok``) and the batch has at least
-    ``config.gluon_min_rows`` packed rows ``B * G`` per kv head. ``prefix_gluon=True`` where the kernel does
-    not apply raises ``ValueError`` naming the requirement."""
+    ``config.gluon_min_rows`` packed rows ``B * G`` per kv head under CUDA-graph capture, at least
+    ``max(gluon_min_rows, eager_gluon_min_rows)`` in an eager call (``capturing``: None asks the current
+    stream). ``prefix_gluon=True`` where the kernel does not apply raises ``ValueError`` naming the requirement."""
     if config.prefix_gluon is False or INTERPRET or q.device.type != "cuda":
         if config.prefix_gluon:
             raise ValueError("CascadeConfig.prefix_gluon=True needs a Hopper GPU (compute capability 9.0); the "
@@ -481,7 +492,10 @@ def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v) -> bool:
             raise ValueError("CascadeConfig.prefix_gluon=True needs compute capability 9.0, fp16/bf16, d in {64, 128}, "
                              "Hq/Hkv dividing 64 and a contiguous 16-byte aligned prefix")
         return True
-    return ok and q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= config.gluon_min_rows
+    if capturing is None:
+        capturing = torch.cuda.is_current_stream_capturing()
+    least = config.gluon_min_rows if capturing else max(config.gluon_min_rows, config.eager_gluon_min_rows)
+    return ok and q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= least
 
 
 def _rows(config: CascadeConfig, batch: int, group: int) -> int:
@@ -559,7 +573,9 @@ def _fast_key(tensors, *options, enabled: bool = True):
         if type(t) is not torch.Tensor or t.device.type != "cuda":
             return None
         parts.append(_fastlaunch.tensor_key(t))
-    key = ("cascade", *parts, *options, _fastlaunch.stream_key(tensors[0].device))
+    # capture state: an eager call and a captured one may take different paths (``use_gluon_prefix``)
+    key = ("cascade", *parts, *options, _fastlaunch.stream_key(tensors[0].device),
+           torch.cuda.is_current_stream_capturing())
     try:
         hash(key)
     except TypeError:
