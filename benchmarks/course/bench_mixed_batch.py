@@ -390,8 +390,10 @@ def _cascade_variants(q, prefix_k, prefix_v) -> dict:
     """The prefix paths timed side by side where the Gluon one applies (Hopper): name -> CascadeConfig."""
     import dataclasses
     gl = dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=True)
-    if SMOKE or not use_gluon_prefix(dataclasses.replace(gl, prefix_gluon=None, gluon_min_rows=1), q, prefix_k,
-                                     prefix_v):
+    # whether the Gluon kernel applies at all (any batch size: both thresholds 1, and as if captured)
+    if SMOKE or not use_gluon_prefix(dataclasses.replace(gl, prefix_gluon=None, gluon_min_rows=1,
+                                                         eager_gluon_min_rows=1), q, prefix_k, prefix_v,
+                                     capturing=True):
         return {}
     seq = dataclasses.replace(gl, overlap="off")
     pdl = dataclasses.replace(gl, overlap="pdl")

@@ -523,9 +523,13 @@ for res in pdl_runs:
 # time? **Eager calls.** The Gluon paths launch two kernels from Python and build TMA descriptors (now cached per
 # prefix address); their host time a call is about as long as their GPU time at small batches, and eagerly the
 # "pdl" path at B = 8 ran at 1.23x (the full benchmark run) to 2.52x (the overlap run) its graph time, the Triton
-# kernel at 0.98x. The full run of `bench_mixed_batch` (the first table of this section, `cascade` column there
-# is the default path at each B): 77 / 87 / 125 / 168 µs, 0.73 / 0.77 / 0.72 / 0.80 of copy — the bar met at
-# every batch.
+# kernel at 0.98x. The same holds at B = 16 and 32, where the host time of the Gluon path's two launches is
+# still as long as their GPU time: so `cascade_decode` asks whether the stream is being captured into a CUDA
+# graph (`torch.cuda.is_current_stream_capturing()`). Captured, it takes the Gluon path from 64 packed rows
+# (`gluon_min_rows`); called eagerly, only from 256 (`eager_gluon_min_rows`); the recorded launches are keyed
+# on the capture state too. The full run of `bench_mixed_batch` (the first table of this section, `cascade`
+# column there is the default path at each B): 77 / 87 / 125 / 168 µs, 0.73 / 0.77 / 0.72 / 0.80 of copy — the
+# bar met at every batch.
 #
 # ## 4. Eager calls: host time vs GPU time
 #
