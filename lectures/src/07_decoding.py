@@ -276,3 +276,41 @@ for path, r in decode:
 # GPUs) does too, so parity with it is the expected outcome. The naive three-op implementation shows what an
 # unfused decode leaves on the table. At batch 32 there are enough (sequence, head) pairs to fill the GPU, and
 # splitting stops mattering.
+#
+# ### How close to the copy bandwidth can one decode launch get?
+#
+# At batch 1 and 32k keys the decode reads 134 MB and does almost no arithmetic, so its bar is a fraction of
+# the copy bandwidth. But the copy bandwidth is measured on a 1 GiB copy, and a decode is *one* launch of ~50 µs:
+# its programs start, wait a full memory latency for their first bytes and finish at different times. How much
+# does that cost, and does splitting the keys finer (more, shorter programs) help the read and the decode alike?
+#
+# **Predict** before running the next cell: a kernel that only sums the same 134 MB with 32 splits per kv head
+# (the decode's partition: 256 programs) and the same kernel with 128 splits (1024 programs) — which one reads
+# closer to the copy bandwidth? Then the decode itself with 32 and with 128 splits: faster or slower with more?
+
+# %%
+guess = None  # your answer: "more" if 128 splits should *decode* faster than 32, else "fewer"
+probe = load_results("*-read-ceiling-probe.json")
+if not probe:
+    not_run("read-ceiling probe", "<gpu>-read-ceiling-probe.json")
+for path, r in probe:
+    rows = {x["name"]: x for x in r["rows"] if "ms_graph" in x}
+    print(f"{path.name}: {r['gpu']}, {r['kv_bytes'] / 1e6:.0f} MB, graph-timed over {r['input_sets']} input sets")
+    for name, x in rows.items():
+        moved = 2 if name.startswith("copy") else 1  # the copy reads and writes the bytes
+        print(f"  {name:40s} {x['ms_graph'] * 1e3:6.1f} us = {moved * x['frac_copy_bw']:.2f} of copy")
+    dec = {x["splits"]: x["ms_graph"] for x in rows.values() if x["name"].startswith("flash_decode") and x["tma"]}
+    if {32, 128} <= set(dec):
+        check_guess(guess, "more" if dec[128] < dec[32] else "fewer", what="which split count decodes faster")
+
+# %% [markdown]
+# A launch that only reads gets closer to the copy bandwidth with more, shorter programs: they fill the memory
+# system sooner and finish closer together, so the ramp and the tail shrink. (A copy of the same bytes in one
+# launch runs at nearly the rate of the 1 GiB copy: the size of one launch alone costs little.) The decode does
+# the opposite: each split adds a partial state, and one program per kv head merges all of them at the end
+# (section 4's rule), so the last program's work grows with the split count and sits on the critical path; and
+# a split of a few key blocks is too short for the loop's pipeline to reach its steady state. Which of the two
+# dominates is not yet profiled; either way it is the decode's per-split work, not the read, that keeps it below
+# 0.9 of copy here. (One caution the two runs in
+# `notes/serving_perf.md` teach: a single CUDA-graph median of a 50 µs launch moved by a third between runs
+# minutes apart; compare such rows only within one run.)
