@@ -18,6 +18,12 @@ variant against float64 attention on the same inputs.
 
     python3 -m benchmarks.tuning.probe_read_ceiling --out DIR      # DIR/<gpu>-read-ceiling-probe.json
     python3 -m benchmarks.tuning.probe_read_ceiling --smoke        # CPU, interpreter, tiny shapes
+    python3 -m benchmarks.tuning.probe_read_ceiling --ncu --out DIR    # ncu of the decode / stream kernel at 32
+                                                                       # and 128 splits: DIR/<gpu>-read-ceiling-ncu.json
+
+The ``--ncu`` mode (written in session 7, not yet run on a GPU) is the next measurement of the decode row: which
+per-split cost makes ``flash_decode`` slower with more splits (the fused merge of the last program, or splits too
+short for the loop's pipeline): per kernel its duration, throughputs and warp-state sections.
 """
 from __future__ import annotations
 
@@ -67,11 +73,71 @@ def decode_rows(sets, record, res, smoke):
             record(name, ms, splits=splits, tma=tma, rel_err_vs_float64=err)
 
 
+#: (kind, splits) profiled by ``--ncu``, in launch order
+NCU_CASES = [("decode", 32), ("decode", 128), ("stream", 32), ("stream", 128)]
+
+
+def _profile_cases() -> None:
+    """Under ncu (``--profile-from-start off``): each of ``NCU_CASES`` once to warm up, then once profiled."""
+    from benchmarks.course.read_ceiling import _stream_kernel
+    from reference.triton import flash_decode
+    k, v = (torch.randn(1, HKV, 32768, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    q = torch.randn(1, 4 * HKV, D, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(HKV * 128, device="cuda", dtype=torch.float32)
+    runs = []
+    for kind, splits in NCU_CASES:
+        if kind == "decode":
+            runs.append(lambda s=splits: flash_decode(q, k, v, num_splits=s, validate=False))
+        else:
+            runs.append(lambda s=splits: _stream_kernel[(s, HKV)](k, v, out, k, v, 32768, 32768 // s, BLOCK_N=64,
+                                                                   HEAD_DIM=D, USE_TMA=False, num_warps=4,
+                                                                   num_stages=4))
+    _common.profile_once(runs)
+
+
+def run_ncu(out_dir: str) -> None:
+    """``ncu`` over ``--profile-cases`` (the sections and metrics of ``tune_bwd_hopper``); the summary per kernel
+    labelled with its case, the raw CSV beside it."""
+    import subprocess
+    import sys
+    from benchmarks.tuning.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
+    q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
+    names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
+    metrics = [m + suf for m, suf in NCU_EXTRA.items() if m in names]
+    os.makedirs(out_dir, exist_ok=True)
+    csv_path = os.path.join(out_dir, "ncu_read_ceiling.csv")
+    cmd = ["ncu", "--csv", "--page", "details", "--clock-control", "none", "--profile-from-start", "off",
+           *sum((["--section", s] for s in NCU_SECTIONS), []), "--metrics", ",".join(metrics),
+           sys.executable, "-m", "benchmarks.tuning.probe_read_ceiling", "--profile-cases"]
+    with open(csv_path, "w") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True, cwd=_common.ROOT)
+    res = {"gpu": torch.cuda.get_device_name(), "cases": NCU_CASES, "rc": r.returncode, "stderr": r.stderr[-2000:]}
+    if r.returncode == 0:
+        kernels = summarize_ncu(csv_path)
+        res["kernels"] = kernels
+        # flash_decode at several splits is one fused launch (the merge inside); one kernel per case
+        if len(kernels) == len(NCU_CASES):
+            for kern, case in zip(kernels, NCU_CASES):
+                kern["case"] = list(case)
+        for kern in kernels:
+            print(json.dumps(kern), flush=True)
+    path = os.path.join(out_dir, f"{_common.gpu_tag()}-read-ceiling-ncu.json")
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
+    print(f"wrote {path}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(_common.RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU: interpreter, N = 512, two variants")
+    ap.add_argument("--ncu", action="store_true", help="profile NCU_CASES under ncu instead of timing")
+    ap.add_argument("--profile-cases", action="store_true", help="(internal, under ncu)")
     args = ap.parse_args(argv)
+    if args.profile_cases:
+        return _profile_cases()
+    if args.ncu:
+        return run_ncu(args.out)
     smoke = args.smoke
     device = "cpu" if smoke else "cuda"
     dtype = torch.float32 if smoke else torch.bfloat16
