@@ -349,6 +349,70 @@ def test_entry_points_raise_on_non_finite_input_after_the_deferred_check(rng, wh
             fn(x["q"], x["k"], x["v"], causal=True)
 
 
+def test_check_finite_is_checked_and_refused_under_capture_before_any_launch(rng, monkeypatch):
+    """``check_finite``: a non-bool is named; under CUDA-graph capture (faked on the CPU) ``True`` is refused by
+    name before the quantisation is launched (the flag read would fail inside the capture), ``False`` is not."""
+    from reference.triton.hopper import flash_fp8, flash_fp8_gluon
+    q, k, v = (randn(rng, 1, 2, 40, 32) for _ in range(3))
+    with pytest.raises(TypeError, match="check_finite must be a bool"):
+        flash_fp8.flash_attention_forward_fp8(q, k, v, check_finite="yes")
+    launched = []
+    monkeypatch.setattr(flash_fp8, "prepare_fp8", lambda *a, **kw: launched.append(1))
+    monkeypatch.setattr(flash_fp8_gluon, "prepare_fp8_gluon", lambda *a, **kw: launched.append(1))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    for fn in (flash_fp8.flash_attention_forward_fp8, flash_fp8_gluon.flash_attention_forward_fp8_gluon):
+        with pytest.raises(ValueError, match=r"check_finite=True reads .* pass check_finite=False"):
+            fn(q, k, v)
+    assert launched == []
+    from reference.triton.hopper.fp8_quant import check_finite_mode
+    assert check_finite_mode(False, "f") is False
+
+
+@pytest.mark.skipif(not INTERPRET, reason="the interpreter's torch quantisation path")
+def test_check_finite_false_gives_the_same_output(rng):
+    """Finite inputs: ``check_finite=False`` changes nothing but the flag read (the torch quantisation under the
+    interpreter always checks, so NaN still raises there)."""
+    from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8
+    q, k, v = (randn(rng, 1, 2, 40, 32) for _ in range(3))
+    cfg = {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    a = flash_attention_forward_fp8(q, k, v, causal=True, config=cfg)
+    b = flash_attention_forward_fp8(q, k, v, causal=True, config=cfg, check_finite=False)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    q[0, 1, 3, 4] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        flash_attention_forward_fp8(q, k, v, config=cfg, check_finite=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="the FP8 forwards need an H100/H200 (sm_90)")
+def test_entry_points_without_the_flag_read_capture_into_a_cuda_graph(rng):
+    """``check_finite=False``: the same output as the checked call, no error on NaN input (not reported, by
+    contract), and the call captures into a CUDA graph whose replay equals the eager call."""
+    from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8
+    from reference.triton.hopper.flash_fp8_gluon import flash_attention_forward_fp8_gluon
+    for fn in (flash_attention_forward_fp8, flash_attention_forward_fp8_gluon):
+        q, k, v = (randn(rng, 1, 4, 500, 128) for _ in range(3))
+        a = fn(q, k, v, causal=True)
+        b = fn(q, k, v, causal=True, check_finite=False)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn(q, k, v, causal=True, check_finite=False)
+        torch.cuda.current_stream().wait_stream(side)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            o_g, lse_g = fn(q, k, v, causal=True, check_finite=False)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(o_g, a[0]) and torch.equal(lse_g, a[1])
+        bad = q.clone()
+        bad[0, 1, 7, 3] = float("nan")
+        fn(bad, k, v, causal=True, check_finite=False)  # no error: the flag is not read
+        torch.cuda.synchronize()
+
+
 def test_accumulation_probe_reads_float32_precision_under_the_interpreter(tmp_path):
     """``benchmarks/tuning/probe_fp8_accumulation.py --smoke`` (the GPU question: how many bits the e4m3 MMA
     keeps), run as a script under the interpreter, which accumulates in float32: every row must report at least

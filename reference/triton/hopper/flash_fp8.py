@@ -32,6 +32,7 @@ interpreter (``prepare_fp8(fused=...)`` picks either).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ from .. import _device
 from .._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
 from .._runtime import INTERPRET
 from .._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
-from .fp8_quant import hadamard_matrix, permute_keys, quantize_qkv_fp8, raise_if_nonfinite
+from .fp8_quant import check_finite_mode, hadamard_matrix, permute_keys, quantize_qkv_fp8, raise_if_nonfinite
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0
@@ -325,7 +326,8 @@ def compile_fp8(head_dim: int = 128, causal: bool = True):
     return compile_triton(_attn_fwd_fp8, sig, cx, 4, 3)
 
 
-def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None):
+def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None,
+                                check_finite=True):
     """FP8 (e4m3) FlashAttention forward: return ``(o, lse)``; ``o`` is bfloat16, ``lse`` float32 natural log.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` float16/bfloat16/float32 on ``reference.triton.DEVICE``,
@@ -334,12 +336,19 @@ def flash_attention_forward_fp8(q, k, v, causal=False, scale=None, hadamard=Fals
     rotates Q and K by ``J = diag(s) H / sqrt(d)`` with random signs drawn from ``seed``. Needs a Hopper GPU
     (compute capability >= 9.0) or the interpreter; raises ``RuntimeError`` otherwise. ``config``: a dict with
     ``BLOCK_M, BLOCK_N, num_warps, num_stages`` (default ``CONFIG``, the module's pin, never changed from outside).
+    ``check_finite`` (default True): NaN / inf in q, k or v raises ``ValueError`` naming the tensor, which costs
+    one device-to-host read per call, after the attention's launch; ``False`` skips that read on the fused GPU
+    quantisation (no host sync: the call can be captured into a CUDA graph; non-finite inputs are then not
+    reported and the outputs they touch are undefined). The torch quantisation (CPU interpreter) always checks.
     """
+    check_finite = check_finite_mode(check_finite, "flash_attention_forward_fp8")
     cfg = CONFIG if config is None else config
     if not isinstance(cfg, dict) or set(cfg) != {"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"}:
         raise ValueError(f"config must be a dict with keys BLOCK_M, BLOCK_N, num_warps, num_stages, got {config!r}")
     x = prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=cfg["BLOCK_M"],
                     block_n=cfg["BLOCK_N"], defer_check=True)
+    if not check_finite:
+        x = dataclasses.replace(x, pending_flag=None)
     return attention_fp8(x, config={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
 
 

@@ -35,6 +35,8 @@ Requirements: a Hopper GPU (compute capability 9.0; Gluon's wgmma / TMA / setmax
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -48,7 +50,7 @@ from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_b
                      tile_descriptor)
 from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
 from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name stays here too)
-from .fp8_quant import raise_if_nonfinite
+from .fp8_quant import check_finite_mode, raise_if_nonfinite
 # MASK_*: ``softmax_fp8``'s ``MASK`` (the bf16 ``online_softmax``'s: a run-time test of ``j >= full_end``, never,
 # always); ``mask_scores``: the mask of FA2 Algorithm 1 line 9, shared with the bf16 forward
 from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range,
@@ -523,7 +525,8 @@ def check_fp8_gluon_inputs(q, k, v):
     check_attention_inputs(q, k, v, head_dims=FP8_GLUON_HEAD_DIMS)
 
 
-def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None):
+def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamard=False, seed=0, config=None,
+                                      check_finite=True):
     """FP8 (e4m3) forward on Hopper, warp-specialised Gluon kernel: ``(o, lse)`` as ``flash_attention_forward_fp8``.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` float16/bfloat16/float32 on an H100/H200, ``d`` in {64, 128},
@@ -531,9 +534,14 @@ def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamar
     128-row key blocks (``hadamard=True`` rotates Q and K first; ``seed`` draws its signs). ``o`` is bfloat16,
     ``lse`` float32 natural log. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
     ``configs.FP8_GLUON_CONFIG``. Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
+    ``check_finite``: as ``flash_attention_forward_fp8`` (``False``: no host sync per call, CUDA-graph capture
+    allowed, non-finite inputs not reported; H100, ``h100-fp8-quant.json`` column ``fp8_gluon_e2e_flag_unread``).
     """
+    check_finite = check_finite_mode(check_finite, "flash_attention_forward_fp8_gluon")
     x = prepare_fp8_gluon(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, config=config,
                           defer_check=True)
+    if not check_finite:
+        x = dataclasses.replace(x, pending_flag=None)
     return attention_fp8_gluon(x, config)
 
 

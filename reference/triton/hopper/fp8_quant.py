@@ -245,6 +245,18 @@ def quantize_qkv_fp8(q, k, v, block_q: int = 64, block_k: int = 128, hadamard: b
     return qd, qs, kd, ks, vd, vs
 
 
+def check_finite_mode(check_finite, name: str) -> bool:
+    """The FP8 entry points' ``check_finite`` argument: a bool; ``True`` under CUDA-graph capture is refused by
+    name before anything is launched (reading the non-finite flag is a device-to-host copy, which capture does
+    not allow: pass ``check_finite=False`` there)."""
+    check_flag(check_finite, "check_finite")
+    if check_finite and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        raise ValueError(f"{name}: check_finite=True reads the quantisation's non-finite flag on the host, which a "
+                         "CUDA-graph capture does not allow; pass check_finite=False to capture it (non-finite "
+                         "inputs are then not reported)")
+    return check_finite
+
+
 def raise_if_nonfinite(flag: torch.Tensor) -> None:
     """Read the quantisation's non-finite flag (one device-to-host copy: it waits for the kernels queued so far)
     and raise ``ValueError`` naming the tensors that held NaN or inf."""
