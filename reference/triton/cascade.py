@@ -75,10 +75,13 @@ class CascadeConfig(KeyBlockConfig):
     #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 64 rows (B >= 16 at
     #: G = 4; session 7). Graph times favour Gluon with the pinned overlap from B = 8 on (H100, one process,
     #: ``h100-cascade.json``: B=8 67.1 vs 75.1 us, B=16 81.3 vs 98.8, B=32 121.5 vs 134.0, B=64 173.6 vs 211.8), but
-    #: at B = 8 its eager calls are host-bound: the full run ``h100-mixed-batch.json`` has the Gluon "pdl" path at
-    #: 71.1 us graph and 1.91-2.17x that eagerly (95 us of host time a call, 1.31x paged decode eagerly), the
-    #: Triton kernel at 0.73 of copy and 1.07x eagerly; only the Triton path meets issue 25's eager bar at B = 8
-    #: (within 1.2x of graph, >= 1.5x paged decode). (Session 6, sequential Gluon: 128 rows.)
+    #: at B = 8 its eager calls are host-bound: session 7's first full run (under ``gluon_min_rows = 32``, not
+    #: committed; notes/serving_perf.md "Full run on the merged main, session 7") had the Gluon "pdl" path as the
+    #: default at 71.1 us graph and 1.91-2.17x that eagerly (95 us of host time a call, 1.31x paged decode
+    #: eagerly), the Triton kernel at 0.73 of copy and 1.07x eagerly; in the committed run
+    #: (``h100-mixed-batch.json``) "pdl" at B = 8 is 1.23x its graph time eagerly, the Triton kernel 0.98x. Only
+    #: the Triton path met issue 25's eager bar at B = 8 in both (within 1.2x of graph, >= 1.5x paged decode).
+    #: (Session 6, sequential Gluon: 128 rows.)
     prefix_gluon: bool | None = None
     gluon_min_rows: int = 64
     #: the same threshold for an eager call (none outside CUDA-graph capture): below it eager calls take the
