@@ -497,6 +497,7 @@ def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v, *, capturing:
         return True
     if capturing is None:
         capturing = torch.cuda.is_current_stream_capturing()
+    _checks.check_flag(capturing, "capturing")
     least = config.gluon_min_rows if capturing else max(config.gluon_min_rows, config.eager_gluon_min_rows)
     return ok and q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= least
 
