@@ -73,14 +73,20 @@ def decode_rows(sets, record, res, smoke):
             record(name, ms, splits=splits, tma=tma, rel_err_vs_float64=err)
 
 
-#: (kind, splits) profiled by ``--ncu``, in launch order
-NCU_CASES = [("decode", 32), ("decode", 128), ("stream", 32), ("stream", 128)]
+#: (kind, splits) profiled by ``--ncu``, in launch order; ``decode_unfused`` is the decode with the merge as a
+#: second kernel (``DecodeConfig(fuse_merge=False)``): stage 1 alone, then the merge, timed apart
+NCU_CASES = [("decode", 32), ("decode", 128), ("decode_unfused", 32), ("decode_unfused", 128), ("stream", 32),
+             ("stream", 128)]
+#: kernels each kind launches
+NCU_KERNELS = {"decode": 1, "decode_unfused": 2, "stream": 1}
 
 
 def _profile_cases() -> None:
     """Under ncu (``--profile-from-start off``): each of ``NCU_CASES`` once to warm up, then once profiled."""
+    import dataclasses
     from benchmarks.course.read_ceiling import _stream_kernel
-    from reference.triton import flash_decode
+    from reference.triton import configs, flash_decode
+    unfused = dataclasses.replace(configs.decode_pin("contiguous"), fuse_merge=False)
     k, v = (torch.randn(1, HKV, 32768, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     q = torch.randn(1, 4 * HKV, D, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(HKV * 128, device="cuda", dtype=torch.float32)
@@ -88,6 +94,8 @@ def _profile_cases() -> None:
     for kind, splits in NCU_CASES:
         if kind == "decode":
             runs.append(lambda s=splits: flash_decode(q, k, v, num_splits=s, validate=False))
+        elif kind == "decode_unfused":
+            runs.append(lambda s=splits: flash_decode(q, k, v, num_splits=s, validate=False, config=unfused))
         else:
             runs.append(lambda s=splits: _stream_kernel[(s, HKV)](k, v, out, k, v, 32768, 32768 // s, BLOCK_N=64,
                                                                    HEAD_DIM=D, USE_TMA=False, num_warps=4,
@@ -115,10 +123,10 @@ def run_ncu(out_dir: str) -> None:
     if r.returncode == 0:
         kernels = summarize_ncu(csv_path)
         res["kernels"] = kernels
-        # flash_decode at several splits is one fused launch (the merge inside); one kernel per case
-        if len(kernels) == len(NCU_CASES):
-            for kern, case in zip(kernels, NCU_CASES):
-                kern["case"] = list(case)
+        labels = [list(case) for case in NCU_CASES for _ in range(NCU_KERNELS[case[0]])]
+        if len(kernels) == len(labels):
+            for kern, label in zip(kernels, labels):
+                kern["case"] = label
         for kern in kernels:
             print(json.dumps(kern), flush=True)
     path = os.path.join(out_dir, f"{_common.gpu_tag()}-read-ceiling-ncu.json")
