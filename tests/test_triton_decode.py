@@ -74,6 +74,26 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
     assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 
 
+@pytest.mark.parametrize("hq,hkv,num_splits,group,rows", [(8, 2, 7, 3, 8), (32, 1, 9, 4, 64), (6, 3, 12, 5, 4),
+                                                         (4, 2, 5, 8, 2)])
+def test_two_level_merge_matches_one_level_and_resets_tickets(rng, hq, hkv, num_splits, group, rows):
+    # DecodeConfig(merge_group=G): groups of G splits merge first (their own tickets), then the groups; a last
+    # group shorter than G (7 = 3 + 3 + 1), empty splits and an empty row (length 0) included; G >= num_splits
+    # falls back to one level. merge_rows sets the merge tile (rows < group: one split per step).
+    import dataclasses
+
+    from reference.triton import configs, decode
+    q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
+    sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
+    one = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
+    two = dataclasses.replace(configs.DECODE_PINS["fp32"], merge_group=group, merge_rows=rows)
+    for _ in range(2 if DEVICE.type == "cpu" else 50):
+        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=two)
+        assert rel_err(o, one) < 1e-6 and torch.all(o[1] == 0)
+    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
+    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
+
+
 def test_splits_agree_with_one_split(rng):
     q, k, v = make(rng, 1, 4, 2, 300, 64, torch.float32)
     o1 = flash_decode(q, k, v, num_splits=1)
@@ -157,7 +177,12 @@ def test_bad_options_raise(kwargs, exc, match):
                                        (dict(num_stages=0), "num_stages must be a positive int"),
                                        (dict(fuse_merge=1), "fuse_merge must be a bool"),
                                        (dict(use_tma=None), "use_tma must be a bool"),
-                                       (dict(pdl=1), "pdl must be a bool")])
+                                       (dict(pdl=1), "pdl must be a bool"),
+                                       (dict(merge_rows=24), "merge_rows must be a power of two >= 2"),
+                                       (dict(merge_rows=1), "merge_rows must be a power of two >= 2"),
+                                       (dict(merge_group=1), "merge_group must be 0"),
+                                       (dict(merge_group=-2), "merge_group must be 0"),
+                                       (dict(merge_group=2.0), "merge_group must be 0")])
 def test_decode_config_rejects_bad_fields(bad, match):
     from reference.triton.configs import DecodeConfig
     with pytest.raises(ValueError, match=match):

@@ -130,12 +130,27 @@ class DecodeConfig(KeyBlockConfig):
     #: Hopper only: programmatic dependent launch (the next kernel on the stream may start while this one drains;
     #: this one waits for its predecessor with ``griddepcontrol.wait`` before reading anything). Session 5.
     pdl: bool = False
+    #: fused merge: at most this many (query head, split) rows of d fp32 partial outputs per step of the merge
+    #: loop (a power of two >= 2). The merge's tile sets the kernel's registers: 128 rows (4 heads x 32 splits)
+    #: take stage 1 from 86 to 165 registers (ncu, session 8); fewer rows, more steps.
+    merge_rows: int = 128
+    #: fused merge in two levels: the last program of each group of ``merge_group`` consecutive splits merges
+    #: the group's partial states into one, and the last group to finish merges the groups' states (0: one
+    #: level, the last program of the (batch, kv head) merges every split). Keeps the merge on the critical
+    #: path short at high split counts (session 8: one level costs 6.4 us at 128 splits, ncu).
+    merge_group: int = 0
 
     def __post_init__(self):
         super().__post_init__()
         for field in ("fuse_merge", "use_tma", "pdl"):
             if type(getattr(self, field)) is not bool:
                 raise ValueError(f"DecodeConfig.{field} must be a bool, got {getattr(self, field)!r}")
+        r = self.merge_rows
+        if type(r) is not int or r < 2 or r & (r - 1):
+            raise ValueError(f"DecodeConfig.merge_rows must be a power of two >= 2, got {r!r}")
+        g = self.merge_group
+        if type(g) is not int or g < 0 or g == 1:
+            raise ValueError(f"DecodeConfig.merge_group must be 0 (one level) or an int >= 2, got {g!r}")
 
     def launch(self) -> dict:
         """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""

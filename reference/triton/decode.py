@@ -45,8 +45,6 @@ MIN_BLOCKS_PER_SPLIT = 4
 PROGRAMS_PER_SM = 2
 #: splits merged per step of stage 2's loop
 MERGE_CHUNK = 32
-#: fused merge: at most this many (query head, split) rows of d partial outputs per step (registers)
-FUSED_MERGE_ROWS = 128
 
 
 @triton.jit
@@ -135,6 +133,7 @@ def _split_kv_kernel(
     DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr,
     FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
     USE_TMA: tl.constexpr = False, PDL: tl.constexpr = False,
+    OPart2=None, LsePart2=None, MERGE_GROUP: tl.constexpr = 0,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
@@ -192,21 +191,27 @@ def _split_kv_kernel(
             # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
             # the program that draws the last ticket and makes the others' stores visible to it.
             tl.debug_barrier()
-            ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
-            if ticket == num_splits - 1:
-                tl.debug_barrier()
-                _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh,
-                             HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
-                tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
+            if MERGE_GROUP == 0:
+                ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
+                if ticket == num_splits - 1:
+                    tl.debug_barrier()
+                    _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, 0, num_splits,
+                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
+                    tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
+            else:
+                _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, pid_s, pid_bh, b64, kvh, group,
+                                 n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S,
+                                 MERGE_GROUP)
 
 
 @triton.jit
-def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
+def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, s_end, m, den, acc,
                        HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
-    """Fold CHUNK splits of every query head of a group into the running log-sum-exp merge (3-D tiles)."""
+    """Fold the splits ``s0 .. min(s0 + CHUNK, s_end) - 1`` of every query head of a group into the running
+    log-sum-exp merge (3-D tiles)."""
     offs_d = tl.arange(0, HEAD_DIM)
     offs_s = s0 + tl.arange(0, CHUNK)
-    ok = h_ok[:, None] & (offs_s < num_splits)[None, :]  # (M, CHUNK)
+    ok = h_ok[:, None] & (offs_s < s_end)[None, :]  # (M, CHUNK)
     rows = row_base[:, None] + offs_s[None, :]
     # .cg: read from L2, never a stale L1 line (other SMs wrote these partials)
     lse = tl.load(LsePart + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
@@ -222,23 +227,72 @@ def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, a
 
 
 @triton.jit
-def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh,
+def _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
+                  HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
+    """The log-sum-exp merge of the states ``s_lo .. s_hi - 1`` of rows ``row_base`` (one per query head of the
+    group): ``o = sum_s exp2(lse_s - lse) o_s``, ``lse = log2 sum_s exp2(lse_s)`` (base 2; -inf, o = 0 when
+    every state is empty)."""
+    m = tl.full([MERGE_M], float("-inf"), tl.float32)
+    den = tl.zeros([MERGE_M], tl.float32)
+    acc = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)
+    for s0 in range(s_lo, s_hi, CHUNK):
+        m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, s_hi, m, den, acc, HEAD_DIM, CHUNK)
+    pos = den > 0
+    o = acc / tl.where(pos, den, 1.0)[:, None]  # seq_len 0: every split empty, o = 0
+    lse2 = tl.where(pos, m + tl.log2(tl.where(pos, den, 1.0)), float("-inf"))
+    return o, lse2
+
+
+@triton.jit
+def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s_lo, s_hi, stride_ob, stride_oh,
                  HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
-    """Stage 2 inside stage 1: o = sum_s exp(lse_s - lse) o_s for the group's query heads (log-sum-exp merge)."""
+    """Stage 2 inside stage 1: o = sum_s exp(lse_s - lse) o_s for the group's query heads (log-sum-exp merge)
+    over the splits ``s_lo .. s_hi - 1`` of partial states laid out ``(B, Hq, num_splits)``."""
     offs_h = tl.arange(0, MERGE_M)
     offs_d = tl.arange(0, HEAD_DIM)
     h_ok = offs_h < group
     heads = kvh * group + offs_h
     row_base = (b64 * n_kv_heads * group + heads) * num_splits
-    m = tl.full([MERGE_M], float("-inf"), tl.float32)
-    den = tl.zeros([MERGE_M], tl.float32)
-    acc = tl.zeros([MERGE_M, HEAD_DIM], tl.float32)
-    for s0 in range(0, num_splits, CHUNK):
-        m, den, acc = _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, num_splits, m, den, acc,
-                                         HEAD_DIM, CHUNK)
-    o = acc / tl.where(den > 0, den, 1.0)[:, None]  # seq_len 0: every split empty, o = 0
+    o, _ = _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi, HEAD_DIM, MERGE_M, CHUNK)
     tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
              mask=h_ok[:, None])
+
+
+@triton.jit
+def _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, pid_s, pid_bh, b64, kvh, group, n_kv_heads,
+                     num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
+                     CHUNK: tl.constexpr, MERGE_GROUP: tl.constexpr):
+    """The fused merge in two levels (``DecodeConfig.merge_group``): tickets per group of MERGE_GROUP
+    consecutive splits (counters after the B * Hkv head counters); the group's last program merges its splits
+    into one state of ``(OPart2, LsePart2)``, laid out ``(B, Hq, n_groups)``, then takes a ticket of the
+    (batch, kv head); the last group merges the groups' states into ``Out``. The log-sum-exp merge is
+    associative, so the result is the one-level merge's up to rounding. Each level resets its counter."""
+    n_groups = tl.cdiv(num_splits, MERGE_GROUP)
+    g = pid_s // MERGE_GROUP
+    g_lo = g * MERGE_GROUP
+    g_hi = tl.minimum(g_lo + MERGE_GROUP, num_splits)
+    n_bh = tl.num_programs(1)
+    g_counter = Counters + n_bh + pid_bh * n_groups + g
+    ticket = tl.atomic_add(g_counter, 1, sem="acq_rel")
+    if ticket == g_hi - g_lo - 1:
+        tl.debug_barrier()
+        offs_h = tl.arange(0, MERGE_M)
+        offs_d = tl.arange(0, HEAD_DIM)
+        h_ok = offs_h < group
+        heads = kvh * group + offs_h
+        hrow = b64 * n_kv_heads * group + heads
+        o, lse2 = _merge_states(OPart, LsePart, hrow * num_splits, h_ok, g_lo, g_hi, HEAD_DIM, MERGE_M, CHUNK)
+        row2 = hrow * n_groups + g
+        tl.store(OPart2 + row2[:, None] * HEAD_DIM + offs_d[None, :], o, mask=h_ok[:, None])
+        tl.store(LsePart2 + row2, lse2, mask=h_ok)
+        tl.atomic_xchg(g_counter, 0)
+        tl.debug_barrier()
+        ticket2 = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
+        if ticket2 == n_groups - 1:
+            tl.debug_barrier()
+            _fused_merge(OPart2, LsePart2, Out, b64, kvh, group, n_kv_heads, n_groups, 0, n_groups, stride_ob,
+                         stride_oh, HEAD_DIM, MERGE_M, CHUNK)
+            tl.atomic_xchg(Counters + pid_bh, 0)
 
 
 @triton.jit
@@ -411,9 +465,17 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
     else:
         o_part = lse_part = out  # unused
-    counters = _counters(q.device, B * n_kv_heads) if fused else out  # unused unless fused
+    merge_group = base.merge_group if fused and base.merge_group < num_splits else 0
+    n_groups = -(-num_splits // merge_group) if merge_group else 0
+    counters = _counters(q.device, B * n_kv_heads * (1 + n_groups)) if fused else out  # unused unless fused
+    if merge_group:
+        o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
+        lse_part2 = torch.empty((B, Hq, n_groups), device=q.device, dtype=torch.float32)
+    else:
+        o_part2 = lse_part2 = None
     merge_m = max(2, triton.next_power_of_2(group))
-    chunk = min(triton.next_power_of_2(num_splits), max(1, FUSED_MERGE_ROWS // merge_m))
+    most = max(num_splits if not merge_group else max(merge_group, n_groups), 1)
+    chunk = min(triton.next_power_of_2(most), max(1, base.merge_rows // merge_m))
     has_seq = seq_lens is not None
     sl = seq_lens if has_seq else q
     desc_k, desc_v = _descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
@@ -429,6 +491,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
         FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma, PDL=pdl,
+        OPart2=o_part2, LsePart2=lse_part2, MERGE_GROUP=merge_group,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     if num_splits > 1 and not fused:
@@ -577,18 +640,26 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
 
 
 def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
-                 pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True):
+                 pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True,
+                 merge_rows: int = 128, merge_group: int = 0):
     """Stage 1 compiled for sm_90a on any machine (``serving_aot``): contiguous bf16 cache, GQA group ``group``,
-    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``) or one split writing the output."""
+    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``; ``merge_rows`` / ``merge_group`` as
+    ``DecodeConfig``'s) or one split writing the output."""
     from .serving_aot import compile_with_hints
     k = _split_kv_kernel
     ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
             "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
+    two = bool(merge_group) and num_splits_gt1
+    if two:
+        ptrs.update(OPart2="*fp32", LsePart2="*fp32")
     desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
     types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
     merge_m = max(2, triton.next_power_of_2(group))
     const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
                  PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
-                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, 128 // merge_m), USE_TMA=use_tma, PDL=pdl)
+                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, merge_rows // merge_m), USE_TMA=use_tma, PDL=pdl,
+                 MERGE_GROUP=merge_group if two else 0)
+    if not two:
+        const.update(OPart2=None, LsePart2=None)
     div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
     return compile_with_hints(k, types, const, div, num_warps, num_stages)
