@@ -1,6 +1,7 @@
 """Issue 25 item 5, session 8: can the batch-1 32k decode reach 0.9 of copy with more, shorter splits?
 
-    python3 -m benchmarks.tuning.sweep_decode_32k --out DIR       # DIR/<gpu>-decode-split-sweep.json
+    python3 -m benchmarks.tuning.sweep_decode_32k --out DIR [--variants splits|occupancy]
+                                                  # DIR/<gpu>-decode-split-sweep-<variants>.json
     python3 -m benchmarks.tuning.sweep_decode_32k --smoke         # CPU, interpreter, tiny shapes
 
 The ncu run of session 8 (``probe_read_ceiling --ncu``, ``h100-read-ceiling-ncu.json``) separated the two
@@ -30,10 +31,35 @@ from benchmarks import _common
 
 HQ, HKV, D = 32, 8, 128
 
-def variants(smoke: bool) -> dict:
-    """name -> (num_splits, ``DecodeConfig`` fields over the pin); the first is the pin at the heuristic's count."""
+def variants(smoke: bool, which: str = "occupancy") -> dict:
+    """name -> (num_splits, ``DecodeConfig`` fields over the pin); the first is the pin at the heuristic's count.
+    ``which``: the variant list of session 8's first run (``splits``: finer splits, merge tile and two-level
+    merge) or of its second (``occupancy``: no software pipeline, more programs per SM)."""
     if smoke:
         return {"pin": (None, {}), "mr32_s8_g4": (8, dict(block_n=16, num_stages=2, merge_rows=32, merge_group=4))}
+    return _variants_splits() if which == "splits" else _variants_occupancy()
+
+
+def _variants_occupancy() -> dict:
+    """Run 1 found every finer split slower and a 32-row merge tile slower at 32 splits (more serial L2 round
+    trips in the merge), so: one merge step per level (64 rows = 16 splits x 4 heads), and no software pipeline
+    (``num_stages = 1``: loads straight to registers, up to 5-7 programs per SM, as the stream kernel that
+    reaches 0.93 at 128 splits), beside 8-warp 128-key tiles."""
+    v = {"pin": (None, {})}
+    for st in (1, 2):
+        v[f"st{st} s32"] = (32, dict(num_stages=st))
+        for s in (64, 128, 256):
+            v[f"st{st} s{s} g16"] = (s, dict(num_stages=st, merge_rows=64, merge_group=16))
+    v["st1 b32 s128 g16"] = (128, dict(block_n=32, num_stages=1, merge_rows=64, merge_group=16))
+    for st in (1, 2):
+        v[f"w8 b128 st{st} s32"] = (32, dict(block_n=128, num_warps=8, num_stages=st))
+        v[f"w8 b128 st{st} s64 g16"] = (64, dict(block_n=128, num_warps=8, num_stages=st, merge_rows=64,
+                                                 merge_group=16))
+    v["tma st2 s64 g16"] = (64, dict(use_tma=True, num_stages=2, merge_rows=64, merge_group=16))
+    return v
+
+
+def _variants_splits() -> dict:
     v = {"pin": (None, {})}
     for s in (32, 64, 128):
         v[f"mr32 s{s}"] = (s, dict(merge_rows=32))
@@ -55,6 +81,8 @@ def main(argv=None):
     ap.add_argument("--out", default=str(_common.RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU: interpreter, N = 256, two variants")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--variants", choices=("splits", "occupancy"), default="occupancy",
+                    help="the variant list of run 1 (splits) or run 2 (occupancy)")
     args = ap.parse_args(argv)
     smoke = args.smoke
     import dataclasses
@@ -78,7 +106,8 @@ def main(argv=None):
            "timing": "_common.graph_ms over the input sets, rotated rounds; median and min..max per variant",
            "rows": []}
     fns, meta = {}, {}
-    for name, (splits, fields) in variants(smoke).items():
+    res["variants"] = args.variants
+    for name, (splits, fields) in variants(smoke, args.variants).items():
         cfg = dataclasses.replace(pin, **fields)
         row = {"name": name, "num_splits": splits, "config": dataclasses.asdict(cfg)}
         try:
@@ -98,12 +127,14 @@ def main(argv=None):
                                                                           validate=False) for q, k, v in sets]
         meta[name] = row
     if not smoke:
-        fns["stream s128 tma (read-only launch)"] = "stream"
-    timer = (lambda f: _common.graph_ms(f, smoke=smoke))
-    stream = lambda: read_ceiling_ms([(k, v) for _, k, v in sets], 128, True, block_n=64, num_stages=4)
-    ms = _common.rotated_rounds(fns,
-                                1 if smoke else args.rounds,
-                                lambda f: stream() if f == "stream" else timer(f))
+        for splits in (32, 128):
+            fns[f"stream s{splits} tma (read-only launch)"] = splits
+
+    def timer(f):
+        if isinstance(f, int):  # the stream kernel at f splits
+            return read_ceiling_ms([(k, v) for _, k, v in sets], f, True, block_n=64, num_stages=4)
+        return _common.graph_ms(f, smoke=smoke)
+    ms = _common.rotated_rounds(fns, 1 if smoke else args.rounds, timer)
     for name, times in ms.items():
         row = meta.get(name, {"name": name})
         med = statistics.median(times)
@@ -115,7 +146,7 @@ def main(argv=None):
               f"({row['frac_copy_bw_range'][0]:.3f}..{row['frac_copy_bw_range'][1]:.3f})", flush=True)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "smoke-decode-split-sweep.json" if smoke else
-                        f"{_common.gpu_tag()}-decode-split-sweep.json")
+                        f"{_common.gpu_tag()}-decode-split-sweep-{args.variants}.json")
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {path}", flush=True)
