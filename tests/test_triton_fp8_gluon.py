@@ -115,6 +115,59 @@ def test_pin_hoists_the_pv_wait_above_the_exps():
     assert all(w["exps_before_pv_wait"] == 0 for w in loops), loops
 
 
+_KEY_LOOP_SASS = """
+import json, sys
+from reference.triton.hopper.flash_fp8_gluon import compile_fp8_gluon
+from reference.triton.hopper._aot import resource_usage, sass_text
+d, causal, sched = int(sys.argv[1]), sys.argv[2] == "1", json.loads(sys.argv[3])
+c = compile_fp8_gluon(d, causal, schedule=sched)
+print(json.dumps({"usage": resource_usage(c), "sass": sass_text(c)}))
+"""
+
+
+def _compile_sass(d, causal, schedule):
+    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", _KEY_LOOP_SASS, str(d), str(int(causal)), json.dumps(schedule)],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def key_loop_bar_syncs(sass: str) -> list:
+    """``BAR.SYNC`` instructions per key loop in ``cuobjdump -sass`` text: for each wait for ``S_j`` alone
+    (``WARPGROUP.DEPBAR.LE gsb0, 0x1``, one per key-loop body), the loop around it is the first backward branch
+    after it (``BRA`` to an address before the wait); counted from the branch's target to the branch."""
+    import re
+    ins = [(int(a, 16), op, rest) for a, op, rest in
+           re.findall(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)]
+    out = []
+    for i, (addr, op, rest) in enumerate(ins):
+        if op != "WARPGROUP.DEPBAR.LE" or not rest.strip().endswith("0x1"):
+            continue
+        for a, o, r in ins[i + 1:]:
+            target = re.match(r"\s*(0x[0-9a-f]+)", r) if o == "BRA" else None
+            if target and int(target.group(1), 16) < addr:
+                lo = int(target.group(1), 16)
+                out.append(sum(1 for a2, o2, _ in ins if lo <= a2 <= a and o2.startswith("BAR.SYNC")))
+                break
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d, causal", [(128, False), (128, True), (64, True)])
+def test_thread_arrive_leaves_one_bar_sync_per_key_loop(d, causal):
+    """``schedule["thread_arrive"]``: the K and V slot releases are per-thread arrivals on barriers of their own
+    allocation, so the warpgroup ``bar.sync`` before each elected arrive and the one between an arrive and the
+    next wait on the same allocation are gone: 1 ``BAR.SYNC`` per key block where the pin has 3 (the one left:
+    Triton's rule between two mbarrier waits of one allocation, iteration to iteration). No new spill."""
+    pin = _compile_sass(d, causal, {"turns": False, "merged": False})
+    ta = _compile_sass(d, causal, {"turns": False, "merged": False, "thread_arrive": True})
+    assert key_loop_bar_syncs(pin["sass"]) == [3, 3], key_loop_bar_syncs(pin["sass"])
+    assert key_loop_bar_syncs(ta["sass"]) == [1, 1], key_loop_bar_syncs(ta["sass"])
+    assert "ARRIVES.LDGSTSBAR.64.ARVCNT" in ta["sass"]  # cp.async.mbarrier.arrive.noinc, every thread
+    assert ta["usage"]["LDL"] <= pin["usage"]["LDL"] and ta["usage"]["QGMMA"] == pin["usage"]["QGMMA"], ta["usage"]
+
+
 # ---------------------------------------------------------------- the key renumbering (torch, CPU)
 def test_permute_keys_leaves_p_v_unchanged_and_matches_the_kernel(rng):
     n, d, m = 256, 16, 8
@@ -186,8 +239,25 @@ def test_bad_schedule_is_named():
         fg.check_schedule({"turns": True, "merged": False, "fence": 1})
     with pytest.raises(ValueError, match="fence.*merged"):
         fg.check_schedule({"turns": False, "merged": True, "fence": True})
+    with pytest.raises((TypeError, ValueError), match="thread_arrive"):
+        fg.check_schedule({"turns": False, "merged": False, "thread_arrive": "yes"})
+    for other in ("turns", "merged", "peeled", "fence"):
+        with pytest.raises(ValueError, match="prefetch"):
+            fg.check_schedule({"turns": other == "turns", "merged": other == "merged", other: True, "prefetch": True})
     assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1,
-                                                                   "peeled": False, "fence": False}
+                                                                   "peeled": False, "fence": False,
+                                                                   "thread_arrive": False, "prefetch": False}
+
+
+def test_schedule_options_reach_the_kernel_as_constexprs():
+    """``thread_arrive`` / ``prefetch`` become the kernel's ``THREAD_ARRIVE`` / ``PREFETCH`` (off in the pin)."""
+    from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
+    pin = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, False)
+    assert pin["THREAD_ARRIVE"] is False and pin["PREFETCH"] is False
+    assert not FP8_GLUON_SCHEDULE.get("thread_arrive", False) and not FP8_GLUON_SCHEDULE.get("prefetch", False)
+    cx = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, True,
+                                 schedule={"turns": False, "merged": False, "thread_arrive": True, "prefetch": True})
+    assert cx["THREAD_ARRIVE"] is True and cx["PREFETCH"] is True and cx["CAUSAL"] is True
 
 
 def test_config_pin_fits_and_passes_the_check():
@@ -276,20 +346,37 @@ def test_schedule_options_agree(rng, turns, merged, split, peeled, fence):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("option", ["peeled", "fence"])
+@pytest.mark.parametrize("option", ["peeled", "fence", "thread_arrive", "prefetch+thread_arrive"])
 def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option):
-    """``schedule["peeled"]`` and ``schedule["fence"]`` on every shape of ``CASES`` (no masked block, several,
-    none unmasked: Nq > Nk rows that see no key, one query row): the float64 oracle on the dequantised inputs,
-    the pin's bounds."""
+    """``schedule["peeled"]``, ``["fence"]``, ``["thread_arrive"]`` and ``["prefetch"]`` (with ``thread_arrive``)
+    on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query
+    row, a single key block): the float64 oracle on the dequantised inputs, the pin's bounds."""
     B, Hq, Hkv, Nq, Nk, d, causal = case
     q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
     v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
                                              device=DEVICE)
     x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
     o, lse = fg.attention_fp8_gluon(x, out_dtype=torch.float32,
-                                    schedule={"turns": False, "merged": False, option: True})
+                                    schedule={"turns": False, "merged": False, **{o: True for o in option.split("+")}})
     ro, rl, _ = attention_ref(x.q.dequantize(), x.k.dequantize(), x.v.dequantize(), causal=causal, scale=d ** -0.5)
     assert not torch.isnan(o).any() and not torch.isnan(lse).any()
     assert rel_err(o, ro) < O_TOL_FP8, rel_err(o, ro)
     assert lse_violation(lse, rl, x, causal, d) < 1, lse_violation(lse, rl, x, causal, d)
     assert torch.all(o.cpu()[torch.isinf(rl)] == 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("options", ["thread_arrive", "prefetch", "prefetch+thread_arrive", "thread_arrive+fence",
+                                     "thread_arrive+merged"])
+def test_session8_options_agree_with_the_pin(rng, options):
+    """The per-thread slot releases and the prefetched score tile change when barriers complete and when ``S_{j+1}``
+    is issued, not what is computed: the same roundings in the same order as the pin, causal and not, with more
+    tiles than a CTA takes at once (several tiles per persistent CTA: the barrier phases carry over)."""
+    q, k, v = t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128)
+    for causal in (False, True):
+        x = fg.prepare_fp8_gluon(q, k, v, causal=causal)
+        a = fg.attention_fp8_gluon(x)
+        b = fg.attention_fp8_gluon(x, schedule={"turns": False, "merged": False,
+                                                **{o: True for o in options.split("+")}})
+        assert rel_err(a[0], b[0]) < 1e-3 and lse_err(a[1], b[1]) < 1e-4

@@ -76,7 +76,8 @@ ROUNDS = 3  # interleaved timings per implementation (median)
 #: the schedule options checked against the pin's output in ``check``
 SCHEDULES = [{"turns": True, "merged": True}, {"turns": False, "merged": True}, {"turns": False, "merged": False},
              {"turns": True, "merged": False, "split": 4}, {"turns": False, "merged": False, "split": 8},
-             {"turns": False, "merged": False, "peeled": True}, {"turns": False, "merged": False, "fence": True}]
+             {"turns": False, "merged": False, "peeled": True}, {"turns": False, "merged": False, "fence": True},
+             {"turns": False, "merged": False, "thread_arrive": True, "fence": True}]
 NCU_N = 8192
 
 
@@ -141,7 +142,8 @@ def _stage_check():
                     for sch in (SCHEDULES if (B, Hq) == (4, 8) else ()):  # two cases with several tiles a CTA
                         o4, l4 = fg.attention_fp8_gluon(x, out_dtype=torch.float32, schedule=sch)
                         key = (f"o_rel_turns{int(sch['turns'])}_merged{int(sch['merged'])}_split{sch.get('split', 1)}"
-                               + ("_peeled" if sch.get("peeled") else "") + ("_fence" if sch.get("fence") else ""))
+                               + ("_peeled" if sch.get("peeled") else "") + ("_fence" if sch.get("fence") else "")
+                               + ("_thread_arrive" if sch.get("thread_arrive") else ""))
                         row[key] = rel(o4, o)
                         ok = ok and row[key] < 1e-3 and lse_abs(l4, lse) < 1e-4
                 row["ok"] = bool(ok)
@@ -324,7 +326,9 @@ def _stage_pytest():
 KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
 KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
-                   "peeled_fence": {"peeled": True, "fence": True}}
+                   "peeled_fence": {"peeled": True, "fence": True},
+                   # session 8 (benchmarks/tuning/probe_fp8_schedule.py): per-thread slot releases, with the fence
+                   "thread_arrive": {"thread_arrive": True}, "thread_arrive_fence": {"thread_arrive": True, "fence": True}}
 
 
 def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:

@@ -192,7 +192,13 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: medians 1.06 / 1.12 / 1.05 non-causal, 1.06 / 1.07 / 1.14 causal, but the fastest rounds 0.99-1.02, and in the one
 #: round per shape where the pin did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
 #: lead is the pin's position in the rotation, not the option, so not pinned (notes/hopper.md, session 7)
-FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False}
+#: "thread_arrive" (off): every consumer thread arrives on the ring slots' free barriers (own allocations): 1 BAR.SYNC
+#: per key block instead of 3 in the SASS; "prefetch" (off): S_{j+1} issued before the softmax of S_j (two score
+#: tiles: spills). H100 (h100-fp8-schedule-probe.json, 6 rounds both ways, N = 4k-16k, causal and not), x pin:
+#: thread_arrive medians 1.01-1.05, fastest rounds 0.99-1.02; with fence 1.03-1.09 / 1.01-1.05, every shape ahead
+#: but inside the pin's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, session 8)
+FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
+                      "thread_arrive": False, "prefetch": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
 #: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, session 6)

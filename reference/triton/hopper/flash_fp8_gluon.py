@@ -40,6 +40,7 @@ import dataclasses
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
@@ -62,6 +63,8 @@ FP8_GLUON_HEAD_DIMS = (64, 128)
 HALF_M = 64
 #: log2 of the factor P is multiplied by before its e4m3 rounding (``flash_fp8.P_SHIFT``; the epilogue removes it)
 P_SHIFT = gl.constexpr(8.0)
+#: threads of one consumer warpgroup: with ``schedule["thread_arrive"]`` each arrives on a ring slot's free barrier
+CONSUMER_THREADS = gl.constexpr(128)
 NAME = "flash_attention_forward_fp8_gluon"
 
 
@@ -140,12 +143,33 @@ def p_operand(p, p_layout: gl.constexpr, fp8: gl.constexpr, BLOCK_M: gl.constexp
     return gl.convert_layout(p.to(fp8), p_layout)
 
 
+@gluon.constexpr_function
+def free_offset(STAGES, THREAD_ARRIVE):
+    """Index of ring slot 0's "free" barrier in its allocation: ``STAGES`` where the free barriers follow the
+    full ones in one allocation (the pin), 0 where they have their own (``THREAD_ARRIVE``)."""
+    return 0 if THREAD_ARRIVE else STAGES
+
+
 @gluon.jit
-def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, kblk0,
+def release(bar, THREAD_ARRIVE: gl.constexpr):
+    """Free a ring slot (its consumer is done reading it). ``mbarrier.arrive`` lowers to a warpgroup ``bar.sync``
+    and one elected thread's arrive (count: one per consumer); ``THREAD_ARRIVE``: every thread arrives for itself
+    (``cp.async.mbarrier.arrive.noinc``, with no cp.async outstanding an immediate arrive; count: all consumer
+    threads), so no thread waits for the others of its warpgroup. Each thread arrives after its own
+    ``warpgroup_mma_wait`` on the wgmma that read the slot, so the slot completes only when every warp is done."""
+    if THREAD_ARRIVE:
+        async_copy.mbarrier_arrive(bar, increment_count=False)
+    else:
+        mbarrier.arrive(bar)
+
+
+@gluon.jit
+def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK, SV_LOG2, kblk0,
               full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout: gl.constexpr,
               o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
-              MERGED: gl.constexpr, SPLIT: gl.constexpr, MASK: gl.constexpr, FENCE: gl.constexpr = False):
+              MERGED: gl.constexpr, SPLIT: gl.constexpr, MASK: gl.constexpr, FENCE: gl.constexpr = False,
+              THREAD_ARRIVE: gl.constexpr = False):
     """Iteration ``j >= 1`` of ``attend_fp8``'s key loop (FA3 Algorithm 2): issue ``S_j = Q K_j^T`` and
     ``O += P_{j-1} V_{j-1}``, wait for ``S_j`` only, free its K slot, softmax (``softmax_fp8``, ``MASK``) while
     ``P_{j-1} V_{j-1}`` runs, wait for it, free its V slot, rescale ``O``. ``sk, cj``: block ``j``'s scales;
@@ -154,6 +178,7 @@ def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bar
     branch ends the softmax's basic block, so ptxas cannot hoist the ``P_{j-1} V_{j-1}`` wait above the exps
     (the bf16 kernel's ``flash_gluon.attend_overlapped(FENCE=True)``)."""
     fp8: gl.constexpr = k_smem.dtype
+    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
     # P_{j-1} is carried in fp32 and rounded here: an e4m3 tensor carried across the loop is one byte per
     # register (unpacked and repacked each iteration, measured in the SASS), packed it is 16 registers
     p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
@@ -172,29 +197,30 @@ def key_block(j, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bar
     cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
     s = warpgroup_mma_wait(1, deps=(s,))  # S_j done; P_{j-1} V_{j-1} may still run
     if not MERGED and not FENCE:
-        mbarrier.arrive(k_bars.index(STAGES + slot))
+        release(k_free.index(FREE + slot), THREAD_ARRIVE)
     p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
                                      BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK)
     if FENCE:
         if N_K > 0:  # always true here; the branch keeps the next wait below the softmax
-            mbarrier.arrive(k_bars.index(STAGES + slot))
+            release(k_free.index(FREE + slot), THREAD_ARRIVE)
     # MASK_CHECK: the mask's branch splits the body into basic blocks and ptxas hoists this wait to the top of
     # the one holding the softmax, above the first exp; MASK_NEVER / MASK_ALWAYS (no branch) or FENCE leave it here
     acc = warpgroup_mma_wait(0, deps=(acc,))
     if MERGED:
-        mbarrier.arrive(k_bars.index(STAGES + prev))
+        release(k_free.index(FREE + prev), THREAD_ARRIVE)
     else:
-        mbarrier.arrive(v_bars.index(STAGES + prev))
+        release(v_free.index(FREE + prev), THREAD_ARRIVE)
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
     return p, acc, m_i, l_i, sk_n, cj_n
 
 
 @gluon.jit
-def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, kblk0, full_end, hi, start_m,
+def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK, SV_LOG2, kblk0, full_end, hi, start_m,
                N_Q, N_K, q_scale, WG, it0, r0, s_layout: gl.constexpr, o_layout: gl.constexpr,
                BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
                CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
-               SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr = False):
+               SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr = False,
+               THREAD_ARRIVE: gl.constexpr = False):
     """Key blocks ``0 .. hi-1`` of one consumer's 64 query rows (already in ``q_smem``): ``(acc, m_i, l_i)``.
 
     The bf16 kernel's ``flash_gluon.attend_overlapped`` (FA3 Algorithm 2 under ping-pong turns) on e4m3 tiles:
@@ -212,6 +238,7 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
     ``P_{j-1} V_{j-1}`` wait below the exps in every loop, masked ones included.
     """
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     fp8: gl.constexpr = k_smem.dtype
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
@@ -233,7 +260,7 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
         cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
         s = warpgroup_mma_wait(0, deps=(s,))
         if not MERGED:
-            mbarrier.arrive(k_bars.index(STAGES + it0 % STAGES))
+            release(k_free.index(FREE + it0 % STAGES), THREAD_ARRIVE)
         p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, q_scale * sk, cj,
                                          s_layout, BLOCK_M, BLOCK_N, CAUSAL, SPLIT)
         if PEELED:
@@ -241,20 +268,20 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
             # bodies, so ptxas keeps the P V wait after the softmax's exps (notes/hopper.md, "the P V wait")
             for j in range(1, full_end):
                 p, acc, m_i, l_i, sk_n, cj_n = key_block(
-                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
+                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK, SV_LOG2,
                     kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_NEVER, FENCE)
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_NEVER, FENCE, THREAD_ARRIVE)
             for j in range(gl.maximum(full_end, 1), hi):
                 p, acc, m_i, l_i, sk_n, cj_n = key_block(
-                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
+                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK, SV_LOG2,
                     kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_ALWAYS, FENCE)
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_ALWAYS, FENCE, THREAD_ARRIVE)
         else:
             for j in range(1, hi):
                 p, acc, m_i, l_i, sk_n, cj_n = key_block(
-                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2,
+                    j, p, acc, m_i, l_i, sk_n, cj_n, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK, SV_LOG2,
                     kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, WG, it0, r0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_CHECK, FENCE)
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, MASK_CHECK, FENCE, THREAD_ARRIVE)
         p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
         last = (it0 + hi - 1) % STAGES
         mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
@@ -265,9 +292,102 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
             mbarrier.arrive(turn_bars.index(1 - WG))
         acc = warpgroup_mma_wait(0, deps=(acc,))
         if MERGED:
-            mbarrier.arrive(k_bars.index(STAGES + last))
+            release(k_free.index(FREE + last), THREAD_ARRIVE)
         else:
-            mbarrier.arrive(v_bars.index(STAGES + last))
+            release(v_free.index(FREE + last), THREAD_ARRIVE)
+    return acc, m_i, l_i
+
+
+@gluon.jit
+def prefetch_block(j, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK,
+                   SV_LOG2, kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout: gl.constexpr,
+                   o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, SPLIT: gl.constexpr,
+                   THREAD_ARRIVE: gl.constexpr, ISSUE_NEXT: gl.constexpr, HAS_PV: gl.constexpr):
+    """Iteration ``j`` of ``attend_fp8_prefetch``'s key loop, ``S_j`` already in registers (``s``): issue
+    ``S_{j+1} = Q K_{j+1}^T`` (``ISSUE_NEXT``) and ``O += P_{j-1} V_{j-1}`` (``HAS_PV``), run the softmax of ``S_j``
+    while both run, free K slot ``j`` in an always-taken branch (the basic-block end that keeps the next wait below
+    the exps), wait for both, free V slot ``j - 1``, rescale ``O``. Returns ``(s_{j+1}, p_j, acc, m, l)`` and
+    block ``j + 1``'s scales."""
+    fp8: gl.constexpr = k_smem.dtype
+    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
+    if HAS_PV:  # P_{j-1} to e4m3 first: its 64 fp32 registers become 16 before the next tile's 64 are taken
+        p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
+    s_next = s_zero
+    if ISSUE_NEXT:
+        nslot = (it0 + j + 1) % STAGES
+        mbarrier.wait(k_bars.index(nslot), ((it0 + j + 1) // STAGES) & 1)
+        s_next = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    if HAS_PV:
+        prev = (it0 + j - 1) % STAGES
+        mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
+    nxt = gl.minimum(j + 1, hi - 1)
+    sk_n = gl.load(SK + kblk0 + nxt)
+    cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
+    p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
+                                     BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK_CHECK)
+    if N_K > 0:  # always true here; the branch keeps the wait below the softmax (``key_block``'s FENCE)
+        release(k_free.index(FREE + (it0 + j) % STAGES), THREAD_ARRIVE)
+    if HAS_PV:
+        acc, s_next = warpgroup_mma_wait(0, deps=(acc, s_next))
+        release(v_free.index(FREE + (it0 + j - 1) % STAGES), THREAD_ARRIVE)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    else:
+        s_next = warpgroup_mma_wait(0, deps=(s_next,))
+    return s_next, p, acc, m_i, l_i, sk_n, cj_n
+
+
+@gluon.jit
+def attend_fp8_prefetch(q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK, SV_LOG2, kblk0, full_end, hi,
+                        start_m, N_Q, N_K, q_scale, it0, s_layout: gl.constexpr, o_layout: gl.constexpr,
+                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
+                        CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, SPLIT: gl.constexpr,
+                        THREAD_ARRIVE: gl.constexpr):
+    """``attend_fp8`` with the next score tile in flight during each softmax (schedule option ``prefetch``): FA3
+    Algorithm 2 overlaps the softmax of ``S_j`` with ``P_{j-1} V_{j-1}``; here ``S_{j+1} = Q K_{j+1}^T`` is issued
+    before that softmax too, so a consumer never waits for its own ``Q K^T`` after block 0 (two score tiles live:
+    64 more fp32 registers per thread). One wgmma wait per key block (both groups), after the softmax; K slot
+    ``j`` is freed after the softmax of ``S_j``, V slot ``j - 1`` after ``P_{j-1} V_{j-1}``. No ping-pong turns."""
+    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    fp8: gl.constexpr = k_smem.dtype
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    if hi > 0:
+        sk = gl.load(SK + kblk0)
+        cj = gl.load(SV_LOG2 + kblk0)
+        mbarrier.wait(k_bars.index(it0 % STAGES), (it0 // STAGES) & 1)
+        s = warpgroup_mma(q_smem, k_smem.index(it0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        p = s_zero
+        if hi > 1:
+            s, p, acc, m_i, l_i, sk, cj = prefetch_block(
+                0, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK, SV_LOG2,
+                kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout, o_layout, p_layout, BLOCK_M,
+                BLOCK_N, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE, True, False)
+            for j in range(1, hi - 1):
+                s, p, acc, m_i, l_i, sk, cj = prefetch_block(
+                    j, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK,
+                    SV_LOG2, kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout, o_layout,
+                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE, True, True)
+            s, p, acc, m_i, l_i, sk, cj = prefetch_block(
+                hi - 1, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK,
+                SV_LOG2, kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout, o_layout, p_layout,
+                BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE, False, True)
+        else:
+            p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
+                                             BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK_CHECK)
+            release(k_free.index(FREE + it0 % STAGES), THREAD_ARRIVE)
+        p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
+        last = (it0 + hi - 1) % STAGES
+        mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        release(v_free.index(FREE + last), THREAD_ARRIVE)
     return acc, m_i, l_i
 
 
@@ -275,11 +395,12 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, SK, SV_LOG2, k
 # the partitions and the kernel
 # --------------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
+def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                   n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, WG: gl.constexpr,
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
-                  SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr):
+                  SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr,
+                  THREAD_ARRIVE: gl.constexpr, PREFETCH: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
     matmul). ``work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
@@ -307,10 +428,16 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
                 sv_max = gl.load(SV_MAX + bhk)
                 q_slot = 2 * (count % 2) + WG
                 mbarrier.wait(q_bars.index(q_slot), (count // 2) & 1)
-                acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, turn_bars, SK,
-                                           SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
-                                           WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
-                                           CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE)
+                if PREFETCH:
+                    acc, m_i, l_i = attend_fp8_prefetch(
+                        q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK, SV_LOG2,
+                        kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale, it, s_layout, o_layout, HALF,
+                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE)
+                else:
+                    acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK,
+                                               SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
+                                               WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
+                                               CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output(acc, m_i, l_i, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout, HALF,
                              HEAD_DIM, sv_max, SCALED=True, LSE_SHIFT=P_SHIFT)
@@ -320,14 +447,16 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ,
 
 
 @gluon.jit
-def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
+def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, n_items, n_m, H_Q,
                   GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr):
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, MERGED: gl.constexpr,
+                  THREAD_ARRIVE: gl.constexpr):
     """The producer warp (``flash_gluon._ws_producer_persistent`` + ``produce_kv``): per tile both Q halves into
     the free Q buffer, then ``K_t`` (rows ``kv_row0 + t BLOCK_N``) and ``V^T_t`` (rows ``bhk d``, columns
     ``t BLOCK_N`` of the transposed view) into ring slot ``it % STAGES`` once both consumers freed it."""
     HALF: gl.constexpr = BLOCK_M // 2
     SUBS: gl.constexpr = 2 if CAUSAL else 1
+    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
     it = 0
     count = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
@@ -341,12 +470,12 @@ def _fp8_producer(desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bar
                 for t in range(hi):
                     slot = it % STAGES
                     free_phase = ((it // STAGES) & 1) ^ 1
-                    mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
+                    mbarrier.wait(k_free.index(FREE + slot), free_phase)
                     mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
                     tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot),
                                                     k_smem.index(slot))
                     if not MERGED:
-                        mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
+                        mbarrier.wait(v_free.index(FREE + slot), free_phase)
                     mbarrier.expect(v_bars.index(slot), desc_vt.block_type.nbytes)
                     tma.async_copy_global_to_shared(desc_vt, [vt_row, t * BLOCK_N], v_bars.index(slot),
                                                     v_smem.index(slot))
@@ -359,7 +488,7 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
                       MERGED: gl.constexpr, SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr,
+                      THREAD_ARRIVE: gl.constexpr, PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
@@ -375,23 +504,43 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
     v_smem = gl.allocate_shared_memory(fp8, [STAGES, HEAD_DIM, BLOCK_N], desc_vt.layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    if THREAD_ARRIVE:
+        # the "free" barriers in allocations of their own: Triton's shared-memory barrier analysis orders accesses
+        # per allocation, so an arrive on one and a wait on the other need no warpgroup bar.sync between them
+        k_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    else:
+        k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+        k_free = k_bars  # the "free" barriers are entries STAGES .. 2 STAGES - 1 (``free_offset``)
+        v_free = v_bars
     for i in gl.static_range(8):
         mbarrier.init(q_bars.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(turn_bars.index(i), count=1)
-    init_ring_barriers(k_bars, v_bars, STAGES, 2)
+    if THREAD_ARRIVE:
+        for i in gl.static_range(STAGES):  # every consumer thread arrives on a free barrier
+            mbarrier.init(k_bars.index(i), count=1)
+            mbarrier.init(v_bars.index(i), count=1)
+            mbarrier.init(k_free.index(i), count=2 * CONSUMER_THREADS)
+            mbarrier.init(v_free.index(i), count=2 * CONSUMER_THREADS)
+    else:
+        init_ring_barriers(k_bars, v_bars, STAGES, 2)
     fence_async_shared()
     gl.warp_specialize([
-        (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
+        (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE)),
-        (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE,
+                         PREFETCH)),
+        (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE)),
-        (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, n_items, n_m, H_Q,
-                         GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE,
+                         PREFETCH)),
+        (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, n_items, n_m, H_Q,
+                         GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED,
+                         THREAD_ARRIVE)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -445,7 +594,7 @@ def check_schedule(schedule) -> dict:
     ``fence`` (False) may be left out; ``fence`` moves the K release, which ``merged`` removes: not both."""
     if schedule is None:
         schedule = FP8_GLUON_SCHEDULE
-    keys = {"turns", "merged", "split", "peeled", "fence"}
+    keys = {"turns", "merged", "split", "peeled", "fence", "thread_arrive", "prefetch"}
     if not isinstance(schedule, dict) or not {"turns", "merged"} <= set(schedule) <= keys:
         raise ValueError(f"schedule must be a dict with keys turns, merged (and split, peeled, fence), got "
                          f"{schedule!r}")
@@ -455,10 +604,15 @@ def check_schedule(schedule) -> dict:
     out = {"turns": check_flag(schedule["turns"], "schedule['turns']"),
            "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split,
            "peeled": check_flag(schedule.get("peeled", False), "schedule['peeled']"),
-           "fence": check_flag(schedule.get("fence", False), "schedule['fence']")}
+           "fence": check_flag(schedule.get("fence", False), "schedule['fence']"),
+           "thread_arrive": check_flag(schedule.get("thread_arrive", False), "schedule['thread_arrive']"),
+           "prefetch": check_flag(schedule.get("prefetch", False), "schedule['prefetch']")}
     if out["fence"] and out["merged"]:
         raise ValueError("schedule['fence'] moves the K slot's own release, which schedule['merged'] removes: "
                          "set at most one of them")
+    if out["prefetch"] and (out["turns"] or out["merged"] or out["peeled"] or out["fence"]):
+        raise ValueError("schedule['prefetch'] is its own key loop (no turns; K freed after the softmax, V after its "
+                         "P V): it takes none of schedule['turns'], ['merged'], ['peeled'], ['fence']")
     return out
 
 
@@ -469,7 +623,8 @@ def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = T
     sched = check_schedule(schedule)
     return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
                 TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], PEELED=sched["peeled"],
-                FENCE=sched["fence"],
+                FENCE=sched["fence"], THREAD_ARRIVE=sched["thread_arrive"],
+                PREFETCH=sched["prefetch"],
                 CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
 
 
