@@ -21,9 +21,10 @@ variant against float64 attention on the same inputs.
     python3 -m benchmarks.tuning.probe_read_ceiling --ncu --out DIR    # ncu of the decode / stream kernel at 32
                                                                        # and 128 splits: DIR/<gpu>-read-ceiling-ncu.json
 
-The ``--ncu`` mode (written in session 7, not yet run on a GPU) is the next measurement of the decode row: which
-per-split cost makes ``flash_decode`` slower with more splits (the fused merge of the last program, or splits too
-short for the loop's pipeline): per kernel its duration, throughputs and warp-state sections.
+The ``--ncu`` mode (session 8, ``h100-read-ceiling-ncu.json``) separated the two suspects of the decode row: per
+kernel its duration, throughputs and warp-state sections, with the decode also profiled with its merge as a second
+kernel. Stage 1 alone takes the same time at 32 and 128 splits; the fused merge grows from 0.5 to 6.4 us
+(notes/serving_perf.md, session 8).
 """
 from __future__ import annotations
 
