@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from benchmarks import _common
+from benchmarks import _common, write_json
 from benchmarks.course.read_ceiling import read_ceiling_ms
 
 HKV, D = 8, 128
@@ -193,11 +193,7 @@ def main(argv=None):
     ms = _common.graph_ms([lambda x=x, y=y: y.copy_(x) for x, y in zip(flat, dst)], smoke=smoke)
     record("copy of the same bytes (read + write)", ms,
            copy_bw_at_this_size=2 * kv_bytes / (ms * 1e-3), note="frac_copy_bw counts the bytes read only")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "smoke-read-ceiling-probe.json" if smoke else
-                        f"{_common.gpu_tag()}-read-ceiling-probe.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write_json(args.out, "smoke-read-ceiling-probe.json" if smoke else f"{_common.gpu_tag()}-read-ceiling-probe.json", res)
     print(f"wrote {path}", flush=True)
 
 
