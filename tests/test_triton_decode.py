@@ -94,6 +94,25 @@ def test_two_level_merge_matches_one_level_and_resets_tickets(rng, hq, hkv, num_
     assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 
 
+@pytest.mark.parametrize("hq,hkv,num_splits,chunk,group", [(8, 2, 7, 2, 0), (32, 1, 9, 1, 4), (6, 3, 4, 3, 0)])
+def test_dynamic_chunks_match_fixed_splits_and_reset_their_counter(rng, hq, hkv, num_splits, chunk, group):
+    # DecodeConfig(dynamic_chunk=C): the programs of a (batch, kv head) draw chunks of C key blocks from a counter
+    # (on the interpreter program 0 draws them all: order-free, one state per program), with a one- or two-level
+    # merge; an empty row (length 0) and a ragged one; the chunk counter is back at 0 after every launch.
+    import dataclasses
+
+    from reference.triton import configs, decode
+    q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
+    sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
+    fixed = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
+    dyn = dataclasses.replace(configs.DECODE_PINS["fp32"], dynamic_chunk=chunk, merge_group=group)
+    for _ in range(2 if DEVICE.type == "cpu" else 50):
+        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=dyn)
+        assert rel_err(o, fixed) < 1e-5 and torch.all(o[1] == 0)
+    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
+    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
+
+
 def test_splits_agree_with_one_split(rng):
     q, k, v = make(rng, 1, 4, 2, 300, 64, torch.float32)
     o1 = flash_decode(q, k, v, num_splits=1)
@@ -182,7 +201,10 @@ def test_bad_options_raise(kwargs, exc, match):
                                        (dict(merge_rows=1), "merge_rows must be a power of two >= 2"),
                                        (dict(merge_group=1), "merge_group must be 0"),
                                        (dict(merge_group=-2), "merge_group must be 0"),
-                                       (dict(merge_group=2.0), "merge_group must be 0")])
+                                       (dict(merge_group=2.0), "merge_group must be 0"),
+                                       (dict(dynamic_chunk=-1), "dynamic_chunk must be an int >= 0"),
+                                       (dict(dynamic_chunk=True), "dynamic_chunk must be an int >= 0"),
+                                       (dict(dynamic_chunk=2, fuse_merge=False), "dynamic_chunk needs fuse_merge")])
 def test_decode_config_rejects_bad_fields(bad, match):
     from reference.triton.configs import DecodeConfig
     with pytest.raises(ValueError, match=match):

@@ -1,6 +1,6 @@
 """Issue 25 item 5, session 8: can the batch-1 32k decode reach 0.9 of copy with more, shorter splits?
 
-    python3 -m benchmarks.tuning.sweep_decode_32k --out DIR [--variants splits|occupancy]
+    python3 -m benchmarks.tuning.sweep_decode_32k --out DIR [--variants splits|occupancy|dynamic]
                                                   # DIR/<gpu>-decode-split-sweep-<variants>.json
     python3 -m benchmarks.tuning.sweep_decode_32k --smoke         # CPU, interpreter, tiny shapes
 
@@ -32,10 +32,27 @@ HQ, HKV, D = 32, 8, 128
 def variants(smoke: bool, which: str = "occupancy") -> dict:
     """name -> (num_splits, ``DecodeConfig`` fields over the pin); the first is the pin at the heuristic's count.
     ``which``: the variant list of session 8's first run (``splits``: finer splits, merge tile and two-level
-    merge) or of its second (``occupancy``: no software pipeline, more programs per SM)."""
+    merge), of its second (``occupancy``: no software pipeline, more programs per SM) or third (``dynamic``:
+    programs drawing chunks of keys from a counter)."""
     if smoke:
         return {"pin": (None, {}), "mr32_s8_g4": (8, dict(block_n=16, num_stages=2, merge_rows=32, merge_group=4))}
-    return _variants_splits() if which == "splits" else _variants_occupancy()
+    return {"splits": _variants_splits, "occupancy": _variants_occupancy, "dynamic": _variants_dynamic}[which]()
+
+
+def _variants_dynamic() -> dict:
+    """Runs 1 and 2 found the decode's partition (32 fixed ranges a kv head) 4% short of the read-only launch
+    with 128 splits, and every finer partition slower (per-program fixed work). Here the programs stay 32-33 a
+    kv head (one state and one merge slot each) but draw chunks of 1-8 key blocks from a counter, so the
+    faster programs take more of the keys."""
+    v = {"pin": (None, {})}
+    for s in (32, 33):
+        for c in (1, 2, 4, 8):
+            v[f"dyn{c} s{s}"] = (s, dict(dynamic_chunk=c))
+    v["dyn2 st2 s64 g16"] = (64, dict(dynamic_chunk=2, num_stages=2, merge_rows=64, merge_group=16))
+    v["dyn4 st2 s32"] = (32, dict(dynamic_chunk=4, num_stages=2))
+    v["dyn4 tma st3 s32"] = (32, dict(dynamic_chunk=4, use_tma=True, num_stages=3))
+    v["dyn2 tma st3 s32"] = (32, dict(dynamic_chunk=2, use_tma=True, num_stages=3))
+    return v
 
 
 def _variants_occupancy() -> dict:
@@ -79,8 +96,8 @@ def main(argv=None):
     ap.add_argument("--out", default=str(_common.RESULTS))
     ap.add_argument("--smoke", action="store_true", help="CPU: interpreter, N = 256, two variants")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--variants", choices=("splits", "occupancy"), default="occupancy",
-                    help="the variant list of run 1 (splits) or run 2 (occupancy)")
+    ap.add_argument("--variants", choices=("splits", "occupancy", "dynamic"), default="dynamic",
+                    help="the variant list of run 1 (splits), run 2 (occupancy) or run 3 (dynamic)")
     args = ap.parse_args(argv)
     smoke = args.smoke
     import dataclasses

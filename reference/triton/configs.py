@@ -139,6 +139,11 @@ class DecodeConfig(KeyBlockConfig):
     #: level, the last program of the (batch, kv head) merges every split). Keeps the merge on the critical
     #: path short at high split counts (session 8: one level costs 6.4 us at 128 splits, ncu).
     merge_group: int = 0
+    #: dynamic split (session 8 experiment): each of the ``num_splits`` programs of a (batch, kv head) draws
+    #: chunks of ``dynamic_chunk`` key blocks from a counter until none are left, folding them all into ONE
+    #: online-softmax state (the keys' order does not matter), instead of one fixed contiguous range; fast
+    #: programs take more chunks. 0: fixed ranges. Needs the fused merge (its last program resets the counter).
+    dynamic_chunk: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -151,6 +156,13 @@ class DecodeConfig(KeyBlockConfig):
         g = self.merge_group
         if type(g) is not int or g < 0 or g == 1:
             raise ValueError(f"DecodeConfig.merge_group must be 0 (one level) or an int >= 2, got {g!r}")
+        c = self.dynamic_chunk
+        if type(c) is not int or c < 0:
+            raise ValueError(f"DecodeConfig.dynamic_chunk must be an int >= 0 (key blocks a chunk; 0: fixed "
+                             f"ranges), got {c!r}")
+        if c and not self.fuse_merge:
+            raise ValueError("DecodeConfig.dynamic_chunk needs fuse_merge=True (the merging program resets the "
+                             "chunk counter)")
 
     def launch(self) -> dict:
         """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""

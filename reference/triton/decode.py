@@ -120,6 +120,24 @@ def _tma_blocks(q, m_i, l_i, acc, DescK, DescV, row0, start, end, qk_scale, BLOC
 
 
 @triton.jit
+def _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb, n_max, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
+               IEEE_DOT: tl.constexpr, USE_TMA: tl.constexpr):
+    """Keys ``[start, end)`` of one (batch, kv head) folded into the online softmax (FA2 Algorithm 1, lines 8-10):
+    TMA boxes (``_tma_blocks``) or pointer loads (``_attend_block``), a key block a step."""
+    if USE_TMA:  # Hopper, contiguous cache: (BLOCK_N, d) TMA boxes of the (B * Hkv * Nmax, d) view
+        m_i, l_i, acc = _tma_blocks(q, m_i, l_i, acc, DescK, DescV, pid_bh * n_max, start, end, qk_scale,
+                                    BLOCK_N, IEEE_DOT)
+    else:
+        for start_n in range(start, end, BLOCK_N):
+            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
+                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _split_kv_kernel(
     Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh,
@@ -134,6 +152,7 @@ def _split_kv_kernel(
     FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
     USE_TMA: tl.constexpr = False, PDL: tl.constexpr = False,
     OPart2=None, LsePart2=None, MERGE_GROUP: tl.constexpr = 0,
+    ChunkCounters=None, CHUNK_BLOCKS: tl.constexpr = 0,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
@@ -168,14 +187,21 @@ def _split_kv_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
 
-    if USE_TMA:  # Hopper, contiguous cache: (BLOCK_N, d) TMA boxes of the (B * Hkv * Nmax, d) view
-        m_i, l_i, acc = _tma_blocks(q, m_i, l_i, acc, DescK, DescV, pid_bh * n_max, start, end, qk_scale,
-                                    BLOCK_N, IEEE_DOT)
+    if CHUNK_BLOCKS > 0:  # DecodeConfig.dynamic_chunk: chunks of the kv head's keys drawn from a counter
+        n_chunks = tl.cdiv(n_blocks, CHUNK_BLOCKS)
+        c = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")
+        while c < n_chunks:
+            c_next = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")  # in flight during this chunk
+            lo = c * (CHUNK_BLOCKS * BLOCK_N)
+            hi = tl.minimum(lo + CHUNK_BLOCKS * BLOCK_N, seq_len)
+            m_i, l_i, acc = _key_range(q, m_i, l_i, acc, lo, hi, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+                                       stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
+                                       n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
+            c = c_next
     else:
-        for start_n in range(start, end, BLOCK_N):
-            m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, start_n, end, b64, kvh, K, V, BlockTables,
-                                          stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-                                          stride_tb, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT)
+        m_i, l_i, acc = _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+                                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
+                                   n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
@@ -198,10 +224,12 @@ def _split_kv_kernel(
                     _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, 0, num_splits,
                                  stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
                     tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
+                    if CHUNK_BLOCKS > 0:  # every program of this kv head has left its chunk loop
+                        tl.atomic_xchg(ChunkCounters + pid_bh, 0)
             else:
-                _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, pid_s, pid_bh, b64, kvh, group,
-                                 n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S,
-                                 MERGE_GROUP)
+                _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
+                                 kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
+                                 MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
 
 
 @triton.jit
@@ -259,9 +287,9 @@ def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s
 
 
 @triton.jit
-def _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, pid_s, pid_bh, b64, kvh, group, n_kv_heads,
-                     num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
-                     CHUNK: tl.constexpr, MERGE_GROUP: tl.constexpr):
+def _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
+                     n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
+                     CHUNK: tl.constexpr, MERGE_GROUP: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
     """The fused merge in two levels (``DecodeConfig.merge_group``): tickets per group of MERGE_GROUP
     consecutive splits (counters after the B * Hkv head counters); the group's last program merges its splits
     into one state of ``(OPart2, LsePart2)``, laid out ``(B, Hq, n_groups)``, then takes a ticket of the
@@ -293,6 +321,8 @@ def _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, pid_s, pid
             _fused_merge(OPart2, LsePart2, Out, b64, kvh, group, n_kv_heads, n_groups, 0, n_groups, stride_ob,
                          stride_oh, HEAD_DIM, MERGE_M, CHUNK)
             tl.atomic_xchg(Counters + pid_bh, 0)
+            if CHUNK_BLOCKS > 0:
+                tl.atomic_xchg(ChunkCounters + pid_bh, 0)
 
 
 @triton.jit
@@ -467,7 +497,10 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         o_part = lse_part = out  # unused
     merge_group = base.merge_group if fused and base.merge_group < num_splits else 0
     n_groups = -(-num_splits // merge_group) if merge_group else 0
-    counters = _counters(q.device, B * n_kv_heads * (1 + n_groups)) if fused else out  # unused unless fused
+    chunk_blocks = base.dynamic_chunk if fused else 0
+    n_bh = B * n_kv_heads
+    counters = _counters(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
+    chunk_counters = counters[n_bh * (1 + n_groups):] if chunk_blocks else None
     if merge_group:
         o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
         lse_part2 = torch.empty((B, Hq, n_groups), device=q.device, dtype=torch.float32)
@@ -492,6 +525,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
         FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma, PDL=pdl,
         OPart2=o_part2, LsePart2=lse_part2, MERGE_GROUP=merge_group,
+        ChunkCounters=chunk_counters, CHUNK_BLOCKS=chunk_blocks,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
     )
     if num_splits > 1 and not fused:
@@ -641,10 +675,10 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
 
 def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
                  pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True,
-                 merge_rows: int = 128, merge_group: int = 0):
+                 merge_rows: int = 128, merge_group: int = 0, dynamic_chunk: int = 0):
     """Stage 1 compiled for sm_90a on any machine (``serving_aot``): contiguous bf16 cache, GQA group ``group``,
-    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``; ``merge_rows`` / ``merge_group`` as
-    ``DecodeConfig``'s) or one split writing the output."""
+    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``; ``merge_rows`` / ``merge_group`` /
+    ``dynamic_chunk`` as ``DecodeConfig``'s) or one split writing the output."""
     from .serving_aot import compile_with_hints
     k = _split_kv_kernel
     ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
@@ -652,14 +686,19 @@ def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use
     two = bool(merge_group) and num_splits_gt1
     if two:
         ptrs.update(OPart2="*fp32", LsePart2="*fp32")
+    dyn = dynamic_chunk if num_splits_gt1 else 0
+    if dyn:
+        ptrs.update(ChunkCounters="*i32")
     desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
     types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
     merge_m = max(2, triton.next_power_of_2(group))
     const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
                  PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
                  MERGE_M=merge_m, MERGE_CHUNK_S=max(1, merge_rows // merge_m), USE_TMA=use_tma, PDL=pdl,
-                 MERGE_GROUP=merge_group if two else 0)
+                 MERGE_GROUP=merge_group if two else 0, CHUNK_BLOCKS=dyn)
     if not two:
         const.update(OPart2=None, LsePart2=None)
+    if not dyn:
+        const.update(ChunkCounters=None)
     div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
     return compile_with_hints(k, types, const, div, num_warps, num_stages)
