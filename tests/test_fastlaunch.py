@@ -49,11 +49,13 @@ def test_addresses_reach_the_launcher_without_hooks(scratch):
     a, b = torch.randn(5), torch.randn(6)
     rec({"A": a, "B": b}, stream=99)
     rec.launch((b, a.data_ptr()), stream=98)  # tensors or addresses in slot order
+    rec.launch((a, b), stream=97, addresses=(11, 12))  # the caller's addresses win
     want = [[a.data_ptr(), 7, fixed.data_ptr(), b.data_ptr(), "const", 2.5],
-            [b.data_ptr(), 7, fixed.data_ptr(), a.data_ptr(), "const", 2.5]]
+            [b.data_ptr(), 7, fixed.data_ptr(), a.data_ptr(), "const", 2.5],
+            [11, 7, fixed.data_ptr(), 12, "const", 2.5]]
     calls = rec.kernel.run.calls
-    assert len(calls) == 2
-    for (kind, got), stream, args in zip(calls, (99, 98), want):
+    assert len(calls) == 3
+    for (kind, got), stream, args in zip(calls, (99, 98, 97), want):
         if scratch:  # scratch memory to allocate: the launcher's Python wrapper, hooks and metadata left out
             assert kind == "run" and got == (2, 3, 1, stream, 1234, (4, 1, 0), None, None, None, *args)
         else:  # the C entry point, with the wrapper's fixed arguments
@@ -69,13 +71,15 @@ def test_a_launch_hook_sees_tensors_and_metadata():
     try:
         a, b = torch.randn(5), torch.randn(6)
         rec({"A": a, "B": b}, stream=5)
+        rec.launch((a, b), stream=5, addresses=(11, 12))  # with a hook the tensors go, not the addresses
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
-    (kind, got), = rec.kernel.run.calls
-    assert kind == "run" and got[:6] == (2, 3, 1, 5, 1234, (4, 1, 0))
-    meta, enter = got[6], got[7]
-    assert enter is knobs.runtime.launch_enter_hook and meta["stream"] == 5
-    args = got[9:]
-    assert args[0] is a and args[3] is b and args[2] is fixed and args[1:] == meta["args"][1:]
+    assert len(rec.kernel.run.calls) == 2 and len(seen) == 0  # the stand-in launcher calls no hook itself
+    for kind, got in rec.kernel.run.calls:
+        assert kind == "run" and got[:6] == (2, 3, 1, 5, 1234, (4, 1, 0))
+        meta, enter = got[6], got[7]
+        assert enter is knobs.runtime.launch_enter_hook and meta["stream"] == 5
+        args = got[9:]
+        assert args[0] is a and args[3] is b and args[2] is fixed and args[1:] == meta["args"][1:]
     rec({"A": a, "B": b}, stream=5)  # the hook removed: addresses again
     assert rec.kernel.run.calls[-1][0] == "launch"

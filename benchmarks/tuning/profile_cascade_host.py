@@ -147,8 +147,8 @@ def check(B: int, log) -> dict:
     o2_full, l2_full = cascade_decode(*args2, fast_launch=False)
     o2_rec, l2_rec = cascade_decode(*args2, validate=False)
     found = cascade._recorded(args2, None, None, None)
-    assert found is not None and found[2] is not None and type(found[2]) is not cascade.GluonLaunches, found
-    legacy = {_legacy_key(args2, None, None, None): found[2]}
+    assert found is not None and found[3] is not None and type(found[3]) is not cascade.GluonLaunches, found
+    legacy = {_legacy_key(args2, None, None, None): found[3]}
     o2_leg, l2_leg = legacy_call(legacy, *args2)
     torch.cuda.synchronize()
     res = dict(batch=B, rel_err_vs_paged=bd.rel(o_full, o_pd),
@@ -186,7 +186,8 @@ def breakdown(args, legacy) -> dict:
     from reference.triton import _fastlaunch
     q = args[0]
     found = cascade._recorded(args, None, None, None)
-    key, stream, rec = found
+    key, stream, ptrs, rec = found
+    lse_proto = rec.args[rec.slots["LOUT"]]
     lkey = next(iter(legacy))
     out, lse = torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
     values = (*args, out, lse, args[1], args[2])
@@ -211,6 +212,7 @@ def breakdown(args, legacy) -> dict:
         "torch.empty(q.shape[:2], dtype, device)": lambda: torch.empty(q.shape[:2], dtype=torch.float32,
                                                                        device=q.device),
         "q.new_empty(q.shape[:2], dtype)": lambda: q.new_empty(q.shape[:2], dtype=torch.float32),
+        "torch.empty_like(recorded lse)": lambda: torch.empty_like(lse_proto),
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
         "_fastlaunch.stream_handle(0)": lambda: _fastlaunch.stream_handle(0),
         "torch.cuda.is_current_stream_capturing()": torch.cuda.is_current_stream_capturing,
@@ -229,7 +231,9 @@ def breakdown(args, legacy) -> dict:
                                                            None, None, None, *full),
         "launch: run() addresses, no hooks": lambda: rec.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata,
                                                              None, None, None, *ints),
-        "launch: RecordedLaunch.launch (current)": lambda: rec.launch(values, stream),
+        "launch: RecordedLaunch.launch, tensors": lambda: rec.launch(values, stream),
+        "launch: RecordedLaunch.launch, addresses (current)": lambda: rec.launch(
+            values, stream, addresses=(*ptrs, out.data_ptr(), lse.data_ptr(), ptrs[1], ptrs[2])),
     }
     if rec.direct is not None:
         h = rec.head

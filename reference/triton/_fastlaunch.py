@@ -103,16 +103,19 @@ class RecordedLaunch:
         slots = self.slots
         self.launch([tensors[n] for n in slots], stream)
 
-    def launch(self, values, stream: int | None = None) -> None:
+    def launch(self, values, stream: int | None = None, addresses=None) -> None:
         """Launch with ``values`` in the slots (in ``slot_names`` order): tensors, or ints (device addresses of
-        tensors on the recorded device), on the current stream or the stream handle ``stream``."""
+        tensors on the recorded device), on the current stream or the stream handle ``stream``. ``addresses``:
+        the same arguments with every tensor as its ``data_ptr()``, where the caller has them already."""
         if stream is None:
             stream = current_stream()
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
         if _no_hooks(enter, leave):  # addresses only: no data_ptr() / cuPointerGetAttribute in the launcher
             args = list(self.ptr_args)
-            for i, x in zip(self.slot_index, values):
-                args[i] = x.data_ptr() if type(x) is torch.Tensor else x
+            if addresses is None:
+                addresses = [x.data_ptr() if type(x) is torch.Tensor else x for x in values]
+            for i, x in zip(self.slot_index, addresses):
+                args[i] = x
             if self.direct is not None:
                 head = self.head
                 self.direct(head[0], head[1], head[2], stream, *head[4:], *args)
