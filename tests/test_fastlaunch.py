@@ -6,9 +6,9 @@ hook is installed; with a hook installed it passes the tensors and the metadata 
 tests check what reaches the launcher in each case, against the argument list built independently here."""
 import pytest
 import torch
-from triton import knobs
 
-from reference.triton._fastlaunch import RecordedLaunch
+from reference.triton._fastlaunch import RecordedLaunch  # first: it sets TRITON_INTERPRET before Triton is imported
+from triton import knobs  # noqa: E402,I001
 
 
 class _Launcher:
