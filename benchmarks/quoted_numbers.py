@@ -368,6 +368,10 @@ def _lecture09_mixed() -> dict:
                 out[_f(f[path])] = f"cascade {path} B={b} own bytes / copy"
         for path, ratio in c.get("eager_loop_over_graph_paths", {}).items():
             out[_f(ratio)] = f"cascade {path} B={b} eager loop / graph"
+        for path, ms in c.get("ms_loop_paths", {}).items():
+            out[_f(c["ms_loop"]["paged"] / ms)] = f"cascade {path} B={b} eager / eager paged decode"
+        for path, us in c.get("host_us_per_call", {}).items():
+            out[_f(us, 0)] = f"cascade {path} B={b} host us a call"
             out[_f(c["host_us_per_call"][path], 0)] = f"cascade {path} B={b} host us a call"
         if "cascade_triton" in cg:
             out[_f(cg["paged"] / cg["cascade_triton"])] = f"cascade one-launch Triton B={b} speed-up over paged decode"

@@ -128,3 +128,18 @@ def cascade_oracle(ref, suffix, bs):
         os_.append(o[:, 0])
         ls.append(lse[:, 0])
     return torch.stack(os_), torch.stack(ls)
+
+
+def run_smoke(module: str, out_dir, name: str, timeout: int = 300) -> dict:
+    """Run ``python -m <module> --smoke --out <out_dir>`` from the repository root (a benchmark script on the CPU
+    interpreter; tests may not import ``benchmarks``) and return its results file ``<out_dir>/<name>``."""
+    import json
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-m", module, "--smoke", "--out", str(out_dir)], cwd=root,
+                         capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open(os.path.join(str(out_dir), name)) as f:
+        return json.load(f)

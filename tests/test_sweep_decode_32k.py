@@ -3,19 +3,11 @@ two-level merge) passed their check against float64 attention and a repeated cal
 and each fraction of copy is the K/V bytes over the median time and the copy bandwidth of the same run."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.common import run_smoke
 
 
 def test_smoke_run_records_checked_rows(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "benchmarks.tuning.sweep_decode_32k", "--smoke", "--out",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    res = json.loads((tmp_path / "smoke-decode-split-sweep.json").read_text())
+    res = run_smoke("benchmarks.tuning.sweep_decode_32k", tmp_path, "smoke-decode-split-sweep.json")
     assert not [r for r in res["rows"] if "error" in r], res["rows"]
     assert [r["name"] for r in res["rows"]] == ["pin", "mr32_s8_g4"]
     assert res["rows"][1]["config"]["merge_group"] == 4

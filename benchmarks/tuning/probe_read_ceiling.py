@@ -21,9 +21,10 @@ variant against float64 attention on the same inputs.
     python3 -m benchmarks.tuning.probe_read_ceiling --ncu --out DIR    # ncu of the decode / stream kernel at 32
                                                                        # and 128 splits: DIR/<gpu>-read-ceiling-ncu.json
 
-The ``--ncu`` mode (written in session 7, not yet run on a GPU) is the next measurement of the decode row: which
-per-split cost makes ``flash_decode`` slower with more splits (the fused merge of the last program, or splits too
-short for the loop's pipeline): per kernel its duration, throughputs and warp-state sections.
+The ``--ncu`` mode (session 8, ``h100-read-ceiling-ncu.json``) separated the two suspects of the decode row: per
+kernel its duration, throughputs and warp-state sections, with the decode also profiled with its merge as a second
+kernel. Stage 1 alone takes the same time at 32 and 128 splits; the fused merge grows from 0.5 to 6.4 us
+(notes/serving_perf.md, session 8).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ import os
 
 import torch
 
-from benchmarks import _common
+from benchmarks import _common, write_json
 from benchmarks.course.read_ceiling import read_ceiling_ms
 
 HKV, D = 8, 128
@@ -192,11 +193,7 @@ def main(argv=None):
     ms = _common.graph_ms([lambda x=x, y=y: y.copy_(x) for x, y in zip(flat, dst)], smoke=smoke)
     record("copy of the same bytes (read + write)", ms,
            copy_bw_at_this_size=2 * kv_bytes / (ms * 1e-3), note="frac_copy_bw counts the bytes read only")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "smoke-read-ceiling-probe.json" if smoke else
-                        f"{_common.gpu_tag()}-read-ceiling-probe.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write_json(args.out, "smoke-read-ceiling-probe.json" if smoke else f"{_common.gpu_tag()}-read-ceiling-probe.json", res)
     print(f"wrote {path}", flush=True)
 
 

@@ -20,14 +20,12 @@ checked against float64 attention first; timing is ``_common.graph_ms`` over the
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import statistics
 
 import torch
 
-from benchmarks import _common
+from benchmarks import _common, write_json
 
 HQ, HKV, D = 32, 8, 128
 
@@ -144,11 +142,7 @@ def main(argv=None):
         res["rows"].append(row)
         print(f"{name:36s} {med * 1e3:7.1f} us  {row['frac_copy_bw']:.3f} of copy "
               f"({row['frac_copy_bw_range'][0]:.3f}..{row['frac_copy_bw_range'][1]:.3f})", flush=True)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "smoke-decode-split-sweep.json" if smoke else
-                        f"{_common.gpu_tag()}-decode-split-sweep-{args.variants}.json")
-    with open(path, "w") as f:
-        json.dump(res, f, indent=1)
+    path = write_json(args.out, "smoke-decode-split-sweep.json" if smoke else f"{_common.gpu_tag()}-decode-split-sweep-{args.variants}.json", res)
     print(f"wrote {path}", flush=True)
 
 

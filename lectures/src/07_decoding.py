@@ -307,10 +307,14 @@ for path, r in probe:
 # A launch that only reads gets closer to the copy bandwidth with more, shorter programs: they fill the memory
 # system sooner and finish closer together, so the ramp and the tail shrink. (A copy of the same bytes in one
 # launch runs at nearly the rate of the 1 GiB copy: the size of one launch alone costs little.) The decode does
-# the opposite: each split adds a partial state, and one program per kv head merges all of them at the end
-# (section 4's rule), so the last program's work grows with the split count and sits on the critical path; and
-# a split of a few key blocks is too short for the loop's pipeline to reach its steady state. Which of the two
-# dominates is not yet profiled; either way it is the decode's per-split work, not the read, that keeps it below
-# 0.9 of copy here. (One caution the two runs in
-# `notes/serving_perf.md` teach: a single CUDA-graph median of a 50 µs launch moved by a third between runs
-# minutes apart; compare such rows only within one run.)
+# the opposite. Nsight Compute on the H100 (`probe_read_ceiling --ncu`, `h100-read-ceiling-ncu.json`) splits its
+# time: with the merge moved into a second kernel, stage 1 alone takes the same 52 µs at 32 and at 128 splits,
+# while the merge that the last program of each kv head runs inside the launch (section 4's rule) costs 0.5 µs
+# at 32 splits and 6.4 µs at 128, on the critical path. A two-level merge (groups of 16 splits first,
+# `DecodeConfig(merge_group=16)`) takes most of that back, yet 128 splits still decode slower than 32
+# (`sweep_decode_32k`): each program also loads its queries, fills its pipeline and publishes its partial state
+# with an atomic ticket, and with 4 key blocks a program that fixed cost outweighs what the finer partition wins.
+# What is left between the decode and the 0.9 bar is therefore about 4% of partition (the read-only launch: 0.89
+# of copy with the decode's 32 splits, 0.93 with 128) and about 5% of the decode's own per-program work. (One
+# caution the runs in `notes/serving_perf.md` teach: a single CUDA-graph median of a 50 µs launch moved by a
+# third between runs minutes apart; compare such rows only within one run.)

@@ -244,11 +244,11 @@ for res, p in measured_mixed("prefill"):
 #   one shared-memory buffer and hands the reshaped buffer to the tensor cores. (Reshaping the row *offsets*
 #   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
 #
-# Measured on the H100, both page sizes: 64-token pages **0.98x** of contiguous (the bar of issue 25, 0.9x,
+# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the bar of issue 25, 0.9x,
 # met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.86x-0.90x, and the best tile
 # of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
 # noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
-# 0.60x → 0.79x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
+# 0.58x → 0.80x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
 # page-tile kernel executes the contiguous kernel's instruction count (233 million each; the row gather 287)
 # with the same shared memory, but at 5.28 cycles per issued instruction instead of 4.51: the table entries
 # of a block are still loaded and used in the iteration that issues its copy (the pipeliner moves the
@@ -405,23 +405,25 @@ for res, rows in measured_mixed("cascade"):
               f" | {f[one]:22.2f} {f[prefix]:7.2f} {f['suffix_pass']:7.2f}")
 
 # %% [markdown]
-# * **Small batches.** At B = 8 one launch takes 74 µs against 118 µs for the three launches in the same run,
-#   2.74x paged decode (3.76x, 6.68x, 8.38x at B = 16, 32, 64). Its own 168 MB move at 0.76 of the copy
+# * **Small batches.** At B = 8 one launch takes 76 µs against 118 µs for the three launches in the same run,
+#   2.68x paged decode (3.84x, 6.62x, 8.21x at B = 16, 32, 64). Its own 168 MB move at 0.73 of the copy
 #   bandwidth measured in the same run — above the bar issue 25 set (0.7), which no L2 hit on a shared page can
-#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.83 times the copy bandwidth at B = 8: the
+#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.80 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
-#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (135 vs
-#   131 µs, 208 vs 210 µs): there the prefix pass, not the launches, sets the time (below).
-# * **Called eagerly it costs its GPU time**: eager loop / graph 0.93–0.98 (bar 1.2) and 2.74x eager paged
-#   decode at B = 8 (bar 1.5), where the three-launch version lost.
-# * **Larger batches miss the bar** on this kernel: 0.65 / 0.67 / 0.65 of copy at B = 16 / 32 / 64. The column
-#   that explains it is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 61 µs
-#   (B = 8) to 149 µs (B = 64), falling to 0.30 of copy. It is
+#   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (134 vs
+#   133 µs, 213 vs 221 µs): there the prefix pass, not the launches, sets the time (below).
+# * **Called eagerly it costs about its GPU time**: eager loop / graph 0.95–0.97 at B = 16 to 64 and 2.16x eager
+#   paged decode at B = 8 (bar 1.5), where the three-launch version lost. At B = 8 this run read 1.22 (bar 1.2):
+#   its host time a call (96-105 µs) exceeded the 76 µs of GPU time, so the loop measured the Python side,
+#   which moves between runs and machines (an earlier run of the same code: 0.95, with half the host time).
+# * **Larger batches miss the bar** on this kernel: 0.68 / 0.67 / 0.63 of copy at B = 16 / 32 / 64. The column
+#   that explains it is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 64 µs
+#   (B = 8) to 153 µs (B = 64), falling to 0.29 of copy. It is
 #   limited by its tile work (`B · G = 256` rows against 32k keys at B = 64 is a small prefill: 34 GFLOP), not by
 #   bytes. Nsight Compute on the prefix pass alone at B = 64: DRAM throughput 33% of peak, SM throughput 27%, L2
 #   hit rate 62% (the four 64-row tiles of a kv head each read the prefix, partly from L2), SMs busy for 67% of
 #   the elapsed cycles (the long prefix programs are the launch's tail). The whole call overlaps that work with
-#   the suffixes' reads, which is why it still reaches 0.65. Wider tiles (128 rows, 8 warps) and narrower ones
+#   the suffixes' reads, which is why it still reaches 0.63. Wider tiles (128 rows, 8 warps) and narrower ones
 #   (32 rows) were both slower. The 64-row tiles already run on Hopper's wgmma (the sm_90a compile holds HGMMA
 #   instructions); loading the prefix keys as TMA boxes moved the whole call by a few percent either way, and running
 #   every prefix program first made the prefix pass faster but the call slower at B = 32 and 64 (the suffixes'
@@ -450,7 +452,7 @@ for res in [r for _, r in cascade_runs] or not_run("the Gluon prefix pass", "*-c
 
 # %% [markdown]
 # * The Gluon prefix kernel takes about 48-55 µs at every batch: the 134 MB prefix at 0.81-0.93 of the copy
-#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.30 of copy there.
+#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.29 of copy there.
 # * One after the other, the Gluon call meets the bar at B = 32 and 64 (0.72 and 0.77 of copy: 124 and 174 µs
 #   against 134 and 212 µs for the one-launch Triton kernel), and loses at B = 8 and 16 (96 and 103 µs against
 #   75 and 99): there the prefix was never the problem, and two launches pay prefix plus suffixes in full (plus
@@ -522,13 +524,13 @@ for res in pdl_runs:
 # (B = 8 here), "pdl" up to 128 (B = 16, 32), "off" above. Why not Gluon at B = 8, where "pdl" is faster by graph
 # time? **Eager calls.** The Gluon paths launch two kernels from Python and build TMA descriptors (now cached per
 # prefix address); their host time a call is about as long as their GPU time at small batches, and eagerly the
-# "pdl" path at B = 8 ran at 1.23x (the full benchmark run) to 2.52x (the overlap run) its graph time, the Triton
-# kernel at 0.98x. The same holds at B = 16 and 32, where the host time of the Gluon path's two launches is
+# "pdl" path at B = 8 ran at 2.25x (the full benchmark run) to 2.52x (the overlap run) its graph time, the Triton
+# kernel at 0.98x-1.22x. The same holds at B = 16 and 32, where the host time of the Gluon path's two launches is
 # still as long as their GPU time: so `cascade_decode` asks whether the stream is being captured into a CUDA
 # graph (`torch.cuda.is_current_stream_capturing()`). Captured, it takes the Gluon path from 64 packed rows
 # (`gluon_min_rows`); called eagerly, only from 256 (`eager_gluon_min_rows`); the recorded launches are keyed
 # on the capture state too. The full run of `bench_mixed_batch` (the first table of this section, `cascade`
-# column there is the default path at each B): 77 / 87 / 125 / 168 µs, 0.73 / 0.77 / 0.72 / 0.80 of copy — the
+# column there is the default path at each B): 75 / 84 / 122 / 174 µs, 0.74 / 0.80 / 0.73 / 0.77 of copy — the
 # bar met at every batch.
 #
 # ## 4. Eager calls: host time vs GPU time
@@ -688,15 +690,15 @@ for res, m in measured_mixed("mixed"):
               f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
 
 # %% [markdown]
-# One mixed launch takes 897 µs, **1.35x** the speed of the separate prefill and decode launches and 4.72x
+# One mixed launch takes 891 µs, **1.33x** the speed of the separate prefill and decode launches and 4.78x
 # that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
-# 1059 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
+# 1040 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
 # than the Triton page tiles, slower still for the decode rows. The last comparison is the plan's worth: without
 # it each decode row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
 # step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
-# `notes/serving_perf.md`); measured, the launch moves them at 2.62 TB/s, 0.87 of copy — the prefill chunks run
-# at the page-tile speed of §2. Tiles of one page (16 keys, `mixed_one_launch_block16`) cost 1089 µs: the
+# `notes/serving_perf.md`); measured, the launch moves them at 2.63 TB/s, 0.88 of copy — the prefill chunks run
+# at the page-tile speed of §2. Tiles of one page (16 keys, `mixed_one_launch_block16`) cost 1067 µs: the
 # per-tile fixed cost of §2 again.
 #
 # ## 6. A mini engine
