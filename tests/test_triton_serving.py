@@ -193,6 +193,47 @@ def test_cascade_recorded_launch_matches_full_path():
 
 
 @pytest.mark.triton_serving
+def test_cascade_bad_input_after_a_recorded_call_raises(rng):
+    """Once a call's launch is recorded (GPU), a bad call with the same shapes still gets the full path's named
+    error and writes nothing: a dtype, a shape, a device, a non-bool flag or an unhashable option is not the
+    recorded key; bad table values are checked on the recorded path too (interpreter: the same errors)."""
+    from reference.triton import cascade
+    cascade.clear_launch_cache()
+    cache, _ = build_cache(rng, [5, 9], 2, 16, 4, 8)
+    tables, lens = cache.block_tables([0, 1])
+    table, sl = t(tables), t(lens)
+    q = t(rng.standard_normal((2, 4, 16)).astype(np.float32)).to(DT)
+    kc, vc = t(cache.k_cache).to(DT), t(cache.v_cache).to(DT)
+    pk, pv = (t(rng.standard_normal((6, 2, 16)).astype(np.float32)).to(DT) for _ in range(2))
+    o, lse = cascade_decode(q, pk, pv, kc, vc, table, sl)
+    o2, lse2 = cascade_decode(q, pk, pv, kc, vc, table, sl)  # the recorded launch on a GPU
+    assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    assert len(cascade.LAUNCH_CACHE) == (0 if INTERPRET else 1)
+    with pytest.raises(TypeError, match="q, prefix_k, prefix_v must have the same dtype|prefix_k must have dtype"):
+        cascade_decode(q, pk.float() if DT != torch.float32 else pk.half(), pv, kc, vc, table, sl)
+    with pytest.raises(ValueError, match="prefix_k and prefix_v must have the same shape"):
+        cascade_decode(q, pk, pv[:5], kc, vc, table, sl)
+    with pytest.raises(ValueError, match="block_tables must have shape"):
+        cascade_decode(q, pk, pv, kc, vc, table[:1], sl)
+    with pytest.raises(TypeError, match="block_tables"):
+        cascade_decode(q, pk, pv, kc, vc, table.float(), sl)
+    with pytest.raises(ValueError, match="seq_lens must lie in"):
+        cascade_decode(q, pk, pv, kc, vc, table, sl + 1000)
+    with pytest.raises(ValueError, match="is not a block index"):
+        cascade_decode(q, pk, pv, kc, vc, table + 1000, sl)
+    with pytest.raises(TypeError, match="validate must be a bool"):
+        cascade_decode(q, pk, pv, kc, vc, table, sl, validate=1)
+    with pytest.raises(TypeError, match="fast_launch must be a bool"):
+        cascade_decode(q, pk, pv, kc, vc, table, sl, fast_launch="yes")
+    with pytest.raises((TypeError, ValueError), match="num_splits"):
+        cascade_decode(q, pk, pv, kc, vc, table, sl, num_splits=[2])
+    if not INTERPRET:
+        with pytest.raises((TypeError, ValueError), match="q"):
+            cascade_decode(q.cpu(), pk, pv, kc, vc, table, sl)
+    assert len(cascade.LAUNCH_CACHE) == (0 if INTERPRET else 1)  # no bad call recorded anything
+
+
+@pytest.mark.triton_serving
 def test_cascade_num_splits_one_prefix_program_per_sm_and_key_cap():
     """The split rule of cascade_decode: about one prefix program per SM, at most max_split_keys keys a split."""
     import dataclasses

@@ -13,13 +13,32 @@ which of its inputs decide all of that can do the lookup itself, once per key:
 * later calls with the same key substitute their tensors into that list and call the compiled kernel's
   launcher directly (:class:`RecordedLaunch`). Launch hooks (profilers) are still called.
 
+What a repeat costs on the host beyond the driver's launch (session 8, ``benchmarks/tuning/profile_cascade_host.py``):
+Triton's launcher turns every tensor argument into an address by calling its ``data_ptr()`` and then
+``cuPointerGetAttribute`` (a driver call that checks the address is device memory), and Triton 3.6 builds a
+launch-metadata object and calls the (empty) launch-hook chains on every launch. A recorded launch passes
+addresses instead: the recorded scratch tensors' once, at recording; each call's tensors from ``data_ptr()``
+(their device was checked by the key); and it skips the metadata and hooks while no hook is installed.
+
 Nothing is recorded under the interpreter or while a CUDA graph is being captured.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
+from triton import knobs
 
 from ._runtime import INTERPRET
+
+
+@functools.cache
+def _raw_stream():
+    """Triton's own ``get_current_stream(device index)``: the raw handle of a device's current stream, without
+    building a ``torch.cuda.Stream`` (``torch.cuda.current_stream`` costs ~9 us of host time on an H100 machine,
+    this ~0.2 us; ``profile_cascade_host``)."""
+    from triton.runtime import driver
+    return driver.active.get_current_stream
 
 
 def tensor_key(t):
@@ -28,27 +47,87 @@ def tensor_key(t):
 
 
 def stream_key(device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    """The handle of ``device``'s current CUDA stream (0 off CUDA)."""
+    if device.type != "cuda":
+        return 0
+    if device.index is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _raw_stream()(device.index)
+
+
+def stream_handle(index: int) -> int:
+    """The handle of CUDA device ``index``'s current stream (``stream_key`` for a tensor's ``get_device()``)."""
+    return _raw_stream()(index)
+
+
+def current_stream() -> int:
+    """The handle of the current device's current CUDA stream."""
+    return _raw_stream()(torch.cuda.current_device())
+
+
+def _no_hooks(enter, leave) -> bool:
+    """No launch hook is installed (Triton 3.6 keeps an empty ``HookChain`` there; older versions None)."""
+    return ((enter is None or (type(enter) is knobs.HookChain and not enter.calls))
+            and (leave is None or (type(leave) is knobs.HookChain and not leave.calls)))
+
+
+def _direct_launch(run):
+    """The compiled launcher's C entry point where calling it straight is what ``run(...)`` would do (no scratch
+    memory to allocate per launch), else None."""
+    launch = getattr(run, "launch", None)
+    if (launch is None or getattr(run, "global_scratch_size", 1) != 0 or getattr(run, "profile_scratch_size", 1) != 0
+            or not hasattr(run, "launch_cooperative_grid") or not hasattr(run, "launch_pdl")):
+        return None
+    return launch
 
 
 class RecordedLaunch:
-    """One launch of a compiled kernel with a fixed grid and argument list; ``names`` slots are per call."""
+    """One launch of a compiled kernel with a fixed grid and argument list; ``slots`` (name -> index) are per call.
 
-    __slots__ = ("kernel", "run", "grid", "args", "slots")
+    ``ptr_args`` is the argument list with every recorded tensor as its device address; ``slot_index`` the
+    slots' indices in ``slot_names`` order (``launch``)."""
+
+    __slots__ = ("kernel", "run", "grid", "args", "slots", "slot_index", "ptr_args", "direct", "head")
 
     def __init__(self, kernel, grid, args, slots):
         self.kernel, self.run, self.grid, self.args, self.slots = kernel, kernel.run, grid, args, slots
+        self.slot_index = tuple(slots.values())
+        self.ptr_args = [a.data_ptr() if type(a) is torch.Tensor else a for a in args]
+        self.direct = _direct_launch(self.run)
+        if self.direct is not None:  # the launcher's fixed leading arguments, hooks and metadata left out
+            self.head = (grid[0], grid[1], grid[2], 0, kernel.function, self.run.launch_cooperative_grid,
+                         self.run.launch_pdl, None, None, kernel.packed_metadata, None, None, None)
+        else:
+            self.head = None
 
     def __call__(self, tensors: dict, stream: int | None = None) -> None:
         """Launch on ``tensors`` (slot name -> argument), on the current stream or the stream handle ``stream``."""
-        from triton import knobs
-        args = list(self.args)
-        for name, i in self.slots.items():
-            args[i] = tensors[name]
+        slots = self.slots
+        self.launch([tensors[n] for n in slots], stream)
+
+    def launch(self, values, stream: int | None = None, addresses=None) -> None:
+        """Launch with ``values`` in the slots (in ``slot_names`` order): tensors, or ints (device addresses of
+        tensors on the recorded device), on the current stream or the stream handle ``stream``. ``addresses``:
+        the same arguments with every tensor as its ``data_ptr()``, where the caller has them already."""
         if stream is None:
-            stream = torch.cuda.current_stream().cuda_stream
+            stream = current_stream()
         enter, leave = knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook
-        meta = self.kernel.launch_metadata(self.grid, stream, *args) if enter is not None else None
+        if _no_hooks(enter, leave):  # addresses only: no data_ptr() / cuPointerGetAttribute in the launcher
+            args = list(self.ptr_args)
+            if addresses is None:
+                addresses = [x.data_ptr() if type(x) is torch.Tensor else x for x in values]
+            for i, x in zip(self.slot_index, addresses):
+                args[i] = x
+            if self.direct is not None:
+                head = self.head
+                self.direct(head[0], head[1], head[2], stream, *head[4:], *args)
+                return
+            meta, enter, leave = None, None, None
+        else:  # a profiler's hooks see the tensors, as on Triton's own launch path
+            args = list(self.args)
+            for i, x in zip(self.slot_index, values):
+                args[i] = x
+            meta = self.kernel.launch_metadata(self.grid, stream, *args)
         g = self.grid
         self.run(g[0], g[1], g[2], stream, self.kernel.function, self.kernel.packed_metadata, meta, enter, leave,
                  *args)

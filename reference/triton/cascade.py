@@ -569,22 +569,33 @@ def clear_launch_cache() -> None:
 
 
 def _fast_key(tensors, *options, enabled: bool = True):
-    """Key of a recorded launch (``options`` include the call's config), or None: the full path."""
+    """``(key, stream handle, device addresses of tensors)`` of a recorded launch (``options`` include the call's
+    config), or None: the full path. The key holds each tensor's shape, strides, dtype, device index and 16-byte
+    alignment, the options, the stream and the capture state (an eager call and a captured one may take different
+    paths, ``use_gluon_prefix``)."""
     if INTERPRET or not enabled:
         return None
-    parts = []
+    parts, ptrs = [], []
     for t in tensors:
-        if type(t) is not torch.Tensor or t.device.type != "cuda":
+        if type(t) is not torch.Tensor or not t.is_cuda:
             return None
-        parts.append(_fastlaunch.tensor_key(t))
-    # capture state: an eager call and a captured one may take different paths (``use_gluon_prefix``)
-    key = ("cascade", *parts, *options, _fastlaunch.stream_key(tensors[0].device),
-           torch.cuda.is_current_stream_capturing())
+        p = t.data_ptr()
+        ptrs.append(p)
+        parts.append((t.shape, t.stride(), t.dtype, t.get_device(), p % 16 == 0))
+    stream = _fastlaunch.stream_handle(tensors[0].get_device())
+    return ("cascade", *parts, *options, stream, torch.cuda.is_current_stream_capturing()), stream, ptrs
+
+
+def _recorded(tensors, *options, enabled: bool = True):
+    """``(key, stream, addresses, recorded launch or None)``, or None where the call takes the full path (no key,
+    or an unhashable option: the full path's checks name it)."""
+    found = _fast_key(tensors, *options, enabled=enabled)
+    if found is None:
+        return None
     try:
-        hash(key)
+        return (*found, LAUNCH_CACHE.get(found[0]))
     except TypeError:
         return None
-    return key
 
 
 def check_cascade_inputs(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate):
@@ -623,24 +634,26 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     skips the checks that need a device sync; ``fast_launch=False`` always takes the full path (no recorded
     launch).
     """
-    key = _fast_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
-                    enabled=fast_launch is True)
-    rec = LAUNCH_CACHE.get(key) if key is not None else None
+    found = _recorded((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
+                      enabled=fast_launch is True)
+    key, rec = (found[0], found[3]) if found is not None else (None, None)
     if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
         if validate:
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
-        out = torch.empty_like(q)
-        lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
-        if isinstance(rec, GluonLaunches):  # Hopper: the Gluon prefix launch and the Triton launch(es)
+        main = rec.main if type(rec) is GluonLaunches else rec
+        out = torch.empty_like(q)  # q's strides are the recorded (contiguous) ones
+        lse = torch.empty_like(main.args[main.slots["LOUT"]])  # the recorded call's lse: (B, Hq) float32
+        if main is not rec:  # Hopper: the Gluon prefix launch and the Triton launch(es)
             return _replay_gluon(rec, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse)
+        values = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, prefix_k, prefix_v)
         dk = rec.args[rec.slots["DescK"]]
-        if isinstance(dk, torch.Tensor):
-            desc_k, desc_v = prefix_k, prefix_v
+        if type(dk) is torch.Tensor:  # pointer loads: the addresses of the key's tensors (_SLOTS order)
+            p = found[2]
+            rec.launch(values, found[1], addresses=(*p, out.data_ptr(), lse.data_ptr(), p[1], p[2]))
         else:  # a launch recorded with TMA boxes: descriptors of the new prefix (same shape and box)
             from triton.tools.tensor_descriptor import TensorDescriptor
             desc_k, desc_v = (TensorDescriptor(x, dk.shape, dk.strides, dk.block_shape) for x in (prefix_k, prefix_v))
-        rec({"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
-             "SeqLens": seq_lens, "OUT": out, "LOUT": lse, "DescK": desc_k, "DescV": desc_v})
+            rec.launch(values[:9] + (desc_k, desc_v), found[1])
         return out, lse
     _checks.check_flag(fast_launch, "fast_launch")
     B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
