@@ -130,9 +130,11 @@ def main(argv=None):
             o2 = flash_decode(*sets[0], num_splits=splits, config=cfg)  # the tickets were reset
             err = float((o.double().cpu() - ref).norm() / ref.norm())
             row["rel_err_vs_float64"] = err
-            if err > 2e-2 or not torch.equal(o, o2):
-                raise AssertionError(f"o relative error {err:.2e} vs float64 (bound 2e-2), repeat equal: "
-                                     f"{torch.equal(o, o2)}")
+            # a dynamic split sums in the order the chunks were drawn: repeats agree to rounding, not bitwise
+            rep = float((o2.double() - o.double()).norm() / o.double().norm())
+            row["repeat_rel_diff"] = rep
+            if err > 2e-2 or rep > (1e-2 if cfg.dynamic_chunk else 0.0):
+                raise AssertionError(f"o relative error {err:.2e} vs float64 (bound 2e-2), repeat rel. diff {rep:.1e}")
         except Exception as exc:  # noqa: BLE001 - one variant failing keeps the others
             row["error"] = repr(exc)[:300]
             res["rows"].append(row)
