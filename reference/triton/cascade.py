@@ -72,24 +72,22 @@ class CascadeConfig(KeyBlockConfig):
     #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
     #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
     #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
-    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 64 rows (B >= 16 at
-    #: G = 4; session 7). Graph times favour Gluon with the pinned overlap from B = 8 on (H100, one process,
-    #: ``h100-cascade.json``: B=8 67.1 vs 75.1 us, B=16 81.3 vs 98.8, B=32 121.5 vs 134.0, B=64 173.6 vs 211.8), but
-    #: at B = 8 its eager calls are host-bound: session 7's first full run (under ``gluon_min_rows = 32``, not
-    #: committed; notes/serving_perf.md "Full run on the merged main, session 7") had the Gluon "pdl" path as the
-    #: default at 71.1 us graph and 1.91-2.17x that eagerly (95 us of host time a call, 1.31x paged decode
-    #: eagerly), the Triton kernel at 0.73 of copy and 1.07x eagerly; in the committed run
-    #: (``h100-mixed-batch.json``) "pdl" at B = 8 is 1.23x its graph time eagerly, the Triton kernel 0.98x. Only
-    #: the Triton path met issue 25's eager bar at B = 8 in both (within 1.2x of graph, >= 1.5x paged decode).
-    #: (Session 6, sequential Gluon: 128 rows.)
+    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 32 rows (B >= 8 at
+    #: G = 4; session 8): graph times favour Gluon with the pinned overlap from B = 8 on, in three H100 runs
+    #: ("pdl" vs the one-launch Triton kernel at B = 8: 67.1 vs 75.1 us in ``h100-cascade.json``, 70.5 vs 76.4 and
+    #: 68.8 vs 75.5 in the two session-8 full runs of ``bench_mixed_batch``). Session 7 kept B = 8 on the Triton
+    #: kernel (64 rows) because the Gluon path's eager calls were host-bound there (1.91-2.17x graph time); since
+    #: ``eager_gluon_min_rows`` eager calls below 256 rows take the Triton kernel whatever this threshold, so it
+    #: only decides captured calls. (Session 6, sequential Gluon: 128 rows.)
     prefix_gluon: bool | None = None
-    gluon_min_rows: int = 64
+    gluon_min_rows: int = 32
     #: the same threshold for an eager call (none outside CUDA-graph capture): below it eager calls take the
     #: one-launch Triton kernel. The Gluon path's two launches cost 146-167 us of host time a call at B = 16
     #: (H100, ``h100-mixed-batch.json``, session 7), more than its GPU time: eager loop per call at B = 8 / 16 /
     #: 32 / 64, Triton one launch vs Gluon ("pdl" / "off" at 64): 72.7 vs 82.0, 95.6 vs 160.7, 130.8 vs 136.2,
     #: 201.2 vs 164.5 us; so 256 rows (B = 64 at G = 4). Captured calls (graph replay: no host time) keep
-    #: ``gluon_min_rows``.
+    #: ``gluon_min_rows``. After session 8's cut of the recorded launch's host path the Gluon paths still take
+    #: 49-90 us of host time a call at B = 8-32 (``h100-mixed-batch.json``), about their GPU time: kept.
     eager_gluon_min_rows: int = 256
     #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
     gluon_block_n: int = 128
