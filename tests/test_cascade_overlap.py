@@ -235,11 +235,12 @@ def test_overlap_in_a_cuda_graph_equals_eager(rng, mode):
 @pytest.mark.triton_serving
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="the eager / captured path split exists on an H100/H200 (sm_90) only")
-def test_default_config_eager_warmup_then_capture(rng):
-    """The serving pattern with the default config at B G = 64 packed rows: warm up eagerly (the Triton kernel,
-    ``eager_gluon_min_rows``), then capture (the Gluon "pdl" path, first launched inside the capture), replay with
-    new inputs; both paths against float64 attention of the same rounded inputs."""
-    B, hq, hkv, d, P, bs = 16, 32, 8, 128, 1500, 16
+@pytest.mark.parametrize("B", [8, 16])
+def test_default_config_eager_warmup_then_capture(rng, B):
+    """The serving pattern with the default config at B G = 32 and 64 packed rows: warm up eagerly (the Triton
+    kernel, ``eager_gluon_min_rows``), then capture (the Gluon "pdl" path, first launched inside the capture),
+    replay with new inputs; both paths against float64 attention of the same rounded inputs."""
+    hq, hkv, d, P, bs = 32, 8, 128, 1500, 16
     suffix = [int(x) for x in rng.integers(0, 70, B)]
     args, ref = _case(rng, B, hq, hkv, d, P, suffix, bs, torch.bfloat16)
     new, ref_new = _case(rng, B, hq, hkv, d, P, suffix, bs, torch.bfloat16)
