@@ -258,6 +258,21 @@ def _lecture09() -> dict:
         out[_f(min(paged))] = out[_f(max(paged))] = "lecture 8: paged / contiguous decode, block 16 (H200)"
     out.update(_lecture09_mixed())
     out.update(_lecture09_hopper())
+    out.update(_lecture09_host())
+    return out
+
+
+def _lecture09_host() -> dict:
+    """Lecture 09 section 4's host-time numbers: ``h100-cascade-host-probe.json`` (``profile_cascade_host``), B = 8:
+    the recorded launch's host time a call before / after session 8's cut and its step-by-step breakdown."""
+    r = load("h100-cascade-host-probe.json")
+    if r is None:
+        return {}
+    row = next(x for x in r["rows"] if x["batch"] == 8)
+    out = {_f(v["median"], 1): f"cascade B=8 host us a call, {k}" for k, v in row["host_us"].items()}
+    for step, us in row["breakdown_us"].items():
+        for nd in (0, 1, 2):
+            out[_f(us, nd)] = f"host breakdown: {step}"
     return out
 
 
@@ -406,6 +421,7 @@ def _lecture09_mixed() -> dict:
 
 
 _ASSUMED09 = {
+    "3.6": "the Triton version (3.6) whose launcher section 4 describes, not a measurement",
     "1.2": "the course's eager/graph bar (docs/SPEC §7), not a measurement",
     "3.35": "H100 datasheet HBM bandwidth, stated as not measured",
     "34": "model: 4 x 256 rows x 32768 keys x 128 x 8 kv heads FLOPs of the prefix pass at B = 64",

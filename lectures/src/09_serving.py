@@ -245,10 +245,10 @@ for res, p in measured_mixed("prefill"):
 #   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
 #
 # Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the bar of issue 25, 0.9x,
-# met), 16-token pages **0.88x** (missed; with the same tile pinned on both sides 0.86x-0.90x, and the best tile
+# met), 16-token pages **0.87x** (missed; with the same tile pinned on both sides 0.86x-0.90x, and the best tile
 # of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
 # noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
-# 0.58x → 0.80x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
+# 0.58x → 0.81x). What remains on 16-token pages, by Nsight Compute (`h100-prefill-ncu.csv`, 64 x 64 tiles): the
 # page-tile kernel executes the contiguous kernel's instruction count (233 million each; the row gather 287)
 # with the same shared memory, but at 5.28 cycles per issued instruction instead of 4.51: the table entries
 # of a block are still loaded and used in the iteration that issues its copy (the pipeliner moves the
@@ -405,25 +405,24 @@ for res, rows in measured_mixed("cascade"):
               f" | {f[one]:22.2f} {f[prefix]:7.2f} {f['suffix_pass']:7.2f}")
 
 # %% [markdown]
-# * **Small batches.** At B = 8 one launch takes 76 µs against 118 µs for the three launches in the same run,
-#   2.68x paged decode (3.84x, 6.62x, 8.21x at B = 16, 32, 64). Its own 168 MB move at 0.73 of the copy
+# * **Small batches.** At B = 8 one launch takes 74 µs against 117 µs for the three launches in the same run,
+#   2.75x paged decode (3.70x, 6.69x, 8.50x at B = 16, 32, 64). Its own 168 MB move at 0.76 of the copy
 #   bandwidth measured in the same run — above the bar issue 25 set (0.7), which no L2 hit on a shared page can
-#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.80 times the copy bandwidth at B = 8: the
+#   flatter. (Paged decode, the baseline, "reads" its bytes at 1.83 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
 #   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (134 vs
-#   133 µs, 213 vs 221 µs): there the prefix pass, not the launches, sets the time (below).
-# * **Called eagerly it costs about its GPU time**: eager loop / graph 0.95–0.97 at B = 16 to 64 and 2.16x eager
-#   paged decode at B = 8 (bar 1.5), where the three-launch version lost. At B = 8 this run read 1.22 (bar 1.2):
-#   its host time a call (96-105 µs) exceeded the 76 µs of GPU time, so the loop measured the Python side,
-#   which moves between runs and machines (an earlier run of the same code: 0.95, with half the host time).
-# * **Larger batches miss the bar** on this kernel: 0.68 / 0.67 / 0.63 of copy at B = 16 / 32 / 64. The column
-#   that explains it is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 64 µs
-#   (B = 8) to 153 µs (B = 64), falling to 0.29 of copy. It is
+#   131 µs, 207 vs 211 µs): there the prefix pass, not the launches, sets the time (below).
+# * **Called eagerly it costs its GPU time**: eager loop / graph 0.91–0.98 and 2.74x eager paged decode at B = 8
+#   (bar 1.5), where the three-launch version lost — as long as the Python side of a call is shorter than its
+#   GPU time (§4 measures where that time goes).
+# * **Larger batches miss the bar** on this kernel: 0.64 / 0.67 / 0.65 of copy at B = 16 / 32 / 64. The column
+#   that explains it is the prefix pass alone: the same 134 MB at every batch, yet its time grows from 63 µs
+#   (B = 8) to 146 µs (B = 64), falling to 0.31 of copy. It is
 #   limited by its tile work (`B · G = 256` rows against 32k keys at B = 64 is a small prefill: 34 GFLOP), not by
 #   bytes. Nsight Compute on the prefix pass alone at B = 64: DRAM throughput 33% of peak, SM throughput 27%, L2
 #   hit rate 62% (the four 64-row tiles of a kv head each read the prefix, partly from L2), SMs busy for 67% of
 #   the elapsed cycles (the long prefix programs are the launch's tail). The whole call overlaps that work with
-#   the suffixes' reads, which is why it still reaches 0.63. Wider tiles (128 rows, 8 warps) and narrower ones
+#   the suffixes' reads, which is why it still reaches 0.65. Wider tiles (128 rows, 8 warps) and narrower ones
 #   (32 rows) were both slower. The 64-row tiles already run on Hopper's wgmma (the sm_90a compile holds HGMMA
 #   instructions); loading the prefix keys as TMA boxes moved the whole call by a few percent either way, and running
 #   every prefix program first made the prefix pass faster but the call slower at B = 32 and 64 (the suffixes'
@@ -452,7 +451,7 @@ for res in [r for _, r in cascade_runs] or not_run("the Gluon prefix pass", "*-c
 
 # %% [markdown]
 # * The Gluon prefix kernel takes about 48-55 µs at every batch: the 134 MB prefix at 0.81-0.93 of the copy
-#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.29 of copy there.
+#   bandwidth, and at B = 64 its 34 GFLOP at lecture 6's rate. The Triton prefix pass fell to 0.31 of copy there.
 # * One after the other, the Gluon call meets the bar at B = 32 and 64 (0.72 and 0.77 of copy: 124 and 174 µs
 #   against 134 and 212 µs for the one-launch Triton kernel), and loses at B = 8 and 16 (96 and 103 µs against
 #   75 and 99): there the prefix was never the problem, and two launches pay prefix plus suffixes in full (plus
@@ -520,18 +519,16 @@ for res in pdl_runs:
 #   for 256 requests' items) are the tail, and at B = 64 (166 µs) overlapping loses to "off".
 # * "streams" is a few µs slower (72.3 / 86.7 / 122.0 / 185.2): the merge launch and the fork/join.
 #
-# So `cascade_decode` picks per batch (`CascadeConfig`): the one-launch Triton kernel below 64 packed rows
-# (B = 8 here), "pdl" up to 128 (B = 16, 32), "off" above. Why not Gluon at B = 8, where "pdl" is faster by graph
-# time? **Eager calls.** The Gluon paths launch two kernels from Python and build TMA descriptors (now cached per
-# prefix address); their host time a call is about as long as their GPU time at small batches, and eagerly the
-# "pdl" path at B = 8 ran at 2.25x (the full benchmark run) to 2.52x (the overlap run) its graph time, the Triton
-# kernel at 0.98x-1.22x. The same holds at B = 16 and 32, where the host time of the Gluon path's two launches is
-# still as long as their GPU time: so `cascade_decode` asks whether the stream is being captured into a CUDA
-# graph (`torch.cuda.is_current_stream_capturing()`). Captured, it takes the Gluon path from 64 packed rows
-# (`gluon_min_rows`); called eagerly, only from 256 (`eager_gluon_min_rows`); the recorded launches are keyed
-# on the capture state too. The full run of `bench_mixed_batch` (the first table of this section, `cascade`
-# column there is the default path at each B): 75 / 84 / 122 / 174 µs, 0.74 / 0.80 / 0.73 / 0.77 of copy — the
-# bar met at every batch.
+# So `cascade_decode` picks per batch (`CascadeConfig`), for a call captured into a CUDA graph: "pdl" from 32
+# packed rows up to 128 (B = 8, 16, 32), "off" above, the one-launch Triton kernel below 32 rows
+# (`gluon_min_rows`). A call made eagerly takes the Gluon path only from 256 rows (`eager_gluon_min_rows`):
+# `cascade_decode` asks whether the stream is being captured (`torch.cuda.is_current_stream_capturing()`), and
+# the recorded launches are keyed on the capture state too. Why two thresholds? **Host time.** The Gluon paths
+# launch two kernels from Python with TMA descriptors (cached per prefix address); called eagerly, the "pdl"
+# path at B = 8 ran at 2.52x its graph time in the overlap run, the Triton kernel at 0.98x: the Python side of
+# the two launches took longer than their GPU time. A graph replay has no Python side, so there the faster GPU
+# path wins. The full run of `bench_mixed_batch` (`h100-mixed-batch.json`, its `cascade` columns: the default
+# path at each B): 68 / 87 / 121 / 170 µs, 0.82 / 0.78 / 0.74 / 0.79 of copy — the bar met at every batch.
 #
 # ## 4. Eager calls: host time vs GPU time
 #
@@ -575,6 +572,46 @@ for res, e in measured("eager"):
 # crossover lower; the crossover itself is not measured). Larger batches push it down too, since the GPU time
 # grows with the batch and the host time barely does. This is why engines capture the decode step in a CUDA
 # graph: the graph replays every launch of the step for one host call.
+#
+# ### Where a recorded launch's host time goes
+#
+# A recorded launch still runs Python on every call: it builds the key from the call's tensors, allocates the
+# outputs, finds the CUDA stream and hands the arguments to Triton's launcher. For the one-launch cascade at
+# B = 8 (about 75 µs of GPU time) that path once took longer than the kernel on a slow host, and the eager loop
+# measured Python. **Predict** before running the next cell: of the session-7 recorded path's steps, which costs
+# the most: building the key (`"key"`), finding the stream (`"stream"`), allocating the `lse` output (`"alloc"`)
+# or the launch call itself (`"launch"`)? And would handing the launcher raw addresses instead of tensors save a
+# lot?
+
+# %%
+guess = None  # your answer: "key", "stream", "alloc" or "launch"
+host_runs = load_results("*-cascade-host-probe.json")  # python3 -m benchmarks.tuning.profile_cascade_host
+if not host_runs:
+    not_run("the recorded launch's host time", "<gpu>-cascade-host-probe.json")
+for path, r in host_runs:
+    row = next(x for x in r["rows"] if x["batch"] == 8)
+    h, b = row["host_us"], row["breakdown_us"]
+    print(f"{path.name}: {r['meta']['gpu']}, cascade B = 8, GPU time {row['graph_us']:.0f} us a call (graph)")
+    print(f"  host us a call, median of 7: session-7 recorded path {h['legacy_session7']['median']:.1f}, "
+          f"now {h['current']['median']:.1f}")
+    for step, us in b.items():
+        print(f"  {step:62s} {us:6.2f} us")
+    steps = {"key": b["key_legacy (7 tensor keys, current_stream, capture, hash)"],
+             "stream": b["torch.cuda.current_stream().cuda_stream"],
+             "alloc": b["torch.empty(q.shape[:2], dtype, device)"],
+             "launch": b["launch: legacy RecordedLaunch.__call__ (dict, metadata, hooks)"]}
+    check_guess(guess, max(steps, key=steps.get), what="the costliest step of the session-7 recorded path")
+
+# %% [markdown]
+# The launch call was the largest step, about 20 µs, but not because of the driver: the launcher's C entry point
+# alone takes 7 µs. The rest was Python around it: Triton 3.6 computes launch metadata and calls two hook chains
+# (empty unless a profiler installs hooks) on every launch, and the recorded path rebuilt a dictionary of its
+# arguments. The key came next (11 µs for seven tensors' shapes, strides, dtypes and devices), and
+# `torch.cuda.current_stream()` alone cost 4.4 µs where Triton's own stream getter takes 0.13 µs. Raw addresses
+# instead of tensors save under 1 µs for all 14 arguments: the C side was never the problem. Cutting the Python
+# took a call from 44.9 to 21.2 µs in the same process. The lesson carries over to any eager serving loop: time
+# the host side step by step before guessing, and expect it to move with the machine's CPU (one H100 host of this
+# course ran the same path 1.5-2x slower than another).
 #
 # ## 5. Mixed batches: prefill and decode in one launch
 #
@@ -690,15 +727,15 @@ for res, m in measured_mixed("mixed"):
               f" = {m['kv_bytes'] / (ms * 1e-3) / bw:.2f} of copy")
 
 # %% [markdown]
-# One mixed launch takes 891 µs, **1.33x** the speed of the separate prefill and decode launches and 4.78x
+# One mixed launch takes 886 µs, **1.33x** the speed of the separate prefill and decode launches and 4.79x
 # that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
-# 1040 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
+# 1037 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
 # than the Triton page tiles, slower still for the decode rows. The last comparison is the plan's worth: without
 # it each decode row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
 # step's 2.35 GB of K/V would take about 0.8 ms with the prefill hidden under it (the prediction in
-# `notes/serving_perf.md`); measured, the launch moves them at 2.63 TB/s, 0.88 of copy — the prefill chunks run
-# at the page-tile speed of §2. Tiles of one page (16 keys, `mixed_one_launch_block16`) cost 1067 µs: the
+# `notes/serving_perf.md`); measured, the launch moves them at 2.65 TB/s, 0.88 of copy — the prefill chunks run
+# at the page-tile speed of §2. Tiles of one page (16 keys, `mixed_one_launch_block16`) cost 1061 µs: the
 # per-tile fixed cost of §2 again.
 #
 # ## 6. A mini engine

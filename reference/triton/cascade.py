@@ -75,7 +75,8 @@ class CascadeConfig(KeyBlockConfig):
     #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 32 rows (B >= 8 at
     #: G = 4; session 8): graph times favour Gluon with the pinned overlap from B = 8 on, in three H100 runs
     #: ("pdl" vs the one-launch Triton kernel at B = 8: 67.1 vs 75.1 us in ``h100-cascade.json``, 70.5 vs 76.4 and
-    #: 68.8 vs 75.5 in the two session-8 full runs of ``bench_mixed_batch``). Session 7 kept B = 8 on the Triton
+    #: 68.8 vs 75.5 in two session-8 full runs of ``bench_mixed_batch``, and with this pin 68.4 vs 73.6 in the
+    #: committed ``h100-mixed-batch.json``). Session 7 kept B = 8 on the Triton
     #: kernel (64 rows) because the Gluon path's eager calls were host-bound there (1.91-2.17x graph time); since
     #: ``eager_gluon_min_rows`` eager calls below 256 rows take the Triton kernel whatever this threshold, so it
     #: only decides captured calls. (Session 6, sequential Gluon: 128 rows.)
