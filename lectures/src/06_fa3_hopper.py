@@ -782,7 +782,13 @@ for path, r in load_results("*-fp8-gluon.json"):
 # hoisted the wait for that matmul above the exponentials) and how the bf16 kernel at d = 128 gets it back; the FP8
 # kernel's `peeled` and `fence` schedules keep the wait down too (its SASS shows all the exponentials before the
 # wait), but timed within the noise of its default once the rounds ran in both orders, so they stay off
-# (`notes/hopper.md`, "session 6" and "FP8 end to end, session 7").
+# (`notes/hopper.md`, "session 6" and "FP8 end to end, session 7"). Two more levers aimed at the softmax's
+# latency: every consumer thread releasing a ring slot itself (`schedule={"thread_arrive": True}`), which takes two
+# of the three warpgroup barriers per key block out of the loop, moved it by a few percent, within the noise of the
+# rounds; and issuing the next score tile before the softmax (`prefetch`, FlashAttention-3's overlap) needs more
+# registers than a 64-row consumer has, so ptxas spills and it runs several times slower (`notes/hopper.md`, "FP8
+# softmax latency, session 8"). What is left is a larger restructuring: longer key blocks or a third consumer
+# warpgroup, both of which need the probabilities carried as packed e4m3 to fit the registers.
 #
 # ### FP8 end to end: the quantisation is a memory-bound kernel of its own
 #
