@@ -603,15 +603,15 @@ for path, r in host_runs:
     check_guess(guess, max(steps, key=steps.get), what="the costliest step of the session-7 recorded path")
 
 # %% [markdown]
-# The launch call was the largest step, about 20 µs, but not because of the driver: the launcher's C entry point
-# alone takes 7 µs. The rest was Python around it: Triton 3.6 computes launch metadata and calls two hook chains
-# (empty unless a profiler installs hooks) on every launch, and the recorded path rebuilt a dictionary of its
-# arguments. The key came next (11 µs for seven tensors' shapes, strides, dtypes and devices), and
-# `torch.cuda.current_stream()` alone cost 4.4 µs where Triton's own stream getter takes 0.13 µs. Raw addresses
-# instead of tensors save under 1 µs for all 14 arguments: the C side was never the problem. Cutting the Python
-# took a call from 44.9 to 21.2 µs in the same process. The lesson carries over to any eager serving loop: time
-# the host side step by step before guessing, and expect it to move with the machine's CPU (one H100 host of this
-# course ran the same path 1.5-2x slower than another).
+# The launch call was the largest step, about 20 µs, but not because of the driver: Triton's own launch path
+# (`run()` with the tensors, the launch metadata and the two hook chains, empty unless a profiler installs hooks)
+# takes 9 µs, and the launcher's C entry point alone 7 µs. The rest was our Python around it: the CUDA stream
+# looked up through `torch.cuda.current_stream()` (4.4 µs, against 0.13 µs through Triton's own getter) and the
+# argument list rebuilt from a dictionary. The key came next (11 µs for seven tensors' shapes, strides, dtypes
+# and devices). Raw addresses instead of tensors save under 1 µs for all 14 arguments: the C side was never the
+# problem. Cutting the Python took a call from 44.9 to 21.2 µs in the same process. The lesson carries over to any
+# eager serving loop: time the host side step by step before guessing, and expect it to move with the machine's
+# CPU (one H100 host of this course ran the same path 1.5-2x slower than another).
 #
 # ## 5. Mixed batches: prefill and decode in one launch
 #
