@@ -277,3 +277,18 @@ def run_sections(sections: dict, names: str, out: dict, path: str, log, t0: floa
         with open(path, "w") as f:
             json.dump(out, f, indent=1)
     return out
+
+
+def host_us(fn, n: int = 20, *, warm: bool = True) -> float:
+    """Host time per eager call (us): ``n`` calls of ``fn`` issued while a sleep kernel holds the GPU (~100 ms),
+    so the wall time is the Python and launch cost alone, not the GPU's. ``warm``: one call (and a sync) first."""
+    if warm:
+        fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t
+    torch.cuda.synchronize()
+    return dt / n * 1e6

@@ -74,41 +74,31 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
     assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 
 
-@pytest.mark.parametrize("hq,hkv,num_splits,group,rows", [(8, 2, 7, 3, 8), (32, 1, 9, 4, 64), (6, 3, 12, 5, 4),
-                                                         (4, 2, 5, 8, 2)])
-def test_two_level_merge_matches_one_level_and_resets_tickets(rng, hq, hkv, num_splits, group, rows):
+@pytest.mark.parametrize("hq,hkv,num_splits,fields,tol", [
     # DecodeConfig(merge_group=G): groups of G splits merge first (their own tickets), then the groups; a last
-    # group shorter than G (7 = 3 + 3 + 1), empty splits and an empty row (length 0) included; G >= num_splits
-    # falls back to one level. merge_rows sets the merge tile (rows < group: one split per step).
-    import dataclasses
-
-    from reference.triton import configs, decode
-    q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
-    sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
-    one = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
-    two = dataclasses.replace(configs.DECODE_PINS["fp32"], merge_group=group, merge_rows=rows)
-    for _ in range(2 if DEVICE.type == "cpu" else 50):
-        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=two)
-        assert rel_err(o, one) < 1e-6 and torch.all(o[1] == 0)
-    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
-    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
-
-
-@pytest.mark.parametrize("hq,hkv,num_splits,chunk,group", [(8, 2, 7, 2, 0), (32, 1, 9, 1, 4), (6, 3, 4, 3, 0)])
-def test_dynamic_chunks_match_fixed_splits_and_reset_their_counter(rng, hq, hkv, num_splits, chunk, group):
+    # group shorter than G (7 = 3 + 3 + 1); G >= num_splits falls back to one level; merge_rows sets the merge
+    # tile (rows < group: one split per step). Same sums as the one-level merge, regrouped: 1e-6.
+    (8, 2, 7, dict(merge_group=3, merge_rows=8), 1e-6), (32, 1, 9, dict(merge_group=4, merge_rows=64), 1e-6),
+    (6, 3, 12, dict(merge_group=5, merge_rows=4), 1e-6), (4, 2, 5, dict(merge_group=8, merge_rows=2), 1e-6),
     # DecodeConfig(dynamic_chunk=C): the programs of a (batch, kv head) draw chunks of C key blocks from a counter
-    # (on the interpreter program 0 draws them all: order-free, one state per program), with a one- or two-level
-    # merge; an empty row (length 0) and a ragged one; the chunk counter is back at 0 after every launch.
+    # (on the interpreter program 0 draws them all; on a GPU the split of the keys changes from call to call), with
+    # a one- or two-level merge. The keys are summed in another order: 1e-5 in float32.
+    (8, 2, 7, dict(dynamic_chunk=2), 1e-5), (32, 1, 9, dict(dynamic_chunk=1, merge_group=4), 1e-5),
+    (6, 3, 4, dict(dynamic_chunk=3), 1e-5)])
+def test_merge_options_match_the_default_merge_and_reset_their_counters(rng, hq, hkv, num_splits, fields, tol):
+    # Against the default (fixed splits, one-level merge) and float64, with empty splits, an empty row (length
+    # 0) and a ragged one; every ticket and chunk counter is back at 0 after the launches (a leftover count
+    # would merge too early, or hand the next launch no chunks).
     import dataclasses
 
     from reference.triton import configs, decode
     q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
     sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
-    fixed = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
-    dyn = dataclasses.replace(configs.DECODE_PINS["fp32"], dynamic_chunk=chunk, merge_group=group)
+    default = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
+    cfg = dataclasses.replace(configs.DECODE_PINS["fp32"], **fields)
     for _ in range(2 if DEVICE.type == "cpu" else 50):
-        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=dyn)
-        assert rel_err(o, fixed) < 1e-5 and torch.all(o[1] == 0)
+        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=cfg)
+        assert rel_err(o, default) < tol and torch.all(o[1] == 0)
     assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
     assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 

@@ -353,7 +353,7 @@ def _cascade(log, copy_bw):
             eager = ("cascade",) + EAGER_PATHS
             row["ms_loop_paths"] = {k: _common.loop_ms(fns[k], 100, warmup=10) for k in eager}
             row["eager_loop_over_graph_paths"] = {k: row["ms_loop_paths"][k] / g[k] for k in eager}
-            row["host_us_per_call"] = {k: _host_us(fns[k]) for k in eager}
+            row["host_us_per_call"] = {k: _common.host_us(fns[k]) for k in eager}
             log("    eager loop / graph: " + ", ".join(f"{k} {row['eager_loop_over_graph_paths'][k]:.2f}"
                                                         for k in eager)
                 + "; host us a call: " + ", ".join(f"{k} {v:.0f}" for k, v in row["host_us_per_call"].items()))
@@ -410,20 +410,6 @@ def _cascade_variants(q, prefix_k, prefix_v) -> dict:
 
 #: the paths whose eager calls are timed beside their graph time (loop and host time per call)
 EAGER_PATHS = ("cascade_triton", "cascade_gluon", "cascade_gluon_pdl", "cascade_gluon_streams")
-
-
-def _host_us(fn, n: int = 20) -> float:
-    """Host time per eager call (us): ``n`` calls issued while the GPU is held busy by a sleep kernel, so the
-    wall time is the Python + launch cost alone (an added measurement beside ``ms_loop``)."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e8))  # ~100 ms of GPU time ahead of the calls
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
 
 
 def main(argv=None):

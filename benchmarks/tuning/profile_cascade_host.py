@@ -10,7 +10,7 @@ pages, bf16, Hq = 32, Hkv = 8, d = 128):
 * checks the eager call against ``paged_decode`` of the whole sequences (rel. err < 2e-2), the recorded launch
   against the full path bit for bit (out and lse), and the session-7 recorded path (``legacy_call``, a copy of that
   code kept here) against both;
-* times the host time of one eager call (calls issued while the GPU sleeps, as ``bench_mixed_batch._host_us``
+* times the host time of one eager call (calls issued while the GPU sleeps, ``_common.host_us``
   does, but 200 calls a sample and 7 samples, interleaved between the paths: median and spread), the back-to-back
   eager loop and the graph time, for the session-7 path and the current one, at B = 8, 16, 32, and
   ``flash_decode``'s recorded launch (B = 1, 256 keys, one split) as the reference point;
@@ -86,15 +86,8 @@ def legacy_call(cache: dict, q, prefix_k, prefix_v, k_cache, v_cache, block_tabl
 
 # ------------------------------------------------------------------------------------------------------- timers
 def host_us(fn, n: int = 200) -> float:
-    """Host us per call: ``n`` calls issued while a sleep kernel holds the GPU (the wall time is Python + launch)."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e8))  # ~100 ms of GPU time ahead of the calls
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    dt = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return dt / n * 1e6
+    """Host us per call (``_common.host_us``, no warm-up call: the callers warm up themselves)."""
+    return _common.host_us(fn, n, warm=False)
 
 
 def cpu_us(fn, n: int = 2000) -> float:

@@ -29,7 +29,7 @@ from benchmarks import _common, write_json
 
 HQ, HKV, D = 32, 8, 128
 
-def variants(smoke: bool, which: str = "occupancy") -> dict:
+def variants(smoke: bool, which: str = "dynamic") -> dict:
     """name -> (num_splits, ``DecodeConfig`` fields over the pin); the first is the pin at the heuristic's count.
     ``which``: the variant list of session 8's first run (``splits``: finer splits, merge tile and two-level
     merge), of its second (``occupancy``: no software pipeline, more programs per SM) or third (``dynamic``:
@@ -130,10 +130,12 @@ def main(argv=None):
             o2 = flash_decode(*sets[0], num_splits=splits, config=cfg)  # the tickets were reset
             err = float((o.double().cpu() - ref).norm() / ref.norm())
             row["rel_err_vs_float64"] = err
-            # a dynamic split sums in the order the chunks were drawn: repeats agree to rounding, not bitwise
+            # a dynamic split folds the chunks in the order they were drawn, so each program's running max, and
+            # with it the bf16 rounding of P before the P V dot, differs between calls: repeats differ by about
+            # the kernel's own bf16 error (2.2-2.7e-3 in the session-8 run, against 2.2e-3 vs float64), not bitwise
             rep = float((o2.double() - o.double()).norm() / o.double().norm())
             row["repeat_rel_diff"] = rep
-            if err > 2e-2 or rep > (1e-2 if cfg.dynamic_chunk else 0.0):
+            if err > 2e-2 or rep > (5e-3 if cfg.dynamic_chunk else 0.0):
                 raise AssertionError(f"o relative error {err:.2e} vs float64 (bound 2e-2), repeat rel. diff {rep:.1e}")
         except Exception as exc:  # noqa: BLE001 - one variant failing keeps the others
             row["error"] = repr(exc)[:300]
