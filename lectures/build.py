@@ -97,7 +97,7 @@ def coalesce_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def select(names) -> list[Path]:
-    sources = sorted(SRC.glob("[0-9][0-9]_*.py"))
+    sources = sorted(SRC.glob("[0-9][0-9]*_*.py"))
     if not names:
         return sources
     chosen = [p for p in sources if any(n in p.stem for n in names)]
