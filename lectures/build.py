@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,11 +54,24 @@ def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookN
     package and every data path through ``lectures._plots.ROOT``. Raises on the first cell error."""
     from nbclient import NotebookClient
 
+    check_installed()
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LECTURES)}},
                             record_timing=False, allow_errors=False)
     with kernel_environment():
         client.execute()
     return coalesce_streams(nb)
+
+
+@functools.cache
+def check_installed() -> None:
+    """Fail with the fix, before any kernel starts, when ``lectures`` does not import from ``lectures/`` without
+    ``PYTHONPATH`` (the course is not installed editable into this interpreter's environment)."""
+    with kernel_environment():
+        res = subprocess.run([sys.executable, "-c", "import lectures"], cwd=LECTURES, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"`import lectures` fails in {LECTURES} with PYTHONPATH unset, so every lecture would fail "
+                           f"in its first cell: install the course editable (`make setup`, or `{sys.executable} -m pip "
+                           f"install --no-deps -e {ROOT}`).\n{res.stderr[-500:]}")
 
 
 @contextlib.contextmanager
