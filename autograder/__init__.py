@@ -1,4 +1,5 @@
-"""The course autograder: grades student submissions of the five assignments in a sandbox.
+"""The course autograder: grades student submissions of the eight assignments (a1-a7 with a3b; a6 and a7 optional)
+in a sandbox.
 
 Students use the in-notebook checker, which runs the visible cases of one function in the notebook's process::
 

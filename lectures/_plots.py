@@ -8,7 +8,19 @@ import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+
+def repo_root() -> Path:
+    """The course repository's root, whatever the working folder: the folder above this package (``make setup``
+    installs it in place, editable), else the working folder or the first of its parents that holds
+    ``benchmarks/results`` (a copy installed elsewhere, run from inside the repository)."""
+    here, cwd = Path(__file__).resolve().parent.parent, Path.cwd().resolve()
+    for cand in (here, cwd, *cwd.parents):
+        if (cand / "benchmarks" / "results").is_dir():
+            return cand
+    return here
+
+
+ROOT = repo_root()
 RESULTS = ROOT / "benchmarks" / "results"
 
 

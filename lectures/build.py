@@ -5,14 +5,20 @@
     python -m lectures.build --out DIR       # write somewhere else (the tests do this)
 
 Source format: a line ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown cell whose lines carry a
-leading ``# `` (``autograder.percent`` reads it, the same reader as the assignment generator and the grader's). Each notebook is executed with nbclient (kernel ``python3``, working directory the repository
-root, so ``import reference`` and ``benchmarks/results/*.json`` resolve), headless (matplotlib's inline
-backend, PNG figures embedded in the notebook so they render on GitHub).
+leading ``# `` (``autograder.percent`` reads it, the same reader as the assignment generator and the grader's).
+
+Each notebook is executed with nbclient (kernel ``python3``) as ``make lab`` or VS Code would run it: working
+folder ``lectures/`` and ``PYTHONPATH`` unset, so ``import lectures, reference`` works only through the editable
+install of ``make setup`` and ``benchmarks/results/*.json`` only through ``lectures._plots.ROOT``. Headless:
+matplotlib's inline backend, PNG figures embedded in the notebook so they render on GitHub.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,16 +49,43 @@ def to_notebook(src_path: Path) -> nbformat.NotebookNode:
 
 
 def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookNode:
-    """Run every cell in a fresh ``python3`` kernel started in the repository root; raises on the first error."""
+    """Run every cell in a fresh ``python3`` kernel started as Jupyter starts it: in ``lectures/``, with
+    ``PYTHONPATH`` unset, so ``import lectures, reference`` must work through the installed (editable) course
+    package and every data path through ``lectures._plots.ROOT``. Raises on the first cell error."""
     from nbclient import NotebookClient
 
-    env_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    os.environ["PYTHONPATH"] = env_path  # the kernel inherits it: `import reference, lectures` from anywhere
-    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}},
+    check_installed()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LECTURES)}},
                             record_timing=False, allow_errors=False)
-    client.execute()
+    with kernel_environment():
+        client.execute()
     return coalesce_streams(nb)
+
+
+@functools.cache
+def check_installed() -> None:
+    """Fail with the fix, before any kernel starts, when ``lectures`` does not import from ``lectures/`` without
+    ``PYTHONPATH`` (the course is not installed editable into this interpreter's environment)."""
+    with kernel_environment():
+        res = subprocess.run([sys.executable, "-c", "import lectures"], cwd=LECTURES, capture_output=True, text=True)
+    if res.returncode != 0:
+        raise RuntimeError(f"`import lectures` fails in {LECTURES} with PYTHONPATH unset, so every lecture would fail "
+                           f"in its first cell: install the course editable (`make setup`, or `{sys.executable} -m pip "
+                           f"install --no-deps -e {ROOT}`).\n{res.stderr[-500:]}")
+
+
+@contextlib.contextmanager
+def kernel_environment():
+    """``os.environ`` as a kernel started by ``jupyter lab`` sees it (no ``PYTHONPATH``; figures inline),
+    restored afterwards (the kernel copies the environment when it starts)."""
+    saved = dict(os.environ)
+    os.environ.pop("PYTHONPATH", None)
+    os.environ.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def coalesce_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -79,7 +112,7 @@ def coalesce_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def select(names) -> list[Path]:
-    sources = sorted(SRC.glob("[0-9][0-9]_*.py"))
+    sources = sorted(SRC.glob("[0-9][0-9]*_*.py"))
     if not names:
         return sources
     chosen = [p for p in sources if any(n in p.stem for n in names)]

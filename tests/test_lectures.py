@@ -1,4 +1,11 @@
-"""The lectures: every source runs headless without error, and the committed notebooks are built from it."""
+"""The lectures: every source runs headless without error, and the committed notebooks are built from it.
+
+The builds run as Jupyter runs a lecture (kernel started in ``lectures/``, ``PYTHONPATH`` unset), so they pass
+only through the editable install of ``make setup``, as ``make lab``, VS Code and ``jupyter nbconvert`` need."""
+import os
+import subprocess
+import re
+import sys
 from pathlib import Path
 
 import nbformat
@@ -8,7 +15,7 @@ from lectures import build
 
 pytestmark = pytest.mark.notebooks
 
-SOURCES = sorted(build.SRC.glob("[0-9][0-9]_*.py"))
+SOURCES = sorted(build.SRC.glob("[0-9][0-9]*_*.py"))
 IDS = [p.stem for p in SOURCES]
 
 
@@ -26,7 +33,7 @@ def test_lecture_executes(src, tmp_path):
 
     For lecture ``STABLE`` also: rebuilding gives the same bytes (seeded inputs, printed numbers that do not
     depend on timing, merged output streams). The check reuses this test's build instead of building the
-    lecture twice more in a test of its own (issue 23 item 2: one build of lecture 04, about 7 s of CPU)."""
+    lecture twice more in a test of its own (one build of lecture 04 costs about 7 s of CPU)."""
     out = build.build(src, tmp_path / "a", timeout=300)
     nb = nbformat.read(str(out), as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
@@ -89,3 +96,59 @@ def test_stream_outputs_are_coalesced():
                     nbformat.v4.new_output("stream", name="stdout", text="x\n")]
     out = build.coalesce_streams(nb).cells[0].outputs
     assert [o.output_type for o in out] == ["stream", "display_data", "stream"]
+
+
+def _no_pythonpath_env():
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def test_lectures_package_is_installed_by_setup():
+    """``make setup`` installs the repository editable; ``lectures`` must be among its packages, or every lecture
+    fails in its first cell with ``No module named 'lectures'`` wherever Jupyter starts the kernel."""
+    text = (build.ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    found = re.search(r"\[tool\.setuptools\.packages\.find\][^\[]*?^include\s*=\s*\[([^\]]*)\]", text, re.M | re.S)
+    assert found, "pyproject.toml has no [tool.setuptools.packages.find] include list"
+    include = re.findall(r'"([^"]+)"', found.group(1))
+    for pkg in ("lectures", "reference", "autograder"):
+        assert any(pat in (pkg, pkg + "*") for pat in include), f"pyproject.toml does not install {pkg}: {include}"
+
+
+def test_helpers_import_from_the_lectures_folder_without_pythonpath():
+    """From ``lectures/`` with ``PYTHONPATH`` unset (a kernel of ``make lab``), ``lectures`` and ``reference``
+    import from this checkout and the results folder the lectures read resolves to the repository's."""
+    code = ("import lectures._plots as p, reference, json; "
+            "print(json.dumps([p.__file__, reference.__file__, str(p.RESULTS), p.RESULTS.is_dir()]))")
+    res = subprocess.run([sys.executable, "-c", code], cwd=build.LECTURES, env=_no_pythonpath_env(),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, f"run `make setup` (editable install):\n{res.stderr[-1500:]}"
+    plots, ref, results, exists = __import__("json").loads(res.stdout.strip().splitlines()[-1])
+    assert Path(plots).resolve() == (build.LECTURES / "_plots.py").resolve()
+    assert Path(ref).resolve().parent.parent == build.ROOT.resolve()
+    assert Path(results).resolve() == (build.ROOT / "benchmarks" / "results").resolve() and exists
+
+
+def test_build_runs_the_kernel_in_the_lectures_folder_without_pythonpath(monkeypatch):
+    """The build must not hide a missing install: its kernel starts in ``lectures/`` and does not inherit a
+    ``PYTHONPATH`` (set here to the repository root, as the build once did); the caller's environment is restored."""
+    monkeypatch.setenv("PYTHONPATH", str(build.ROOT))
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell(
+        "import os, lectures\nprint(os.getcwd()); print(os.environ.get('PYTHONPATH')); print(lectures.__file__)"))
+    out = build.execute(nb, timeout=120)
+    cwd, pythonpath, init = "".join(out.cells[0].outputs[0].text).split("\n")[:3]
+    assert Path(cwd).resolve() == build.LECTURES.resolve()
+    assert pythonpath == "None"
+    assert Path(init).resolve() == (build.LECTURES / "__init__.py").resolve()
+    assert os.environ["PYTHONPATH"] == str(build.ROOT)
+
+
+def test_nbconvert_executes_a_committed_lecture_from_its_folder(tmp_path):
+    """``jupyter nbconvert --execute`` run in ``lectures/`` with ``PYTHONPATH`` unset, on a committed notebook."""
+    res = subprocess.run([sys.executable, "-m", "nbconvert", "--to", "notebook", "--execute", "00_attention_basics.ipynb",
+                          "--output-dir", str(tmp_path), "--ExecutePreprocessor.timeout=300"],
+                         cwd=build.LECTURES, env=_no_pythonpath_env(), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    nb = nbformat.read(str(tmp_path / "00_attention_basics.ipynb"), as_version=4)
+    assert all(c.execution_count for c in nb.cells if c.cell_type == "code")
