@@ -39,7 +39,7 @@ from .collectives import GroupInfo, all_to_all
 from .layout import (check_layout, hybrid_segments, local_length, rank_segments, take_segments, unshard)
 from .local_step import attend_segments, attend_segments_backward, default_scale, get_step
 from .merge import RunningState, acc_dtype, state_dtype_for
-from .ring_attention import _check_qkv, _Ring, ring_attention_backward, ring_attention_forward
+from .ring_attention import check_qkv, RingPlan, ring_attention_backward, ring_attention_forward
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def _attend_heads_backward(plan, qh, kh, vh, oh, lseh, doh, causal, scale, layou
 
 def _forward_heads(q, k, v, groups, causal, scale, layout, step, seq_lens, stats):
     """The forward, also returning what the backward needs in head-sharded form (``plan, qh, kh, vh, oh, lseh``)."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
     plan = _Plan(groups, q, k, layout, seq_lens)
@@ -293,7 +293,7 @@ def hybrid_attention_backward(q, k, v, o, lse, do, groups, causal=False, scale=N
         raise ValueError(f"o and do must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}, got "
                          f"o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}")
     groups = _solo_or(groups, None)
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     layout, step_ = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
     plan = _Plan(groups, q, k, layout, seq_lens)
@@ -367,10 +367,10 @@ def allgather_attention_forward(q, k, v, causal=False, scale=None, layout="zigza
                                 seq_lens=None, stats=None):
     """All-gather context parallelism (module docstring): ``(o, lse)`` of this rank's queries (sharded as the
     ring's, ``layout.shard``). ``stats`` receives ``a2a_s`` (the gather) and ``attn_s``."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
-    ring, info = _Ring(group, q, k, layout, seq_lens), GroupInfo(group)
+    ring, info = RingPlan(group, q, k, layout, seq_lens), GroupInfo(group)
     ring.layout = layout
     timer = _Timer(q.device, stats)
     kf, vf = timer("a2a_s", _gather_kv, ring, info, k, v)
@@ -384,13 +384,13 @@ def allgather_attention_forward(q, k, v, causal=False, scale=None, layout="zigza
 def allgather_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, layout="zigzag", step="torch",
                                  group=None, seq_lens=None, stats=None):
     """Gradients for this rank's shard: gather K/V again, dQ local, dK/dV of every position summed at its owner."""
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:3]:
         raise ValueError(f"o and do must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}, got "
                          f"o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}")
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
-    ring, info = _Ring(group, q, k, layout, seq_lens), GroupInfo(group)
+    ring, info = RingPlan(group, q, k, layout, seq_lens), GroupInfo(group)
     ring.layout = layout
     timer = _Timer(q.device, stats)
     kf, vf = timer("a2a_s", _gather_kv, ring, info, k, v)
