@@ -123,3 +123,23 @@ def test_ulysses_bytes_model_matches_what_the_all_to_alls_send():
     sent = 2 * per_rank                                            # q in, o out
     sent += 2 * sum((kh - kl) * c * d for _, _, kl, kh in head_split(hq, hkv, w)[1:])   # k, v
     assert sent * 2 == comm_bytes("ulysses", n, w, hq, hkv, d)  # bf16: 2 bytes a number
+
+
+def test_benchmark_smoke_sends_what_the_byte_model_says(tmp_path):
+    """The benchmark's CPU smoke run (gloo, 4 ranks): every scheme checked against one device, and the bytes
+    each rank sent equal ``comm_model``'s formula (plus, in the forward of the all-to-all schemes, the fp32 lse
+    that travels back with ``o``, which the model leaves out as 1/d of it)."""
+    import json
+
+    from benchmarks.course import bench_sequence_parallel as bench
+    bench.main(["--smoke", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "smoke-seqpar-w4.json").read_text())
+    assert {c["scheme"] for c in data["checks"]} == {"ring", "allgather", "ulysses", "hybrid_u2"}
+    assert all(c["rel_err"] < 1e-5 for c in data["checks"])
+    shape, world = data["meta"]["shape"], data["meta"]["world"]
+    for r in data["rows"]:
+        extra = 0
+        if r["pass"] == "forward" and r["ulysses"] >= 2:
+            a, c = r["ulysses"], r["n"] // world
+            extra = (a - 1) * c * (shape["hq"] // a) * 4
+        assert r["bytes_sent"] == r["bytes_model"] + extra, r

@@ -12,6 +12,22 @@ import torch
 import torch.distributed as dist
 
 _A2A_TAG = 3
+_METERS: list = []
+
+
+class ByteMeter:
+    """``with ByteMeter() as m:`` counts the bytes this process sends through :func:`all_to_all` (``m.sent``),
+    so a benchmark can hold the measured volume against ``comm_model``'s formula."""
+
+    def __init__(self):
+        self.sent = 0
+
+    def __enter__(self):
+        _METERS.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        _METERS.remove(self)
 
 
 class GroupInfo:
@@ -42,6 +58,8 @@ def all_to_all(sends: list, recv_shapes: list, info: GroupInfo, like: torch.Tens
         buf = like.new_empty(recv_shapes[j])
         recvs.append(buf)
         if sends[j].numel():
+            for m in _METERS:
+                m.sent += sends[j].numel() * sends[j].element_size()
             ops.append(dist.P2POp(dist.isend, sends[j].contiguous(), info.members[j], info.group, _A2A_TAG))
         if buf.numel():
             ops.append(dist.P2POp(dist.irecv, buf, info.members[j], info.group, _A2A_TAG))

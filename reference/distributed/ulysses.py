@@ -310,25 +310,27 @@ class _HybridFunction(torch.autograd.Function):
     inputs); backward sends ``dO`` in and ``dQ, dK, dV`` out."""
 
     @staticmethod
-    def forward(ctx, q, k, v, groups, causal, scale, layout, step, seq_lens):
-        (o, _), saved = _forward_heads(q, k, v, groups, causal, scale, layout, step, seq_lens, None)
+    def forward(ctx, q, k, v, groups, causal, scale, layout, step, seq_lens, stats):
+        (o, _), saved = _forward_heads(q, k, v, groups, causal, scale, layout, step, seq_lens, stats)
         plan, qh, kh, vh, oh, lseh, *cfg = saved
         ctx.save_for_backward(qh, kh, vh, oh, lseh)
-        ctx.rest = (plan, cfg, causal, q.shape[1], q.dtype, k.shape[1], k.dtype)
+        ctx.rest = (plan, cfg, causal, q.shape[1], q.dtype, k.shape[1], k.dtype, stats)
         return o
 
     @staticmethod
     def backward(ctx, do):
         qh, kh, vh, oh, lseh = ctx.saved_tensors
-        plan, cfg, causal, hq, q_dtype, hkv, k_dtype = ctx.rest
-        grads = _backward_heads((plan, qh, kh, vh, oh, lseh, *cfg), do, hq, q_dtype, hkv, k_dtype, causal, None)
-        return (*grads, None, None, None, None, None, None)
+        plan, cfg, causal, hq, q_dtype, hkv, k_dtype, stats = ctx.rest
+        grads = _backward_heads((plan, qh, kh, vh, oh, lseh, *cfg), do, hq, q_dtype, hkv, k_dtype, causal, stats)
+        return (*grads, None, None, None, None, None, None, None)
 
 
-def hybrid_attention(q, k, v, groups, causal=False, scale=None, layout="zigzag", step="torch", seq_lens=None):
+def hybrid_attention(q, k, v, groups, causal=False, scale=None, layout="zigzag", step="torch", seq_lens=None,
+                     stats=None):
     """Differentiable hybrid attention on this rank's shard: returns ``o``; ``o.backward(do)`` fills the local
-    gradients (arguments as in :func:`hybrid_attention_forward`)."""
-    return _HybridFunction.apply(q, k, v, _solo_or(groups, None), causal, scale, layout, get_step(step), seq_lens)
+    gradients (arguments as in :func:`hybrid_attention_forward`; ``stats`` accumulates both passes' times)."""
+    return _HybridFunction.apply(q, k, v, _solo_or(groups, None), causal, scale, layout, get_step(step), seq_lens,
+                                 stats)
 
 
 def ulysses_attention_forward(q, k, v, causal=False, scale=None, step="torch", group=None, seq_lens=None,
@@ -350,7 +352,7 @@ def ulysses_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, st
 def ulysses_attention(q, k, v, causal=False, scale=None, step="torch", group=None, seq_lens=None):
     """Differentiable Ulysses attention on this rank's contiguous shard."""
     return _HybridFunction.apply(q, k, v, _solo_or(None, group), causal, scale, "contiguous", get_step(step),
-                                 seq_lens)
+                                 seq_lens, None)
 
 
 # ----------------------------------------------------------------------------------------------------------
