@@ -15,6 +15,7 @@ from reference.distributed.demo import case_inputs, sp_cases_rank
 from reference.distributed.launch import run_ranks
 from reference.distributed.ulysses import head_split
 
+from .common import run_smoke
 from .oracle import allowed_mask, attention_grads, attention_ref, lse_err, rel_err
 
 pytestmark = pytest.mark.ring_attention
@@ -129,11 +130,8 @@ def test_benchmark_smoke_sends_what_the_byte_model_says(tmp_path):
     """The benchmark's CPU smoke run (gloo, 4 ranks): every scheme checked against one device, and the bytes
     each rank sent equal ``comm_model``'s formula (plus, in the forward of the all-to-all schemes, the fp32 lse
     that travels back with ``o``, which the model leaves out as 1/d of it)."""
-    import json
-
-    from benchmarks.course import bench_sequence_parallel as bench
-    bench.main(["--smoke", "--out", str(tmp_path)])
-    data = json.loads((tmp_path / "smoke-seqpar-w4.json").read_text())
+    data = run_smoke("benchmarks.course.bench_sequence_parallel", tmp_path, "smoke-seqpar-w4.json")
+    assert (tmp_path / "smoke-seqpar-w4.png").exists()
     assert {c["scheme"] for c in data["checks"]} == {"ring", "allgather", "ulysses", "hybrid_u2"}
     assert all(c["rel_err"] < 1e-5 for c in data["checks"])
     shape, world = data["meta"]["shape"], data["meta"]["world"]
