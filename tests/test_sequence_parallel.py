@@ -6,6 +6,8 @@ Each world size is spawned once for all its cases (as the ring's tests), fresh s
 """
 import os
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -141,3 +143,33 @@ def test_benchmark_smoke_sends_what_the_byte_model_says(tmp_path):
             a, c = r["ulysses"], r["n"] // world
             extra = (a - 1) * c * (shape["hq"] // a) * 4
         assert r["bytes_sent"] == r["bytes_model"] + extra, r
+
+
+def _a6_namespace():
+    """The a6 solution's cells (graded functions and given helpers) and its Part 3 ``run_real_ring``."""
+    from autograder.percent import parse_percent
+    from pathlib import Path
+    src = (Path(__file__).resolve().parents[1] / "assignments/a6_ring/a6_ring_solution.py").read_text()
+    ns = {}
+    for c in parse_percent(src, "a6_ring_solution.py"):
+        if c.kind != "code" or "check" in c.tags:
+            continue
+        if "def run_real_ring" in c.source:
+            exec(c.source.split("\n\ntry:")[0], ns)   # the definition, not the demo run
+        elif "skip" not in c.tags:
+            exec(c.source, ns)
+    return ns
+
+
+@pytest.mark.parametrize("world, layout", [(2, "zigzag"), (3, "contiguous"), (3, "zigzag")])
+def test_a6_real_ring_runs_the_students_step_across_processes(world, layout):
+    """a6 Part 3: the solution's ring_step on ``world`` gloo processes equals full attention; a step that
+    forgets to merge (keeps only the last chunk) is caught by the same run."""
+    ns = _a6_namespace()
+    n = 17 + world
+    assert ns["run_real_ring"](ns["ring_step"], world=world, n=n, layout=layout, timeout=60) < 1e-12
+
+    def last_chunk_only(o, lse, q, k, v, q_pos, k_pos, causal=True, scale=None):
+        return ns["ring_step"](np.zeros_like(o), np.full_like(lse, -np.inf), q, k, v, q_pos, k_pos, causal, scale)
+
+    assert ns["run_real_ring"](last_chunk_only, world=world, n=n, layout=layout, timeout=60) > 1e-3
