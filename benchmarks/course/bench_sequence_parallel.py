@@ -243,10 +243,9 @@ def print_table(rows):
 
 
 def plot(rows, path, title):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    from matplotlib.figure import Figure   # no pyplot: the figure draws on its own Agg canvas
+    fig = Figure(figsize=(11, 3.8))
+    axes = fig.subplots(1, 2)
     for ax, pas in zip(axes, ("forward", "backward")):
         for name in sorted({r["scheme"] for r in rows}):
             rs = [r for r in rows if r["scheme"] == name and r["pass"] == pas]
@@ -255,14 +254,13 @@ def plot(rows, path, title):
         ax.set(xscale="log", yscale="log", xlabel="total sequence length", ylabel=f"{pas} ms (x: exposed comm)",
                title=f"{title}: {pas}")
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world-size", type=int, default=None, help="ranks = GPUs (default: all visible GPUs)")
-    ap.add_argument("--seqs", default="32768,65536,131072,262144")
+    ap.add_argument("--seqs", default="32768,65536,131072,262144", help="total lengths, comma separated")
+    ap.add_argument("--world-size", type=int, default=None, help="ranks = GPUs (default: every visible GPU)")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--step", default="triton", choices=("triton", "gluon"))
     ap.add_argument("--no-one-gpu", action="store_true")

@@ -39,7 +39,8 @@ from .collectives import GroupInfo, all_to_all
 from .layout import (check_layout, hybrid_segments, local_length, rank_segments, take_segments, unshard)
 from .local_step import attend_segments, attend_segments_backward, default_scale, get_step
 from .merge import RunningState, acc_dtype, state_dtype_for
-from .ring_attention import check_qkv, RingPlan, ring_attention_backward, ring_attention_forward
+from .ring_attention import (RingPlan, check_backward_inputs, check_qkv, ring_attention_backward,
+                             ring_attention_forward)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -289,11 +290,8 @@ def hybrid_attention_backward(q, k, v, o, lse, do, groups, causal=False, scale=N
     """``(dq, dk, dv)`` of ``sum(o * do)`` for this rank's shard. Functional form: it redoes the forward's
     all-to-alls of ``q, k, v`` and sends ``o, lse`` like them; :func:`hybrid_attention` keeps the head-sharded
     tensors from its forward instead and sends only ``dO`` in, ``dQ, dK, dV`` out."""
-    if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:3]:
-        raise ValueError(f"o and do must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}, got "
-                         f"o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}")
+    check_backward_inputs(q, k, v, o, lse, do)
     groups = _solo_or(groups, None)
-    check_qkv(q, k, v)
     layout, step_ = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
     plan = _Plan(groups, q, k, layout, seq_lens)
@@ -365,17 +363,22 @@ def _gather_kv(ring, info, k, v):
     return unshard(ks, ring.layout), unshard(vs, ring.layout)
 
 
+def _allgather_setup(q, k, v, layout, step, scale, group, seq_lens, stats):
+    """Checks, this rank's plan, and every rank's K/V gathered into the whole sequence (timed as ``a2a_s``)."""
+    layout, step = check_layout(layout), get_step(step)
+    ring, info = RingPlan(group, q, k, layout, seq_lens), GroupInfo(group)
+    ring.layout = layout
+    timer = _Timer(q.device, stats)
+    kf, vf = timer("a2a_s", _gather_kv, ring, info, k, v)
+    return ring, info, timer, step, default_scale(q.shape[-1], scale), kf, vf
+
+
 def allgather_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", step="torch", group=None,
                                 seq_lens=None, stats=None):
     """All-gather context parallelism (module docstring): ``(o, lse)`` of this rank's queries (sharded as the
     ring's, ``layout.shard``). ``stats`` receives ``a2a_s`` (the gather) and ``attn_s``."""
     check_qkv(q, k, v)
-    layout, step = check_layout(layout), get_step(step)
-    scale = default_scale(q.shape[-1], scale)
-    ring, info = RingPlan(group, q, k, layout, seq_lens), GroupInfo(group)
-    ring.layout = layout
-    timer = _Timer(q.device, stats)
-    kf, vf = timer("a2a_s", _gather_kv, ring, info, k, v)
+    ring, info, timer, step, scale, kf, vf = _allgather_setup(q, k, v, layout, step, scale, group, seq_lens, stats)
     state = RunningState(q.shape, state_dtype_for(q, 1), acc_dtype(q), q.device)
     timer("attn_s", attend_segments, q, kf, vf, ring.q_segs[ring.rank], [(0, ring.nk)], ring.nk - ring.nq, causal,
           scale, step, state, None)
@@ -386,16 +389,8 @@ def allgather_attention_forward(q, k, v, causal=False, scale=None, layout="zigza
 def allgather_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, layout="zigzag", step="torch",
                                  group=None, seq_lens=None, stats=None):
     """Gradients for this rank's shard: gather K/V again, dQ local, dK/dV of every position summed at its owner."""
-    check_qkv(q, k, v)
-    if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:3]:
-        raise ValueError(f"o and do must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}, got "
-                         f"o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}")
-    layout, step = check_layout(layout), get_step(step)
-    scale = default_scale(q.shape[-1], scale)
-    ring, info = RingPlan(group, q, k, layout, seq_lens), GroupInfo(group)
-    ring.layout = layout
-    timer = _Timer(q.device, stats)
-    kf, vf = timer("a2a_s", _gather_kv, ring, info, k, v)
+    check_backward_inputs(q, k, v, o, lse, do)
+    ring, info, timer, step, scale, kf, vf = _allgather_setup(q, k, v, layout, step, scale, group, seq_lens, stats)
     acc = acc_dtype(q)
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
     dkf = torch.zeros(kf.shape, dtype=acc, device=q.device)
