@@ -221,3 +221,92 @@ try:
         print(f"{layout:>10}: max |ring - full| = {np.abs(out - full).max():.2e}")
 except NotImplementedError as e:
     print("not implemented yet:", e)
+
+# %% [markdown]
+# ## Part 3 (optional, ungraded): your step on a real ring
+#
+# The simulation above runs every rank in one process. Here `run_real_ring` starts `world` processes joined by
+# `torch.distributed` (gloo on CPU; `backend="nccl"` with one GPU per rank where there are several GPUs), gives
+# each its shard of the sequence, and moves the K/V chunks around the ring with point-to-point sends, as
+# `reference.distributed.ring_attention` does: at step s each process sends the chunk it holds to the next rank,
+# receives the next chunk from the previous one, and calls **your** `ring_step` on the chunk it holds. The
+# processes are forked from this notebook (Linux), so they see your function as it is now. Predict first: does
+# the answer depend on the order in which chunks arrive? (The printed error is against plain causal attention.)
+
+# %% tags=["skip"]
+def run_real_ring(step_fn, world=3, n=45, layout="zigzag", backend="gloo", hq=4, hkv=2, d=16, seed=0,
+                  timeout=120):
+    """Given (ungraded): run ``step_fn`` (your ``ring_step``) on ``world`` real processes; return the max
+    |ring - full causal attention| over the gathered output. Raises if a process fails or hangs."""
+    import multiprocessing as mp
+    import os
+    import tempfile
+
+    step_fn(np.zeros((hq, 1, d)), np.full((hq, 1), -np.inf), np.zeros((hq, 1, d)), np.zeros((hkv, 1, d)),
+            np.zeros((hkv, 1, d)), np.arange(1), np.arange(1))   # a stub fails here, not inside a process
+
+    def inputs():
+        rng = np.random.default_rng(seed)
+        return (rng.standard_normal((hq, n, d)), rng.standard_normal((hkv, n, d)), rng.standard_normal((hkv, n, d)))
+
+    def rank_main(rank, folder):
+        import torch
+        import torch.distributed as dist
+        dev = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(rank)
+        dist.init_process_group(backend, init_method=f"file://{folder}/rendezvous", rank=rank, world_size=world)
+        try:
+            q, k, v = inputs()
+            qp = positions(n, world, rank, layout)
+            o, lse = np.zeros((hq, len(qp), d)), np.full((hq, len(qp)), -np.inf)
+            kp, k_cur, v_cur = qp, k[:, qp], v[:, qp]
+            for step in range(world):
+                if step < world - 1:   # start passing the held chunk on while this one is attended
+                    src = (rank - step - 1) % world
+                    nxt = positions(n, world, src, layout)
+                    send = [torch.from_numpy(np.ascontiguousarray(x)).to(dev) for x in (k_cur, v_cur)]
+                    recv = [torch.empty((hkv, len(nxt), d), dtype=torch.float64, device=dev) for _ in range(2)]
+                    ops = [dist.P2POp(dist.isend, t, (rank + 1) % world) for t in send if t.numel()]
+                    ops += [dist.P2POp(dist.irecv, t, (rank - 1) % world) for t in recv if t.numel()]
+                    works = dist.batch_isend_irecv(ops) if ops else []
+                o, lse = step_fn(o, lse, q[:, qp], k_cur, v_cur, qp, kp)
+                if step < world - 1:
+                    for w in works:
+                        w.wait()
+                    k_cur, v_cur = (t.cpu().numpy() for t in recv)
+                    kp = nxt
+            np.save(os.path.join(folder, f"o{rank}.npy"), np.asarray(o))
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+    ctx = mp.get_context("fork")
+    with tempfile.TemporaryDirectory() as folder:
+        procs = [ctx.Process(target=rank_main, args=(r, folder)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout)
+        alive = [p for p in procs if p.is_alive()]
+        for p in alive:
+            p.kill()
+        if alive or any(p.exitcode for p in procs):
+            raise RuntimeError(f"a rank failed or hung (exit codes {[p.exitcode for p in procs]}): run the "
+                               f"simulated ring above first")
+        q, k, v = inputs()
+        out = np.zeros((hq, n, d))
+        for r in range(world):
+            out[:, positions(n, world, r, layout)] = np.load(os.path.join(folder, f"o{r}.npy"))
+    s = q @ np.swapaxes(expand_kv(k, hq), -1, -2) / math.sqrt(d)
+    s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    full = (p / p.sum(-1, keepdims=True)) @ expand_kv(v, hq)
+    return float(np.abs(out - full).max())
+
+
+try:
+    for layout in ("contiguous", "zigzag"):
+        print(f"{layout:>10}, 3 gloo processes: max |ring - full| = {run_real_ring(ring_step, layout=layout):.2e}")
+except NotImplementedError as e:
+    print("not implemented yet:", e)

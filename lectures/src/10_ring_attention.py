@@ -357,6 +357,59 @@ plt.show()
 # (Ulysses at W = 16 and 32 replicates the 8 kv heads, and stops at W = 32 = H_q. Real systems combine them:
 # Ulysses inside a node, where the all-to-all is cheap, and a ring or all-gather across nodes.)
 #
+# ### Ulysses, the hybrid and all-gather, running
+#
+# `reference.distributed.ulysses` implements the other two schemes and their combination on the same local
+# steps as the ring:
+#
+# * `ulysses_attention`: an all-to-all turns each rank's `c` positions of every head into all `N` positions of
+#   `H_q/W` heads (K/V heads split, or replicated when `H_kv < W`), attention runs locally, a second all-to-all
+#   brings `o` back. In the backward `dO` goes in the same way and `dQ, dK, dV` come back, with the shares of a
+#   replicated kv head summed on the way.
+# * `hybrid_attention` (unified sequence parallelism): `W = a × b` ranks in `b` groups of `a`; Ulysses inside a
+#   group, the zig-zag ring across groups between the ranks that hold the same heads. `a = W` is Ulysses,
+#   `b = W` the ring.
+# * `allgather_attention_forward` / `_backward`: gather all K/V, attend your own zig-zag queries; the backward
+#   sums each position's dK/dV at its owner.
+#
+# Four gloo processes run each of them on a ragged causal GQA case (the hybrid as 2 groups of 2), and we
+# compare with float64 attention in one process:
+
+# %%
+from reference.distributed.demo import sp_cases_rank  # noqa: E402
+
+sp_cases = [{"name": name, "seed": 5, "scheme": scheme, "ulysses": a, "causal": True, "layout": lay,
+             "nq": 29, "nk": 29, "hq": 8, "hkv": hkv}
+            for name, scheme, a, lay, hkv in (("Ulysses, kv heads split", "ulysses", None, "contiguous", 4),
+                                             ("Ulysses, kv heads replicated", "ulysses", None, "contiguous", 2),
+                                             ("hybrid 2 x 2", "hybrid", 2, "zigzag", 2),
+                                             ("all-gather", "allgather", None, "zigzag", 2))]
+sp_ranks = run_ranks(sp_cases_rank, 4, (sp_cases,), timeout=120)
+for i, c in enumerate(sp_cases):
+    parts = [r[i] for r in sp_ranks]
+    if c["scheme"] == "allgather":
+        join = lambda xs: L.unshard(xs, "zigzag")  # noqa: E731
+    else:
+        a = 4 if c["scheme"] == "ulysses" else c["ulysses"]
+        join = lambda xs, a=a, lay=c["layout"]: L.hybrid_unshard(xs, a, 4 // a, lay)  # noqa: E731
+    qf, kf, vf, do = (x.clone().requires_grad_(True) for x in case_inputs(c))
+    g = c["hq"] // c["hkv"]
+    s = qf @ kf.repeat_interleave(g, dim=1).transpose(-1, -2) / 16 ** 0.5
+    s = s.masked_fill(torch.ones(29, 29, dtype=torch.bool).triu(1), float("-inf"))
+    o_ref = torch.softmax(s, -1) @ vf.repeat_interleave(g, dim=1)
+    o_ref.backward(do.detach())
+    errs = [float((join([p[key] for p in parts]) - ref).abs().max())
+            for key, ref in (("o", o_ref.detach()), ("dq", qf.grad), ("dk", kf.grad), ("dv", vf.grad))]
+    print(f"{c['name']:>30}: max error of o, dQ, dK, dV vs one process: " + ", ".join(f"{e:.1e}" for e in errs))
+
+# %% [markdown]
+# `benchmarks/course/bench_sequence_parallel.py` runs all four side by side on NCCL (ring zig-zag, Ulysses,
+# all-gather and the hybrids, 32k-256k tokens, GQA 32/8, d = 128, forward and backward), times the
+# communication that compute did not hide, and counts the bytes each rank sends; its CPU smoke run checks that
+# those bytes are exactly the model's formulas of the table above (plus the fp32 `lse` that travels back with
+# `o`, 1/d of it). **Not measured on GPUs yet:** running it needs a machine with several GPUs, and until its
+# results file exists the comparison above is the model's; the ring's own GPU numbers follow in §8.
+#
 # ## 8. GPU results: two H100s
 #
 # `benchmarks/course/bench_ring.py` runs the ring on NCCL with the Triton kernels as the local step (bf16, Hq = 32,

@@ -27,6 +27,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .collectives import GroupInfo
 from .layout import check_layout, local_length, rank_segments, shard, unshard
 from .local_step import attend_segments, attend_segments_backward, default_scale, get_step
 from .merge import RunningState, acc_dtype, state_dtype_for
@@ -37,7 +38,7 @@ _KV_TAG, _DKV_TAG = 1, 2
 # ----------------------------------------------------------------------------------------------------------
 # checks and ring bookkeeping
 # ----------------------------------------------------------------------------------------------------------
-def _check_qkv(q, k, v):
+def check_qkv(q, k, v):
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             raise TypeError(f"{name} must be a floating-point torch.Tensor, got {type(x).__name__}")
@@ -56,18 +57,21 @@ def _check_qkv(q, k, v):
         raise ValueError(f"query heads Hq={q.shape[1]} must be a multiple of kv heads Hkv={k.shape[1]} (GQA)")
 
 
-class _Ring:
+def check_backward_inputs(q, k, v, o, lse, do):
+    """:func:`check_qkv`, and the forward's ``o, lse`` and the incoming ``do`` shaped as ``q`` says."""
+    check_qkv(q, k, v)
+    if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:3]:
+        raise ValueError(f"o and do must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}, got "
+                         f"o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}")
+
+
+class RingPlan:
     """This rank's place in the ring of ``group`` and the global lengths / segments of the sequence."""
 
     def __init__(self, group, q, k, layout, seq_lens):
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError("torch.distributed is not initialised: call torch.distributed.init_process_group "
-                               "('gloo' on CPU, 'nccl' on GPUs) first; reference.distributed.run_ranks does it "
-                               "for CPU ranks")
-        self.group = group
-        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        glob = (lambda r: r) if group is None else (lambda r: dist.get_global_rank(group, r))
-        self.next, self.prev = glob((self.rank + 1) % self.world), glob((self.rank - 1) % self.world)
+        info = GroupInfo(group)
+        self.group, self.rank, self.world = group, info.rank, info.world
+        self.next, self.prev = info.members[(self.rank + 1) % self.world], info.members[(self.rank - 1) % self.world]
         if seq_lens is None:  # one tiny all-reduce: the global lengths are the sums of the local ones
             t = torch.tensor([q.shape[2], k.shape[2]], dtype=torch.int64, device=q.device)
             dist.all_reduce(t, group=group)
@@ -166,10 +170,10 @@ def ring_attention_forward(q, k, v, causal=False, scale=None, layout="zigzag", s
         ``o`` (q's dtype and shape) and ``lse`` ``(B, Hq, nq_local)`` float32 (float64 for float64 inputs);
         rows that see no key give ``o = 0``, ``lse = -inf``.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
-    ring = _Ring(group, q, k, layout, seq_lens)
+    ring = RingPlan(group, q, k, layout, seq_lens)
     state = RunningState(q.shape, state_dtype_for(q, ring.world, state_dtype), acc_dtype(q), q.device)
     B, _, _, d = q.shape
     k_cur, v_cur = k.contiguous(), v.contiguous()
@@ -195,13 +199,10 @@ def ring_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, layou
                             group=None, seq_lens=None, stats=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` for this rank's shard (module docstring: dQ local, dK/dV
     accumulators travelling around the ring with their chunk). ``o, lse`` are the forward's outputs."""
-    _check_qkv(q, k, v)
-    if o.shape != q.shape or do.shape != q.shape or lse.shape != q.shape[:3]:
-        raise ValueError(f"o and do must have q's shape {tuple(q.shape)} and lse {tuple(q.shape[:3])}, got "
-                         f"o {tuple(o.shape)}, do {tuple(do.shape)}, lse {tuple(lse.shape)}")
+    check_backward_inputs(q, k, v, o, lse, do)
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
-    ring = _Ring(group, q, k, layout, seq_lens)
+    ring = RingPlan(group, q, k, layout, seq_lens)
     acc = acc_dtype(q)
     B, Hkv, _, d = k.shape
     dq = torch.zeros(q.shape, dtype=acc, device=q.device)
@@ -240,7 +241,7 @@ def ring_attention_backward(q, k, v, o, lse, do, causal=False, scale=None, layou
 def kv_ring_pass(k, v, layout="zigzag", group=None, seq_lens=None):
     """The forward's communication alone: pass the K/V chunks ``world - 1`` hops around the ring, with no
     compute (what the benchmark compares the exposed wait time with). Returns the chunk held at the end."""
-    ring = _Ring(group, k, k, check_layout(layout), None if seq_lens is None else (seq_lens[1], seq_lens[1]))
+    ring = RingPlan(group, k, k, check_layout(layout), None if seq_lens is None else (seq_lens[1], seq_lens[1]))
     k_cur, v_cur = k.contiguous(), v.contiguous()
     for s in range(ring.world - 1):
         shape = (k.shape[0], k.shape[1], ring.held_len(s + 1), k.shape[3])
@@ -283,7 +284,7 @@ def simulate_ring_attention(q, k, v, world, causal=False, scale=None, layout="zi
     attends to chunk ``(r - s) mod world``); only the sends are missing. ``stats["compute_s"]`` gets a
     ``(world, world)`` list of per-rank, per-step forward compute times (device-synchronised).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     layout, step = check_layout(layout), get_step(step)
     scale = default_scale(q.shape[-1], scale)
     nq, nk = q.shape[2], k.shape[2]
