@@ -609,6 +609,12 @@ def lecture06_quotes() -> list[str]:
         v = aot["variants"]
         out.append(f"with one {v['pingpong']['shared_bytes'] / 1000:.0f} KB CTA per SM")
         out.append(f"The persistent kernels add {(v['pingpong_persistent']['shared_bytes'] - v['pingpong']['shared_bytes']) / 1024:.0f} KB of shared memory")
+        table = [u for u in v.values() if "key_loop" not in u]   # section 10c's first table
+        out.append("None of the kernels in this table spills" if not any(u["LDL"] + u["STL"] for u in table)
+                   else "some kernels in this table spill")
+        causal = v.get("pingpong_persistent_causal_fence")
+        if causal:
+            out.append(f"spills: {causal['LDL']} `LDL` and {causal['STL']} `STL`")
     return out
 
 

@@ -53,6 +53,20 @@ for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
 #
 # ## 2. Inter-warpgroup overlap: pingpong scheduling
 #
+# Four words of Hopper vocabulary, used from here on:
+#
+# * a **warpgroup** is four consecutive warps of a CTA, 128 threads: the unit that issues one Hopper matrix
+#   multiply together;
+# * **WGMMA** (`wgmma.mma_async`, Gluon's `warpgroup_mma`) is that matrix multiply: a warpgroup issues it, the
+#   tensor cores run it *asynchronously* reading operands from shared memory, and a later `wgmma.wait_group n`
+#   waits until at most `n` issued groups are still running — so the warpgroup can compute something else in
+#   between;
+# * **TMA** (the Tensor Memory Accelerator) copies a whole tile between global and shared memory from one
+#   instruction, described by a tensor descriptor, without using the threads' registers;
+# * an **mbarrier** is a barrier object in shared memory: threads *arrive* on it, a TMA copy can add the bytes it
+#   will write, and a thread *waits* on it until the expected arrivals and bytes have come. Each completion flips
+#   its one-bit phase, so a waiter names the phase it expects (section 10b follows the phases through a loop).
+#
 # The easy solution is to leave it to the warp schedulers (several warpgroups in flight); it works reasonably
 # well. FlashAttention-3 does better with explicit **pingpong** scheduling: two warpgroups synchronise with
 # barriers (`bar.sync`) so that one does its softmax while the other's GEMMs run *(talk: 580 → 640 TFLOPS)*.
@@ -380,7 +394,8 @@ for path, r in runs:
 # Section 9's kernels are plain Triton, and Triton schedules a `tl.dot` loop itself: in one iteration
 # $S_j = QK_j^\top \to \mathrm{softmax} \to O \mathrel{+}= P_jV_j$ runs in order, so the tensor cores wait during
 # every softmax (sections 1-2). Triton 3.6 also ships **Gluon**, a lower-level dialect in which the kernel
-# names the hardware steps: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA copies, mbarriers, and
+# names the hardware steps of section 2's vocabulary: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA
+# copies, mbarriers, and
 # `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.hopper.flash_gluon`
 # uses it for the course's production forward (`flash_attention_forward_gluon(q, k, v, causal)`, Hopper only),
 # which combines the last three ideas below; `experiments/gluon_schedules.py` builds the ablations from the same
@@ -465,7 +480,7 @@ print(annotated(fg.attend_overlapped.fn, ALG2))
 # means $S_j$ is done and $P_{j-1}V_{j-1}$ may still run while the softmax of $S_j$ executes. With
 # `warpgroup_mma_wait(0)` there the loop would be section 1's serial chain again. (2) The price is registers:
 # `acc`, the next `s` and the `p_op` operand are live together (section 2; the compiled kernel below has 168
-# registers per thread and no spills). (3) Every shared-memory slot has two barriers: "ready" (the TMA copy
+# registers per thread and, non-causal, no spills). (3) Every shared-memory slot has two barriers: "ready" (the TMA copy
 # landed; count 1) and "empty" (both consumers are done with it; count 2). The producer, whose whole job is
 # this loop, fills the ring:
 
@@ -548,8 +563,11 @@ for name, u in ((n, u) for n, u in var.items() if "key_loop" not in u):  # key-l
 # `wait_group 1`; the warp-specialised kernels have two consumers, so twice the one-partition `overlap` kernel's
 # counts (and twice its `HGMMA`s: each consumer's code is its own copy). 168 registers is the kernel-wide cap
 # (3 warpgroups x 128 threads x 168 fill the 64K register file); `setmaxnreg` then moves registers from the
-# producer (24) to the two consumers (240). No spills anywhere, which the plain-Triton 128-row tile could not
-# manage (notes/hopper.md, section 1). The persistent kernels add 32 KB of shared memory for a second Q buffer
+# producer (24) to the two consumers (240). None of the kernels in this table spills, which the plain-Triton
+# 128-row tile could not manage (notes/hopper.md, section 1). Spills are not gone everywhere: the causal
+# persistent kernel (next table, the `_causal_` rows) spills: 38 `LDL` and 32 `STL`, scalars kept from one tile
+# to the next and saved around each tile's epilogue, none inside the key-block loop, so they cost a few memory
+# requests per tile, not per key block. The persistent kernels add 32 KB of shared memory for a second Q buffer
 # and four barriers to hand it back.
 #
 # **Predict, then run (one live compile, about 5 s).** The production kernel's ring has `STAGES = 2`. With

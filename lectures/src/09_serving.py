@@ -387,8 +387,11 @@ for res, rows in measured("cascade"):
 # merge launch is needed. `S` aims at one prefix program per SM with at most 2048 keys each. Eager calls repeat
 # a recorded launch (§4). Measured by `python3 -m benchmarks.course.bench_mixed_batch` (one H100 run: the
 # one-launch and three-launch versions, paged decode, each pass alone, and the copy bandwidth, all in the same
-# process; the table is the one-launch Triton kernel, `cascade_triton`, which is `cascade_decode`'s path on
-# every GPU but Hopper and on Hopper at B = 8 — the next sections say why):
+# process; the table is the one-launch Triton kernel, `cascade_triton`. It is `cascade_decode`'s path on every GPU
+# but Hopper; on Hopper it runs calls made eagerly below 256 packed rows `B · G` per kv head (B < 64 at G = 4,
+# `CascadeConfig.eager_gluon_min_rows`) and calls captured into a CUDA graph below 32 rows (B < 8,
+# `CascadeConfig.gluon_min_rows`), so on Hopper a captured B = 8 call takes the Gluon path — the next sections
+# say why):
 
 # %%
 for res, rows in measured_mixed("cascade"):
