@@ -26,7 +26,7 @@ def test_lecture_executes(src, tmp_path):
 
     For lecture ``STABLE`` also: rebuilding gives the same bytes (seeded inputs, printed numbers that do not
     depend on timing, merged output streams). The check reuses this test's build instead of building the
-    lecture twice more in a test of its own (issue 23 item 2: one build of lecture 04, about 7 s of CPU)."""
+    lecture twice more in a test of its own (one build of lecture 04 costs about 7 s of CPU)."""
     out = build.build(src, tmp_path / "a", timeout=300)
     nb = nbformat.read(str(out), as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]

@@ -1,4 +1,4 @@
-"""The numbers ``docs/results.md`` (the measured-number table, moved out of the README by issue 23) quotes are
+"""The numbers ``docs/results.md`` (the measured-number table) quotes are
 the ones ``benchmarks/quoted_numbers.py`` derives from the results files, and each row names the GPU its files
 were measured on."""
 import json
@@ -149,7 +149,7 @@ def test_every_row_names_the_gpu_its_files_were_measured_on():
     assert not [line for line in readme.splitlines() if line.startswith("| ") and "benchmarks/results/" in line]
 
 
-# --- lectures (issue 24): every result-like number in the prose of a lecture has a results file behind it ----
+# --- lectures: every result-like number in the prose of a lecture has a results file behind it ----
 
 def _qn():
     import importlib.util
