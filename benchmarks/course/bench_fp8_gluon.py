@@ -27,7 +27,7 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
    keep the ``P_{j-1} V_{j-1}`` wait below the softmax's exps (``schedule["fence"]``, ``["peeled"]``, both)
    against the pinned schedule and the bf16 Gluon forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal
    and not, ``KEYLOOP_ROUNDS`` rounds, half of them rotated in the listed order and half in the reversed order
-   (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the pin,
+   (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the default,
    timed right after the bf16 forward in 4 of 5 rounds, was 7-16% slower in those rounds in 5 of 6 shapes);
    median, fastest round and the rounds' spread: an option is pinned only if it wins beyond that spread.
 6. ``quant`` (issue 25 item 7, session 6; its own file ``<gpu>-fp8-quant.json``): the fused quantisation
@@ -73,7 +73,7 @@ VARIANTS = [(3, True, True, False, 1, False, False), (2, True, True, False, 1, F
             (3, True, False, False, 4, True, False), (3, True, False, False, 1, False, True),
             (3, True, False, False, 1, True, True)]
 ROUNDS = 3  # interleaved timings per implementation (median)
-#: the schedule options checked against the pin's output in ``check``
+#: the schedule options checked against the default's output in ``check``
 SCHEDULES = [{"turns": True, "merged": True}, {"turns": False, "merged": True}, {"turns": False, "merged": False},
              {"turns": True, "merged": False, "split": 4}, {"turns": False, "merged": False, "split": 8},
              {"turns": False, "merged": False, "peeled": True}, {"turns": False, "merged": False, "fence": True},
@@ -237,7 +237,7 @@ def _stage_bench():
                   f"err {row.get('rel_vs_cudnn')} {row.get('error', '')}", flush=True)
             res["variants"].append(row)
         del q, k, v, ref_o, fns
-    # the main table runs the sweep's best (summed over causal and not); the pin is set from it
+    # the main table runs the sweep's best (summed over causal and not); the default is set from it
     score = {}
     for row in res["variants"]:
         key = (row["stages"], row["permuted"], row["turns"], row["merged"], row["split"], row["peeled"],
@@ -294,7 +294,7 @@ def _stage_bench():
 def _profile():
     """Under ncu (``--profile-from-start off``): one forward of each implementation at N = 8k, non-causal, after a
     warm-up call (compilation outside the profiled region); the FP8 Gluon kernel with the bench stage's main
-    schedule (``BENCH_SCHEDULE``), else the pin."""
+    schedule (``BENCH_SCHEDULE``), else the default."""
     from torch.nn.attention import SDPBackend
     from benchmarks._common import profile_once, sdpa
     from reference.triton.hopper import flash_fp8
@@ -322,7 +322,7 @@ def _stage_pytest():
 
 
 #: the keyloop stage: rounds per shape (half in each direction, ``_both_ways``), sequence lengths, and the schedules
-#: timed beside the pin
+#: timed beside the default
 KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
 KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
@@ -334,7 +334,7 @@ KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
 def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
     """``_common.rotated_rounds`` for ``rounds // 2`` rounds in the listed order and ``rounds - rounds // 2`` in the
     reversed one, so each implementation is timed behind two different ones (a rotation alone keeps the cyclic
-    order: in the first keyloop run the pin followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
+    order: in the first keyloop run the default followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
     there than in the fifth in 5 of 6 shapes). Returns ``({name: [ms per round]}, [the order of each round])``."""
     from benchmarks._common import rotated_rounds
     names = list(fns)
@@ -350,9 +350,9 @@ def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
 
 
 def _stage_keyloop():
-    """Module docstring, stage 5: each key-loop option against the pin (``configs.FP8_GLUON_SCHEDULE``), kernel
-    alone on the same quantised inputs; every output compared with the pin's (same roundings, same order) and
-    with cuDNN's before timing; per option the median ratio to the pin, the ratio of the fastest rounds and the
+    """Module docstring, stage 5: each key-loop option against the default (``configs.FP8_GLUON_SCHEDULE``), kernel
+    alone on the same quantised inputs; every output compared with the default's (same roundings, same order) and
+    with cuDNN's before timing; per option the median ratio to the default, the ratio of the fastest rounds and the
     rounds' spread ((max - min) / median of each implementation's rounds); ``orders``: each round's order."""
     import statistics
     import torch

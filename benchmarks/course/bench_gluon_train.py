@@ -53,7 +53,7 @@ def _timings():
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
-    # the forward's key-loop options (flash_gluon.attend_overlapped), timed beside the pin in the same process
+    # the forward's key-loop options (flash_gluon.attend_overlapped), timed beside the default in the same process
     options = {f"gluon_{name}": (lambda loop: lambda q, k, v, c: flash_attention_gluon(q, k, v, c, key_loop=loop))(loop)
                for name, loop in KEY_LOOPS.items()}
     impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon,

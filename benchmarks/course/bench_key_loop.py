@@ -7,7 +7,7 @@ keep it below them (``flash_gluon.attend_overlapped``'s ``fence`` / ``peeled``, 
 were checked against float64 on the GPU by ``tests/test_triton_gluon*.py`` / ``tests/test_triton_fp8_gluon.py``;
 here every timed output is also compared with cuDNN's (relative error) before timing.
 
-* ``bf16``: ``flash_attention_forward_gluon`` with ``key_loop`` = both options off (the pin of the first run),
+* ``bf16``: ``flash_attention_forward_gluon`` with ``key_loop`` = both options off (the default of the first run),
   ``fence``, ``peeled + fence``, and cuDNN (SDPA), d = 128 and 64, causal and not, batch x N = 16k tokens,
   hidden 2048;
 * ``fp8``: ``attention_fp8_gluon`` (kernel alone on quantised inputs) with the pinned schedule and with
@@ -34,7 +34,7 @@ TOKENS, HIDDEN = 16384, 2048
 #: bf16 forward shapes: (d, causal, N)
 BF16_SHAPES = [(d, c, n) for d in (128, 64) for c in (False, True) for n in ((2048, 8192, 16384) if d == 128
                                                                            else (8192,))]
-#: the bf16 forward's key-loop options (``flash_gluon.key_loop_constexprs``), spelled out whatever the pin
+#: the bf16 forward's key-loop options (``flash_gluon.key_loop_constexprs``), spelled out whatever the default
 KEY_LOOPS = {"off": {"peeled": False, "fence": False}, "fence": {"peeled": False, "fence": True},
              "peeled_fence": {"peeled": True, "fence": True}}
 FP8_N = (8192, 16384)

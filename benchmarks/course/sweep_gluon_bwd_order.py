@@ -30,7 +30,7 @@ from benchmarks._common import RESULTS
 SHAPES = [(128, True, 2, 16, 4, 8192), (128, True, 2, 32, 8, 8192), (128, True, 1, 32, 8, 16384),
           (128, True, 1, 32, 8, 32768), (128, True, 2, 16, 16, 8192), (64, True, 2, 32, 8, 8192),
           (64, False, 8, 32, 32, 2048), (64, False, 4, 32, 32, 4096)]
-#: ``order_heads`` values timed (causal rows; non-causal rows time the pin only). The first run (git history of
+#: ``order_heads`` values timed (causal rows; non-causal rows time the default only). The first run (git history of
 #: the results file, commit 93aa9d4) also timed 0 (all heads): 0.52-0.91x cuDNN, the L2 lesson of the forward
 ORDERS = [1, 2, 4]
 #: every variant of a row is timed REPS times, interleaved (A B C A B C ...); the row keeps the median

@@ -12,7 +12,7 @@ reaches 0.9 at 128 splits runs up to 5 programs per SM, the decode 2 (104 KB of 
 
 This sweep times ``flash_decode`` (B = 1, Hq = 32, Hkv = 8, d = 128, 32k keys, bf16) over split counts and
 ``DecodeConfig`` variants: a smaller merge tile (``merge_rows``), the two-level merge (``merge_group``), fewer
-stages and shorter key blocks (more programs per SM), pointer loads and TMA; beside the pin at the heuristic's
+stages and shorter key blocks (more programs per SM), pointer loads and TMA; beside the default at the heuristic's
 split count and the stream kernel at 128 splits (what one launch of these bytes reaches). Every variant is
 checked against float64 attention first; timing is ``_common.graph_ms`` over the same input sets as
 ``bench_decode``'s rows, in ``_common.rotated_rounds`` (median per variant and the rounds' spread).
@@ -30,7 +30,7 @@ from benchmarks import _common, write_json
 HQ, HKV, D = 32, 8, 128
 
 def variants(smoke: bool, which: str = "dynamic") -> dict:
-    """name -> (num_splits, ``DecodeConfig`` fields over the pin); the first is the pin at the heuristic's count.
+    """name -> (num_splits, ``DecodeConfig`` fields over the default); the first is the default at the heuristic's count.
     ``which``: the variant list of session 8's first run (``splits``: finer splits, merge tile and two-level
     merge), of its second (``occupancy``: no software pipeline, more programs per SM) or third (``dynamic``:
     programs drawing chunks of keys from a counter)."""

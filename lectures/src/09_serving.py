@@ -581,8 +581,8 @@ for res, e in measured("eager"):
 # A recorded launch still runs Python on every call: it builds the key from the call's tensors, allocates the
 # outputs, finds the CUDA stream and hands the arguments to Triton's launcher. For the one-launch cascade at
 # B = 8 (about 75 µs of GPU time) that path once took longer than the kernel on a slow host, and the eager loop
-# measured Python. **Predict** before running the next cell: of the session-7 recorded path's steps, which costs
-# the most: building the key (`"key"`), finding the stream (`"stream"`), allocating the `lse` output (`"alloc"`)
+# measured Python. **Predict** before running the next cell: of the steps of the recorded path before the cut
+# this section measures (the *uncut* path), which costs the most: building the key (`"key"`), finding the stream (`"stream"`), allocating the `lse` output (`"alloc"`)
 # or the launch call itself (`"launch"`)? And would handing the launcher raw addresses instead of tensors save a
 # lot?
 
@@ -595,15 +595,15 @@ for path, r in host_runs:
     row = next(x for x in r["rows"] if x["batch"] == 8)
     h, b = row["host_us"], row["breakdown_us"]
     print(f"{path.name}: {r['meta']['gpu']}, cascade B = 8, GPU time {row['graph_us']:.0f} us a call (graph)")
-    print(f"  host us a call, median of 7: session-7 recorded path {h['legacy_session7']['median']:.1f}, "
+    print(f"  host us a call, median of 7: uncut recorded path {h['uncut']['median']:.1f}, "
           f"now {h['current']['median']:.1f}")
     for step, us in b.items():
         print(f"  {step:62s} {us:6.2f} us")
-    steps = {"key": b["key_legacy (7 tensor keys, current_stream, capture, hash)"],
+    steps = {"key": b["key_uncut (7 tensor keys, current_stream, capture, hash)"],
              "stream": b["torch.cuda.current_stream().cuda_stream"],
              "alloc": b["torch.empty(q.shape[:2], dtype, device)"],
-             "launch": b["launch: legacy RecordedLaunch.__call__ (dict, metadata, hooks)"]}
-    check_guess(guess, max(steps, key=steps.get), what="the costliest step of the session-7 recorded path")
+             "launch": b["launch: uncut RecordedLaunch.__call__ (dict, metadata, hooks)"]}
+    check_guess(guess, max(steps, key=steps.get), what="the costliest step of the uncut recorded path")
 
 # %% [markdown]
 # The launch call was the largest step, about 20 µs, but not because of the driver: Triton's own launch path

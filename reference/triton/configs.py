@@ -202,13 +202,13 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: "fence" (off): the K release after the softmax in an always-taken branch (sm_90a SASS: the P V wait below all 64
 #: exps in every loop, d = 128 causal too). H100 (h100-fp8-key-loop.json, 5 rounds), fence / pin at N = 4k / 8k / 16k:
 #: medians 1.06 / 1.12 / 1.05 non-causal, 1.06 / 1.07 / 1.14 causal, but the fastest rounds 0.99-1.02, and in the one
-#: round per shape where the pin did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
-#: lead is the pin's position in the rotation, not the option, so not pinned (notes/hopper.md, session 7)
+#: round per shape where the default did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
+#: lead is the default's position in the rotation, not the option, so not pinned (notes/hopper.md, session 7)
 #: "thread_arrive" (off): every consumer thread arrives on the ring slots' free barriers (own allocations): 1 BAR.SYNC
 #: per key block instead of 3 in the SASS; "prefetch" (off): S_{j+1} issued before the softmax of S_j (two score
 #: tiles: spills). H100 (h100-fp8-schedule-probe.json, 6 rounds both ways, N = 4k-16k, causal and not), x pin:
 #: thread_arrive medians 1.01-1.05, fastest rounds 0.99-1.02; with fence 1.03-1.09 / 1.01-1.05, every shape ahead
-#: but inside the pin's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, session 8)
+#: but inside the default's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, session 8)
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
                       "thread_arrive": False, "prefetch": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
@@ -295,7 +295,7 @@ def backward_pin() -> dict | None:
 
 
 def decode_pin(kind: str) -> DecodeConfig:
-    """The decode default for ``kind`` (a key of ``DECODE_PINS``): a scoped ``pinned(decode=...)``, else the pin."""
+    """The decode default for ``kind`` (a key of ``DECODE_PINS``): a scoped ``pinned(decode=...)``, else the default."""
     scoped = _SCOPED.get().get("decode")
     if isinstance(scoped, DecodeConfig):
         return scoped

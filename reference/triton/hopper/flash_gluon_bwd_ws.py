@@ -464,7 +464,7 @@ def longest_share(causal, Nq, Nk, block_m, n_heads, n_sms):
 
 
 def check_order_heads(order_heads, causal, n_heads, share=0.0):
-    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the pin ``configs.GLUON_BWD_ORDER``
+    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the default ``configs.GLUON_BWD_ORDER``
     (causal launches whose ``longest_share`` is at least its ``min_share`` interleave ``heads`` heads; every other
     launch is head-major, 1), ``0`` for all ``n_heads`` (batch, kv head) pairs, else a positive int (capped at
     ``n_heads``)."""
@@ -497,7 +497,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
     loading them.
     ``order_heads``: the program order (``_program_order``): how many (batch, kv head) pairs interleave their key
-    blocks longest-first; ``None`` the pin (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
+    blocks longest-first; ``None`` the default (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
