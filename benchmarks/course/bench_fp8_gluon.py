@@ -1,6 +1,6 @@
 """The FP8 Gluon forward (``reference.triton.hopper.flash_fp8_gluon``) on Hopper: checks, then timings against the
-FP8 Triton forward, the bf16 Gluon forward and cuDNN (bf16), all in one process (issue 25 item 7;
-notes/hopper.md, "issue 25 item 7: FP8 Gluon forward").
+FP8 Triton forward, the bf16 Gluon forward and cuDNN (bf16), all in one process
+(notes/hopper.md, "FP8 Gluon forward").
 
 Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it does not fail):
 
@@ -23,20 +23,20 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
 3. ``pytest``: ``tests/test_triton_fp8_gluon.py`` on the GPU (where pytest is installed).
 4. ``ncu`` (if Nsight Compute runs): one forward each of FP8 Gluon, FP8 Triton, bf16 Gluon and cuDNN at
    N = 8k non-causal: duration, tensor-pipe activity, issue slots, the MUFU (XU) pipe, warp stall reasons.
-5. ``keyloop`` (issue 25 item 7, session 7; its own file ``<gpu>-fp8-key-loop.json``): the key-loop options that
+5. ``keyloop`` (its own file ``<gpu>-fp8-key-loop.json``): the key-loop options that
    keep the ``P_{j-1} V_{j-1}`` wait below the softmax's exps (``schedule["fence"]``, ``["peeled"]``, both)
    against the pinned schedule and the bf16 Gluon forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal
    and not, ``KEYLOOP_ROUNDS`` rounds, half of them rotated in the listed order and half in the reversed order
    (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the default,
    timed right after the bf16 forward in 4 of 5 rounds, was 7-16% slower in those rounds in 5 of 6 shapes);
    median, fastest round and the rounds' spread: an option is pinned only if it wins beyond that spread.
-6. ``quant`` (issue 25 item 7, session 6; its own file ``<gpu>-fp8-quant.json``): the fused quantisation
+6. ``quant`` (its own file ``<gpu>-fp8-quant.json``): the fused quantisation
    (``fp8_quant.quantize_qkv_fp8``) checked on the GPU against the torch path (e4m3 bytes equal without the
    rotation, within one step with it; scales) and the entry point's o against float64 (exact: 0.1; on the
    dequantised inputs: 6e-2; the kernel's lse is reported, the check stage gates it); then the kernel alone as bytes
    moved / time against the device-to-device copy bandwidth of the same process (``quant_bytes``; a config sweep
    at N = 8k first), and end to end: ``flash_attention_forward_fp8_gluon`` (fused quantisation + kernel) against
-   the bf16 Gluon forward, beside the torch-path quantisation, at the main table's shapes; and (session 7) the
+   the bf16 Gluon forward, beside the torch-path quantisation, at the main table's shapes; and the
    same two launches with the non-finite flag never read (``fp8_gluon_e2e_flag_unread``: no host sync per call,
    not the entry point's contract), which isolates what the per-call flag read costs.
 
@@ -327,7 +327,7 @@ KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
 KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
                    "peeled_fence": {"peeled": True, "fence": True},
-                   # session 8 (benchmarks/tuning/probe_fp8_schedule.py): per-thread slot releases, with the fence
+                   # benchmarks/tuning/probe_fp8_schedule.py's options: per-thread slot releases, with the fence
                    "thread_arrive": {"thread_arrive": True}, "thread_arrive_fence": {"thread_arrive": True, "fence": True}}
 
 
@@ -533,7 +533,7 @@ def _stage_quant():
                        fg.prepare_fp8_gluon(q, k, v, causal=causal, fused=False)),
                    # the entry point's two launches with the non-finite flag never read (no host sync per call;
                    # NOT the entry point's contract: a NaN would go unreported): the end-to-end time minus this is
-                   # what the per-call flag read costs, host gaps included (notes/hopper.md, session 7)
+                   # what the per-call flag read costs, host gaps included (notes/hopper.md, "FP8 end to end")
                    "fp8_gluon_e2e_flag_unread": lambda: fg.attention_fp8_gluon(dataclasses.replace(
                        fg.prepare_fp8_gluon(q, k, v, causal=causal, defer_check=True), pending_flag=None))}
             if not causal:  # the quantisation does not depend on the mask

@@ -1,5 +1,5 @@
-"""Where the Gluon forwards wait for ``P_{j-1} V_{j-1}``: the key-loop options against their pins, one process
-(issue 25 items 6 and 7; notes/hopper.md, "issue 25 items 6/7, session 6: the peeled key loop").
+"""Where the Gluon forwards wait for ``P_{j-1} V_{j-1}``: the key-loop options against their defaults, one process
+(notes/hopper.md, "The peeled key loop").
 
 FA3 Algorithm 2 overlaps the softmax of ``S_j`` with the warpgroup's own ``P_{j-1} V_{j-1}``; in the pinned
 kernels ptxas puts that wait above the softmax's exps (the sm_90a SASS, ``aot_report --waits``). The options that
@@ -13,7 +13,7 @@ here every timed output is also compared with cuDNN's (relative error) before ti
 * ``fp8``: ``attention_fp8_gluon`` (kernel alone on quantised inputs) with the pinned schedule and with
   ``peeled``, beside the bf16 Gluon forward, d = 128, H = 16, N = 8k and 16k;
 * ``train``: ``flash_attention_gluon`` forward + backward with the options off and with ``fence`` against cuDNN
-  (``enable_gqa``), GQA Hq = 32, Hkv = 8, causal, N = 8k and 32k (issue 25's bar row: 0.99x at 32k).
+  (``enable_gqa``), GQA Hq = 32, Hkv = 8, causal, N = 8k and 32k (the bar's row: 0.99x at 32k).
 
 Each implementation of a shape is timed in ``ROUNDS`` rounds, the order rotated by one each round (a kernel timed
 right after another heavy one can run a few percent slower), median per implementation; TFLOP/s by the

@@ -1,10 +1,10 @@
-"""The warp-specialised Gluon backward's program order (issue 25 item 6): checks, then timings vs cuDNN.
+"""The warp-specialised Gluon backward's program order: checks, then timings vs cuDNN.
 
 ``flash_attention_backward_gluon_ws(..., order_heads=)`` launches one program per (key block, batch x kv head) and
 ``_program_order`` maps program ids so that ``order_heads`` heads interleave their key blocks longest-first
 (``1`` = the head-major order before this sweep). With GQA the kernel's programs are ``GROUP`` times fewer and
 longer, and ``reference.simulators.scheduling`` predicts the head-major order leaves SMs idle at the end of a
-causal launch (busy fraction 0.81 at GQA 16/4, 8k; notes/hopper.md, "issue 25 item 6: GQA backward schedule").
+causal launch (busy fraction 0.81 at GQA 16/4, 8k; notes/hopper.md, "GQA backward schedule").
 One GPU call, each stage in a child process with a time limit (``benchmarks/_staged.py``):
 
 1. ``check``: each order on GQA shapes (causal, ragged N) against float64 autograd (``tests/oracle.py``);

@@ -1,9 +1,9 @@
-"""The FP8 Gluon forward's session-8 schedule options against the default and the bf16 Gluon forward (one GPU call).
+"""The FP8 Gluon forward's softmax-latency schedule options against the default and the bf16 Gluon forward (one GPU call).
 
     python3 -m benchmarks.tuning.probe_fp8_schedule --out DIR     # DIR/<gpu>-fp8-schedule-probe.json
 
-Issue 25 item 7 (bar: FP8 Gluon >= 1.5x the bf16 Gluon forward at d = 128, N >= 4k, kernel alone).
-notes/hopper.md, "FP8 softmax latency, session 8", has the predictions. Options (``flash_fp8_gluon.check_schedule``):
+The bar: FP8 Gluon >= 1.5x the bf16 Gluon forward at d = 128, N >= 4k, kernel alone).
+notes/hopper.md, "FP8 softmax latency", has the predictions. Options (``flash_fp8_gluon.check_schedule``):
 
 * ``thread_arrive``: every consumer thread arrives on a ring slot's free barrier for itself (no warpgroup
   ``bar.sync`` before the arrive), the free barriers in allocations of their own (no ``bar.sync`` between an
