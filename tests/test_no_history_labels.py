@@ -18,13 +18,15 @@ PATTERNS = (
     ("numbered run", r"\bruns? ?#?[0-9]{1,2}[a-z]?\b(?![.,/][0-9]| ?/)(?! ?(rounds?|times|steps|iterations|repeats|calls|"
                      r"processes|ranks|workers|threads|tests|cases|seconds|s\b|ms|us|µs|minutes|x\b|%|GPUs?|kernels?|"
                      r"configs?|[GT]?FLOP|[KMGT]i?B\b|programs|splits|tiles|warps|CTAs|blocks|rows|tokens|heads))"),
-    ("session's", r"\b(this|that|previous|earlier|next|last|a later|an earlier) session('s)?\b|\bthe session's\b"),
+    ("session's", r"\b(this|that|previous|earlier|next|last|a later|an earlier|first|second|third|fourth|fifth|sixth) "
+                  r"session('s)?\b|\bthe session's\b"),
     ("the pin", r"\bthe pin\b|\bpin's\b"),
     ("first version", r"\bfirst version\b"),
     ("legacy", r"legacy"),
     ("this week", r"\bthis week\b"),
     ("the lead", r"\bthe lead\b|\blead's\b|(?<!\w)\(lead[,)]|\blead, session\b|\bmerged main\b"),
-    ("helper name", r"\bhelper `|\bhelpers'|\bthe helper's\b|\bend of (the )?session\b"),
+    ("helper name", r"\b[Hh]elper `[a-z][a-z0-9]*`|\(helper [a-z]|\bhelper [a-z0-9]+\)|\bhelpers'|\bthe helper's\b|"
+                    r"\bend of (the )?session\b"),
     ("date of a run", r"\b20[0-9]{2}-[01][0-9]-[0-3][0-9]\b"),
 )
 
@@ -103,7 +105,7 @@ def test_each_label_is_found(line):
     "run 3 rounds in rotated order", "x.item() for x in xs", "runs 5 times", "a pinned tile", "pin_memory=True",
     "the session of a notebook kernel", "issues a TMA copy", "an SM issues 4 instructions per cycle",
     "runs 1.16-1.66x the speed", "runs 1.22x faster",
-    "at B = 64 it runs 34 GFLOP", "stall (issue 32.5%)", "in the same run 116 / 125 us", "runs 16 programs", "the run's median", "lead to a spill", "runs 2 GPUs",
+    "at B = 64 it runs 34 GFLOP", "the given helper `as_float_source` keeps", "stall (issue 32.5%)", "in the same run 116 / 125 us", "runs 16 programs", "the run's median", "lead to a spill", "runs 2 GPUs",
 ])
 def test_legitimate_uses_pass(line):
     assert find_labels({"notes/x.md": line}) == []
