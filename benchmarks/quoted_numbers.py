@@ -112,9 +112,9 @@ def serving_lines(r):
 
 
 def mixed_batch_quotes(r) -> list[str]:
-    """The phrases ``docs/results.md`` quotes from ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed
-    step, the one-launch cascade (graph, eager, fraction of copy, prefix pass alone) and paged prefill by page
-    size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
+    """The phrases ``docs/results.md`` and its long form ``notes/results_details.md`` quote from
+    ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed step, the one-launch cascade (graph, eager,
+    fraction of copy, prefix pass alone) and paged prefill by page size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
     m, g = r["mixed"], r["mixed"]["ms_graph"]
     bw = r["meta"]["copy_bw_bytes_per_s"]
     tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
@@ -175,8 +175,8 @@ _ARXIV = re.compile(r"\d{4}\.\d{5}")
 
 
 def key_loop_quotes(r) -> list[str]:
-    """The key-loop row of docs/results.md from ``<gpu>-gluon-key-loop.json`` (``bench_key_loop``): fence / off of
-    the bf16 Gluon forward (d = 128 at N = 2k / 8k / 16k, non-causal then causal; d = 64 at 8k), the GQA training
+    """The key-loop section of notes/results_details.md from ``<gpu>-gluon-key-loop.json`` (``bench_key_loop``):
+    fence / off of the bf16 Gluon forward (d = 128 at N = 2k / 8k / 16k, non-causal then causal; d = 64 at 8k), the GQA training
     step against cuDNN (off, fence; 8k / 32k), FP8 peeled / pin (8k / 16k, non-causal then causal)."""
     def ratio(row, a, b):
         return row[a]["tflops"] / row[b]["tflops"]
