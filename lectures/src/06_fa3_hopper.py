@@ -644,10 +644,18 @@ for path, r in load_results("*-gluon-key-loop.json"):
 # %% [markdown]
 # ### 10d. Measured: each idea with and without persistence
 #
-# `benchmarks/course/bench_gluon.py` (one run per GPU, every kernel first checked against float64) timed all of them
-# in one run: the bf16 forward as a fraction of cuDNN's TFLOP/s, next to the plain-Triton kernel of lecture 5.
-# `overlap` has no persistent version (it is one partition that loads its own tiles). The summary lines
-# count over the rows with N >= 2k (d = 64 and 128, causal and not: 16 rows per GPU):
+# Each of FA3's ideas can be added to the previous one and measured alone. What each should buy, from sections
+# 1, 2 and 10c: **overlap** within a warpgroup hides the softmax behind its own P·V matmul, if the registers hold
+# one more live tile; **warp specialisation** takes the loads off the consumers and moves registers to them;
+# **ping-pong** turns hide one warpgroup's softmax behind the other's matmuls, which pays only when the two would
+# otherwise run in step; **persistence** hides each tile's prologue and epilogue behind the previous tile's work.
+# **Predict** the order before the table: which idea pays most, and can one of them make the kernel *slower*
+# than plain Triton?
+#
+# `benchmarks/course/bench_gluon.py` timed every variant in one process per GPU (each checked against float64
+# first), as a fraction of cuDNN's TFLOP/s, next to the plain-Triton kernel of lecture 5. `overlap` has no
+# persistent version (it is one partition that loads its own tiles). The summary lines count over the rows with
+# N >= 2k (d = 64 and 128, causal and not: 16 rows per GPU):
 
 # %%
 runs = load_results("*-gluon.json", exclude=("smoke", "-fp8-"))  # <gpu>-gluon.json, not <gpu>-fp8-gluon.json
@@ -800,12 +808,12 @@ for path, r in load_results("*-fp8-gluon.json"):
 # hoisted the wait for that matmul above the exponentials) and how the bf16 kernel at d = 128 gets it back; the FP8
 # kernel's `peeled` and `fence` schedules keep the wait down too (its SASS shows all the exponentials before the
 # wait), but timed within the noise of its default once the rounds ran in both orders, so they stay off
-# (`notes/hopper.md`, "session 6" and "FP8 end to end, session 7"). Two more levers aimed at the softmax's
+# (`notes/hopper.md`, "The peeled key loop" and "FP8 end to end"). Two more levers aimed at the softmax's
 # latency: every consumer thread releasing a ring slot itself (`schedule={"thread_arrive": True}`), which takes two
 # of the three warpgroup barriers per key block out of the loop, moved it by a few percent, within the noise of the
 # rounds; and issuing the next score tile before the softmax (`prefetch`, FlashAttention-3's overlap) needs more
 # registers than a 64-row consumer has, so ptxas spills and it runs several times slower (`notes/hopper.md`, "FP8
-# softmax latency, session 8"). What is left is a larger restructuring: longer key blocks or a third consumer
+# softmax latency"). What is left is a larger restructuring: longer key blocks or a third consumer
 # warpgroup, both of which need the probabilities carried as packed e4m3 to fit the registers.
 #
 # ### FP8 end to end: the quantisation is a memory-bound kernel of its own
@@ -840,12 +848,14 @@ for path, r in load_results("*-fp8-quant.json"):
 # grows with N: at short sequences the quantisation, with the entry point's check and launch work around it, eats
 # what the FP8 matmuls saved, and FP8 pays off end to end only where the attention is long. Fusing it into one
 # pass made it an order of magnitude cheaper than the torch recipe, which is what moved FP8 from losing everywhere
-# to winning at the longest non-causal length. (The end-to-end time at short N is also longer than the kernel
-# plus the quantisation. The entry point used to wait for the quantisation's non-finite flag before it launched
-# the attention; it now reads the flag after the launch, which this run times: the causal rows gained, the
-# non-causal ones less. Every call still ends by reading that flag on the host, so the host work of the next
-# call runs while the GPU idles: the column `fp8_gluon_e2e_flag_unread` in the results file times the same two
-# launches with the flag never read, and it is the faster one at every N — the sync, not the GPU work, is the
-# rest of the gap: `notes/hopper.md`, "FP8 end to end, session 7".) In serving
-# the balance is different again: K and V are quantised once, when they are written into the cache, and read by
-# every later decoding step.
+# to winning at the longest non-causal length.
+#
+# One more cost sits between the two launches: the host. The quantisation also flags NaN and inf inputs, and
+# the entry point must read that flag on the host to raise an error; a host read waits for the GPU. Read before
+# the attention's launch, it leaves the GPU idle while the host launches the attention; read after it (the
+# default), the GPU stays busy, but the next call's host work still waits for the read. The results file times
+# the same two launches with the flag never read (`fp8_gluon_e2e_flag_unread`), and that column is the fastest
+# at every N: at short N the sync, not the GPU work, is the rest of the gap (`notes/hopper.md`, "FP8 end to
+# end"). A caller that validated its inputs passes `check_finite=False` and skips the read. In serving the
+# balance is different again: K and V are quantised once, when they are written into the cache, and read by every
+# later decoding step.
