@@ -209,25 +209,7 @@ for res, p in measured("prefill"):
 # %% [markdown]
 # Paging is not free here: a key tile of 64 rows spans four 16-token pages, so the kernel gathers rows one by
 # one instead of streaming a contiguous tile (decode, which is bandwidth-bound anyway, hides this better —
-# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200). Would larger pages, or key
-# tiles that start on a page boundary (one block-table entry per tile, consecutive rows; on Hopper one TMA box),
-# recover it? `bench_mixed_batch` times the same prefill (8 chunks of 512 tokens after 4k cached) with 16- and
-# 64-token pages and four ways of reading a key tile, each against the contiguous varlen forward *of the same
-# run*:
-
-# %%
-for res, p in measured_mixed("prefill"):
-    print(f"{res['meta']['gpu']}: {p['batch']} chunks of {p['chunk']} after {p['cached']} cached tokens "
-          f"(speed / contiguous varlen of the same run)")
-    for page, r in p["pages"].items():
-        print(f"  {page:>2s}-token pages: contiguous {r['ms']['contiguous_varlen'] * 1e3:4.0f} us | " + ", ".join(
-            f"{name} {r['vs_contiguous'][name]:.2f}x" for name in r["vs_contiguous"] if name != "contiguous_varlen"))
-
-# %% [markdown]
-# `paged_prefill_row_gather` is the kernel above (`paged_prefill(..., gather="row")` now); `paged_prefill_page_tiles`
-# is today's `paged_prefill` (`reference.triton.paged_tiles`); `mixed_*` is the mixed launch of §5 on a
-# prefill-only batch: 64-key tiles (`block64`), its first version (`block64_first_version`), one tile per page
-# (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages).
+# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200).
 #
 # Where did the row gather lose its time? Not in the bytes (the same rows are read) and not mainly in the
 # address arithmetic: compiled for the H100 (`triton.compile` for sm_90a runs on a CPU), the contiguous kernel
@@ -242,9 +224,27 @@ for res, p in measured_mixed("prefill"):
 # * **Load whole pages.** A 64-key block of 16-token pages is 4 whole pages: one table entry per page, the block
 #   loaded as a `(4, 16, d)` tile and *reshaped after the load*. Triton copies each page's rows into a slice of
 #   one shared-memory buffer and hands the reshaped buffer to the tensor cores. (Reshaping the row *offsets*
-#   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
+#   instead, as the mixed kernel first did, loses the asynchronous copy.)
 #
-# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the bar of issue 25, 0.9x,
+# `bench_mixed_batch` times the same prefill (8 chunks of 512 tokens after 4k cached) with 16- and 64-token
+# pages and several ways of reading a key tile, each against the contiguous varlen forward *of the same run*:
+# `paged_prefill_row_gather` is the row gather above (`paged_prefill(..., gather="row")`),
+# `paged_prefill_page_tiles` has both changes (`reference.triton.paged_tiles`, the default off Hopper), and
+# `mixed_*` is the mixed launch of §5 on a prefill-only batch: 64-key tiles with both changes (`block64`), the
+# same with the table looked up in place, one entry per key row (`block64_first_version` in the results file),
+# one tile per page (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages). **Predict** before
+# running: which page size should the two changes help more?
+
+# %%
+for res, p in measured_mixed("prefill"):
+    print(f"{res['meta']['gpu']}: {p['batch']} chunks of {p['chunk']} after {p['cached']} cached tokens "
+          f"(speed / contiguous varlen of the same run)")
+    for page, r in p["pages"].items():
+        print(f"  {page:>2s}-token pages: contiguous {r['ms']['contiguous_varlen'] * 1e3:4.0f} us | " + ", ".join(
+            f"{name} {r['vs_contiguous'][name]:.2f}x" for name in r["vs_contiguous"] if name != "contiguous_varlen"))
+
+# %% [markdown]
+# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the course's bar, 0.9x,
 # met), 16-token pages **0.87x** (missed; with the same tile pinned on both sides 0.86x-0.90x, and the best tile
 # of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
 # noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
@@ -410,7 +410,7 @@ for res, rows in measured_mixed("cascade"):
 # %% [markdown]
 # * **Small batches.** At B = 8 one launch takes 74 µs against 117 µs for the three launches in the same run,
 #   2.75x paged decode (3.70x, 6.69x, 8.50x at B = 16, 32, 64). Its own 168 MB move at 0.76 of the copy
-#   bandwidth measured in the same run — above the bar issue 25 set (0.7), which no L2 hit on a shared page can
+#   bandwidth measured in the same run — above the course's bar (0.7), which no L2 hit on a shared page can
 #   flatter. (Paged decode, the baseline, "reads" its bytes at 1.83 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
 #   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (134 vs
@@ -429,7 +429,7 @@ for res, rows in measured_mixed("cascade"):
 #   (32 rows) were both slower. The 64-row tiles already run on Hopper's wgmma (the sm_90a compile holds HGMMA
 #   instructions); loading the prefix keys as TMA boxes moved the whole call by a few percent either way, and running
 #   every prefix program first made the prefix pass faster but the call slower at B = 32 and 64 (the suffixes'
-#   reads no longer overlapped it): `notes/serving_perf.md`, session 5.
+#   reads no longer overlapped it): `notes/serving_perf.md`, "Decode at 32k and the one-launch cascade".
 
 #
 # ### The prefix pass on Hopper's warp-specialised kernel
@@ -731,8 +731,8 @@ for res, m in measured_mixed("mixed"):
 
 # %% [markdown]
 # One mixed launch takes 886 µs, **1.33x** the speed of the separate prefill and decode launches and 4.79x
-# that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
-# 1037 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
+# that of `paged_prefill` over the whole batch (the mixed launch with its table entries looked up in place, one per
+# key row, took 1037 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
 # than the Triton page tiles, slower still for the decode rows. The last comparison is the plan's worth: without
 # it each decode row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the
