@@ -1,4 +1,4 @@
-"""Compile-only checks of a7's Gluon kernel for sm_90a on a machine without a GPU (issue 24, item 2): the
+"""Compile-only checks of a7's Gluon kernel for sm_90a on a machine without a GPU: the
 grading parent's side. The kernel never runs, so a wrong barrier cannot hang the grader.
 
 The submission's code runs only in a **compile child** (``engine.Grader.compile_child``): a sandboxed child with

@@ -115,7 +115,7 @@ def graded_tests(aid, exp) -> list[str] | None:
     Optional (bonus) tests are graded only where the expectation looks at them: a ``bonus`` band, or a
     ``fail``/``pass``/``min_ratio`` pattern that matches them. Elsewhere their result is checked by nothing
     (``others_pass`` aside, which would only say that a mutant of another part leaves the bonus part alone),
-    and a3's FP8 part costs about 3.5 s of interpreter CPU per grading (issue 23 item 2). Each test draws its
+    and a3's FP8 part costs about 3.5 s of interpreter CPU per grading. Each test draws its
     cases from its own stream of the seed, so leaving one out changes no other test's cases."""
     spec = specs.load(aid)
     named = [*exp.get("fail", []), *exp.get("pass", []), *exp.get("min_ratio", {})]

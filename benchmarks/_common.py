@@ -93,8 +93,8 @@ def rotated_rounds(fns: dict, rounds: int, timer, first_shift: int = 0) -> dict:
     alternately in the listed and the reversed order, each rotated by one more place every second round (starting
     ``first_shift`` places in). A kernel timed right after another heavy one can run a few percent slower and the
     H100's clock drifts over a long run: with ``2 len(fns)`` rounds every implementation is timed twice in every
-    position and behind at least two different ones (a rotation alone keeps each behind the same one: in
-    session 7 an FP8 kernel timed behind the bf16 forward in 4 of 5 rounds was 7-16% slower in those rounds)."""
+    position and behind at least two different ones (a rotation alone keeps each behind the same one: an
+    FP8 kernel timed behind the bf16 forward in 4 of 5 rounds was 7-16% slower in those rounds)."""
     names = list(fns)
     ms = {n: [] for n in names}
     for i in range(rounds if names else 0):

@@ -112,9 +112,9 @@ def serving_lines(r):
 
 
 def mixed_batch_quotes(r) -> list[str]:
-    """The phrases ``docs/results.md`` quotes from ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed
-    step, the one-launch cascade (graph, eager, fraction of copy, prefix pass alone) and paged prefill by page
-    size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
+    """The phrases ``docs/results.md`` and its long form ``notes/results_details.md`` quote from
+    ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed step, the one-launch cascade (graph, eager,
+    fraction of copy, prefix pass alone) and paged prefill by page size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
     m, g = r["mixed"], r["mixed"]["ms_graph"]
     bw = r["meta"]["copy_bw_bytes_per_s"]
     tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
@@ -126,7 +126,7 @@ def mixed_batch_quotes(r) -> list[str]:
     met = lambda ok: "met" if ok else "missed"  # noqa: E731
     tma = [pages[p]["vs_contiguous"].get("paged_prefill_gluon_tma") for p in ("16", "64")]
     gluon = ([f"the Gluon paged kernel in the same run {tma[0]:.2f}x / {tma[1]:.2f}x"]
-             if None not in tma else [])  # Hopper runs since session 7
+             if None not in tma else [])  # Hopper runs with the Gluon paged kernel
     return gluon + [
         f"{g['mixed_one_launch'] * 1e3:.0f} us: {m['speedup_vs_separate_graph']:.2f}x / "
         f"{m['speedup_vs_paged_prefill_graph']:.2f}x; K/V ({m['kv_bytes'] / 1e9:.2f} GB) at {tbs / 1e12:.2f} TB/s = "
@@ -143,7 +143,7 @@ def mixed_batch_quotes(r) -> list[str]:
         pg("16", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_block64",
                   "mixed_block64_first_version")) + "; "
         + pg("64", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_tma", "mixed_tma_table_in_place")),
-        f"first version {g['mixed_one_launch_first_version'] * 1e3:.0f} us",
+        f"table entries looked up in place {g['mixed_one_launch_first_version'] * 1e3:.0f} us",
     ]
 
 
@@ -175,8 +175,8 @@ _ARXIV = re.compile(r"\d{4}\.\d{5}")
 
 
 def key_loop_quotes(r) -> list[str]:
-    """The key-loop row of docs/results.md from ``<gpu>-gluon-key-loop.json`` (``bench_key_loop``): fence / off of
-    the bf16 Gluon forward (d = 128 at N = 2k / 8k / 16k, non-causal then causal; d = 64 at 8k), the GQA training
+    """The key-loop section of notes/results_details.md from ``<gpu>-gluon-key-loop.json`` (``bench_key_loop``):
+    fence / off of the bf16 Gluon forward (d = 128 at N = 2k / 8k / 16k, non-causal then causal; d = 64 at 8k), the GQA training
     step against cuDNN (off, fence; 8k / 32k), FP8 peeled / pin (8k / 16k, non-causal then causal)."""
     def ratio(row, a, b):
         return row[a]["tflops"] / row[b]["tflops"]
@@ -264,7 +264,7 @@ def _lecture09() -> dict:
 
 def _lecture09_host() -> dict:
     """Lecture 09 section 4's host-time numbers: ``h100-cascade-host-probe.json`` (``profile_cascade_host``), B = 8:
-    the recorded launch's host time a call before / after session 8's cut and its step-by-step breakdown."""
+    the recorded launch's host time a call before / after the host-path cut and its step-by-step breakdown."""
     r = load("h100-cascade-host-probe.json")
     if r is None:
         return {}
@@ -352,8 +352,8 @@ def _lecture09_mixed() -> dict:
     out[_f(tbs / 1e12)] = "mixed step: K/V TB/s of the one launch"
     out[_f(tbs / bw)] = "mixed step: one launch's K/V bandwidth / copy bandwidth"
     out[_f(m["kv_bytes"] / bw * 1e3, 1)] = "mixed step: K/V bytes at copy bandwidth, ms (the prediction)"
-    out[_f(g["mixed_one_launch_first_version"] * 1e3, 0)] = "mixed step: first version (table in place), graph us"
-    out[_f(g["mixed_one_launch_first_version"] / g["mixed_one_launch"])] = "mixed step: first version / one launch"
+    out[_f(g["mixed_one_launch_first_version"] * 1e3, 0)] = "mixed step: table in place, one entry per key row, graph us"
+    out[_f(g["mixed_one_launch_first_version"] / g["mixed_one_launch"])] = "mixed step: table in place / one launch"
     for page, x in r["prefill"]["pages"].items():
         for name, v in x["vs_contiguous"].items():
             out[_f(v)] = f"paged prefill, {page}-token pages: {name} / contiguous"
@@ -429,9 +429,9 @@ _ASSUMED09 = {
     "500": "assumed matmul throughput of the step-time model",
     "4.8": "model: 16 GB / 3.35 TB/s",
     "128": "BLOCK_M, a configuration",
-    "0.7": "issue 25's bar for cascade's own bandwidth (fraction of copy), not a measurement",
-    "0.9": "issue 25's bar for paged prefill vs contiguous, not a measurement",
-    "1.5": "issue 25's bar for eager cascade vs eager paged decode at B = 8, not a measurement",
+    "0.7": "the course's bar for cascade's own bandwidth (fraction of copy), not a measurement",
+    "0.9": "the course's bar for paged prefill vs contiguous, not a measurement",
+    "1.5": "the course's bar for eager cascade vs eager paged decode at B = 8, not a measurement",
 }
 
 
@@ -587,7 +587,7 @@ def lecture06_quotes() -> list[str]:
         out.append(f"fell to {m[False]:.2f}x (non-causal) and {m[True]:.2f}x (causal) at d = 128, N = 2k on the H100")
     busy = _ncu_tensor_busy("h100-gluon-ncu.csv")
     n = len(busy) // 3  # kernels per case (``NCU_CASES``: 2k non-causal, 2k causal, 8k), cuDNN, one CTA per tile,
-    if n >= 3:          # persistent first (runs since session 7 add the persistent key loop spelled out: n = 4)
+    if n >= 3:          # persistent first (newer runs add the persistent key loop spelled out: n = 4)
         out.append(f"ncu shows the tensor pipe busy {busy[1]:.0f}% of the time against cuDNN's {busy[0]:.0f}%. The "
                    f"persistent kernel hides both ({busy[2]:.0f}%; causal {busy[n + 1]:.0f}% -> {busy[n + 2]:.0f}%)")
     hop = load("h100-hopper.json")
@@ -609,6 +609,12 @@ def lecture06_quotes() -> list[str]:
         v = aot["variants"]
         out.append(f"with one {v['pingpong']['shared_bytes'] / 1000:.0f} KB CTA per SM")
         out.append(f"The persistent kernels add {(v['pingpong_persistent']['shared_bytes'] - v['pingpong']['shared_bytes']) / 1024:.0f} KB of shared memory")
+        table = [u for u in v.values() if "key_loop" not in u]   # section 10c's first table
+        out.append("None of the kernels in this table spills" if not any(u["LDL"] + u["STL"] for u in table)
+                   else "some kernels in this table spill")
+        causal = v.get("pingpong_persistent_causal_fence")
+        if causal:
+            out.append(f"spills: {causal['LDL']} `LDL` and {causal['STL']} `STL`")
     return out
 
 

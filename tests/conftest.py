@@ -3,7 +3,7 @@ import os
 # One BLAS / OpenMP thread per test process, set before NumPy or torch is imported (grading children already run
 # with one: sandbox.py). `make test` runs two xdist workers on two cores; torch's default two-thread pool made
 # each small op hand work to a second thread that spin-waits for the next one on an oversubscribed machine: the
-# a3b no-false-accusation sweep took 51.8 s of CPU with it, 12.8 s with one thread (issue 23 item 2).
+# a3b no-false-accusation sweep took 51.8 s of CPU with it, 12.8 s with one thread.
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
@@ -13,7 +13,7 @@ import sys  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-# The big imports' objects, frozen out of the collector's reach once per test process (issue 23 item 2):
+# The big imports' objects, frozen out of the collector's reach once per test process:
 # ``runner.execute`` collects garbage before every graded call (so that garbage does not count in the memory
 # tests), and in a test process that has imported torch and Triton (and sympy, which autograd's first backward
 # imports) each collection walks their 200 000 objects, 0.1 s a call: the in-process visible-check tests made

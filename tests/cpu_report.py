@@ -1,4 +1,4 @@
-"""Opt-in per-test CPU report (issue 23 item 2): ``CPU_REPORT=1 pytest ...`` prints, after the run, the tests
+"""Opt-in per-test CPU report: ``CPU_REPORT=1 pytest ...`` prints, after the run, the tests
 that used the most CPU time -- this process's (``time.process_time``) plus its finished children's
 (``resource.getrusage(RUSAGE_CHILDREN)``, user + sys; a grading subprocess, the zygote and its forks count when
 they are reaped) -- over setup, call and teardown (a module- or session-scoped fixture is charged to the first

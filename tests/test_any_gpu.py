@@ -1,4 +1,4 @@
-"""Any CUDA GPU from sm_75 up (issue 23, item 7), checked on CPU with fake devices.
+"""Any CUDA GPU from sm_75 up, checked on CPU with fake devices.
 
 ``reference.triton._device`` is the one place that reads the GPU's compute capability and shared memory; the
 tests replace its driver query (``_device._query``) by a Colab T4 (sm_75, 64 KB), a 100 KB sm_86 card (A10,

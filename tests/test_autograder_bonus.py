@@ -12,7 +12,7 @@ from autograder.report import table, to_gradescope, totals
 from autograder.selftest import check_expectation, collect, graded_tests
 
 # Required points of each assignment on a GPU. The course's rule is 100; a2 (forward_hbm_bytes, a required
-# Part 3) and a5 (copy-on-write, required) total more; a6 (optional) is out of 100 since issue 24.
+# Part 3) and a5 (copy-on-write, required) total more; a6 (optional) is out of 100.
 # These are listed, not re-weighted: a change to any of them must be a decision, so this test fails until the
 # table is updated.
 NOT_100 = {"a2_flash_numpy": 110.0, "a5_paged": 115.0}
@@ -154,7 +154,7 @@ def test_selftest_solutions_must_earn_the_full_bonus_and_stubs_none():
 
 def test_selftest_grades_bonus_tests_only_where_the_expectation_checks_them():
     """The selftest leaves a3's FP8 bonus (3.5 s of interpreter a grading) out of entries whose expectation
-    looks at no bonus test (issue 23 item 2); where it does -- a bonus band, a fail/pass pattern -- it runs."""
+    looks at no bonus test; where it does -- a bonus band, a fail/pass pattern -- it runs."""
     spec = specs.load("a3_triton")
     required = {t.name for t in spec.tests if not t.optional}
     fp8 = {t.name for t in spec.tests if t.optional}

@@ -211,7 +211,7 @@ def _failing(status, points):
 
 @pytest.mark.parametrize("aid", ["a1_attention", "a3_triton"])
 def test_every_line_fits_a_100_column_terminal(aid, monkeypatch):
-    """a1 rows were 134 columns and a3 rows about 200 on a 100-column terminal (issue 23): every line of the
+    """a1 rows were 134 columns and a3 rows about 200 on a 100-column terminal: every line of the
     table, flags and re-run command included, fits $COLUMNS, and a failing case's shapes stay visible."""
     spec = specs.load(aid)
     statuses = ["passed", "failed", "not run", "partial"]

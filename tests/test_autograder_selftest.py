@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 # one item per assignment, so that pytest-xdist spreads the zoo over the workers (one selftest of everything
-# ran 6 minutes on one worker while the other idled: issue 23)
+# ran 6 minutes on one worker while the other idled)
 from autograder.specs import ASSIGNMENTS  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 """The overlapped Hopper cascade (``CascadeConfig.overlap``: the Gluon prefix kernel and the Triton suffix programs
-at once, notes/serving_perf.md "cascade overlap, session 7") and the cached prefix descriptors of eager calls:
+at once, notes/serving_perf.md "Cascade overlap: both passes at once") and the cached prefix descriptors of eager calls:
 sm_90a compiles, the split and program-count rules, the config checks and the descriptor cache on the CPU; on an
 H100/H200 both overlap modes against a float64 oracle, their recorded eager launches and their CUDA-graph replay."""
 from __future__ import annotations

@@ -128,7 +128,7 @@ def test_auto_selection_on_hopper(rng):
     from reference.triton.cascade import use_gluon_prefix
     cfg = CascadeConfig()
     pk = torch.zeros(64, 8, 128, device=DEVICE, dtype=torch.bfloat16)
-    # the H100 pins (session 8): B G >= 32 under graph capture, >= 256 in an eager call
+    # the defaults measured on the H100: B G >= 32 under graph capture, >= 256 in an eager call
     for B, graph, eager in ((4, False, False), (7, False, False), (8, True, False), (16, True, False),
                             (63, True, False), (64, True, True)):
         q = torch.zeros(B, 32, 128, device=DEVICE, dtype=torch.bfloat16)

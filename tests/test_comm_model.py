@@ -73,7 +73,7 @@ def test_flops_count_the_visible_pairs(causal):
 
 
 def test_break_even_625_forward_750_backward():
-    """Issue 24 point 9: 500 TFLOP/s, 400 GB/s, GQA 32/8, bf16 K/V, fp32 dK/dV: 625 -> 750 positions."""
+    """Lecture 10's break-even: 500 TFLOP/s, 400 GB/s, GQA 32/8, bf16 K/V, fp32 dK/dV: 625 -> 750 positions."""
     fwd = cm.ring_break_even(32, 8, 500e12, 400e9)
     bwd = cm.ring_break_even(32, 8, 500e12, 400e9, backward=True)
     assert fwd == pytest.approx(625) and bwd == pytest.approx(750)

@@ -223,7 +223,7 @@ def test_zip_carries_only_what_grading_imports_and_grades_the_solution(tmp_path,
 
 
 def test_zip_carries_only_its_own_given_modules():
-    """Issue 23 item 8: an assignment's zip carries the given modules its notebook embeds, not every assignment's
+    """An assignment's zip carries the given modules its notebook embeds, not every assignment's
     (a1 needs no Triton set-up cell, a3 no split-KV merge kernel); each embedded one is there."""
     from autograder.gradescope import grading_files, given_modules
     for aid in ("a1_attention", "a3_triton", "a4_decoding"):

@@ -1,4 +1,4 @@
-"""Hidden cases cross tiles (issue 21): every tiled function of every assignment gets, in every grading, at least
+"""Hidden cases cross tiles: every tiled function of every assignment gets, in every grading, at least
 one hidden case whose tiled length spans >= 2 tiles plus a ragged tail (not a multiple of the tile), for each of
 its tiled axes (key length and, where the kernel tiles queries, query length).
 

@@ -1,4 +1,4 @@
-"""Layout rules of the code base (issue 22), checked on the source with ``ast``, not by running it.
+"""Layout rules of the code base (docs/design.md §2), checked on the source with ``ast``, not by running it.
 
 1. No module assigns another module's UPPERCASE global (``flash_fwd.PIN_CONFIG = ...``, ``setattr(mod, "X", ...)``,
    ``monkeypatch.setattr(mod, "X", ...)``): configuration is passed as arguments (``reference.triton.configs``).
@@ -196,7 +196,7 @@ def private_imports(files, package: str = "reference") -> list[str]:
 # ----------------------------------------------------------------------------------------------------------------
 # the rules on this repository
 # ----------------------------------------------------------------------------------------------------------------
-#: known exceptions per file, each with its reason; anything else fails (issue 22 item 2: the decode family's
+#: known exceptions per file, each with its reason; anything else fails (the decode family's
 #: CONFIG / PAGED_CONFIG / FUSE_MERGE / FAST_LAUNCH and bench_decode's SMOKE are keyword arguments now,
 #: ``reference.triton.configs.DecodeConfig``). ``INTERPRET``: these tests simulate a GPU on CPU (a test double of
 #: the runtime mode, which is read once at import, not a configuration; monkeypatch restores it).
@@ -243,7 +243,7 @@ def test_experiments_are_not_imported_by_reference():
 
 
 def test_no_lecture_or_readme_benchmark_depends_on_experiments():
-    """Issue 22: the ablations in ``experiments/`` may be deleted without breaking a lecture, a test of a public
+    """The ablations in ``experiments/`` may be deleted without breaking a lecture, a test of a public
     name or a benchmark the README quotes: lectures neither import nor run them (they may name the file)."""
     bad = []
     root = pathlib.Path(ROOT)

@@ -1,4 +1,4 @@
-"""The repository layout rules of issue 22 for tests, benchmarks and results (docs/design.md §2):
+"""The repository layout rules for tests, benchmarks and results (docs/design.md §2):
 
 * a test file imports no other test file and no benchmark (shared test code lives in ``tests/common.py``,
   ``tests/common_numpy.py``, ``tests/oracle.py``; benchmarks are run, not imported);

@@ -109,8 +109,8 @@ def test_random_operations_against_dense_oracle(rng, num_blocks, block_size):
         check_invariants(cache, oracle)
         if step % 50 == 0:
             check_attention(cache, oracle, rng)
-    # exhaustion, whether or not the random walk reached it (with 64 blocks of 16 it may not: the CI flake of
-    # 2026-11-26): one append a block larger than what is free must fail and leave the cache as it was
+    # exhaustion, whether or not the random walk reached it (with 64 blocks of 16 it may not, which once made
+    # this test flaky): one append a block larger than what is free must fail and leave the cache as it was
     if not oracle:
         cache.add_sequence(next_id)
         oracle[next_id] = (np.zeros((0, HKV, D)), np.zeros((0, HKV, D)))

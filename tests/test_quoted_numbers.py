@@ -1,4 +1,4 @@
-"""The numbers ``docs/results.md`` (the measured-number table, moved out of the README by issue 23) quotes are
+"""The numbers ``docs/results.md`` (the measured-number table) quotes are
 the ones ``benchmarks/quoted_numbers.py`` derives from the results files, and each row names the GPU its files
 were measured on."""
 import json
@@ -12,8 +12,17 @@ RESULTS = ROOT / "benchmarks" / "results"
 QUOTED = ROOT / "docs" / "results.md"
 
 
+DETAILS = ROOT / "notes" / "results_details.md"
+
+
 def _quoted() -> str:
     return QUOTED.read_text()
+
+
+def _quoted_with_details() -> str:
+    """docs/results.md's headline table and its long form, ``notes/results_details.md`` (a number may be quoted in
+    either)."""
+    return QUOTED.read_text() + "\n" + DETAILS.read_text()
 
 
 def test_script_prints_every_results_file_and_the_missed_bars():
@@ -29,10 +38,10 @@ def test_script_prints_every_results_file_and_the_missed_bars():
 
 def test_results_md_quotes_the_mixed_batch_and_h100_decode_runs():
     """The mixed step, one-launch cascade (graph, eager, copy fraction, prefix pass) and paged-prefill rows quote
-    ``h100-mixed-batch.json`` and the H100 decode row ``h100-decode.json``, as ``quoted_numbers`` rebuilds them
-    (a re-run that moves a number fails until docs/results.md follows)."""
+    ``h100-mixed-batch.json`` and the H100 decode row ``h100-decode.json``, as ``quoted_numbers`` rebuilds them,
+    in docs/results.md or its long form (a re-run that moves a number fails until the text follows)."""
     qn = _qn()
-    text = re.sub(r"\s+", " ", _quoted())
+    text = re.sub(r"\s+", " ", _quoted_with_details())
     quotes = qn.mixed_batch_quotes(json.loads((RESULTS / "h100-mixed-batch.json").read_text()))
     quotes += qn.decode_quotes(json.loads((RESULTS / "h100-decode.json").read_text()))
     assert len(quotes) >= 9
@@ -44,8 +53,9 @@ def test_results_md_quotes_the_mixed_batch_and_h100_decode_runs():
 
 
 def test_results_md_quotes_the_key_loop_run():
-    """The Gluon key-loop row quotes ``h100-gluon-key-loop.json`` as ``quoted_numbers.key_loop_quotes`` rebuilds it."""
-    text = re.sub(r"\s+", " ", _quoted())
+    """The Gluon key-loop row's long form quotes ``h100-gluon-key-loop.json`` as ``quoted_numbers.key_loop_quotes``
+    rebuilds it."""
+    text = re.sub(r"\s+", " ", _quoted_with_details())
     quotes = _qn().key_loop_quotes(json.loads((RESULTS / "h100-gluon-key-loop.json").read_text()))
     assert len(quotes) == 4 and [q for q in quotes if q not in text] == []
 
@@ -149,7 +159,7 @@ def test_every_row_names_the_gpu_its_files_were_measured_on():
     assert not [line for line in readme.splitlines() if line.startswith("| ") and "benchmarks/results/" in line]
 
 
-# --- lectures (issue 24): every result-like number in the prose of a lecture has a results file behind it ----
+# --- lectures: every result-like number in the prose of a lecture has a results file behind it ----
 
 def _qn():
     import importlib.util
@@ -213,3 +223,42 @@ def test_lecture06_check_fails_on_a_moved_number(tmp_path):
     missing = qn.lecture_check("06_fa3_hopper", moved)[1]
     assert "2.31" in missing
     assert any(m.startswith("phrase: in 13 of 16 rows on the H100") for m in missing)
+
+
+# ---- lecture 10: the Ulysses / ring byte ratio of the summary follows comm_model --------------------------------
+def test_lecture10_ulysses_ring_ratio_matches_comm_model():
+    """The summary's ``(H_q + H_kv) / (H_kv · W)`` is ``comm_model``'s Ulysses / ring forward bytes (for kv heads
+    >= W, no replication), and its two instances (``2/W`` MHA, ``5/W`` GQA 32/8, ring / Ulysses 8/5 at W = 8)
+    follow from it; a summary back at ``1/W`` fails."""
+    from reference.distributed import comm_model as cm
+    for hq, hkv in ((32, 32), (32, 8), (16, 4)):
+        for w in (2, 4, 8):
+            if hkv < w:
+                continue
+            ratio = cm.comm_bytes("ulysses", 131072, w, hq, hkv, 128) / cm.comm_bytes("ring", 131072, w, hq, hkv, 128)
+            assert abs(ratio - (hq + hkv) / (hkv * w)) < 1e-12, (hq, hkv, w, ratio)
+    mha = cm.comm_bytes("ulysses", 65536, 4, 32, 32, 128) / cm.comm_bytes("ring", 65536, 4, 32, 32, 128)
+    gqa = cm.comm_bytes("ring", 131072, 8, 32, 8, 128) / cm.comm_bytes("ulysses", 131072, 8, 32, 8, 128)
+    assert abs(mha - 2 / 4) < 1e-12 and abs(gqa - 8 / 5) < 1e-12
+    text = _qn().markdown_text(ROOT / "lectures" / "src" / "10_ring_attention.py")
+    summary = text[text.index("## Summary"):]
+    for phrase in ("`(H_q + H_kv) / (H_kv · W)` of the ring's forward bytes", "`2/W` with one kv head per query head",
+                   "`5/W` for GQA 32/8", "the ring sends 8/5 of Ulysses' bytes at W = 8"):
+        assert phrase in summary, phrase
+    assert "`1/W` of the ring's bytes" not in summary
+
+
+# ---- lecture 09: the cascade's path thresholds are CascadeConfig's defaults ---------------------------------
+def test_lecture09_cascade_thresholds_match_cascade_config():
+    """Lecture 09 says which path ``cascade_decode`` takes on Hopper (captured calls from ``gluon_min_rows``
+    packed rows, eager calls from ``eager_gluon_min_rows``); a changed default fails until the prose follows."""
+    from reference.triton.cascade import CascadeConfig
+    cfg = CascadeConfig()
+    captured, eager, g = cfg.gluon_min_rows, cfg.eager_gluon_min_rows, 4   # G = Hq / Hkv = 32 / 8 in the lecture
+    text = _qn().markdown_text(ROOT / "lectures" / "src" / "09_serving.py")
+    for phrase in (f"calls made eagerly below {eager} packed rows `B · G` per kv head (B < {eager // g} at G = {g}",
+                   f"calls captured into a CUDA graph below {captured} rows (B < {captured // g}",
+                   f"a captured B = {captured // g} call takes the Gluon path",
+                   f"the one-launch Triton kernel below {captured} rows (`gluon_min_rows`)",
+                   f"takes the Gluon path only from {eager} rows (`eager_gluon_min_rows`)"):
+        assert phrase in text, phrase

@@ -321,7 +321,7 @@ def test_bench_ring_smoke_runs_end_to_end(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------------
-# issue 25 item 4, session 5: one kernel call per ring step, a fused merge, a running state that adopts
+# one kernel call per ring step, a fused merge, a running state that adopts
 # ------------------------------------------------------------------------------------------------------
 def _brute_seen(q_segs, k_segs, off, causal, calls):
     qpos = [p for a, b in q_segs for p in range(a, b)]

@@ -105,8 +105,8 @@ def _shipped_texts(folder: Path):
 def test_release_shows_no_graded_code(release):
     """No cell output, cell, README or module of the release shows a graded function's solution, up to names,
     spacing and comments (``find_leaks`` against every SOLUTION region). Lecture 05's printout of the forward
-    kernel's key-block step (the core of a3 Parts 2-3) was in every release before issue 23: it is replaced by a
-    note now."""
+    kernel's key-block step (the core of a3 Parts 2-3) would show it: the release replaces it by a
+    note."""
     out, _ = release
     regions = solution_regions()
     leaks = [f"{where}: {hit}" for where, text in _shipped_texts(out) for hit in find_leaks(text, regions)]
@@ -176,8 +176,8 @@ def _file_references(text: str) -> set:
 
 def test_shipped_readmes_and_assignment_notebooks_reference_only_shipped_files(release):
     """Every relative path a shipped README or assignment notebook cites exists in the release (relative to the
-    citing file or to the release's root). Before issue 23 every assignment README cited
-    autograder/specs/<aid>.py and the a1/a2 notebooks docs/design.md. (The lectures are executed notebooks of
+    citing file or to the release's root): an assignment README must not cite autograder/specs/<aid>.py, nor
+    the a1/a2 notebooks docs/design.md. (The lectures are executed notebooks of
     the course repository, read as they are; the release README says their paths are the repository's.)"""
     out, _ = release
     missing = []
@@ -278,7 +278,7 @@ print("RC", int(rc))
 
 
 def test_make_check_in_the_release_fails_stubs_and_passes_the_solution(release, tmp_path):
-    """``make check`` (issue 23): the visible cases as pytest tests on the student's own file, one marker per
+    """``make check``: the visible cases as pytest tests on the student's own file, one marker per
     function; shipped in the release and run there with ``reference`` unimportable."""
     out, _ = release
     assert (out / "Makefile").read_text().count("autograder/tests_visible") == 1

@@ -1,5 +1,5 @@
-"""``benchmarks/tuning/sweep_decode_32k.py --smoke`` on the CPU (interpreter): both variants (the pin and a
-two-level merge) passed their check against float64 attention and a repeated call (an error row otherwise),
+"""``benchmarks/tuning/sweep_decode_32k.py --smoke`` on the CPU (interpreter): both variants (the default configuration
+and a two-level merge) passed their check against float64 attention and a repeated call (an error row otherwise),
 and each fraction of copy is the K/V bytes over the median time and the copy bandwidth of the same run."""
 from __future__ import annotations
 

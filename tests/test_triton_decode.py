@@ -58,7 +58,7 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
     # calls must find every ticket counter back at 0 (a leftover count would merge too early or never).
     # 333 keys = 6 key blocks of 64: 12 splits leave half of them empty (lse -inf), row 1 (length 0) all of them;
     # 32 q heads per kv head merge in chunks of 4 splits (9 = 4 + 4 + 1). (12, not 40, splits: 4 times fewer
-    # interpreted programs, issue 23 item 2; 40 splits of the fused merge stay in test_num_splits_any[40].)
+    # interpreted programs; 40 splits of the fused merge stay in test_num_splits_any[40].)
     import dataclasses
 
     from reference.triton import configs, decode

@@ -75,7 +75,7 @@ def test_peeled_keeps_the_pv_wait_after_the_exps(args):
     """``schedule["peeled"]``: two key loops per consumer (unmasked, masked), no branch in either body. Each
     unmasked loop (the bulk of the blocks) keeps the ``P V`` wait after the 64 exps; so does each masked loop
     except at d = 128 causal, where ptxas still hoists it there (1-2 diagonal blocks per tile); no spill in a
-    key loop (d = 128 causal spills per tile as the pin does: stack <= 64 B)."""
+    key loop (d = 128 causal spills per tile as the default schedule does: stack <= 64 B)."""
     usage = _pv_waits("--peeled", *args)
     loops = usage["pv_waits"]
     assert len(loops) == 4, loops  # 2 consumers x (unmasked, masked)
@@ -93,7 +93,7 @@ def test_peeled_keeps_the_pv_wait_after_the_exps(args):
 def test_fence_keeps_the_pv_wait_after_the_exps(args):
     """``schedule["fence"]``: K slot ``j`` freed after the softmax inside an always-taken branch, which ends the
     softmax's basic block: every consumer's key loop keeps the ``P V`` wait after the 64 exps, the d = 128 causal
-    one included (where ``peeled`` leaves it hoisted in the masked loop); 168 registers, the spills of the pin only
+    one included (where ``peeled`` leaves it hoisted in the masked loop); 168 registers, the spills of the default schedule only
     (d = 128 causal, per tile)."""
     usage = _pv_waits("--fence", *args)
     loops = usage["pv_waits"]
@@ -107,7 +107,7 @@ def test_fence_keeps_the_pv_wait_after_the_exps(args):
 
 @pytest.mark.slow
 def test_pin_hoists_the_pv_wait_above_the_exps():
-    """Why ``peeled`` exists: with the mask's run-time branch in the loop body (the pin), ptxas hoists the
+    """Why ``peeled`` exists: with the mask's run-time branch in the loop body (the default schedule), ptxas hoists the
     ``P_{j-1} V_{j-1}`` wait to the top of the softmax's basic block, above every exp, in both consumers' loops
     (the check above fails on it). If a newer ptxas stops doing this, this test says so."""
     loops = _pv_waits()["pv_waits"]
@@ -158,7 +158,7 @@ def key_loop_bar_syncs(sass: str) -> list:
 def test_thread_arrive_leaves_one_bar_sync_per_key_loop(d, causal):
     """``schedule["thread_arrive"]``: the K and V slot releases are per-thread arrivals on barriers of their own
     allocation, so the warpgroup ``bar.sync`` before each elected arrive and the one between an arrive and the
-    next wait on the same allocation are gone: 1 ``BAR.SYNC`` per key block where the pin has 3 (the one left:
+    next wait on the same allocation are gone: 1 ``BAR.SYNC`` per key block where the default schedule has 3 (the one left:
     Triton's rule between two mbarrier waits of one allocation, iteration to iteration). No new spill."""
     pin = _compile_sass(d, causal, {"turns": False, "merged": False})
     ta = _compile_sass(d, causal, {"turns": False, "merged": False, "thread_arrive": True})
@@ -250,7 +250,7 @@ def test_bad_schedule_is_named():
 
 
 def test_schedule_options_reach_the_kernel_as_constexprs():
-    """``thread_arrive`` / ``prefetch`` become the kernel's ``THREAD_ARRIVE`` / ``PREFETCH`` (off in the pin)."""
+    """``thread_arrive`` / ``prefetch`` become the kernel's ``THREAD_ARRIVE`` / ``PREFETCH`` (off by default)."""
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
     pin = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, False)
     assert pin["THREAD_ARRIVE"] is False and pin["PREFETCH"] is False
@@ -350,7 +350,7 @@ def test_schedule_options_agree(rng, turns, merged, split, peeled, fence):
 def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option):
     """``schedule["peeled"]``, ``["fence"]``, ``["thread_arrive"]`` and ``["prefetch"]`` (with ``thread_arrive``)
     on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query
-    row, a single key block): the float64 oracle on the dequantised inputs, the pin's bounds."""
+    row, a single key block): the float64 oracle on the dequantised inputs, the default schedule's bounds."""
     B, Hq, Hkv, Nq, Nk, d, causal = case
     q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
     v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
@@ -371,7 +371,7 @@ def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option)
                                      "thread_arrive+merged"])
 def test_session8_options_agree_with_the_pin(rng, options):
     """The per-thread slot releases and the prefetched score tile change when barriers complete and when ``S_{j+1}``
-    is issued, not what is computed: the same roundings in the same order as the pin, causal and not, with more
+    is issued, not what is computed: the same roundings in the same order as the default schedule, causal and not, with more
     tiles than a CTA takes at once (several tiles per persistent CTA: the barrier phases carry over)."""
     q, k, v = t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128)
     for causal in (False, True):

@@ -58,7 +58,7 @@ def _pv_waits(*args) -> list:
 @pytest.mark.parametrize("args", [("--fence",), ("--fence", "--causal"), ("--fence", "--peeled", "--d", "64",
                                                                           "--causal"), ()])
 def test_fence_keeps_the_pv_wait_after_the_exps(args):
-    """``key_loop={"fence": True}`` (the K release after the softmax, in a branch that is always taken; the pin at
+    """``key_loop={"fence": True}`` (the K release after the softmax, in a branch that is always taken; the default at
     d = 128, the last case): in every key loop of both consumers all 64 exps of the softmax (and the two of
     ``alpha``) come before the wait for ``P_{j-1} V_{j-1}``, FA3 Algorithm 2's overlap; with ``peeled`` there are
     two loops per consumer."""
@@ -127,7 +127,7 @@ def test_matches_float64(rng, schedule, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v = _qkv(rng, B, Hq, Hkv, Nq, Nk, d)
     schedule, _, mode = schedule.partition("+")
     if schedule == "pingpong" and mode.startswith("persistent"):  # the production kernel, through the public name
-        opts = mode.split("+")[1:]  # its key-loop options (flash_gluon.attend_overlapped; "off": none), else the pin
+        opts = mode.split("+")[1:]  # its key-loop options (flash_gluon.attend_overlapped; "off": none), else the default
         loop = {"peeled": "peeled" in opts, "fence": "fence" in opts} if opts else None
         o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, key_loop=loop)
     else:  # an ablation (experiments/gluon_schedules.py)

@@ -93,7 +93,7 @@ def test_mixed_plan_reused_and_noncausal(rng):
 @pytest.mark.parametrize("ahead", [True, False])
 def test_mixed_table_entries_ahead_or_in_place(rng, bs, ahead):
     """Block-table entries looked up one key block ahead with whole-page tiles (the defaults) or in the
-    iteration that uses them, one entry per key (the first version): both match the float64 oracle, with pages
+    iteration that uses them, one entry per key (the simpler lookup): both match the float64 oracle, with pages
     shorter (whole pages per block) and longer than the key block, and a split tile."""
     lens, q_lens = [100, 45, 20], [30, 1, 20]
     cache, kv, q, cu, tables, seq_lens, args = setup(rng, lens, q_lens, 4, 2, bs)

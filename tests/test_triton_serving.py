@@ -309,7 +309,7 @@ print(json.dumps(out))
 def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
     """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``decode.compile_sm90``): the cascade's 64-row prefix tiles run on
     wgmma (HGMMA; the 16-row suffix tiles on mma.sync), the TMA options issue bulk tensor copies (UTMALDG), PDL
-    emits griddepcontrol, and nothing spills (notes/serving_perf.md, session 5)."""
+    emits griddepcontrol, and nothing spills (notes/serving_perf.md, "Decode at 32k and the one-launch cascade")."""
     import json
     import os
     import subprocess
@@ -327,5 +327,5 @@ def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
     assert u["cascade_tma"]["UTMALDG"] > 0 and u["cascade_tma"]["HGMMA"] > 0, u["cascade_tma"]
     assert u["decode"]["UTMALDG"] == 0 and not u["decode"]["griddep"], u["decode"]
     assert u["decode_tma_pdl"]["UTMALDG"] > 0 and u["decode_tma_pdl"]["griddep"], u["decode_tma_pdl"]
-    # the merge tile sets the registers (session 8 ncu: 165 with 128 rows, 86 with the merge as its own kernel)
+    # the merge tile sets the registers (ncu: 165 with 128 rows, 86 with the merge as its own kernel)
     assert u["decode_two_level"]["registers"] < 110 < u["decode"]["registers"], (u["decode"], u["decode_two_level"])

@@ -1,4 +1,4 @@
-"""The visible cases cover what the hidden cases grade (issue 23, item 4).
+"""The visible cases cover what the hidden cases grade.
 
 For every graded function of every spec, every combination of features that a hidden case of any of its tests
 has (drawn over many grading seeds, as the grader draws them) must be found in at least one *visible* case of
@@ -107,7 +107,7 @@ def test_features():
     assert features(dict(B=2, Hq=2, Hkv=2, N=13, d=16, dtype="float64", lens=[13, 0], shift=800.0)) == \
         {"float64", "len 0", "large logits"}
     assert features(dict(shape=(3, 1), dtype="float32", masked=True)) == {"N=1", "-inf"}
-    # the gap of issue 23: a1's GQA test draws a causal GQA case; its visible GQA case was not causal
+    # a gap once: a1's GQA test draws a causal GQA case; its visible GQA case was not causal
     a1 = [dict(B=1, Hq=4, Hkv=2, Nq=5, Nk=5, d=8, dtype="float32"),
           dict(B=1, Hq=1, Hkv=1, Nq=6, Nk=6, d=8, dtype="float32", causal=True)]
     hidden = features(dict(B=1, Hq=6, Hkv=1, Nq=40, Nk=40, d=16, dtype="float32", causal=True))

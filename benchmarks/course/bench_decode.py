@@ -346,7 +346,7 @@ def read_ceiling(copy_bw, log):
 
 
 #: (BLOCK_N, num_warps, num_stages, fused merge); the first is the baseline of the geomean. (64, 4, 2) since
-#: session 8: 2 stages read 0.84 vs the pin's 0.83 of copy at B = 1, 32k in both runs of ``sweep_decode_32k``
+#: 2 stages read 0.84 vs the default's 0.83 of copy at B = 1, 32k in both runs of ``sweep_decode_32k``
 TUNE_CONFIGS = [(128, 8, 2, False), (128, 8, 2, True), (128, 8, 3, True), (128, 4, 2, True), (64, 4, 2, True),
                 (64, 4, 3, True), (64, 4, 4, True), (64, 8, 2, True)]
 
@@ -503,7 +503,7 @@ def _args(argv):
 def _tune_phase(args, copy_bw, slug, log):
     """``--tune``: time the stage-1 launch configurations; ``(tuning record or None, pins)``, where ``pins`` are
     the ``DecodeConfig`` of each input kind for the rest of the run: ``DECODE_PINS``, or with ``--apply-best``
-    the best contiguous and paged ones (one split keeps its pin's tile, with the best merge choice)."""
+    the best contiguous and paged ones (one split keeps its default tile, with the best merge choice)."""
     pins = dict(DECODE_PINS)
     if not args.tune:
         return None, pins

@@ -1,6 +1,6 @@
 """The FP8 Gluon forward (``reference.triton.hopper.flash_fp8_gluon``) on Hopper: checks, then timings against the
-FP8 Triton forward, the bf16 Gluon forward and cuDNN (bf16), all in one process (issue 25 item 7;
-notes/hopper.md, "issue 25 item 7: FP8 Gluon forward").
+FP8 Triton forward, the bf16 Gluon forward and cuDNN (bf16), all in one process
+(notes/hopper.md, "FP8 Gluon forward").
 
 Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it does not fail):
 
@@ -23,20 +23,20 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
 3. ``pytest``: ``tests/test_triton_fp8_gluon.py`` on the GPU (where pytest is installed).
 4. ``ncu`` (if Nsight Compute runs): one forward each of FP8 Gluon, FP8 Triton, bf16 Gluon and cuDNN at
    N = 8k non-causal: duration, tensor-pipe activity, issue slots, the MUFU (XU) pipe, warp stall reasons.
-5. ``keyloop`` (issue 25 item 7, session 7; its own file ``<gpu>-fp8-key-loop.json``): the key-loop options that
+5. ``keyloop`` (its own file ``<gpu>-fp8-key-loop.json``): the key-loop options that
    keep the ``P_{j-1} V_{j-1}`` wait below the softmax's exps (``schedule["fence"]``, ``["peeled"]``, both)
    against the pinned schedule and the bf16 Gluon forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal
    and not, ``KEYLOOP_ROUNDS`` rounds, half of them rotated in the listed order and half in the reversed order
-   (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the pin,
+   (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the default,
    timed right after the bf16 forward in 4 of 5 rounds, was 7-16% slower in those rounds in 5 of 6 shapes);
    median, fastest round and the rounds' spread: an option is pinned only if it wins beyond that spread.
-6. ``quant`` (issue 25 item 7, session 6; its own file ``<gpu>-fp8-quant.json``): the fused quantisation
+6. ``quant`` (its own file ``<gpu>-fp8-quant.json``): the fused quantisation
    (``fp8_quant.quantize_qkv_fp8``) checked on the GPU against the torch path (e4m3 bytes equal without the
    rotation, within one step with it; scales) and the entry point's o against float64 (exact: 0.1; on the
    dequantised inputs: 6e-2; the kernel's lse is reported, the check stage gates it); then the kernel alone as bytes
    moved / time against the device-to-device copy bandwidth of the same process (``quant_bytes``; a config sweep
    at N = 8k first), and end to end: ``flash_attention_forward_fp8_gluon`` (fused quantisation + kernel) against
-   the bf16 Gluon forward, beside the torch-path quantisation, at the main table's shapes; and (session 7) the
+   the bf16 Gluon forward, beside the torch-path quantisation, at the main table's shapes; and the
    same two launches with the non-finite flag never read (``fp8_gluon_e2e_flag_unread``: no host sync per call,
    not the entry point's contract), which isolates what the per-call flag read costs.
 
@@ -73,7 +73,7 @@ VARIANTS = [(3, True, True, False, 1, False, False), (2, True, True, False, 1, F
             (3, True, False, False, 4, True, False), (3, True, False, False, 1, False, True),
             (3, True, False, False, 1, True, True)]
 ROUNDS = 3  # interleaved timings per implementation (median)
-#: the schedule options checked against the pin's output in ``check``
+#: the schedule options checked against the default's output in ``check``
 SCHEDULES = [{"turns": True, "merged": True}, {"turns": False, "merged": True}, {"turns": False, "merged": False},
              {"turns": True, "merged": False, "split": 4}, {"turns": False, "merged": False, "split": 8},
              {"turns": False, "merged": False, "peeled": True}, {"turns": False, "merged": False, "fence": True},
@@ -237,7 +237,7 @@ def _stage_bench():
                   f"err {row.get('rel_vs_cudnn')} {row.get('error', '')}", flush=True)
             res["variants"].append(row)
         del q, k, v, ref_o, fns
-    # the main table runs the sweep's best (summed over causal and not); the pin is set from it
+    # the main table runs the sweep's best (summed over causal and not); the default is set from it
     score = {}
     for row in res["variants"]:
         key = (row["stages"], row["permuted"], row["turns"], row["merged"], row["split"], row["peeled"],
@@ -294,7 +294,7 @@ def _stage_bench():
 def _profile():
     """Under ncu (``--profile-from-start off``): one forward of each implementation at N = 8k, non-causal, after a
     warm-up call (compilation outside the profiled region); the FP8 Gluon kernel with the bench stage's main
-    schedule (``BENCH_SCHEDULE``), else the pin."""
+    schedule (``BENCH_SCHEDULE``), else the default."""
     from torch.nn.attention import SDPBackend
     from benchmarks._common import profile_once, sdpa
     from reference.triton.hopper import flash_fp8
@@ -322,19 +322,19 @@ def _stage_pytest():
 
 
 #: the keyloop stage: rounds per shape (half in each direction, ``_both_ways``), sequence lengths, and the schedules
-#: timed beside the pin
+#: timed beside the default
 KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
 KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
                    "peeled_fence": {"peeled": True, "fence": True},
-                   # session 8 (benchmarks/tuning/probe_fp8_schedule.py): per-thread slot releases, with the fence
+                   # benchmarks/tuning/probe_fp8_schedule.py's options: per-thread slot releases, with the fence
                    "thread_arrive": {"thread_arrive": True}, "thread_arrive_fence": {"thread_arrive": True, "fence": True}}
 
 
 def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
     """``_common.rotated_rounds`` for ``rounds // 2`` rounds in the listed order and ``rounds - rounds // 2`` in the
     reversed one, so each implementation is timed behind two different ones (a rotation alone keeps the cyclic
-    order: in the first keyloop run the pin followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
+    order: in the first keyloop run the default followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
     there than in the fifth in 5 of 6 shapes). Returns ``({name: [ms per round]}, [the order of each round])``."""
     from benchmarks._common import rotated_rounds
     names = list(fns)
@@ -350,9 +350,9 @@ def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
 
 
 def _stage_keyloop():
-    """Module docstring, stage 5: each key-loop option against the pin (``configs.FP8_GLUON_SCHEDULE``), kernel
-    alone on the same quantised inputs; every output compared with the pin's (same roundings, same order) and
-    with cuDNN's before timing; per option the median ratio to the pin, the ratio of the fastest rounds and the
+    """Module docstring, stage 5: each key-loop option against the default (``configs.FP8_GLUON_SCHEDULE``), kernel
+    alone on the same quantised inputs; every output compared with the default's (same roundings, same order) and
+    with cuDNN's before timing; per option the median ratio to the default, the ratio of the fastest rounds and the
     rounds' spread ((max - min) / median of each implementation's rounds); ``orders``: each round's order."""
     import statistics
     import torch
@@ -533,7 +533,7 @@ def _stage_quant():
                        fg.prepare_fp8_gluon(q, k, v, causal=causal, fused=False)),
                    # the entry point's two launches with the non-finite flag never read (no host sync per call;
                    # NOT the entry point's contract: a NaN would go unreported): the end-to-end time minus this is
-                   # what the per-call flag read costs, host gaps included (notes/hopper.md, session 7)
+                   # what the per-call flag read costs, host gaps included (notes/hopper.md, "FP8 end to end")
                    "fp8_gluon_e2e_flag_unread": lambda: fg.attention_fp8_gluon(dataclasses.replace(
                        fg.prepare_fp8_gluon(q, k, v, causal=causal, defer_check=True), pending_flag=None))}
             if not causal:  # the quantisation does not depend on the mask

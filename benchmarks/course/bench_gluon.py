@@ -67,7 +67,7 @@ def _gluon(name):
     if name.startswith("pingpong+persistent"):
         from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
         opts = name.split("+")[2:]
-        loop = {"peeled": "peeled" in opts, "fence": "fence" in opts} if opts else None  # None: the pin
+        loop = {"peeled": "peeled" in opts, "fence": "fence" in opts} if opts else None  # None: the default
         return lambda q, k, v, causal, config=None: flash_attention_forward_gluon(q, k, v, causal=causal,
                                                                                  config=config, key_loop=loop)
     from experiments.gluon_schedules import forward

@@ -49,7 +49,7 @@ SETS = {"all": {"check": [WS], "time": [WS], "d64": [WS]},
         # next to that version and the no-dQ-add ablation, N = 2k..16k
         "ws": {"check": [WS, WS_SPLIT_TMA], "time": [WS_SPLIT_TMA, WS, WS_NOADD], "d64": [WS, WS_D64],
                "seqlens": [2048, 4096, 8192, 16384], "d64_seqlens": [2048, 4096, 8192, 16384],
-               # GQA rows (Hkv = Hq / 4 at 8k; the default config only): issue 25 item 6
+               # GQA rows (Hkv = Hq / 4 at 8k; the default config only): notes/hopper.md "GQA backward schedule"
                "gqa": [(128, True, 8192), (128, False, 8192), (64, True, 8192), (64, False, 8192)]},
         # every attempt (H200 exploration run)
         "ws_attempts": {"check": [WS_SPLIT, WS_SPLIT_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS],

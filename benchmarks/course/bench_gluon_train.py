@@ -3,15 +3,16 @@
 ``reference.triton.flash_attention_gluon`` (the persistent Gluon forward + the warp-specialised Gluon backward)
 against SDPA's cuDNN backend and our Triton ``flash_attention`` (FA2 forward + two-kernel backward), bf16,
 FlashAttention convention (batch x seqlen = 16k, hidden 2048, d = 128; FLOPs 3.5 x the forward's: forward +
-2.5 x for the backward), and GQA rows (issue 25: Hq = 32, Hkv = 8, causal 8k and 32k, non-causal 8k) where cuDNN
+2.5 x for the backward), and GQA rows (Hq = 32, Hkv = 8, causal 8k and 32k, non-causal 8k) where cuDNN
 runs GQA natively (``enable_gqa``; ``cudnn_repeat``: on K, V repeated per query head, as a model without
 ``enable_gqa`` would call it). Per shape, the three gradients of each implementation are first compared with
 cuDNN's (relative error), then ``o = f(q, k, v); o.backward(do)`` is timed with ``do_bench`` (median).
-``gluon_<option>`` (``KEY_LOOPS``): the Gluon op with the forward's key loop spelled out instead of its pin.
+``gluon_<option>`` (``KEY_LOOPS``): the Gluon op with the forward's key loop spelled out instead of its default.
 Timing: ``ms`` / ``tflops`` are one ``do_bench`` median per implementation, in a fixed order (the method of the
 earlier runs, which the quoted ratios use); ``rounds_ms`` adds ``ROUNDS - 1`` more rounds in rotated order
 (``_common.rotated_rounds``) and ``tflops_rounds_median`` is the median over all ``ROUNDS`` (added after one run
-showed two columns running identical kernels 25% apart: notes/hopper.md, "session 6").
+showed two columns running identical kernels 25% apart: notes/hopper.md, "The training step and the FP8
+quantisation, timed together").
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
     python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
@@ -28,7 +29,7 @@ from benchmarks._common import RESULTS
 SEQLENS = [2048, 4096, 8192, 16384]
 ROUNDS = 5  # timings per implementation: the fixed-order one, then rotated rounds (both directions)
 TOKENS, HIDDEN, D = 16384, 2048, 128
-#: GQA rows (issue 25's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
+#: GQA rows (the bar's table: Hq = 32, Hkv = 8, d = 128): (causal, N, B)
 GQA_HEADS = (32, 8)
 GQA_ROWS = [(True, 8192, 2), (True, 32768, 1), (False, 8192, 2)]
 #: the Gluon forward's key loop spelled out, timed beside its pin (``flash_gluon.key_loop_constexprs``,
@@ -53,7 +54,7 @@ def _timings():
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
-    # the forward's key-loop options (flash_gluon.attend_overlapped), timed beside the pin in the same process
+    # the forward's key-loop options (flash_gluon.attend_overlapped), timed beside the default in the same process
     options = {f"gluon_{name}": (lambda loop: lambda q, k, v, c: flash_attention_gluon(q, k, v, c, key_loop=loop))(loop)
                for name, loop in KEY_LOOPS.items()}
     impls = {"cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "triton": flash_attention, "gluon": flash_attention_gluon,

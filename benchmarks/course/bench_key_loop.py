@@ -1,5 +1,5 @@
-"""Where the Gluon forwards wait for ``P_{j-1} V_{j-1}``: the key-loop options against their pins, one process
-(issue 25 items 6 and 7; notes/hopper.md, "issue 25 items 6/7, session 6: the peeled key loop").
+"""Where the Gluon forwards wait for ``P_{j-1} V_{j-1}``: the key-loop options against their defaults, one process
+(notes/hopper.md, "The peeled key loop").
 
 FA3 Algorithm 2 overlaps the softmax of ``S_j`` with the warpgroup's own ``P_{j-1} V_{j-1}``; in the pinned
 kernels ptxas puts that wait above the softmax's exps (the sm_90a SASS, ``aot_report --waits``). The options that
@@ -7,13 +7,13 @@ keep it below them (``flash_gluon.attend_overlapped``'s ``fence`` / ``peeled``, 
 were checked against float64 on the GPU by ``tests/test_triton_gluon*.py`` / ``tests/test_triton_fp8_gluon.py``;
 here every timed output is also compared with cuDNN's (relative error) before timing.
 
-* ``bf16``: ``flash_attention_forward_gluon`` with ``key_loop`` = both options off (the pin of the first run),
+* ``bf16``: ``flash_attention_forward_gluon`` with ``key_loop`` = both options off (the default of the first run),
   ``fence``, ``peeled + fence``, and cuDNN (SDPA), d = 128 and 64, causal and not, batch x N = 16k tokens,
   hidden 2048;
 * ``fp8``: ``attention_fp8_gluon`` (kernel alone on quantised inputs) with the pinned schedule and with
   ``peeled``, beside the bf16 Gluon forward, d = 128, H = 16, N = 8k and 16k;
 * ``train``: ``flash_attention_gluon`` forward + backward with the options off and with ``fence`` against cuDNN
-  (``enable_gqa``), GQA Hq = 32, Hkv = 8, causal, N = 8k and 32k (issue 25's bar row: 0.99x at 32k).
+  (``enable_gqa``), GQA Hq = 32, Hkv = 8, causal, N = 8k and 32k (the bar's row: 0.99x at 32k).
 
 Each implementation of a shape is timed in ``ROUNDS`` rounds, the order rotated by one each round (a kernel timed
 right after another heavy one can run a few percent slower), median per implementation; TFLOP/s by the
@@ -34,7 +34,7 @@ TOKENS, HIDDEN = 16384, 2048
 #: bf16 forward shapes: (d, causal, N)
 BF16_SHAPES = [(d, c, n) for d in (128, 64) for c in (False, True) for n in ((2048, 8192, 16384) if d == 128
                                                                            else (8192,))]
-#: the bf16 forward's key-loop options (``flash_gluon.key_loop_constexprs``), spelled out whatever the pin
+#: the bf16 forward's key-loop options (``flash_gluon.key_loop_constexprs``), spelled out whatever the default
 KEY_LOOPS = {"off": {"peeled": False, "fence": False}, "fence": {"peeled": False, "fence": True},
              "peeled_fence": {"peeled": True, "fence": True}}
 FP8_N = (8192, 16384)

@@ -13,7 +13,7 @@ eager calls). Sections:
   page-aligned or row gather, + ``paged_decode`` for the decodes) and vs ``paged_prefill`` over the whole batch
   (one varlen launch with 128-row query tiles per query head);
 * prefill: 8 chunks of 512 tokens after 4k cached tokens, pages of 16 and 64 tokens: ``paged_prefill`` (the
-  page-aligned kernel ``reference.triton.paged_tiles``, and ``gather="row"``, the first version's row gather),
+  page-aligned kernel ``reference.triton.paged_tiles``, and ``gather="row"``, the simpler row gather),
   ``mixed_attention`` (page-aligned key blocks; TMA boxes for 64-token pages on Hopper; table entries one block
   ahead and whole-page tiles, or ``*_first_version`` / ``*_table_in_place``: looked up in the iteration that
   uses them, one per key row) vs ``flash_attention_varlen_forward`` on
@@ -30,7 +30,7 @@ eager calls). Sections:
   stages; ``_n64``: 64-key blocks, 4 stages; ``_pps2``: twice the key splits; ``kernel_us``: each launch's GPU time
   from the profiler), each with its prefix pass alone (``prefix_pass_*``); ``cascade`` is
   the default configuration (``row["default_prefix"]`` says which path its graph took, ``default_prefix_eager``
-  which path its eager calls took). Session 7: the Gluon path with
+  which path its eager calls took). The Gluon path with
   both passes at once (``CascadeConfig.overlap``): ``cascade_gluon_pdl`` (the suffix launch programmatically
   dependent on the prefix kernel, prefix CTAs on half the SMs; ``_p35`` / ``_p75``: on 0.35 / 0.75 of them) and
   ``cascade_gluon_streams`` (fork/join of two streams, merge launch); eager loop / graph and the host time of an
@@ -292,7 +292,7 @@ def _cascade(log, copy_bw):
                    rel_err_vs_separate=bd.rel(oc, os_), recorded_equal=bool(torch.equal(oc, oc2)))
         assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
         variants = _cascade_variants(q, prefix_k, prefix_v)
-        # the graph time's path (captured) and the eager loop's (session 7: eager calls keep the Triton kernel
+        # the graph time's path (captured) and the eager loop's (eager calls keep the Triton kernel
         # below CascadeConfig.eager_gluon_min_rows)
         row["default_prefix"] = "gluon" if use_gluon_prefix(CASCADE_DEFAULT, q, prefix_k, prefix_v,
                                                             capturing=True) else "triton"
@@ -401,7 +401,7 @@ def _cascade_variants(q, prefix_k, prefix_v) -> dict:
             "gluon_s3": dataclasses.replace(seq, gluon_stages=3),
             "gluon_n64": dataclasses.replace(seq, gluon_block_n=64, gluon_stages=4),
             "gluon_pps2": dataclasses.replace(seq, programs_per_sm=2 * seq.programs_per_sm),
-            # session 7: the passes at once (CascadeConfig.overlap), prefix CTAs on a share of the SMs
+            # the passes at once (CascadeConfig.overlap), prefix CTAs on a share of the SMs
             "gluon_pdl": pdl,
             "gluon_pdl_p35": dataclasses.replace(pdl, overlap_prefix_share=0.35),
             "gluon_pdl_p75": dataclasses.replace(pdl, overlap_prefix_share=0.75),

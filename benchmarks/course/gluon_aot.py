@@ -40,7 +40,7 @@ VARIANTS = {
 }
 #: the production kernel's key-loop options (``flash_gluon.attend_overlapped``'s ``FENCE`` / ``PEELED``): name ->
 #: (key_loop, causal); the rows also get ``pv_waits`` (``_aot.wgmma_wait_order``: the exps ptxas put before each key
-#: loop's ``P V`` wait), as does ``pingpong_persistent`` (the pin: fence at d = 128; ``_off``: both options off)
+#: loop's ``P V`` wait), as does ``pingpong_persistent`` (the default: fence at d = 128; ``_off``: both options off)
 KEY_LOOPS = {
     "pingpong_persistent_off": ({"peeled": False, "fence": False}, False),
     "pingpong_persistent_peeled": ({"peeled": True, "fence": False}, False),
@@ -53,7 +53,7 @@ KEY_LOOPS = {
 
 def compile_variant(schedule: str, config, causal: bool, persistent: bool, d: int = 128, key_loop=None):
     """The compiled kernel: the production one for ``("pingpong", persistent=True)`` (``key_loop``: its options,
-    None for the pin), else the ablation."""
+    None for the default), else the ablation."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("run with TRITON_INTERPRET=0 (the compiler rejects interpreter objects)")
     if schedule == "pingpong" and persistent:

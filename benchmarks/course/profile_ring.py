@@ -1,9 +1,9 @@
 """Where a ring rank's forward time goes, on ONE GPU (no NCCL): kernel calls, merges, launch gaps.
 
-Issue 25 item 4, session 5 (notes/ring_attention.md). A rank of a ``--world``-rank causal zig-zag ring runs its
+notes/ring_attention.md, "One kernel call per step, a fused merge". A rank of a ``--world``-rank causal zig-zag ring runs its
 steps one after another on the one GPU (its query shard against each K/V chunk), in two versions:
 
-* ``pairs``: the decomposition of session 4: ``block_calls`` per (query segment, key segment) pair (three kernel
+* ``pairs``: the earlier decomposition: ``block_calls`` per (query segment, key segment) pair (three kernel
   calls on the diagonal step of W = 2, two on the other), each merged into fp32 accumulators by ``merge_into``
   (five torch passes), and the fp32 -> bf16 cast at the end;
 * ``calls``: ``step_calls`` (one call per zig-zag step: a row sees a prefix of the sorted local keys), the

@@ -7,7 +7,7 @@ launch pays its start. ``read_ceiling_ms`` times a kernel that does nothing but 
 same partition as ``flash_decode`` (one program per (sequence, kv head, split), key blocks of ``block_n`` rows;
 pointer loads, or TMA boxes on Hopper) with the same timing as the decode rows (``_common.graph_ms``), so a
 decode kernel's fraction of copy can be read against what a launch of these bytes reaches at all
-(notes/serving_perf.md, "decode and cascade, session 5").
+(notes/serving_perf.md, "Decode at 32k and the one-launch cascade").
 """
 from __future__ import annotations
 

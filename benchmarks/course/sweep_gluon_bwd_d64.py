@@ -1,6 +1,6 @@
 """The warp-specialised Gluon backward's legal configs at d = 64 (and 128): checks, timings vs cuDNN, re-timing.
 
-Issue 25 item 6: the default config ``(BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA) = (64, 2, True, True, True)`` measured
+The default config ``(BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA) = (64, 2, True, True, True)`` measured
 0.75x cuDNN at d = 64, N = 8k. The candidates below are the configs that compile for sm_90a within the 227 KB of
 shared memory (``compile_backward_ws`` + ``_aot.resource_usage`` on the CPU; notes/hopper.md section 1g has the
 table and the predictions). One GPU call, each stage in a child process with a time limit

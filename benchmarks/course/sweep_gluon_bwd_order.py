@@ -1,10 +1,10 @@
-"""The warp-specialised Gluon backward's program order (issue 25 item 6): checks, then timings vs cuDNN.
+"""The warp-specialised Gluon backward's program order: checks, then timings vs cuDNN.
 
 ``flash_attention_backward_gluon_ws(..., order_heads=)`` launches one program per (key block, batch x kv head) and
 ``_program_order`` maps program ids so that ``order_heads`` heads interleave their key blocks longest-first
 (``1`` = the head-major order before this sweep). With GQA the kernel's programs are ``GROUP`` times fewer and
 longer, and ``reference.simulators.scheduling`` predicts the head-major order leaves SMs idle at the end of a
-causal launch (busy fraction 0.81 at GQA 16/4, 8k; notes/hopper.md, "issue 25 item 6: GQA backward schedule").
+causal launch (busy fraction 0.81 at GQA 16/4, 8k; notes/hopper.md, "GQA backward schedule").
 One GPU call, each stage in a child process with a time limit (``benchmarks/_staged.py``):
 
 1. ``check``: each order on GQA shapes (causal, ragged N) against float64 autograd (``tests/oracle.py``);
@@ -30,7 +30,7 @@ from benchmarks._common import RESULTS
 SHAPES = [(128, True, 2, 16, 4, 8192), (128, True, 2, 32, 8, 8192), (128, True, 1, 32, 8, 16384),
           (128, True, 1, 32, 8, 32768), (128, True, 2, 16, 16, 8192), (64, True, 2, 32, 8, 8192),
           (64, False, 8, 32, 32, 2048), (64, False, 4, 32, 32, 4096)]
-#: ``order_heads`` values timed (causal rows; non-causal rows time the pin only). The first run (git history of
+#: ``order_heads`` values timed (causal rows; non-causal rows time the default only). The first run (git history of
 #: the results file, commit 93aa9d4) also timed 0 (all heads): 0.52-0.91x cuDNN, the L2 lesson of the forward
 ORDERS = [1, 2, 4]
 #: every variant of a row is timed REPS times, interleaved (A B C A B C ...); the row keeps the median

@@ -1,5 +1,5 @@
 """Where a GQA training step's time goes, ours vs cuDNN: every kernel of one ``o = f(q, k, v); o.backward(do)``
-under ncu (issue 25 item 6, the row "Gluon training step with GQA at or above cuDNN").
+under ncu (the bar "Gluon training step with GQA at or above cuDNN").
 
 ``bench_gluon_train`` gives the ratio (0.98 / 0.99 at GQA 32/8 causal 8k / 32k, medians of rotated rounds); this
 script gives the cause: per kernel of each step (the Gluon forward, the backward's preprocess, the warp-specialised
@@ -19,7 +19,7 @@ import os
 import subprocess
 import sys
 
-#: (causal, N, B, Hq, Hkv): the GQA rows of ``bench_gluon_train`` (issue 25's training-step row), d = 128
+#: (causal, N, B, Hq, Hkv): the GQA rows of ``bench_gluon_train`` (the training-step bar's rows), d = 128
 SHAPES = [(True, 8192, 2, 32, 8), (True, 32768, 1, 32, 8)]
 IMPLS = ("cudnn", "gluon")
 D = 128

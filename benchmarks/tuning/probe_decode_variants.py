@@ -1,4 +1,4 @@
-"""Issue 25 items 5 and 1, session 5: what limits batch-1 decode at 32k and the cascade (one GPU call).
+"""What limits batch-1 decode at 32k and the cascade (one GPU call).
 
     python3 -m benchmarks.tuning.probe_decode_variants --out DIR        # DIR/<gpu>-decode-probe.json
 
@@ -130,7 +130,7 @@ def decode_section(log, copy_bw, res):
 
 
 CASCADE_VARIANTS = {
-    "base": CascadeConfig(prefix_first=False),  # the (item, kv head) grid: the default before this session
+    "base": CascadeConfig(prefix_first=False),  # the (item, kv head) grid: the default before prefix_first
     "prefix_first": CascadeConfig(prefix_first=True),
     "tma": CascadeConfig(prefix_first=False, use_tma=True),
     "prefix_first_tma": CascadeConfig(prefix_first=True, use_tma=True),

@@ -1,9 +1,9 @@
-"""The FP8 Gluon forward's session-8 schedule options against the pin and the bf16 Gluon forward (one GPU call).
+"""The FP8 Gluon forward's softmax-latency schedule options against the default and the bf16 Gluon forward (one GPU call).
 
     python3 -m benchmarks.tuning.probe_fp8_schedule --out DIR     # DIR/<gpu>-fp8-schedule-probe.json
 
-Issue 25 item 7 (bar: FP8 Gluon >= 1.5x the bf16 Gluon forward at d = 128, N >= 4k, kernel alone).
-notes/hopper.md, "FP8 softmax latency, session 8", has the predictions. Options (``flash_fp8_gluon.check_schedule``):
+The bar: FP8 Gluon >= 1.5x the bf16 Gluon forward at d = 128, N >= 4k, kernel alone).
+notes/hopper.md, "FP8 softmax latency", has the predictions. Options (``flash_fp8_gluon.check_schedule``):
 
 * ``thread_arrive``: every consumer thread arrives on a ring slot's free barrier for itself (no warpgroup
   ``bar.sync`` before the arrive), the free barriers in allocations of their own (no ``bar.sync`` between an
@@ -13,7 +13,7 @@ notes/hopper.md, "FP8 softmax latency, session 8", has the predictions. Options 
   in the sm_90a SASS, measured anyway), here with ``thread_arrive``.
 
 First every option is checked on the GPU: against float64 on the dequantised inputs (o < 6e-2, lse within
-``tests/oracle.fp8_lse_bound``) and against the pin (same roundings: o < 1e-3, lse < 1e-4) on shapes with
+``tests/oracle.fp8_lse_bound``) and against the default (same roundings: o < 1e-3, lse < 1e-4) on shapes with
 ragged N, GQA, causal with Nq != Nk and several tiles per CTA; a failed check stops the run before timing.
 Then kernel alone on the same quantised inputs, d = 128, H = 16, B N = 16k, N = 4k / 8k / 16k, causal and not:
 every implementation timed ``ROUNDS`` times, half the rounds rotated in the listed order and half in the
@@ -32,7 +32,7 @@ from benchmarks import _common, write_json
 ROUNDS = 6
 SEQLENS = (4096, 8192, 16384)
 TOKENS, D, H = 16384, 128, 16
-#: the options timed, each on top of the pin (``configs.FP8_GLUON_SCHEDULE``)
+#: the options timed, each on top of the default (``configs.FP8_GLUON_SCHEDULE``)
 OPTIONS = {"thread_arrive": {"thread_arrive": True},
            "thread_arrive_fence": {"thread_arrive": True, "fence": True},
            "prefetch_thread_arrive": {"prefetch": True, "thread_arrive": True}}
@@ -49,7 +49,7 @@ def _schedules() -> dict:
 
 
 def check() -> tuple[list, bool]:
-    """Every option against float64 on the dequantised inputs and against the pin (module docstring)."""
+    """Every option against float64 on the dequantised inputs and against the default (module docstring)."""
     from benchmarks._common import lse_abs, ref64
     from benchmarks._common import rel_err as rel
     from reference.triton.hopper import flash_fp8_gluon as fg
@@ -79,7 +79,7 @@ def check() -> tuple[list, bool]:
 
 
 def timings() -> list:
-    """Kernel alone, each option vs the pin and the bf16 Gluon forward (module docstring)."""
+    """Kernel alone, each option vs the default and the bf16 Gluon forward (module docstring)."""
     from benchmarks._common import rel_err as rel
     from benchmarks.course.bench_fp8_gluon import _both_ways
     from benchmarks.course.bench_hopper import bench
@@ -122,8 +122,8 @@ def timings() -> list:
 
 
 def summary(rows: list) -> dict:
-    """Per option: the range of its median ratio to the pin and to bf16 over the shapes, of the fastest-round
-    ratio to the pin, and the largest spread of its or the pin's rounds (a win must exceed it)."""
+    """Per option: the range of its median ratio to the default and to bf16 over the shapes, of the fastest-round
+    ratio to the default, and the largest spread of its or the default's rounds (a win must exceed it)."""
     out = {}
     for n in ["fp8_pin"] + [f"fp8_{o}" for o in OPTIONS]:
         xs = [r[n]["x_pin"] for r in rows]

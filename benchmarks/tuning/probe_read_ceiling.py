@@ -1,6 +1,6 @@
-"""Is 0.84-0.87 of copy really the most one launch can read? A probe of issue 25's decode row (B = 1, 32k keys).
+"""Is 0.84-0.87 of copy really the most one launch can read? A probe of the decode bar (B = 1, 32k keys).
 
-Session 5 measured a kernel that only streams the 32k decode's 134 MB of K/V (``read_ceiling.py``: 32 splits x
+An earlier probe measured a kernel that only streams the 32k decode's 134 MB of K/V (``read_ceiling.py``: 32 splits x
 8 kv heads, 4 warps, 64-key blocks) at 0.84-0.87 of the 1 GiB copy bandwidth, under the decode rows' timing
 (``_common.graph_ms``), and concluded that no one-launch decode reaches the 0.9 bar. This probe asks whether
 that kernel was simply a weak reader. Timed the same way, over the same bytes and the same rotation of input
@@ -21,10 +21,10 @@ variant against float64 attention on the same inputs.
     python3 -m benchmarks.tuning.probe_read_ceiling --ncu --out DIR    # ncu of the decode / stream kernel at 32
                                                                        # and 128 splits: DIR/<gpu>-read-ceiling-ncu.json
 
-The ``--ncu`` mode (session 8, ``h100-read-ceiling-ncu.json``) separated the two suspects of the decode row: per
+The ``--ncu`` mode (``h100-read-ceiling-ncu.json``) separated the two suspects of the decode row: per
 kernel its duration, throughputs and warp-state sections, with the decode also profiled with its merge as a second
 kernel. Stage 1 alone takes the same time at 32 and 128 splits; the fused merge grows from 0.5 to 6.4 us
-(notes/serving_perf.md, session 8).
+(notes/serving_perf.md, "Decode at 32k: ncu of the merge").
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from benchmarks import _common, write_json
 from benchmarks.course.read_ceiling import read_ceiling_ms
 
 HKV, D = 8, 128
-#: (splits, block_n, num_stages, tma): the session-5 ceiling first
+#: (splits, block_n, num_stages, tma): the earlier probe's ceiling first
 VARIANTS = [(32, 64, 4, False), (32, 64, 4, True), (64, 64, 4, True), (128, 64, 4, True), (64, 128, 3, True),
             (128, 64, 4, False), (64, 128, 3, False)]
 

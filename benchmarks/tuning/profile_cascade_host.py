@@ -1,18 +1,18 @@
-"""Where does an eager ``cascade_decode`` call spend its host time? A probe of issue 25's eager bar (GPU only).
+"""Where does an eager ``cascade_decode`` call spend its host time? A probe of the eager bar (GPU only).
 
-Issue 25 item 1 asks the cascade called eagerly at B = 8 to run within 1.2x of its CUDA-graph time. At B = 8 the
+The eager bar asks the cascade called eagerly at B = 8 to run within 1.2x of its CUDA-graph time. At B = 8 the
 default path is the one-launch Triton ``_cascade_kernel`` (75 us of GPU time, ``h100-mixed-batch.json``), and its
 eager call repeats a recorded launch (``reference.triton._fastlaunch``): the call is host-bound when its host time
-nears the GPU time (session 8's full run: 96-105 us of host time a call, eager loop / graph 1.16-1.22; session 7:
+nears the GPU time (one full run: 96-105 us of host time a call, eager loop / graph 1.16-1.22; another host:
 52 us, 0.95). This probe, on the inputs ``bench_mixed_batch`` builds (32k shared prefix, 1k suffixes, 16-token
 pages, bf16, Hq = 32, Hkv = 8, d = 128):
 
 * checks the eager call against ``paged_decode`` of the whole sequences (rel. err < 2e-2), the recorded launch
-  against the full path bit for bit (out and lse), and the session-7 recorded path (``legacy_call``, a copy of that
-  code kept here) against both;
+  against the full path bit for bit (out and lse), and the uncut recorded path (``uncut_call``, a copy of the code
+  before the host-path cut kept here) against both;
 * times the host time of one eager call (calls issued while the GPU sleeps, ``_common.host_us``
   does, but 200 calls a sample and 7 samples, interleaved between the paths: median and spread), the back-to-back
-  eager loop and the graph time, for the session-7 path and the current one, at B = 8, 16, 32, and
+  eager loop and the graph time, for the uncut path and the current one, at B = 8, 16, 32, and
   ``flash_decode``'s recorded launch (B = 1, 256 keys, one split) as the reference point;
 * at B = 8 splits the call into its steps, each timed alone (key building, cache lookup, the two allocations,
   the stream and capture queries, Triton's launch metadata and hook chains, the launcher with tensors / with
@@ -44,9 +44,9 @@ P, S, BS = 32768, 1024, 16
 TRITON = dataclasses.replace(cascade.DEFAULT_CONFIG, prefix_gluon=False)
 
 
-# ----------------------------------------------------------------------------------------------- session 7's path
-def _legacy_key(tensors, *options):
-    """The session-7 key: ``tensor_key`` per tensor (``t.device`` objects), ``torch.cuda.current_stream``, hash."""
+# ------------------------------------------------------------------------------------------ the uncut path
+def _uncut_key(tensors, *options):
+    """The uncut key: ``tensor_key`` per tensor (``t.device`` objects), ``torch.cuda.current_stream``, hash."""
     parts = []
     for t in tensors:
         if type(t) is not torch.Tensor or t.device.type != "cuda":
@@ -58,8 +58,8 @@ def _legacy_key(tensors, *options):
     return key
 
 
-def _legacy_launch(rec, tensors: dict) -> None:
-    """The session-7 ``RecordedLaunch.__call__``: tensors to the launcher, metadata and hook chains every call."""
+def _uncut_launch(rec, tensors: dict) -> None:
+    """The uncut ``RecordedLaunch.__call__``: tensors to the launcher, metadata and hook chains every call."""
     from triton import knobs
     args = list(rec.args)
     for name, i in rec.slots.items():
@@ -71,15 +71,15 @@ def _legacy_launch(rec, tensors: dict) -> None:
     rec.run(g[0], g[1], g[2], stream, rec.kernel.function, rec.kernel.packed_metadata, meta, enter, leave, *args)
 
 
-def legacy_call(cache: dict, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens):
-    """Session 7's recorded path of ``cascade_decode(..., validate=False)`` (Triton kernel, pointer prefix)."""
-    key = _legacy_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), None, None, None)
+def uncut_call(cache: dict, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens):
+    """The uncut recorded path of ``cascade_decode(..., validate=False)`` (Triton kernel, pointer prefix)."""
+    key = _uncut_key((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), None, None, None)
     rec = cache.get(key)
     out = torch.empty_like(q)
     lse = torch.empty(q.shape[:2], dtype=torch.float32, device=q.device)
     dk = rec.args[rec.slots["DescK"]]
     assert isinstance(dk, torch.Tensor)
-    _legacy_launch(rec, {"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
+    _uncut_launch(rec, {"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
                          "SeqLens": seq_lens, "OUT": out, "LOUT": lse, "DescK": prefix_k, "DescV": prefix_v})
     return out, lse
 
@@ -130,7 +130,7 @@ def case(B: int):
 
 
 def check(B: int, log) -> dict:
-    """Correctness on the GPU before any timing: full path vs paged decode, recorded == full, legacy == full."""
+    """Correctness on the GPU before any timing: full path vs paged decode, recorded == full, uncut == full."""
     c, args = case(B)
     cascade.clear_launch_cache()
     o_full, l_full = cascade_decode(*args, fast_launch=False)
@@ -141,24 +141,24 @@ def check(B: int, log) -> dict:
     o2_rec, l2_rec = cascade_decode(*args2, validate=False)
     found = cascade._recorded(args2, None, None, None)
     assert found is not None and found[3] is not None and type(found[3]) is not cascade.GluonLaunches, found
-    legacy = {_legacy_key(args2, None, None, None): found[3]}
-    o2_leg, l2_leg = legacy_call(legacy, *args2)
+    uncut = {_uncut_key(args2, None, None, None): found[3]}
+    o2_unc, l2_unc = uncut_call(uncut, *args2)
     torch.cuda.synchronize()
     res = dict(batch=B, rel_err_vs_paged=bd.rel(o_full, o_pd),
                recorded_equal_full=bool(torch.equal(o2_rec, o2_full) and torch.equal(l2_rec, l2_full)),
-               legacy_equal_full=bool(torch.equal(o2_leg, o2_full) and torch.equal(l2_leg, l2_full)),
+               uncut_equal_full=bool(torch.equal(o2_unc, o2_full) and torch.equal(l2_unc, l2_full)),
                rel_err_new_inputs_vs_paged=bd.rel(o2_rec, paged_decode(c2["q"], c2["kc"], c2["vc"], c2["full_tab"],
                                                                           c2["full_len"])))
     log(f"B={B}: rel err vs paged {res['rel_err_vs_paged']:.1e} / {res['rel_err_new_inputs_vs_paged']:.1e}, "
-        f"recorded == full {res['recorded_equal_full']}, legacy == full {res['legacy_equal_full']}")
+        f"recorded == full {res['recorded_equal_full']}, uncut == full {res['uncut_equal_full']}")
     assert res["rel_err_vs_paged"] < 2e-2 and res["rel_err_new_inputs_vs_paged"] < 2e-2, res
-    assert res["recorded_equal_full"] and res["legacy_equal_full"], res
+    assert res["recorded_equal_full"] and res["uncut_equal_full"], res
     del c
-    return res, c2, args2, legacy
+    return res, c2, args2, uncut
 
 
-def paths(args, legacy) -> dict:
-    return {"legacy_session7": lambda: legacy_call(legacy, *args),
+def paths(args, uncut) -> dict:
+    return {"uncut": lambda: uncut_call(uncut, *args),
             "current": lambda: cascade_decode(*args, validate=False)}
 
 
@@ -173,7 +173,7 @@ def time_paths(fns: dict, reps: int = 7) -> dict:
     return dict(host_us=({k: spread(v) for k, v in samples.items()}), loop_us={k: spread(v) for k, v in loops.items()})
 
 
-def breakdown(args, legacy) -> dict:
+def breakdown(args, uncut) -> dict:
     """The B = 8 call's steps, each timed alone."""
     from triton import knobs
     from reference.triton import _fastlaunch
@@ -181,7 +181,7 @@ def breakdown(args, legacy) -> dict:
     found = cascade._recorded(args, None, None, None)
     key, stream, ptrs, rec = found
     lse_proto = rec.args[rec.slots["LOUT"]]
-    lkey = next(iter(legacy))
+    lkey = next(iter(uncut))
     out, lse = torch.empty_like(q), q.new_empty(q.shape[:2], dtype=torch.float32)
     values = (*args, out, lse, args[1], args[2])
     tensors = dict(zip(rec.slots, values))
@@ -195,9 +195,9 @@ def breakdown(args, legacy) -> dict:
     g, k = rec.grid, rec.kernel
     n_ptr = sum(type(a) is torch.Tensor for a in rec.args)
     steps = {
-        "key_legacy (7 tensor keys, current_stream, capture, hash)": lambda: _legacy_key(args, None, None, None),
+        "key_uncut (7 tensor keys, current_stream, capture, hash)": lambda: _uncut_key(args, None, None, None),
         "key_current (cascade._fast_key)": lambda: cascade._fast_key(args, None, None, None),
-        "cache get (legacy key)": lambda: legacy.get(lkey),
+        "cache get (uncut key)": lambda: uncut.get(lkey),
         "cache get (current key, hash included)": lambda: cascade.LAUNCH_CACHE.get(key),
         "one tensor_key (t.device object)": lambda: _fastlaunch.tensor_key(q),
         "one key part (get_device)": lambda: (q.shape, q.stride(), q.dtype, q.get_device(), q.data_ptr() % 16 == 0),
@@ -217,7 +217,7 @@ def breakdown(args, legacy) -> dict:
     res = {name: cpu_us(f) for name, f in steps.items()}
     meta = k.launch_metadata(g, stream, *full)
     launches = {
-        "launch: legacy RecordedLaunch.__call__ (dict, metadata, hooks)": lambda: _legacy_launch(rec, tensors),
+        "launch: uncut RecordedLaunch.__call__ (dict, metadata, hooks)": lambda: _uncut_launch(rec, tensors),
         "launch: run() tensors + metadata + hooks": lambda: rec.run(g[0], g[1], g[2], stream, k.function,
                                                                     k.packed_metadata, meta, enter, leave, *full),
         "launch: run() tensors, no hooks": lambda: rec.run(g[0], g[1], g[2], stream, k.function, k.packed_metadata,
@@ -239,8 +239,8 @@ def breakdown(args, legacy) -> dict:
     return res
 
 
-def _legacy_flash(rec, q, k, v):
-    """Session 7's recorded path of ``flash_decode(q, k, v, num_splits=1, validate=False)`` (pointer loads)."""
+def _uncut_flash(rec, q, k, v):
+    """The uncut recorded path of ``flash_decode(q, k, v, num_splits=1, validate=False)`` (pointer loads)."""
     from reference.triton import configs
     parts = ["contiguous"]
     for t in (q, k, v):
@@ -250,13 +250,13 @@ def _legacy_flash(rec, q, k, v):
     key = (*parts, None, 1, None, None, configs.scoped_decode(), torch.cuda.current_stream(q.device).cuda_stream)
     hash(key)
     out = torch.empty_like(q)
-    _legacy_launch(rec, {"Q": q, "K": k, "V": v, "SeqLens": q, "BlockTables": q, "Out": out, "DescK": k, "DescV": v})
+    _uncut_launch(rec, {"Q": q, "K": k, "V": v, "SeqLens": q, "BlockTables": q, "Out": out, "DescK": k, "DescV": v})
     return out
 
 
 def flash_reference() -> dict:
     """flash_decode's recorded launch, B = 1, 256 keys, one split (bench_decode's host-overhead case): the current
-    path and (where the launch was recorded with pointer loads) session 7's, interleaved."""
+    path and (where the launch was recorded with pointer loads) the uncut one, interleaved."""
     from reference.triton import decode
     q = torch.randn(1, bd.HQ, bd.D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, bd.HKV, 256, bd.D, device="cuda", dtype=torch.bfloat16)
@@ -270,8 +270,8 @@ def flash_reference() -> dict:
     rec = decode.LAUNCH_CACHE.get(decode.fast_key("contiguous", (q2, k2, v2, None), 1, None, None))
     fns = {"current": lambda: flash_decode(q2, k2, v2, num_splits=1, validate=False)}
     if rec is not None and type(rec.args[rec.slots["DescK"]]) is torch.Tensor:
-        assert torch.equal(_legacy_flash(rec, q2, k2, v2), ref)
-        fns["legacy_session7"] = lambda: _legacy_flash(rec, q2, k2, v2)
+        assert torch.equal(_uncut_flash(rec, q2, k2, v2), ref)
+        fns["uncut"] = lambda: _uncut_flash(rec, q2, k2, v2)
     samples = {name: [] for name in fns}
     for f in fns.values():
         f()
@@ -294,8 +294,8 @@ def main(argv=None):
     out = dict(meta=_common.run_meta(), rows=[])
     path = os.path.join(args.out, f"{_common.result_tag()}-cascade-host-probe.json")
     for B in (int(b) for b in args.batches.split(",")):
-        row, c, xs, legacy = check(B, log)
-        fns = paths(xs, legacy)
+        row, c, xs, uncut = check(B, log)
+        fns = paths(xs, uncut)
         # GPU time of the same Triton kernel (captured calls of the default config take the Gluon path from B = 16)
         row["graph_us"] = _common.graph_ms([lambda: cascade_decode(*xs, validate=False, config=TRITON)]) * 1e3
         row.update(time_paths(fns))
@@ -304,7 +304,7 @@ def main(argv=None):
             f"{k} {v['median']:.1f} [{v['min']:.1f}, {v['max']:.1f}]" for k, v in row["host_us"].items())
             + "; loop / graph: " + ", ".join(f"{k} {v:.2f}" for k, v in row["eager_loop_over_graph"].items()))
         if B == 8:
-            row["breakdown_us"] = breakdown(xs, legacy)
+            row["breakdown_us"] = breakdown(xs, uncut)
             for name, us in row["breakdown_us"].items():
                 log(f"    {name:66s} {us:7.2f} us")
             row["profile_top"] = {k: profile_top(f) for k, f in fns.items()}
@@ -312,7 +312,7 @@ def main(argv=None):
                 log(f"  cProfile {k} (own us a call): " + "; ".join(
                     f"{r['fn']} {r['own_us_per_call']}" for r in rows[:10]))
         out["rows"].append(row)
-        del c, xs, fns, legacy
+        del c, xs, fns, uncut
         bd.empty_cache()
     out["flash_decode_reference"] = flash_reference()
     log("flash_decode recorded launch (B=1, 1 split), host us a call: " + ", ".join(

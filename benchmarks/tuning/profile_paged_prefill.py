@@ -1,4 +1,4 @@
-"""Each paged-prefill kernel once, with pinned tiles, for ncu (notes/serving_perf.md, "paged prefill, session 5").
+"""Each paged-prefill kernel once, with pinned tiles, for ncu (notes/serving_perf.md, "Paged prefill on Triton page tiles").
 
     ncu --section SpeedOfLight ... -k regex:"_attn_fwd|paged_prefill_kernel" \\
         python3 -m benchmarks.tuning.profile_paged_prefill [--pins 64x64x4x3,128x64x8x3]

@@ -1,18 +1,18 @@
-"""Issue 25 item 5, session 8: can the batch-1 32k decode reach 0.9 of copy with more, shorter splits?
+"""Can the batch-1 32k decode reach 0.9 of copy with more, shorter splits?
 
     python3 -m benchmarks.tuning.sweep_decode_32k --out DIR [--variants splits|occupancy|dynamic]
                                                   # DIR/<gpu>-decode-split-sweep-<variants>.json
     python3 -m benchmarks.tuning.sweep_decode_32k --smoke         # CPU, interpreter, tiny shapes
 
-The ncu run of session 8 (``probe_read_ceiling --ncu``, ``h100-read-ceiling-ncu.json``) separated the two
-suspects of session 7: stage 1 alone takes the same time at 32 and 128 splits (52.0 / 52.2 us), while the fused
+The ncu run of ``probe_read_ceiling --ncu`` (``h100-read-ceiling-ncu.json``) separated the two
+suspects of the read-ceiling probe: stage 1 alone takes the same time at 32 and 128 splits (52.0 / 52.2 us), while the fused
 merge, run by the last program of a kv head over all its splits, costs 0.5 us at 32 splits and 6.4 us at 128;
 and the merge's 3-D tile (128 rows of d fp32) lifts stage 1 from 86 to 165 registers. The stream kernel that
 reaches 0.9 at 128 splits runs up to 5 programs per SM, the decode 2 (104 KB of shared memory each).
 
 This sweep times ``flash_decode`` (B = 1, Hq = 32, Hkv = 8, d = 128, 32k keys, bf16) over split counts and
 ``DecodeConfig`` variants: a smaller merge tile (``merge_rows``), the two-level merge (``merge_group``), fewer
-stages and shorter key blocks (more programs per SM), pointer loads and TMA; beside the pin at the heuristic's
+stages and shorter key blocks (more programs per SM), pointer loads and TMA; beside the default at the heuristic's
 split count and the stream kernel at 128 splits (what one launch of these bytes reaches). Every variant is
 checked against float64 attention first; timing is ``_common.graph_ms`` over the same input sets as
 ``bench_decode``'s rows, in ``_common.rotated_rounds`` (median per variant and the rounds' spread).
@@ -30,17 +30,17 @@ from benchmarks import _common, write_json
 HQ, HKV, D = 32, 8, 128
 
 def variants(smoke: bool, which: str = "dynamic") -> dict:
-    """name -> (num_splits, ``DecodeConfig`` fields over the pin); the first is the pin at the heuristic's count.
-    ``which``: the variant list of session 8's first run (``splits``: finer splits, merge tile and two-level
-    merge), of its second (``occupancy``: no software pipeline, more programs per SM) or third (``dynamic``:
-    programs drawing chunks of keys from a counter)."""
+    """name -> (num_splits, ``DecodeConfig`` fields over the default); the first is the default at the heuristic's count.
+    ``which``: the variant list ``splits`` (finer splits, merge tile and two-level merge), ``occupancy`` (no
+    software pipeline, more programs per SM) or ``dynamic`` (programs drawing chunks of keys from a counter), in
+    the order they were run."""
     if smoke:
         return {"pin": (None, {}), "mr32_s8_g4": (8, dict(block_n=16, num_stages=2, merge_rows=32, merge_group=4))}
     return {"splits": _variants_splits, "occupancy": _variants_occupancy, "dynamic": _variants_dynamic}[which]()
 
 
 def _variants_dynamic() -> dict:
-    """Runs 1 and 2 found the decode's partition (32 fixed ranges a kv head) 4% short of the read-only launch
+    """The splits and occupancy sweeps found the decode's partition (32 fixed ranges a kv head) 4% short of the read-only launch
     with 128 splits, and every finer partition slower (per-program fixed work). Here the programs stay 32-33 a
     kv head (one state and one merge slot each) but draw chunks of 1-8 key blocks from a counter, so the
     faster programs take more of the keys."""
@@ -56,7 +56,7 @@ def _variants_dynamic() -> dict:
 
 
 def _variants_occupancy() -> dict:
-    """Run 1 found every finer split slower and a 32-row merge tile slower at 32 splits (more serial L2 round
+    """The splits sweep found every finer split slower and a 32-row merge tile slower at 32 splits (more serial L2 round
     trips in the merge), so: one merge step per level (64 rows = 16 splits x 4 heads), and no software pipeline
     (``num_stages = 1``: loads straight to registers, up to 5-7 programs per SM, as the stream kernel that
     reaches 0.93 at 128 splits), beside 8-warp 128-key tiles."""
@@ -97,7 +97,7 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="CPU: interpreter, N = 256, two variants")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--variants", choices=("splits", "occupancy", "dynamic"), default="dynamic",
-                    help="the variant list of run 1 (splits), run 2 (occupancy) or run 3 (dynamic)")
+                    help="the variant list: finer splits, occupancy or a dynamic split")
     args = ap.parse_args(argv)
     smoke = args.smoke
     import dataclasses
@@ -132,7 +132,7 @@ def main(argv=None):
             row["rel_err_vs_float64"] = err
             # a dynamic split folds the chunks in the order they were drawn, so each program's running max, and
             # with it the bf16 rounding of P before the P V dot, differs between calls: repeats differ by about
-            # the kernel's own bf16 error (2.2-2.7e-3 in the session-8 run, against 2.2e-3 vs float64), not bitwise
+            # the kernel's own bf16 error (2.2-2.7e-3 in the committed run, against 2.2e-3 vs float64), not bitwise
             rep = float((o2.double() - o.double()).norm() / o.double().norm())
             row["repeat_rel_diff"] = rep
             if err > 2e-2 or rep > (5e-3 if cfg.dynamic_chunk else 0.0):

@@ -6,7 +6,7 @@ bench_mixed_batch's prefill shape (bf16, 8 chunks of 512 after 4k cached keys, H
 64-token pages. Each pinned tile (BLOCK_M, BLOCK_N, warps, stages): ``flash_attention_varlen_forward`` on the
 keys stored contiguously, ``paged_tiles`` with the table looked up one block ahead (the default) and in place;
 the autotuned contiguous forward once per page size as the bar's baseline. Every paged output is checked against
-the contiguous one before it is timed (notes/serving_perf.md, "paged prefill, session 5").
+the contiguous one before it is timed (notes/serving_perf.md, "Paged prefill on Triton page tiles").
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Sweep the launch configurations behind issue 25's three missed bars in one GPU call (notes/serving_perf.md).
+"""Sweep the launch configurations behind three missed serving bars in one GPU call (notes/serving_perf.md).
 
     python3 -m benchmarks.tuning.sweep_serving_perf --out DIR            # DIR/<gpu>-serving-sweep.json
     python3 -m benchmarks.tuning.sweep_serving_perf --ncu-cases          # each default kernel once (under ncu)
@@ -39,8 +39,8 @@ from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 
 HQ, HKV, D = 32, 8, 128
 
-#: CascadeConfig variants (rows, num_warps, num_stages, block_n, programs_per_sm, max_split_keys); runs 1 and 2 of
-#: notes/serving_perf.md swept tile shapes and two merge designs (their JSON: h100-serving-sweep.json,
+#: CascadeConfig variants (rows, num_warps, num_stages, block_n, programs_per_sm, max_split_keys); the first two sweeps
+#: of notes/serving_perf.md ("The bars missed at first") swept tile shapes and two merge designs (their JSON: h100-serving-sweep.json,
 #: h100-cascade-sweep.json)
 CASCADE = [(64, 4, 3, 64, 1, 2048), (64, 4, 3, 64, 2, 1 << 30), (64, 4, 3, 64, 1, 4096), (64, 4, 3, 64, 1, 1024),
            (32, 4, 3, 64, 1, 2048), (32, 4, 3, 64, 2, 2048), (64, 4, 4, 64, 1, 2048)]

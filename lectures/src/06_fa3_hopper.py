@@ -53,6 +53,20 @@ for gpu, dt in (("H100", "fp16"), ("H100", "fp8"), ("B200", "bf16")):
 #
 # ## 2. Inter-warpgroup overlap: pingpong scheduling
 #
+# Four words of Hopper vocabulary, used from here on:
+#
+# * a **warpgroup** is four consecutive warps of a CTA, 128 threads: the unit that issues one Hopper matrix
+#   multiply together;
+# * **WGMMA** (`wgmma.mma_async`, Gluon's `warpgroup_mma`) is that matrix multiply: a warpgroup issues it, the
+#   tensor cores run it *asynchronously* reading operands from shared memory, and a later `wgmma.wait_group n`
+#   waits until at most `n` issued groups are still running — so the warpgroup can compute something else in
+#   between;
+# * **TMA** (the Tensor Memory Accelerator) copies a whole tile between global and shared memory from one
+#   instruction, described by a tensor descriptor, without using the threads' registers;
+# * an **mbarrier** is a barrier object in shared memory: threads *arrive* on it, a TMA copy can add the bytes it
+#   will write, and a thread *waits* on it until the expected arrivals and bytes have come. Each completion flips
+#   its one-bit phase, so a waiter names the phase it expects (section 10b follows the phases through a loop).
+#
 # The easy solution is to leave it to the warp schedulers (several warpgroups in flight); it works reasonably
 # well. FlashAttention-3 does better with explicit **pingpong** scheduling: two warpgroups synchronise with
 # barriers (`bar.sync`) so that one does its softmax while the other's GEMMs run *(talk: 580 → 640 TFLOPS)*.
@@ -380,7 +394,8 @@ for path, r in runs:
 # Section 9's kernels are plain Triton, and Triton schedules a `tl.dot` loop itself: in one iteration
 # $S_j = QK_j^\top \to \mathrm{softmax} \to O \mathrel{+}= P_jV_j$ runs in order, so the tensor cores wait during
 # every softmax (sections 1-2). Triton 3.6 also ships **Gluon**, a lower-level dialect in which the kernel
-# names the hardware steps: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA copies, mbarriers, and
+# names the hardware steps of section 2's vocabulary: asynchronous `warpgroup_mma` (WGMMA) and its wait, TMA
+# copies, mbarriers, and
 # `gl.warp_specialize` with a register budget per partition (`setmaxnreg`). `reference.triton.hopper.flash_gluon`
 # uses it for the course's production forward (`flash_attention_forward_gluon(q, k, v, causal)`, Hopper only),
 # which combines the last three ideas below; `experiments/gluon_schedules.py` builds the ablations from the same
@@ -465,7 +480,7 @@ print(annotated(fg.attend_overlapped.fn, ALG2))
 # means $S_j$ is done and $P_{j-1}V_{j-1}$ may still run while the softmax of $S_j$ executes. With
 # `warpgroup_mma_wait(0)` there the loop would be section 1's serial chain again. (2) The price is registers:
 # `acc`, the next `s` and the `p_op` operand are live together (section 2; the compiled kernel below has 168
-# registers per thread and no spills). (3) Every shared-memory slot has two barriers: "ready" (the TMA copy
+# registers per thread and, non-causal, no spills). (3) Every shared-memory slot has two barriers: "ready" (the TMA copy
 # landed; count 1) and "empty" (both consumers are done with it; count 2). The producer, whose whole job is
 # this loop, fills the ring:
 
@@ -548,8 +563,11 @@ for name, u in ((n, u) for n, u in var.items() if "key_loop" not in u):  # key-l
 # `wait_group 1`; the warp-specialised kernels have two consumers, so twice the one-partition `overlap` kernel's
 # counts (and twice its `HGMMA`s: each consumer's code is its own copy). 168 registers is the kernel-wide cap
 # (3 warpgroups x 128 threads x 168 fill the 64K register file); `setmaxnreg` then moves registers from the
-# producer (24) to the two consumers (240). No spills anywhere, which the plain-Triton 128-row tile could not
-# manage (notes/hopper.md, section 1). The persistent kernels add 32 KB of shared memory for a second Q buffer
+# producer (24) to the two consumers (240). None of the kernels in this table spills, which the plain-Triton
+# 128-row tile could not manage (notes/hopper.md, section 1). Spills are not gone everywhere: the causal
+# persistent kernel (next table, the `_causal_` rows) spills: 38 `LDL` and 32 `STL`, scalars kept from one tile
+# to the next and saved around each tile's epilogue, none inside the key-block loop, so they cost a few memory
+# requests per tile, not per key block. The persistent kernels add 32 KB of shared memory for a second Q buffer
 # and four barriers to hand it back.
 #
 # **Predict, then run (one live compile, about 5 s).** The production kernel's ring has `STAGES = 2`. With
@@ -626,10 +644,18 @@ for path, r in load_results("*-gluon-key-loop.json"):
 # %% [markdown]
 # ### 10d. Measured: each idea with and without persistence
 #
-# `benchmarks/course/bench_gluon.py` (one run per GPU, every kernel first checked against float64) timed all of them
-# in one run: the bf16 forward as a fraction of cuDNN's TFLOP/s, next to the plain-Triton kernel of lecture 5.
-# `overlap` has no persistent version (it is one partition that loads its own tiles). The summary lines
-# count over the rows with N >= 2k (d = 64 and 128, causal and not: 16 rows per GPU):
+# Each of FA3's ideas can be added to the previous one and measured alone. What each should buy, from sections
+# 1, 2 and 10c: **overlap** within a warpgroup hides the softmax behind its own P·V matmul, if the registers hold
+# one more live tile; **warp specialisation** takes the loads off the consumers and moves registers to them;
+# **ping-pong** turns hide one warpgroup's softmax behind the other's matmuls, which pays only when the two would
+# otherwise run in step; **persistence** hides each tile's prologue and epilogue behind the previous tile's work.
+# **Predict** the order before the table: which idea pays most, and can one of them make the kernel *slower*
+# than plain Triton?
+#
+# `benchmarks/course/bench_gluon.py` timed every variant in one process per GPU (each checked against float64
+# first), as a fraction of cuDNN's TFLOP/s, next to the plain-Triton kernel of lecture 5. `overlap` has no
+# persistent version (it is one partition that loads its own tiles). The summary lines count over the rows with
+# N >= 2k (d = 64 and 128, causal and not: 16 rows per GPU):
 
 # %%
 runs = load_results("*-gluon.json", exclude=("smoke", "-fp8-"))  # <gpu>-gluon.json, not <gpu>-fp8-gluon.json
@@ -782,12 +808,12 @@ for path, r in load_results("*-fp8-gluon.json"):
 # hoisted the wait for that matmul above the exponentials) and how the bf16 kernel at d = 128 gets it back; the FP8
 # kernel's `peeled` and `fence` schedules keep the wait down too (its SASS shows all the exponentials before the
 # wait), but timed within the noise of its default once the rounds ran in both orders, so they stay off
-# (`notes/hopper.md`, "session 6" and "FP8 end to end, session 7"). Two more levers aimed at the softmax's
+# (`notes/hopper.md`, "The peeled key loop" and "FP8 end to end"). Two more levers aimed at the softmax's
 # latency: every consumer thread releasing a ring slot itself (`schedule={"thread_arrive": True}`), which takes two
 # of the three warpgroup barriers per key block out of the loop, moved it by a few percent, within the noise of the
 # rounds; and issuing the next score tile before the softmax (`prefetch`, FlashAttention-3's overlap) needs more
 # registers than a 64-row consumer has, so ptxas spills and it runs several times slower (`notes/hopper.md`, "FP8
-# softmax latency, session 8"). What is left is a larger restructuring: longer key blocks or a third consumer
+# softmax latency"). What is left is a larger restructuring: longer key blocks or a third consumer
 # warpgroup, both of which need the probabilities carried as packed e4m3 to fit the registers.
 #
 # ### FP8 end to end: the quantisation is a memory-bound kernel of its own
@@ -822,12 +848,14 @@ for path, r in load_results("*-fp8-quant.json"):
 # grows with N: at short sequences the quantisation, with the entry point's check and launch work around it, eats
 # what the FP8 matmuls saved, and FP8 pays off end to end only where the attention is long. Fusing it into one
 # pass made it an order of magnitude cheaper than the torch recipe, which is what moved FP8 from losing everywhere
-# to winning at the longest non-causal length. (The end-to-end time at short N is also longer than the kernel
-# plus the quantisation. The entry point used to wait for the quantisation's non-finite flag before it launched
-# the attention; it now reads the flag after the launch, which this run times: the causal rows gained, the
-# non-causal ones less. Every call still ends by reading that flag on the host, so the host work of the next
-# call runs while the GPU idles: the column `fp8_gluon_e2e_flag_unread` in the results file times the same two
-# launches with the flag never read, and it is the faster one at every N — the sync, not the GPU work, is the
-# rest of the gap: `notes/hopper.md`, "FP8 end to end, session 7".) In serving
-# the balance is different again: K and V are quantised once, when they are written into the cache, and read by
-# every later decoding step.
+# to winning at the longest non-causal length.
+#
+# One more cost sits between the two launches: the host. The quantisation also flags NaN and inf inputs, and
+# the entry point must read that flag on the host to raise an error; a host read waits for the GPU. Read before
+# the attention's launch, it leaves the GPU idle while the host launches the attention; read after it (the
+# default), the GPU stays busy, but the next call's host work still waits for the read. The results file times
+# the same two launches with the flag never read (`fp8_gluon_e2e_flag_unread`), and that column is the fastest
+# at every N: at short N the sync, not the GPU work, is the rest of the gap (`notes/hopper.md`, "FP8 end to
+# end"). A caller that validated its inputs passes `check_finite=False` and skips the read. In serving the
+# balance is different again: K and V are quantised once, when they are written into the cache, and read by every
+# later decoding step.

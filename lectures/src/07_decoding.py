@@ -209,8 +209,22 @@ print("weights of the two outputs:", o12[0].tolist())
 # with GQA packing — the query heads of a group share each K/V load; stage 2: the merge), with a heuristic choice
 # of `num_splits` that fills the GPU. The seeds claim **"Flash-Decoding is up to 8x faster than prior work"**
 # (the PyTorch blog, Oct 2023, CodeLlama-34B, against FlashAttention-2 and a native PyTorch implementation at long
-# context). Our benchmark (`benchmarks/course/bench_decode.py`: bf16, Hq = 32, Hkv = 8, d = 128) compares the same kernel
-# with one split, PyTorch SDPA and a naive PyTorch implementation:
+# context). "Prior work" needs care, because a decode baseline without splits can be parallel in two ways:
+#
+# * `one_split` is the course's decode kernel with one split: one program per (sequence, **KV** head), the four
+#   query heads of a GQA group packed into it — **8 programs** at batch 1 (Hkv = 8) on a GPU with 132 SMs.
+# * `fa2_per_qhead` is FlashAttention-2's parallelism at decode time: one program per (sequence, **query**
+#   head) — **32 programs** at batch 1, as counted in section 2 — each walking its KV head's whole cache
+#   (the course's FA2 forward kernel on a one-token query).
+#
+# The gain against `fa2_per_qhead` is the comparison behind the seeds' "up to 8x" (Flash-Decoding vs
+# FlashAttention-2 in 2023); the gain against `one_split` is larger because that baseline uses 4x fewer
+# programs, so it overstates what split-KV adds over FA2. Neither SDPA backend is a no-split baseline:
+# FlashAttention >= 2.2 (SDPA's `FLASH_ATTENTION` backend) already splits the KV sequence at decode time, and the
+# default backend (cuDNN on recent GPUs) does too, so parity with them is the expected outcome. A naive three-op
+# PyTorch implementation shows what an unfused decode leaves on the table. Our benchmark
+# (`benchmarks/course/bench_decode.py`: bf16, Hq = 32, Hkv = 8, d = 128, GPU time of CUDA-graph replays) times all
+# of them:
 
 # %%
 decode = load_results("*-decode.json")
@@ -257,25 +271,10 @@ for path, r in decode:
     print("seeds: 'Flash-Decoding is up to 8x faster than prior work' (vs FlashAttention-2 and native PyTorch, 2023)")
 
 # %% [markdown]
-# How to read the comparison. There are two no-split baselines, and they differ in parallelism:
-#
-# * `one_split` is the course's decode kernel with one split: one program per (sequence, **KV** head), the four
-#   query heads of a GQA group packed into it — **8 programs** at batch 1 (Hkv = 8) on a GPU with 132 SMs.
-# * `fa2_per_qhead` is FlashAttention-2's parallelism at decode time: one program per (sequence, **query**
-#   head) — **32 programs** at batch 1, as counted in section 2 — each walking its KV head's whole cache
-#   (the course's FA2 forward kernel on a one-token query).
-#
-# The split-KV gain against `fa2_per_qhead` is the comparison behind the seeds' "up to 8x" (Flash-Decoding vs
-# FlashAttention-2 in 2023); the gain against `one_split` is larger because that baseline uses 4x fewer
-# programs, so it overstates what split-KV adds over FA2. Measured on the H200 (printed above): about 10x over
-# FA2's parallelism at batch 1 and 128k tokens, against 14x over `one_split` — same order as the seeds' 8x.
-#
-# Neither SDPA backend is a no-split baseline. FlashAttention >= 2.2 (SDPA's `FLASH_ATTENTION` backend) already
-# splits the KV sequence at decode time — it reads the cache at a large fraction of copy bandwidth at batch 1
-# (printed above), which no kernel with one program per head could — and the default backend (cuDNN on recent
-# GPUs) does too, so parity with it is the expected outcome. The naive three-op implementation shows what an
-# unfused decode leaves on the table. At batch 32 there are enough (sequence, head) pairs to fill the GPU, and
-# splitting stops mattering.
+# Measured on the H200 (printed above, `h200-decode.json`): about 10x over FA2's parallelism at batch 1 and 128k
+# tokens, against 14x over `one_split` — the same order as the seeds' 8x. SDPA's `FLASH_ATTENTION` backend reads
+# the cache at a large fraction of copy bandwidth at batch 1, which no kernel with one program per head could: it
+# splits too. At batch 32 there are enough (sequence, head) pairs to fill the GPU, and splitting stops mattering.
 #
 # ### How close to the copy bandwidth can one decode launch get?
 #
@@ -314,7 +313,8 @@ for path, r in probe:
 # `DecodeConfig(merge_group=16)`) takes most of that back, yet 128 splits still decode slower than 32
 # (`sweep_decode_32k`): each program also loads its queries, fills its pipeline and publishes its partial state
 # with an atomic ticket, and with 4 key blocks a program that fixed cost outweighs what the finer partition wins.
-# What is left between the decode and the 0.9 bar is therefore about 4% of partition (the read-only launch: 0.89
-# of copy with the decode's 32 splits, 0.93 with 128) and about 5% of the decode's own per-program work. (One
-# caution the runs in `notes/serving_perf.md` teach: a single CUDA-graph median of a 50 µs launch moved by a
-# third between runs minutes apart; compare such rows only within one run.)
+# What is left between the decode and 0.9 of copy (the course's bar for this row) is therefore about 4% of
+# partition (the read-only launch: 0.89 of copy with the decode's 32 splits, 0.93 with 128) and about 5% of the
+# decode's own per-program work. (One caution about such measurements: a single CUDA-graph median of a 50 µs
+# launch moved by a third between two runs minutes apart (`notes/serving_perf.md`); compare such rows only within
+# one run.)

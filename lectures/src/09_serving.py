@@ -209,25 +209,7 @@ for res, p in measured("prefill"):
 # %% [markdown]
 # Paging is not free here: a key tile of 64 rows spans four 16-token pages, so the kernel gathers rows one by
 # one instead of streaming a contiguous tile (decode, which is bandwidth-bound anyway, hides this better —
-# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200). Would larger pages, or key
-# tiles that start on a page boundary (one block-table entry per tile, consecutive rows; on Hopper one TMA box),
-# recover it? `bench_mixed_batch` times the same prefill (8 chunks of 512 tokens after 4k cached) with 16- and
-# 64-token pages and four ways of reading a key tile, each against the contiguous varlen forward *of the same
-# run*:
-
-# %%
-for res, p in measured_mixed("prefill"):
-    print(f"{res['meta']['gpu']}: {p['batch']} chunks of {p['chunk']} after {p['cached']} cached tokens "
-          f"(speed / contiguous varlen of the same run)")
-    for page, r in p["pages"].items():
-        print(f"  {page:>2s}-token pages: contiguous {r['ms']['contiguous_varlen'] * 1e3:4.0f} us | " + ", ".join(
-            f"{name} {r['vs_contiguous'][name]:.2f}x" for name in r["vs_contiguous"] if name != "contiguous_varlen"))
-
-# %% [markdown]
-# `paged_prefill_row_gather` is the kernel above (`paged_prefill(..., gather="row")` now); `paged_prefill_page_tiles`
-# is today's `paged_prefill` (`reference.triton.paged_tiles`); `mixed_*` is the mixed launch of §5 on a
-# prefill-only batch: 64-key tiles (`block64`), its first version (`block64_first_version`), one tile per page
-# (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages).
+# lecture 8 measured 0.89–0.95x for paged decode with 16-token blocks, on an H200).
 #
 # Where did the row gather lose its time? Not in the bytes (the same rows are read) and not mainly in the
 # address arithmetic: compiled for the H100 (`triton.compile` for sm_90a runs on a CPU), the contiguous kernel
@@ -242,9 +224,27 @@ for res, p in measured_mixed("prefill"):
 # * **Load whole pages.** A 64-key block of 16-token pages is 4 whole pages: one table entry per page, the block
 #   loaded as a `(4, 16, d)` tile and *reshaped after the load*. Triton copies each page's rows into a slice of
 #   one shared-memory buffer and hands the reshaped buffer to the tensor cores. (Reshaping the row *offsets*
-#   instead, the mixed kernel's first attempt, loses the asynchronous copy.)
+#   instead, as the mixed kernel first did, loses the asynchronous copy.)
 #
-# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the bar of issue 25, 0.9x,
+# `bench_mixed_batch` times the same prefill (8 chunks of 512 tokens after 4k cached) with 16- and 64-token
+# pages and several ways of reading a key tile, each against the contiguous varlen forward *of the same run*:
+# `paged_prefill_row_gather` is the row gather above (`paged_prefill(..., gather="row")`),
+# `paged_prefill_page_tiles` has both changes (`reference.triton.paged_tiles`, the default off Hopper), and
+# `mixed_*` is the mixed launch of §5 on a prefill-only batch: 64-key tiles with both changes (`block64`), the
+# same with the table looked up in place, one entry per key row (`block64_first_version` in the results file),
+# one tile per page (`block_per_page`) and TMA boxes (`tma`, Hopper, 64-token pages). **Predict** before
+# running: which page size should the two changes help more?
+
+# %%
+for res, p in measured_mixed("prefill"):
+    print(f"{res['meta']['gpu']}: {p['batch']} chunks of {p['chunk']} after {p['cached']} cached tokens "
+          f"(speed / contiguous varlen of the same run)")
+    for page, r in p["pages"].items():
+        print(f"  {page:>2s}-token pages: contiguous {r['ms']['contiguous_varlen'] * 1e3:4.0f} us | " + ", ".join(
+            f"{name} {r['vs_contiguous'][name]:.2f}x" for name in r["vs_contiguous"] if name != "contiguous_varlen"))
+
+# %% [markdown]
+# Measured on the H100, both page sizes: 64-token pages **0.96x** of contiguous (the course's bar, 0.9x,
 # met), 16-token pages **0.87x** (missed; with the same tile pinned on both sides 0.86x-0.90x, and the best tile
 # of a separate sweep at 0.94x of the autotuned contiguous time, `h100-paged-prefill-sweep.json`: the run-to-run
 # noise is about as large as what is left). The mixed kernel gains as much from the same two changes (16-token pages
@@ -387,8 +387,11 @@ for res, rows in measured("cascade"):
 # merge launch is needed. `S` aims at one prefix program per SM with at most 2048 keys each. Eager calls repeat
 # a recorded launch (§4). Measured by `python3 -m benchmarks.course.bench_mixed_batch` (one H100 run: the
 # one-launch and three-launch versions, paged decode, each pass alone, and the copy bandwidth, all in the same
-# process; the table is the one-launch Triton kernel, `cascade_triton`, which is `cascade_decode`'s path on
-# every GPU but Hopper and on Hopper at B = 8 — the next sections say why):
+# process; the table is the one-launch Triton kernel, `cascade_triton`. It is `cascade_decode`'s path on every GPU
+# but Hopper; on Hopper it runs calls made eagerly below 256 packed rows `B · G` per kv head (B < 64 at G = 4,
+# `CascadeConfig.eager_gluon_min_rows`) and calls captured into a CUDA graph below 32 rows (B < 8,
+# `CascadeConfig.gluon_min_rows`), so on Hopper a captured B = 8 call takes the Gluon path — the next sections
+# say why):
 
 # %%
 for res, rows in measured_mixed("cascade"):
@@ -407,7 +410,7 @@ for res, rows in measured_mixed("cascade"):
 # %% [markdown]
 # * **Small batches.** At B = 8 one launch takes 74 µs against 117 µs for the three launches in the same run,
 #   2.75x paged decode (3.70x, 6.69x, 8.50x at B = 16, 32, 64). Its own 168 MB move at 0.76 of the copy
-#   bandwidth measured in the same run — above the bar issue 25 set (0.7), which no L2 hit on a shared page can
+#   bandwidth measured in the same run — above the course's bar (0.7), which no L2 hit on a shared page can
 #   flatter. (Paged decode, the baseline, "reads" its bytes at 1.83 times the copy bandwidth at B = 8: the
 #   requests read the *same* prefix pages at about the same time and many reads hit L2, so the bytes ratio
 #   overstates what sharing can win.) At B = 32 and 64 the one launch is no faster than the three (134 vs
@@ -426,7 +429,7 @@ for res, rows in measured_mixed("cascade"):
 #   (32 rows) were both slower. The 64-row tiles already run on Hopper's wgmma (the sm_90a compile holds HGMMA
 #   instructions); loading the prefix keys as TMA boxes moved the whole call by a few percent either way, and running
 #   every prefix program first made the prefix pass faster but the call slower at B = 32 and 64 (the suffixes'
-#   reads no longer overlapped it): `notes/serving_perf.md`, session 5.
+#   reads no longer overlapped it): `notes/serving_perf.md`, "Decode at 32k and the one-launch cascade".
 
 #
 # ### The prefix pass on Hopper's warp-specialised kernel
@@ -578,8 +581,8 @@ for res, e in measured("eager"):
 # A recorded launch still runs Python on every call: it builds the key from the call's tensors, allocates the
 # outputs, finds the CUDA stream and hands the arguments to Triton's launcher. For the one-launch cascade at
 # B = 8 (about 75 µs of GPU time) that path once took longer than the kernel on a slow host, and the eager loop
-# measured Python. **Predict** before running the next cell: of the session-7 recorded path's steps, which costs
-# the most: building the key (`"key"`), finding the stream (`"stream"`), allocating the `lse` output (`"alloc"`)
+# measured Python. **Predict** before running the next cell: of the steps of the recorded path before the cut
+# this section measures (the *uncut* path), which costs the most: building the key (`"key"`), finding the stream (`"stream"`), allocating the `lse` output (`"alloc"`)
 # or the launch call itself (`"launch"`)? And would handing the launcher raw addresses instead of tensors save a
 # lot?
 
@@ -592,15 +595,15 @@ for path, r in host_runs:
     row = next(x for x in r["rows"] if x["batch"] == 8)
     h, b = row["host_us"], row["breakdown_us"]
     print(f"{path.name}: {r['meta']['gpu']}, cascade B = 8, GPU time {row['graph_us']:.0f} us a call (graph)")
-    print(f"  host us a call, median of 7: session-7 recorded path {h['legacy_session7']['median']:.1f}, "
+    print(f"  host us a call, median of 7: uncut recorded path {h['uncut']['median']:.1f}, "
           f"now {h['current']['median']:.1f}")
     for step, us in b.items():
         print(f"  {step:62s} {us:6.2f} us")
-    steps = {"key": b["key_legacy (7 tensor keys, current_stream, capture, hash)"],
+    steps = {"key": b["key_uncut (7 tensor keys, current_stream, capture, hash)"],
              "stream": b["torch.cuda.current_stream().cuda_stream"],
              "alloc": b["torch.empty(q.shape[:2], dtype, device)"],
-             "launch": b["launch: legacy RecordedLaunch.__call__ (dict, metadata, hooks)"]}
-    check_guess(guess, max(steps, key=steps.get), what="the costliest step of the session-7 recorded path")
+             "launch": b["launch: uncut RecordedLaunch.__call__ (dict, metadata, hooks)"]}
+    check_guess(guess, max(steps, key=steps.get), what="the costliest step of the uncut recorded path")
 
 # %% [markdown]
 # The launch call was the largest step, about 20 µs, but not because of the driver: Triton's own launch path
@@ -728,8 +731,8 @@ for res, m in measured_mixed("mixed"):
 
 # %% [markdown]
 # One mixed launch takes 886 µs, **1.33x** the speed of the separate prefill and decode launches and 4.79x
-# that of `paged_prefill` over the whole batch (its first version, table entries in place and one per key row:
-# 1037 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
+# that of `paged_prefill` over the whole batch (the mixed launch with its table entries looked up in place, one per
+# key row, took 1037 µs). On Hopper both baselines' `paged_prefill` is now the Gluon paged kernel of §2: faster for the chunks
 # than the Triton page tiles, slower still for the decode rows. The last comparison is the plan's worth: without
 # it each decode row sits in a 128-row tile of one query head (one useful row of 128, its kv head's keys re-read by each of the
 # `G` heads) and is never split: a 32k decode row is one program reading 32k keys. Streamed at the copy bandwidth, the

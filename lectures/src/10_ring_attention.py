@@ -416,7 +416,7 @@ for i, c in enumerate(sp_cases):
 # Hkv = 8, d = 128, 32k–256k tokens) and reports time per step, the fraction of the communication hidden behind
 # compute (`hidden`: 1 − exposed wait / time of the K/V pass alone), and the scaling efficiency against one GPU
 # (`one_gpu_ms / (2 · ring_ms)`). The committed run, `benchmarks/results/h100-ring-w2.json` (and `.png`), was
-# measured by an earlier session on 2 × H100 (NVLink; `h200-ring-w2.json` is a shorter re-run on 2 × H200) with
+# measured on 2 × H100 (NVLink; `h200-ring-w2.json` is a shorter re-run on 2 × H200) with
 # `NCCL_NVLS_ENABLE=0 python3 -m benchmarks.course.bench_ring --world-size 2`.
 
 # %%
@@ -468,8 +468,8 @@ for path, data in two:
 #   warp-specialised backward; `h200-ring-gluon-w2.json`, same command with `--step gluon --seqs
 #   32768,65536,131072,262144`): at 128k the causal zig-zag ring runs 1.22x faster than with the Triton step, 604
 #   TFLOP/s per GPU, efficiency 0.92 / 0.94 / 0.99 / 1.02 at 32k / 64k / 128k / 256k against one GPU running the
-#   same kernels; backward 0.91 / 0.94 / 0.95 / 0.94. (The previous run, on another 2 × H200 machine, was
-#   lower at 32k: a 32k ring call is short, so its fixed per-call host cost (notes/ring_attention.md) moves the
+#   same kernels; backward 0.91 / 0.94 / 0.95 / 0.94. (A run of the same command on another 2 × H200 machine
+#   was lower at 32k: a 32k ring call is short, so its fixed per-call host cost (notes/ring_attention.md) moves the
 #   ratio by several points between machines; from 64k on, the two runs' forward efficiencies are equal to two
 #   decimals.) Why one kernel call
 #   per step mattered: with the faster kernel the fixed per-step costs weigh more. A profile of one rank on one
@@ -491,7 +491,9 @@ for path, data in two:
 # * The local step is any FlashAttention kernel that returns `lse`: everything from lectures 3–5 carries over.
 # * The backward sends three times the forward's bytes (fp32 dK/dV travel) for 2.5 times its compute: the
 #   break-even chunk grows by 1.2x (625 → 750 positions in the model).
-# * Ulysses (all-to-all over heads) sends `1/W` of the ring's bytes but needs `H ≥ W` and exposes them;
-#   all-gather (Llama 3) sends the ring's bytes in one exposed collective; the ring hides them behind compute.
+# * Ulysses (all-to-all over heads) sends `(H_q + H_kv) / (H_kv · W)` of the ring's forward bytes (§7's two
+#   formulas divided: `2/W` with one kv head per query head, `5/W` for GQA 32/8, so the ring sends 8/5 of
+#   Ulysses' bytes at W = 8) but needs `H ≥ W` and exposes them; all-gather (Llama 3) sends the ring's bytes in
+#   one exposed collective; the ring hides them behind compute.
 # * Measured on two H100s: causal zig-zag 0.95 of perfect scaling at 128k, communication hidden; with the
 #   Hopper kernels as the local step on two H200s, 0.99 at 128k and 604 TFLOP/s per GPU.

@@ -13,7 +13,7 @@ which of its inputs decide all of that can do the lookup itself, once per key:
 * later calls with the same key substitute their tensors into that list and call the compiled kernel's
   launcher directly (:class:`RecordedLaunch`). Launch hooks (profilers) are still called.
 
-What a repeat costs on the host beyond the driver's launch (session 8, ``benchmarks/tuning/profile_cascade_host.py``):
+What a repeat costs on the host beyond the driver's launch (``benchmarks/tuning/profile_cascade_host.py``):
 Triton's launcher turns every tensor argument into an address by calling its ``data_ptr()`` and then
 ``cuPointerGetAttribute`` (a driver call that checks the address is device memory), and Triton 3.6 builds a
 launch-metadata object and calls the (empty) launch-hook chains on every launch. A recorded launch passes

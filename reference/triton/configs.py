@@ -55,7 +55,7 @@ FWD_PINS = {
 #: that is exactly the rounding of an fp32 state (one merge, then the output's rounding); each further rank adds
 #: one rounding. Output error vs float64 on an H100 (Gluon step, causal zig-zag, N = 8192, d = 128; the one-GPU
 #: kernel itself: 2.06e-3): W = 2 2.17e-3 either way, W = 4 2.33e-3 (bf16) vs 2.22e-3 (fp32), W = 8 2.57e-3 vs
-#: 2.26e-3 (notes/ring_attention.md "issue 25 item 4, session 5"): within 1.15x of the kernel's own error to W = 4
+#: 2.26e-3 (notes/ring_attention.md "One kernel call per step, a fused merge"): within 1.15x of the kernel's own error to W = 4
 RING_PINS = {"half_state_max_world": 4}
 
 #: ``serving.paged_prefill``'s kernel when ``gather=None`` and no Triton ``config`` is passed ("page": the Triton
@@ -63,8 +63,8 @@ RING_PINS = {"half_state_max_world": 4}
 #: reference/triton/hopper/paged_prefill_gluon.py, the Triton kernel elsewhere) and the Gluon kernel's (BLOCK_M,
 #: BLOCK_N, STAGES, num_warps): the contiguous Gluon forward's default. "tma" from the H100 run of
 #: benchmarks/results/h100-paged-prefill.json (8 x 512 after 4k, bf16): 537 / 507 us at 16 / 64-token pages vs the
-#: Triton page tiles' 759 / 668 us and the contiguous Triton varlen's 643 us (notes/serving_perf.md "paged prefill
-#: on Gluon, session 6")
+#: Triton page tiles' 759 / 668 us and the contiguous Triton varlen's 643 us (notes/serving_perf.md "Paged prefill
+#: on Gluon")
 PAGED_PREFILL = {"gather": "tma", "gluon_config": (128, 128, 2, 4)}
 
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
@@ -89,7 +89,7 @@ HOPPER_BENCH_BWD = {
 #: whose longest program is at least ``min_share`` of one SM's share of the work (``longest_share``: 0.25-0.51
 #: for GQA 4:1 at 8k-16k, 0.12-0.13 for MHA and at 32k) interleaves ``heads`` (batch, kv head) pairs, key blocks
 #: longest-first; every other launch keeps the head-major order. Chosen from the H100 order sweep
-#: (benchmarks/results/h100-gluon-bwd-order-sweep.json, notes/hopper.md "issue 25 item 6: GQA backward
+#: (benchmarks/results/h100-gluon-bwd-order-sweep.json, notes/hopper.md "GQA backward
 #: schedule"): 2 heads best at GQA 16/4 8k (0.99 vs 0.86x cuDNN); 4 and all heads lose at 16k-32k and 2k (L2)
 GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 
@@ -125,21 +125,22 @@ class DecodeConfig(KeyBlockConfig):
     num_stages: int = 4
     fuse_merge: bool = True
     #: Hopper only (sm_90+, contiguous cache): K/V tiles as TMA boxes of a host tensor descriptor instead of
-    #: pointer loads (None: never; the portable path runs everywhere else). notes/serving_perf.md session 5.
+    #: pointer loads (None: never; the portable path runs everywhere else). notes/serving_perf.md "Decode at 32k and
+    #: the one-launch cascade".
     use_tma: bool = False
     #: Hopper only: programmatic dependent launch (the next kernel on the stream may start while this one drains;
-    #: this one waits for its predecessor with ``griddepcontrol.wait`` before reading anything). Session 5.
+    #: this one waits for its predecessor with ``griddepcontrol.wait`` before reading anything); measured slower there (same section).
     pdl: bool = False
     #: fused merge: at most this many (query head, split) rows of d fp32 partial outputs per step of the merge
     #: loop (a power of two >= 2). The merge's tile sets the kernel's registers: 128 rows (4 heads x 32 splits)
-    #: take stage 1 from 86 to 165 registers (ncu, session 8); fewer rows, more steps.
+    #: take stage 1 from 86 to 165 registers (ncu); fewer rows, more steps.
     merge_rows: int = 128
     #: fused merge in two levels: the last program of each group of ``merge_group`` consecutive splits merges
     #: the group's partial states into one, and the last group to finish merges the groups' states (0: one
     #: level, the last program of the (batch, kv head) merges every split). Keeps the merge on the critical
-    #: path short at high split counts (session 8: one level costs 6.4 us at 128 splits, ncu).
+    #: path short at high split counts (one level costs 6.4 us at 128 splits, ncu).
     merge_group: int = 0
-    #: dynamic split (session 8 experiment): each of the ``num_splits`` programs of a (batch, kv head) draws
+    #: dynamic split (an experiment, off): each of the ``num_splits`` programs of a (batch, kv head) draws
     #: chunks of ``dynamic_chunk`` key blocks from a counter until none are left, folding them all into ONE
     #: online-softmax state (the keys' order does not matter), instead of one fixed contiguous range; fast
     #: programs take more chunks. 0: fixed ranges. Needs the fused merge (its last program resets the counter).
@@ -170,16 +171,16 @@ class DecodeConfig(KeyBlockConfig):
 
 
 #: decode pins (``flash_decode`` / ``paged_decode``), by input kind; all merge inside stage 1 (``fuse_merge``:
-#: notes/triton_decode.md run 4, 3-4 us less per batch-1 step than the second kernel)
+#: notes/triton_decode.md "Fused merge and a config sweep", 3-4 us less per batch-1 step than the second kernel)
 DECODE_PINS = {
-    # fp16/bf16, contiguous cache: bench_decode --tune on an H200 (notes/triton_decode.md run 4): 64-key tiles,
+    # fp16/bf16, contiguous cache: bench_decode --tune on an H200 (notes/triton_decode.md, same section): 64-key tiles,
     # 4 warps, 4 stages were best on the contiguous cases (1.03x geomean over the first configuration)
     "contiguous": DecodeConfig(64, 4, 4),
-    # paged with several splits, tuned separately (run 4): 16-token pages make 64-key tiles gather 4 pages,
+    # paged with several splits, tuned separately (same sweep): 16-token pages make 64-key tiles gather 4 pages,
     # 128-key tiles win there
     "paged": DecodeConfig(128, 4, 2),
     # paged with one split (large batch; one split never runs the merge): 8 warps beat 4 at B=32, 8k, 16-token
-    # pages (run 4a: 270 vs 283 us graph time)
+    # pages (its paged rows: 270 vs 283 us graph time)
     "paged_one_split": DecodeConfig(128, 8, 2),
     # fp32 inputs: half the tile, so the stages of K and V tiles (d=128) stay well inside shared memory
     "fp32": DecodeConfig(64, 4, 3),
@@ -188,7 +189,7 @@ DECODE_PINS = {
 
 #: the Gluon FP8 forward (``hopper.flash_fp8_gluon``): (BLOCK_M, BLOCK_N, STAGES, num_warps); 128 query rows = two
 #: consumer warpgroups of 64 (the query quantisation block), 128 keys (the key block); STAGES: the H100 sweep of
-#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "issue 25 item 7"): without turns 3 and 4 agree (noise)
+#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "FP8 Gluon forward"): without turns 3 and 4 agree (noise)
 FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, one release
 #: per K/V ring slot instead of two, the row max / sum split into independent chains; chosen by the same sweep
@@ -202,18 +203,18 @@ FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: "fence" (off): the K release after the softmax in an always-taken branch (sm_90a SASS: the P V wait below all 64
 #: exps in every loop, d = 128 causal too). H100 (h100-fp8-key-loop.json, 5 rounds), fence / pin at N = 4k / 8k / 16k:
 #: medians 1.06 / 1.12 / 1.05 non-causal, 1.06 / 1.07 / 1.14 causal, but the fastest rounds 0.99-1.02, and in the one
-#: round per shape where the pin did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
-#: lead is the pin's position in the rotation, not the option, so not pinned (notes/hopper.md, session 7)
+#: round per shape where the default did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
+#: lead is the default's position in the rotation, not the option, so not pinned (notes/hopper.md, "FP8 end to end")
 #: "thread_arrive" (off): every consumer thread arrives on the ring slots' free barriers (own allocations): 1 BAR.SYNC
 #: per key block instead of 3 in the SASS; "prefetch" (off): S_{j+1} issued before the softmax of S_j (two score
 #: tiles: spills). H100 (h100-fp8-schedule-probe.json, 6 rounds both ways, N = 4k-16k, causal and not), x pin:
 #: thread_arrive medians 1.01-1.05, fastest rounds 0.99-1.02; with fence 1.03-1.09 / 1.01-1.05, every shape ahead
-#: but inside the pin's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, session 8)
+#: but inside the default's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, "FP8 softmax latency")
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
                       "thread_arrive": False, "prefetch": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
-#: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, session 6)
+#: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, "Fused FP8 quantisation")
 FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
 #: the bf16 Gluon forward's key loop per head dimension (``hopper.flash_gluon.attend_overlapped``'s ``PEELED`` /
 #: ``FENCE``): where ptxas puts the P_{j-1} V_{j-1} wait. Both off: the mask's branch leaves it above all 64 exps of
@@ -222,7 +223,7 @@ FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
 #: not move it. H100, one process, 5 rotated rounds (h100-gluon-key-loop.json), fence / both off, medians: d = 128
 #: non-causal 1.03 / 1.04 / 1.05 at N = 2k / 8k / 16k, causal 0.97 / 1.00 / 1.03; GQA 32/8 causal training step
 #: 1.02 (8k) / 1.06 (32k); d = 64 at 8k 0.95 / 0.99 (off there); peeled + fence no better than fence. The rounds
-#: spread by 3-20%, so the d = 128 gain is near the noise (notes/hopper.md "issue 25 items 6/7, session 6")
+#: spread by 3-20%, so the d = 128 gain is near the noise (notes/hopper.md "The peeled key loop")
 GLUON_FWD_KEY_LOOP = {128: {"peeled": False, "fence": True}, 64: {"peeled": False, "fence": False}}
 
 
@@ -295,7 +296,7 @@ def backward_pin() -> dict | None:
 
 
 def decode_pin(kind: str) -> DecodeConfig:
-    """The decode default for ``kind`` (a key of ``DECODE_PINS``): a scoped ``pinned(decode=...)``, else the pin."""
+    """The decode default for ``kind`` (a key of ``DECODE_PINS``): a scoped ``pinned(decode=...)``, else the default."""
     scoped = _SCOPED.get().get("decode")
     if isinstance(scoped, DecodeConfig):
         return scoped
@@ -316,7 +317,7 @@ def as_tuple(pin: dict) -> tuple:
 #: suffix programs share the GPU ("off": one after the other; "pdl": the suffix launch programmatically dependent,
 #: beside the prefix CTAs; "streams": a fork/join of two streams and a merge launch), up to
 #: ``CascadeConfig.overlap_max_rows`` packed rows. "pdl": H100 graph times in one process (bf16, 32k prefix + 1k
-#: suffixes, ``benchmarks/results/h100-cascade.json``, notes/serving_perf.md "cascade overlap, session 7"), B = 8 /
+#: suffixes, ``benchmarks/results/h100-cascade.json``, notes/serving_perf.md "Cascade overlap: both passes at once"), B = 8 /
 #: 16 / 32: "pdl" 67.1 / 81.3 / 121.5 us (0.83 / 0.83 / 0.74 of copy), "streams" 72.3 / 86.7 / 122.0, "off" 96.3 /
 #: 103.4 / 124.0
 CASCADE_OVERLAP = "pdl"

@@ -53,9 +53,9 @@ class MixedConfig(KeyBlockConfig):
     split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
     use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
     table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
-    iteration that uses them, the first version; ``notes/serving_perf.md``, "paged prefill, session 5");
+    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
     whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
-    tiles with one table entry per page (False: one entry per key row, the first version).
+    tiles with one table entry per page (False: one entry per key row, the simpler gather).
     """
     small_rows: int = 16
     large_rows: int = 64

@@ -2,7 +2,7 @@
 
 ``flash_fwd._attn_fwd`` with ``PAGE > 0`` (the first ``paged_prefill``) finds every key row through the block
 table: ``BLOCK_N`` table loads per key block, and the K/V loads' addresses depend on a table load of the same
-loop iteration. Compiled for sm_90a (``notes/serving_perf.md``, "paged prefill, session 5") Triton's software
+loop iteration. Compiled for sm_90a (``notes/serving_perf.md``, "Paged prefill on Triton page tiles") Triton's software
 pipeliner then gives the table load a stage of its own: K and V keep 2 shared-memory buffers instead of 3 and
 the kernel needs ~240 registers instead of ~180.
 
@@ -188,7 +188,7 @@ def paged_prefill_kernel(Q, K, V, O, LSE, CU_Q, SEQ_LENS, BT,
 # --------------------------------------------------------------------------------------------------------------
 def _configs():
     """The contiguous forward's autotuning list (``flash_fwd.FWD_CONFIGS`` + fallbacks), so both kernels choose
-    among the same tiles (run 2 of notes/serving_perf.md's session 5: the 128x128 tile, though it spills 24-48 B
+    among the same tiles (notes/serving_perf.md, "Paged prefill on Triton page tiles", call 2: the 128x128 tile, though it spills 24-48 B
     here, was the fastest pin on 16-token pages)."""
     return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=st)
             for bm, bn, w, st in FWD_CONFIGS + FWD_FALLBACK]

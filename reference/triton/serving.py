@@ -7,7 +7,7 @@ Definitions and the reasoning are in ``reference.numpy.serving``; these are the 
   reads the table and copies one TMA box per page; ``gather="tma"``), elsewhere and for inputs it does not take
   ``reference.triton.paged_tiles`` (one table entry per page-aligned key block, looked up a block ahead;
   ``gather="page"``), or (``gather="row"``) the FA2 kernel ``flash_fwd._attn_fwd`` with ``VARLEN`` and ``PAGE``
-  (one table entry per key row, the first version).
+  (one table entry per key row, the simpler gather).
 * ``cascade_decode_separate``: the first cascade decode, kept as the benchmark's before-state (the course's
   ``cascade_decode`` is ``reference.triton.cascade``, one launch): (1) the shared prefix once for the whole batch -- the ``G`` query heads of every
   request that read kv head ``h`` become ``B * G`` rows of one dense FA2 call over the prefix, whose keys are
@@ -67,7 +67,7 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     ``lse (Hq, total_q)`` float32. ``validate=False`` skips the value checks that need a device sync.
     gather: ``"page"`` the page-aligned kernel ``reference.triton.paged_tiles`` (one table entry per
     page-aligned key block, looked up one block ahead); ``"row"`` the FA2 kernel's ``PAGE`` path (one table
-    entry per key row, the first version, kept as the benchmarks' before-state); ``"tma"`` on a Hopper GPU the
+    entry per key row, the simpler gather, kept as the benchmarks' before-state); ``"tma"`` on a Hopper GPU the
     Gluon kernel ``reference.triton.hopper.paged_prefill_gluon`` (its producer warp reads the table and copies
     one TMA box per page; bf16/fp16, d in {64, 128}, pages of 8, 16, ... keys or multiples of 128, contiguous
     caches), the page-aligned kernel for every other input; None: ``"page"`` when ``config`` is given, else

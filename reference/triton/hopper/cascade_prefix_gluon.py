@@ -6,7 +6,7 @@ head ``h`` the prefix part is ONE attention problem: the ``B * G`` query rows of
 (packed row ``r``: request ``r // G``, query head ``h * G + r % G``) over the ``P`` prefix keys, non-causal. At
 ``B = 64, G = 4, P = 32k`` that is 2048 rows x 32k keys per head, 34 GFLOP over the 8 heads: a prefill, compute-
 bound, which the portable Triton kernel runs as 64-row ``tl.dot`` tiles with a serial ``QK -> softmax -> PV``
-chain (0.31 of copy bandwidth at B = 64, notes/serving_perf.md session 5). Here it runs on the production Gluon
+chain (0.31 of copy bandwidth at B = 64, notes/serving_perf.md "Decode at 32k and the one-launch cascade"). Here it runs on the production Gluon
 forward's schedule (``flash_gluon``, FA3 sections 3.1 and Algorithm 2):
 
 * a work item (one CTA) is ``(kv head, 128-row tile of packed rows, key split)``; items of one ``(head, split)``

@@ -146,7 +146,7 @@ def p_operand(p, p_layout: gl.constexpr, fp8: gl.constexpr, BLOCK_M: gl.constexp
 @gluon.constexpr_function
 def free_offset(STAGES, THREAD_ARRIVE):
     """Index of ring slot 0's "free" barrier in its allocation: ``STAGES`` where the free barriers follow the
-    full ones in one allocation (the pin), 0 where they have their own (``THREAD_ARRIVE``)."""
+    full ones in one allocation (the default), 0 where they have their own (``THREAD_ARRIVE``)."""
     return 0 if THREAD_ARRIVE else STAGES
 
 

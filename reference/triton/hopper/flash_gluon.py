@@ -478,7 +478,7 @@ def persistent_grid(B: int, Hq: int, Nq: int, bm: int, causal: bool, n_sms: int)
 
 def key_loop_constexprs(key_loop=None, head_dim: int = 128) -> dict:
     """``key_loop``: ``{"peeled": bool, "fence": bool}`` (``attend_overlapped``'s ``PEELED`` / ``FENCE``; a key left
-    out is False), None for the pin of ``head_dim`` in ``configs.GLUON_FWD_KEY_LOOP``; returns the kernel's
+    out is False), None for the default of ``head_dim`` in ``configs.GLUON_FWD_KEY_LOOP``; returns the kernel's
     constexprs."""
     if key_loop is None:
         key_loop = configs.GLUON_FWD_KEY_LOOP[head_dim]

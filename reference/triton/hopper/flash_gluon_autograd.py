@@ -39,7 +39,7 @@ def flash_attention_gluon(q, k, v, causal=False, scale=None, key_loop=None):
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``
     (GQA: ``k.grad``/``v.grad`` sum over each kv head's query heads), bottom-right causal. Returns ``o``;
     ``o.backward(do)`` fills ``q.grad``, ``k.grad``, ``v.grad``. ``key_loop``: the forward's key-loop options
-    (``flash_gluon.key_loop_constexprs``; default the pin ``configs.GLUON_FWD_KEY_LOOP`` of ``d``).
+    (``flash_gluon.key_loop_constexprs``; default the default ``configs.GLUON_FWD_KEY_LOOP`` of ``d``).
     """
     *_, causal, scale = check_gluon_inputs(q, k, v, causal, scale, "flash_attention_gluon")
     key_loop_constexprs(key_loop, q.shape[-1])  # a bad option is named before any launch

@@ -134,7 +134,7 @@ def _program_order(pid, n_programs, n_blocks, ORDER_HEADS):
     every head's blocks longest to shortest, head after head), whose last heads leave a tail of short blocks
     after the long ones of the previous heads: with GQA (``GROUP`` times fewer, ``GROUP`` times longer programs)
     the simulated busy fraction at 8k is 0.81-0.90 against 0.99 with the heads interleaved (notes/hopper.md,
-    "issue 25 item 6: GQA backward schedule")."""
+    "GQA backward schedule")."""
     n_heads = n_programs // n_blocks
     span = n_blocks * ORDER_HEADS
     grp = pid // span
@@ -361,7 +361,7 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
     # the copy engine must have read dq_smem before the CTA (and its shared memory) ends. At d = 64 (128-row
     # steps) waiting after the dK/dV stores overlaps them with the last reduce and leaves 7 spill instructions
     # instead of 12-13: 0.99-1.02x cuDNN against 0.85-0.87 at N = 2k-4k non-causal on an H100; at d = 128 the
-    # wait stays before them (notes/hopper.md, "issue 25 item 6: GQA backward schedule")
+    # wait stays before them (notes/hopper.md, "GQA backward schedule")
     if cfg.DQ_TMA == 1 and HEAD_DIM > 64:
         tma.store_wait(0)
     store_dkdv(dk, dv, out.dk, out.dv, place.kv_row0, my_n, place.N_K, sm_scale, kv_layout, HALF, HEAD_DIM)
@@ -464,7 +464,7 @@ def longest_share(causal, Nq, Nk, block_m, n_heads, n_sms):
 
 
 def check_order_heads(order_heads, causal, n_heads, share=0.0):
-    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the pin ``configs.GLUON_BWD_ORDER``
+    """``order_heads`` (``_program_order``'s ``ORDER_HEADS``): ``None`` for the default ``configs.GLUON_BWD_ORDER``
     (causal launches whose ``longest_share`` is at least its ``min_share`` interleave ``heads`` heads; every other
     launch is head-major, 1), ``0`` for all ``n_heads`` (batch, kv head) pairs, else a positive int (capped at
     ``n_heads``)."""
@@ -497,7 +497,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
     loading them.
     ``order_heads``: the program order (``_program_order``): how many (batch, kv head) pairs interleave their key
-    blocks longest-first; ``None`` the pin (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
+    blocks longest-first; ``None`` the default (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
@@ -520,7 +520,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
     # head-major at d = 128: the 2-D grid (in the order sweep the same order by the 1-D grid and _program_order
     # measured 2-7% slower on causal GQA, with the dQ wait after the dK/dV stores too: not separated); at d = 64
-    # the 1-D grid measured with the late dQ wait (notes/hopper.md, "issue 25 item 6: GQA backward schedule")
+    # the 1-D grid measured with the late dQ wait (notes/hopper.md, "GQA backward schedule")
     n_blocks = triton.cdiv(Nk, BLOCK_N)
     grid = (n_blocks, B * Hkv) if order_heads == 1 and d > 64 else (n_blocks * B * Hkv,)
     _bwd_ws_kernel[grid](

@@ -6,7 +6,7 @@ bottom-right causal, GQA; FA2 Algorithm 1) on inputs that entry point has alread
 with ``gather="tma"``, the default (``configs.PAGED_PREFILL``), on a Hopper GPU for the inputs ``gluon_paged_ok``
 accepts; the Triton kernels stay the path everywhere else.
 
-Why (notes/serving_perf.md, "paged prefill, session 5"): the Triton page-tile kernel executes the contiguous
+Why (notes/serving_perf.md, "Paged prefill on Triton page tiles"): the Triton page-tile kernel executes the contiguous
 kernel's instructions but stalls on the block-table load that Triton's pipeliner puts next to the copy it feeds
 (5.28 vs 4.51 cycles per issued instruction at 16-token pages). Here the table is read by the **producer warp**
 only, so the consumer warpgroups never wait on it:
