@@ -39,6 +39,15 @@ from autograder.selftest import materialise_mutant
 from benchmarks import ROOT
 
 SLOW = {"a4_decoding": "s_split_thrice"}
+FIELDS = {
+    "score": "the speed test's points (of 'points'), from 'ratio' with speed_full/speed_zero",
+    "ratio": "graded ratio: geometric mean over cases of median student time / median reference time, on the "
+             "clock named in 'clock' (device: the GPU's busy time of the call, autograder/device_clock.py)",
+    "host_ratio": "the same calls timed by the child's host clock; the profiler that gives the device clock runs "
+                  "around them and adds 2-4 ms of host time per call, so this is not the unprofiled host time",
+    "cases": "per case: median device times (student_s, reference_s) and host times, seconds; lane_wait_s: "
+             "seconds the case waited for the GPU's timing lane",
+}
 
 
 def subjects(aid, tmp):
@@ -109,6 +118,27 @@ def grade_all(aid, paths, device, jobs, n, tmp, timeout):
     return res, wall, p.returncode, text[-1500:]
 
 
+def ramp(ratio, full, zero, points):
+    """The engine's speed score (``engine._speed_score``): full points at <= ``full``, none at >= ``zero``."""
+    return points * min(1.0, max(0.0, (zero - ratio) / (zero - full)))
+
+
+def rescore(data, full, zero):
+    """Every recorded grading scored again from its graded ratio with thresholds ``full``/``zero`` (the ratios
+    do not depend on the thresholds): what a run under other thresholds would have given."""
+    for mode in data["modes"].values():
+        for entries in mode.values():
+            for e in entries:
+                if e.get("ratio") is not None:
+                    e["score_as_graded"] = e.get("score_as_graded", e["score"])
+                    e["score"] = round(ramp(e["ratio"], full, zero, e["points"]), 4)
+    data["rescored"] = {"speed_full": full, "speed_zero": zero,
+                        "why": "scores recomputed from the recorded ratios with the spec's thresholds; "
+                               "score_as_graded is what the run's thresholds gave"}
+    data["speed_full"], data["speed_zero"] = full, zero
+    data.setdefault("fields", FIELDS)
+
+
 def verdicts(data, points_full, max_spread, slow_max):
     out = {}
     for label in data["subjects"]:
@@ -119,7 +149,7 @@ def verdicts(data, points_full, max_spread, slow_max):
                   if e.get("ratio")]
         hosts = [e.get("host_ratio") for m in ("alone", "grade_all") for e in data["modes"].get(m, {}).get(label, [])
                  if e.get("host_ratio")]
-        v = {"scores": scores, "spread": (max(every) - min(every)) if every else None,
+        v = {"measured_modes": [m for m in ("alone", "grade_all") if scores[m]], "scores": scores, "spread": (max(every) - min(every)) if every else None,
              "ratio_range": [min(ratios), max(ratios)] if ratios else None,
              "host_ratio_range": [min(hosts), max(hosts)] if hosts else None}
         for m in ("alone", "grade_all"):
@@ -174,18 +204,39 @@ def main(argv=None):
     ap.add_argument("--smoke", action="store_true", help="CPU plumbing check (speed tests are not run there)")
     ap.add_argument("--timeout", type=float, default=120, help="seconds for one grading alone")
     ap.add_argument("--budget", type=float, default=900, help="seconds for the whole run: grade-all gets what is left")
+    ap.add_argument("--modes", nargs="+", choices=("alone", "grade_all"), default=["alone", "grade_all"],
+                    help="which modes to run (a run of one mode can be merged into a run of the other: --merge)")
+    ap.add_argument("--merge", help="an earlier JSON of this script: its modes that this run does not measure are "
+                                    "kept (same assignment)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="no grading: score --merge's recorded ratios with the spec's current thresholds, write --out")
     args = ap.parse_args(argv)
     aid = specs.resolve(args.assignment)
     device = "cpu" if args.smoke else "cuda"
     spec = specs.load(aid)
     test = next(t for t in spec.tests if t.kind == "speed" and not t.optional)
+    if args.rescore:
+        data = json.loads(Path(args.merge).read_text())
+        rescore(data, test.speed_full, test.speed_zero)
+        data["verdicts"] = verdicts(data, test.points, args.max_spread, args.slow_max)
+        Path(args.out).write_text(json.dumps(data, indent=1))
+        for label, v in data["verdicts"].items():
+            print(f"{label}: {v}")
+        return 0
     tmp = tempfile.mkdtemp(prefix="speed-stability-")
     paths = subjects(aid, tmp)
     data = {"assignment": aid, "test": test.name, "speed_full": test.speed_full, "speed_zero": test.speed_zero,
             "points": test.points, "gradings": args.gradings, "jobs": args.jobs, "device": device,
             "environment": environment(), "device_clock_probe": probe_device_clock() if not args.smoke else None,
             "subjects": {k: str(v.relative_to(ROOT)) if v.is_relative_to(ROOT) else v.name for k, v in paths.items()},
-            "modes": {"alone": {k: [] for k in paths}}, "wall_s": {}}
+            "modes": {}, "wall_s": {}, "fields": FIELDS}
+    if args.merge:
+        old = json.loads(Path(args.merge).read_text())
+        if old.get("assignment") != aid:
+            raise SystemExit(f"--merge: {args.merge} is of {old.get('assignment')}, not {aid}")
+        data["modes"] = {m: v for m, v in old["modes"].items() if m not in args.modes and v}
+        data["merged_from"] = {m: {"environment": old.get("environment"), "wall_s": old.get("wall_s", {}).get(m)}
+                               for m in data["modes"]}
 
     def save():
         data["verdicts"] = verdicts(data, test.points, args.max_spread, args.slow_max)
@@ -193,24 +244,28 @@ def main(argv=None):
         Path(args.out).write_text(json.dumps(data, indent=1))
 
     t0 = time.monotonic()
-    for i in range(args.gradings):              # alone: one grading at a time, subjects interleaved
+    if "alone" in args.modes:
+        data["modes"]["alone"] = {k: [] for k in paths}
+    for i in range(args.gradings if "alone" in args.modes else 0):   # one grading at a time, subjects interleaved
         for label, path in paths.items():
             e = grade_alone(aid, path, device, Path(tmp) / f"alone-{label}-{i}.json", args.timeout)
             data["modes"]["alone"][label].append(e)
             print(f"[alone {i}] {label}: score {e.get('score')} ratio {e.get('ratio')} clock {e.get('clock')} "
                   f"host-clock ratio {e.get('host_ratio')} ({e.get('wall_s', 0):.0f} s)", flush=True)
             save()
-    data["wall_s"]["alone"] = time.monotonic() - t0
-    left = max(60.0, args.budget - (time.monotonic() - t0))
-    res, wall, rc, tail = grade_all(aid, paths, device, args.jobs, args.gradings, tmp, left)
-    data["modes"]["grade_all"] = res
-    data["wall_s"]["grade_all"] = wall
-    data["grade_all_exit"] = rc
-    data["grade_all_tail"] = tail
-    for label, es in res.items():
-        for i, e in enumerate(es):
-            print(f"[grade-all -j {args.jobs}] {label}-{i}: score {e.get('score')} ratio {e.get('ratio')} "
-                  f"clock {e.get('clock')} host-clock ratio {e.get('host_ratio')}", flush=True)
+    if "alone" in args.modes:
+        data["wall_s"]["alone"] = time.monotonic() - t0
+    if "grade_all" in args.modes:
+        left = max(60.0, args.budget - (time.monotonic() - t0))
+        res, wall, rc, tail = grade_all(aid, paths, device, args.jobs, args.gradings, tmp, left)
+        data["modes"]["grade_all"] = res
+        data["wall_s"]["grade_all"] = wall
+        data["grade_all_exit"] = rc
+        data["grade_all_tail"] = tail
+        for label, es in res.items():
+            for i, e in enumerate(es):
+                print(f"[grade-all -j {args.jobs}] {label}-{i}: score {e.get('score')} ratio {e.get('ratio')} "
+                      f"clock {e.get('clock')} host-clock ratio {e.get('host_ratio')}", flush=True)
     save()
     for label, v in data["verdicts"].items():
         print(f"{label}: scores alone {v['scores']['alone']} grade-all {v['scores']['grade_all']} spread "
