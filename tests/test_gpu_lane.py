@@ -161,3 +161,18 @@ def test_speed_case_holds_the_lane_exclusively_for_its_timed_reps(tmp_path):
     assert g.lane.held is None
     clock, student, reference = timing.clock()
     assert clock == "device" and student == [0.002] * test.reps and reference == [0.001] * test.reps
+
+
+def test_work_done_off_the_gpu_is_timed_by_the_host_clock():
+    """Timed reps run without the op audit: an answer computed on the CPU there would be invisible to the device
+    clock, so a call far slower than the reference's on the host clock is graded on the host clock."""
+    cpu = _Timing(student=[0.060, 0.061], reference=[0.003, 0.003], student_dev=[1e-5, 1e-5],
+                  reference_dev=[7e-5, 7e-5])
+    clock, student, _ = cpu.clock()
+    assert clock == "host" and student == [0.060, 0.061] and "off the GPU" in cpu.clock_note
+    honest = _Timing(student=[0.0045, 0.0046], reference=[0.003, 0.003], student_dev=[2e-4, 2e-4],
+                     reference_dev=[7e-5, 7e-5])
+    assert honest.clock()[0] == "device" and honest.clock_note is None
+    quick = _Timing(student=[0.004, 0.004], reference=[0.001, 0.001], student_dev=[1e-5] * 2,
+                    reference_dev=[1e-5] * 2)
+    assert quick.clock()[0] == "device"        # 4x the host time but only 3 ms more: within the slack

@@ -168,3 +168,19 @@ def test_grade_many_spreads_gradings_over_the_gpus(tmp_path, monkeypatch):
     assert all((tmp_path / "o" / f"s{i}.txt").read_text().startswith(f"student: s{i}\n") for i in range(12))
     slots = GpuSlots(["a", "b"])
     assert [slots.take(), slots.take(), slots.take()] == ["a", "b", "a"]
+
+
+def test_grade_one_runs_the_grading_on_its_gpu(tmp_path, monkeypatch):
+    """The grading process sees exactly its GPU (``CUDA_VISIBLE_DEVICES``), and the result records it."""
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen["env"] = kw["env"]
+        Path(cmd[cmd.index("--json") + 1]).write_text(json.dumps({"score": 1.0, "tests": []}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(grade_all.subprocess, "run", fake_run)
+    r = grade_all.grade_one("a1", OWN, tmp_path / "r.json", device="cuda", gpu="3")
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "3" and r["gpu"] == "3"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    r = grade_all.grade_one("a1", OWN, tmp_path / "r.json", device="cpu")
+    assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1" and "gpu" not in r
