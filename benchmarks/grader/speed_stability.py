@@ -99,7 +99,7 @@ def grade_all(aid, paths, device, jobs, n, tmp, timeout):
     if device == "cuda":
         cmd += ["--gpus", "1"]
     t0 = time.monotonic()
-    # its own session: on a timeout the whole batch (grade-all and every grading it started) is ended, and
+    # its own process group: on a timeout the whole batch (grade-all and every grading it started) is ended, and
     # the gradings that finished still count
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=dict(os.environ, PYTHONPATH=str(ROOT)), start_new_session=True)
