@@ -30,6 +30,8 @@ def write_histogram(rows, path, title: str) -> str:
     flagged = sum(1 for r in rows if r.get("flags"))
     ax.set_title(f"{title}: {len(rows)} submission(s), {flagged} flagged")
     ax.set_ylim(0, max(c + [1]) * 1.15)
+    from matplotlib.ticker import MaxNLocator
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))      # whole students
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
