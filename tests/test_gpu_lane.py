@@ -176,3 +176,24 @@ def test_work_done_off_the_gpu_is_timed_by_the_host_clock():
     quick = _Timing(student=[0.004, 0.004], reference=[0.001, 0.001], student_dev=[1e-5] * 2,
                     reference_dev=[1e-5] * 2)
     assert quick.clock()[0] == "device"        # 4x the host time but only 3 ms more: within the slack
+
+
+def test_device_intervals_read_the_profilers_device_records():
+    """Kernel/copy records of a finished profile (``device_type`` CUDA) give the intervals, CPU ones do not; where
+    the parsed events hold none, the raw records are read; on the CPU no profiler runs and no time is claimed."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+
+    from autograder.device_clock import _device_intervals, device_time
+
+    def ev(dev, a, b):
+        return NS(device_type=dev, time_range=NS(start=a, end=b))
+    prof = NS(events=lambda: [ev(DeviceType.CPU, 0, 100), ev(DeviceType.CUDA, 10, 30), ev(DeviceType.CUDA, 25, 40)])
+    assert _device_intervals(prof) == [(10, 30), (25, 40)]
+    raw = NS(device_type=lambda: DeviceType.CUDA, start_ns=lambda: 5000, duration_ns=lambda: 2000)
+    prof = NS(events=lambda: [ev(DeviceType.CPU, 0, 1)], profiler=NS(kineto_results=NS(events=lambda: [raw])))
+    assert _device_intervals(prof) == [(5.0, 7.0)]
+    with device_time("cpu") as box:
+        pass
+    assert box == {"s": None, "error": None}
