@@ -155,10 +155,12 @@ def verdicts(data, points_full, max_spread, slow_max):
         for m in ("alone", "grade_all"):
             s = scores[m]
             v[f"{m}_spread"] = (max(s) - min(s)) if s else None
-        if label == "solution":
-            v["ok"] = bool(every) and v["spread"] <= max_spread and min(every) >= points_full - 1e-9
+        if not (scores["alone"] and scores["grade_all"]):
+            v["ok"] = None                      # a mode was not measured: no verdict
+        elif label == "solution":
+            v["ok"] = v["spread"] <= max_spread and min(every) >= points_full - 1e-9
         else:
-            v["ok"] = bool(scores["alone"]) and bool(scores["grade_all"]) and max(every) <= slow_max * points_full
+            v["ok"] = max(every) <= slow_max * points_full
         out[label] = v
     return out
 
