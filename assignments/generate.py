@@ -4,6 +4,7 @@
     python -m assignments.generate --check         # exit 1 if a committed notebook is not what would be written
     python -m assignments.generate --solutions DIR # also write DIR/<aid>_solution.ipynb (outputs cleared)
     python -m assignments.generate a1_attention    # only some assignments
+    python -m assignments.generate --force a3_triton   # overwrite a notebook that was edited in place
 
 A solution source is a jupytext "percent" file: ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown
 cell whose lines carry a ``# `` prefix, and ``tags=["check"]`` after the marker sets the cell's tags (read by
@@ -12,10 +13,19 @@ code cell, each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` region (nbgrader
 the student version by ``raise NotImplementedError("Implement <function>")`` at the marker's indentation; code
 before and after the region is kept. Output is deterministic (cell ids are positions), so regenerating is
 byte-identical.
+
+A student notebook edited in place (a student's work in the course checkout) is never overwritten: each
+generated notebook carries, in its metadata (``course.cells_sha256``), a digest of its cells as written (type,
+source, tags; outputs and execution counts are left out, so running it is not editing it). If the notebook on
+disk no longer matches its own digest (or has none and differs from what would be written now), the fresh one
+goes beside it as ``<aid>.generated.ipynb``, the message says so, and the exit status is 1; ``--force``
+overwrites.
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -94,6 +104,27 @@ def solution_lines(source: str) -> list[str]:
     return found
 
 
+def cells_digest(nb) -> str:
+    """sha256 of a notebook's cells as the generator writes them: type, source and tags, in order (not outputs,
+    execution counts or other metadata, which running or viewing a notebook changes)."""
+    cells = [[c.cell_type, c.source, list(c.get("metadata", {}).get("tags", []))] for c in nb.cells]
+    return hashlib.sha256(json.dumps(cells, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def edited(path: Path, fresh: str) -> bool:
+    """Whether the notebook at ``path`` holds someone's edits: its cells no longer match the digest the
+    generator stored in it, or (no digest: written before digests were stored) they differ from ``fresh``'s.
+    An unreadable file counts as edited (never overwritten without ``--force``)."""
+    try:
+        nb = nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+    except Exception:  # noqa: BLE001 -- not a notebook any more: someone's file
+        return True
+    stored = nb.metadata.get("course", {}).get("cells_sha256")
+    if stored is not None:
+        return stored != cells_digest(nb)
+    return cells_digest(nb) != cells_digest(nbformat.reads(fresh, as_version=4))
+
+
 def to_notebook(cells: list[PercentCell], student: bool, where: str = "<source>") -> nbformat.NotebookNode:
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": dict(NOTEBOOK_KERNEL), "language_info": {"name": "python"}}
@@ -107,6 +138,7 @@ def to_notebook(cells: list[PercentCell], student: bool, where: str = "<source>"
         else:
             src = strip_solutions(cell.source, f"{where} cell {n}") if student else cell.source
             nb.cells.append(nbformat.v4.new_code_cell(src, id=cid, metadata=meta))
+    nb.metadata["course"] = {"cells_sha256": cells_digest(nb)}   # how `edited` tells generated from edited
     nbformat.validate(nb)
     return nb
 
@@ -129,24 +161,41 @@ def student_path(aid: str) -> Path:
     return ROOT / aid / f"{aid}.ipynb"
 
 
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(ROOT.parent))
+    except ValueError:
+        return str(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m assignments.generate", description=__doc__.split("\n\n")[0])
     ap.add_argument("aids", nargs="*", help=f"assignment ids (default: all of {', '.join(ASSIGNMENTS)})")
     ap.add_argument("--check", action="store_true", help="do not write; exit 1 if a student notebook is stale")
     ap.add_argument("--solutions", metavar="DIR", type=Path, help="also write solution notebooks into DIR")
+    ap.add_argument("--force", action="store_true", help="overwrite student notebooks even where edited in place")
     args = ap.parse_args(argv)
     unknown = [a for a in args.aids if a not in ASSIGNMENTS]
     if unknown:
         ap.error(f"unknown assignment id(s) {unknown}; expected some of {list(ASSIGNMENTS)}")
-    stale = []
+    stale, kept = [], []
     for aid in args.aids or list(ASSIGNMENTS):
         text, path = render(aid), student_path(aid)
         if args.check:
             if not path.exists() or path.read_text(encoding="utf-8") != text:
-                stale.append(str(path.relative_to(ROOT.parent)))
+                stale.append(_rel(path))
+        elif path.exists() and path.read_text(encoding="utf-8") == text:
+            print(f"unchanged {_rel(path)}")
+        elif path.exists() and not args.force and edited(path, text):
+            beside = path.with_name(f"{aid}.generated.ipynb")
+            beside.write_text(text, encoding="utf-8")
+            kept.append(aid)
+            print(f"kept {_rel(path)}: it was edited in place (its cells are not what the "
+                  f"generator wrote); the fresh notebook is {_rel(beside)}. Move your work "
+                  f"elsewhere, or overwrite it with `python -m assignments.generate --force {aid}`", file=sys.stderr)
         else:
             path.write_text(text, encoding="utf-8")
-            print(f"wrote {path.relative_to(ROOT.parent)}")
+            print(f"wrote {_rel(path)}")
         if args.solutions is not None:
             args.solutions.mkdir(parents=True, exist_ok=True)
             out = args.solutions / f"{aid}_solution.ipynb"
@@ -155,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         print("stale (run `python -m assignments.generate`): " + ", ".join(stale), file=sys.stderr)
         return 1
-    return 0
+    return 1 if kept else 0
 
 
 if __name__ == "__main__":

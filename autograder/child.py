@@ -24,6 +24,7 @@ import types
 
 import numpy as np
 
+from .device_clock import device_time
 from .protocol import ChildChannel
 from .runner import _clock, compare_snapshot, describe, execute, materialise, poison, snapshot_inputs, sync
 from .where import CELL_LABELS, exc_line, root, student_tb
@@ -178,23 +179,26 @@ class Child:
         audited = None
         if audit is not None:
             audit.begin(list(args) + list(kwargs.values()))
-        self._active(True)
-        try:
-            t0 = _clock()
-            if header["mode"] == "autograd":     # forward + backward, as training would run it
-                out = fn(*args[:-1], **kwargs)
-                if type(out) is sys.modules["torch"].Tensor:
-                    out.backward(args[-1])
-                raw = (out,) + tuple(a.grad for a in args[:-1] if getattr(a, "requires_grad", False))
-            else:
-                raw = fn(*args, **kwargs)
-            sync(self.device)                    # device-wide: side streams are waited for (T13)
-            elapsed = _clock() - t0
-        finally:
-            self._active(False)
-            if audit is not None:
-                audited = audit.end()
-        self.chan.send({"t": "done", "elapsed": elapsed})
+        # the device's own clock (every kernel, copy and fill of the call, on any stream) around the host clock:
+        # the parent grades the ratio of device times where both children have them (device_clock.py)
+        with device_time(self.device) as dev:
+            self._active(True)
+            try:
+                t0 = _clock()
+                if header["mode"] == "autograd":     # forward + backward, as training would run it
+                    out = fn(*args[:-1], **kwargs)
+                    if type(out) is sys.modules["torch"].Tensor:
+                        out.backward(args[-1])
+                    raw = (out,) + tuple(a.grad for a in args[:-1] if getattr(a, "requires_grad", False))
+                else:
+                    raw = fn(*args, **kwargs)
+                sync(self.device)                    # device-wide: side streams are waited for (T13)
+                elapsed = _clock() - t0
+            finally:
+                self._active(False)
+                if audit is not None:
+                    audited = audit.end()
+        self.chan.send({"t": "done", "elapsed": elapsed, "device_s": dev["s"], "device_error": dev["error"]})
         threads = threading.active_count() - threads_before
         fetch, _ = self.chan.recv()
         if fetch.get("t") != "fetch":

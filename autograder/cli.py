@@ -63,12 +63,16 @@ def _parser():
                        epilog="example:\n  python -m autograder grade-all a2_flash_numpy submissions/ -j 4 "
                               "--csv grades.csv")
     a.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
-    a.add_argument("dir", help="folder of submissions")
+    a.add_argument("dir", help="folder of submissions: .ipynb/.py files, or one subfolder per student (an LMS "
+                               "download; the file named for the assignment is graded)")
     a.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
     a.add_argument("--csv", default="grades.csv", help="roster CSV to write (default grades.csv)")
     a.add_argument("--out", help="folder for the per-submission JSONs (default: grades/<assignment>)")
     a.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="where kernels and speed tests run (auto: cuda when a GPU is present)")
+    a.add_argument("--gpus", default="all",
+                   help="on cuda: the GPUs to grade on, 'all' visible ones (default), a count N, or a list "
+                        "such as 0,2; each grading gets one, and speed tests take turns on each GPU")
 
     s = sub.add_parser("selftest", help="grade the bundled correct/wrong/cheating submissions", formatter_class=_RAW,
                        description="Grade the bundled correct, wrong and cheating submissions (and the solution "
@@ -134,19 +138,43 @@ def _progress(total):
 
 
 def cmd_grade_all(args) -> int:
-    from .grade_all import find_submissions, grade_many, summary, write_csv
+    from .grade_all import choose_gpus, collect, grade_many, summary, unpicked, visible_gpus, write_csv, \
+        write_report
     from .engine import detect_device
+    from .report import write_json
     aid = specs.resolve(args.assignment)
     # every path is the caller's (relative to the folder grade-all was started in), never the repository's
-    paths = find_submissions(os.path.abspath(args.dir))
+    folder = os.path.abspath(args.dir)
+    paths, names, problems = collect(folder, aid)
+    if not paths and not problems:
+        print(f"grade-all: no submissions in {folder}: expected .ipynb/.py files, or one subfolder per student "
+              f"holding one (found: {', '.join(sorted(os.listdir(folder))[:20]) or 'an empty folder'})",
+              file=sys.stderr)
+        return 1
     out = os.path.abspath(args.out or os.path.join("grades", aid))
     csv_path = os.path.abspath(args.csv)
     device = detect_device(args.device)
-    results = grade_many(aid, paths, out, args.jobs, device)
-    rows = write_csv(results, csv_path)
+    gpus = choose_gpus(args.gpus, visible_gpus()) if device == "cuda" else None
+    if gpus:
+        print(f"grading on GPU(s) {', '.join(gpus)} (one timing lane each), {args.jobs} at a time", flush=True)
+    results = grade_many(aid, paths, out, args.jobs, device, names=names, gpus=gpus)
+    for name, r in unpicked(aid, problems).items():
+        results[name] = r
+        names[name] = name
+        write_json(r, os.path.join(out, f"{name}.json"))
+        write_report(r, os.path.join(out, f"{name}.txt"), name)
+        print(f"grade-all: {name}: {problems[name]}", file=sys.stderr)
+    rows = write_csv(results, csv_path, names)
     print(summary(rows))
-    print(f"CSV: {csv_path}; JSONs: {out}/")
-    return 1 if any(r["status"] == "grader-error" for r in rows) else 0
+    hist = os.path.join(out, "histogram.png")
+    try:
+        from .histogram import write_histogram
+        write_histogram(rows, hist, aid)
+    except ImportError as exc:
+        hist = f"not drawn ({exc})"
+    print(f"CSV: {csv_path}; JSONs and text reports: {out}/; histogram: {hist}")
+    # nothing graded at all (every subfolder without a single submission) is a failure too
+    return 1 if not paths or any(r["status"] == "grader-error" for r in rows) else 0
 
 
 def cmd_selftest(args) -> int:

@@ -3,7 +3,7 @@
 
 The zip holds ``setup.sh`` (a virtual environment with the assignment's pinned requirements,
 ``requirements-<assignment>.txt``: NumPy, plus torch and Triton for the Triton assignments), ``run_autograder``
-(grades the notebook or .py found in ``$AUTOGRADER_ROOT/submission`` with the environment's Python and writes
+(grades the notebook or .py of ``$AUTOGRADER_ROOT/submission`` named for the assignment, ``autograder.pick``, with the environment's Python and writes
 ``$AUTOGRADER_ROOT/results/results.json``), and only the modules grading this assignment imports
 (``grading_files``): the autograder's core, this assignment's spec and the shared spec helpers it imports, the
 oracles, the ``reference`` modules its speed tests time (a baseline runs in a separate trusted child; a1 has no
@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path
 
 from . import specs
+from .pick import PickError, candidates, pick
 from .sandbox import REPO
 
 # Pinned versions the course is tested with (the Makefile's CPU torch/Triton; a test keeps them equal).
@@ -219,29 +220,38 @@ def _add(z, name, text):
     z.writestr(info, text)
 
 
-def find_submission(folder: Path):
-    files = sorted(folder.rglob("*.ipynb")) + sorted(folder.rglob("*.py"))
-    files = [f for f in files if ".ipynb_checkpoints" not in f.parts]
-    return files[0] if files else None
+def find_submission(folder: Path, assignment: str) -> Path:
+    """The file of ``folder`` to grade: the only notebook/module, or the one named for the assignment
+    (``autograder.pick``); PickError listing what was found otherwise."""
+    return pick(candidates(folder), assignment, where="the submission")
 
 
 def run(assignment) -> int:
-    """Entry point inside Gradescope: always writes results.json (a grader failure becomes a visible 0)."""
+    """Entry point inside Gradescope: always writes results.json (a grader failure becomes a visible 0); its
+    output names the file that was graded, or lists the files found when none could be chosen."""
     root = Path(os.environ.get("AUTOGRADER_ROOT", "/autograder"))
     results = root / "results"
     results.mkdir(parents=True, exist_ok=True)
-    sub = find_submission(root / "submission")
     from .report import to_gradescope
     t0 = time.monotonic()
     try:
-        if sub is None:
-            raise FileNotFoundError("no .ipynb or .py file was submitted")
+        sub = find_submission(root / "submission", assignment)
+    except PickError as exc:
+        out = {"score": 0.0, "execution_time": round(time.monotonic() - t0, 3), "tests": [],
+               "output": f"Nothing was graded: {exc}."}
+        (results / "results.json").write_text(json.dumps(out, indent=1))
+        print(out["output"])
+        return 0
+    graded = f"graded file: {sub.relative_to(root / 'submission')}"
+    try:
         from .engine import Grader, detect_device
         result = Grader(assignment, detect_device("auto")).grade(sub)
         out = to_gradescope(result)
+        out["output"] = f"{graded}\n{out.get('output', '')}"
     except Exception as exc:  # noqa: BLE001 -- the student must always get a results.json
         out = {"score": 0.0, "execution_time": round(time.monotonic() - t0, 3),
-               "output": f"The autograder could not grade this submission: {exc}\n{traceback.format_exc()[-2000:]}",
+               "output": f"{graded}\nThe autograder could not grade this submission: {exc}\n"
+                         f"{traceback.format_exc()[-2000:]}",
                "tests": []}
     (results / "results.json").write_text(json.dumps(out, indent=1))
     print(out.get("output", ""))

@@ -75,6 +75,8 @@ PROTECTED = [
     ("autograder.runner", "sync"), ("autograder.runner", "input_hashes"), ("autograder.runner", "array_hash"),
     ("autograder.runner", "materialise"), ("autograder.runner", "gen_array"), ("autograder.runner", "sample_output"),
     ("autograder.runner", "snapshot_inputs"), ("autograder.runner", "compare_snapshot"),
+    ("autograder.device_clock", "busy_seconds"), ("autograder.device_clock", "_device_intervals"),
+    ("torch.profiler", "profile"),
     ("autograder.protocol", "pack"), ("autograder.protocol", "encode_array"), ("autograder.child", "serve"),
     # a compile child's checks (``gluon_child``) and the compiler they call: a submission that swaps them to forge
     # PTX or a cubin is flagged (the parent also reads the cubin itself, ``gluon_compile``)

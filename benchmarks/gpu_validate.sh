@@ -5,7 +5,9 @@
 # (parts that each fit one 10-minute device call: `audit` = the op-audit zoo on CUDA (AUDIT_ONLY="a4 a5"
 # picks assignments), `tests` = every Triton test compiled, `grade` = the
 # autograder on CUDA (a7 included), `a7` = a7's grading alone, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
-# the speed ratio against the bf16 reference forward, the two FP8 mutants; default `all`)
+# the speed ratio against the bf16 reference forward, the two FP8 mutants; default `all`). In `grade`,
+# GRADE_ASSIGNMENTS lists the assignments graded (default a3_triton a3b_triton_backward a4_decoding a5_paged) and
+# GRADE_A7=0 leaves a7 out.
 set -u
 STAGES=" ${*:-tests fp8 grade slow holes audit} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
@@ -37,7 +39,7 @@ print('[gpu_validate] fp8 $sub:', [(t['name'].split(': ')[-1][:28], t['score'], 
     echo "[gpu_validate] fp8 done at ${SECONDS}s"
 fi
 if has grade; then
-for a in a3_triton a3b_triton_backward a4_decoding a5_paged; do
+for a in ${GRADE_ASSIGNMENTS:-a3_triton a3b_triton_backward a4_decoding a5_paged}; do   # GRADE_ASSIGNMENTS: another order or subset
     t0=$SECONDS
     timeout 240 python3 -m autograder grade "$a" "assignments/$a/${a}_solution.py" --device cuda \
         --json "$OUT/grade_${a}_solution.json" 2>&1 | tail -25
@@ -47,7 +49,7 @@ timeout 120 python3 -m autograder grade a3_triton assignments/a3_triton/a3_trito
     --json "$OUT/grade_a3_triton_stub.json" 2>&1 | tail -4
 echo "[gpu_validate] grade done at ${SECONDS}s"
 fi
-if has grade || has a7; then
+if has a7 || { has grade && [ "${GRADE_A7:-1}" != 0 ]; }; then   # GRADE_A7=0: `grade` without a7
 # a7 (optional, Hopper; `a7` runs this part alone): the solution (the CPU compile checks in a sandboxed compile
 # child, judged by the parent, + GPU correctness and speed), then the wrong-phase mutant's GPU correctness test:
 # its kernel hangs, and the case time limit must end it (a fail, not a stuck grader)
@@ -64,9 +66,10 @@ echo "[gpu_validate] grade a7_gluon wrong phase (loses the CPU phase check; on a
 fi
 if has slow; then
 # GPU-only submissions graded as the selftest expects on CUDA: the side-stream cheat (T13) and the slow but
-# correct submissions, which must lose speed points (s_one_split in a4/a5, s_tiny_tiles in a3; a3b has none)
+# correct submissions, which must lose speed points (s_one_split in a4/a5, a4's s_split_thrice, s_tiny_tiles in a3;
+# a3b has none)
 # (the a3 one last and on its own: a full a3 grading is the longest step)
-timeout 240 python3 -m autograder selftest --only a3 a4 a5 --match t13_cuda s_one_split \
+timeout 240 python3 -m autograder selftest --only a3 a4 a5 --match t13_cuda s_one_split s_split_thrice \
     --device cuda -j 1 --out /tmp/selftest_gpu 2>&1 | tr '\r' '\n' | grep -v 'sub/s' | tail -6 \
     | tee "$OUT/selftest_gpu.log"
 echo "[gpu_validate] GPU selftest (T13, slow a4/a5) done at ${SECONDS}s"

@@ -304,7 +304,9 @@ def test_gradescope_results_show_the_load_error_in_each_affected_test(tmp_path):
                        timeout=300)
     assert p.returncode == 0, p.stderr
     res = json.loads((root / "results" / "results.json").read_text())
-    assert res["output"].startswith("Cells that failed while loading") and "SyntaxError" in res["output"]
+    # the graded file first, then why functions could not be graded
+    assert res["output"].startswith("graded file: hw.ipynb\nCells that failed while loading") and \
+        "SyntaxError" in res["output"]
     safe = [t for t in res["tests"] if t["name"].startswith(SAFE)]
     assert safe and all("failed while loading: SyntaxError" in t["output"] and t["status"] == "failed"
                         for t in safe)

@@ -97,9 +97,12 @@ TESTS = [
     _t("softmax", "float16 / bfloat16", 2, [dict(shape=(3, 40), dtype="float16")],
        lambda r: [dict(shape=(4, ragged(r, 5, 300)), dtype="float16"),
                   dict(shape=(4, ragged(r, 5, 300)), dtype="bfloat16", gpu=True)]),
+    # Full points up to 1.5x: graded on the device clock, these 8-15 us kernels are no longer hidden by the host
+    # time of a call (0.93-1.04x on the host clock), and the reference packs several short rows per program,
+    # which the assignment does not ask for; 3x the kernel time still scores 0 (notes/speed_calibration.md)
     _t("softmax", "speed vs reference fused softmax (GPU)", 4, [],
        lambda r: [dict(shape=(4096, 4096), dtype="float16"), dict(shape=(8192, 1000), dtype="bfloat16")],
-       kind="speed", gpu_only=True, reps=5),
+       kind="speed", gpu_only=True, reps=5, speed_full=1.5),
 
     # Part 2: the forward kernel without a mask, Hq == Hkv
     _t("flash_attention_forward_basic", "basic (ragged N, N = 1)", 12, [_v(), _v(Nq=1, Nk=1)],

@@ -79,10 +79,12 @@ def one_grading(aid, path, device, repeats, reps, smoke):
     calls = []
     timed = g._timed
 
-    def recording_timed(sb, task, header, arrays, fetch, on_trap=None):
-        h, a, wall, child = timed(sb, task, header, arrays, fetch, on_trap)
-        calls.append({"who": "reference" if sb is g.ref_sandbox else "student", "wall": wall, "child": child,
-                      "t": pick_time(wall, child) if wall is not None else None})
+    def recording_timed(sb, task, header, arrays, fetch, on_trap=None, **kw):
+        h, a, wall, child = timed(sb, task, header, arrays, fetch, on_trap, **kw)
+        host = child.get("host") if isinstance(child, dict) else child
+        calls.append({"who": "reference" if sb is g.ref_sandbox else "student", "wall": wall, "child": host,
+                      "device": child.get("device") if isinstance(child, dict) else None,
+                      "t": pick_time(wall, host) if wall is not None else None})
         return h, a, wall, child
 
     g._timed = recording_timed
