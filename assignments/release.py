@@ -172,7 +172,7 @@ def build(out: Path, exclude=()) -> Path:
 
 def _select(exclude):
     """The lecture notebooks and assignment ids left after ``exclude``; an unknown name is an error."""
-    lectures = sorted((REPO / "lectures").glob("[0-9][0-9]_*.ipynb"))
+    lectures = sorted(p for p in (REPO / "lectures").glob("[0-9][0-9]*_*.ipynb") if re.match(r"\d\d[a-z]?_", p.name))
     names = [nb.stem for nb in lectures] + list(ASSIGNMENTS)
     drop = set()
     for x in exclude:
@@ -287,7 +287,7 @@ def strip_leaks(notebook: str, regions) -> str:
 
 # each assignment comes after the lecture it needs (the reading path of the repository's README)
 _AFTER = {"a1_attention": "01_softmax", "a2_flash_numpy": "04_backward_recomputation",
-          "a3_triton": "05_triton_kernels", "a3b_triton_backward": "05_triton_kernels", "a4_decoding": "07_decoding",
+          "a3_triton": "05b_profiling", "a3b_triton_backward": "05b_profiling", "a4_decoding": "07_decoding",
           "a5_paged": "08_paged_attention", "a6_ring": "10_ring_attention"}
 
 

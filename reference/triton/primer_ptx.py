@@ -25,7 +25,7 @@ SIGNATURES = {
 }
 
 
-def _compile(name: str, constexprs: dict, num_warps: int, num_stages: int) -> str:
+def _compile(name: str, constexprs: dict, num_warps: int, num_stages: int, aligned: bool = False) -> str:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -35,19 +35,27 @@ def _compile(name: str, constexprs: dict, num_warps: int, num_stages: int) -> st
     kernel = getattr(primer, kernel_name)
     full = {n: ("constexpr" if n in constexprs else sig[n]) for n in kernel.arg_names}
     src = ASTSource(kernel, full, {(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
+    if aligned:  # what a launch sees when every pointer and int argument is a multiple of 16 (it checks)
+        for i, n in enumerate(kernel.arg_names):
+            if n in sig:
+                src.attrs[(i,)] = [["tt.divisibility", 16]]
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": num_warps, "num_stages": num_stages})
     return compiled.asm["ptx"]
 
 
-def ptx(name: str, constexprs: dict, num_warps: int = 4, num_stages: int = 3, timeout: float = 300) -> str:
-    """The PTX of primer kernel ``name`` (a key of ``SIGNATURES``) for sm_90a, compiled in a fresh process."""
+def ptx(name: str, constexprs: dict, num_warps: int = 4, num_stages: int = 3, aligned: bool = False,
+        timeout: float = 300) -> str:
+    """The PTX of primer kernel ``name`` (a key of ``SIGNATURES``) for sm_90a, compiled in a fresh process.
+
+    ``aligned``: compile as a launch does when every pointer and integer argument is divisible by 16 (the JIT
+    checks each argument and specialises on it), which lets the compiler use vector loads and stores."""
     if name not in SIGNATURES:
         raise ValueError(f"name must be one of {sorted(SIGNATURES)}, got {name!r}")
     args = [f"{k}={int(v)}" for k, v in constexprs.items()]
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
     res = subprocess.run([sys.executable, "-m", __name__, name, "--num-warps", str(num_warps), "--num-stages",
-                          str(num_stages), "--constexpr", *args], capture_output=True, text=True, env=env,
+                          str(num_stages), *(["--aligned"] if aligned else []), "--constexpr", *args], capture_output=True, text=True, env=env,
                          timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"compiling {name} for sm_90a failed:\n{res.stderr[-2000:]}")
@@ -59,10 +67,11 @@ def main(argv=None) -> int:
     ap.add_argument("name", choices=sorted(SIGNATURES))
     ap.add_argument("--num-warps", type=int, default=4)
     ap.add_argument("--num-stages", type=int, default=3)
+    ap.add_argument("--aligned", action="store_true", help="every pointer and int argument divisible by 16")
     ap.add_argument("--constexpr", nargs="*", default=[], help="NAME=INT for each constexpr argument")
     a = ap.parse_args(argv)
     cx = {k: int(v) for k, v in (c.split("=", 1) for c in a.constexpr)}
-    sys.stdout.write(_compile(a.name, cx, a.num_warps, a.num_stages))
+    sys.stdout.write(_compile(a.name, cx, a.num_warps, a.num_stages, a.aligned))
     return 0
 
 
