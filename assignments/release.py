@@ -202,7 +202,9 @@ def _norm(line: str) -> str:
 
 def solution_regions() -> list:
     """``(aid, function, lines)`` for every SOLUTION region of every solution source: its normalised lines of
-    at least 12 characters (``return o`` is no evidence)."""
+    at least 12 characters (``return o`` is no evidence). An ungraded warm-up (``assignments.WARMUP``: the
+    function and its kernel ``_<name>_kernel``) is left out: lecture 5a teaches the same few lines on purpose."""
+    from . import WARMUP
     from .generate import BEGIN, END, _enclosing_name
     out = []
     for aid in ASSIGNMENTS:
@@ -216,7 +218,8 @@ def solution_regions() -> list:
                 while lines[j].strip() != END:
                     j += 1
                 body = [n for n in (_norm(x) for x in lines[i + 1:j]) if len(n) >= 12]
-                if len(body) >= MIN_LINES:
+                warmup = {w for n in WARMUP.get(aid, ()) for w in (n, f"_{n}_kernel")}
+                if len(body) >= MIN_LINES and name not in warmup:
                     out.append((aid, name, body))
                 i = j
             i += 1

@@ -47,6 +47,18 @@ def test_check_judges_the_warmup(capsys):
     assert "FAIL" in out and "not implemented yet" in capsys.readouterr().out
 
 
+def test_release_keeps_the_primer_whose_lines_the_warmup_repeats():
+    """Lecture 05a's vector add is, line for line, close to a3's warm-up: an ungraded region is no leak, so
+    the student release keeps the lecture's output; a graded region still is (a3's softmax kernel)."""
+    from assignments.release import REPO, find_leaks, solution_regions
+    regions = solution_regions()
+    assert not [r for r in regions if r[1] in ("scale_rows", "_scale_rows_kernel")]
+    assert find_leaks((REPO / "lectures" / "05a_triton_primer.ipynb").read_text(), regions) == []
+    kernel = (gen.ROOT / "a3_triton" / "a3_triton_solution.py").read_text(encoding="utf-8")
+    kernel = kernel[kernel.index("def _softmax_kernel"):kernel.index("def softmax(")]
+    assert any(hit.startswith("a3_triton:_softmax_kernel") for hit in find_leaks(kernel, regions))
+
+
 @pytest.mark.slow
 def test_grader_ignores_an_unwritten_warmup(tmp_path):
     """The a3 solution with only its warm-up stubbed: the graded test passes and no line names the warm-up."""
