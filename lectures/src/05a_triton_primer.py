@@ -271,12 +271,12 @@ for path, r in runs:
     plt.tight_layout()
 
 # %% [markdown]
-# **What to observe.** One stage (no pipelining: each load waits for the previous `tl.dot`) reaches only about
-# 60% of the best; more stages stop paying once the latency is hidden. Small tiles lose more: a
-# 32 x 32 tile reads each element of `A` and `B` four times as often as a 128 x 128 tile (section 2 of lecture 2:
-# the traffic of a tiled matmul falls with the tile side). The autotuned config is within noise of the best
-# row; the vendor library (cuBLAS) is faster still, with tricks (TMA copies, warp specialisation) that lecture 6
-# shows.
+# **What to observe.** One stage (no pipelining: each load waits for the previous `tl.dot`) falls well short of
+# two or three (the percentages printed above); more stages stop paying once the latency is hidden. Small
+# tiles lose more: a 32 x 32 tile reads each element of `A` and `B` four times as often as a 128 x 128 tile
+# (lecture 2: the traffic of a tiled matmul falls as the tile side grows). The autotuned config is within
+# noise of the best row (lecture 5b measures that noise); the vendor library (cuBLAS) is faster still, with
+# tricks (TMA copies, warp specialisation) that lecture 6 shows.
 #
 # ## 5. Debugging in the interpreter
 #

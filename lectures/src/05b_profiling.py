@@ -109,7 +109,8 @@ if gpu is not None:
 # What lies between them matters:
 #
 # * **events around one call**: if the GPU was idle, `e0` is written at once and the GPU then waits for the
-#   host to finish launching `fn`: the launch cost (about 20 us for a Triton launch from Python) lands inside;
+#   host to finish launching `fn`: the launch's host time (tens of microseconds for a Triton launch from
+#   Python, lecture 9) lands inside;
 # * **`triton.testing.do_bench(fn)`**: runs `fn` for about 25 ms to warm up, then about 100 ms of calls, each
 #   between two events and each after zeroing a 256 MB buffer (an L2 flush, section 4); the GPU is still busy
 #   with the flush when the host launches `fn`, so the launch is hidden; it returns the median (ask for it:
@@ -130,6 +131,8 @@ if gpu is not None:
     for k, label in LABELS.items():
         print(f"{label:26s} {t['small'][k] * 1e3:11.1f} {t['large'][k] * 1e3:11.1f}  "
               f"{t['large']['bytes'] / t['large'][k] / 1e6:10.0f}")
+    print(f"small add: events around one call / do_bench = {t['small']['events_ms'] / t['small']['do_bench_ms']:.1f}x;"
+          f" large add: {t['large']['events_ms'] / t['large']['do_bench_ms']:.2f}x")
     fig, axes = plt.subplots(1, 2, figsize=(9, 2.8))
     for ax, size in zip(axes, ("small", "large")):
         ax.barh(list(LABELS.values()), [t[size][k] * 1e3 for k in LABELS], color="tab:blue")
@@ -139,11 +142,12 @@ if gpu is not None:
     plt.tight_layout()
 
 # %% [markdown]
-# **What to observe.** For the large add every synchronised method agrees within about ten percent (the host
-# clock also counts the launch and the synchronise): the kernel (about 190 us) dwarfs the launch. For the small one they do not: events around one call report the launch
-# (about 24 us) rather than the kernel (about 7 us), and the host clock says the same. `do_bench` and the graph
-# see the kernel itself (the graph adds its own small launch per replay). The rule: time a small kernel with
-# `do_bench` or a graph, never with one pair of events around one eager call; and report which.
+# **What to observe.** For the large add every synchronised method agrees to within the launch and the
+# synchronise that the host clock also counts: the kernel dwarfs them. For the small one they do not: events
+# around one call, like the host clock, report mostly the launch, a few times the kernel's own time (the ratio
+# printed under the table). `do_bench` and the graph see the kernel itself (the graph adds its own small launch
+# per replay). The rule: time a small kernel with `do_bench` or a graph, never with one pair of events around
+# one eager call; and report which.
 #
 # ## 4. Flush the cache: hot and cold data
 #
@@ -264,8 +268,9 @@ if gpu is not None:
 # (`benchmarks._common.profile_once` brackets it with `cudaProfilerStart/Stop`) and keeps the CSV:
 #
 # ```
-# ncu --csv --clock-control none --profile-from-start off --section SpeedOfLight --section MemoryWorkloadAnalysis \
-#     --section Occupancy --section LaunchStats -k regex:softmax_row python3 -m benchmarks.course.bench_primer --ncu-region
+# ncu --csv --clock-control none --profile-from-start off --section SpeedOfLight \
+#     --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats -k regex:softmax_row \
+#     python3 -m benchmarks.course.bench_primer --ncu-region
 # ```
 #
 # Here: the primer's one-row softmax on 8192 x 4096 fp16, launched with 4 and with 16 warps per program.
@@ -305,8 +310,8 @@ def metric(launch: str, name: str) -> float:
 # * **Duration** is the kernel alone on the GPU, with no launch and no event in it: a little shorter than
 #   `do_bench`'s median for the same launch (section 3's table).
 # * **DRAM Throughput** (%) is the fraction of the memory system's peak that the kernel kept busy, and the
-#   *Memory Throughput* in bytes per second is what reached DRAM. A memory-bound kernel should be near the top;
-#   70% is good for one launch of a few tens of microseconds (ramp-up and tail included).
+#   *Memory Throughput* in bytes per second is what reached DRAM. A memory-bound kernel should be near the top,
+#   less what its ramp-up and tail cost (a large share for one launch of a few tens of microseconds).
 # * **L2 Hit Rate**: the softmax reads each element once, so its hits are mostly the writes, which the L2
 #   absorbs and writes back later (some of them after the kernel ends).
 # * **Registers Per Thread** and **Occupancy**: more warps per program each hold fewer elements, but the
@@ -326,7 +331,8 @@ if launches:
     print(f"ncu's own DRAM bytes/s: {metric(first, 'Memory Throughput') / 1e12:.2f} TB/s "
           "(part of the output was still in L2 when the kernel ended)")
     print(f"16 warps instead of 4: Duration {metric(second, 'Duration') / metric(first, 'Duration'):.2f}x, "
-          f"achieved occupancy {metric(first, 'Achieved Occupancy'):.0f}% -> {metric(second, 'Achieved Occupancy'):.0f}%")
+          f"achieved occupancy {metric(first, 'Achieved Occupancy'):.0f}% -> "
+          f"{metric(second, 'Achieved Occupancy'):.0f}%")
 
 # %% [markdown]
 # **What to observe.** Counted by the bytes it must move, the softmax reaches about the copy bandwidth of

@@ -54,9 +54,9 @@ def ptx(name: str, constexprs: dict, num_warps: int = 4, num_stages: int = 3, al
         raise ValueError(f"name must be one of {sorted(SIGNATURES)}, got {name!r}")
     args = [f"{k}={int(v)}" for k, v in constexprs.items()]
     env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    res = subprocess.run([sys.executable, "-m", __name__, name, "--num-warps", str(num_warps), "--num-stages",
-                          str(num_stages), *(["--aligned"] if aligned else []), "--constexpr", *args], capture_output=True, text=True, env=env,
-                         timeout=timeout)
+    cmd = [sys.executable, "-m", __name__, name, "--num-warps", str(num_warps), "--num-stages", str(num_stages),
+           *(["--aligned"] if aligned else []), "--constexpr", *args]
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
     if res.returncode != 0:
         raise RuntimeError(f"compiling {name} for sm_90a failed:\n{res.stderr[-2000:]}")
     return res.stdout
