@@ -1,5 +1,4 @@
-"""Build the lecture notebooks: ``src/NN_topic.py`` (jupytext "percent" format) -> executed ``NN_topic.ipynb``
-(``NNa_topic.py``: a lecture read between NN and the next number).
+"""Build the lecture notebooks: ``src/NN_topic.py`` (jupytext "percent" format) -> executed ``NN_topic.ipynb``.
 
     python -m lectures.build                 # every lecture
     python -m lectures.build 03 flash        # the lectures whose file name contains "03" or "flash"
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -80,19 +78,13 @@ def coalesce_streams(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
     return nb
 
 
-def sources() -> list[Path]:
-    """Every lecture source, in reading order: ``NN_topic.py``, and ``NNa_topic.py`` for one read after lecture
-    NN (``05_`` sorts before ``05a_``, which sorts before ``05b_``)."""
-    return sorted(p for p in SRC.glob("[0-9][0-9]*_*.py") if re.match(r"\d\d[a-z]?_", p.name))
-
-
 def select(names) -> list[Path]:
-    sources_ = sources()
+    sources = sorted(SRC.glob("[0-9][0-9]*_*.py"))
     if not names:
-        return sources_
-    chosen = [p for p in sources_ if any(n in p.stem for n in names)]
+        return sources
+    chosen = [p for p in sources if any(n in p.stem for n in names)]
     if not chosen:
-        raise SystemExit(f"no lecture in {SRC} matches {names}; have {[p.stem for p in sources_]}")
+        raise SystemExit(f"no lecture in {SRC} matches {names}; have {[p.stem for p in sources]}")
     return chosen
 
 

@@ -8,7 +8,7 @@ from lectures import build
 
 pytestmark = pytest.mark.notebooks
 
-SOURCES = build.sources()
+SOURCES = sorted(build.SRC.glob("[0-9][0-9]*_*.py"))
 IDS = [p.stem for p in SOURCES]
 
 

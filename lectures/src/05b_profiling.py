@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from benchmarks._common import rotated_rounds
 from lectures._exercise import check_guess
 from lectures._plots import RESULTS, load_results, not_run, setup
 from reference.triton import DEVICE, INTERPRET
@@ -186,9 +185,22 @@ print(f"sum of 256 KiB: hot {hot:.1f} us, after a flush {cold:.1f} us ({cold / h
 # kernel right after a heavy one can start on a hot chip. So: take the **median** of many calls (not the mean,
 # which one slow call moves; not the minimum, which rewards luck), **repeat** the whole measurement, and when
 # comparing kernels time them in **rotated rounds**, so each is timed in every position of the order. The
-# course's `benchmarks._common.rotated_rounds` does it; here it is with a timer that only records the order:
+# course's benchmarks do it with `benchmarks._common.rotated_rounds`, whose order rule is this: rounds
+# alternate between the listed and the reversed order, and every second round rotates it by one more place, so
+# each kernel is timed twice in every position and behind at least two different ones.
 
 # %%
+def rotated_rounds(fns: dict, rounds: int, timer) -> dict:
+    """``{name: [timer(fn) of each round]}``, the functions taken in the order rule above."""
+    names, out = list(fns), {k: [] for k in fns}
+    for i in range(rounds):
+        order = names if i % 2 == 0 else names[::-1]
+        shift = (i // 2) % len(names)
+        for name in order[shift:] + order[:shift]:
+            out[name].append(timer(fns[name]))
+    return out
+
+
 order = []
 rotated_rounds({k: k for k in ("add", "softmax", "matmul")}, 6, lambda name: order.append(name) or 0.0)
 for i in range(6):
@@ -353,7 +365,7 @@ if gpu is not None:
 #
 # Below, `time_kernel` follows this lecture's rules: warm-up calls, a synchronise around each timed call (on a
 # GPU; a CPU call is synchronous), the median of many calls, and several rounds rotated between the functions
-# compared. On a GPU, replace its inner timer by `triton.testing.do_bench` (it also flushes L2).
+# compared (section 5's `rotated_rounds`). On a GPU, replace its inner timer by `triton.testing.do_bench` (it also flushes L2).
 #
 # 1. Set `mine` to your `softmax` from a3 (copy the cells that define it, or import your notebook's code) —
 #    until then it is the primer's one-row softmax.
