@@ -1,8 +1,10 @@
 """Check and time the Triton primer's kernels on a GPU, with every timer lectures 05a and 05b compare.
 
     python3 -m benchmarks.course.bench_primer --out DIR     # -> DIR/<gpu>-primer.json
-    ncu --csv --clock-control none --profile-from-start off -k regex:softmax_row \\
-        python3 -m benchmarks.course.bench_primer --ncu-region           # the softmax, once per num_warps
+    ncu --csv --clock-control none --profile-from-start off --section SpeedOfLight \\
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats -k regex:softmax_row \\
+        python3 -m benchmarks.course.bench_primer --ncu-region > raw.txt   # the softmax with 4 and 16 warps
+    grep '^"' raw.txt > <gpu>-softmax-ncu.csv                              # ncu's own lines dropped
 
 What it records (``reference.triton.primer``'s kernels; float64 torch as the oracle, fresh random inputs, outputs
 poisoned with NaN before each check):
