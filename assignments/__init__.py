@@ -31,6 +31,12 @@ GRADED = {
     "a7_gluon": ("flash_attention_forward_pingpong",),
 }
 
+#: ungraded warm-up functions (``autograder`` spec ``warmups``): the student writes each, with its own ``check()``
+#: cell of visible cases, before the graded parts; the grader never runs them
+WARMUP = {
+    "a3_triton": ("scale_rows",),
+}
+
 #: the functions the student writes, where they are not the graded names: a7's graded name is the given host
 #: wrapper ``flash_attention_forward_pingpong`` that launches a kernel whose ping-pong turn the student writes. The
 #: student notebook stubs each of these (``raise NotImplementedError("Implement <name>")``, checked by

@@ -172,7 +172,7 @@ def build(out: Path, exclude=()) -> Path:
 
 def _select(exclude):
     """The lecture notebooks and assignment ids left after ``exclude``; an unknown name is an error."""
-    lectures = sorted((REPO / "lectures").glob("[0-9][0-9]_*.ipynb"))
+    lectures = sorted(p for p in (REPO / "lectures").glob("[0-9][0-9]*_*.ipynb") if re.match(r"\d\d[a-z]?_", p.name))
     names = [nb.stem for nb in lectures] + list(ASSIGNMENTS)
     drop = set()
     for x in exclude:
@@ -202,7 +202,9 @@ def _norm(line: str) -> str:
 
 def solution_regions() -> list:
     """``(aid, function, lines)`` for every SOLUTION region of every solution source: its normalised lines of
-    at least 12 characters (``return o`` is no evidence)."""
+    at least 12 characters (``return o`` is no evidence). An ungraded warm-up (``assignments.WARMUP``: the
+    function and its kernel ``_<name>_kernel``) is left out: lecture 5a teaches the same few lines on purpose."""
+    from . import WARMUP
     from .generate import BEGIN, END, _enclosing_name
     out = []
     for aid in ASSIGNMENTS:
@@ -216,7 +218,8 @@ def solution_regions() -> list:
                 while lines[j].strip() != END:
                     j += 1
                 body = [n for n in (_norm(x) for x in lines[i + 1:j]) if len(n) >= 12]
-                if len(body) >= MIN_LINES:
+                warmup = {w for n in WARMUP.get(aid, ()) for w in (n, f"_{n}_kernel")}
+                if len(body) >= MIN_LINES and name not in warmup:
                     out.append((aid, name, body))
                 i = j
             i += 1
@@ -287,7 +290,7 @@ def strip_leaks(notebook: str, regions) -> str:
 
 # each assignment comes after the lecture it needs (the reading path of the repository's README)
 _AFTER = {"a1_attention": "01_softmax", "a2_flash_numpy": "04_backward_recomputation",
-          "a3_triton": "05_triton_kernels", "a3b_triton_backward": "05_triton_kernels", "a4_decoding": "07_decoding",
+          "a3_triton": "05b_profiling", "a3b_triton_backward": "05b_profiling", "a4_decoding": "07_decoding",
           "a5_paged": "08_paged_attention", "a6_ring": "10_ring_attention"}
 
 

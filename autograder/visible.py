@@ -49,12 +49,12 @@ def framework(task_id: str) -> str:
 
 def tasks(assignment: str) -> dict:
     """``{task_id: function name}`` of the graded functions of ``assignment`` (an id or a short id) that have
-    visible cases, in the spec's order."""
+    visible cases, in the spec's order (an ungraded warm-up is checked in the notebook only, not here)."""
     if released():
         from .specs import resolve
         aid = resolve(assignment)
         return {tid: info.get("name", tid.split(".", 1)[1]) for tid, info in _index()["tasks"].items()
-                if info["assignment"] == aid}
+                if info["assignment"] == aid and not info.get("warmup")}
     from . import specs
     spec = specs.load(assignment)
     return {tid: t.name for tid, t in spec.tasks.items()
@@ -101,8 +101,9 @@ def export(folder, seed=0) -> list:
         spec = specs.load(aid)
         rng = np.random.default_rng(seed)
         rows, blobs = [], {}
-        for task_id, task in spec.tasks.items():
-            index["tasks"][task_id] = {"assignment": aid, "framework": task.framework, "name": task.name}
+        for task_id, task in {**spec.tasks, **spec.warmups}.items():
+            index["tasks"][task_id] = {"assignment": aid, "framework": task.framework, "name": task.name,
+                                       **({"warmup": True} if task_id in spec.warmups else {})}
             for c in cases(task_id, rng):
                 if c.call is None:               # compile-only checks and "needs sm_90" rows: not stored
                     continue

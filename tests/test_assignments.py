@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from assignments import ASSIGNMENTS, GRADED, written
+from assignments import ASSIGNMENTS, GRADED, WARMUP, written
 from assignments import generate as gen
 from tests.common_numpy import load_solution as _load_solution
 
@@ -60,6 +60,8 @@ SIGNATURES = {
     "_turn_phase": "(r, WG)",
     "_take_turn": "(turn_bars, WG, r)",
     "_give_turn": "(turn_bars, WG)",
+    # ungraded warm-ups (assignments.WARMUP)
+    "scale_rows": "(x, s)",
 }
 
 
@@ -113,9 +115,9 @@ def test_student_notebook_has_no_solution_text(aid):
     # every function the student writes is stubbed (assignments.WRITTEN, else the graded names), and there is a
     # check cell for every graded name
     short = ASSIGNMENTS[aid]
-    for name in written(aid):
+    for name in written(aid) + WARMUP.get(aid, ()):
         assert f'NotImplementedError("Implement {name}' in code, name
-    for name in GRADED[aid]:
+    for name in GRADED[aid] + WARMUP.get(aid, ()):
         assert any(f'check("{short}.{name}", {name})' in c.source and "check" in c.metadata.get("tags", [])
                    for c in nb.cells if c.cell_type == "code"), f"no check cell for {name}"
 
@@ -124,7 +126,7 @@ def test_student_notebook_has_no_solution_text(aid):
 @pytest.mark.parametrize("aid", AIDS)
 def test_solution_defines_graded_names_with_spec_signatures(aid, tmp_path):
     module = _load_solution(aid, tmp_path)
-    for name in dict.fromkeys(GRADED[aid] + written(aid)):
+    for name in dict.fromkeys(GRADED[aid] + written(aid) + WARMUP.get(aid, ())):
         assert hasattr(module, name), f"{aid} does not define {name}"
         want = SIGNATURES[name]
         want = want[aid] if isinstance(want, dict) else want
@@ -218,7 +220,7 @@ def _check_results(nb) -> list:
 def test_solution_notebook_passes_visible_checks(aid, tmp_path):
     nb = _execute(gen.render(aid, student=False), tmp_path)
     results = _check_results(nb)
-    assert len(results) == len(GRADED[aid])
+    assert len(results) == len(GRADED[aid]) + len(WARMUP.get(aid, ()))
     for shown, text in results:
         assert shown == "True", text
 
@@ -228,6 +230,6 @@ def test_solution_notebook_passes_visible_checks(aid, tmp_path):
 def test_student_notebook_runs_with_checks_not_implemented(aid, tmp_path):
     nb = _execute(gen.student_path(aid).read_text(encoding="utf-8"), tmp_path)
     results = _check_results(nb)
-    assert len(results) == len(GRADED[aid])
+    assert len(results) == len(GRADED[aid]) + len(WARMUP.get(aid, ()))
     for shown, text in results:
         assert shown == "False" and ("not implemented" in text or "NotImplementedError" in text), text

@@ -9,8 +9,10 @@
 # [conventions box](../../lectures/04_backward_recomputation.ipynb#conventions) fixes the units (`lse` in
 # natural log at every API, `exp2` inside the kernels).
 #
-# Three parts (and an optional fourth), each with its own functions, its own `check()` cell and its own lines
-# in the grade (a bug in one part costs only that part's points):
+# Start with the **warm-up** (not graded, 0 points): a first kernel with its own `check()` cell, to get the
+# launch, the pointers and the masks right before anything counts; lecture 5a (the Triton primer) teaches
+# what it needs. Then three parts (and an optional fourth), each with its own functions, its own `check()`
+# cell and its own lines in the grade (a bug in one part costs only that part's points):
 # 1. `softmax(x)` -- a fused row softmax (one HBM read and one write per element);
 # 2. `flash_attention_forward_basic(q, k, v, scale=None) -> (o, lse)` -- the FA2 forward kernel without a mask
 #    and with one kv head per query head: the online softmax over key tiles, ragged `N` (no multiple of the
@@ -39,6 +41,52 @@
 # %% given="triton_setup"
 
 # %% given="attention_inputs"
+
+# %% [markdown]
+# ## Warm-up (not graded) -- scale each row
+#
+# `scale_rows(x, s)` returns `y` with `y[i, j] = s[i] * x[i, j]` for a float32 `x (rows, cols)` and
+# `s (rows,)`. Write `_scale_rows_kernel` with a 2-d grid `(rows, cdiv(cols, BLOCK))`: program `(i, c)` loads
+# the one scale `s[i]` and the columns `[c * BLOCK, (c + 1) * BLOCK)` of row `i`, masked at the ragged end of
+# the row, and stores their product. Then the wrapper: allocate `y`, launch, return it. What you need:
+# `tl.program_id(axis)`, `tl.arange`, `tl.load`/`tl.store` with `mask=`, and the row stride
+# (`x.stride(0)`); lecture 5a, sections 1-2. The `check()` below runs three visible cases (a ragged row, a row
+# longer than one block, a single element); the grader never runs this function.
+
+# %%
+@triton.jit
+def _scale_rows_kernel(x_ptr, s_ptr, y_ptr, n_cols, stride_x, stride_y, BLOCK: tl.constexpr):
+    """``y[i, cols] = s[i] * x[i, cols]`` for row ``i = program_id(0)`` and column block ``program_id(1)``."""
+    ### BEGIN SOLUTION
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < n_cols
+    scale = tl.load(s_ptr + row)
+    values = tl.load(x_ptr + row * stride_x + cols, mask=inside)
+    tl.store(y_ptr + row * stride_y + cols, scale * values, mask=inside)
+    ### END SOLUTION
+
+
+def scale_rows(x, s):
+    """``s[:, None] * x`` by ``_scale_rows_kernel``, for a float32 ``x (rows, cols)`` and ``s (rows,)``."""
+    if not (isinstance(x, torch.Tensor) and isinstance(s, torch.Tensor)) or x.dim() != 2 \
+            or s.shape != (x.shape[0],):
+        raise ValueError(f"x must be (rows, cols) and s (rows,), got {tuple(getattr(x, 'shape', ()))} and "
+                         f"{tuple(getattr(s, 'shape', ()))}")
+    x = x.contiguous()
+    ### BEGIN SOLUTION
+    y = torch.empty_like(x)
+    block = 256
+    _scale_rows_kernel[(x.shape[0], triton.cdiv(x.shape[1], block))](x, s, y, x.shape[1], x.stride(0), y.stride(0),
+                                                                     BLOCK=block)
+    return y
+    ### END SOLUTION
+
+
+# %% tags=["check"]
+from autograder.check import check
+
+check("a3.scale_rows", scale_rows)
 
 # %% [markdown]
 # ## Part 1 -- fused softmax

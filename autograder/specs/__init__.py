@@ -22,11 +22,12 @@ def load(name: str):
 
 
 def find_task(task_id: str):
-    """``"a2.flash_attention_forward"`` -> (spec, task)."""
+    """``"a2.flash_attention_forward"`` -> (spec, task); a warm-up task (``Spec.warmups``) is found too."""
     if not isinstance(task_id, str) or "." not in task_id:
         raise ValueError(f"task_id must look like 'a1.attention', got {task_id!r}")
     short = task_id.split(".", 1)[0]
     spec = load(short)
-    if task_id not in spec.tasks:
-        raise ValueError(f"unknown task {task_id!r}; {spec.id} has {', '.join(spec.tasks)}")
-    return spec, spec.tasks[task_id]
+    known = {**spec.tasks, **spec.warmups}
+    if task_id not in known:
+        raise ValueError(f"unknown task {task_id!r}; {spec.id} has {', '.join(known)}")
+    return spec, known[task_id]

@@ -164,9 +164,13 @@ class Spec:
     total_timeout: float = 900.0
     address_space: int = 3 << 30     # RLIMIT_AS of the child when grading on CPU (NumPy children)
     rss_limit: int = 3 << 29         # the parent kills a child whose processes hold more resident memory
+    # ungraded warm-up functions: ``check()`` runs their visible cases (``warmup_tests``, 0 points, no hidden
+    # cases), while the grader, which reads ``tasks`` and ``tests`` only, never sees them
+    warmups: dict = field(default_factory=dict)
+    warmup_tests: list = field(default_factory=list)
 
     def tests_of(self, task_id):
-        return [t for t in self.tests if t.task == task_id]
+        return [t for t in self.tests + self.warmup_tests if t.task == task_id]
 
     @property
     def max_points(self) -> float:

@@ -7,6 +7,7 @@ outside the denominator (``Test.optional``: ``max_bonus``, not ``max_score``).
 Without a GPU the kernels run in the Triton interpreter on small shapes and the speed tests are "not run"
 (excluded from max_score). Required points total 100 on a GPU (80 without one), plus up to 10 bonus points
 (``score 80 / 80 (100.0%) + 7 / 7 bonus`` on CPU). Each graded call must launch at least one Triton kernel.
+An ungraded warm-up (``scale_rows``, ``Spec.warmups``) has visible cases for ``check()`` and nothing else.
 Tiles: at most ``MAX_TILE`` = 64 (BLOCK_M, BLOCK_N; the softmax's column block at most 4096, FP8 64 x 128);
 hidden lengths reach 2-3 tiles plus a ragged tail.
 """
@@ -40,6 +41,21 @@ def build_softmax(p, rng):
 
 def oracle_softmax(call):
     return [oracles.softmax(call.args[0].value)]
+
+
+def build_scale_rows(p, rng):
+    """The warm-up: ``x (rows, cols)`` float32 and one scale per row ``s (rows,)``."""
+    x = randn(rng, p["shape"], "float32")
+    s = randn(rng, (p["shape"][0],), "float32")
+    c = Call([arr(x, "float32"), arr(s, "float32")], {},
+             [out("y", "float32", TOL_TRITON["float32"], "torch", dtypes=("float32",))])
+    c.arg_names = ["x", "s"]
+    return c
+
+
+def oracle_scale_rows(call):
+    x, s = (np.asarray(a.value, dtype=np.float64) for a in call.args)
+    return [x * s[:, None]]
 
 
 _att, _v = triton_case, triton_visible
@@ -138,6 +154,16 @@ TESTS = [
     *fp8_tests(SHORT),
 ]
 
+# The ungraded warm-up (``Spec.warmups``): the first Triton kernel a student writes, checked by ``check()`` on
+# visible cases only; 0 points, no hidden cases, never run by the grader. Ragged rows and columns, a row longer
+# than one column block, a single element.
+WARMUP_TESTS = [
+    Test(f"{SHORT}.scale_rows: warm-up (not graded)", f"{SHORT}.scale_rows", 0,
+         [dict(shape=(3, 50)), dict(shape=(5, 1000)), dict(shape=(1, 1))]),
+]
+WARMUPS = {"a3.scale_rows": Task("a3.scale_rows", "scale_rows", build_scale_rows, oracle_scale_rows,
+                                 framework="torch", case_timeout=60)}
+
 TASKS = {
     "a3.softmax": Task("a3.softmax", "softmax", build_softmax, oracle_softmax, framework="torch",
                        reference="reference.triton:softmax", case_timeout=120,
@@ -155,4 +181,4 @@ TASKS = {
 
 ASSIGNMENT = Spec("a3_triton", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
             address_space=8 << 30, rss_limit=4 << 30,
-            load_timeout=120, total_timeout=1200)
+            load_timeout=120, total_timeout=1200, warmups=WARMUPS, warmup_tests=WARMUP_TESTS)

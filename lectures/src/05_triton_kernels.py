@@ -8,7 +8,8 @@
 # the seeds' two steps — thread-block-level and warp-level parallelism — then runs the course's Triton kernels
 # (`reference.triton`) on tiny shapes in Triton's CPU interpreter, and shows GPU results when they exist.
 #
-# **Reading path:** lecture 4 → this lecture → assignment `a3_triton` (the forward) and `a3b_triton_backward` (the backward) → lecture 6.
+# **Reading path:** lecture 4 → this lecture → lecture 5a (a Triton primer) and 5b (timing and profiling) →
+# assignment `a3_triton` (the forward) and `a3b_triton_backward` (the backward) → lecture 6.
 
 # %%
 import inspect
