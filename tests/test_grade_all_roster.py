@@ -148,7 +148,7 @@ def test_gpus_option_and_visible_gpus():
 
 def test_grade_many_spreads_gradings_over_the_gpus(tmp_path, monkeypatch):
     """Each grading process gets one GPU (``CUDA_VISIBLE_DEVICES``), the least busy when it starts: 4 workers
-    on 2 GPUs run 2 gradings per GPU at a time, never 3 on one."""
+    on 2 GPUs at most 2 gradings share a GPU at a time, never 3."""
     running, most, seen, lock = {"0": 0, "1": 0}, {"0": 0, "1": 0}, [], threading.Lock()
 
     def fake(assignment, path, json_path, device="auto", timeout=None, extra=(), gpu=None):
