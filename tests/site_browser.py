@@ -96,15 +96,16 @@ def console_errors(driver) -> list[str]:
 
 
 def wait_loaded(driver, timeout: float = 20.0) -> None:
-    """Until the document, its images and (where the page has math) MathJax's typesetting are done."""
+    """Until the document and its images are loaded and MathJax (when the page loaded it) has typeset."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     WebDriverWait(driver, timeout).until(lambda d: d.execute_script(
-        "return document.readyState === 'complete'"
-        " && Array.from(document.images).every(i => i.complete)"
-        " && (!document.querySelector('.math') || (window.MathJax && MathJax.startup"
-        "     && MathJax.startup.promise && document.querySelector('mjx-container') !== null))"))
-    driver.execute_script("return window.MathJax && MathJax.startup ? MathJax.startup.promise : null")
+        "return document.readyState === 'complete' && Array.from(document.images).every(i => i.complete)"))
+    driver.set_script_timeout(timeout)
+    driver.execute_async_script(  # MathJax's script is async: the load event waits for it, its typesetting not
+        "const done = arguments[arguments.length - 1];"
+        "const p = window.MathJax && MathJax.startup && MathJax.startup.promise;"
+        "if (p) p.then(() => done(true), () => done(false)); else done(null);")
 
 
 def screenshots(site: Path, out: Path, lecture: str = "lectures/03_flashattention_numpy.html") -> list[Path]:

@@ -37,6 +37,9 @@ html_theme = "sphinx_book_theme"
 html_title = "Fast attention"
 html_static_path = ["_static"]
 html_css_files = ["course.css"]
+html_favicon = "favicon.svg"  # without one, browsers ask the host for /favicon.ico and log a 404
+# The theme's light/dark switch starts from this mode; left empty, its script logs an error on a first visit.
+html_context = {"default_mode": "auto"}
 html_last_updated_fmt = None
 html_show_sourcelink = False
 html_copy_source = False

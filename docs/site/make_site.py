@@ -119,11 +119,12 @@ def notebook_markdown(nb: dict) -> list[str]:
             for c in nb["cells"] if c["cell_type"] == "markdown"]
 
 
-OBJECTIVES = re.compile(r"^#{1,6}\s*(learning )?objectives\b.*$", re.IGNORECASE | re.MULTILINE)
+# "## Learning objectives", "**Objectives.** After this lecture you can:", "Learning objectives:" ...
+OBJECTIVES = re.compile(r"^[#*_\s]*(?:learning\s+)?objectives\b.*$", re.IGNORECASE | re.MULTILINE)
 
 
 def objectives_of(nb: dict) -> list[str]:
-    """The bullet list under a heading "Learning objectives" (or "Objectives"), if the lecture has one."""
+    """The list under a "Learning objectives" (or "Objectives") heading or bold line, if the lecture has one."""
     for text in notebook_markdown(nb):
         m = OBJECTIVES.search(text)
         if not m:
@@ -133,7 +134,9 @@ def objectives_of(nb: dict) -> list[str]:
             b = re.match(r"\s*(?:[-*+]|\d+[.)])\s+(.*)", line)
             if b:
                 items.append(b[1].strip())
-            elif items and line.startswith((" ", "\t")) and line.strip():
+            elif not line.strip():
+                continue
+            elif items and line.startswith((" ", "\t")):
                 items[-1] += " " + line.strip()
             elif items or line.startswith("#"):
                 break
@@ -195,8 +198,17 @@ class Linker:
         return f"[{text}]({self.settings.blob(full, abs_path.is_dir())}{anchor})"
 
     def rewrite(self, page: str, text: str) -> str:
+        code: list[str] = []  # code is set aside (links inside it are left alone), links around it are not
+
+        def hide(m: re.Match) -> str:
+            code.append(m[0])
+            return f"\x00{len(code) - 1}\x00"
+
+        def show(s: str) -> str:
+            return re.sub(r"\x00(\d+)\x00", lambda m: code[int(m[1])], s)
+
         def link(m: re.Match) -> str:
-            new = self.resolve(page, m["target"], m["text"], bool(m["bang"]))
+            new = self.resolve(page, m["target"], show(m["text"]), bool(m["bang"]))
             return m[0] if new is None else new
 
         def attr(m: re.Match) -> str:
@@ -209,14 +221,7 @@ class Linker:
             url = re.search(r"\(([^)]*)\)$", new)
             return f'{m["attr"]}={m["q"]}{url[1] if url else t}{m["q"]}'
 
-        code: list[str] = []  # code is set aside (links inside it are left alone), links around it are not
-
-        def hide(m: re.Match) -> str:
-            code.append(m[0])
-            return f"\x00{len(code) - 1}\x00"
-
-        hidden = HTML_ATTR.sub(attr, LINK.sub(link, CODE.sub(hide, text)))
-        return re.sub(r"\x00(\d+)\x00", lambda m: code[int(m[1])], hidden)
+        return show(HTML_ATTR.sub(attr, LINK.sub(link, CODE.sub(hide, text))))
 
 
 # --------------------------------------------------------------------------------------------- staging
