@@ -18,7 +18,7 @@ project = "Fast attention, from NumPy to PagedAttention"
 author = "the course authors"
 copyright = "the course authors"
 
-extensions = ["myst_nb"]
+extensions = ["myst_nb", "sphinx.ext.githubpages"]  # githubpages: writes .nojekyll, so Pages serves _static/
 
 # The notebooks are built with their committed outputs: nothing is executed.
 nb_execution_mode = "off"
