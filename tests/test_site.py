@@ -53,6 +53,8 @@ def _fake_repo(root: Path, lecture_md: str = "", docs_md: str = "") -> Path:
         "docs/notes.md": docs_md or "# Notes\n\n## The part\n\n[lecture](../lectures/00_intro.ipynb) "
                                     "![plot](../benchmarks/results/cpu-x.png) `[in code](nowhere.md)`\n",
         "docs/quiz_answers.md": "# Answers\n\nsecret\n",
+        "docs/design.md": "# Design\n",
+        "docs/results.md": "# Measured numbers\n",
         "assignments/README.md": "# Assignments\n\n[a1](a1/)\n",
         "assignments/a1/README.md": "# A1\n\nOpen [`a1.ipynb`](a1.ipynb); the [solution](a1_solution.py).\n",
         "assignments/a1/a1.ipynb": json.dumps(_notebook("# a1 stub")),
@@ -101,6 +103,7 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert "1. [Lecture 0 - Intro](lectures/00_intro.ipynb)\n2. [Lecture 1 - More](lectures/01_more.ipynb)" in landing
     assert ":caption: Lectures\n\nReading path <lectures/README>\nlectures/00_intro\nlectures/01_more\n" in landing
     assert "Answers" not in landing and "{{" not in landing
+    assert "```{figure} ../benchmarks/results/cpu-x.png" in (stage / "docs/results.md").read_text()
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -278,7 +281,7 @@ def test_navigation_reaches_every_lecture_from_the_landing_page(browser, base_ur
     visited = []
     for _ in range(200):
         nxt = browser.find_elements(By.CSS_SELECTOR, "a.right-next")
-        if not nxt:
+        if not nxt or set(want) <= set(visited):
             break
         browser.execute_script("arguments[0].scrollIntoView()", nxt[0])
         nxt[0].click()

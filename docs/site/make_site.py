@@ -290,22 +290,21 @@ def toctree(caption: str, docs: list[str]) -> str:
 
 
 def render_landing(repo: Path, sources: Sources, titles: dict[str, str], settings: Settings) -> str:
+    """docs/site/index.md with its {{ ... }} lists filled from what was discovered, plus the navigation."""
     template = (CONF_DIR / "index.md").read_text()
     quizzes = [p for p in sources.lecture_pages + sources.documents if "quiz" in p.lower()]
     lecture_pages = [p for p in sources.lecture_pages if p not in quizzes]
     documents = [p for p in sources.documents if p not in quizzes]
     syllabus = [p for p in documents if Path(p).stem.lower() == "syllabus"]
-    lectures = md_list([(titles[p], p) for p in sources.lectures], ordered=True)
-    assignments = md_list([(titles[p], p) for p in sources.assignments if p != "assignments/README.md"])
-    instructor = [(titles[p], p) for p in syllabus + quizzes]
-    instructor += [(titles[p], p) for p in documents if p not in syllabus]
+    first = sources.lectures[0]
     replacements = {
-        "{{ lectures }}": lectures,
-        "{{ assignments }}": assignments,
-        "{{ instructor }}": md_list(instructor),
+        "{{ first_lecture }}": f"[the first one]({first})",
+        "{{ lectures }}": md_list([(titles[p], p) for p in sources.lectures], ordered=True),
+        "{{ assignments }}": md_list([(titles[p], p) for p in sources.assignments]),
+        "{{ documents }}": md_list([(titles[p], p) for p in syllabus + quizzes
+                                     + [d for d in documents if d not in syllabus]]),
         "{{ repository }}": settings.repository,
-        "{{ syllabus }}": (f"Start from the [syllabus]({syllabus[0]}): the week plan, what each week needs (CPU or "
-                           f"GPU) and the prerequisites." if syllabus else ""),
+        "{{ instructor_start }}": f"The [syllabus]({syllabus[0]}): the week plan." if syllabus else "",
     }
     for k, v in replacements.items():
         template = template.replace(k, v)
