@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from assignments.release import REMOVED, solution_regions, strip_leaks
 from tests import site_browser
 
 pytestmark = pytest.mark.site
@@ -84,7 +85,8 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert "{download}`Download the notebook <../_notebooks/lectures/00_intro.ipynb>`" in first
     assert ("[Open in Colab](https://colab.research.google.com/github/acme/course/blob/main/lectures/00_intro.ipynb)"
             in first)
-    assert (stage / "_notebooks/lectures/00_intro.ipynb").read_bytes() == (repo / "lectures/00_intro.ipynb").read_bytes()
+    assert json.loads((stage / "_notebooks/lectures/00_intro.ipynb").read_text()) == json.loads(
+        (repo / "lectures/00_intro.ipynb").read_text())
     assert ms.objectives_of(nb) == ["explain the online softmax", "derive the merge rule of two states"]
     assert ms.objectives_of(json.loads((stage / "lectures/01_more.ipynb").read_text())) == []
     # a page keeps its relative link (and anchor); a file the site does not carry goes to the repository
@@ -104,6 +106,27 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert ":caption: Lectures\n\nReading path <lectures/README>\nlectures/00_intro\nlectures/01_more\n" in landing
     assert "Answers" not in landing and "{{" not in landing
     assert "```{figure} ../benchmarks/results/cpu-x.png" in (stage / "docs/results.md").read_text()
+
+
+def test_graded_code_is_filtered_from_lectures_and_stops_a_page(tmp_path):
+    """The site shows the lectures as the student release ships them; a README showing a solution fails."""
+    solution = (ROOT / "assignments/a2_flash_numpy/a2_flash_numpy_solution.py").read_text()
+    graded = solution.split("### BEGIN SOLUTION", 1)[1].split("### END SOLUTION", 1)[0]
+    repo = _fake_repo(tmp_path / "repo")
+    nb = json.loads((repo / "lectures/01_more.ipynb").read_text())
+    nb["cells"][-1]["outputs"] = [{"output_type": "stream", "name": "stdout", "text": graded}]
+    (repo / "lectures/01_more.ipynb").write_text(json.dumps(nb))
+    stage = tmp_path / "stage"
+    ms.stage(stage, repo)
+    for staged in (stage / "lectures/01_more.ipynb", stage / "_notebooks/lectures/01_more.ipynb"):
+        out = json.loads(staged.read_text())["cells"][-1]["outputs"]
+        assert out[0]["text"].startswith(REMOVED.split("(")[0]), staged
+    assert not any(graded.strip().splitlines()[0].strip() in p.read_text(errors="ignore")
+                   for p in stage.rglob("*") if p.is_file())
+    with (repo / "docs/notes.md").open("a") as f:
+        f.write("\n```python\n" + graded + "\n```\n")
+    with pytest.raises(ms.SiteError, match="docs/notes.md shows graded code"):
+        ms.stage(stage, repo)
 
 
 @pytest.mark.parametrize("bad, why", [
@@ -189,7 +212,8 @@ def _page(path: str) -> str:
 
 
 def test_every_lecture_has_a_page_with_its_download_and_colab_links(site):
-    settings = ms.load_settings(ROOT)
+    """Each lecture's page, its download (the notebook as the student release ships it) and its Colab link."""
+    settings, regions = ms.load_settings(ROOT), solution_regions()
     for path in _lectures():
         html = (site / _page(path)).read_text()
         nb = json.loads((ROOT / path).read_text())
@@ -197,7 +221,8 @@ def test_every_lecture_has_a_page_with_its_download_and_colab_links(site):
         assert title and f"<title>{title}" in html.replace("&#8212;", "—"), path
         link = re.search(r'<a class="reference download internal"[^>]*href="([^"]+)"', html)
         assert link, f"{path}: no download link"
-        assert (site / Path(path).parent / link[1]).resolve().read_bytes() == (ROOT / path).read_bytes()
+        shipped = (site / Path(path).parent / link[1]).resolve().read_text()
+        assert shipped == strip_leaks((ROOT / path).read_text(), regions), f"{path}: not the release's notebook"
         colab = settings.colab(path)
         assert colab is None or f'href="{colab}"' in html, path
     # the results page shows every committed plot

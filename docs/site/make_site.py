@@ -2,9 +2,10 @@
 
 Three steps:
 1. Stage: copy what the repository holds into `build/site-src/` with the repository's own layout: the executed
-   lecture notebooks (their committed outputs; nothing is executed), every Markdown page under `lectures/` and
-   `docs/`, the assignments' READMEs (never a solution file), and the landing page rendered from
-   `docs/site/index.md`. Pages are found by globbing, so a new lecture or document gets a page without an edit
+   lecture notebooks (their committed outputs, nothing executed, filtered as the student release filters them:
+   an output that shows graded code is replaced by a note), every Markdown page under `lectures/` and `docs/`,
+   the assignments' READMEs (never a solution file; a page that shows graded code stops the build), and the
+   landing page rendered from `docs/site/index.md`. Pages are found by globbing, so a new lecture or document gets a page without an edit
    here. Each lecture gets a "download the notebook" and an "open in Colab" line under its title. Every relative
    link is checked against the repository: a link to a page stays a link, an image is copied in, a file the site
    does not carry becomes a link to it in the repository (`[tool.course-site] repository` in pyproject.toml), a
@@ -33,11 +34,16 @@ from urllib.parse import unquote, urlsplit
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = Path(__file__).resolve().parent
+if str(REPO) not in sys.path:  # run as a script: `assignments` (the release's leak filter) is not installed
+    sys.path.insert(1, str(REPO))
+
+from assignments.release import find_leaks, solution_regions, strip_leaks  # noqa: E402
+
 PLACEHOLDER_REPOSITORY = "https://github.com/OWNER/attention-course"
 # Files that never become pages: instructor answers, solutions, private notes.
 PRIVATE = re.compile(r"answer|solution|private", re.IGNORECASE)
 IMAGE_SUFFIXES = {".png", ".svg", ".jpg", ".jpeg", ".gif", ".webp"}
-NOTEBOOK_DIR = "_notebooks"  # originals offered for download, excluded from the pages in conf.py
+NOTEBOOK_DIR = "_notebooks"  # the notebooks offered for download, excluded from the pages in conf.py
 
 
 class SiteError(Exception):
@@ -237,10 +243,16 @@ def lecture_header(path: str, settings: Settings) -> str:
     return "\n\n```{container} course-links\n" + " · ".join(parts) + "\n```\n"
 
 
-def stage_lecture(path: str, linker: Linker, settings: Settings) -> dict:
-    nb = json.loads((linker.repo / path).read_text())
+def stage_lecture(path: str, linker: Linker, settings: Settings, regions: list) -> dict:
+    """The lecture as the student release ships it (an output that shows graded code replaced by a note),
+    offered for download as it is and staged as a page with its links rewritten and the links line added."""
+    try:
+        shipped = strip_leaks((linker.repo / path).read_text(), regions)
+    except ValueError as e:
+        raise SiteError(f"{path}: {e}") from None
     (linker.stage / NOTEBOOK_DIR / path).parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(linker.repo / path, linker.stage / NOTEBOOK_DIR / path)
+    (linker.stage / NOTEBOOK_DIR / path).write_text(shipped)
+    nb = json.loads(shipped)
     header_done = False
     for cell in nb["cells"]:
         if cell["cell_type"] != "markdown":
@@ -325,12 +337,16 @@ def stage(stage_dir: Path, repo: Path = REPO, settings: Settings | None = None) 
         shutil.rmtree(stage_dir)
     stage_dir.mkdir(parents=True)
     linker = Linker(repo, stage_dir, sources, settings)
+    regions = solution_regions()
     titles = {}
     for path in sources.lectures:
-        nb = stage_lecture(path, linker, settings)
+        nb = stage_lecture(path, linker, settings, regions)
         titles[path] = title_of("\n".join(notebook_markdown(nb)), Path(path).stem)
     for path in sources.lecture_pages + sources.assignments + sources.documents:
         text = (repo / path).read_text()
+        leaks = find_leaks(text, regions)
+        if leaks:
+            raise SiteError(f"{path} shows graded code ({', '.join(leaks)}): the site would publish a solution")
         titles[path] = title_of(text, Path(path).stem)
         text = linker.rewrite(path, text)
         if path == "docs/results.md":
