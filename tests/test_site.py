@@ -54,6 +54,7 @@ def _fake_repo(root: Path, lecture_md: str = "", docs_md: str = "") -> Path:
         "docs/notes.md": docs_md or "# Notes\n\n## The part\n\n[lecture](../lectures/00_intro.ipynb) "
                                     "![plot](../benchmarks/results/cpu-x.png) `[in code](nowhere.md)`\n",
         "docs/quiz_answers.md": "# Answers\n\nsecret\n",
+        "docs/quizzes/00_intro.md": "# Quiz: lecture 0\n\n1. Why?\n",
         "docs/design.md": "# Design\n",
         "docs/results.md": "# Measured numbers\n",
         "assignments/README.md": "# Assignments\n\n[a1](a1/)\n",
@@ -85,6 +86,9 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert "{download}`Download the notebook <../_notebooks/lectures/00_intro.ipynb>`" in first
     assert ("[Open in Colab](https://colab.research.google.com/github/acme/course/blob/main/lectures/00_intro.ipynb)"
             in first)
+    assert first.endswith("[Quiz](../docs/quizzes/00_intro.md)\n```\n\n## Learning objectives\n\nAfter it you can:\n\n"
+                          "- explain the online softmax\n- derive the merge rule\n  of two states\n\n## Next\n\nbody")
+    assert "Quiz" not in json.loads((stage / "lectures/01_more.ipynb").read_text())["cells"][0]["source"]
     assert json.loads((stage / "_notebooks/lectures/00_intro.ipynb").read_text()) == json.loads(
         (repo / "lectures/00_intro.ipynb").read_text())
     assert ms.objectives_of(nb) == ["explain the online softmax", "derive the merge rule of two states"]
@@ -105,6 +109,7 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert "1. [Lecture 0 - Intro](lectures/00_intro.ipynb)\n2. [Lecture 1 - More](lectures/01_more.ipynb)" in landing
     assert ":caption: Lectures\n\nReading path <lectures/README>\nlectures/00_intro\nlectures/01_more\n" in landing
     assert "Answers" not in landing and "{{" not in landing
+    assert ":caption: Quizzes\n\ndocs/quizzes/00_intro\n```" in landing
     assert "```{figure} ../benchmarks/results/cpu-x.png" in (stage / "docs/results.md").read_text()
 
 
@@ -282,10 +287,10 @@ def test_every_page_loads_clean_with_images_and_math(site, browser, base_url):
         if math[1] or math[2]:
             problems.append(f"{page}: {math[1]} of {math[0]} formulas not typeset, {math[2]} MathJax errors")
         if page in lectures:
-            if not math[0]:
-                problems.append(f"{page}: a lecture without rendered math")
-            text = " ".join(browser.execute_script("return document.body.innerText").split())
             nb = json.loads((ROOT / lectures[page]).read_text())
+            if re.search(r"\$[^$\n]+\$", "\n".join(ms.notebook_markdown(nb))) and not math[0]:
+                problems.append(f"{page}: the lecture's formulas are not on its page")
+            text = " ".join(browser.execute_script("return document.body.innerText").split())
             for obj in ms.objectives_of(nb):
                 start = _plain_start(obj)
                 if len(start.split()) >= 2 and " ".join(start.split()) not in text:

@@ -233,14 +233,23 @@ class Linker:
 # --------------------------------------------------------------------------------------------- staging
 
 
-def lecture_header(path: str, settings: Settings) -> str:
-    """The line under a lecture's title: the original notebook to download and, for GitHub, Colab."""
-    rel = posixpath.relpath(f"{NOTEBOOK_DIR}/{path}", posixpath.dirname(path))
-    parts = [f"{{download}}`Download the notebook <{rel}>`"]
+def quiz_of(path: str, sources: Sources) -> str | None:
+    """The quiz page of a lecture: a page with "quiz" in its path and the lecture's file name (01_softmax.md)."""
+    stem = Path(path).stem
+    hits = [p for p in sorted(sources.pages) if "quiz" in p.lower() and Path(p).stem == stem]
+    return hits[0] if hits else None
+
+
+def lecture_header(path: str, settings: Settings, quiz: str | None = None) -> str:
+    """The line under a lecture's title: its notebook to download, Colab (for GitHub), its quiz if it has one."""
+    here = posixpath.dirname(path)
+    parts = [f"{{download}}`Download the notebook <{posixpath.relpath(f'{NOTEBOOK_DIR}/{path}', here)}>`"]
     colab = settings.colab(path)
     if colab:
         parts.append(f"[Open in Colab]({colab})")
-    return "\n\n```{container} course-links\n" + " · ".join(parts) + "\n```\n"
+    if quiz:
+        parts.append(f"[Quiz]({posixpath.relpath(quiz, here)})")
+    return "\n\n```{container} course-links\n" + " · ".join(parts) + "\n```"
 
 
 def stage_lecture(path: str, linker: Linker, settings: Settings, regions: list) -> dict:
@@ -262,7 +271,7 @@ def stage_lecture(path: str, linker: Linker, settings: Settings, regions: list) 
         if not header_done:
             m = re.search(r"^#\s+.*$", src, re.MULTILINE)
             if m:
-                src = src[:m.end()] + lecture_header(path, settings) + src[m.end():]
+                src = src[:m.end()] + lecture_header(path, settings, quiz_of(path, linker.sources)) + src[m.end():]
                 header_done = True
         cell["source"] = src
     if not header_done:
