@@ -52,6 +52,7 @@ def _fake_repo(root: Path, lecture_md: str = "", docs_md: str = "") -> Path:
         "lectures/01_more.ipynb": json.dumps(_notebook("# Lecture 1 - More\n\nno objectives here")),
         "lectures/README.md": "# Lectures\n\n[first](00_intro.ipynb)\n",
         "docs/notes.md": docs_md or "# Notes\n\n## The part\n\n[lecture](../lectures/00_intro.ipynb) "
+                                    '<a href="../lectures/01_more.ipynb#top">raw</a> '
                                     "![plot](../benchmarks/results/cpu-x.png) `[in code](nowhere.md)`\n",
         "docs/quiz_answers.md": "# Answers\n\nsecret\n",
         "docs/quizzes/00_intro.md": "# Quiz: lecture 0\n\n1. Why?\n",
@@ -98,6 +99,7 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert "[the code](https://github.com/acme/course/blob/main/reference/mod.py)" in second
 
     notes = (stage / "docs/notes.md").read_text()
+    assert '<a href="../lectures/01_more.html#top">raw</a>' in notes
     assert "[lecture](../lectures/00_intro.ipynb)" in notes and "`[in code](nowhere.md)`" in notes
     assert "![plot](../benchmarks/results/cpu-x.png)" in notes and (stage / "benchmarks/results/cpu-x.png").exists()
     a1 = (stage / "assignments/a1/README.md").read_text()

@@ -225,7 +225,11 @@ class Linker:
             if new is None:
                 return m[0]
             url = re.search(r"\(([^)]*)\)$", new)
-            return f'{m["attr"]}={m["q"]}{url[1] if url else t}{m["q"]}'
+            url = url[1] if url else t
+            page_url = re.match(r"([^#]*)\.(?:md|ipynb)(#.*)?$", url)
+            if page_url and not SCHEME.match(url):  # raw HTML is not resolved by Sphinx: point at the built page
+                url = f"{page_url[1]}.html{page_url[2] or ''}"
+            return f'{m["attr"]}={m["q"]}{url}{m["q"]}'
 
         return show(HTML_ATTR.sub(attr, LINK.sub(link, CODE.sub(hide, text))))
 
