@@ -112,6 +112,8 @@ def test_staging_links_pages_copies_images_and_leaves_solutions_out(tmp_path):
     assert ":caption: Lectures\n\nReading path <lectures/README>\nlectures/00_intro\nlectures/01_more\n" in landing
     assert "Answers" not in landing and "{{" not in landing
     assert ":caption: Quizzes\n\ndocs/quizzes/00_intro\n```" in landing
+    assert "- Quizzes, one per lecture: [00](docs/quizzes/00_intro.md)\n" in landing
+    assert "A [quiz](docs/quizzes/00_intro.md) per lecture" in landing
     assert "```{figure} ../benchmarks/results/cpu-x.png" in (stage / "docs/results.md").read_text()
 
 

@@ -326,10 +326,13 @@ def render_landing(repo: Path, sources: Sources, titles: dict[str, str], setting
         "{{ first_lecture }}": f"[the first one]({first})",
         "{{ lectures }}": md_list([(titles[p], p) for p in sources.lectures], ordered=True),
         "{{ assignments }}": md_list([(titles[p], p) for p in sources.assignments]),
-        "{{ documents }}": md_list([(titles[p], p) for p in syllabus + quizzes
-                                     + [d for d in documents if d not in syllabus]]),
+        "{{ documents }}": md_list([(titles[p], p) for p in syllabus + [d for d in documents if d not in syllabus]])
+                           + ("\n- Quizzes, one per lecture: " + " · ".join(
+                               f"[{Path(q).stem.split('_')[0]}]({q})" for q in quizzes) if quizzes else ""),
         "{{ repository }}": settings.repository,
-        "{{ instructor_start }}": f"The [syllabus]({syllabus[0]}): the week plan." if syllabus else "",
+        "{{ instructor_start }}": " ".join(
+            ([f"The [syllabus]({syllabus[0]}): the week plan."] if syllabus else [])
+            + ([f"A [quiz]({quizzes[0]}) per lecture, linked under its title."] if quizzes else [])),
     }
     for k, v in replacements.items():
         template = template.replace(k, v)
