@@ -352,7 +352,8 @@ def test_search_finds_each_lecture_by_a_word_of_its_text(browser, base_url):
     for lecture, word in words.items():
         browser.get(base_url + "index.html")
         site_browser.wait_loaded(browser)
-        [b for b in browser.find_elements(By.CSS_SELECTOR, "button.search-button__button") if b.is_displayed()][0].click()
+        buttons = browser.find_elements(By.CSS_SELECTOR, "button.search-button__button")
+        [b for b in buttons if b.is_displayed()][0].click()
         box = WebDriverWait(browser, 10).until(
             lambda d: [i for i in d.find_elements(By.CSS_SELECTOR, "input[name='q']") if i.is_displayed()])[0]
         box.send_keys(word + Keys.ENTER)

@@ -5,11 +5,11 @@ Three steps:
    lecture notebooks (their committed outputs, nothing executed, filtered as the student release filters them:
    an output that shows graded code is replaced by a note), every Markdown page under `lectures/` and `docs/`,
    the assignments' READMEs (never a solution file; a page that shows graded code stops the build), and the
-   landing page rendered from `docs/site/index.md`. Pages are found by globbing, so a new lecture or document gets a page without an edit
-   here. Each lecture gets a "download the notebook" and an "open in Colab" line under its title. Every relative
-   link is checked against the repository: a link to a page stays a link, an image is copied in, a file the site
-   does not carry becomes a link to it in the repository (`[tool.course-site] repository` in pyproject.toml), a
-   solution file becomes plain text, and a link to nothing is an error.
+   landing page rendered from `docs/site/index.md`. Pages are found by globbing, so a new lecture or document
+   gets a page without an edit here. Each lecture gets a line under its title: download the notebook, open it
+   in Colab, its quiz. Every relative link is checked against the repository: a link to a page stays a link, an
+   image is copied in, a file the site does not carry becomes a link to it in the repository (`[tool.course-site]
+   repository` in pyproject.toml), a solution file becomes plain text, and a link to nothing is an error.
 2. Sphinx with MyST-NB (`-W --keep-going -n`: any warning, an unresolved reference or heading anchor included,
    fails the build) writes the HTML.
 3. `check_site` reads the built HTML: no page loads a script, style sheet, font or image from outside the site,
@@ -152,7 +152,8 @@ def objectives_of(nb: dict) -> list[str]:
 
 # --------------------------------------------------------------------------------------------- links
 
-LINK = re.compile(r"(?P<bang>!?)\[(?P<text>(?:[^\[\]]|\[[^\]]*\])*)\]\((?P<target><[^>]+>|[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)")
+LINK = re.compile(r"(?P<bang>!?)\[(?P<text>(?:[^\[\]]|\[[^\]]*\])*)\]"  # [text], one level of [] inside
+                  r"\((?P<target><[^>]+>|[^)\s]+)(?P<title>\s+\"[^\"]*\")?\)")
 HTML_ATTR = re.compile(r"(?P<attr>\b(?:href|src))=(?P<q>[\"'])(?P<target>[^\"']+)(?P=q)")
 CODE = re.compile(r"(^(?P<fence>```|~~~).*?^(?P=fence)[^\n]*$|`[^`\n]+`)", re.MULTILINE | re.DOTALL)
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*:")
@@ -299,7 +300,7 @@ def results_plots(repo: Path) -> str:
 
 
 def md_list(items: list[tuple[str, str]], ordered: bool = False) -> str:
-    return "\n".join(f"{i + 1 if ordered else '-'}{'.' if ordered else ''} [{t}]({p})" for i, (t, p) in enumerate(items))
+    return "\n".join(f"{f'{i + 1}.' if ordered else '-'} [{t}]({p})" for i, (t, p) in enumerate(items))
 
 
 # Titles in the navigation for the folders' READMEs, whose own titles repeat the section's caption.
