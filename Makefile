@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 JOBS   ?= 2
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 
-.PHONY: setup test test-fast check lab lectures assignments grade selftest bench bench-cpu gradescope student-release clean
+.PHONY: setup test test-fast check lab lectures assignments grade selftest bench bench-cpu gradescope student-release site site-test clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,16 @@ gradescope:
 EXCLUDE ?=
 student-release:
 	$(PY) -m assignments.release -o build/student-release $(foreach x,$(EXCLUDE),--exclude $(x))
+
+# the course website from the committed notebooks, READMEs and docs (nothing executed): build/site/index.html.
+# SITE_JOBS: Sphinx's parallel jobs.
+SITE_JOBS ?= auto
+site:
+	$(PY) docs/site/make_site.py --out build/site -j $(SITE_JOBS)
+
+# the built site in headless Chromium (Debian: apt-get install chromium chromium-driver); fails without it
+site-test: site
+	COURSE_SITE_DIR=build/site COURSE_SITE_REQUIRE_BROWSER=1 $(PY) -m pytest tests/test_site.py -p no:xdist -q
 
 clean:
 	rm -rf build dist grades .pytest_cache .hypothesis *.egg-info
