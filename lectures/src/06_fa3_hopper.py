@@ -500,8 +500,9 @@ barrier_timeline(ax, events, rows, "4 K/V tiles through a 2-slot ring, two consu
 plt.tight_layout()
 print("matmul rounds in issue order:", " | ".join(f"{e.agent} {e.detail.split(': ')[1]}" for e in events
                                                  if e.action == "issue")[:230], "...")
-for name, bad in (("turn parity (r & 1) ^ WG", dict(turn_phase_fn=lambda r, wg: (r & 1) ^ wg)),
-                  ("empty parity without ^ 1", dict(empty_phase_fn=lambda t, s: (t // s) & 1))):
+for name, bad in (("turn parities of the two warpgroups swapped",
+                   dict(turn_phase_fn=lambda r, wg: mb.turn_phase(r, 1 - wg))),
+                  ("empty barrier waited with the ready parity", dict(empty_phase_fn=mb.ready_phase))):
     try:
         mb.run_pingpong(4, 2, **bad)
     except mb.ProtocolError as err:
