@@ -221,6 +221,7 @@ def left_out(exclude=()) -> list:
 def _first_sentence(text: str) -> str:
     """A docstring's first paragraph, cut after its first sentence when it is long."""
     text = " ".join(text.split("\n\n")[0].split())
+    text = re.sub(r"\s*\([^()]*(?:docs|notes)/[^()]*\)", "", text)   # the repository's documents do not ship
     m = re.match(r"(.{40,}?\.)(\s|$)", text)
     return m.group(1) if m and len(text) > 200 else text
 
