@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Lecture 6 — FlashAttention-3: optimizing attention for Hopper (and Blackwell)
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Explain why the exponential limits FlashAttention on Hopper, using the cycle model's exp-to-matmul ratio.
+# 2. Describe ping-pong (inter-warpgroup) and intra-warpgroup overlap, and the mbarriers that order them.
+# 3. Explain how a Hadamard rotation lowers the FP8 quantisation error, and reproduce the effect.
+# 4. Compare naive and LPT tile schedules for causal attention with the scheduling simulator.
+# 5. Read the phases of a warp-specialised kernel's barriers through the mbarrier model.
+#
 # FlashAttention-2 reaches ~70% of peak on an A100 but only **35–40% on an H100**. Tri Dao's talk
 # ("Optimizing Attention for Modern Hardware"; Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao) explains why and
 # what FlashAttention-3 does about it:
