@@ -60,6 +60,9 @@ SIGNATURES = {
     "_turn_phase": "(r, WG)",
     "_take_turn": "(turn_bars, WG, r)",
     "_give_turn": "(turn_bars, WG)",
+    "_ready_phase": "(t, STAGES)",
+    "_empty_phase": "(t, STAGES)",
+    "_wait_scores": "(s)",
 }
 
 
