@@ -190,10 +190,13 @@ def how_to_find(spec, entry: dict, sym: str, caught: list) -> str:
     if entry["slow"]:
         return ("`check()` cannot see it: the answers are right. Time your function against the reference on a GPU "
                 "at the speed test's shapes, and compare your launch grid and tile sizes with the lecture's.")
-    if fails:
+    if fails and "reproduce:" in sym:
         label = re.split(r"\s{2,}", fails[0].strip())[0]
         return (f"Run the `check(...)` cell: the case \"{label}\" fails. Re-run it alone with the `reproduce:` line "
                 "and compare your output with a float64 NumPy computation of the same case, one step at a time.")
+    if fails:
+        return ("Run the `check(...)` cell: the FAIL row's message says what the check saw (it runs no case you can "
+                "re-run); change what it names and run the cell again.")
     names = "; ".join(dict.fromkeys(t.name.split(": ", 1)[1] for t, _ in caught)) or "the hidden tests"
     return (f"`check()` passes: only the grader's hidden or GPU tests see it ({names}). Build such a case "
             "yourself (the test's name says which) and compare with a float64 NumPy version.")
@@ -221,7 +224,12 @@ def render(aid: str, syms: dict) -> str:
         lines += ["", f"## {e['name']}", "", f"**Cause.** {e['cause']}", "", "**Symptom** (`check(...)` prints):", "",
                   "```text", sym, "```", "", "**Caught by.**"]
         for t, why in caught:
-            vis = "visible cases in `check()`" if (t.visible or t.parent_check) else "hidden cases only"
+            if not (t.visible or t.parent_check):
+                vis = "hidden cases only"
+            elif f"check {t.task}: all visible cases passed" in sym:
+                vis = "its visible cases pass, its hidden cases fail"
+            else:
+                vis = "visible cases in `check()`"
             lines.append(f"- `{t.name.split(': ', 1)[1]}` ({_function_of(spec, t)}, {t.points:g} points"
                          f"{', bonus' if t.optional else ''}; {_where(t)}; {vis}): {why}")
         if not caught:
