@@ -42,9 +42,9 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "docs" / "common_bugs"
 CACHE = OUT / "symptoms.json"
 SEED = 0
-#: the modules whose code decides what check() prints (part of every entry's hash)
-CHECKER = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "where.py", "adapter.py",
-           "local_checks.py", "gluon_compile.py", "allocator_check.py")
+#: the modules whose code decides what check() prints (part of every entry's hash), and those of one assignment
+CHECKER = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "where.py", "adapter.py")
+CHECKER_OF = {"a5_paged": ("allocator_check.py",), "a7_gluon": ("local_checks.py", "gluon_compile.py")}
 
 
 # --- the zoo -------------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def entry_hash(aid: str, entry: dict) -> str:
         h.update((REPO / json.loads(entry["path"].read_text())["base"]).read_bytes())
     h.update((REPO / "autograder" / "specs" / f"{aid}.py").read_bytes())
     h.update(json.dumps(entry["expect"], sort_keys=True).encode())
-    for m in CHECKER:
+    for m in CHECKER + CHECKER_OF.get(aid, ()):
         h.update((REPO / "autograder" / m).read_bytes())
     return h.hexdigest()[:16]
 
@@ -146,6 +146,12 @@ def _keep(printed: str, ok: bool) -> str:
     keep = [l.rstrip() for i, l in enumerate(lines) if i < 2 or re.search(r"\s(FAIL|NOT RUN)\s", l) or
             l.startswith(("failed case", "  reproduce"))]
     return "\n".join(keep)
+
+
+def _stable(text: str) -> str:
+    """Relative errors of a million and more written as ``>1e+06``: such an error comes from uninitialised memory
+    (a kernel that leaves part of its output unwritten), whose values differ from run to run."""
+    return re.sub(r"\b\d\.\d+e\+(\d\d)\b", lambda m: ">1e+06" if int(m.group(1)) >= 6 else m.group(0), text)
 
 
 def all_numpy(aid: str, entry: dict) -> bool:
@@ -220,7 +226,7 @@ def render(aid: str, syms: dict) -> str:
         lines.append(f"| [{e['name']}](#{e['name'].lower()}) | {fns} | {'; '.join(names) or '-'} |")
     for e in es:
         caught = catching_tests(spec, e["expect"])
-        sym = syms[e["name"]]
+        sym = _stable(syms[e["name"]])
         lines += ["", f"## {e['name']}", "", f"**Cause.** {e['cause']}", "", "**Symptom** (`check(...)` prints):", "",
                   "```text", sym, "```", "", "**Caught by.**"]
         for t, why in caught:
