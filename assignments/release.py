@@ -245,9 +245,9 @@ def describe(rel: str, folder: Path) -> str | None:
         nb = json.loads(p.read_text())
         title = next((l.lstrip("# ").strip() for c in nb["cells"] if c["cell_type"] == "markdown"
                       for l in "".join(c["source"]).splitlines() if l.startswith("# ")), parts[1])
-        return f"lecture {parts[1][:2]}, executed (read it with its outputs): {title}"
+        return f"lecture {parts[1].split('_')[0]}, executed (read it with its outputs): {title}"
     if parts[0] == "quizzes":
-        return f"quiz questions of lecture {parts[1][:2]} (your instructor has the answers)"
+        return f"quiz questions of lecture {parts[1].split('_')[0]} (your instructor has the answers)"
     if parts[0] == "assignments" and rel.endswith(".ipynb"):
         return f"assignment {parts[1]}: the notebook you complete (a stub under each heading, a check() cell under it)"
     if parts[0] == "assignments" and rel.endswith("README.md"):
