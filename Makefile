@@ -11,7 +11,7 @@ TORCH_INDEX ?=
 JOBS   ?= 2
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
 
-.PHONY: setup test test-fast check lab lectures assignments grade selftest bench bench-cpu gradescope student-release site site-test clean
+.PHONY: setup test test-fast check lab lectures slides bugs-guide assignments grade selftest bench bench-cpu gradescope student-release site site-test clean
 
 setup:
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ lab:
 
 lectures:
 	$(PY) -m lectures.build
+
+# a reveal.js deck per lecture in build/slides/ (offline: reveal.js, MathJax, RequireJS, jQuery installed once with npm)
+slides:
+	$(PY) -m lectures.slides
+
+# docs/common_bugs/<aid>.md from the grader's wrong submissions (run after adding one to autograder/submissions/)
+bugs-guide:
+	$(PY) -m autograder.bugs_guide
 
 assignments:
 	$(PY) -m assignments.generate

@@ -38,11 +38,12 @@ WARMUP = {
 }
 
 #: the functions the student writes, where they are not the graded names: a7's graded name is the given host
-#: wrapper ``flash_attention_forward_pingpong`` that launches a kernel whose ping-pong turn the student writes. The
+#: wrapper ``flash_attention_forward_pingpong`` that launches a kernel whose synchronisation (barrier parities,
+#: ping-pong turn, overlap wait) the student writes. The
 #: student notebook stubs each of these (``raise NotImplementedError("Implement <name>")``, checked by
 #: ``generate.render``); signatures in docs/design.md §4.
 WRITTEN = {
-    "a7_gluon": ("_turn_phase", "_take_turn", "_give_turn"),
+    "a7_gluon": ("_ready_phase", "_empty_phase", "_turn_phase", "_take_turn", "_give_turn", "_wait_scores"),
 }
 
 

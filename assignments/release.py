@@ -11,13 +11,19 @@ What students get, and nothing that implements a graded function:
   visible cases stored as files (inputs and expected outputs, ``autograder.visible.export``) instead of the
   specs, oracles and reference code that would make them; and ``make check``'s pytest tests of those cases
   on the student's own notebook (``autograder/tests_visible``, ``autograder/adapter.py``);
-- ``README.md``, ``Makefile`` (``make check``), ``requirements.txt``, ``pyproject.toml`` (``pip install -e .``
-  makes ``autograder`` importable).
+- ``quizzes/NN_topic.md``: each lecture's quiz questions (the answers stay in ``docs/quizzes/answers.md``);
+- ``README.md``, ``FILES.md`` (every shipped file and what it is for), ``Makefile`` (``make check``),
+  ``requirements.txt``, ``pyproject.toml`` (``pip install -e .`` makes ``autograder`` importable).
+
+a7 (``LEFT_OUT``) does not ship: its ``check()`` needs the grader's compile checks and mbarrier model, which
+hold its answers; the parities a7 grades are also replaced by a note wherever a shipped lecture shows them
+(``redact_answers``: lecture 6 §10 prints the kernel's barrier waits).
 
 Left out: ``reference/``, ``assignments/*/*_solution.py``, the autograder's specs, oracles, sandbox and
 bundled submissions (correct ones included), the example notebook, lecture sources, tests, benchmarks, notes,
-and whatever ``--exclude`` names (a lecture, ``05`` or ``05_triton_kernels``; an assignment, ``a6`` or
-``a6_ring``). Written as a folder and as ``<folder>.tar.gz``.
+docs (quiz answers, the common-bugs guide), and whatever ``--exclude`` names (a lecture, ``05`` or
+``05_triton_kernels``; an assignment, ``a6`` or ``a6_ring``). ``python -m assignments.release`` prints each of
+these with the reason (``left_out``). Written as a folder and as ``<folder>.tar.gz``.
 """
 from __future__ import annotations
 
@@ -35,6 +41,24 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ASSIGNMENTS = ("a1_attention", "a2_flash_numpy", "a3_triton", "a3b_triton_backward", "a4_decoding", "a5_paged",
                "a6_ring")
+#: in the repository, not in the release, and why (``make student-release`` prints it)
+LEFT_OUT = {"a7_gluon": "optional Hopper assignment, instructor-only: its check() needs the grader's compile checks "
+                        "and mbarrier model, which hold its answers; hand out assignments/a7_gluon/ yourself and "
+                        "grade it on the course's machine (README of a7)"}
+ALWAYS_LEFT_OUT = (
+    ("reference/", "the course's implementation of every graded function"),
+    ("assignments/*/*_solution.py", "the solutions the stub notebooks are generated from"),
+    ("autograder/specs/<aid>.py, oracles.py, engine.py, sandbox.py, ...", "the grader: hidden cases, oracles, "
+     "sandbox (check() gets the visible cases as stored files instead)"),
+    ("autograder/submissions/, autograder/examples/", "the grader's zoo of correct, wrong and cheating "
+     "submissions and the example notebook: solutions"),
+    ("lectures/src/", "the lectures' sources (the executed notebooks ship)"),
+    ("docs/quizzes/answers.md", "the quizzes' answers (instructor-only)"),
+    ("docs/ (syllabus, common bugs, design, results), notes/", "instructor and developer documents"),
+    ("tests/, benchmarks/, experiments/", "the course's own tests and measurements"),
+)
+QUIZZES = REPO / "docs" / "quizzes"
+
 # the part of the autograder that check() imports: running a call, judging outputs, the case data classes
 CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py", "where.py",
                "specs/__init__.py", "specs/_base.py",
@@ -128,12 +152,16 @@ the grader does, so a cell that fails on a fresh run shows here too). A stub fai
 The lecture notebooks import the course's reference implementation, which is not part of this release: they
 are here to be read, not re-run, and the file paths they mention (`reference/...`, `benchmarks/...`) are the
 course repository's. A cell output that showed code an assignment asks you to write says "output removed".
+Each lecture has a short quiz in `quizzes/` (your instructor has the answers). `FILES.md` says what every
+file here is for.
 '''
 
 
-def build(out: Path, exclude=()) -> Path:
+def build(out: Path, exclude=(), report: list | None = None) -> Path:
     """Write the release folder ``out`` and ``out.tar.gz``; return the archive's path. ``exclude``: lectures
-    (``"05"``, ``"05_triton_kernels"``) and assignments (``"a6"``, ``"a6_ring"``) to leave out."""
+    (``"05"``, ``"05_triton_kernels"``) and assignments (``"a6"``, ``"a6_ring"``) to leave out. ``report``: a
+    list that gets ``(what, why)`` for everything left out or changed (``left_out``)."""
+    report = [] if report is None else report
     out = Path(out).resolve()
     if out == REPO or out in REPO.parents or out.parent == REPO:
         raise ValueError(f"out must be a folder of its own (e.g. build/student-release), not {out}")
@@ -142,10 +170,17 @@ def build(out: Path, exclude=()) -> Path:
         shutil.rmtree(out)
     (out / "autograder").mkdir(parents=True)
     regions = solution_regions()
+    answers = answer_patterns()
+    report += left_out(exclude)
     for nb in lectures:
         dst = out / "lectures" / nb.name
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(strip_leaks(nb.read_text(), regions))
+        notes = []
+        dst.write_text(strip_leaks(nb.read_text(), regions, answers, notes))
+        report += [(f"lectures/{nb.name}: {n}", why) for n, why in notes]
+    for q in sorted(QUIZZES.glob("[0-9][0-9]_*.md")):
+        if any(q.stem == nb.stem for nb in lectures):
+            _copy(q, out / "quizzes" / q.name)
     order = []
     for aid in assignments:
         nb = REPO / "assignments" / aid / f"{aid}.ipynb"
@@ -162,12 +197,84 @@ def build(out: Path, exclude=()) -> Path:
     (out / "autograder" / "__init__.py").write_text(INIT)
     sys.path.insert(0, str(REPO))
     from autograder.visible import export
-    export(out / "autograder" / "visible")
+    export(out / "autograder" / "visible", assignments=assignments)
     (out / "pyproject.toml").write_text(PYPROJECT)
     (out / "requirements.txt").write_text(REQUIREMENTS)
     (out / "Makefile").write_text(MAKEFILE)
     (out / "README.md").write_text(README.format(order="\n".join(order)))
+    (out / "FILES.md").write_text(files_md(out))
     return _archive(out)
+
+
+def left_out(exclude=()) -> list:
+    """``(what, why)`` for what the release never ships, what ``LEFT_OUT`` keeps back and what ``exclude``
+    names."""
+    items = list(ALWAYS_LEFT_OUT)
+    items += [(f"assignments/{aid}/", why) for aid, why in LEFT_OUT.items()]
+    lectures, assignments = _select(exclude)
+    items += [(f"lectures/{nb.name}", "--exclude / EXCLUDE") for nb in
+              sorted((REPO / "lectures").glob("[0-9][0-9]_*.ipynb")) if nb not in lectures]
+    items += [(f"assignments/{aid}/", "--exclude / EXCLUDE") for aid in ASSIGNMENTS if aid not in assignments]
+    return items
+
+
+def _first_sentence(text: str) -> str:
+    """A docstring's first paragraph, cut after its first sentence when it is long."""
+    text = " ".join(text.split("\n\n")[0].split())
+    text = re.sub(r"\s*\([^()]*(?:docs|notes)/[^()]*\)", "", text)   # the repository's documents do not ship
+    m = re.match(r"(.{40,}?\.)(\s|$)", text)
+    return m.group(1) if m and len(text) > 200 else text
+
+
+def describe(rel: str, folder: Path) -> str | None:
+    """What the shipped file ``rel`` is for, or None for a file no rule covers (a test keeps that at none)."""
+    import ast
+    p = folder / rel
+    parts = rel.split("/")
+    if rel == "README.md":
+        return "start here: setup, the order of lectures and assignments, how check() and make check work"
+    if rel == "FILES.md":
+        return "this list: every file of the release and what it is for"
+    if rel == "Makefile":
+        return "`make check ASSIGNMENT=...` (the visible cases as pytest tests on your notebook), `make lab`"
+    if rel == "requirements.txt":
+        return "the Python packages the notebooks and check() need (`pip install -r requirements.txt`)"
+    if rel == "pyproject.toml":
+        return "makes `autograder` importable (`pip install -e .`), so that `from autograder.check import check` works"
+    if parts[0] == "lectures" and rel.endswith(".ipynb"):
+        nb = json.loads(p.read_text())
+        title = next((l.lstrip("# ").strip() for c in nb["cells"] if c["cell_type"] == "markdown"
+                      for l in "".join(c["source"]).splitlines() if l.startswith("# ")), parts[1])
+        return f"lecture {parts[1].split('_')[0]}, executed (read it with its outputs): {title}"
+    if parts[0] == "quizzes":
+        return f"quiz questions of lecture {parts[1].split('_')[0]} (your instructor has the answers)"
+    if parts[0] == "assignments" and rel.endswith(".ipynb"):
+        return f"assignment {parts[1]}: the notebook you complete (a stub under each heading, a check() cell under it)"
+    if parts[0] == "assignments" and rel.endswith("README.md"):
+        return f"assignment {parts[1]}: what to implement, points per function, estimated time"
+    if parts[:2] == ["autograder", "visible"]:
+        what = "the index of tasks" if parts[2] == "index.json" else f"{parts[2].split('.')[0]}'s visible cases " \
+            f"({'inputs and expected outputs' if parts[2].endswith('.npz') else 'what each case calls and how it is judged'})"
+        return f"check()'s stored visible cases: {what}"
+    if rel.endswith(".py"):
+        doc = ast.get_docstring(ast.parse(p.read_text()))
+        return _first_sentence(doc) if doc else None
+    return None
+
+
+def files_md(folder: Path) -> str:
+    """``FILES.md``: one row per shipped file with ``describe``'s line; a file no rule covers is an error."""
+    rows = []
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            rel = str(p.relative_to(folder))
+            what = "this list: every file of the release and what it is for" if rel == "FILES.md" else describe(rel, folder)
+            if what is None:
+                raise ValueError(f"the release ships {rel} but no rule of assignments.release.describe says what it is for")
+            rows.append(f"| `{rel}` | {what.replace('|', '/')} |")
+    rows.insert(0, "| `FILES.md` | this list: every file of the release and what it is for |")
+    return ("# What each file of the student release is for\n\n| file | what it is for |\n|---|---|\n" +
+            "\n".join(dict.fromkeys(rows)) + "\n")
 
 
 def _select(exclude):
@@ -271,21 +378,86 @@ def _output_text(o: dict) -> str:
     return "".join(o.get("text", "")) + "".join(data.get("text/plain", "")) + "".join(data.get("text/html", ""))
 
 
-def strip_leaks(notebook: str, regions) -> str:
-    """The notebook with every cell output that ``find_leaks`` flags replaced by the ``REMOVED`` note. A cell
-    *source* that leaks is an error: a lecture that implements a graded function must be excluded instead."""
+def strip_leaks(notebook: str, regions, answers=(), notes: list | None = None) -> str:
+    """The notebook with every cell output that ``find_leaks`` flags replaced by the ``REMOVED`` note, and every
+    expression an ``answers`` pattern matches in a cell or an output replaced by ``ANSWER_NOTE`` (the release's
+    lectures are read, not re-run). A cell source that ``find_leaks`` flags is an error: a lecture that implements
+    a graded function must be excluded or changed instead. ``notes`` gets ``(what, why)`` per change."""
     nb = json.loads(notebook)
+    notes = [] if notes is None else notes
     for i, c in enumerate(nb["cells"]):
-        bad = find_leaks("".join(c["source"]), regions)
+        src = "".join(c["source"])
+        bad = find_leaks(src, regions)
         if bad:
             raise ValueError(f"lecture cell {i} implements graded code ({', '.join(bad)}): leave the lecture out "
                              "(--exclude) or change it")
+        if answers:
+            new, n = redact_answers(src, answers)
+            if n:
+                c["source"] = new.splitlines(True)
+                notes.append((f"cell {i}: {n} expression(s) replaced", "a parity that a7 grades"))
         for j, o in enumerate(c.get("outputs", [])):
             bad = find_leaks(_output_text(o), regions)
             if bad:
                 c["outputs"][j] = {"name": "stdout", "output_type": "stream",
                                    "text": REMOVED.format(what=", ".join(b.split(" (")[0] for b in bad))}
+                notes.append((f"cell {i}: output removed", f"it shows code an assignment grades ({', '.join(bad)})"))
+            elif answers:
+                n = _redact_output(c["outputs"][j], answers)
+                if n:
+                    notes.append((f"cell {i} output: {n} expression(s) replaced", "a parity that a7 grades"))
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
+
+
+# --- a7's answers: one-line parity expressions --------------------------------------------------------------
+# a7's graded functions are single expressions (a parity of a tile or round index), too short for find_leaks'
+# line matching. ``answer_patterns`` turns each into a regular expression in which any name, or any
+# parenthesised term, may stand for a name (lecture 6 prints them as ``((r0 + j) & 1) ^ (1 - WG)``), and the
+# release replaces each match in lecture cells and outputs by ``ANSWER_NOTE``.
+ANSWER_AIDS = ("a7_gluon",)
+ANSWER_NOTE = "[a7 asks for this parity]"
+_OPERAND = r"(?:[A-Za-z_]\w*|\([^()\n]*\))"
+
+
+def answer_patterns(aids=ANSWER_AIDS) -> list:
+    """Compiled patterns of the ``return EXPR`` one-line SOLUTION regions of ``aids`` whose ``EXPR`` is integer
+    arithmetic (no call), longest first (an expression may contain a shorter one)."""
+    from .generate import BEGIN, END
+    exprs = []
+    for aid in aids:
+        lines = (REPO / "assignments" / aid / f"{aid}_solution.py").read_text().split("\n")
+        for i, line in enumerate(lines):
+            if line.strip() == BEGIN and lines[i + 2].strip() == END:
+                m = re.fullmatch(r"\s*return\s+(.+?)\s*", lines[i + 1])
+                if m and not re.search(r"\w\s*\(", m.group(1)):
+                    exprs.append(m.group(1))
+    out = []
+    for e in sorted(set(exprs), key=len, reverse=True):
+        toks = re.findall(r"[A-Za-z_]\w*|\d+|//|\S", e)
+        out.append(re.compile(r"\s*".join(_OPERAND if re.match(r"[A-Za-z_]", t) else re.escape(t) for t in toks)))
+    return out
+
+
+def redact_answers(text: str, answers) -> tuple[str, int]:
+    """``text`` with every match of ``answers`` replaced by ``ANSWER_NOTE``, and the number replaced."""
+    n = 0
+    for pat in answers:
+        text, k = pat.subn(ANSWER_NOTE, text)
+        n += k
+    return text, n
+
+
+def _redact_output(o: dict, answers) -> int:
+    n = 0
+    if "text" in o:
+        new, n = redact_answers("".join(o["text"]), answers)
+        o["text"] = new.splitlines(True)
+    for kind in ("text/plain", "text/html", "text/markdown"):
+        if kind in (o.get("data") or {}):
+            new, k = redact_answers("".join(o["data"][kind]), answers)
+            o["data"][kind] = new.splitlines(True)
+            n += k
+    return n
 
 
 # each assignment comes after the lecture it needs (the reading path of the repository's README)
@@ -324,8 +496,12 @@ def main(argv=None) -> int:
                         "or several names separated by commas or spaces")
     args = p.parse_args(argv)
     exclude = [x for arg in args.exclude for x in re.split(r"[,\s]+", arg) if x]
-    path = build(Path(args.out), exclude)
+    report = []
+    path = build(Path(args.out), exclude, report)
     print(f"wrote {Path(args.out).resolve()}/ and {path}")
+    print("left out or changed, and why:")
+    for what, why in report:
+        print(f"  {what}: {why}")
     return 0
 
 

@@ -90,14 +90,15 @@ def cases(task_id: str, rng):
 
 
 # -- student release: files -----------------------------------------------------------------------------------
-def export(folder, seed=0) -> list:
-    """Write every assignment's visible cases to ``folder/<aid>.json`` + ``.npz`` (and ``index.json``)."""
+def export(folder, seed=0, assignments=None) -> list:
+    """Write the visible cases of ``assignments`` (default: every assignment) to ``folder/<aid>.json`` + ``.npz``
+    (and ``index.json``)."""
     from . import specs
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     index = {"tasks": {}}
     written = []
-    for aid in specs.ASSIGNMENTS:
+    for aid in (specs.ASSIGNMENTS if assignments is None else assignments):
         spec = specs.load(aid)
         rng = np.random.default_rng(seed)
         rows, blobs = [], {}

@@ -22,6 +22,9 @@ MUTANTS = {
     "missing wait": ("    mbarrier.wait(turn_bars.index(WG), _turn_phase(r, WG))\n", "    _turn_phase(r, WG)\n"),
     "missing arrive": ("    mbarrier.arrive(turn_bars.index(1 - WG))\n", "    turn_bars.index(1 - WG)\n"),
     "wrong phase": ("    return (r & 1) ^ (1 - WG)\n", "    return (r & 1) ^ WG\n"),
+    "empty no flip": ("    return ((t // STAGES) & 1) ^ 1\n", "    return (t // STAGES) & 1\n"),
+    "ready flipped": ("    return (t // STAGES) & 1\n", "    return ((t // STAGES) & 1) ^ 1\n"),
+    "score wait all": ("    return warpgroup_mma_wait(1, deps=(s,))\n", "    return warpgroup_mma_wait(0, deps=(s,))\n"),
 }
 
 
@@ -47,6 +50,46 @@ def test_solution_phases_and_turn_order():
     assert ns["turn_order"](4) == [f"WG{w} r{r}" for r in range(4) for w in (0, 1)]
 
 
+def test_ring_order_plays_the_solution_and_names_each_wrong_parity(tmp_path):
+    """The notebook's given ``ring_order`` (its own mbarrier model) runs the solution's ring to the end for 2-4
+    slots, and reports a hang, a race or rounds out of turn for the zoo's wrong parities; the grader's model
+    (``reference.simulators.mbarrier.run_pingpong``) agrees on each."""
+    from reference.simulators import mbarrier as mb
+    ns = runpy.run_path(str(SOLUTION))
+    for stages in (2, 3, 4):
+        n = 5
+        assert ns["ring_order"](n, stages) == [f"WG{w} r{r}" for r in range(n + 1) for w in (0, 1)]
+        mb.run_pingpong(n, stages, ready_phase_fn=ns["_ready_phase"].fn, empty_phase_fn=ns["_empty_phase"].fn,
+                        turn_phase_fn=ns["_turn_phase"].fn)
+    for name, tag in (("empty no flip", "HANG"), ("ready flipped", "HANG"), ("wrong phase", "OUT OF TURN")):
+        m = runpy.run_path(str(_mutant(tmp_path, name)))
+        assert m["ring_order"](4, 2)[-1].startswith(tag), (name, m["ring_order"](4, 2))
+        with pytest.raises(mb.ProtocolError):
+            mb.run_pingpong(4, 2, ready_phase_fn=m["_ready_phase"].fn, empty_phase_fn=m["_empty_phase"].fn,
+                            turn_phase_fn=m["_turn_phase"].fn)
+    # an empty barrier that always lets the producer through: the model sees the overwrite
+    ns["ring_order"].__globals__["_empty_phase"] = type("F", (), {"fn": staticmethod(lambda t, s: 1)})
+    assert ns["ring_order"](4, 2)[-1].startswith("RACE")
+
+
+def test_judge_phases_runs_the_ring_through_the_model():
+    """The grader's verdict on the ring parities: right values pass; a producer without the free first pass is
+    reported as the model's deadlock, a value off at a large tile index by name."""
+    from reference.simulators import mbarrier as mb
+    from autograder.gluon_compile import RING
+    n = max(k for k, _ in RING)
+    args = [[r, w] for r in range(n + 1) for w in (0, 1)]
+    turn = [mb.turn_phase(r, w) for r, w in args]
+    ring = [[t, s] for _, s in RING for t in range(n)] + [[1001, 3]]
+    ready = [mb.ready_phase(t, s) for t, s in ring]
+    empty = [mb.empty_phase(t, s) for t, s in ring]
+    assert judge_phases(args, turn, ring, ready, empty)[0]
+    ok, msg = judge_phases(args, turn, ring, ready, ready)
+    assert not ok and "deadlock" in msg, msg
+    ok, msg = judge_phases(args, turn, ring, ready, empty[:-1] + [1 - empty[-1]])
+    assert not ok and "_empty_phase(t=1001, STAGES=3)" in msg, msg
+
+
 def test_wrong_phase_mutant_fails_the_phase_check_and_the_order(tmp_path):
     ns, ok = _phases(_mutant(tmp_path, "wrong phase"))
     assert not ok
@@ -55,13 +98,13 @@ def test_wrong_phase_mutant_fails_the_phase_check_and_the_order(tmp_path):
 
 def _cpu_tests(path):
     """``{test name prefix: (status, output)}`` of the two CPU tests, and the report's flags."""
-    rep = Grader("a7_gluon", device="cpu", only=["turn phases", "compiles for sm_90a"]).grade(path)
+    rep = Grader("a7_gluon", device="cpu", only=["parities and turn order", "compiles for sm_90a"]).grade(path)
     return {t["name"].split(": ")[1][:12]: (t["status"], t["output"]) for t in rep["tests"]}, rep
 
 
 def test_solution_passes_both_cpu_tests_in_the_compile_child():
     res, rep = _cpu_tests(SOLUTION)
-    assert res["turn phases "][0] == "passed", res
+    assert res["parities and"][0] == "passed", res
     assert res["compiles for"][0] == "passed", res
     assert "+6 mbarrier waits, +6 arrivals" in res["compiles for"][1]
     assert not rep["flags"]
@@ -70,13 +113,21 @@ def test_solution_passes_both_cpu_tests_in_the_compile_child():
 @pytest.mark.parametrize("name", ["missing wait", "missing arrive"])
 def test_missing_barrier_mutants_lose_the_compile_check(tmp_path, name):
     res, _ = _cpu_tests(_mutant(tmp_path, name))
-    assert res["turn phases "][0] == "passed", res          # the phase formula itself is right
+    assert res["parities and"][0] == "passed", res          # the phase formula itself is right
     assert res["compiles for"][0] == "failed" and "expected 6" in res["compiles for"][1], res
 
 
-def test_wrong_phase_mutant_loses_the_phase_check(tmp_path):
-    res, _ = _cpu_tests(_mutant(tmp_path, "wrong phase"))
-    assert res["turn phases "][0] == "failed" and "_turn_phase(r=" in res["turn phases "][1], res
+@pytest.mark.parametrize("name", ["wrong phase", "empty no flip"])
+def test_wrong_parity_mutants_lose_the_phase_check(tmp_path, name):
+    res, _ = _cpu_tests(_mutant(tmp_path, name))
+    assert res["parities and"][0] == "failed", res
+    assert res["compiles for"][0] == "passed", res          # same instructions, another parity
+
+
+def test_a_score_wait_for_everything_loses_the_compile_check(tmp_path):
+    res, _ = _cpu_tests(_mutant(tmp_path, "score wait all"))
+    assert res["parities and"][0] == "passed", res
+    assert res["compiles for"][0] == "failed" and "overlaps" in res["compiles for"][1], res
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,9 @@ SIGNATURES = {
     "_give_turn": "(turn_bars, WG)",
     # ungraded warm-ups (assignments.WARMUP)
     "scale_rows": "(x, s)",
+    "_ready_phase": "(t, STAGES)",
+    "_empty_phase": "(t, STAGES)",
+    "_wait_scores": "(s)",
 }
 
 

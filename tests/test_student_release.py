@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from assignments.release import ASSIGNMENTS, build, find_leaks, notebook_texts, solution_regions
+from assignments.release import (ANSWER_NOTE, ASSIGNMENTS, LEFT_OUT, answer_patterns, build, find_leaks,
+                                 notebook_texts, redact_answers, solution_regions)
 from autograder import specs
 from autograder.percent import parse_percent
 
@@ -304,3 +305,55 @@ def test_make_check_in_the_release_fails_stubs_and_passes_the_solution(release, 
     assert re.search(r"(\d+) failed, (\d+) deselected", text)
     rc, text = run("--submission", str(sol))
     assert rc == 0 and re.search(r"\d+ passed", text) and "failed" not in text, text[-2000:]
+
+
+def test_a7_is_left_out_and_its_answers_show_nowhere(release, tmp_path):
+    """a7 is instructor-only: none of its files, visible cases or answers ship. Its graded parities (the one-line
+    SOLUTION expressions of the a7 solution, with any name or parenthesised term in place of a name) appear in
+    no shipped text (lectures' cells and outputs, READMEs, quizzes, modules, the visible cases' JSON); lecture
+    06 shows them in the repository and is redacted in the release."""
+    out, _ = release
+    assert "a7_gluon" in LEFT_OUT
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert not [p for p in files if "a7" in p.name or "a7_gluon" in str(p.relative_to(out))]
+    index = json.loads((out / "autograder" / "visible" / "index.json").read_text())
+    assert not [t for t in index["tasks"] if t.startswith("a7")]
+    pats = answer_patterns()
+    assert len(pats) >= 3                                   # the ready, empty and turn parities
+    hits = [(str(p.relative_to(out)), m.group(0)) for p in files if p.suffix in (".ipynb", ".md", ".py", ".json", ".txt")
+            for pat in pats for m in pat.finditer(p.read_text())]
+    assert hits == []
+    assert "(r & 1) ^ (1 - WG)" not in "".join(p.read_text() for p in files if p.suffix != ".npz")
+    # positive controls: the repository's lecture 06 and the a7 solution do show them
+    lec = (REPO / "lectures" / "06_fa3_hopper.ipynb").read_text()
+    assert redact_answers(lec, pats)[1] >= 3
+    assert ANSWER_NOTE in (out / "lectures" / "06_fa3_hopper.ipynb").read_text()
+    for expr in ("((r0 + j) & 1) ^ (1 - WG)", "((it // STAGES) & 1) ^ 1", "`(t // STAGES) & 1`", "(r & 1) ^ (1 - WG)"):
+        assert redact_answers(expr, pats)[1] == 1, expr
+    assert redact_answers("(r & 1) ^ WG and x & 1", pats)[1] == 0
+    # and the a7 README a student would be handed says none of them
+    readme = (REPO / "assignments" / "a7_gluon" / "README.md").read_text()
+    assert redact_answers(readme, pats)[1] == 0
+
+
+def test_every_shipped_file_says_what_it_is_for(release):
+    """FILES.md has one row per shipped file, each with a description; quizzes ship, their answers do not."""
+    out, _ = release
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (.+) \|$", (out / "FILES.md").read_text(), re.M))
+    files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
+    assert set(rows) == files
+    assert all(len(v) > 15 for v in rows.values())
+    quizzes = sorted((REPO / "docs" / "quizzes").glob("[0-9][0-9]_*.md"))
+    assert quizzes and all(f"quizzes/{q.name}" in files for q in quizzes)
+    assert not [f for f in files if "answer" in f.lower()]
+
+
+def test_make_student_release_prints_what_it_left_out_and_why(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "assignments.release", "-o", str(tmp_path / "rel"), "--exclude", "a6"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    text = p.stdout
+    for what in ("reference/", "assignments/a7_gluon/", "docs/quizzes/answers.md", "assignments/a6_ring/",
+                 "autograder/submissions/", "lectures/05_triton_kernels.ipynb: cell", "lectures/06_fa3_hopper.ipynb"):
+        assert what in text, what
+    assert all(": " in line for line in text.split("and why:")[1].strip().splitlines())

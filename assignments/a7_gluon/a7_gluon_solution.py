@@ -8,23 +8,36 @@
 # whenever they are ready. FA3's ping-pong (section 3.1 of the paper) makes them take turns, so that one
 # warpgroup's softmax runs under the other's GEMMs.
 #
-# You write the turn, with a pair of mbarriers `turn_bars[0]`, `turn_bars[1]` (count 1, initialised for you):
+# You write the kernel's synchronisation: every mbarrier parity it waits for, the ping-pong turn, and the one
+# WGMMA wait that makes the softmax overlap the $PV$ matmul. Lecture 6 §10b gives the rule that all the parities
+# follow: an mbarrier counts completed phases, `mbarrier.wait(bar, P)` returns once the phase of parity `P` has
+# completed, and a freshly initialised barrier counts the phase before the first as complete (`wait(bar, 1)`
+# passes at once, `wait(bar, 0)` blocks until the first completion). Write the parities with integer operators
+# only (`//`, `&`, `^`, `+`, `-`): the grader also evaluates them as plain Python.
 #
+# * `_ready_phase(t, STAGES)`: the parity a consumer waits for on the "ready" barrier of ring slot
+#   `t % STAGES` before it reads key/value tile `t` (the copy engine completes that barrier once per fill of
+#   the slot);
+# * `_empty_phase(t, STAGES)`: the parity the producer waits for on the slot's "empty" barrier (count 2: both
+#   consumers arrive once they no longer read the slot) before it copies tile `t` into the slot;
 # * `_turn_phase(r, WG)`: the parity consumer `WG` waits for on `turn_bars[WG]` before its matmul round `r`
 #   (round 0 issues $S_0$; round $j$ issues $S_j$ and $P_{j-1}V_{j-1}$; the last round the last $PV$).
-#   Order: WG 0 round 0, WG 1 round 0, WG 0 round 1, WG 1 round 1, ... Remember the rule of lecture 6 §10b: a
-#   fresh barrier lets `wait(bar, 1)` through and blocks `wait(bar, 0)` until the first arrival. Write it with
-#   integer operators only (`&`, `^`, `+`, `-`): the grader also evaluates it as plain Python.
+#   Order: WG 0 round 0, WG 1 round 0, WG 0 round 1, WG 1 round 1, ...;
 # * `_take_turn(turn_bars, WG, r)`: wait for your turn (`mbarrier.wait` on your barrier, your phase);
-# * `_give_turn(turn_bars, WG)`: hand the turn to the other warpgroup (`mbarrier.arrive` on its barrier).
+# * `_give_turn(turn_bars, WG)`: hand the turn to the other warpgroup (`mbarrier.arrive` on its barrier);
+# * `_wait_scores(s)`: FA3 Algorithm 2's overlap: after issuing $S_j = QK_j^\top$ and then $P_{j-1}V_{j-1}$,
+#   wait (`warpgroup_mma_wait`) until $S_j$ has retired while $P_{j-1}V_{j-1}$ may still run (WGMMA groups
+#   retire in the order they were issued); return the retired `s`.
 #
-# The consumer loop already calls them around each round of matmul issues. A wrong parity **hangs the GPU**
-# (both warpgroups wait forever) or lets the rounds run out of order; test your phases on the CPU first with
-# `turn_order` below, which runs them through the mbarrier model of lecture 6. Graded (optional, out of 100 on
-# a Hopper GPU, 60 without one): the phases (CPU), the compiled kernel for sm_90a (CPU: it compiles, no spills,
-# one more mbarrier wait and arrive per round than the kernel without turns), and on a Hopper GPU correctness
-# against float64 and speed against the course's kernel. The `check(...)` cell at the end runs the CPU tests
-# here; without a Hopper GPU the GPU tests say "not run: needs sm_90".
+# The producer and the consumer loop already call them. A wrong parity **hangs the GPU** (every agent waits
+# forever), lets the producer overwrite a slot that a consumer still reads, or lets the rounds run out of turn;
+# a wait for everything in `_wait_scores` is correct but serialises the softmax and the matmuls. Test your
+# parities on the CPU first with `ring_order` below, which plays the producer and both consumers through the
+# mbarrier rule. Graded (optional, out of 100 on a Hopper GPU, 60 without one): the parities (CPU), the compiled
+# kernel for sm_90a (CPU: it compiles, no spills, one more mbarrier wait and arrive per round than the kernel
+# without turns, and the overlapped score wait), and on a Hopper GPU correctness against float64 and speed
+# against the course's kernel. The `check(...)` cell at the end runs the CPU tests here; without a Hopper GPU
+# the GPU tests say "not run: needs sm_90".
 #
 # Do not import the course's `reference` package (the grader flags it).
 
@@ -42,9 +55,25 @@ LOG2E = 1.4426950408889634
 
 
 # %% [markdown]
-# ## Your part: the turn
+# ## Your part: the parities, the turn, the overlap wait
 
 # %%
+@gluon.jit
+def _ready_phase(t, STAGES: gl.constexpr):
+    """Parity a consumer waits for on slot ``t % STAGES``'s ready barrier before it reads tile ``t``."""
+    ### BEGIN SOLUTION
+    return (t // STAGES) & 1
+    ### END SOLUTION
+
+
+@gluon.jit
+def _empty_phase(t, STAGES: gl.constexpr):
+    """Parity the producer waits for on slot ``t % STAGES``'s empty barrier before it copies tile ``t`` there."""
+    ### BEGIN SOLUTION
+    return ((t // STAGES) & 1) ^ 1
+    ### END SOLUTION
+
+
 @gluon.jit
 def _turn_phase(r, WG: gl.constexpr):
     """Parity consumer ``WG`` waits for on ``turn_bars[WG]`` before matmul round ``r``."""
@@ -66,6 +95,14 @@ def _give_turn(turn_bars, WG: gl.constexpr):
     """Consumer ``WG`` has issued its round: the other consumer may issue its own."""
     ### BEGIN SOLUTION
     mbarrier.arrive(turn_bars.index(1 - WG))
+    ### END SOLUTION
+
+
+@gluon.jit
+def _wait_scores(s):
+    """FA3 Algorithm 2: wait for ``s = Q K_j^T`` only; ``P_{j-1} V_{j-1}``, issued after it, may still run."""
+    ### BEGIN SOLUTION
+    return warpgroup_mma_wait(1, deps=(s,))
     ### END SOLUTION
 
 
@@ -157,7 +194,7 @@ def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars,
         tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w), q_smem.index(w))
     for t in range(hi):
         slot = t % STAGES
-        free_phase = ((t // STAGES) & 1) ^ 1  # a fresh barrier counts as phase 1 complete: the first pass is free
+        free_phase = _empty_phase(t, STAGES)
         mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
         mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
@@ -180,7 +217,7 @@ def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.con
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
     s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
     if hi > 0:
-        mbarrier.wait(k_bars.index(0), 0)
+        mbarrier.wait(k_bars.index(0), _ready_phase(0, STAGES))
         if TURNS:
             _take_turn(turn_bars, WG, 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
@@ -194,15 +231,15 @@ def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.con
         for j in range(1, hi):
             slot = j % STAGES
             prev = (j - 1) % STAGES
-            mbarrier.wait(k_bars.index(slot), (j // STAGES) & 1)
-            mbarrier.wait(v_bars.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(k_bars.index(slot), _ready_phase(j, STAGES))
+            mbarrier.wait(v_bars.index(prev), _ready_phase(j - 1, STAGES))
             if TURNS:
                 _take_turn(turn_bars, WG, j)
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
             acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
             if TURNS:
                 _give_turn(turn_bars, WG)
-            s = warpgroup_mma_wait(1, deps=(s,))
+            s = _wait_scores(s)
             mbarrier.arrive(k_bars.index(STAGES + slot))
             p, alpha, m_i, l_i = _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
                                                  s_layout, BLOCK_M, BLOCK_N, CAUSAL)
@@ -211,7 +248,7 @@ def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.con
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_layout)
         last = (hi - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), ((hi - 1) // STAGES) & 1)
+        mbarrier.wait(v_bars.index(last), _ready_phase(hi - 1, STAGES))
         if TURNS:
             _take_turn(turn_bars, WG, hi)
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
@@ -330,9 +367,74 @@ def turn_order(n_rounds=6):
     return order
 
 
+def ring_order(n_tiles=4, stages=2):
+    """Given: play the producer and both consumers over ``n_tiles`` K/V tiles in a ``stages``-slot ring with your
+    ``_ready_phase``, ``_empty_phase`` and ``_turn_phase`` (the mbarrier rule: a barrier counts completed phases,
+    a wait for parity ``P`` passes iff ``phases & 1 != P``); agents move one step at a time in turn. Returns the
+    matmul rounds in issue order, ending in ``"HANG: ..."`` (every agent waits) or ``"RACE: ..."`` (a consumer
+    reads a slot that holds another tile: the producer overwrote it too early) or ``"OUT OF TURN: ..."``."""
+    ready, empty = _ready_phase.fn, _empty_phase.fn
+    phases = {}                                    # barrier name -> [completed phases, arrivals still pending]
+    def bar(name, count):
+        return phases.setdefault(name, [0, count])
+    def arrive(name, count):
+        b = bar(name, count)
+        b[1] -= 1
+        if b[1] == 0:
+            b[0], b[1] = b[0] + 1, count
+    slots, order = {}, []
+    def producer():
+        for t in range(n_tiles):
+            for kind in "KV":
+                yield (f"{kind} empty[{t % stages}]", 2, int(empty(t, stages)))
+                slots[kind, t % stages] = t
+                arrive(f"{kind} ready[{t % stages}]", 1)
+    def consumer(wg):
+        for r in range(n_tiles + 1):
+            if r < n_tiles:
+                yield (f"K ready[{r % stages}]", 1, int(ready(r, stages)))
+            if r >= 1:
+                yield (f"V ready[{(r - 1) % stages}]", 1, int(ready(r - 1, stages)))
+            yield (f"turn[{wg}]", 1, int(_turn_phase.fn(r, wg)))
+            for kind, t in (("K", r), ("V", r - 1)):
+                if 0 <= t < n_tiles and slots.get((kind, t % stages)) != t:
+                    order.append(f"RACE: WG{wg} round {r} reads {kind} slot {t % stages} for tile {t}, which holds "
+                                 f"tile {slots.get((kind, t % stages))}")
+                    return
+            order.append(f"WG{wg} r{r}")
+            arrive(f"turn[{1 - wg}]", 1)
+            if r < n_tiles:
+                arrive(f"K empty[{r % stages}]", 2)
+            if r >= 1:
+                arrive(f"V empty[{(r - 1) % stages}]", 2)
+    agents = {"producer": producer(), "WG0": consumer(0), "WG1": consumer(1)}
+    waiting = {}
+    while agents:
+        moved = False
+        for name in list(agents):
+            if name not in waiting:
+                moved = True                       # it ran up to its next wait (its arrivals happened)
+                try:
+                    waiting[name] = next(agents[name])
+                except StopIteration:
+                    del agents[name]
+                    continue
+            bname, count, parity = waiting[name]
+            if (bar(bname, count)[0] & 1) != parity:
+                del waiting[name]
+                moved = True
+            if order and order[-1].startswith("RACE"):
+                return order
+        if not moved:
+            return order + ["HANG: " + ", ".join(f"{n} waits on {w[0]} for parity {w[2]}" for n, w in waiting.items())]
+    if order != [f"WG{w} r{r}" for r in range(n_tiles + 1) for w in (0, 1)]:
+        order.append("OUT OF TURN: the rounds must alternate WG0, WG1, starting with WG0's round 0")
+    return order
+
+
 # %% tags=["check"]
 from autograder.check import check
 
-# on a CPU: your turn phases and order, and the kernel compiled for sm_90a (both judged as the grader judges
+# on a CPU: your parities and turn order, and the kernel compiled for sm_90a (both judged as the grader judges
 # them); correctness and speed say "not run: needs sm_90" without a Hopper GPU
 check("a7.flash_attention_forward_pingpong", flash_attention_forward_pingpong)

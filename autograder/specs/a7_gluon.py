@@ -1,14 +1,17 @@
 """Spec of the optional assignment a7_gluon: the ping-pong turn of a warp-specialised Gluon FA3 forward (lecture 6
 section 10; FA3, Shah et al. 2024, section 3.1).
 
-The student writes ``_turn_phase``, ``_take_turn`` and ``_give_turn``; the graded function is the given host
+The student writes the kernel's synchronisation: the ring's parities ``_ready_phase`` and ``_empty_phase``, the
+ping-pong turn ``_turn_phase``, ``_take_turn``, ``_give_turn``, and the overlapped score wait ``_wait_scores``;
+the graded function is the given host
 wrapper ``flash_attention_forward_pingpong(q, k, v, causal=False, scale=None) -> (o, lse)`` that launches their
 kernel. Out of 100 on a Hopper GPU (compute capability 9.0), 60 elsewhere:
 
 * CPU, from the grading parent (``Test.parent_check``, ``autograder/gluon_compile.py``; the kernel never runs, so
-  a wrong phase cannot hang the grader): the phase formula evaluated as plain Python and the turns played through
-  the mbarrier rule (30); the kernel compiled for sm_90a with and without the turns: it compiles, nothing spills,
-  exactly one more mbarrier wait and arrival per matmul round and consumer (+6 / +6), wgmma matmuls (30);
+  a wrong phase cannot hang the grader): the parities evaluated as plain Python, the producer and both
+  consumers played through the mbarrier model with them, then each value against the model's (30); the kernel
+  compiled for sm_90a with and without the turns: it compiles, nothing spills, exactly one more mbarrier wait
+  and arrival per matmul round and consumer (+6 / +6), wgmma matmuls, the score wait leaves P V in flight (30);
 * Hopper GPU only (``min_capability=(9, 0)``; "not run: needs sm_90" elsewhere): correctness against float64
   (ragged N, causal Nq != Nk, GQA, d = 64 and 128, bf16 and fp16; 25) and speed against the course's persistent
   ping-pong forward ``reference.triton.flash_attention_forward_gluon`` (15; full points up to 1.5x its time: the
@@ -46,8 +49,9 @@ GPU_SPEED = [dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=128, dtype="bfloat16",
              dict(B=4, Hq=16, Hkv=16, Nq=4096, Nk=4096, d=128, dtype="bfloat16", causal=True, timing_only=True)]
 
 TESTS = [
-    Test(f"{TID}: turn phases and order (CPU, the kernel never runs)", TID, 30, parent_check=phase_check),
-    Test(f"{TID}: compiles for sm_90a, no spills, one turn wait + arrive per round (CPU)", TID, 30,
+    Test(f"{TID}: parities and turn order (CPU, the kernel never runs)", TID, 30, parent_check=phase_check),
+    Test(f"{TID}: compiles for sm_90a, no spills, one turn wait + arrive per round, overlapped score wait (CPU)",
+         TID, 30,
          parent_check=compile_check),
     Test(f"{TID}: correctness vs float64 (Hopper GPU)", TID, 25,
          [dict(B=1, Hq=2, Hkv=2, Nq=200, Nk=200, d=64, dtype="bfloat16", causal=True)], _hidden,

@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Lecture 0 — Attention, from a weighted sum to multi-head, GQA and masks
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Compute single-head attention by hand for a 2 x 2 example and check it against `reference.numpy.attention`.
+# 2. Explain why the scores are scaled by $1/\sqrt d$, and what goes wrong in the softmax without it.
+# 3. State how many query heads share a key/value head in GQA and MQA, and by how much each shrinks the KV cache.
+# 4. Draw the bottom-right causal mask for $N_q \ne N_k$ and count the visible (query, key) pairs.
+# 5. Compute the memory of the $N \times N$ score matrix for a given $N$ and say why it is the problem the course solves.
+#
 # This course is about making one formula fast:
 #
 # $$\mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{QK^\top}{\sqrt d}\right) V .$$

@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 1 — Softmax: overflow, the max trick, and softmax in pieces
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Find the smallest logit at which the textbook softmax overflows in float16.
+# 2. Prove that subtracting the row maximum leaves the softmax unchanged.
+# 3. Merge the $(m, \ell)$ statistics of two pieces of a row, and rescale partial outputs the same way.
+# 4. Implement online softmax in one streaming pass (a1's `online_softmax`).
+#
 # FlashAttention rests on one small fact: **a softmax can be computed in pieces and the pieces fixed up
 # afterwards**, using two numbers per row. This lecture derives that fact from the numerical problem that
 # motivates it (float16 overflow), using `reference.numpy.softmax`.

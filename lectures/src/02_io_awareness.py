@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 2 — IO-awareness: attention is bottlenecked by memory, not FLOPs
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Classify an operation as memory- or compute-bound from its arithmetic intensity and the GPU's balance.
+# 2. Reproduce the 40.3 GB vs 4.4 GB HBM table with the IO model and explain the difference.
+# 3. State the $\Theta(N^2 d^2 / M)$ law and predict how the traffic changes with $M$.
+# 4. Explain how tiling cuts a matmul's HBM traffic, and why the same idea applies to attention.
+#
 # *"The biggest cost is in moving the bits!"* (Tri Dao). This lecture quantifies that sentence with an IO
 # model of a GPU (`reference.simulators.iosim`): HBM plus a small on-chip SRAM, counting every byte an algorithm moves
 # between them. It reproduces the seeds' table (standard attention 40.3 GB vs FlashAttention 4.4 GB of HBM

@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 3 — FlashAttention-2 in NumPy: tiling
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Trace Algorithm 1 of FlashAttention-2 for one query block, naming what each line keeps on chip.
+# 2. Show that the tiled forward is exact for any block sizes, shapes and masks (against float64).
+# 3. Count the tiles a causal forward visits and which of them need an element-wise mask.
+# 4. Measure that the forward's memory grows linearly in $N$.
+#
 # FlashAttention computes *exact* attention by blocks so that the $N \times N$ matrices never reach HBM. Its two
 # techniques (seeds):
 #

@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 4 — The backward pass: recomputation beats storage
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Derive the gradients of attention, including $D = \mathrm{rowsum}(dO \circ O)$.
+# 2. Trace Algorithm 2 for one key block and say where $dQ$, $dK$, $dV$ accumulate.
+# 3. List what the forward must store for the backward and its size compared with $P$.
+# 4. Explain why recomputing $P$ is faster than storing it despite 13-17% more FLOPs.
+#
 # Training needs gradients. Standard attention keeps the $N \times N$ probability matrix $P$ from the forward
 # pass to use in the backward pass. FlashAttention's second technique is to **not** keep it: store only the
 # output $O$ and one number per row — the logsumexp $L$ — and *recompute* $P$ tile by tile in the backward pass,

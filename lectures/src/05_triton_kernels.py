@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 5 — From the algorithm to a GPU kernel: parallelism and Triton
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Map FlashAttention-2's loops to a GPU launch grid and compute its number of programs.
+# 2. Contrast split-K (FA1) and split-Q (FA2) across warps and say what split-Q saves.
+# 3. Read a Triton kernel: program ids, block pointers, masks, `tl.dot`, and run it in the interpreter.
+# 4. Say what the interpreter checks on a CPU and what only a GPU run can show.
+#
 # Algorithm 1 (lecture 3) is two nested loops. On a GPU the question is *which loop runs in parallel, and at
 # which level*: the GPU has many streaming multiprocessors (SMs: 108 on an A100, 132 on an H100), each runs
 # **thread blocks** (CTAs), and each thread block is made of **warps** of 32 threads. Thread blocks cannot talk

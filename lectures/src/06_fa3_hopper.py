@@ -1,6 +1,14 @@
 # %% [markdown]
 # # Lecture 6 — FlashAttention-3: optimizing attention for Hopper (and Blackwell)
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Explain why the exponential limits FlashAttention on Hopper, using the cycle model's exp-to-matmul ratio.
+# 2. Describe ping-pong (inter-warpgroup) and intra-warpgroup overlap, and the mbarriers that order them.
+# 3. Explain how a Hadamard rotation lowers the FP8 quantisation error, and reproduce the effect.
+# 4. Compare naive and LPT tile schedules for causal attention with the scheduling simulator.
+# 5. Read the phases of a warp-specialised kernel's barriers through the mbarrier model.
+#
 # FlashAttention-2 reaches ~70% of peak on an A100 but only **35–40% on an H100**. Tri Dao's talk
 # ("Optimizing Attention for Modern Hardware"; Shah, Bikshandi, Zhang, Thakkar, Ramani, Dao) explains why and
 # what FlashAttention-3 does about it:
@@ -515,8 +523,9 @@ barrier_timeline(ax, events, rows, "4 K/V tiles through a 2-slot ring, two consu
 plt.tight_layout()
 print("matmul rounds in issue order:", " | ".join(f"{e.agent} {e.detail.split(': ')[1]}" for e in events
                                                  if e.action == "issue")[:230], "...")
-for name, bad in (("turn parity (r & 1) ^ WG", dict(turn_phase_fn=lambda r, wg: (r & 1) ^ wg)),
-                  ("empty parity without ^ 1", dict(empty_phase_fn=lambda t, s: (t // s) & 1))):
+for name, bad in (("turn parities of the two warpgroups swapped",
+                   dict(turn_phase_fn=lambda r, wg: mb.turn_phase(r, 1 - wg))),
+                  ("empty barrier waited with the ready parity", dict(empty_phase_fn=mb.ready_phase))):
     try:
         mb.run_pingpong(4, 2, **bad)
     except mb.ProtocolError as err:

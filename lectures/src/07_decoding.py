@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 7 — Decoding — the KV cache, Flash-Decoding and recursive attention
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Compute the KV cache's size per token and say why decode is memory-bound.
+# 2. Explain why FlashAttention-2 leaves most SMs idle at decode.
+# 3. Split one query's keys across programs and merge the results exactly (Flash-Decoding).
+# 4. Show that attention over a union of key sets is recovered from the parts' outputs and lse.
+#
 # Training processes whole sequences; generation produces **one token at a time**. That changes what is slow:
 # the query shrinks to a single row, the keys and values of the whole history must be re-read at every step, and
 # FlashAttention's parallelism over query blocks disappears. This lecture covers the KV cache

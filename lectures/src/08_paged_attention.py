@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 8 — PagedAttention: virtual memory for the KV cache
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Quantify the memory a static KV cache wastes with the fragmentation simulator.
+# 2. Map a sequence's logical blocks to physical blocks with a block table.
+# 3. Fork a sequence with copy-on-write and say when a block is copied.
+# 4. Compute attention over a paged KV cache and check it against contiguous attention.
+#
 # Lecture 7 made each decode step fast. This lecture is about *memory*: how many sequences fit on a GPU at once,
 # which sets the batch size and therefore the serving throughput. A static KV cache wastes most of its memory;
 # vLLM's PagedAttention (Kwon et al., SOSP 2023) manages the cache the way an operating system manages RAM —

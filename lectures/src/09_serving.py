@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 9 — The serving path: packing, chunked prefill, prefix sharing, eager calls
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Pack variable-length sequences with `cu_seqlens` and compute how much padding it saves.
+# 2. Explain chunked prefill over a paged cache and the chunk-size trade-off.
+# 3. Share a prompt prefix with cascade attention and merge the prefix and suffix parts.
+# 4. Separate a small kernel's host (launch) time from its GPU time and say what removes the former.
+#
 # Lectures 7 and 8 made one decode step fast and the KV cache compact. A serving engine (vLLM, SGLang,
 # FlashInfer-based engines) needs four more things, and this lecture builds each one and measures it:
 #

@@ -1,6 +1,13 @@
 # %% [markdown]
 # # Lecture 10 — Beyond one GPU: ring attention (context parallelism)
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Explain why splitting the keys across devices is exact (the merge rule).
+# 2. Trace the K/V ring: what each device sends and computes at each step.
+# 3. Compute the load imbalance of naive causal ring attention and show the zig-zag layout removes it.
+# 4. State when a ring step's communication hides behind its computation.
+#
 # FlashAttention made attention's memory linear in the sequence length, but it still runs on **one** device: the
 # keys and values of the whole sequence must sit in that device's memory, and one device does all N² work. For
 # a million-token context that is too much memory and too much time. This lecture splits the *sequence* across
