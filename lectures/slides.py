@@ -8,8 +8,8 @@ section begin a slide, a ``### `` subsection a vertical sub-slide, every other c
 
 Offline: the decks load nothing from the network when viewed. reveal.js 4 (the layout nbconvert's template
 reads), RequireJS (the template loads reveal.js through it), jQuery (its scroll code) and MathJax 2 (the
-template configures ``MathJax.Hub``) are installed with npm into ``build/slides/vendor`` (pinned in ``VENDOR``, once) and the parts
-a deck uses are copied to ``<out>/lib/``; the exporter's URLs point there, relative to the deck, so the folder
+template configures ``MathJax.Hub``) come from pinned PyPI wheels (``VENDOR``), downloaded once into
+``build/slides-vendor`` without installing them, and the parts a deck uses are copied to ``<out>/lib/``; the exporter's URLs point there, relative to the deck, so the folder
 can be zipped and opened anywhere. ``remote_loads`` lists what a page would fetch from another host (scripts,
 stylesheets, images, RequireJS modules, CSS ``url()``/``@import``), and ``build`` refuses a deck that has any.
 """
@@ -19,7 +19,6 @@ import argparse
 import copy
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,13 +27,19 @@ import nbformat
 
 LECTURES = Path(__file__).resolve().parent
 ROOT = LECTURES.parent
-VENDOR = {"reveal.js": "4.6.1", "requirejs": "2.3.7", "mathjax": "2.7.9", "jquery": "2.2.4"}
-#: the files of each package a deck loads (reveal.js's dist and its notes plugin; MathJax's CommonHTML output)
-KEEP = {"reveal.js": ("dist", "plugin/notes", "LICENSE"),
-        "requirejs": ("require.js",),
-        "jquery": ("dist/jquery.min.js", "LICENSE.txt"),
-        "mathjax": ("MathJax.js", "LICENSE", "config/TeX-AMS_CHTML-full.js", "extensions", "jax/input/TeX",
-                    "jax/output/CommonHTML", "jax/element", "localization/en", "fonts/HTML-CSS/TeX/woff")}
+#: where each script a deck loads comes from: a pinned wheel on PyPI (the index ``make setup`` already uses) and,
+#: per package, the folder inside the wheel and the parts of it a deck needs. reveal.js 4 is the copy that
+#: sphinx-revealjs ships, RequireJS and jQuery nbclassic's, MathJax 2 (HTML-CSS output, STIX-Web fonts, the
+#: configuration the classic notebook used) jupyter-server-mathjax's.
+VENDOR = {
+    "reveal.js": ("sphinx-revealjs==2.9.3", "sphinx_revealjs/themes/sphinx_revealjs/static/revealjs4/",
+                  ("dist/", "plugin/notes/")),
+    "requirejs": ("nbclassic==1.3.3", "nbclassic/static/components/requirejs/", ("require.js",)),
+    "jquery": ("nbclassic==1.3.3", "nbclassic/static/components/jquery/", ("dist/jquery.min.js",)),
+    "mathjax": ("jupyter-server-mathjax==0.2.6", "jupyter_server_mathjax/static/",
+                ("MathJax.js", "LICENSE", "config/", "extensions/", "jax/input/TeX/", "jax/output/HTML-CSS/",
+                 "jax/element/", "localization/en/", "fonts/HTML-CSS/STIX-Web/woff/")),
+}
 
 
 def slide_types(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
@@ -53,32 +58,43 @@ def slide_types(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
 
 
 def vendor(cache: Path) -> Path:
-    """``cache/node_modules`` with ``VENDOR`` installed (npm, once); raises with the command if npm fails."""
-    mods = cache / "node_modules"
-    if all((mods / name / "package.json").exists() and
-           f'"version": "{v}"' in (mods / name / "package.json").read_text() for name, v in VENDOR.items()):
-        return mods
+    """The wheels of ``VENDOR`` in ``cache`` (downloaded once with pip, no dependencies, nothing installed);
+    raises with the command if pip cannot fetch them."""
     cache.mkdir(parents=True, exist_ok=True)
-    cmd = ["npm", "install", "--no-save", "--no-audit", "--no-fund", "--prefix", str(cache),
-           *(f"{n}@{v}" for n, v in VENDOR.items())]
-    if shutil.which("npm") is None:
-        raise RuntimeError("make slides needs npm (Node.js) to install reveal.js, RequireJS and MathJax once: "
-                           + " ".join(cmd))
-    p = subprocess.run(cmd, capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
-    return mods
+    wanted = sorted({spec for spec, _, _ in VENDOR.values()})
+    missing = [spec for spec in wanted if not _wheel(cache, spec)]
+    if missing:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d", str(cache),
+               *missing]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0 or any(not _wheel(cache, spec) for spec in missing):
+            raise RuntimeError(f"make slides fetches reveal.js, RequireJS, jQuery and MathJax once from PyPI: "
+                               f"{' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
+    return cache
 
 
-def copy_lib(mods: Path, out: Path) -> None:
-    """The ``KEEP`` parts of each vendored package into ``out/lib/<package>/``."""
-    for name, parts in KEEP.items():
-        for part in parts:
-            src, dst = mods / name / part, out / "lib" / name / part
-            if dst.exists():
-                continue
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            (shutil.copytree if src.is_dir() else shutil.copyfile)(src, dst)
+def _wheel(cache: Path, spec: str):
+    name, version = spec.split("==")
+    found = sorted(cache.glob(f"{name.replace('-', '_')}-{version}-*.whl"))
+    return found[0] if found else None
+
+
+def copy_lib(cache: Path, out: Path) -> None:
+    """The parts of each vendored package a deck loads into ``out/lib/<package>/``."""
+    import zipfile
+    for pkg, (spec, prefix, parts) in VENDOR.items():
+        dst_root = out / "lib" / pkg
+        if (dst_root / ".complete").exists():
+            continue
+        with zipfile.ZipFile(_wheel(cache, spec)) as z:
+            for member in z.namelist():
+                rel = member[len(prefix):] if member.startswith(prefix) else None
+                if rel and not member.endswith("/") and any(rel == p or (p.endswith("/") and rel.startswith(p))
+                                                            for p in parts):
+                    dst = dst_root / rel
+                    dst.parent.mkdir(parents=True, exist_ok=True)
+                    dst.write_bytes(z.read(member))
+        (dst_root / ".complete").write_text(spec)
 
 
 _LOADS = (r"<script[^>]*\bsrc\s*=\s*[\"']([^\"']+)", r"<link[^>]*\bhref\s*=\s*[\"']([^\"']+)",
@@ -117,7 +133,7 @@ def build(names=(), out: Path = ROOT / "build" / "slides", cache: Path = ROOT / 
     exporter = SlidesExporter(reveal_url_prefix="lib/reveal.js", reveal_scroll=True, reveal_theme="white",
                               reveal_transition="none", require_js_url="lib/requirejs/require.js",
                               jquery_url="lib/jquery/dist/jquery.min.js",
-                              mathjax_url="lib/mathjax/MathJax.js?config=TeX-AMS_CHTML-full,Safe",
+                              mathjax_url="lib/mathjax/MathJax.js?config=TeX-AMS-MML_HTMLorMML-full,Safe",
                               font_awesome_url="")
     written = []
     for p in nbs:

@@ -36,10 +36,13 @@ def test_remote_loads_finds_what_a_page_would_fetch():
 
 @pytest.fixture(scope="module")
 def deck(tmp_path_factory):
-    if shutil.which("npm") is None:
-        pytest.skip("npm (Node.js) is needed to install reveal.js, RequireJS, jQuery and MathJax")
     out = tmp_path_factory.mktemp("slides")
-    (path,) = build(["01_softmax"], out)
+    try:
+        (path,) = build(["01_softmax"], out)
+    except RuntimeError as e:   # no route to PyPI for the pinned reveal.js / MathJax wheels
+        if "pip download" not in str(e):
+            raise
+        pytest.skip(f"the slide libraries could not be fetched from PyPI: {str(e)[:300]}")
     return path
 
 
@@ -66,7 +69,7 @@ def test_the_deck_runs_offline_in_headless_chromium(deck, tmp_path):
                        capture_output=True, text=True, timeout=180)
     dom = p.stdout
     assert re.search(r'class="reveal [^"]*\bready\b', dom), "reveal.js did not initialise"
-    assert dom.count("MJXc-display") + dom.count("mjx-chtml") > 5, "MathJax did not typeset the formulas"
+    assert dom.count("MathJax_Display") + dom.count('class="MathJax"') > 5, "MathJax did not typeset the formulas"
     nb = nbformat.read(LECTURE, as_version=4)
     sections = sum(1 for c in nb.cells if c.cell_type == "markdown" and c.source.lstrip().startswith("## "))
     assert len(re.findall(r"<section\b", dom)) > sections
