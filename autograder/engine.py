@@ -2,9 +2,10 @@
 secret seed judged in this (parent) process, speed against the reference in a separate sandboxed child, flags.
 
 The parent is the only writer of results (T1); expected outputs exist only here (T2); comparisons run here on
-raw arrays (T3, T4). Every call gets fresh inputs (T5, T16). A child that dies or hangs costs only the points of
-the function it was running: the rest of that function's tests are skipped, the child is restarted for the
-next function.
+raw arrays (T3, T4). Every call gets fresh inputs (T5, T16). A child that dies, hangs, runs out of memory or hits
+a CUDA fault fails the test it was running, with a diagnosis (``diagnose.py``), never a flag: the next test runs
+in a fresh child; a task that hung, or crashed ``CRASHES_PER_TASK`` times, has its remaining tests skipped. T17
+needs positive evidence of a process trick (a flood, a process left behind, a trapped call).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import isolation
+from . import diagnose, isolation
 from . import specs as specs_mod
 from .evaluate import Verdict, audit_verdict, evaluate
 from .load_errors import cell_failures, failed_names, looks_like
@@ -43,7 +44,8 @@ EXPLAIN = {
     "T16": "timed calls returned wrong (cached) results", "T17": "denial of service / process tricks",
     "T18": "network, environment or file-system escape",
 }
-MAX_RESTARTS = 4
+MAX_RESTARTS = 16       # fresh children per grading (crashes, CUDA faults); each task may use CRASHES_PER_TASK
+CRASHES_PER_TASK = 2    # a task whose child died this often (or hung once) has its remaining tests skipped
 SAMPLE = 16384          # output elements re-checked on a timed rep that is not fully checked
 
 
@@ -117,15 +119,23 @@ def detect_device(requested="auto") -> str:
 
 
 class Grader:
+    """Grades submissions of one assignment. The constructor's arguments are the configuration; everything a
+    grading learns (flags, zeroed tasks, children, crashes, load errors, results) is per run: ``grade()`` starts
+    from a clean state (``_new_run``), so grading twice with one object gives the same result as two objects."""
+
     def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None, only=None):
         self.spec = specs_mod.load(assignment)
         self.only = list(only or ())     # grade only the tests whose name contains one of these
         self.device = device
         self.seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)
-        self.rng = np.random.default_rng(self.seed)
         self.log = log or (lambda *a: None)
         self.limits = limits or Limits(address_space=self.spec.address_space if device == "cpu" else None,
                                        rss_bytes=self.spec.rss_limit)
+        self._new_run()
+
+    def _new_run(self):
+        """The state of one grading run, all of it (nothing carries over from a previous ``grade()``)."""
+        self.rng = np.random.default_rng(self.seed)
         self.flags = []
         self.zeroed = {}                 # task id -> reason
         self.sandbox = None
@@ -144,8 +154,12 @@ class Grader:
         self.ref_error = ""              # why the reference child is broken
         self.results = []                # TestResults of the current grade()
         self.case_notes = {}             # test name -> how its cases were adapted to this GPU (bf16 -> fp16)
-        self.dead_tasks = {}             # task id -> why its tests are skipped (it crashed the sandbox)
+        self.dead_tasks = {}             # task id -> why its tests are skipped (it hung or kept crashing)
+        self.crashes = {}                # task id -> children it killed (crash, memory, CUDA fault)
+        self.case = None                 # the parameters of the case being run (for a crash's diagnosis)
+        self.fresh_child = False         # the child hit a CUDA fault: the next test gets a new one
         self._flooded = set()            # output floods already reported
+        self._isolation = None
 
     # -- flags --------------------------------------------------------------------------------------------
     def flag(self, threat, task_ids, message, source, where=""):
@@ -281,6 +295,8 @@ class Grader:
             msg = "not implemented yet (NotImplementedError)" if h["exc"] == "NotImplementedError" else \
                 f"raised {h['exc']}: {h['msg']}" + (f" [{h['tb'].splitlines()[-1]}]" if h.get("tb") else "")
             self._after_call(task, h)
+            if diagnose.is_cuda_fault(h.get("msg", "")):
+                msg = self._cuda_fault(task, h)
             return Verdict(False, float("inf"), msg)
         h["arrays"] = _host_arrays(h, arrs)
         v = evaluate(call, h, sent, self.device, memory_limit)
@@ -309,6 +325,14 @@ class Grader:
         if why:
             self.flag("T10", [task.id], why, "runtime")
         return why
+
+    def _cuda_fault(self, task, h) -> str:
+        """A CUDA fault raised as an exception: the child lives on, but its CUDA context is broken (the error
+        is sticky), so the next test, of this task or another, runs in a fresh child."""
+        self.fresh_child = True
+        case = _describe(self.case) if self.case else ""
+        return diagnose.crash(task.name, case, "crash", f"{h.get('exc')}: {h.get('msg', '')}",
+                              task.framework == "torch", task.tiled, self.case)
 
     def _after_call(self, task, h):
         for name in h.get("patched", []) or []:
@@ -378,7 +402,7 @@ class Grader:
             if self.load_info.get("errors"):
                 res.output += f" ({self.load_info['errors'][0]})"
             return res
-        self.current_task = task.id
+        self.current_task, self.case = task.id, None
         try:
             if test.kind == "speed":
                 self._speed(test, task, res)
@@ -386,23 +410,49 @@ class Grader:
                 self._correctness(test, task, res, sb)
         except SandboxDied as exc:
             res.score, res.status = 0.0, "failed"
-            res.output = exc.reason
-            if exc.kind in ("timeout", "crash"):
-                self.flag("T17", [task.id], f"{task.name}: {exc.reason}", "sandbox")
-            self.dead_tasks[task.id] = f"{task.name} crashed or hung the sandbox earlier ({exc.reason})"
-            self.drop_student()
+            res.output = self._died(task, exc)
         finally:
             self.current_task = None
             res.time = time.monotonic() - t0
             if test.name in self.case_notes:
                 res.output = f"{res.output} ({self.case_notes[test.name]})" if res.output else \
                     self.case_notes[test.name]
-        if self.sandbox is not None:
-            for f in set(self.sandbox.floods()) - self._flooded:
-                self._flooded.add(f)
-                self.flag("T17", [task.id], f"{task.name} filled {f} up to the file-size limit "
-                                            f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
+        self._check_floods(task)
+        if self.fresh_child:                 # a CUDA fault: this child's CUDA context is broken for every task
+            self.fresh_child = False
+            self.drop_student()
         return res
+
+    def _check_floods(self, task):
+        """T17 on positive evidence only: a file of the child at the file-size limit (output or disk flood)."""
+        if self.sandbox is None:
+            return False
+        hit = False
+        for f in set(self.sandbox.floods()) - self._flooded:
+            self._flooded.add(f)
+            hit = True
+            self.flag("T17", [task.id], f"{task.name} filled {f} up to the file-size limit "
+                                        f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
+        return hit
+
+    def _died(self, task, exc) -> str:
+        """The student child died, hung or was killed while running ``task``: the failed test's diagnosis (a
+        crash is a wrong program, not cheating: no flag unless a flood shows a process trick). The next test
+        runs in a fresh child; a task that hung, or died ``CRASHES_PER_TASK`` times, is not run again."""
+        flooded = self._check_floods(task) or "SIGXFSZ" in exc.reason
+        if flooded:
+            self.flag("T17", [task.id], f"{task.name}: {exc.reason}", "sandbox")
+        case = _describe(self.case) if self.case else ""
+        msg = diagnose.crash(task.name, case, exc.kind, exc.reason, task.framework == "torch", task.tiled,
+                             self.case, task.case_timeout)
+        if exc.kind not in ("timeout", "crash"):
+            msg = exc.reason
+        self.crashes[task.id] = self.crashes.get(task.id, 0) + 1
+        if exc.kind == "timeout" or self.crashes[task.id] >= CRASHES_PER_TASK or flooded:
+            what = "hung" if exc.kind == "timeout" else "crashed"
+            self.dead_tasks[task.id] = f"{task.name} {what} on an earlier test ({msg})"
+        self.drop_student()
+        return msg
 
     def _parent_check(self, test, task, res):
         """``test.parent_check(ChildChecks)``: the compile child computes (probes, compiles), this process judges."""
@@ -413,10 +463,8 @@ class Grader:
             res.output = msg
         except ChildError as exc:
             res.output = str(exc)
-        except SandboxDied as exc:
+        except SandboxDied as exc:          # a failed check with the reason, never a flag by itself (T20)
             res.output = exc.reason
-            if exc.kind in ("timeout", "crash"):
-                self.flag("T17", [task.id], f"{test.name}: {exc.reason}", "sandbox")
             self.drop_compile_child()
         finally:
             self.current_task = None
@@ -428,6 +476,7 @@ class Grader:
             if call.mode != "script":
                 call.expected = task.oracle(call)
             limit = test.memory_limit(params) if test.memory_limit else None
+            self.case = params
             h, arrs, sent = self.run_call(sb, task, call, trace_memory=limit is not None, on_trap=self._on_trap)
             v = self.judge(task, call, h, arrs, sent, limit, test=test, params=params)
             n += 1
@@ -517,6 +566,7 @@ class Grader:
         outputs are compared with the reference child's: whole on rep 1 and one random later rep, a seeded
         sample of ``SAMPLE`` elements otherwise (T5/T16). Returns the timed reps, or why the case stopped."""
         template = task.build(params, self.rng)     # shapes, dtypes and integer arguments (seq_lens, tables)
+        self.case = params
         full_reps = {1, int(self.rng.integers(2, test.reps + 1))} if test.reps >= 2 else {1}
         timing = _Timing()
         for rep in range(test.reps + 1):                       # rep 0 is a warm-up (checked, not timed)
@@ -537,6 +587,8 @@ class Grader:
             if hs["t"] != "result":
                 timing.stop = f"timed call raised {hs.get('exc')}: {hs.get('msg', '')[:200]}"
                 self._after_call(task, hs)
+                if diagnose.is_cuda_fault(hs.get("msg", "")):
+                    timing.stop = self._cuda_fault(task, hs)
                 return timing
             v = self._check_timed(task, template, hs, as_, hr, ar)
             self._after_call(task, hs)
@@ -554,7 +606,7 @@ class Grader:
     # -- the whole submission -----------------------------------------------------------------------------
     def grade(self, path) -> dict:
         t0 = time.monotonic()
-        self.results, self.dead_tasks, self._flooded = [], {}, set()
+        self._new_run()
         error = None
         try:
             self.cells = load_cells(path)
