@@ -73,7 +73,7 @@ def describe_case(fn, case, args, kwargs) -> str:
     try:
         names = [n for n in inspect.signature(fn).parameters]
     except (TypeError, ValueError):
-        names = []
+        names = list(getattr(case.call, "arg_names", None) or [])
     pos = args[:-1] if case.header["mode"] == "autograd" else args
     parts = [f"{names[i] if i < len(names) else f'arg{i}'}: {_describe(a)}" for i, a in enumerate(pos)]
     parts += [f"{k}: {_describe(v)}" if hasattr(v, "shape") else f"{k}={v!r}" for k, v in kwargs.items()]

@@ -66,7 +66,9 @@ def crash(fn: str, case: str, kind: str, reason: str, triton: bool, tiled=(), pa
         return (f"{fn} ran out of memory{at} ({reason.split(' -- ')[-1]}): does it build a tensor much larger "
                 "than the inputs (an N x N matrix, a copy per tile)?")
     cuda = is_cuda_fault(reason)
-    what = "a CUDA fault" if cuda else (_what(reason) or "a crash of the process running it")
+    fault = CUDA_FAULT.search(reason) if cuda else None
+    what = f"a CUDA fault ({reason[fault.start():][:120].strip()})" if fault else \
+        (_what(reason) or "a crash of the process running it")
     msg = f"{fn} crashed{at}: {what}"
     if triton:
         if axes:

@@ -1,0 +1,102 @@
+"""A crash is a failed test with a diagnosis, never a flag (docs/design.md §6, T17/T20), in the grader, in
+``check()`` and in ``make check``; and a ``Grader`` carries nothing from one grading run to the next."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from autograder import diagnose
+from autograder.specs._base import Tiled
+
+ROOT = Path(__file__).resolve().parent.parent
+OWN = ROOT / "autograder/submissions/a1_attention/correct/own_numpy.py"
+# reads 64 elements 2**40 bytes apart: a segmentation fault, with no process trick (no ctypes, no signal)
+SEGFAULT = ("    import numpy as _np\n"
+            "    _np.lib.stride_tricks.as_strided(_np.zeros(4), shape=(64,), strides=(1 << 40,)).sum()\n")
+
+
+def _crashing_a1(tmp_path) -> Path:
+    """a1's correct submission whose ``safe_softmax`` segfaults on every call."""
+    src = OWN.read_text().replace("def safe_softmax(x, axis=-1):\n", "def safe_softmax(x, axis=-1):\n" + SEGFAULT, 1)
+    assert SEGFAULT in src
+    path = tmp_path / "crashing.py"
+    path.write_text(src)
+    return path
+
+
+def test_diagnosis_names_the_case_the_ragged_axis_and_the_mask():
+    tiled = (Tiled("row length", lambda p: p["shape"][-1], lambda p: 4096),)
+    msg = diagnose.crash("softmax", "shape=(5, 37)", "crash", "the sandboxed process exited -- killed by SIGSEGV",
+                         True, tiled, {"shape": (5, 37)})
+    assert "softmax crashed on shape=(5, 37)" in msg and "segmentation fault" in msg
+    assert "row length = 37, not a multiple of a block of 64" in msg and "tl.load/tl.store missing its mask" in msg
+    # a whole number of tiles: no axis named, the generic out-of-bounds hint
+    whole = diagnose.crash("softmax", "", "crash", "killed by SIGABRT", True, tiled, {"shape": (2, 128)})
+    assert "row length" not in whole and "abort" in whole and "outside its tensor" in whole
+    hang = diagnose.crash("flash_decode", "N=300", "timeout", "timed out", True, (), {}, 120)
+    assert "did not return within 120 s on N=300" in hang and "loop" in hang
+    cuda = diagnose.crash("flash_decode", "", "crash", "RuntimeError: CUDA error: an illegal memory access was "
+                          "encountered", True, (), {})
+    assert diagnose.is_cuda_fault(cuda) and "CUDA fault" in cuda and "fresh process" in cuda
+    assert not diagnose.is_cuda_fault("ValueError: q must be 4-D")
+
+
+def test_grader_fails_the_crashing_function_without_a_flag(tmp_path):
+    """The segfaulting function fails with the diagnosis; no flag; the other functions keep every point (each
+    test after the crash runs in a fresh child)."""
+    from autograder.engine import Grader
+    g = Grader("a1_attention", device="cpu", seed=5, only=["safe_softmax: basic", "safe_softmax: fully",
+                                                           "merge_states", "attention: basic"])
+    r = g.grade(_crashing_a1(tmp_path))
+    assert r["flags"] == [], r["flags"]
+    soft = [t for t in r["tests"] if t["task"] == "a1.safe_softmax"]
+    assert soft and all(t["score"] == 0 for t in soft)
+    assert "safe_softmax crashed" in soft[0]["output"] and "segmentation fault" in soft[0]["output"]
+    others = [t for t in r["tests"] if t["task"] != "a1.safe_softmax"]
+    assert others and all(t["status"] == "passed" for t in others), [(t["name"], t["output"]) for t in others]
+
+
+def test_a_grader_carries_nothing_between_runs(tmp_path):
+    """Grading a flagged submission, then a clean one, with the same object: the second has no flag, no zeroed
+    task, no restarts (``Grader._new_run``)."""
+    from autograder.engine import Grader
+    cheat = tmp_path / "cheat.py"
+    cheat.write_text(OWN.read_text() + "\nimport scipy\n")
+    g = Grader("a1_attention", device="cpu", seed=1, only=["merge_states"])
+    first = g.grade(cheat)
+    assert first["flags"] and first["score"] == 0
+    second = g.grade(OWN)
+    assert second["flags"] == [] and second["score"] == second["max_score"] > 0 and not g.zeroed
+    again = g.grade(cheat)
+    assert [f["id"] for f in again["flags"]] == [f["id"] for f in first["flags"]]
+
+
+def test_check_survives_a_crashing_function(capfd):
+    """``check()`` runs the cases in a forked worker: a segfault fails each case with a diagnosis, the caller
+    lives on, and no raw crash output ("Fatal Python error") reaches the screen."""
+    from autograder.check import check
+
+    def safe_softmax(x, axis=-1):
+        import numpy as _np
+        _np.lib.stride_tricks.as_strided(_np.zeros(4), shape=(64,), strides=(1 << 40,)).sum()
+
+    assert check("a1.safe_softmax", safe_softmax) is False
+    out = capfd.readouterr()
+    assert "safe_softmax crashed" in out.out and "Fatal Python error" not in out.out + out.err
+
+
+def test_make_check_exits_nonzero_with_the_diagnosis_and_no_raw_crash(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "pytest", str(ROOT / "autograder/tests_visible"), "-q", "-p",
+                        "no:cacheprovider", "-p", "no:xdist", "--assignment", "a1", "--submission",
+                        str(_crashing_a1(tmp_path)), "-m", "safe_softmax or merge_states"],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out
+    assert "safe_softmax crashed" in out and "segmentation fault" in out, out
+    assert "Fatal Python error" not in out and "Segmentation fault" not in out, out
+    assert " passed" in out and "merge_states" not in out.split("short test summary")[-1], out
