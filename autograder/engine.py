@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import diagnose, isolation
+from . import diagnose, isolation, threats
 from . import specs as specs_mod
 from .evaluate import Verdict, audit_verdict, evaluate
 from .load_errors import cell_failures, failed_names, looks_like
@@ -30,20 +30,8 @@ from .sandbox import Limits, Sandbox, SandboxDied
 from .scan import scan
 from .submission import SubmissionError, load_cells
 
-# flags that zero every test of the task they are attributed to (cheating, not just a wrong answer)
-ZEROING = {"T1", "T2", "T3", "T4", "T10", "T11", "T13", "T14", "T15", "T16", "T17", "T18"}
-EXPLAIN = {
-    "T1": "tried to write files or forge output", "T2": "tried to read files, hidden cases or expected outputs",
-    "T3": "tampered with libraries or the grader (monkeypatching, introspection)",
-    "T4": "used pickling hooks", "T5": "replayed cached answers", "T6": "modified its inputs",
-    "T10": "the answer was not computed by the required implementation (a library function, or torch doing a "
-           "Triton part's work)",
-    "T11": "a forbidden call was caught by try/except (still recorded)",
-    "T12": "returned lower precision than asked", "T13": "hid work from the timer (threads/streams)",
-    "T14": "returned an array subclass or lazy object", "T15": "patched timers",
-    "T16": "timed calls returned wrong (cached) results", "T17": "denial of service / process tricks",
-    "T18": "network, environment or file-system escape",
-}
+# flags that zero every test of the task they are attributed to (cheating, not just a wrong answer): threats.ZEROING
+ZEROING = threats.ZEROING
 MAX_RESTARTS = 16       # fresh children per grading (crashes, CUDA faults); each task may use CRASHES_PER_TASK
 CRASHES_PER_TASK = 2    # a task whose child died this often (or hung once) has its remaining tests skipped
 SAMPLE = 16384          # output elements re-checked on a timed rep that is not fully checked
@@ -167,7 +155,7 @@ class Grader:
         if any(f["_key"] == key for f in self.flags):
             return
         self.flags.append({"_key": key, "id": threat, "tasks": sorted(task_ids), "message": message,
-                           "explanation": EXPLAIN.get(threat, ""), "source": source, "where": where})
+                           "explanation": threats.explain(threat), "source": source, "where": where})
         if threat in ZEROING:
             for t in task_ids:
                 self.zeroed.setdefault(t, f"{threat}: {message}")
@@ -175,9 +163,9 @@ class Grader:
     def _on_trap(self, h):
         task = self.current_task
         tasks = [task] if task else list(self.spec.tasks)
-        self.flag(h.get("threat", "T10"), tasks, f"runtime trap: {h.get('what')}", "runtime")
-        if h.get("threat") == "T10" and task:
-            self.flag("T11", [task], f"forbidden call {h.get('what')} (recorded even if caught)", "runtime")
+        self.flag(h.get("threat", threats.T10), tasks, f"runtime trap: {h.get('what')}", "runtime")
+        if h.get("threat") == threats.T10 and task:
+            self.flag(threats.T11, [task], f"forbidden call {h.get('what')} (recorded even if caught)", "runtime")
 
     # -- child management ---------------------------------------------------------------------------------
     def _graded_names(self):
@@ -212,10 +200,10 @@ class Grader:
                           "errors": [msg for _, msg in cell_failures(self.cells, reports, self.limits.file_bytes)][:10]}
         self._flooded |= set(sb.floods())    # output while loading is the cell's failure, not a task's flood
         for name in h.get("patched", []):
-            self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", list(self.spec.tasks),
+            self.flag(threats.T15 if name.startswith(("time.", "torch.cuda")) else threats.T3, list(self.spec.tasks),
                       f"patched {name} while loading", "runtime")
         if h.get("threads", 0) > 0:
-            self.flag("T13", list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading", "runtime")
+            self.flag(threats.T13, list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading", "runtime")
         return sb
 
     def student(self):
@@ -323,7 +311,7 @@ class Grader:
         if why is None and passed and h.get("launches") == 0:
             why = "no Triton kernel was launched (the work must be done in Triton)"
         if why:
-            self.flag("T10", [task.id], why, "runtime")
+            self.flag(threats.T10, [task.id], why, "runtime")
         return why
 
     def _cuda_fault(self, task, h) -> str:
@@ -336,7 +324,7 @@ class Grader:
 
     def _after_call(self, task, h):
         for name in h.get("patched", []) or []:
-            self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", [task.id],
+            self.flag(threats.T15 if name.startswith(("time.", "torch.cuda")) else threats.T3, [task.id],
                       f"patched {name}", "runtime")
 
     # -- tests --------------------------------------------------------------------------------------------
@@ -431,7 +419,7 @@ class Grader:
         for f in set(self.sandbox.floods()) - self._flooded:
             self._flooded.add(f)
             hit = True
-            self.flag("T17", [task.id], f"{task.name} filled {f} up to the file-size limit "
+            self.flag(threats.T17, [task.id], f"{task.name} filled {f} up to the file-size limit "
                                         f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
         return hit
 
@@ -441,7 +429,7 @@ class Grader:
         runs in a fresh child; a task that hung, or died ``CRASHES_PER_TASK`` times, is not run again."""
         flooded = self._check_floods(task) or "SIGXFSZ" in exc.reason
         if flooded:
-            self.flag("T17", [task.id], f"{task.name}: {exc.reason}", "sandbox")
+            self.flag(threats.T17, [task.id], f"{task.name}: {exc.reason}", "sandbox")
         case = _describe(self.case) if self.case else ""
         msg = diagnose.crash(task.name, case, exc.kind, exc.reason, task.framework == "torch", task.tiled,
                              self.case, task.case_timeout)
@@ -531,7 +519,7 @@ class Grader:
             self.flag(threat, [task.id], msg, "runtime")
         why = self._authorship(task, hs, v.passed)         # timed calls are audited like every other call
         if why:
-            return Verdict(False, v.err, why, [("T10", why)])
+            return Verdict(False, v.err, why, [(threats.T10, why)])
         return v
 
     def _speed(self, test, task, res):
@@ -551,7 +539,7 @@ class Grader:
                 res.status = t.status or res.status
                 if t.wrong and not t.flagged and all(r.status == "passed" for r in self.results
                                                      if r.task == task.id and r.name != test.name):
-                    self.flag("T16", [task.id], "timed calls returned wrong results although the correctness "
+                    self.flag(threats.T16, [task.id], "timed calls returned wrong results although the correctness "
                                                 "tests passed (cached or replayed answers)", "runtime")
                 return
             student_s, reference_s = statistics.median(t.student), statistics.median(t.reference)
