@@ -100,3 +100,45 @@ def test_make_check_exits_nonzero_with_the_diagnosis_and_no_raw_crash(tmp_path):
     assert "safe_softmax crashed" in out and "segmentation fault" in out, out
     assert "Fatal Python error" not in out and "Segmentation fault" not in out, out
     assert " passed" in out and "merge_states" not in out.split("short test summary")[-1], out
+
+
+A4 = ROOT / "assignments/a4_decoding/a4_decoding_solution.py"
+A4_TESTS = ["flash_decode: basic", "flash_decode: GQA", "lpt_schedule"]
+
+
+def _a4_grader():
+    from autograder.engine import Grader
+    return Grader("a4_decoding", device="cpu", seed=11, only=A4_TESTS)
+
+
+def test_a_hanging_kernel_fails_its_function_with_a_diagnosis_and_no_flag(tmp_path, monkeypatch):
+    """The bundled ``w_decode_hangs`` (a key loop that never advances; on a GPU in the selftest), graded with a
+    short case time limit: flash_decode fails with "did not return", its next test is skipped, no flag, and the
+    pure-Python bonus part keeps its points."""
+    from autograder.selftest import SUB, materialise_mutant
+    sub = materialise_mutant(SUB / "a4_decoding/wrong/w_decode_hangs.mutant.json", tmp_path)
+    g = _a4_grader()
+    monkeypatch.setattr(g.spec.tasks["a4.flash_decode"], "case_timeout", 8)
+    r = g.grade(sub)
+    assert r["flags"] == [], r["flags"]
+    dec = [t for t in r["tests"] if t["task"] == "a4.flash_decode"]
+    assert dec and all(t["score"] == 0 for t in dec)
+    assert "flash_decode did not return within 8 s" in dec[0]["output"] and "loop" in dec[0]["output"]
+    assert dec[1]["output"].startswith("skipped: flash_decode hung on an earlier test")
+    lpt = [t for t in r["tests"] if t["task"] == "a4.lpt_schedule"]
+    assert lpt and all(t["status"] == "passed" for t in lpt), lpt
+
+
+def test_after_a_cuda_fault_the_next_test_runs_in_a_fresh_child(tmp_path):
+    """A CUDA fault is sticky (the child's CUDA context is broken): simulated here by the error a GPU raises. The
+    test fails with the diagnosis, the child is replaced, and the independent bonus part keeps its points."""
+    src = A4.read_text() + ("\n# %%\ndef flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None):\n"
+                            "    raise RuntimeError('CUDA error: an illegal memory access was encountered')\n")
+    sub = tmp_path / "fault.py"
+    sub.write_text(src)
+    r = _a4_grader().grade(sub)
+    assert r["flags"] == [], r["flags"]
+    dec = [t for t in r["tests"] if t["task"] == "a4.flash_decode"]
+    assert all(t["score"] == 0 and "CUDA fault" in t["output"] for t in dec), [t["output"] for t in dec]
+    assert r["sandbox"]["restarts"] >= len(dec)
+    assert all(t["status"] == "passed" for t in r["tests"] if t["task"] == "a4.lpt_schedule")
