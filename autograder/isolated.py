@@ -246,10 +246,12 @@ class SpawnWorker(_Worker):
     def _start(self):
         a, b = socket.socketpair()
         fd = b.detach()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # where this autograder lives
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "autograder.isolated", self.path, str(fd)],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(fd,),
-                                         cwd=os.getcwd())
+                                         cwd=os.getcwd(), env=env)
         os.close(fd)
         self.pid, self.conn = self.proc.pid, Connection(a.detach())
         try:
