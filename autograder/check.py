@@ -45,6 +45,7 @@ class FailedCase:
     kwargs: dict = field(default_factory=dict)
     script: list | None = None
     params: str = ""                   # the parameters as printed
+    crashed: bool = False              # it crashed or hung the worker: running it here would do the same
 
     def run(self, fn):
         """Call ``fn`` on this case's inputs the way the grader does; returns its output(s)."""
@@ -221,8 +222,9 @@ def check(task_id, fn, verbose=True) -> bool:
                          f"{tol:.0e}" if tol else "-", msg))
             if not ok and msg != NOT_IMPLEMENTED and case.call is not None:
                 args, kwargs = materialise(case.header, case.arrays, device)
+                crashed = " crashed" in msg or " did not return" in msg
                 failed.append(FailedCase(label, case.header["mode"], args, kwargs, case.header.get("script"),
-                                         describe_case(fn, case, args, kwargs)))
+                                         describe_case(fn, case, args, kwargs), crashed))
     except ValueError as exc:
         print(f"check: {exc}")
         return False
@@ -231,6 +233,9 @@ def check(task_id, fn, verbose=True) -> bool:
         for i, c in enumerate(failed):
             print(f"failed case {i} ({c.label}): {c.params}")
             print(f"  reproduce: {reproduce_line(fn, i, c.mode)}")
+            if c.crashed:
+                print("  (it crashed or hung a separate process: run here, it would take the notebook's kernel "
+                      "with it; fix the kernel first, or run it in a fresh kernel)")
     return all_ok
 
 

@@ -319,8 +319,12 @@ class Grader:
         is sticky), so the next test, of this task or another, runs in a fresh child."""
         self.fresh_child = True
         case = _describe(self.case) if self.case else ""
-        return diagnose.crash(task.name, case, "crash", f"{h.get('exc')}: {h.get('msg', '')}",
-                              task.framework == "torch", task.tiled, self.case)
+        msg = diagnose.crash(task.name, case, "crash", f"{h.get('exc')}: {h.get('msg', '')}",
+                             task.framework == "torch", task.tiled, self.case)
+        self.crashes[task.id] = self.crashes.get(task.id, 0) + 1
+        if self.crashes[task.id] >= CRASHES_PER_TASK:
+            self.dead_tasks[task.id] = f"{task.name} crashed on an earlier test ({msg})"
+        return msg
 
     def _after_call(self, task, h):
         for name in h.get("patched", []) or []:
