@@ -203,7 +203,8 @@ class Grader:
             self.flag(threats.T15 if name.startswith(("time.", "torch.cuda")) else threats.T3, list(self.spec.tasks),
                       f"patched {name} while loading", "runtime")
         if h.get("threads", 0) > 0:
-            self.flag(threats.T13, list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading", "runtime")
+            self.flag(threats.T13, list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading",
+                      "runtime")
         return sb
 
     def student(self):
