@@ -146,6 +146,7 @@ class Grader:
         self.crashes = {}                # task id -> children it killed (crash, memory, CUDA fault)
         self.case = None                 # the parameters of the case being run (for a crash's diagnosis)
         self.fresh_child = False         # the child hit a CUDA fault: the next test gets a new one
+        self.child_task = None           # the task whose tests the current student child ran last
         self._flooded = set()            # output floods already reported
         self._isolation = None
 
@@ -378,6 +379,7 @@ class Grader:
             self._parent_check(test, task, res)
             res.time = time.monotonic() - t0
             return res
+        self._child_per_kernel_task(task)
         try:
             sb = self.student()
         except SandboxDied as exc:
@@ -415,6 +417,19 @@ class Grader:
             self.fresh_child = False
             self.drop_student()
         return res
+
+    def _child_per_kernel_task(self, task):
+        """In Triton's interpreter (CPU) a store past a tensor's end writes into the child's heap: it may crash at
+        once, later, or never. So each function after a Triton part runs in a fresh child, and a corruption left
+        by one function cannot crash, and cost points to, another. (Not a restart: a crash budget is not spent.)"""
+        prev = self.child_task
+        self.child_task = task.id
+        if self.sandbox is None or self.device != "cpu" or prev in (None, task.id):
+            return
+        if self.spec.tasks[prev].framework == "torch":
+            self._flooded = set()
+            self.sandbox.stop()
+            self.sandbox = None
 
     def _check_floods(self, task):
         """T17 on positive evidence only: a file of the child at the file-size limit (output or disk flood)."""

@@ -84,8 +84,9 @@ THREATS = (
            "descendant dies with the child), leftover processes killed; the flag needs positive evidence (a "
            "trapped call, a flood, a process left behind). A crash, hang, OOM or CUDA fault is a failed test "
            "with a diagnosis, never this flag; the next test runs in a fresh child",
-           "a hang costs the case's time limit, and the task's other tests are skipped; a write past a buffer that "
-           "does not crash may corrupt the child silently (the next crash can land in a later test)", True),
+           "a hang costs the case's time limit, and the task's other tests are skipped; in the interpreter a write "
+           "past a buffer that does not crash corrupts the child silently (each function after a Triton part gets a "
+           "fresh child, so only the same function's later tests can pay for it)", True),
     Threat("T18", "network, environment or file-system escape",
            "reach the network, read secrets from the environment, leave files for the next submission",
            "a scrubbed environment, per-submission temporary and Triton cache directories, no network where the "
