@@ -271,6 +271,11 @@ class Grader:
             self.ref_task = task.id
         return self.ref_sandbox
 
+    def _drop_reference(self, why):
+        if self.ref_sandbox is not None:
+            self.ref_sandbox.stop()
+        self.ref_sandbox, self.ref_state, self.ref_error = None, "broken", why
+
     # -- one call -----------------------------------------------------------------------------------------
     def run_call(self, sb, task, call, trace_memory=False, timeout=None, on_trap=None):
         """Send one case, return the raw result header+arrays (or an error header)."""
@@ -585,8 +590,15 @@ class Grader:
             out = {}
             for who in order:
                 sb = self.student() if who == 0 else ref
-                out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None,
-                                       audit=rep == 0)
+                try:
+                    out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None,
+                                           audit=rep == 0)
+                except SandboxDied as exc:
+                    if who == 0:
+                        raise                        # the student's child: a failed test with a diagnosis
+                    self._drop_reference(exc.reason)   # the reference's own failure costs the student nothing
+                    timing.stop, timing.status = f"not run: the reference failed ({exc.reason})", "not run"
+                    return timing
             (hs, as_, ws, cs), (hr, ar, wr, cr) = out[0], out[1]
             if hr["t"] != "result":
                 timing.stop, timing.status = f"not run: the reference failed ({hr.get('exc')}: {hr.get('msg')})", \
