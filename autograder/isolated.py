@@ -278,6 +278,39 @@ class SpawnWorker(_Worker):
         return self.proc.poll() if self.proc else 0
 
 
+class InProcess:
+    """``make check`` where a worker cannot be spawned (no ``fork``/``pass_fds``: Windows): the notebook runs in
+    pytest's own process, as ``SpawnWorker``'s interface (a crash then ends the run)."""
+
+    def __init__(self, path):
+        self.path, self.loaded, self.sub = str(path), None, None
+
+    def start(self):
+        if self.sub is None:
+            from . import adapter
+            self.sub = adapter.load(self.path)
+            self.loaded = {"failed": dict(self.sub.failed), "output": self.sub.output,
+                           "names": [k for k in self.sub.namespace if not k.startswith("__")]}
+        return None
+
+    def run(self, task_id, name, case, timeout):
+        from . import check, visible
+        fn = self.sub.namespace[name]
+        if case.parent is not None:
+            from .local_checks import run_parent_check
+            ok, msg = run_parent_check(_parent_check(task_id, case.parent), fn)
+            return (ok, float("inf"), msg, None), ""
+        return check.run_case(case, fn, check._device(visible.framework(task_id))), ""
+
+    def close(self):
+        pass
+
+
+def worker_for(path):
+    """The ``make check`` worker: ``SpawnWorker`` on a POSIX system, else ``InProcess``."""
+    return SpawnWorker(path) if os.name == "posix" else InProcess(path)
+
+
 def _worker_main(path, fd):
     """``python -m autograder.isolated PATH FD``: load the notebook, report its load errors, serve cases."""
     from . import adapter, check, visible
