@@ -452,8 +452,9 @@ class Grader:
         """The student child died, hung or was killed while running ``task``: the failed test's diagnosis (a
         crash is a wrong program, not cheating: no flag unless a flood shows a process trick). The next test
         runs in a fresh child; a task that hung, or died ``CRASHES_PER_TASK`` times, is not run again."""
-        flooded = self._check_floods(task) or "SIGXFSZ" in exc.reason
-        if flooded:
+        flooded = self._check_floods(task)
+        if not flooded and "SIGXFSZ" in exc.reason:      # killed at the file-size limit: a flood all the same
+            flooded = True
             self.flag(threats.T17, [task.id], f"{task.name}: {exc.reason}", "sandbox")
         case = _describe(self.case) if self.case else ""
         msg = diagnose.crash(task.name, case, exc.kind, exc.reason, task.framework == "torch", task.tiled,
