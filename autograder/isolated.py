@@ -127,6 +127,8 @@ def _quiet_fds(path):
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+    # and Python's own streams: in a forked Jupyter kernel they are the parent's message channel, never to be used
+    sys.stdout = sys.stderr = open(1, "w", closefd=False, buffering=1)
 
 
 class _Worker:
