@@ -142,3 +142,22 @@ def test_after_a_cuda_fault_the_next_test_runs_in_a_fresh_child(tmp_path):
     assert all(t["score"] == 0 and "CUDA fault" in t["output"] for t in dec), [t["output"] for t in dec]
     assert r["sandbox"]["restarts"] >= len(dec)
     assert all(t["status"] == "passed" for t in r["tests"] if t["task"] == "a4.lpt_schedule")
+
+
+@pytest.mark.notebooks
+def test_check_in_a_jupyter_kernel_survives_a_segfault():
+    """``check()`` in a real notebook kernel: the crashing function's cases fail with the diagnosis and the kernel
+    runs the next cell."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import numpy as np\nfrom autograder.check import check\n"
+                                          "def safe_softmax(x, axis=-1):\n" + SEGFAULT.replace("_np", "np") +
+                                          "ok = check('a1.safe_softmax', safe_softmax)"),
+                nbformat.v4.new_code_cell("print('alive', ok)")]
+    client = nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT)}})
+    client.execute()
+    first = "".join(o.get("text", "") for o in nb.cells[0].outputs)
+    assert "safe_softmax crashed" in first and "segmentation fault" in first, first
+    assert "".join(o.get("text", "") for o in nb.cells[1].outputs).strip() == "alive False"
