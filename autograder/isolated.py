@@ -179,6 +179,8 @@ class _Worker:
             while self.pid and time.monotonic() < deadline and self._poll() is None:
                 time.sleep(0.02)
             self._kill()
+        with contextlib.suppress(OSError, AttributeError):
+            os.unlink(self.log)                       # the workers' raw output: nothing a student reads
 
 
 class ForkWorker(_Worker):
