@@ -62,6 +62,8 @@ def crash_message(task_id: str, fn_name: str, case, died: Died, triton: bool) ->
         tiled = find_task(task_id)[1].tiled
     except Exception:  # noqa: BLE001 -- a student release: no tile information, the generic hint
         pass
+    if died.kind == "skipped":
+        return f"skipped: {died.reason}"
     what = _case_words(params) if params else ""
     return diagnose.crash(fn_name, what, died.kind, died.reason, triton, tiled, params,
                           case_timeout(task_id) if died.kind == "timeout" else None)
@@ -132,12 +134,17 @@ def _quiet_fds(path):
 
 
 class _Worker:
-    """The parent's side: one worker process at a time, replaced after it dies, hangs or hits a CUDA fault."""
+    """The parent's side: one worker process at a time, replaced after it dies, hangs or hits a CUDA fault. After
+    a hang the function's remaining cases are not run (``Died("skipped")``): each would wait the time limit."""
     conn = None
     pid = None
+    hung = None
 
     def run(self, task_id, name, case, timeout):
         """``(passed, err, msg, tol)``, plus what the function printed; or a ``Died``."""
+        self.hung = self.hung if self.hung is not None else {}
+        if task_id in self.hung:
+            return Died("skipped", self.hung[task_id]), ""
         if self.conn is None:
             started = self._start()
             if isinstance(started, Died):
@@ -146,6 +153,7 @@ class _Worker:
             self.conn.send(("case", task_id, name, case))
             if not self.conn.poll(timeout):
                 self._kill()
+                self.hung[task_id] = f"{name} did not return within {timeout:.0f} s on an earlier case"
                 return Died("timeout", f"no answer within {timeout:.0f} s"), ""
             tag, res, printed = self.conn.recv()
         except (EOFError, OSError, pickle.PickleError):

@@ -177,3 +177,20 @@ def test_make_check_on_an_unmasked_triton_store(tmp_path):
     assert p.returncode != 0 and "softmax crashed" in out and "tl.load/tl.store missing its mask" in out, out
     for raw in ("Fatal Python error", "free(): invalid", "Segmentation fault", "core dumped", "Traceback"):
         assert raw not in out, out
+
+
+def test_check_stops_a_hanging_function_once(capfd, monkeypatch):
+    """A function that never returns: ``check()`` stops its first case at the time limit with the diagnosis and
+    skips the others (each would wait as long)."""
+    from autograder import isolated
+    from autograder.check import check
+    monkeypatch.setattr(isolated, "case_timeout", lambda task_id: 2.0)
+
+    def merge_states(o_a, lse_a, o_b, lse_b):
+        while True:
+            pass
+
+    assert check("a1.merge_states", merge_states) is False
+    rows = [ln for ln in capfd.readouterr().out.splitlines() if " FAIL " in ln]
+    assert "merge_states did not return within 2 s" in rows[0] and "loop" in rows[0]
+    assert len(rows) > 1 and all("skipped: merge_states did not return" in r for r in rows[1:])
