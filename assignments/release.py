@@ -63,7 +63,8 @@ QUIZZES = REPO / "docs" / "quizzes"
 CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py", "where.py",
                "specs/__init__.py", "specs/_base.py",
                # make check: the visible cases as pytest tests on the student's own notebook
-               "adapter.py", "submission.py", "percent.py", "load_errors.py",
+               "adapter.py", "submission.py", "percent.py", "load_errors.py", "isolated.py", "diagnose.py",
+               "threats.py",
                "tests_visible/__init__.py", "tests_visible/conftest.py", "tests_visible/test_visible.py")
 
 INIT = '''"""The in-notebook checker of the attention course (student release).

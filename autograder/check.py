@@ -3,7 +3,9 @@
 Runs the VISIBLE cases of one task in the notebook's own process (local feedback, no sandbox), compares with
 the grader's float64 oracle and prints one row per case: passed, relative error vs tolerance, message. It never
 raises for a failing or unimplemented student function (``NotImplementedError`` -> "not implemented yet") and
-returns True iff every case passed. Hidden cases, speed and the sandbox are the grader's business.
+returns True iff every case passed. Hidden cases, speed and the sandbox are the grader's business. The cases
+run in a forked worker (``isolated.ForkWorker``) where this process has no CUDA context: a kernel that crashes
+or hangs fails its case with a diagnosis, and the notebook's kernel lives on.
 
 For every failing case it also prints the case's parameters (argument shapes and dtypes, scalar arguments such
 as block sizes) and a one-line call that reproduces it: the inputs stay in ``check.failed`` after the call, so
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import visible
+from .diagnose import is_cuda_fault
 from .evaluate import evaluate, fmt_err
 from .runner import array_hash, execute, materialise
 from .where import exc_line, root
@@ -42,6 +45,7 @@ class FailedCase:
     kwargs: dict = field(default_factory=dict)
     script: list | None = None
     params: str = ""                   # the parameters as printed
+    crashed: bool = False              # it crashed or hung the worker: running it here would do the same
 
     def run(self, fn):
         """Call ``fn`` on this case's inputs the way the grader does; returns its output(s)."""
@@ -70,7 +74,7 @@ def describe_case(fn, case, args, kwargs) -> str:
     try:
         names = [n for n in inspect.signature(fn).parameters]
     except (TypeError, ValueError):
-        names = []
+        names = list(getattr(case.call, "arg_names", None) or [])
     pos = args[:-1] if case.header["mode"] == "autograd" else args
     parts = [f"{names[i] if i < len(names) else f'arg{i}'}: {_describe(a)}" for i, a in enumerate(pos)]
     parts += [f"{k}: {_describe(v)}" if hasattr(v, "shape") else f"{k}={v!r}" for k, v in kwargs.items()]
@@ -131,12 +135,51 @@ def needs_message(case, device) -> str | None:
     return None
 
 
+def _worker(task_id, fn, device):
+    """A forked worker for the cases of ``fn`` (``isolated.ForkWorker``), or None where fork cannot be used (this
+    process holds a CUDA context) or ``AUTOGRADER_CHECK_INPROCESS=1`` asks for the notebook's own process."""
+    from .isolated import ForkWorker
+    if os.environ.get("AUTOGRADER_CHECK_INPROCESS") == "1" or not ForkWorker.possible():
+        return None
+    return ForkWorker(lambda name: fn, lambda tid: device)
+
+
+def _isolated_case(worker, task_id, fn, case, device):
+    """``run_case`` in the worker; a crash or hang of the worker is the case's failure, with a diagnosis."""
+    from .isolated import Died, case_timeout, crash_message
+    res, printed = worker.run(task_id, getattr(fn, "__name__", "fn"), case, case_timeout(task_id))
+    if printed:
+        print(printed, end="")
+    if isinstance(res, Died):
+        name = getattr(fn, "__name__", task_id.split(".", 1)[-1])
+        return False, float("inf"), crash_message(task_id, name, case, res, visible.framework(task_id) == "torch"), \
+            None
+    return res
+
+
+def _in_process_case(task_id, fn, case, device):
+    res = run_case(case, fn, device)
+    if not res[0] and is_cuda_fault(str(res[2])):
+        return (res[0], res[1], f"{res[2]} -- a CUDA fault breaks this process's CUDA context: restart the "
+                "kernel before running anything else on the GPU (is a tl.load/tl.store missing its mask?)", res[3])
+    return res
+
+
 def _run_cases(task_id, fn, seed=None):
     """Yield ``(test, label, result tuple, case, device)`` for every visible case of ``task_id``; a case this
     machine cannot run (``Case.needs``) yields ``(None, inf, "not run: ...")``."""
     device = _device(visible.framework(task_id))
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     rng = np.random.default_rng(seed)
+    worker = _worker(task_id, fn, device)
+    try:
+        yield from _cases_through(task_id, fn, rng, device, worker)
+    finally:
+        if worker is not None:
+            worker.close()
+
+
+def _cases_through(task_id, fn, rng, device, worker):
     for case in visible.cases(task_id, rng):
         why = needs_message(case, device)
         if why:
@@ -149,7 +192,8 @@ def _run_cases(task_id, fn, seed=None):
             ok, msg = run_parent_check(case.parent, fn)
             yield case.test, case.label, (ok, float("inf"), msg), case, device
             continue
-        res = run_case(case, fn, device)
+        res = _isolated_case(worker, task_id, fn, case, device) if worker is not None else \
+            _in_process_case(task_id, fn, case, device)
         yield case.test, case.label, res if res[3] is not None else res[:3], case, device
 
 
@@ -179,8 +223,9 @@ def check(task_id, fn, verbose=True, seed=None) -> bool:
                          f"{tol:.0e}" if tol else "-", msg))
             if not ok and msg != NOT_IMPLEMENTED and case.call is not None:
                 args, kwargs = materialise(case.header, case.arrays, device)
+                crashed = " crashed" in msg or " did not return" in msg
                 failed.append(FailedCase(label, case.header["mode"], args, kwargs, case.header.get("script"),
-                                         describe_case(fn, case, args, kwargs)))
+                                         describe_case(fn, case, args, kwargs), crashed))
     except ValueError as exc:
         print(f"check: {exc}")
         return False
@@ -189,6 +234,9 @@ def check(task_id, fn, verbose=True, seed=None) -> bool:
         for i, c in enumerate(failed):
             print(f"failed case {i} ({c.label}): {c.params}")
             print(f"  reproduce: {reproduce_line(fn, i, c.mode)}")
+            if c.crashed:
+                print("  (it crashed or hung a separate process: run here, it would take the notebook's kernel "
+                      "with it; fix the kernel first, or run it in a fresh kernel)")
     return all_ok
 
 

@@ -2,9 +2,10 @@
 secret seed judged in this (parent) process, speed against the reference in a separate sandboxed child, flags.
 
 The parent is the only writer of results (T1); expected outputs exist only here (T2); comparisons run here on
-raw arrays (T3, T4). Every call gets fresh inputs (T5, T16). A child that dies or hangs costs only the points of
-the function it was running: the rest of that function's tests are skipped, the child is restarted for the
-next function.
+raw arrays (T3, T4). Every call gets fresh inputs (T5, T16). A child that dies, hangs, runs out of memory or hits
+a CUDA fault fails the test it was running, with a diagnosis (``diagnose.py``), never a flag: the next test runs
+in a fresh child; a task that hung, or crashed ``CRASHES_PER_TASK`` times, has its remaining tests skipped. T17
+needs positive evidence of a process trick (a flood, a process left behind, a trapped call).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import isolation
+from . import diagnose, isolation, threats
 from . import specs as specs_mod
 from .evaluate import Verdict, audit_verdict, evaluate
 from .gpu_lane import Lane, NoLane
@@ -31,21 +32,10 @@ from .sandbox import Limits, Sandbox, SandboxDied
 from .scan import scan
 from .submission import SubmissionError, load_cells
 
-# flags that zero every test of the task they are attributed to (cheating, not just a wrong answer)
-ZEROING = {"T1", "T2", "T3", "T4", "T10", "T11", "T13", "T14", "T15", "T16", "T17", "T18"}
-EXPLAIN = {
-    "T1": "tried to write files or forge output", "T2": "tried to read files, hidden cases or expected outputs",
-    "T3": "tampered with libraries or the grader (monkeypatching, introspection)",
-    "T4": "used pickling hooks", "T5": "replayed cached answers", "T6": "modified its inputs",
-    "T10": "the answer was not computed by the required implementation (a library function, or torch doing a "
-           "Triton part's work)",
-    "T11": "a forbidden call was caught by try/except (still recorded)",
-    "T12": "returned lower precision than asked", "T13": "hid work from the timer (threads/streams)",
-    "T14": "returned an array subclass or lazy object", "T15": "patched timers",
-    "T16": "timed calls returned wrong (cached) results", "T17": "denial of service / process tricks",
-    "T18": "network, environment or file-system escape",
-}
-MAX_RESTARTS = 4
+# flags that zero every test of the task they are attributed to (cheating, not just a wrong answer): threats.ZEROING
+ZEROING = threats.ZEROING
+MAX_RESTARTS = 16       # fresh children per grading (crashes, CUDA faults); each task may use CRASHES_PER_TASK
+CRASHES_PER_TASK = 2    # a task whose child died this often (or hung once) has its remaining tests skipped
 SAMPLE = 16384          # output elements re-checked on a timed rep that is not fully checked
 
 
@@ -119,15 +109,23 @@ def detect_device(requested="auto") -> str:
 
 
 class Grader:
+    """Grades submissions of one assignment. The constructor's arguments are the configuration; everything a
+    grading learns (flags, zeroed tasks, children, crashes, load errors, results) is per run: ``grade()`` starts
+    from a clean state (``_new_run``), so grading twice with one object gives the same result as two objects."""
+
     def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None, only=None):
         self.spec = specs_mod.load(assignment)
         self.only = list(only or ())     # grade only the tests whose name contains one of these
         self.device = device
         self.seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)
-        self.rng = np.random.default_rng(self.seed)
         self.log = log or (lambda *a: None)
         self.limits = limits or Limits(address_space=self.spec.address_space if device == "cpu" else None,
                                        rss_bytes=self.spec.rss_limit)
+        self._new_run()
+
+    def _new_run(self):
+        """The state of one grading run, all of it (nothing carries over from a previous ``grade()``)."""
+        self.rng = np.random.default_rng(self.seed)
         self.flags = []
         self.zeroed = {}                 # task id -> reason
         self.sandbox = None
@@ -146,10 +144,15 @@ class Grader:
         self.ref_error = ""              # why the reference child is broken
         self.results = []                # TestResults of the current grade()
         self.case_notes = {}             # test name -> how its cases were adapted to this GPU (bf16 -> fp16)
-        self.dead_tasks = {}             # task id -> why its tests are skipped (it crashed the sandbox)
+        self.dead_tasks = {}             # task id -> why its tests are skipped (it hung or kept crashing)
+        self.crashes = {}                # task id -> children it killed (crash, memory, CUDA fault)
+        self.case = None                 # the parameters of the case being run (for a crash's diagnosis)
+        self.fresh_child = False         # the child hit a CUDA fault: the next test gets a new one
+        self.child_task = None           # the task whose tests the current student child ran last
         self._flooded = set()            # output floods already reported
         # GPU timing lane (gpu_lane.py): correctness calls shared, a speed case's timed reps exclusive
         self.lane = Lane() if str(device).startswith("cuda") else NoLane()
+        self._isolation = None
 
     # -- flags --------------------------------------------------------------------------------------------
     def flag(self, threat, task_ids, message, source, where=""):
@@ -157,7 +160,7 @@ class Grader:
         if any(f["_key"] == key for f in self.flags):
             return
         self.flags.append({"_key": key, "id": threat, "tasks": sorted(task_ids), "message": message,
-                           "explanation": EXPLAIN.get(threat, ""), "source": source, "where": where})
+                           "explanation": threats.explain(threat), "source": source, "where": where})
         if threat in ZEROING:
             for t in task_ids:
                 self.zeroed.setdefault(t, f"{threat}: {message}")
@@ -165,9 +168,9 @@ class Grader:
     def _on_trap(self, h):
         task = self.current_task
         tasks = [task] if task else list(self.spec.tasks)
-        self.flag(h.get("threat", "T10"), tasks, f"runtime trap: {h.get('what')}", "runtime")
-        if h.get("threat") == "T10" and task:
-            self.flag("T11", [task], f"forbidden call {h.get('what')} (recorded even if caught)", "runtime")
+        self.flag(h.get("threat", threats.T10), tasks, f"runtime trap: {h.get('what')}", "runtime")
+        if h.get("threat") == threats.T10 and task:
+            self.flag(threats.T11, [task], f"forbidden call {h.get('what')} (recorded even if caught)", "runtime")
 
     # -- child management ---------------------------------------------------------------------------------
     def _graded_names(self):
@@ -202,10 +205,11 @@ class Grader:
                           "errors": [msg for _, msg in cell_failures(self.cells, reports, self.limits.file_bytes)][:10]}
         self._flooded |= set(sb.floods())    # output while loading is the cell's failure, not a task's flood
         for name in h.get("patched", []):
-            self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", list(self.spec.tasks),
+            self.flag(threats.T15 if name.startswith(("time.", "torch.cuda")) else threats.T3, list(self.spec.tasks),
                       f"patched {name} while loading", "runtime")
         if h.get("threads", 0) > 0:
-            self.flag("T13", list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading", "runtime")
+            self.flag(threats.T13, list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading",
+                      "runtime")
         return sb
 
     def student(self):
@@ -271,6 +275,11 @@ class Grader:
             self.ref_task = task.id
         return self.ref_sandbox
 
+    def _drop_reference(self, why):
+        if self.ref_sandbox is not None:
+            self.ref_sandbox.stop()
+        self.ref_sandbox, self.ref_state, self.ref_error = None, "broken", why
+
     # -- one call -----------------------------------------------------------------------------------------
     def run_call(self, sb, task, call, trace_memory=False, timeout=None, on_trap=None):
         """Send one case, return the raw result header+arrays (or an error header)."""
@@ -286,6 +295,8 @@ class Grader:
             msg = "not implemented yet (NotImplementedError)" if h["exc"] == "NotImplementedError" else \
                 f"raised {h['exc']}: {h['msg']}" + (f" [{h['tb'].splitlines()[-1]}]" if h.get("tb") else "")
             self._after_call(task, h)
+            if diagnose.is_cuda_fault(h.get("msg", "")):
+                msg = self._cuda_fault(task, h)
             return Verdict(False, float("inf"), msg)
         h["arrays"] = _host_arrays(h, arrs)
         v = evaluate(call, h, sent, self.device, memory_limit)
@@ -312,12 +323,24 @@ class Grader:
         if why is None and passed and h.get("launches") == 0:
             why = "no Triton kernel was launched (the work must be done in Triton)"
         if why:
-            self.flag("T10", [task.id], why, "runtime")
+            self.flag(threats.T10, [task.id], why, "runtime")
         return why
+
+    def _cuda_fault(self, task, h) -> str:
+        """A CUDA fault raised as an exception: the child lives on, but its CUDA context is broken (the error
+        is sticky), so the next test, of this task or another, runs in a fresh child."""
+        self.fresh_child = True
+        case = _describe(self.case) if self.case else ""
+        msg = diagnose.crash(task.name, case, "crash", f"{h.get('exc')}: {h.get('msg', '')}",
+                             task.framework == "torch", task.tiled, self.case)
+        self.crashes[task.id] = self.crashes.get(task.id, 0) + 1
+        if self.crashes[task.id] >= CRASHES_PER_TASK:
+            self.dead_tasks[task.id] = f"{task.name} crashed on an earlier test ({msg})"
+        return msg
 
     def _after_call(self, task, h):
         for name in h.get("patched", []) or []:
-            self.flag("T15" if name.startswith(("time.", "torch.cuda")) else "T3", [task.id],
+            self.flag(threats.T15 if name.startswith(("time.", "torch.cuda")) else threats.T3, [task.id],
                       f"patched {name}", "runtime")
 
     # -- tests --------------------------------------------------------------------------------------------
@@ -366,6 +389,7 @@ class Grader:
             self._parent_check(test, task, res)
             res.time = time.monotonic() - t0
             return res
+        self._child_per_kernel_task(task)
         try:
             sb = self.student()
         except SandboxDied as exc:
@@ -383,7 +407,7 @@ class Grader:
             if self.load_info.get("errors"):
                 res.output += f" ({self.load_info['errors'][0]})"
             return res
-        self.current_task = task.id
+        self.current_task, self.case = task.id, None
         try:
             if test.kind == "speed":
                 self._speed(test, task, res)
@@ -391,23 +415,63 @@ class Grader:
                 self._correctness(test, task, res, sb)
         except SandboxDied as exc:
             res.score, res.status = 0.0, "failed"
-            res.output = exc.reason
-            if exc.kind in ("timeout", "crash"):
-                self.flag("T17", [task.id], f"{task.name}: {exc.reason}", "sandbox")
-            self.dead_tasks[task.id] = f"{task.name} crashed or hung the sandbox earlier ({exc.reason})"
-            self.drop_student()
+            res.output = self._died(task, exc)
         finally:
             self.current_task = None
             res.time = time.monotonic() - t0
             if test.name in self.case_notes:
                 res.output = f"{res.output} ({self.case_notes[test.name]})" if res.output else \
                     self.case_notes[test.name]
-        if self.sandbox is not None:
-            for f in set(self.sandbox.floods()) - self._flooded:
-                self._flooded.add(f)
-                self.flag("T17", [task.id], f"{task.name} filled {f} up to the file-size limit "
-                                            f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
+        self._check_floods(task)
+        if self.fresh_child:                 # a CUDA fault: this child's CUDA context is broken for every task
+            self.fresh_child = False
+            self.drop_student()
         return res
+
+    def _child_per_kernel_task(self, task):
+        """In Triton's interpreter (CPU) a store past a tensor's end writes into the child's heap: it may crash at
+        once, later, or never. So each function after a Triton part runs in a fresh child, and a corruption left
+        by one function cannot crash, and cost points to, another. (Not a restart: a crash budget is not spent.)"""
+        prev = self.child_task
+        self.child_task = task.id
+        if self.sandbox is None or self.device != "cpu" or prev in (None, task.id):
+            return
+        if self.spec.tasks[prev].framework == "torch":
+            self._flooded = set()
+            self.sandbox.stop()
+            self.sandbox = None
+
+    def _check_floods(self, task):
+        """T17 on positive evidence only: a file of the child at the file-size limit (output or disk flood)."""
+        if self.sandbox is None:
+            return False
+        hit = False
+        for f in set(self.sandbox.floods()) - self._flooded:
+            self._flooded.add(f)
+            hit = True
+            self.flag(threats.T17, [task.id], f"{task.name} filled {f} up to the file-size limit "
+                                        f"({self.limits.file_bytes >> 20} MiB; output/disk flood)", "sandbox")
+        return hit
+
+    def _died(self, task, exc) -> str:
+        """The student child died, hung or was killed while running ``task``: the failed test's diagnosis (a
+        crash is a wrong program, not cheating: no flag unless a flood shows a process trick). The next test
+        runs in a fresh child; a task that hung, or died ``CRASHES_PER_TASK`` times, is not run again."""
+        flooded = self._check_floods(task)
+        if not flooded and "SIGXFSZ" in exc.reason:      # killed at the file-size limit: a flood all the same
+            flooded = True
+            self.flag(threats.T17, [task.id], f"{task.name}: {exc.reason}", "sandbox")
+        case = _describe(self.case) if self.case else ""
+        msg = diagnose.crash(task.name, case, exc.kind, exc.reason, task.framework == "torch", task.tiled,
+                             self.case, task.case_timeout)
+        if exc.kind not in ("timeout", "crash"):
+            msg = exc.reason
+        self.crashes[task.id] = self.crashes.get(task.id, 0) + 1
+        if exc.kind == "timeout" or self.crashes[task.id] >= CRASHES_PER_TASK or flooded:
+            what = "hung" if exc.kind == "timeout" else "crashed"
+            self.dead_tasks[task.id] = f"{task.name} {what} on an earlier test ({msg})"
+        self.drop_student()
+        return msg
 
     def _parent_check(self, test, task, res):
         """``test.parent_check(ChildChecks)``: the compile child computes (probes, compiles), this process judges."""
@@ -418,10 +482,8 @@ class Grader:
             res.output = msg
         except ChildError as exc:
             res.output = str(exc)
-        except SandboxDied as exc:
+        except SandboxDied as exc:          # a failed check with the reason, never a flag by itself (T20)
             res.output = exc.reason
-            if exc.kind in ("timeout", "crash"):
-                self.flag("T17", [task.id], f"{test.name}: {exc.reason}", "sandbox")
             self.drop_compile_child()
         finally:
             self.current_task = None
@@ -433,6 +495,7 @@ class Grader:
             if call.mode != "script":
                 call.expected = task.oracle(call)
             limit = test.memory_limit(params) if test.memory_limit else None
+            self.case = params
             h, arrs, sent = self.run_call(sb, task, call, trace_memory=limit is not None, on_trap=self._on_trap)
             v = self.judge(task, call, h, arrs, sent, limit, test=test, params=params)
             n += 1
@@ -487,7 +550,7 @@ class Grader:
             self.flag(threat, [task.id], msg, "runtime")
         why = self._authorship(task, hs, v.passed)         # timed calls are audited like every other call
         if why:
-            return Verdict(False, v.err, why, [("T10", why)])
+            return Verdict(False, v.err, why, [(threats.T10, why)])
         return v
 
     def _speed(self, test, task, res):
@@ -507,7 +570,7 @@ class Grader:
                 res.status = t.status or res.status
                 if t.wrong and not t.flagged and all(r.status == "passed" for r in self.results
                                                      if r.task == task.id and r.name != test.name):
-                    self.flag("T16", [task.id], "timed calls returned wrong results although the correctness "
+                    self.flag(threats.T16, [task.id], "timed calls returned wrong results although the correctness "
                                                 "tests passed (cached or replayed answers)", "runtime")
                 return
             clock, student, reference = t.clock()
@@ -531,6 +594,7 @@ class Grader:
         outputs are compared with the reference child's: whole on rep 1 and one random later rep, a seeded
         sample of ``SAMPLE`` elements otherwise (T5/T16). Returns the timed reps, or why the case stopped."""
         template = task.build(params, self.rng)     # shapes, dtypes and integer arguments (seq_lens, tables)
+        self.case = params
         full_reps = {1, int(self.rng.integers(2, test.reps + 1))} if test.reps >= 2 else {1}
         timing = _Timing()
         for rep in range(test.reps + 1):                       # rep 0 is a warm-up (checked, not timed)
@@ -543,8 +607,15 @@ class Grader:
             out = {}
             for who in order:
                 sb = self.student() if who == 0 else ref
-                out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None,
-                                       audit=rep == 0)
+                try:
+                    out[who] = self._timed(sb, task, header, arrays, fetch, self._on_trap if who == 0 else None,
+                                           audit=rep == 0)
+                except SandboxDied as exc:
+                    if who == 0:
+                        raise                        # the student's child: a failed test with a diagnosis
+                    self._drop_reference(exc.reason)   # the reference's own failure costs the student nothing
+                    timing.stop, timing.status = f"not run: the reference failed ({exc.reason})", "not run"
+                    return timing
             (hs, as_, ws, cs), (hr, ar, wr, cr) = out[0], out[1]
             if hr["t"] != "result":
                 timing.stop, timing.status = f"not run: the reference failed ({hr.get('exc')}: {hr.get('msg')})", \
@@ -553,6 +624,8 @@ class Grader:
             if hs["t"] != "result":
                 timing.stop = f"timed call raised {hs.get('exc')}: {hs.get('msg', '')[:200]}"
                 self._after_call(task, hs)
+                if diagnose.is_cuda_fault(hs.get("msg", "")):
+                    timing.stop = self._cuda_fault(task, hs)
                 return timing
             v = self._check_timed(task, template, hs, as_, hr, ar)
             self._after_call(task, hs)
@@ -573,7 +646,7 @@ class Grader:
     # -- the whole submission -----------------------------------------------------------------------------
     def grade(self, path) -> dict:
         t0 = time.monotonic()
-        self.results, self.dead_tasks, self._flooded = [], {}, set()
+        self._new_run()
         error = None
         try:
             self.cells = load_cells(path)

@@ -9,6 +9,7 @@ import numpy as np
 
 from .allocator_check import check_allocator
 from .compare import judge
+from . import threats
 
 _WIDTH = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 
@@ -30,10 +31,10 @@ def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verd
         got = result.get("hashes", {}).get(key)
         if got != h:
             name = call_arg_name(call, key)
-            flags.append(("T6", f"the call modified its input {name} (inputs must be left unchanged)"))
+            flags.append((threats.T6, f"the call modified its input {name} (inputs must be left unchanged)"))
             return Verdict(False, float("inf"), f"input {name} was modified by the call", flags)
     if result.get("threads", 0) > 0:
-        flags.append(("T13", f"{result['threads']} thread(s) were still running after the function returned "
+        flags.append((threats.T13, f"{result['threads']} thread(s) were still running after the function returned "
                              "(work hidden from the timer)"))
         return Verdict(False, float("inf"), "left threads running after returning", flags)
     if result.get("shape_error"):
@@ -43,17 +44,17 @@ def evaluate(call, result, sent_hashes, device="cpu", memory_limit=None) -> Verd
         want = "numpy.ndarray" if out.framework == "numpy" else "torch.Tensor"
         if info.get("exact") != out.framework:
             if info.get("subclass"):
-                flags.append(("T14", f"{out.name} is a {info['type']}, a subclass of {want}; only exactly "
+                flags.append((threats.T14, f"{out.name} is a {info['type']}, a subclass of {want}; only exactly "
                                      f"{want} is accepted (a subclass can run code when it is read)"))
             return Verdict(False, float("inf"), f"{out.name}: returned {info['type']}, expected exactly {want}",
                            flags)
         if info.get("dtype") == "object":
-            flags.append(("T4", f"{out.name} is an array of Python objects (only numbers travel; nothing is "
+            flags.append((threats.T4, f"{out.name} is an array of Python objects (only numbers travel; nothing is "
                                 "unpickled)"))
             return Verdict(False, float("inf"), f"{out.name}: array of Python objects", flags)
         if info["dtype"] not in out.dtypes:
             if _WIDTH.get(info["dtype"], 99) < min(_WIDTH.get(d, 0) for d in out.dtypes):
-                flags.append(("T12", f"{out.name} returned in {info['dtype']}, lower precision than "
+                flags.append((threats.T12, f"{out.name} returned in {info['dtype']}, lower precision than "
                                      f"{'/'.join(out.dtypes)}"))
             return Verdict(False, float("inf"), f"{out.name}: dtype {info['dtype']}, expected "
                                                 f"{' or '.join(out.dtypes)}", flags)

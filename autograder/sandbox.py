@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import isolation
+from . import isolation, threats
 from .protocol import ChannelClosed, ChannelTimeout, ParentChannel, ProtocolError
 
 REPO = str(Path(__file__).resolve().parent.parent)
@@ -253,7 +253,7 @@ class Sandbox:
         # answer): remember it, so that it is charged to the call that started it and never to a later one.
         self._killed_leftovers = getattr(self, "_killed_leftovers", set()) | set(left)
         if on_trap:
-            on_trap({"t": "trap", "threat": "T17",
+            on_trap({"t": "trap", "threat": threats.T17,
                      "what": f"{len(left)} process(es) left running by the submission (killed)"})
 
     def _died(self, why, kind):

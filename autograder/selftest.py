@@ -9,7 +9,11 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
   it); ``bonus``: ``[lo, hi]`` percent of max_bonus (checked only where bonus tests ran);
 * ``fail``: substrings of test names that must score 0; ``others_pass``: every other test must pass in full;
   ``pass``: substrings of test names that must pass in full (each must match a test that ran);
-* ``flags``: threat ids that must be raised; ``zero_tasks``: task ids whose tests must all score 0;
+* ``flags``: threat ids that must be raised; ``no_flags``: none may be (a crash is not cheating); ``output``:
+  texts some failed test's output must contain (a crash's diagnosis); ``zero_tasks``: task ids whose tests must
+  all score 0;
+* ``lose``: task id -> the least percentage of that task's points (of the tests that ran) it must lose (a kernel
+  right only within one tile: >= 70%);
 * ``min_ratio``: test-name substring -> the least student/reference time ratio its speed test may show (a
   submission that hides work from the timer shows a tiny ratio); the test must have run;
 * ``device``: ``"cuda"`` for a GPU-only submission (e.g. side CUDA streams): listed as skipped on CPU.
@@ -178,6 +182,18 @@ def check_expectation(result, exp):
     for f in exp.get("flags", []):
         if f not in ids:
             problems.append(f"flag {f} not raised (got {sorted(ids) or 'none'})")
+    if exp.get("no_flags") and ids:
+        problems.append(f"no flag expected, got {sorted(ids)} (a crash or a wrong answer is not cheating)")
+    for text in exp.get("output", []):
+        if not any(text in t["output"] for t in tests if t["score"] < t["max_score"]):
+            problems.append(f"no failed test says {text!r}")
+    for task, pct in exp.get("lose", {}).items():
+        mx = sum(t["max_score"] for t in tests if t["task"] == task)
+        got = sum(t["score"] for t in tests if t["task"] == task)
+        if mx <= 0:
+            problems.append(f"no test of {task} ran (needed for lose)")
+        elif got > mx * (1 - pct / 100) + 1e-9:
+            problems.append(f"{task} kept {100 * got / mx:.0f}% of its points; it must lose >= {pct}%")
     for task in exp.get("zero_tasks", []):
         sc = sum(t["score"] for t in tests if t["task"] == task)
         if sc > 0:

@@ -34,6 +34,7 @@ class Case:
     # compute capability ``needs`` ((9, 0): Hopper); check() says "not run: needs sm_90" where it cannot run
     needs: tuple | None = None
     gpu_only: bool = False
+    params: dict | None = None     # the case's parameters (a crash's diagnosis names them; None in a release)
 
 
 def released() -> bool:
@@ -86,7 +87,7 @@ def cases(task_id: str, rng):
             label = test.name.split(": ", 1)[-1] + (f" #{i + 1}" if len(test.visible) > 1 else "")
             yield Case(test.name, label, call, header, arrays,
                        test.memory_limit(params) if test.memory_limit else None, bool(params.get("gpu")),
-                       needs=needs, gpu_only=test.gpu_only)
+                       needs=needs, gpu_only=test.gpu_only, params=dict(params))
 
 
 # -- student release: files -----------------------------------------------------------------------------------

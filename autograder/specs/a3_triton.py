@@ -65,14 +65,22 @@ def _t(task, name, points, visible, hidden, **kw):
     return Test(f"{SHORT}.{task}: {name}", f"{SHORT}.{task}", points, visible, hidden, **kw)
 
 
-def _long(rng, causal=False, same=False, **kw):
-    """Nq and Nk of 2-3 tiles of ``MAX_TILE`` plus a ragged tail (one head, d = 16: cheap in the interpreter):
-    the kernel must carry (m, l, acc) over several key tiles, rescaling by alpha, in several query blocks.
-    ``same``: Nq == Nk (the causal test, where a top-left mask is still right)."""
-    nq = multi_tile(rng, MAX_TILE)
+def _long(rng, causal=False, same=False, nq=None, **kw):
+    """Nq and Nk of 2-3 tiles of ``MAX_TILE`` plus a ragged tail (one head, d = 16 unless given: cheap in the
+    interpreter): the kernel must carry (m, l, acc) over several key tiles, rescaling by alpha, in several query
+    blocks (>= 129 query rows: some row's running max grows after its first key tile on every draw).
+    ``same``: Nq == Nk (a causal case of a test other than "Nq != Nk", where a top-left mask is still right);
+    ``nq``: a query length of its own (Nq != Nk)."""
+    nq = nq or multi_tile(rng, MAX_TILE)
     if causal:
         kw["causal"] = True
-    return _att(rng, nq=nq, nk=nq if same else multi_tile(rng, MAX_TILE), hq=1, hkv=1, d=16, **kw)
+    kw = {"hq": 1, "hkv": 1, "d": 16, **kw}
+    return _att(rng, nq=nq, nk=nq if same else multi_tile(rng, MAX_TILE), **kw)
+
+
+def _long_rows(rng, dtype="float32", **kw):
+    """A softmax case of eight rows spanning 2-3 column blocks of ``SOFTMAX_MAX_TILE`` plus a ragged tail."""
+    return dict(shape=(8, multi_tile(rng, SOFTMAX_MAX_TILE)), dtype=dtype, **kw)
 
 
 def _mha(rng, **kw):
@@ -104,15 +112,15 @@ TESTS = [
     # Part 1: fused softmax
     _t("softmax", "basic", 6, [dict(shape=(5, 37), dtype="float32")],
        lambda r: [dict(shape=(int(r.integers(2, 20)), ragged(r, 5, 300)), dtype="float32"),
-                  dict(shape=(2, 3, ragged(r, 5, 100)), dtype="float32")]),
+                  dict(shape=(2, 3, ragged(r, 5, 100)), dtype="float32"), _long_rows(r)]),
     _t("softmax", "long rows", 4, [dict(shape=(2, 4500), dtype="float32")],
        lambda r: [dict(shape=(3, ragged(r, 1025, 5000)), dtype="float32"),
-                  dict(shape=(2, multi_tile(r, SOFTMAX_MAX_TILE)), dtype="float32")]),
+                  _long_rows(r)]),
     _t("softmax", "large logits", 4, [dict(shape=(3, 40), dtype="float32", shift=100.0)],
-       lambda r: [dict(shape=(4, ragged(r, 5, 300)), dtype="float32", shift=100.0)]),
+       lambda r: [dict(shape=(4, ragged(r, 5, 300)), dtype="float32", shift=100.0), _long_rows(r, shift=100.0)]),
     _t("softmax", "float16 / bfloat16", 2, [dict(shape=(3, 40), dtype="float16")],
        lambda r: [dict(shape=(4, ragged(r, 5, 300)), dtype="float16"),
-                  dict(shape=(4, ragged(r, 5, 300)), dtype="bfloat16", gpu=True)]),
+                  dict(shape=(4, ragged(r, 5, 300)), dtype="bfloat16", gpu=True), _long_rows(r, "float16")]),
     # Full points up to 1.5x: graded on the device clock, these 8-15 us kernels are no longer hidden by the host
     # time of a call (0.93-1.04x on the host clock), and the reference packs several short rows per program,
     # which the assignment does not ask for; 3x the kernel time still scores 0 (notes/speed_calibration.md)
@@ -125,13 +133,13 @@ TESTS = [
        lambda r: [_mha(r), _mha(r, nq=1, nk=1), _mha(r, d=64), _long(r, same=True)]),
     _t("flash_attention_forward_basic", "Nq != Nk", 8, [_v(Nq=7, Nk=45)],
        lambda r: [_mha(r, nq=ragged(r, 5, 40), nk=ragged(r, 40, 90)),
-                  _mha(r, nq=ragged(r, 40, 90), nk=ragged(r, 2, 30))]),
+                  _mha(r, nq=ragged(r, 40, 90), nk=ragged(r, 2, 30)), _long(r)]),
     _t("flash_attention_forward_basic", "scale argument", 5, [_v(scale=0.3)],
-       lambda r: [_mha(r, **_custom_scale(r))]),
+       lambda r: [_mha(r, **_custom_scale(r)), _long(r, same=True, **_custom_scale(r))]),
     _t("flash_attention_forward_basic", "large logits", 6, [_v(shift=100.0)],
-       lambda r: [_mha(r, shift=100.0)]),
+       lambda r: [_mha(r, shift=100.0), _long(r, same=True, shift=100.0)]),
     _t("flash_attention_forward_basic", "float16 / bfloat16", 4, [_v(dtype="float16")],
-       lambda r: [_mha(r, dtype="float16"), _mha(r, dtype="bfloat16", gpu=True)]),
+       lambda r: [_mha(r, dtype="float16"), _mha(r, dtype="bfloat16", gpu=True), _long(r, same=True, dtype="float16")]),
     _t("flash_attention_forward_basic", "speed vs reference FA2 forward (GPU)", 8, [], lambda r: GPU_FWD,
        kind="speed", gpu_only=True, reps=4, speed_full=FWD_FULL),
 
@@ -144,9 +152,11 @@ TESTS = [
                   _att(r, causal=True, nq=ragged(r, 40, 80), nk=ragged(r, 5, 30)),
                   _att(r, causal=True, nq=ragged(r, 17, 40), nk=multi_tile(r, MAX_TILE), hq=1, d=16)]),
     _t("flash_attention_forward", "GQA / MQA (causal and not)", 8, [_v(Hq=4, Hkv=2), _v(Hq=4, Hkv=1, causal=True)],
-       lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=2, causal=True), _att(r, hq=4, hkv=1, causal=True)]),
+       lambda r: [_att(r, hq=4, hkv=2), _att(r, hq=6, hkv=2, causal=True), _att(r, hq=4, hkv=1, causal=True),
+                  _long(r, causal=True, same=True, hq=2, hkv=1)]),
     _t("flash_attention_forward", "float16 / bfloat16", 3, [_v(dtype="float16", causal=True, Hq=4, Hkv=2)],
-       lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", causal=True, gpu=True)]),
+       lambda r: [_att(r, "float16", causal=True), _att(r, "bfloat16", causal=True, gpu=True),
+                  _long(r, causal=True, same=True, dtype="float16")]),
     _t("flash_attention_forward", "speed vs reference FA2 forward, causal + GQA (GPU)", 8, [],
        lambda r: GPU_CAUSAL, kind="speed", gpu_only=True, reps=4, speed_full=FWD_FULL),
 

@@ -53,6 +53,17 @@ def _dec(rng, dtype="float32", torch=False, lens=False, hq=None, hkv=None, zero_
     return p
 
 
+def _dec_long(rng, h=4, hkv=None, dtype="float32", lens=False):
+    """A ``flash_decode`` case whose one split (``num_splits=1``) holds 2-3 key tiles of ``MAX_TILE`` plus a ragged
+    tail, in two sequences (``lens``: the second one shorter, still 2+ tiles) of ``h`` query heads: 8 query rows
+    whose running max must be rescaled when it grows after the first tile (it does for some row on every draw)."""
+    n = multi_tile(rng, MAX_TILE)
+    p = dict(B=2, Hq=h, Hkv=hkv or h, N=n, d=16, dtype=dtype, torch=True, num_splits=1)
+    if lens:
+        p["lens"] = [n, int(ragged(rng, 2 * MAX_TILE + 1, n))]
+    return p
+
+
 def _split_case(rng, splits):
     """A gate case: one plain float32 MHA sequence of ``splits`` key tiles of 64, the last one ragged, so that an
     even split gives every split keys, and no split needs more than one tile (the gate tests splitting alone;
@@ -145,11 +156,12 @@ TESTS = [
                   _dec(r, torch=True, num_splits=1, n=multi_tile(r, MAX_TILE), b=2, hq=8, hkv=2)]),
     _t("flash_decode", "ragged seq_lens", 12, [_v(torch=True, lens=[13, 1])],
        lambda r: [_dec(r, torch=True, lens=True, zero_len=False), _dec(r, torch=True, lens=True, zero_len=False,
-                                                                       num_splits=2)]),
+                                                                       num_splits=2), _dec_long(r, lens=True)]),
     _t("flash_decode", "GQA / MQA", 10, [_v(torch=True, Hq=4, Hkv=2)],
-       lambda r: [_dec(r, torch=True, hq=4, hkv=2), _dec(r, torch=True, hq=4, hkv=1)]),
+       lambda r: [_dec(r, torch=True, hq=4, hkv=2), _dec(r, torch=True, hq=4, hkv=1), _dec_long(r, hkv=2)]),
     _t("flash_decode", "float16 / bfloat16", 6, [_v(torch=True, dtype="float16")],
-       lambda r: [_dec(r, "float16", torch=True), _dec(r, "bfloat16", torch=True, gpu=True)]),
+       lambda r: [_dec(r, "float16", torch=True), _dec(r, "bfloat16", torch=True, gpu=True),
+                  _dec_long(r, dtype="float16")]),
     # Graded on the device's clock (autograder/device_clock.py: the GPU work of the call, not the ~0.3 ms of host
     # time per call), 8 reps per case (medians of single calls). Full points up to 1.5x, none from 2x: on an H200
     # the solution's two kernels (split, then merge) take 0.90-0.92x the reference's fused kernel, the same

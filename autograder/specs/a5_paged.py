@@ -229,9 +229,9 @@ TESTS = [
     _t("paged_decode", "basic (Triton, scattered blocks)", 12, [_v(torch=True)],
        lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=16), _pg_long(r)]),
     _t("paged_decode", "ragged seq_lens", 10, [_v(torch=True, lens=[9, 1, 5])],
-       lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=8)]),
+       lambda r: [_pg(r, torch=True), _pg(r, torch=True, block_size=8), _pg_long(r)]),
     _t("paged_decode", "GQA / MQA", 8, [_v(torch=True, Hq=4, Hkv=2, lens=[9, 1])],
-       lambda r: [_pg(r, torch=True, hq=4, hkv=2), _pg(r, torch=True, hq=4, hkv=1)]),
+       lambda r: [_pg(r, torch=True, hq=4, hkv=2), _pg(r, torch=True, hq=4, hkv=1), _pg_long(r)]),
     # Long contexts, 8 reps and full points up to 1.5x (two launches vs the reference's one), as in a4's decode
     # speed test (notes/speed_calibration.md).
     _t("paged_decode", "speed vs reference paged decode (GPU)", 10, [],

@@ -5,16 +5,21 @@ repository, from stored files in the student release), judged the same way (``ch
 carries the graded function's name as its marker. A stub fails with "not implemented yet"; a failing case
 prints its parameters and the relative error against the tolerance. Grading (``python -m autograder grade``)
 runs hidden cases of the same kinds, larger and drawn at random, plus memory and speed tests.
+
+The notebook runs in a worker process (``isolated.SpawnWorker``), never in pytest's: a kernel that crashes or
+hangs fails its case with a diagnosis ("is a tl.load/tl.store missing its mask?"), the next case gets a fresh
+worker, and the crash's raw output stays in the worker's log.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from autograder import adapter, check, visible
+from autograder import adapter, check, isolated, visible
 from autograder.runner import materialise
 from autograder.specs import resolve
 
@@ -49,13 +54,27 @@ def submission(request):
     path = Path(path) if path else adapter.default_submission(aid)
     if not path.is_file():
         pytest.exit(f"make check: no submission {path} (SUBMISSION=path/to/your.ipynb)", returncode=4)
-    return adapter.load(path)
+    worker = isolated.worker_for(path)
+    yield worker
+    worker.close()
+
+
+def _missing(worker, name):
+    """Why ``name`` cannot be checked (loading failed or killed the worker, a cell failed, not defined), or None."""
+    died = worker.start()
+    if died is not None:
+        return f"{name}: {died.reason} (run the notebook top to bottom to see which cell)"
+    if name in worker.loaded["failed"]:
+        return worker.loaded["failed"][name]
+    if name not in worker.loaded["names"]:
+        return f"{name} is not defined in {Path(worker.path).name}"
+    return None
 
 
 def test_visible_case(submission, case):
     task_id, name, c = case
-    fn, why = submission.function(name)
-    if fn is None:
+    why = _missing(submission, name)
+    if why:
         pytest.fail(why, pytrace=False)
     device = check._device(visible.framework(task_id))
     why = check.needs_message(c, device)
@@ -65,21 +84,26 @@ def test_visible_case(submission, case):
         pytest.skip("a speed test: graded by `python -m autograder grade` on a GPU, no visible case")
     if c.gpu and device == "cpu":
         pytest.skip("a GPU case (bfloat16): runs where torch sees a GPU")
-    if c.parent is not None:                  # a compile-only check (a7): the grader's verdict, in this process
-        from autograder.local_checks import run_parent_check
-        ok, msg = run_parent_check(c.parent, fn)
-        if not ok:
-            pytest.fail(f"{name}, {c.label}: {msg}", pytrace=False)
-        return
-    ok, err, msg, tol = check.run_case(c, fn, device)
+    if c.parent is not None:        # a compile-only check (a7): the grader's verdict, in the worker, found by name
+        c = dataclasses.replace(c, parent=c.test)
+    res, printed = submission.run(task_id, name, c, isolated.case_timeout(task_id))
+    if printed:
+        print(printed, end="")
+    if isinstance(res, isolated.Died):
+        pytest.fail(f"{name}, case '{c.label}': "
+                    f"{isolated.crash_message(task_id, name, c, res, visible.framework(task_id) == 'torch')}",
+                    pytrace=False)
+    ok, err, msg, tol = res
     if ok:
         return
+    if c.parent is not None:
+        pytest.fail(f"{name}, {c.label}: {msg}", pytrace=False)
     if msg == check.NOT_IMPLEMENTED:
         pytest.fail(f"{name}: not implemented yet (it raises NotImplementedError: replace the stub)", pytrace=False)
     lines = [f"{name}, case '{c.label}': {msg}"]
     if c.header["mode"] != "script":
         args, kwargs = materialise(c.header, c.arrays, device)
-        lines.append(f"called with {check.describe_case(fn, c, args, kwargs)}")
+        lines.append(f"called with {check.describe_case(None, c, args, kwargs)}")
     lines.append(f"in the notebook: check(\"{task_id}\", {name}) runs this case and keeps its inputs in "
                  "check.failed")
     pytest.fail("\n".join(lines), pytrace=False)
