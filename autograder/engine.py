@@ -151,7 +151,7 @@ class Grader:
         self.child_task = None           # the task whose tests the current student child ran last
         self._flooded = set()            # output floods already reported
         # GPU timing lane (gpu_lane.py): correctness calls shared, a speed case's timed reps exclusive
-        self.lane = Lane() if str(device).startswith("cuda") else NoLane()
+        self.lane = Lane() if str(self.device).startswith("cuda") else NoLane()
         self._isolation = None
 
     # -- flags --------------------------------------------------------------------------------------------
