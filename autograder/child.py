@@ -40,6 +40,7 @@ class Child:
         self.flush_buf = None
         self.audit = None          # audit.OpAudit of the graded calls of Triton parts (torch assignments)
         self.frozen = False        # gc.freeze() done (first load)
+        self.policy = None         # host_policy.CellCompiler: deny by default in Triton parts' host code
 
     def report(self, threat, what):
         try:
@@ -78,6 +79,9 @@ class Child:
             self.traps = Traps(self.ns, self.report, h.get("forbidden", ()))
             self.traps.install()
             self.traps.take_snapshot()
+        if h.get("policy") is not None and not h.get("trusted"):   # host_policy: Triton parts' host code
+            from .host_policy import CellCompiler
+            self.policy = CellCompiler(self.ns, h["policy"], self.report)
         cells = []
         t0 = _clock()
         for i, cell in enumerate(h["cells"]):
@@ -90,7 +94,7 @@ class Child:
                 # register the cell's text like Jupyter does, so inspect.getsource works (Triton's @jit needs it
                 # on a GPU, and tracebacks show the line)
                 linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
-                code = compile(src, fname, "exec")
+                code = self.policy.compile(index, src, fname) if self.policy else compile(src, fname, "exec")
                 self._active(True)
                 try:
                     exec(code, self.ns)  # noqa: S102 -- running the submission is the point
@@ -115,6 +119,8 @@ class Child:
     def call(self, h, arrays):
         fn = self.ns.get(h["name"])
         header = h["header"]
+        if self.policy is not None:              # host_policy: the task's allowances, autograd's source
+            fn = self.policy.wrap(fn, h["name"], header["mode"])
         if self.traps:
             self.traps.launches = 0
         try:
@@ -129,11 +135,15 @@ class Child:
                     self._active(False)
         except BaseException as exc:  # noqa: BLE001 -- the student's exception is the answer
             self._active(False)
+            if self.policy is not None:
+                self.policy.end()
             r = root(exc)                    # a Triton InterpreterError: the kernel's own exception
             self.chan.send({"t": "error", "exc": type(r).__name__, "msg": str(r)[:500],
                             "tb": _student_tb(exc), "launches": self.traps.launches if self.traps else None,
                             "patched": self.traps.patched() if self.traps else []})
             return
+        if self.policy is not None:
+            self.policy.end()
         arrs = {str(i): a for i, a in enumerate(result.pop("arrays"))}
         result.update(t="result", launches=self.traps.launches if self.traps else None,
                       patched=self.traps.patched() if self.traps else [])

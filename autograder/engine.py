@@ -21,6 +21,7 @@ import numpy as np
 
 from . import isolation
 from . import specs as specs_mod
+from . import host_policy
 from .evaluate import Verdict, audit_verdict, evaluate
 from .load_errors import cell_failures, failed_names, looks_like
 from .runner import array_hash, call_to_wire, from_wire
@@ -178,7 +179,8 @@ class Grader:
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
                  "device": device, "torch": self.spec.needs_torch, "compile_only": compile_only,
-                 "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells)})
+                 "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells),
+                 "policy": host_policy.config(self.spec, self.cells)})
         self._isolation = isolation.describe(sb.isolation)
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)

@@ -49,7 +49,7 @@ def submission(request):
     path = Path(path) if path else adapter.default_submission(aid)
     if not path.is_file():
         pytest.exit(f"make check: no submission {path} (SUBMISSION=path/to/your.ipynb)", returncode=4)
-    return adapter.load(path)
+    return adapter.load(path, aid)
 
 
 def test_visible_case(submission, case):
