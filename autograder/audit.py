@@ -48,7 +48,14 @@ lift_fresh_copy clone contiguous copy_ _to_copy to _copy_from _copy_from_and_res
 cat stack constant_pad_nd flatten unflatten movedim view_as diagonal unfold repeat repeat_interleave
 resolve_conj resolve_neg _conj conj set_ requires_grad_ _has_compatible_shallow_copy_type record_stream
 _local_scalar_dense_ignored sym_size sym_stride sym_numel sym_storage_offset is_same_size
+index_put index_put_ _index_put_impl_ _unsafe_index_put _unsafe_index index_copy index_copy_ index_fill
+index_fill_ masked_fill masked_fill_ masked_scatter masked_scatter_ masked_select take take_along_dim flip fliplr
+flipud roll rot90 fill_ transpose_ t_ squeeze_ unsqueeze_ as_strided_ swapaxes_ swapdims_ narrow_copy
+select_scatter slice_scatter diagonal_scatter as_strided_scatter scatter scatter_ swapaxes swapdims
 """.split())
+# data movement that adds when asked to: ``index_put_(..., accumulate=True)``, ``scatter_(..., reduce=...)``
+ACCUMULATES = {"index_put": 3, "index_put_": 3, "_index_put_impl_": 3, "_unsafe_index_put": 3, "scatter": 4,
+               "scatter_": 4}
 # ops that make new tensors from nothing but shapes/numbers (their outputs are clean)
 ALLOC = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
@@ -234,7 +241,7 @@ class OpAudit:
                 self.set_taint(t, bool(tainted))
         if not tainted:
             return
-        if name in STRUCTURAL:
+        if name in STRUCTURAL and not _accumulates(name, args, kwargs):
             if name in COPIES and any(t.device.type != "cpu" for t in tainted) and \
                     any(t.device.type == "cpu" for t in outs):
                 self.host_elems += sum(t.numel() for t in outs if t.device.type == "cpu")
@@ -311,6 +318,17 @@ class OpAudit:
         if self.on and any(self.is_tainted(t) for t in tensors):
             for t in tensors:
                 self.set_taint(t, True)
+
+
+def _accumulates(name, args, kwargs) -> bool:
+    """``index_put_(..., accumulate=True)`` or ``scatter_(..., reduce=...)``: data movement that computes."""
+    pos = ACCUMULATES.get(name)
+    if pos is None:
+        return False
+    flag = kwargs.get("accumulate", kwargs.get("reduce"))
+    if flag is None and len(args) > pos:
+        flag = args[pos]
+    return bool(flag)
 
 
 class MethodGuards:

@@ -191,7 +191,7 @@ class _Static(ast.NodeVisitor):
         self.generic_visit(node)
 
     def _def(self, node):
-        if _dunder(node.name) and node.name not in SAFE_DUNDER_DEFS:
+        if (_dunder(node.name) and node.name not in SAFE_DUNDER_DEFS) or node.name in DENIED_ATTRS:
             self.err(node, f"defining {node.name} is not available in a Triton part")
         if _is_kernel(node):
             self.kernels.add(node.name)
