@@ -6,8 +6,8 @@ Runs in the child (trusted harness code). A torch dispatch mode is pushed for th
 * a ``TorchDispatchMode`` sees every aten operation, whatever Python spelling reached it (``q @ k.mT``,
   ``torch.einsum``, ``F.linear``, ``torch.ops.aten.mm``, the ops autograd runs for ``torch.autograd.grad``).
   It tracks *taint* by storage: the floating-point inputs are tainted; an op with a tainted input taints its
-  outputs; a Triton launch that receives a tainted tensor taints every tensor it receives (it may have written
-  derived data into any of them); allocation (``empty``, ``zeros_like``, ``full``...) and ``zero_``/``fill_``
+  outputs; a Triton launch that receives a tainted tensor taints every floating-point tensor it receives (it
+  may have written derived data into any of them; integer arguments such as lengths stay metadata); allocation (``empty``, ``zeros_like``, ``full``...) and ``zero_``/``fill_``
   with a number give clean outputs. An op on tainted data that is not structural (views, reshapes, copies,
   casts, gathers, concatenation) is a *compute* finding;
 * the tensor methods that hand data to NumPy/Python are wrapped (``MethodGuards``): ``numpy()``, ``__array__``,
@@ -316,8 +316,9 @@ class OpAudit:
             fp8 = sum(1 for t in tensors if t.dtype.is_floating_point and t.element_size() == 1)
             self.launches.append({"kernel": getattr(fn, "__name__", "?"), "grid": g, "float8_args": fp8})
         if self.on and any(self.is_tainted(t) for t in tensors):
-            for t in tensors:
-                self.set_taint(t, True)
+            for t in tensors:                    # integer arguments (lengths, block tables) stay metadata:
+                if t.is_floating_point():        # reading float bits back as integers needs a view(dtype),
+                    self.set_taint(t, True)      # which the host policy refuses
 
 
 def _accumulates(name, args, kwargs) -> bool:
