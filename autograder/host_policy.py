@@ -169,22 +169,6 @@ class _Static(ast.NodeVisitor):
         if isinstance(node.value, str) and _dunder(node.value.strip()) and node.value != "__main__":
             self.err(node, f"the string {node.value!r} names a dunder: not available in a Triton part")
 
-    def visit_Import(self, node):
-        for a in node.names:
-            if a.name not in ALLOWED_IMPORTS:
-                self.err(node, f"import {a.name} is not available in a Triton part (allowed: "
-                               f"{', '.join(sorted(m for m in ALLOWED_IMPORTS if '.' not in m and m[0] != '_'))})")
-        self.generic_visit(node)
-
-    def visit_ImportFrom(self, node):
-        mod = node.module or ""
-        if node.level or mod not in ALLOWED_IMPORTS:
-            self.err(node, f"from {mod} import ... is not available in a Triton part")
-        for a in node.names:
-            if a.name == "*" or a.name.startswith("_"):
-                self.err(node, f"from {mod} import {a.name} is not available in a Triton part")
-        self.generic_visit(node)
-
     def visit_Call(self, node):
         if isinstance(node.func, ast.Name) and node.func.id == "super" and (node.args or node.keywords):
             self.err(node, "super(...) with arguments is not available in a Triton part (use super())")
@@ -323,9 +307,19 @@ class _Rewrite(ast.NodeTransformer):
             return ast.copy_location(new, node)
         return node
 
+    def visit_Import(self, node):
+        bad = [a.name for a in node.names if a.name not in ALLOWED_IMPORTS]
+        if not bad:
+            return node
+        return ast.copy_location(ast.Expr(self._g("imp", node, ast.Constant(bad[0]))), node)
+
     def visit_ImportFrom(self, node):
         if node.module == "__future__":
             return node
+        mod = node.module or ""
+        if node.level or mod not in ALLOWED_IMPORTS or any(a.name == "*" for a in node.names):
+            what = f"from {'.' * node.level}{mod} import {', '.join(a.name for a in node.names)}"
+            return ast.copy_location(ast.Expr(self._g("imp", node, ast.Constant(what))), node)
         out = [node]
         for a in node.names:
             name = a.asname or a.name
@@ -623,8 +617,17 @@ class Guard:
                 self.refuse(f"{name}() on floating-point tensors is not available in a Triton part: {RULE}")
         return fn(*args, **kwargs)
 
-    # -- from M import x -----------------------------------------------------------------------------------
+    # -- imports -------------------------------------------------------------------------------------------
+    def imp(self, what):
+        """An import outside ``ALLOWED_IMPORTS`` (refused where it runs: at load time a load error, inside a
+        graded call also a report)."""
+        shown = sorted(m for m in ALLOWED_IMPORTS if "." not in m and m[0] != "_" and m != "autograder")
+        self.refuse(f"{what if what.startswith('from ') else 'import ' + what} is not available in a Triton "
+                    f"part (imports allowed: {', '.join(shown)})")
+
     def f(self, module, name, value):
+        if name[0] == "_":
+            return Denied(f"{module}.{name}", self)
         mod = sys.modules.get(module)
         if mod is None or type(mod) is not types.ModuleType:
             return value

@@ -151,6 +151,7 @@ def test_load_time_refusal_reports_nothing():
     ("import ctypes\n", "import ctypes"),
     ("import os\n", "import os"),
     ("from torch.utils import _python_dispatch\n", "from torch.utils import"),
+    ("from torch import _C\nt = _C._pop_torch_dispatch_stack\n", None),
     ("x = torch.ones(1).__class__\n", ".__class__"),
     ("t = torch._C\n", None),
     ("k = '__array_interface__'\n", "dunder"),
@@ -169,9 +170,19 @@ def test_static_refusals(src, rule):
     except PolicyError as exc:
         assert rule is None or rule in str(exc), exc
         return
-    with pytest.raises(PolicyError):               # torch._C: refused where it is read
+    with pytest.raises(PolicyError) as exc:        # refused where it runs (imports, torch._C)
         exec(code, ns)  # noqa: S102
         ns["t"]()
+    assert rule is None or rule in str(exc.value), exc.value
+
+
+def test_import_inside_a_graded_call_is_reported():
+    with pytest.raises(PolicyError, match="import posix is not available"):
+        _call("def f(q, k, v):\n    import posix\n    return posix.getpid()\n", *_qkv())
+    ns, cc, reports = _load("def f(q, k, v):\n    import posix\n    return q\n")
+    with pytest.raises(PolicyError):
+        cc.wrap(ns["f"], "f")(*_qkv())
+    assert reports and reports[0][0] == "T10"
 
 
 def test_private_names_of_own_classes_pass():
