@@ -97,6 +97,21 @@ LAZY = frozenset({"sum", "min", "max", "sorted", "any", "all"})
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "print", "isinstance", "tuple",
                              "bool", "abs", "enumerate", "zip", "list", "getattr", "hasattr"})
 
+# what a kernel body may read off its values (``tl.tensor``, dtypes, ``tl.constexpr``): the public API of those
+# classes in Triton 3.6 plus their instance attributes; the interpreter's ``x.handle.data`` (the NumPy array
+# behind a block) is not among them
+KERNEL_ATTRS = frozenset("""
+FP_TYPES KIND OTHER_TYPES SIGNEDNESS SINT_TYPES STANDARD_FP_TYPES T UINT_TYPES abs advance argmax argmin
+associative_scan atomic_add atomic_and atomic_cas atomic_max atomic_min atomic_or atomic_xchg atomic_xor
+broadcast_to cast cdiv ceil cos cumprod cumsum erf exp exp2 expand_dims flip floor gather get_block_shapes
+get_int_max_value get_int_min_value histogram is_bf16 is_block is_bool is_const is_dtype is_floating is_fp16
+is_fp32 is_fp64 is_fp8 is_fp8e4b15 is_fp8e4b8 is_fp8e4nv is_fp8e5 is_fp8e5b16 is_int is_int1 is_int16 is_int32
+is_int64 is_int8 is_int_signed is_int_unsigned is_ptr is_standard_floating is_uint16 is_uint32 is_uint64
+is_uint8 is_void item kind log log2 logical_and logical_or max min nbytes permute ravel reduce reduce_or reshape
+rsqrt scalar sigmoid sin softmax sort split sqrt sqrt_rn store sum to trans view with_element_ty xor_sum
+dtype shape type element_ty value numel primitive_bitwidth name fp_mantissa_width int_bitwidth address_space
+""".split())
+
 _BIN = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/", ast.FloorDiv: "//", ast.Mod: "%",
         ast.Pow: "**", ast.MatMult: "@", ast.LShift: "<<", ast.RShift: ">>", ast.BitOr: "|", ast.BitXor: "^",
         ast.BitAnd: "&"}
@@ -217,8 +232,11 @@ class _Kernel:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.Global,
                               ast.Nonlocal, ast.Import, ast.ImportFrom, ast.Try, ast.With)):
                 self.s.err(n, f"{type(n).__name__} inside the @triton.jit kernel {self.node.name}")
-            elif isinstance(n, ast.Attribute) and n.attr.startswith("_"):
-                self.s.err(n, f"the attribute .{n.attr} inside the kernel {self.node.name}")
+            elif isinstance(n, ast.Attribute) and (n.attr.startswith("_") or (
+                    n.attr not in KERNEL_ATTRS and not (isinstance(self._root(n), ast.Name)
+                                                        and self._root(n).id in ("tl", "triton", "libdevice")))):
+                self.s.err(n, f"the attribute .{n.attr} inside the kernel {self.node.name} (a kernel reads "
+                              "tl.* and its blocks' tl.tensor API)")
             elif isinstance(n, ast.Name) and _dunder(n.id):
                 self.s.err(n, f"the name {n.id} inside the kernel {self.node.name}")
             elif isinstance(n, ast.Call):

@@ -160,6 +160,7 @@ def test_load_time_refusal_reports_nothing():
     ("class P:\n    __array_interface__ = {}\n", "__array_interface__"),
     ("def host(x):\n    return x\n@triton.jit\ndef kern(p):\n    tl.store(p, host(tl.load(p)))\n", "host(...)"),
     ("@triton.jit\ndef kern(p):\n    tl.store(p, torch.exp(tl.load(p)))\n", "torch.exp(...)"),
+    ("@triton.jit\ndef kern(p):\n    x = tl.load(p)\n    x.handle.data[:] = 1\n", ".handle"),
 ])
 def test_static_refusals(src, rule):
     ns = {"__name__": "__main__"}
