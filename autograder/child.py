@@ -15,6 +15,7 @@ Messages (child -> parent): ``hello``, ``loaded``, ``trap`` (at once, T11), ``ar
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import linecache
 import os
@@ -189,7 +190,11 @@ class Child:
         if audit is not None:
             audit.begin(list(args) + list(kwargs.values()))
         self._active(True)
+        # host_policy: the unaudited timed reps run the submission's code as written (the guards' cost is not
+        # the student's); the audited warm-up rep runs guarded
+        plain = self.policy.plain() if self.policy is not None and audit is None else contextlib.nullcontext()
         try:
+            plain.__enter__()
             t0 = _clock()
             if header["mode"] == "autograd":     # forward + backward, as training would run it
                 out = fn(*args[:-1], **kwargs)
@@ -201,6 +206,7 @@ class Child:
             sync(self.device)                    # device-wide: side streams are waited for (T13)
             elapsed = _clock() - t0
         finally:
+            plain.__exit__(None, None, None)
             self._active(False)
             if audit is not None:
                 audited = audit.end()

@@ -298,3 +298,14 @@ def test_autograd_output_must_come_from_the_students_function():
         fn(q, k, v)
     cc.end()
     assert reports and reports[0][0] == "T10"
+
+
+def test_plain_runs_the_code_as_written_and_restores_the_guards():
+    """The timed reps run without the guards (``CellCompiler.plain``); afterwards the guards are back."""
+    src = "def helper(q):\n    return q * 2\n\ndef f(q, k, v):\n    return helper(q)\n"
+    ns, cc, _ = _load(src)
+    q = _qkv()[0]
+    with cc.plain():
+        assert torch.equal(ns["f"](q, q, q), q * 2)
+    with pytest.raises(PolicyError):
+        ns["f"](q, q, q)
