@@ -77,7 +77,10 @@ def _load(path, aid):
     cc = CellCompiler(ns, host_policy.config(specs.load(aid), cells), lambda threat, what: refusals.append(what))
     try:
         for c in cells:
-            exec(cc.compile(c.index, c.source, f"<cell {c.index}>"), ns)  # noqa: S102
+            try:
+                exec(cc.compile(c.index, c.source, f"<cell {c.index}>"), ns)  # noqa: S102
+            except host_policy.PolicyError as exc:     # a load error naming the rule (as in grading)
+                refusals.append(f"cell {c.index} failed to load: {exc}")
     finally:
         if saved is not None:
             sys.modules["autograder.check"] = saved
@@ -111,9 +114,11 @@ class _NoGC:
 
 
 def _verdicts(aid, path, tasks=None, seeds=SEEDS):
-    """task id -> list of verdicts (None = no finding) over every correctness case of SEEDS seeds."""
+    """task id -> list of verdicts (None = no finding) over every correctness case of SEEDS seeds; a graded
+    function that a load-time refusal left undefined is refused on each of its cases."""
     spec = specs.load(aid)
     ns, given, cc, refusals = _load(path, aid)
+    at_load = list(refusals)
     audit = OpAudit(given)
     LaunchHook.audit = audit
     out = {}
@@ -134,6 +139,9 @@ def _verdicts(aid, path, tasks=None, seeds=SEEDS):
                         header, arrays = call_to_wire(call)
                         launches = [0]
                         LaunchHook.count = lambda: launches.__setitem__(0, launches[0] + 1)
+                        if task.name not in ns:
+                            out.setdefault(task.id, []).append((f"host policy: {at_load}", test.name, params))
+                            continue
                         refusals.clear()
                         fn = cc.wrap(ns[task.name], task.name, header["mode"])
                         try:
