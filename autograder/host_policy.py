@@ -95,7 +95,7 @@ NUMERIC = frozenset({"int", "float", "bool", "complex", "abs", "round", "pow", "
                      "sorted", "any", "all", "type", "bytes", "bytearray"})
 LAZY = frozenset({"sum", "min", "max", "sorted", "any", "all"})
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "print", "isinstance", "tuple",
-                             "bool", "abs", "enumerate", "zip", "list", "getattr", "hasattr"})
+                             "bool", "abs", "enumerate", "zip", "list"})
 
 # what a kernel body may read off its values (``tl.tensor``, dtypes, ``tl.constexpr``): the public API of those
 # classes in Triton 3.6 plus their instance attributes; the interpreter's ``x.handle.data`` (the NumPy array
@@ -163,6 +163,7 @@ class _Static(ast.NodeVisitor):
     def __init__(self, kernels):
         self.kernels = kernels        # names of @triton.jit functions seen so far (given cells included)
         self.errors = []
+        self.kernel_reads = {}        # kernel name -> the global names its body reads
 
     def err(self, node, msg):
         self.errors.append(f"line {getattr(node, 'lineno', 0)}: {msg}")
@@ -226,6 +227,13 @@ class _Kernel:
         return f
 
     def check(self):
+        reads = set()
+        for n in ast.walk(self.node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and n.id not in self.local:
+                reads.add(n.id)
+                if n.id in REFLECTIVE or n.id in ("type", "super"):
+                    self.s.err(n, f"{n.id} inside the kernel {self.node.name}")
+        self.s.kernel_reads[self.node.name] = reads
         for n in ast.walk(self.node):
             if n is self.node:
                 continue
@@ -370,7 +378,8 @@ def is_given_cell(source: str, dumps) -> bool:
         return False
 
 
-def compile_cell(source: str, filename: str, kernels: set, skip_lines=(), exempt=False, first_line=1):
+def compile_cell(source: str, filename: str, kernels: set, skip_lines=(), exempt=False, first_line=1,
+                 kernel_reads=None):
     """The code object of one cell under the policy (``exempt``: a given cell, compiled as written; its
     kernels are still registered). Raises ``PolicyError`` (the static refusals) or ``SyntaxError``.
     ``first_line``: where ``source`` starts in its file (a notebook function recompiled by ``for_check``)."""
@@ -390,6 +399,8 @@ def compile_cell(source: str, filename: str, kernels: set, skip_lines=(), exempt
                 kernels.add(n.name)
             continue
         st.visit(n)
+    if kernel_reads is not None:
+        kernel_reads.update({(filename, k): v for k, v in st.kernel_reads.items()})
     if st.errors:
         raise PolicyError("; ".join(st.errors[:3]) + (f" (and {len(st.errors) - 3} more)" if len(st.errors) > 3
                                                       else ""))
@@ -457,6 +468,8 @@ class Guard:
         self.task = None
         self._kernel_types = None
         self._mcache = {}                      # (module id, name) -> what ``a`` gives (modules are not written)
+        self.kernel_reads = {}                 # (cell file, kernel name) -> global names its body reads
+        self._kernels_ok = set()               # kernels whose globals were checked at a launch
 
     @property
     def kernel_types(self):
@@ -671,9 +684,11 @@ class Guard:
         return value if got is getattr(mod, name, None) else got
 
     # -- launches ------------------------------------------------------------------------------------------
-    def launch_args(self, args, kwargs):
+    def launch_args(self, args, kwargs, kernel=None):
         """A kernel receives tensors (exactly ``torch.Tensor``), numbers, ``None``, strings, dtypes and
-        ``tl.constexpr``: no object that merely quacks like a pointer."""
+        ``tl.constexpr``: no object that merely quacks like a pointer. The globals its body (and the kernels
+        it calls) read are modules of Triton, kernels, constexpr values and numbers: no host function that the
+        interpreter would run as Python."""
         import triton.language as tl
         ok = (int, float, bool, str, type(None), self.torch.dtype, tl.constexpr, tl.dtype)
         for i, a in enumerate(list(args) + [v for k, v in kwargs.items() if k != "grid"]):
@@ -681,6 +696,37 @@ class Guard:
                 continue
             self.refuse(f"a kernel argument of type {type(a).__name__}: a Triton kernel takes tensors "
                         "(exactly torch.Tensor) and numbers in a Triton part")
+        if kernel is not None:
+            self._kernel_globals(kernel, tl, ok)
+
+    def _kernel_globals(self, kernel, tl, ok):
+        fn = getattr(kernel, "fn", None)
+        code = getattr(fn, "__code__", None)
+        if code is None or fn in self._kernels_ok:
+            return
+        self._kernels_ok.add(fn)
+        reads = self.kernel_reads.get((code.co_filename, fn.__name__))
+        if reads is None:
+            return                                   # given code, compiled as written
+        kt = self.kernel_types
+        for name in sorted(reads):
+            if name in fn.__globals__:
+                v = fn.__globals__[name]
+            elif name in KERNEL_BUILTINS or name in ("True", "False", "None"):
+                continue
+            else:
+                continue                             # unbound: Triton reports it
+            if isinstance(v, types.ModuleType):
+                if v.__name__ == "math" or v.__name__.startswith("triton"):
+                    continue
+            elif kt and isinstance(v, kt):
+                self._kernel_globals(v, tl, ok)
+                continue
+            elif isinstance(v, ok) or type(v).__name__ in ("JITFunction", "InterpretedFunction"):
+                continue
+            self._kernels_ok.discard(fn)
+            self.refuse(f"the kernel {fn.__name__} reads the global {name} ({type(v).__name__}): a kernel may use "
+                        "tl.*, other @triton.jit kernels and constexpr values, not host Python")
 
 
 class _Writer:
@@ -745,7 +791,7 @@ def install_launch_check():
         def run(self, *args, __orig=orig, **kwargs):
             g = _Launch.guard
             if g is not None and g.task is not None:
-                g.launch_args(args, kwargs)
+                g.launch_args(args, kwargs, self)
             return __orig(self, *args, **kwargs)
         klass.run = run
 
@@ -845,7 +891,8 @@ class CellCompiler:
         self.plain_codes = {}                  # (file, qualname, first line) -> the code as written
 
     def compile(self, index, source, filename):
-        code = compile_cell(source, filename, self.kernels, self.skip.get(index, ()), index in self.exempt)
+        code = compile_cell(source, filename, self.kernels, self.skip.get(index, ()), index in self.exempt,
+                            kernel_reads=self.guard.kernel_reads)
         if index not in self.exempt:
             _index_codes(compile(source, filename, "exec"), self.plain_codes)
         return code
@@ -969,6 +1016,6 @@ def _shadow(ns: dict) -> dict:
         tree = ast.parse(src)
         if tree.body and isinstance(tree.body[0], ast.FunctionDef) and _fingerprint(tree.body[0]) in known:
             continue
-        code = compile_cell(src, filename, kernels, first_line=first)
+        code = compile_cell(src, filename, kernels, first_line=first, kernel_reads=new[GUARD].kernel_reads)
         exec(code, new)  # noqa: S102 -- the student's own notebook, recompiled under the policy
     return new

@@ -309,3 +309,42 @@ def test_plain_runs_the_code_as_written_and_restores_the_guards():
         assert torch.equal(ns["f"](q, q, q), q * 2)
     with pytest.raises(PolicyError):
         ns["f"](q, q, q)
+
+
+def test_a_kernel_may_not_read_a_host_function():
+    """Through a local alias the static call rule cannot see it; the launch checks what the kernel reads."""
+    src = """
+    def host(x):
+        return x * 0 + 1
+
+    @triton.jit
+    def kern(p, n, BLOCK: tl.constexpr):
+        h = host
+        offs = tl.arange(0, BLOCK)
+        tl.store(p + offs, h(tl.load(p + offs, mask=offs < n)), mask=offs < n)
+
+    @triton.jit
+    def honest(p, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(p + offs, tl.load(p + offs, mask=offs < n) * SCALE, mask=offs < n)
+
+    SCALE = tl.constexpr(2.0)
+
+    def f(q, k, v):
+        o = q.clone()
+        kern[(1,)](o, o.numel(), BLOCK=16)
+        return o
+
+    def g(q, k, v):
+        o = q.clone().contiguous()
+        honest[(1,)](o, 16, BLOCK=16)
+        return o
+    """
+    ns, cc, reports = _load(src)
+    with pytest.raises(PolicyError, match="reads the global host"):
+        cc.wrap(ns["f"], "f")(*_qkv())
+    cc.end()
+    q = _qkv()[0]
+    out = cc.wrap(ns["g"], "f")(q, q, q)
+    cc.end()
+    assert torch.equal(out.reshape(-1)[:16], 2 * q.reshape(-1)[:16])
