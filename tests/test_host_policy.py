@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -348,3 +349,20 @@ def test_a_kernel_may_not_read_a_host_function():
     out = cc.wrap(ns["g"], "f")(q, q, q)
     cc.end()
     assert torch.equal(out.reshape(-1)[:16], 2 * q.reshape(-1)[:16])
+
+
+def test_check_in_a_notebook_runs_the_same_policy():
+    """``check()`` gets functions Jupyter compiled (no guard in their namespace): ``for_check`` recompiles them
+    from their source, so the visible cases refuse what grading refuses, with the same message."""
+    import numpy as np
+
+    from autograder import adapter, check, visible
+    from autograder.selftest import SUB, materialise_mutant
+    path = materialise_mutant(SUB / "a4_decoding/cheat/t10_torch_on_thread.mutant.json")
+    loaded = adapter.load(path)                      # as Jupyter would: cells compiled as written
+    fn = loaded.namespace["flash_decode"]
+    case = next(c for c in visible.cases("a4.flash_decode", np.random.default_rng(0)) if c.call is not None)
+    ok, _, msg, _ = check.run_case(case, fn, "cpu")
+    assert not ok and "torch.cuda.threading is not available in a Triton part" in msg, msg
+    solution = adapter.load(Path(__file__).resolve().parents[1] / "assignments/a4_decoding/a4_decoding_solution.py")
+    assert check.run_case(case, solution.namespace["flash_decode"], "cpu")[0]
