@@ -36,6 +36,7 @@ from __future__ import annotations
 import ast
 import builtins
 import operator
+import os
 import sys
 import types
 
@@ -805,11 +806,21 @@ def install(ns: dict, allow_union=(), report=None) -> Guard:
 
 
 def student_function_class(fn):
-    """The student's ``torch.autograd.Function`` subclass behind a graph node, or None."""
+    """The student's ``torch.autograd.Function`` subclass behind a graph node (its ``forward`` written in the
+    submission: a ``<cell N>``, the notebook or a ``.py`` of the student's, not a library file), or None."""
     cls = getattr(fn, "_forward_cls", None)
     fwd = getattr(cls, "forward", None)
     code = getattr(fwd, "__code__", None)
-    return cls if code is not None and code.co_filename.startswith("<cell ") else None
+    if code is None:
+        return None
+    name = code.co_filename
+    if name.startswith("<cell "):
+        return cls
+    import sysconfig
+    libs = {sysconfig.get_paths()[k] for k in ("purelib", "platlib", "stdlib")}
+    libs |= {p for p in sys.path if p.endswith(("site-packages", "dist-packages"))}
+    libs.add(os.path.dirname(os.path.dirname(sys.modules["torch"].__file__)))
+    return None if name.startswith("<") or any(name.startswith(d) for d in libs) else cls
 
 
 PASS_NODES = ("View", "Reshape", "Alias", "ToCopy", "Clone", "Transpose", "Permute", "AsStrided", "Slice",
