@@ -96,7 +96,9 @@ NUMERIC = frozenset({"int", "float", "bool", "complex", "abs", "round", "pow", "
                      "sorted", "any", "all", "type", "bytes", "bytearray"})
 LAZY = frozenset({"sum", "min", "max", "sorted", "any", "all"})
 KERNEL_BUILTINS = frozenset({"range", "min", "max", "len", "int", "float", "print", "isinstance", "tuple",
-                             "bool", "abs", "enumerate", "zip", "list"})
+                             "bool", "abs", "enumerate", "zip", "list",
+                             # a stub's ``raise NotImplementedError(...)``, an unfinished kernel's own checks
+                             "NotImplementedError", "ValueError", "TypeError", "RuntimeError", "AssertionError"})
 
 # what a kernel body may read off its values (``tl.tensor``, dtypes, ``tl.constexpr``): the public API of those
 # classes in Triton 3.6 plus their instance attributes; the interpreter's ``x.handle.data`` (the NumPy array
