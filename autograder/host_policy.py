@@ -7,11 +7,12 @@ a Triton assignment (except the given cells and given functions, which are the c
 compiled through an AST transform, so the student's host code reaches torch, Triton and the builtins only
 through guards:
 
-* **static** (refused when the cell is compiled, a load error naming the rule): attribute names and names
-  that start with ``_`` or are dunders (``__name__`` excepted), frame/traceback attributes, ``data_ptr`` and
-  ``ctypes``, dunder strings, imports outside ``ALLOWED_IMPORTS``, ``super(...)`` with arguments, dunder
-  methods other than ``SAFE_DUNDER_DEFS``; inside ``@triton.jit`` bodies (left to Triton, never transformed)
-  calls of anything but ``tl.*``, other kernels and the builtins Triton compiles;
+* **static** (refused when the cell is compiled, a load error naming the rule): dunder attribute names and
+  names (``__name__``, ``__init__`` and two more excepted), frame/traceback attributes, ``data_ptr``,
+  ``ctypes`` and storages, dunder strings, ``super(...)`` with arguments, dunder methods other than
+  ``SAFE_DUNDER_DEFS``; inside ``@triton.jit`` bodies (left to Triton, never transformed) calls of anything
+  but ``tl.*``, other kernels and the builtins Triton compiles, and attributes outside the ``tl.tensor`` API;
+* **imports** outside ``ALLOWED_IMPORTS`` are refused where they run;
 * **attribute access** (``__ag__.a``): on a torch/Triton/NumPy module, a tensor or ``torch.Tensor``, a
   Triton kernel object, through an allow-list; anything else (``torch.exp``, ``x.sum``, ``torch.ops``,
   ``kernel.fn``) comes back as a ``Denied`` object that raises when it is used. Compute is allowed on
@@ -47,7 +48,7 @@ ALLOWED_IMPORTS = frozenset({
     "__future__", "autograder", "autograder.check", "enum", "abc", "string", "textwrap", "pprint"})
 SAFE_DUNDER_DEFS = frozenset({"__init__", "__repr__", "__str__", "__call__", "__len__", "__post_init__",
                               "__enter__", "__exit__", "__iter__", "__next__", "__eq__", "__hash__"})
-ALLOWED_DUNDER_NAMES = frozenset({"__name__"})
+ALLOWED_DUNDER_NAMES = frozenset({"__name__", "__qualname__", "__doc__", "__init__"})  # super().__init__(...)
 DENIED_ATTRS = frozenset({"data_ptr", "ctypes", "f_back", "f_globals", "f_locals", "f_builtins", "f_code",
                           "tb_frame", "tb_next", "gi_frame", "gi_code", "cr_frame", "cr_code", "ag_frame",
                           "ag_code", "func_globals", "untyped_storage", "storage"})
