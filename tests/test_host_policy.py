@@ -355,18 +355,24 @@ def test_a_kernel_may_not_read_a_host_function():
     assert torch.equal(out.reshape(-1)[:16], 2 * q.reshape(-1)[:16])
 
 
-def test_check_in_a_notebook_runs_the_same_policy():
+def test_check_in_a_notebook_runs_the_same_policy(tmp_path):
     """``check()`` gets functions Jupyter compiled (no guard in their namespace): ``for_check`` recompiles them
     from their source, so the visible cases refuse what grading refuses, with the same message."""
+    import importlib
+    import sys
+
     import numpy as np
 
-    from autograder import adapter, check, visible
-    from autograder.selftest import SUB, materialise_mutant
-    path = materialise_mutant(SUB / "a4_decoding/cheat/t10_torch_on_thread.mutant.json")
-    loaded = adapter.load(path)                      # as Jupyter would: cells compiled as written
-    fn = loaded.namespace["flash_decode"]
+    from autograder import adapter, visible
+    if not hasattr(sys.modules.get("autograder.check"), "run_case"):
+        sys.modules.pop("autograder.check", None)      # another test's stub (the grading child's, in-process)
+    check = importlib.import_module("autograder.check")
+    nb = tmp_path / "nb.py"
+    nb.write_text("import torch\n\n\n"
+                  "def scale_of(q):\n    return q * 1.0\n\n\n"
+                  "def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None):\n"
+                  "    return scale_of(q)\n")
+    fn = adapter.load(nb).namespace["flash_decode"]    # as Jupyter would: cells compiled as written
     case = next(c for c in visible.cases("a4.flash_decode", np.random.default_rng(0)) if c.call is not None)
     ok, _, msg, _ = check.run_case(case, fn, "cpu")
-    assert not ok and "torch.cuda.threading is not available in a Triton part" in msg, msg
-    solution = adapter.load(Path(__file__).resolve().parents[1] / "assignments/a4_decoding/a4_decoding_solution.py")
-    assert check.run_case(case, solution.namespace["flash_decode"], "cpu")[0]
+    assert not ok and "the operator * on a floating-point tensor is not available in a Triton part" in msg, msg
