@@ -58,7 +58,8 @@ TORCH_OK = frozenset("""
 Tensor Size device dtype Generator empty empty_like empty_strided zeros zeros_like ones ones_like full full_like
 arange tensor as_tensor randn rand randint randn_like rand_like randint_like manual_seed cat concat concatenate
 stack flip roll narrow reshape permute transpose unsqueeze squeeze movedim swapaxes flatten chunk split unbind
-index_select broadcast_to is_tensor is_floating_point finfo iinfo no_grad enable_grad inference_mode
+index_select broadcast_to gather take take_along_dim masked_select select_scatter slice_scatter rot90 fliplr flipud
+moveaxis swapdims is_tensor is_floating_point finfo iinfo no_grad enable_grad inference_mode
 set_grad_enabled is_grad_enabled get_default_dtype promote_types cuda autograd nn
 """.split())
 TORCH_SUB_OK = {
@@ -76,8 +77,10 @@ is_floating_point is_complex storage_offset requires_grad requires_grad_ is_leaf
 view view_as reshape reshape_as permute transpose t unsqueeze squeeze expand expand_as flatten unflatten narrow
 select split chunk unbind movedim swapaxes contiguous clone copy_ to float half bfloat16 double int long short
 bool byte char cpu cuda detach detach_ flip fliplr flipud roll index_copy_ index_copy index_select fill_ zero_
-new_empty new_zeros new_ones new_full new_tensor new_empty_strided masked_fill_ index_put_ index_put repeat
-repeat_interleave tile as_strided diagonal unfold get_device type_as
+new_empty new_zeros new_ones new_full new_tensor new_empty_strided masked_fill_ masked_fill index_put_ index_put
+repeat repeat_interleave tile as_strided diagonal unfold get_device type_as gather take take_along_dim
+masked_select masked_scatter masked_scatter_ index_fill index_fill_ select_scatter slice_scatter diagonal_scatter
+rot90 swapdims moveaxis transpose_ t_ squeeze_ unsqueeze_ as_strided_ narrow_copy
 """.split())
 # never, on any tensor: raw memory, hooks, host callbacks, autograd's own derivatives
 TENSOR_NEVER = frozenset("""
