@@ -441,25 +441,30 @@ class Denied:
 
 
 class _Checked:
-    """A callable allowed only on integer data (a torch function outside the list, ``Tensor.view(dtype)``)."""
-    __slots__ = ("fn", "what", "guard", "view", "accumulate")
+    """A callable allowed only on integer data (a torch function outside the list, ``Tensor.view(dtype)``), or,
+    for NumPy and ``math`` functions, never on a floating tensor (its data would leave torch). Its fields are
+    private: host code cannot read the function back out."""
+    __slots__ = ("_fn", "_what", "_guard", "_mode")
 
-    def __init__(self, fn, what, guard, view=False, accumulate=False):
-        self.fn, self.what, self.guard, self.view, self.accumulate = fn, what, guard, view, accumulate
+    def __init__(self, fn, what, guard, mode="int"):
+        self._fn, self._what, self._guard, self._mode = fn, what, guard, mode
 
     def __call__(self, *args, **kwargs):
-        g = self.guard
-        if self.view:
+        g, mode = self._guard, self._mode
+        if mode == "view":
             if any(isinstance(a, g.torch.dtype) for a in list(args) + list(kwargs.values())):
-                g.refuse(f"{self.what}(dtype) (a bit reinterpretation) is not available in a Triton part: {RULE}")
-            return self.fn(*args, **kwargs)
-        if self.accumulate:
+                g.refuse(f"{self._what}(dtype) (a bit reinterpretation) is not available in a Triton part: {RULE}")
+        elif mode == "accumulate":
             if kwargs.get("accumulate") or (len(args) > 2 and args[2]):
-                g.refuse(f"{self.what}(..., accumulate=True) adds: not available in a Triton part: {RULE}")
-            return self.fn(*args, **kwargs)
-        if g.floating_in(args) or g.floating_in(kwargs.values()):
-            g.refuse(f"{self.what} on a floating-point tensor is not available in a Triton part: {RULE}")
-        return self.fn(*args, **kwargs)
+                g.refuse(f"{self._what}(..., accumulate=True) adds: not available in a Triton part: {RULE}")
+        elif g.floating_in(args) or g.floating_in(kwargs.values()):
+            g.refuse(f"{self._what} on a floating-point tensor is not available in a Triton part: {RULE}")
+        return self._fn(*args, **kwargs)
+
+    def __getattr__(self, name):                 # a ufunc's methods (``np.add.at``), a function's attributes
+        if name[0] == "_":
+            raise AttributeError(name)
+        return getattr(self._fn, name)
 
 
 class Guard:
@@ -583,21 +588,36 @@ class Guard:
                 return self._checked_jit(mod.jit)
             return getattr(mod, name) if name in TRITON_OK else Denied(what, self)
         if mname.startswith("triton."):
-            if mname.startswith("triton.language"):
-                return getattr(mod, name)
-            return Denied(what, self)
+            if not mname.startswith("triton.language"):
+                return Denied(what, self)
+            v = getattr(mod, name)
+            if isinstance(v, types.ModuleType) and not v.__name__.startswith("triton.language") or (
+                    callable(v) and not (self.kernel_types and isinstance(v, self.kernel_types))
+                    and getattr(v, "__module__", "").startswith(("triton.runtime", "triton.compiler", "triton._C"))):
+                return Denied(what, self)                # tl.core.jit is triton.jit; tl.core.ir is the compiler's
+            return v
+        v = getattr(mod, name)
+        if isinstance(v, types.ModuleType):              # a module through another (typing.sys, dataclasses.inspect)
+            ok = v.__name__ in ALLOWED_IMPORTS or (v.__name__.startswith("numpy.") and mname.startswith("numpy"))
+            return v if ok and name not in NUMPY_NEVER else Denied(what, self)
         if mname == "numpy" or mname.startswith("numpy."):
-            return Denied(what, self) if name in NUMPY_NEVER else getattr(mod, name)
-        return getattr(mod, name)
+            if name in NUMPY_NEVER:
+                return Denied(what, self)
+            if callable(v) and not isinstance(v, type):
+                return _Checked(v, what, self, "host")   # NumPy on a floating tensor: its data leaves torch
+            return v
+        if mname == "math" and callable(v):
+            return _Checked(v, what, self, "host")
+        return v
 
     def _tensor_attr(self, obj, name, floating):
         what = f"Tensor.{name}"
         if name in TENSOR_NEVER:
             return Denied(what, self)
         if name == "view":
-            return _Checked(getattr(obj, name), what, self, view=True)
+            return _Checked(getattr(obj, name), what, self, "view")
         if name in ("index_put_", "index_put"):
-            return _Checked(getattr(obj, name), what, self, accumulate=True)
+            return _Checked(getattr(obj, name), what, self, "accumulate")
         if name in TENSOR_OK or name in self.extra:
             return getattr(obj, name)
         if not floating:

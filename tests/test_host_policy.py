@@ -103,6 +103,14 @@ def test_honest_host_code_passes():
     ("return torch.autograd.grad(q, q)", "torch.autograd.grad"),
     ("torch.exp = abs\n    return q", "patching"),
     ("o = torch.zeros_like(q)\n    o.index_put_((torch.tensor([0]),), q[:1], True)\n    return o", "accumulate"),
+    ("return torch.exp._fn(q)", "private attribute"),
+    ("return torch.from_numpy(np.exp(q))", "numpy.exp"),
+    ("return torch.tensor(math.exp(q[0, 0, 0, 0]))", "math.exp"),
+    ("import typing\n    return typing.sys.modules", "typing.sys"),
+    ("import dataclasses\n    return dataclasses.inspect.stack()", "dataclasses.inspect"),
+    ("return tl.standard.jit(f)", "triton.language.standard.jit"),
+    ("return tl.core.builtins.eval('q')", "triton.language.core.builtins"),
+    ("return torch.cuda.threading.Thread", "torch.cuda.threading"),
 ])
 def test_refused_spellings_raise_and_report(body, what):
     src = f"def f(q, k, v):\n    {body}\n"
