@@ -480,6 +480,7 @@ class Guard:
         self.task = None
         self._kernel_types = None
         self._mcache = {}                      # (module id, name) -> what ``a`` gives (modules are not written)
+        self.plain = False                     # inside ``CellCompiler.plain``: launches are not checked either
         self.kernel_reads = {}                 # (cell file, kernel name) -> global names its body reads
         self._kernels_ok = set()               # kernels whose globals were checked at a launch
 
@@ -817,7 +818,7 @@ def install_launch_check():
 
         def run(self, *args, __orig=orig, **kwargs):
             g = _Launch.guard
-            if g is not None and g.task is not None:
+            if g is not None and g.task is not None and not g.plain:
                 g.launch_args(args, kwargs, self)
             return __orig(self, *args, **kwargs)
         klass.run = run
@@ -973,6 +974,7 @@ class _Plain:
             self.swapped.append((fn, code))
 
     def __enter__(self):
+        self.cc.guard.plain = True
         for obj in list(self.cc.ns.values()):
             if isinstance(obj, types.FunctionType):
                 self._swap(obj)
@@ -985,6 +987,7 @@ class _Plain:
         for fn, code in reversed(self.swapped):
             fn.__code__ = code
         self.swapped = []
+        self.cc.guard.plain = False
 
 
 def cells_config(assignment_id, cells) -> dict | None:
