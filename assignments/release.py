@@ -41,7 +41,7 @@ CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py
                # make check: the visible cases as pytest tests on the student's own notebook
                "adapter.py", "submission.py", "percent.py", "load_errors.py",
                # the host policy of Triton parts, and the given code it leaves as written
-               "host_policy.py", "given.py",
+               "host_policy.py", "host_guard.py", "given.py",
                "tests_visible/__init__.py", "tests_visible/conftest.py", "tests_visible/test_visible.py")
 
 INIT = '''"""The in-notebook checker of the attention course (student release).
