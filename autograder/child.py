@@ -145,6 +145,7 @@ class Child:
             return
         if self.policy is not None:
             self.policy.end()
+            result["kernels"] = self.policy.guard.take_launched()   # for the GPU-target compile check
         arrs = {str(i): a for i, a in enumerate(result.pop("arrays"))}
         result.update(t="result", launches=self.traps.launches if self.traps else None,
                       patched=self.traps.patched() if self.traps else [])
@@ -158,6 +159,9 @@ class Child:
         try:
             if h["t"] == "probe":
                 out, arrs = {"values": gluon_child.probe(self.ns, h["name"], h["args"])}, None
+            elif h["t"] == "tcompile":           # host_policy: a Triton kernel through the sm_90a frontend
+                from .host_guard import compile_frontend
+                out, arrs = {"compiled": compile_frontend(self.ns, h["name"], h["signature"], h["constexprs"])}, None
             else:
                 out, arrs = gluon_child.compile_kernel(self.ns, h["name"], h["signature"], h["constexprs"],
                                                        h["num_warps"], h.get("maxnreg"))
@@ -238,7 +242,7 @@ class Child:
                 self.load(h)
             elif t == "call":
                 self.call(h, arrays)
-            elif t in ("probe", "compile"):
+            elif t in ("probe", "compile", "tcompile"):
                 self.checked(h)
             elif t == "exit":
                 return

@@ -305,6 +305,7 @@ class Grader:
         launches nothing and is merely wrong). Either is positive evidence and flags T10."""
         if task.framework != "torch":
             return None
+        host_policy.note_kernels(self, task, h)      # for the GPU-target compile of its kernels (grade's end)
         why = audit_verdict(task, h.get("audit"))
         if why is None and passed and h.get("launches") == 0:
             why = "no Triton kernel was launched (the work must be done in Triton)"
@@ -591,6 +592,7 @@ class Grader:
                     r = self.run_test(test, task)
                 self.log(r)
                 self.results.append(r)
+            host_policy.gpu_compile_check(self)          # kernels that ran interpreted: sm_90a frontend
         finally:
             for sb in (self.sandbox, self.compile_sandbox, self.ref_sandbox):
                 if sb is not None:

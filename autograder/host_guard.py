@@ -137,6 +137,7 @@ class Guard:
         self._kernel_types = None
         self._mcache = {}                      # (module id, name) -> what ``a`` gives (modules are not written)
         self.plain = False                     # inside ``CellCompiler.plain``: launches are not checked either
+        self.launched = {}                     # key -> a launch's kernel signature (``launch_signature``)
         self.kernel_reads = {}                 # (cell file, kernel name) -> global names its body reads
         self._kernels_ok = set()               # kernels whose globals were checked at a launch
 
@@ -383,6 +384,22 @@ class Guard:
         if kernel is not None:
             self._kernel_globals(kernel, tl, ok)
 
+    def record_launch(self, kernel, args, kwargs):
+        """Keep the launch's kernel signature for the GPU-target compile of the kernel (``compile_frontend``,
+        in a compile child; ``host_policy.gpu_compile_check`` in the parent)."""
+        if len(self.launched) >= 32:
+            return
+        try:
+            rec = launch_signature(kernel, args, kwargs)
+        except Exception:  # noqa: BLE001 -- a launch Triton itself will reject: no record
+            rec = None
+        if rec is not None:
+            self.launched.setdefault(rec["key"], rec)
+
+    def take_launched(self) -> list:
+        out, self.launched = list(self.launched.values()), {}
+        return out
+
     def _kernel_globals(self, kernel, tl, ok):
         fn = getattr(kernel, "fn", None)
         code = getattr(fn, "__code__", None)
@@ -476,6 +493,7 @@ def install_launch_check():
             g = _Launch.guard
             if g is not None and g.task is not None and not g.plain:
                 g.launch_args(args, kwargs, self)
+                g.record_launch(self, args, kwargs)
             return __orig(self, *args, **kwargs)
         klass.run = run
 
@@ -548,3 +566,91 @@ def wrap_call(guard, fn, task_name, allow=(), mode="call"):
         return out
     call.__name__ = getattr(fn, "__name__", "fn")
     return call
+
+
+# ------------------------------------------------------------------------------------------------ GPU target
+def _kernel_sources(fn, seen=None) -> list:
+    """The source of a kernel and of every ``@triton.jit`` function it reaches through its globals."""
+    import inspect
+    seen = set() if seen is None else seen
+    if fn in seen:
+        return []
+    seen.add(fn)
+    try:
+        out = [inspect.getsource(fn)]
+    except (OSError, TypeError):
+        out = [fn.__code__.co_code.hex()]
+    for v in list(fn.__globals__.values()):
+        inner = getattr(v, "fn", None)
+        if type(v).__name__ in ("JITFunction", "InterpretedFunction") and inner is not None and inner is not fn:
+            if getattr(inner, "__code__", None) is not None and inner.__code__.co_filename.startswith("<cell "):
+                out += _kernel_sources(inner, seen)
+    return out
+
+
+def launch_signature(kernel, args, kwargs) -> dict | None:
+    """``{"kernel", "key", "signature", "constexprs"}`` of one launch, as Triton's compiler takes them
+    (``"*fp32"``, ``"i32"``, ``"constexpr"``...), JSON-able; ``key`` hashes it with the kernel's source and the
+    sources of the kernels it calls (a verdict is cached per key). None when it cannot be read."""
+    import hashlib
+    import inspect
+    import json
+
+    import triton.language as tl
+    from triton.runtime.jit import mangle_type
+    fn = getattr(kernel, "fn", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or not code.co_filename.startswith("<cell "):
+        return None                                  # given code (compiled as written) or not a kernel
+    sig = inspect.signature(fn)
+    bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
+    bound.apply_defaults()
+    types_, consts = {}, {}
+    for name, p in sig.parameters.items():
+        if name not in bound.arguments:
+            return None
+        v = bound.arguments[name]
+        ann = p.annotation
+        if ann is tl.constexpr or (isinstance(ann, str) and "constexpr" in ann) or v is None or \
+                isinstance(v, tl.constexpr):
+            v = getattr(v, "value", v)
+            if isinstance(v, tl.dtype):
+                v = ["dtype", v.name]
+            elif not (v is None or isinstance(v, (bool, int, float, str))):
+                return None
+            types_[name], consts[name] = "constexpr", v
+        else:
+            types_[name] = mangle_type(v)
+    body = json.dumps([fn.__name__, types_, consts], sort_keys=True) + "".join(_kernel_sources(fn))
+    return {"kernel": fn.__name__, "key": hashlib.sha256(body.encode()).hexdigest()[:24], "signature": types_,
+            "constexprs": consts}
+
+
+def compile_frontend(ns: dict, name: str, signature: dict, constexprs: dict) -> bool:
+    """Compile ``ns[name]`` through Triton's frontend for sm_90a (``ASTSource.make_ir``: the kernel's Python
+    read as Triton, no PTX), in a compile child (``TRITON_INTERPRET=0``, no GPU). Raises what Triton raises:
+    a kernel body that only the interpreter would run (Python objects, host functions) does not compile."""
+    import triton.language as tl
+    from triton._C.libtriton import ir
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import ASTSource, make_backend
+    kernel = ns.get(name)
+    names = list(getattr(kernel, "arg_names", None) or [])
+    if not names or type(kernel).__name__ != "JITFunction":
+        raise TypeError(f"{name} is not a @triton.jit kernel")
+    consts = {}
+    for k, v in constexprs.items():
+        if isinstance(v, list) and len(v) == 2 and v[0] == "dtype":
+            v = getattr(tl, {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64",
+                             "i32": "int32", "i64": "int64", "i1": "int1", "i8": "int8", "i16": "int16",
+                             "u8": "uint8", "fp8e4nv": "float8e4nv", "fp8e5": "float8e5"}.get(v[1], v[1]))
+        consts[(names.index(k),)] = v
+    src = ASTSource(kernel, {n: signature[n] for n in names}, consts)
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    src.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    return True

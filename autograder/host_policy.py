@@ -525,3 +525,47 @@ def _shadow(ns: dict) -> dict:
         code = compile_cell(src, filename, kernels, first_line=first, kernel_reads=new[GUARD].kernel_reads)
         exec(code, new)  # noqa: S102 -- the student's own notebook, recompiled under the policy
     return new
+
+
+# ------------------------------------------------------------------------------------------------ GPU target
+# key (kernel, signature, its sources and those of the kernels it calls) -> None (compiles) or the error: one
+# verdict per process, so a selftest or grade-all compiles each distinct kernel once
+_COMPILED: dict = {}
+
+
+def note_kernels(grader, task, h) -> None:
+    """Keep the kernel signatures a graded call of ``task`` launched (``host_guard.launch_signature``)."""
+    kernels = h.get("kernels") if isinstance(h, dict) else None
+    if not kernels:
+        return
+    seen = grader.__dict__.setdefault("_policy_kernels", {})
+    for k in kernels[:32]:
+        if isinstance(k, dict) and isinstance(k.get("key"), str):
+            seen.setdefault(k["key"], (k, set()))[1].add(task.id)
+
+
+def gpu_compile_check(grader) -> None:
+    """On a CPU (where kernels ran in Triton's interpreter), put every kernel a Triton part launched through
+    Triton's sm_90a frontend in a compile child (``host_guard.compile_frontend``). A kernel that does not
+    compile zeroes the tasks that launched it, with the compiler's message: Python inside a ``@triton.jit``
+    body runs only through the interpreter. On a GPU every kernel was compiled for real already."""
+    kernels = grader.__dict__.get("_policy_kernels")
+    if not kernels or grader.device != "cpu" or not applies(grader.spec.id):
+        return
+    for key, (k, tasks) in sorted(kernels.items()):
+        if key not in _COMPILED:
+            try:
+                sb = grader.compile_child()
+                sb.send({"t": "tcompile", "name": k["kernel"], "signature": k["signature"],
+                         "constexprs": k["constexprs"]})
+                h, _ = sb.recv(120, expect=("result", "error"), on_trap=grader._on_trap)
+            except Exception as exc:  # noqa: BLE001 -- the check never fails a grading by itself
+                grader.log(f"GPU-target compile of {k['kernel']} not made: {exc}")
+                return
+            lines = [ln.strip() for ln in str(h.get("msg", "")).splitlines() if ln.strip() and ln.strip() != "^"]
+            _COMPILED[key] = None if h.get("t") == "result" else \
+                f"{h.get('exc')}: {(lines[-1] if lines else '')[:300]}"
+        why = _COMPILED[key]
+        if why is not None:
+            for t in sorted(tasks):
+                grader.zeroed.setdefault(t, f"the kernel {k['kernel']} does not compile for a GPU (sm_90a): {why}")
