@@ -65,6 +65,8 @@ CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py
                # make check: the visible cases as pytest tests on the student's own notebook
                "adapter.py", "submission.py", "percent.py", "load_errors.py", "isolated.py", "diagnose.py",
                "threats.py",
+               # the host policy of Triton parts, and the given code it leaves as written
+               "host_policy.py", "host_guard.py", "given.py",
                "tests_visible/__init__.py", "tests_visible/conftest.py", "tests_visible/test_visible.py")
 
 INIT = '''"""The in-notebook checker of the attention course (student release).
@@ -196,6 +198,8 @@ def build(out: Path, exclude=(), report: list | None = None) -> Path:
     for rel in CHECK_FILES:
         _copy(REPO / "autograder" / rel, out / "autograder" / rel)
     (out / "autograder" / "__init__.py").write_text(INIT)
+    for given in sorted((REPO / "assignments" / "given").glob("*.py")):   # given.GIVEN_DIRS in the release
+        _copy(given, out / "assignments" / "given" / given.name)
     sys.path.insert(0, str(REPO))
     from autograder.visible import export
     export(out / "autograder" / "visible", assignments=assignments)

@@ -50,13 +50,20 @@ def default_submission(assignment: str) -> Path:
     return ROOT / "assignments" / assignment / f"{assignment}.ipynb"
 
 
-def load(path) -> Loaded:
+def load(path, assignment=None) -> Loaded:
+    """``assignment``: a Triton assignment's cells compile under its host policy (``autograder.host_policy``),
+    as in grading."""
     path = Path(path).resolve()
     cells = load_cells(path)
     mod = types.ModuleType("__main__")                  # like a notebook: functions live in __main__
     ns = mod.__dict__
     ns["__builtins__"] = __builtins__
     out = Loaded(path, ns)
+    policy = None
+    if assignment is not None:
+        from . import host_policy
+        cfg = host_policy.cells_config(assignment, cells)
+        policy = host_policy.CellCompiler(ns, cfg) if cfg else None
     last, failed = {}, {}                               # name -> its last defining cell; cell index -> message
     ns["__cells__"] = [c.source for c in cells]     # the code cells, in order (a7's compile-only check re-runs
     buf = io.StringIO()                              # them in a process without Triton's interpreter)
@@ -71,7 +78,9 @@ def load(path) -> Loaded:
                 last[name] = cell
             try:
                 with contextlib.redirect_stdout(buf):
-                    exec(compile(cell.source, fname, "exec"), ns)  # noqa: S102 -- the student's own notebook
+                    code = policy.compile(cell.index, cell.source, fname) if policy else \
+                        compile(cell.source, fname, "exec")
+                    exec(code, ns)  # noqa: S102 -- the student's own notebook
             except Exception as exc:  # noqa: BLE001 -- a failing cell is recorded, the rest still runs
                 first = next((ln.strip() for ln in cell.source.splitlines() if ln.strip()), "")[:50]
                 failed[cell.index] = f'{cell.name} ("{first}") failed while loading: {exc_line(exc)}'

@@ -6,8 +6,8 @@ Runs in the child (trusted harness code). A torch dispatch mode is pushed for th
 * a ``TorchDispatchMode`` sees every aten operation, whatever Python spelling reached it (``q @ k.mT``,
   ``torch.einsum``, ``F.linear``, ``torch.ops.aten.mm``, the ops autograd runs for ``torch.autograd.grad``).
   It tracks *taint* by storage: the floating-point inputs are tainted; an op with a tainted input taints its
-  outputs; a Triton launch that receives a tainted tensor taints every tensor it receives (it may have written
-  derived data into any of them); allocation (``empty``, ``zeros_like``, ``full``...) and ``zero_``/``fill_``
+  outputs; a Triton launch that receives a tainted tensor taints every floating-point tensor it receives (it
+  may have written derived data into any of them; integer arguments such as lengths stay metadata); allocation (``empty``, ``zeros_like``, ``full``...) and ``zero_``/``fill_``
   with a number give clean outputs. An op on tainted data that is not structural (views, reshapes, copies,
   casts, gathers, concatenation) is a *compute* finding;
 * the tensor methods that hand data to NumPy/Python are wrapped (``MethodGuards``): ``numpy()``, ``__array__``,
@@ -48,7 +48,14 @@ lift_fresh_copy clone contiguous copy_ _to_copy to _copy_from _copy_from_and_res
 cat stack constant_pad_nd flatten unflatten movedim view_as diagonal unfold repeat repeat_interleave
 resolve_conj resolve_neg _conj conj set_ requires_grad_ _has_compatible_shallow_copy_type record_stream
 _local_scalar_dense_ignored sym_size sym_stride sym_numel sym_storage_offset is_same_size
+index_put index_put_ _index_put_impl_ _unsafe_index_put _unsafe_index index_copy index_copy_ index_fill
+index_fill_ masked_fill masked_fill_ masked_scatter masked_scatter_ masked_select take take_along_dim flip fliplr
+flipud roll rot90 fill_ transpose_ t_ squeeze_ unsqueeze_ as_strided_ swapaxes_ swapdims_ narrow_copy
+select_scatter slice_scatter diagonal_scatter as_strided_scatter scatter scatter_ swapaxes swapdims
 """.split())
+# data movement that adds when asked to: ``index_put_(..., accumulate=True)``, ``scatter_(..., reduce=...)``
+ACCUMULATES = {"index_put": 3, "index_put_": 3, "_index_put_impl_": 3, "_unsafe_index_put": 3, "scatter": 4,
+               "scatter_": 4}
 # ops that make new tensors from nothing but shapes/numbers (their outputs are clean)
 ALLOC = frozenset("""
 empty empty_like empty_strided new_empty new_empty_strided zeros zeros_like new_zeros ones ones_like new_ones
@@ -234,7 +241,7 @@ class OpAudit:
                 self.set_taint(t, bool(tainted))
         if not tainted:
             return
-        if name in STRUCTURAL:
+        if name in STRUCTURAL and not _accumulates(name, args, kwargs):
             if name in COPIES and any(t.device.type != "cpu" for t in tainted) and \
                     any(t.device.type == "cpu" for t in outs):
                 self.host_elems += sum(t.numel() for t in outs if t.device.type == "cpu")
@@ -309,8 +316,20 @@ class OpAudit:
             fp8 = sum(1 for t in tensors if t.dtype.is_floating_point and t.element_size() == 1)
             self.launches.append({"kernel": getattr(fn, "__name__", "?"), "grid": g, "float8_args": fp8})
         if self.on and any(self.is_tainted(t) for t in tensors):
-            for t in tensors:
-                self.set_taint(t, True)
+            for t in tensors:                    # integer arguments (lengths, block tables) stay metadata:
+                if t.is_floating_point():        # reading float bits back as integers needs a view(dtype),
+                    self.set_taint(t, True)      # which the host policy refuses
+
+
+def _accumulates(name, args, kwargs) -> bool:
+    """``index_put_(..., accumulate=True)`` or ``scatter_(..., reduce=...)``: data movement that computes."""
+    pos = ACCUMULATES.get(name)
+    if pos is None:
+        return False
+    flag = kwargs.get("accumulate", kwargs.get("reduce"))
+    if flag is None and len(args) > pos:
+        flag = args[pos]
+    return bool(flag)
 
 
 class MethodGuards:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import visible
+from . import host_policy, visible
 from .diagnose import is_cuda_fault
 from .evaluate import evaluate, fmt_err
 from .runner import array_hash, execute, materialise
@@ -104,12 +104,18 @@ def run_case(case, fn, device):
     kernel's own line for an error inside a Triton kernel)."""
     call, limit = case.call, case.memory_limit
     sent = {k: array_hash(a) for k, a in case.arrays.items()}
+    guard = None
     try:
+        # the host policy of Triton parts (``host_policy``), as in grading
+        fn, guard = host_policy.for_check(case.test.split(":")[0], fn, case.header["mode"])
         result = execute(fn, case.header, case.arrays, device, trace_memory=limit is not None)
     except Exception as exc:  # noqa: BLE001 -- feedback, not a crash
         if isinstance(root(exc), NotImplementedError):
             return False, float("inf"), NOT_IMPLEMENTED, None
         return False, float("inf"), exc_line(exc), None
+    finally:
+        if guard is not None:
+            guard.end()
     v = evaluate(call, result, sent, device, limit)
     tol = min((o.tol for o in call.outs), default=0.0)
     msg = v.message or (f"peak {result['peak'] / 2**20:.1f} MiB" if limit else "")

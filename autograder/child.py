@@ -15,6 +15,7 @@ Messages (child -> parent): ``hello``, ``loaded``, ``trap`` (at once, T11), ``ar
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import linecache
 import os
@@ -41,6 +42,7 @@ class Child:
         self.flush_buf = None
         self.audit = None          # audit.OpAudit of the graded calls of Triton parts (torch assignments)
         self.frozen = False        # gc.freeze() done (first load)
+        self.policy = None         # host_policy.CellCompiler: deny by default in Triton parts' host code
 
     def report(self, threat, what):
         try:
@@ -79,6 +81,9 @@ class Child:
             self.traps = Traps(self.ns, self.report, h.get("forbidden", ()))
             self.traps.install()
             self.traps.take_snapshot()
+        if h.get("policy") is not None and not h.get("trusted"):   # host_policy: Triton parts' host code
+            from .host_policy import CellCompiler
+            self.policy = CellCompiler(self.ns, h["policy"], self.report)
         cells = []
         t0 = _clock()
         for i, cell in enumerate(h["cells"]):
@@ -91,7 +96,7 @@ class Child:
                 # register the cell's text like Jupyter does, so inspect.getsource works (Triton's @jit needs it
                 # on a GPU, and tracebacks show the line)
                 linecache.cache[fname] = (len(src), None, src.splitlines(True), fname)
-                code = compile(src, fname, "exec")
+                code = self.policy.compile(index, src, fname) if self.policy else compile(src, fname, "exec")
                 self._active(True)
                 try:
                     exec(code, self.ns)  # noqa: S102 -- running the submission is the point
@@ -116,6 +121,8 @@ class Child:
     def call(self, h, arrays):
         fn = self.ns.get(h["name"])
         header = h["header"]
+        if self.policy is not None:              # host_policy: the task's allowances, autograd's source
+            fn = self.policy.wrap(fn, h["name"], header["mode"])
         if self.traps:
             self.traps.launches = 0
         try:
@@ -130,11 +137,16 @@ class Child:
                     self._active(False)
         except BaseException as exc:  # noqa: BLE001 -- the student's exception is the answer
             self._active(False)
+            if self.policy is not None:
+                self.policy.end()
             r = root(exc)                    # a Triton InterpreterError: the kernel's own exception
             self.chan.send({"t": "error", "exc": type(r).__name__, "msg": str(r)[:500],
                             "tb": _student_tb(exc), "launches": self.traps.launches if self.traps else None,
                             "patched": self.traps.patched() if self.traps else []})
             return
+        if self.policy is not None:
+            self.policy.end()
+            result["kernels"] = self.policy.guard.take_launched()   # for the GPU-target compile check
         arrs = {str(i): a for i, a in enumerate(result.pop("arrays"))}
         result.update(t="result", launches=self.traps.launches if self.traps else None,
                       patched=self.traps.patched() if self.traps else [])
@@ -148,6 +160,9 @@ class Child:
         try:
             if h["t"] == "probe":
                 out, arrs = {"values": gluon_child.probe(self.ns, h["name"], h["args"])}, None
+            elif h["t"] == "tcompile":           # host_policy: a Triton kernel through the sm_90a frontend
+                from .host_guard import compile_frontend
+                out, arrs = {"compiled": compile_frontend(self.ns, h["name"], h["signature"], h["constexprs"])}, None
             else:
                 out, arrs = gluon_child.compile_kernel(self.ns, h["name"], h["signature"], h["constexprs"],
                                                        h["num_warps"], h.get("maxnreg"))
@@ -180,10 +195,14 @@ class Child:
         if audit is not None:
             audit.begin(list(args) + list(kwargs.values()))
         # the device's own clock (every kernel, copy and fill of the call, on any stream) around the host clock:
-        # the parent grades the ratio of device times where both children have them (device_clock.py)
+        # the parent grades the ratio of device times where both children have them (device_clock.py).
+        # host_policy: the unaudited timed reps run the submission's code as written (the guards' cost is not
+        # the student's); the audited warm-up rep runs guarded
+        plain = self.policy.plain() if self.policy is not None and audit is None else contextlib.nullcontext()
         with device_time(self.device) as dev:
             self._active(True)
             try:
+                plain.__enter__()
                 t0 = _clock()
                 if header["mode"] == "autograd":     # forward + backward, as training would run it
                     out = fn(*args[:-1], **kwargs)
@@ -195,6 +214,7 @@ class Child:
                 sync(self.device)                    # device-wide: side streams are waited for (T13)
                 elapsed = _clock() - t0
             finally:
+                plain.__exit__(None, None, None)
                 self._active(False)
                 if audit is not None:
                     audited = audit.end()
@@ -226,7 +246,7 @@ class Child:
                 self.load(h)
             elif t == "call":
                 self.call(h, arrays)
-            elif t in ("probe", "compile"):
+            elif t in ("probe", "compile", "tcompile"):
                 self.checked(h)
             elif t == "exit":
                 return

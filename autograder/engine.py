@@ -23,6 +23,7 @@ import numpy as np
 
 from . import diagnose, isolation, threats
 from . import specs as specs_mod
+from . import host_policy
 from .evaluate import Verdict, audit_verdict, evaluate
 from .gpu_lane import Lane, NoLane
 from .load_errors import cell_failures, failed_names, looks_like
@@ -185,7 +186,8 @@ class Grader:
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
                  "device": device, "torch": self.spec.needs_torch, "compile_only": compile_only,
-                 "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells)})
+                 "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells),
+                 "policy": host_policy.config(self.spec, self.cells)})
         self._isolation = isolation.describe(sb.isolation)
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
@@ -319,6 +321,7 @@ class Grader:
         launches nothing and is merely wrong). Either is positive evidence and flags T10."""
         if task.framework != "torch":
             return None
+        host_policy.note_kernels(self, task, h)      # for the GPU-target compile of its kernels (grade's end)
         why = audit_verdict(task, h.get("audit"))
         if why is None and passed and h.get("launches") == 0:
             why = "no Triton kernel was launched (the work must be done in Triton)"
@@ -681,6 +684,7 @@ class Grader:
                     r = self.run_test(test, task)
                 self.log(r)
                 self.results.append(r)
+            host_policy.gpu_compile_check(self)          # kernels that ran interpreted: sm_90a frontend
         finally:
             for sb in (self.sandbox, self.compile_sandbox, self.ref_sandbox):
                 if sb is not None:

@@ -249,8 +249,8 @@ class SpawnWorker(_Worker):
     """``make check``: a fresh interpreter loads the submission (``adapter.load``) and answers cases; ``loaded``
     says which graded names failed while loading or are missing."""
 
-    def __init__(self, path, load_timeout=600.0):
-        self.path, self.load_timeout = str(path), load_timeout
+    def __init__(self, path, assignment=None, load_timeout=600.0):
+        self.path, self.assignment, self.load_timeout = str(path), assignment, load_timeout
         self.log = tempfile.NamedTemporaryFile(prefix="autograder-check-", suffix=".log", delete=False).name
         self.proc = None
         self.loaded = None             # {"failed": {name: why}, "names": [defined names], "output": str}
@@ -261,7 +261,8 @@ class SpawnWorker(_Worker):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # where this autograder lives
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "autograder.isolated", self.path, str(fd)],
+            self.proc = subprocess.Popen([sys.executable, "-m", "autograder.isolated", self.path, str(fd),
+                                          self.assignment or ""],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(fd,),
                                          cwd=os.getcwd(), env=env)
         os.close(fd)
@@ -294,13 +295,13 @@ class InProcess:
     """``make check`` where a worker cannot be spawned (no ``fork``/``pass_fds``: Windows): the notebook runs in
     pytest's own process, as ``SpawnWorker``'s interface (a crash then ends the run)."""
 
-    def __init__(self, path):
-        self.path, self.loaded, self.sub = str(path), None, None
+    def __init__(self, path, assignment=None):
+        self.path, self.assignment, self.loaded, self.sub = str(path), assignment, None, None
 
     def start(self):
         if self.sub is None:
             from . import adapter
-            self.sub = adapter.load(self.path)
+            self.sub = adapter.load(self.path, self.assignment)
             self.loaded = {"failed": dict(self.sub.failed), "output": self.sub.output,
                            "names": [k for k in self.sub.namespace if not k.startswith("__")]}
         return None
@@ -318,21 +319,23 @@ class InProcess:
         pass
 
 
-def worker_for(path):
-    """The ``make check`` worker: ``SpawnWorker`` on a POSIX system, else ``InProcess``."""
-    return SpawnWorker(path) if os.name == "posix" else InProcess(path)
+def worker_for(path, assignment=None):
+    """The ``make check`` worker: ``SpawnWorker`` on a POSIX system, else ``InProcess``. ``assignment``: a Triton
+    assignment's cells load under its host policy, as in grading (``adapter.load``)."""
+    return SpawnWorker(path, assignment) if os.name == "posix" else InProcess(path, assignment)
 
 
-def _worker_main(path, fd):
-    """``python -m autograder.isolated PATH FD``: load the notebook, report its load errors, serve cases."""
+def _worker_main(path, fd, assignment=None):
+    """``python -m autograder.isolated PATH FD [ASSIGNMENT]``: load the notebook, report its load errors, serve
+    cases."""
     from . import adapter, check, visible
     conn = Connection(fd)
-    sub = adapter.load(path)
+    sub = adapter.load(path, assignment or None)
     names = [k for k, v in sub.namespace.items() if not k.startswith("__")]
     conn.send({"failed": dict(sub.failed), "names": names, "output": sub.output[-4000:]})
     serve(conn, lambda name: sub.namespace[name], lambda task_id: check._device(visible.framework(task_id)))
 
 
 if __name__ == "__main__":
-    _worker_main(sys.argv[1], int(sys.argv[2]))
+    _worker_main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
     os._exit(0)

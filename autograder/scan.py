@@ -25,6 +25,8 @@ DUNDER = {
     "__array_ufunc__": "T14", "__array_function__": "T14", "__array_finalize__": "T14", "__array_wrap__": "T14",
     "__array_interface__": "T14", "__torch_function__": "T14", "__torch_dispatch__": "T14", "__class__": "T14",
     "__del__": "T3", "__bases__": "T3", "__mro__": "T3", "TensorBase": "T3",
+    # a raw pointer to tensor memory: the way to NumPy views and duck-typed kernel arguments (T10)
+    "data_ptr": "T10",
 }
 # module attributes that must not be used, by module (file/process/network/introspection)
 MODULE_ATTRS = {

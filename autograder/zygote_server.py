@@ -33,7 +33,7 @@ import sys
 import traceback
 
 PR_SET_PDEATHSIG = 1
-CHILD = ("child", "runner", "protocol", "traps", "audit", "where", "specs._base")
+CHILD = ("child", "runner", "protocol", "traps", "audit", "where", "host_policy", "host_guard", "specs._base")
 MAX_MSG = 1 << 20
 
 

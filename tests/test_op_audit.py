@@ -97,6 +97,40 @@ def test_structural_and_allocation_ops_pass():
     assert audit_verdict(TASK, rec) is None, rec["findings"]
 
 
+def test_data_movement_is_never_compute():
+    """Indexing assignment (``o[bi, hi] = rows``: index_put_), masked assignment, index_copy_, flip, roll and
+    in-place views move input data without computing on it: no finding (an a5 that merges rows this way was
+    accused before)."""
+    ns = _cell("""
+    def f(q, k, v):
+        o = torch.empty_like(q)
+        bi, hi = torch.tensor([0, 0]), torch.tensor([1, 0])
+        o[bi, hi] = q[0, :2]                      # index_put_
+        mask = torch.zeros(q.shape[2], dtype=torch.bool)
+        mask[1:3] = True
+        o[0, 0, mask] = k[0, 0, mask]             # masked assignment
+        o.index_copy_(2, torch.tensor([4]), v[:, :, :1])
+        f2 = k.flip(-1).roll(1, dims=2)
+        f2.transpose_(-1, -2).unsqueeze_(0).squeeze_(0)
+        o[0, 1].masked_fill_(mask[:, None], 0.0)
+        return o, f2
+    """)
+    _, rec = _audit(ns["f"], *_qkv())
+    assert audit_verdict(TASK, rec) is None, rec["findings"]
+
+
+def test_accumulating_index_put_is_compute():
+    ns = _cell("""
+    def f(q, k, v):
+        o = torch.zeros_like(q)
+        o.index_put_((torch.tensor([0]),), q[:1], accumulate=True)
+        return o
+    """)
+    _, rec = _audit(ns["f"], *_qkv())
+    why = audit_verdict(TASK, rec)
+    assert why is not None and "index_put" in why, why
+
+
 def test_compute_after_copy_into_clean_buffer_is_found():
     ns = _cell("""
     def f(q, k, v):

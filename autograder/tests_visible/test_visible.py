@@ -54,7 +54,7 @@ def submission(request):
     path = Path(path) if path else adapter.default_submission(aid)
     if not path.is_file():
         pytest.exit(f"make check: no submission {path} (SUBMISSION=path/to/your.ipynb)", returncode=4)
-    worker = isolated.worker_for(path)
+    worker = isolated.worker_for(path, aid)
     yield worker
     worker.close()
 
