@@ -253,6 +253,10 @@ def describe(rel: str, folder: Path) -> str | None:
         return f"lecture {parts[1].split('_')[0]}, executed (read it with its outputs): {title}"
     if parts[0] == "quizzes":
         return f"quiz questions of lecture {parts[1].split('_')[0]} (your instructor has the answers)"
+    if parts[:2] == ["assignments", "given"]:
+        return ("the index of the given code" if rel.endswith("README.md") else
+                f"given code ({parts[2]}): the body of a notebook's given cell, which check() and the host policy "
+                "of Triton parts recognise as the course's own code, not yours")
     if parts[0] == "assignments" and rel.endswith(".ipynb"):
         return f"assignment {parts[1]}: the notebook you complete (a stub under each heading, a check() cell under it)"
     if parts[0] == "assignments" and rel.endswith("README.md"):
