@@ -7,7 +7,9 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
 
 * ``score``: ``[lo, hi]`` percent of max_score, the required tests' points (optional tests are bonus, outside
   it); ``bonus``: ``[lo, hi]`` percent of max_bonus (checked only where bonus tests ran);
-* ``fail``: substrings of test names that must score 0; ``others_pass``: every other test must pass in full;
+* ``fail``: substrings of test names that must score 0; ``may_fail``: substrings of test names that may score
+  anything (e.g. a GPU speed test whose timed outputs are re-checked, not run on a CPU); ``others_pass``: every
+  other test must pass in full;
   ``pass``: substrings of test names that must pass in full (each must match a test that ran);
 * ``flags``: threat ids that must be raised; ``no_flags``: none may be (a crash is not cheating); ``output``:
   texts some failed test's output must contain (a crash's diagnosis); ``zero_tasks``: task ids whose tests must
@@ -166,8 +168,9 @@ def check_expectation(result, exp):
             if t["score"] < t["max_score"] - 1e-9:
                 problems.append(f"{t['name']} should pass: {t['output'][:160]}")
     if exp.get("others_pass"):
+        may_fail = [*must_fail, *exp.get("may_fail", [])]
         for t in tests:
-            if (not any(p in t["name"] for p in must_fail) and t["score"] < t["max_score"] - 1e-9
+            if (not any(p in t["name"] for p in may_fail) and t["score"] < t["max_score"] - 1e-9
                     and t not in partial):
                 problems.append(f"{t['name']} should pass: {t['output'][:160]}")
     for pat, lo_ratio in exp.get("min_ratio", {}).items():
