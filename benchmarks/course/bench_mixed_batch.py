@@ -248,7 +248,7 @@ def _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, 
     """On Hopper, add the Gluon paged prefill (``gather="tma"``: one TMA box per page, producer warp reads the
     table) and the contiguous Gluon forward on the same keys (``(B, H, N, d)`` copies made once, outside the
     timing) to ``cases``, each checked against the contiguous varlen output first. False elsewhere."""
-    from reference.triton.hopper.common import gluon_supported
+    from reference.triton._checks import gluon_supported
     from reference.triton._device import device_limits
     from reference.triton.hopper.paged_prefill_gluon import gluon_paged_ok
     if not gluon_supported(device_limits(q.device)):

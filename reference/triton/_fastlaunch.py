@@ -29,7 +29,7 @@ import functools
 import torch
 from triton import knobs
 
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 
 
 @functools.cache

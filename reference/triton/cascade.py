@@ -30,13 +30,13 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from . import _checks, _fastlaunch
+from . import _checks, _fastlaunch, backends
+from ._checks import check_block_tables, check_cascade_inputs
 from ._device import device_limits, hopper
 from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
-from ._runtime import INTERPRET, num_sms
+from ._device import INTERPRET, num_sms
 from .configs import CASCADE_OVERLAP as OVERLAP_DEFAULT, KeyBlockConfig
 from .mixed import key_loop
-from .paged import check_block_tables, check_paged_cache
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 
@@ -137,9 +137,8 @@ class CascadeConfig(KeyBlockConfig):
         if type(self.eager_gluon_min_rows) is not int or self.eager_gluon_min_rows < 1:
             raise ValueError("CascadeConfig.eager_gluon_min_rows must be a positive int, got "
                              f"{self.eager_gluon_min_rows!r}")
-        from .hopper.cascade_prefix_gluon import check_prefix_config
         try:
-            check_prefix_config(self.gluon_block_n, self.gluon_stages)
+            backends.check_prefix_config(self.gluon_block_n, self.gluon_stages)
         except ValueError as e:
             raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
 
@@ -487,8 +486,7 @@ def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v, *, capturing:
             raise ValueError("CascadeConfig.prefix_gluon=True needs a Hopper GPU (compute capability 9.0); the "
                              f"inputs are on {q.device}" + (" under the interpreter" if INTERPRET else ""))
         return False
-    from .hopper.cascade_prefix_gluon import prefix_ok
-    ok = prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
+    ok = backends.prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
     if config.prefix_gluon:
         if not ok:
             raise ValueError("CascadeConfig.prefix_gluon=True needs compute capability 9.0, fp16/bf16, d in {64, 128}, "
@@ -597,30 +595,6 @@ def _recorded(tensors, *options, enabled: bool = True):
         return None
 
 
-def check_cascade_inputs(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate):
-    """The inputs of a cascade decode (``cascade_decode``, ``serving.cascade_decode_separate``): q ``(B, Hq, d)``
-    with ``B, Hq >= 1``; the paged caches, block tables and seq_lens as ``paged_decode`` takes them; prefix_k,
-    prefix_v ``(P, Hkv, d)`` with ``P >= 1``, of q's dtype. Returns ``(B, Hq, d, Hkv, block_size, block_tables,
-    seq_lens)``; ``validate`` (checked) adds the value checks that need a device sync."""
-    _checks.check_tensor(q, "q", ndim=3)
-    B, hq, d = q.shape
-    if B == 0 or hq == 0:
-        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
-    num_blocks, block_size, hkv, _ = check_paged_cache(q, k_cache, v_cache)
-    _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
-    validate = _checks.check_flag(validate, "validate")
-    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
-        _checks.check_tensor(x, name, ndim=3)
-        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
-            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
-    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
-    if prefix_k.shape != prefix_v.shape:
-        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
-                         f"{tuple(prefix_v.shape)}")
-    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
-    return B, hq, d, hkv, block_size, block_tables, seq_lens
-
-
 def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
                    num_splits=None, config=None, validate=True, fast_launch=True):
     """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
@@ -671,7 +645,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
     mode = overlap_mode(cfg, B * g) if gluon else "off"
     if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
-        from .hopper import cascade_prefix_gluon as cpg
+        cpg = backends.cascade_prefix()
         if num_splits is None:  # an overlap gives the prefix overlap_prefix_share of the SMs
             num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys,
                                               cfg.programs_per_sm if mode == "off" else cfg.overlap_prefix_share)
@@ -755,8 +729,7 @@ def _launch(kernel, grid, args, meta, slots):
 def _replay_gluon(rec: GluonLaunches, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse):
     """The recorded Hopper launches on this call's tensors; the prefix descriptors come from
     ``cascade_prefix_gluon.cached_descriptors`` (built once per prefix tensor)."""
-    from .hopper.cascade_prefix_gluon import cached_descriptors
-    desc_k, desc_v = cached_descriptors(prefix_k, prefix_v, rec.block_n)
+    desc_k, desc_v = backends.cached_descriptors(prefix_k, prefix_v, rec.block_n)
     tensors = {"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
                "SeqLens": seq_lens, "OUT": out, "LOUT": lse, "DescK": prefix_k, "DescV": prefix_v}
     prefix = {"desc_k": desc_k, "desc_v": desc_v, "Q": q}

@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 from dataclasses import dataclass
 
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 
 
 def _pin(block_m: int, block_n: int, num_warps: int, num_stages: int) -> dict:
@@ -168,6 +168,13 @@ class DecodeConfig(KeyBlockConfig):
     def launch(self) -> dict:
         """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""
         return dict(block_n=self.block_n, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+def check_decode_config(config, name: str = "config"):
+    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise TypeError(f"{name} must be a reference.triton.configs.DecodeConfig or None, got {type(config).__name__}")
+    return config
 
 
 #: decode pins (``flash_decode`` / ``paged_decode``), by input kind; all merge inside stage 1 (``fuse_merge``:

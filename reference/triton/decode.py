@@ -35,7 +35,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from . import _checks, _device, _fastlaunch, configs
 from .configs import DecodeConfig
 from ._kernel_helpers import LOG2E
-from ._runtime import INTERPRET, num_sms
+from ._checks import check_decode_q, check_kv_cache, check_seq_lens
+from .configs import check_decode_config
+from ._device import INTERPRET, num_sms
 
 #: the tuned stage-1 configurations (``DecodeConfig``: key block, warps, stages, fused merge) live in
 #: ``reference.triton.configs.DECODE_PINS``; callers pass ``config=`` or scope ``configs.pinned(decode=...)``.
@@ -390,18 +392,6 @@ def _block_m(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: bool):
-    """seq_lens: an int32/int64 tensor of shape (batch,) on DEVICE with values in [0, limit]."""
-    _checks.check_tensor(seq_lens, "seq_lens", ndim=1, dtypes=_checks.INT_DTYPES)
-    if seq_lens.shape[0] != batch:
-        raise ValueError(f"seq_lens must have shape (B,) = ({batch},), got {tuple(seq_lens.shape)}")
-    if validate and batch > 0:
-        lo, hi = int(seq_lens.min()), int(seq_lens.max())  # one device sync; validate=False skips it
-        if lo < 0 or hi > limit:
-            raise ValueError(f"seq_lens must lie in [0, {limit}] ({limit_what}), got values in [{lo}, {hi}]")
-    return seq_lens.contiguous()
-
-
 def pin_kind(dtype, paged=False, num_splits=None) -> str:
     """The key of ``configs.DECODE_PINS`` for these inputs."""
     if dtype == torch.float32:
@@ -414,13 +404,6 @@ def pin_kind(dtype, paged=False, num_splits=None) -> str:
 def base_config(dtype, paged=False, num_splits=None, config: DecodeConfig | None = None) -> DecodeConfig:
     """``config``, else the default stage-1 configuration for these inputs (``configs.decode_pin``)."""
     return config if config is not None else configs.decode_pin(pin_kind(dtype, paged, num_splits))
-
-
-def check_config(config, name: str = "config"):
-    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
-    if config is not None and not isinstance(config, DecodeConfig):
-        raise TypeError(f"{name} must be a reference.triton.configs.DecodeConfig or None, got {type(config).__name__}")
-    return config
 
 
 def decode_need(cfg: dict, d: int, es: int, limits, group: int = 1) -> _device.Need:
@@ -603,32 +586,6 @@ def repeat_launch(rec, q, k, v, seq_lens, block_tables):
     return out
 
 
-def check_decode_q(q, name="q"):
-    _checks.check_tensor(q, name, ndim=3)
-    B, Hq, d = q.shape
-    if B == 0 or Hq == 0:
-        raise ValueError(f"{name} must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
-    _checks.check_head_dim(d, f"head dimension d ({name}.shape[-1])")
-    return B, Hq, d
-
-
-def check_kv_cache(q, k, v, k_name: str, v_name: str, layout: str, hkv_axis: int):
-    """The K and V caches of a decode: rank-4 tensors of one ``layout`` (its text goes into the message) with
-    the kv heads on ``hkv_axis`` and ``d`` last, on ``DEVICE``, of q's dtype and ``d``, and ``Hq % Hkv == 0``
-    (GQA). Returns ``k.shape``."""
-    for name, x in ((k_name, k), (v_name, v)):
-        _checks.check_tensor(x, name, ndim=4)
-    _checks.check_same_dtype(**{"q": q, k_name: k, v_name: v})
-    if k.shape != v.shape:
-        raise ValueError(f"{k_name} and {v_name} must have the same shape {layout}, got {k_name} {tuple(k.shape)} "
-                         f"and {v_name} {tuple(v.shape)}")
-    d, dk = q.shape[-1], k.shape[-1]
-    if dk != d:
-        raise ValueError(f"q and {k_name} must have the same head dimension d, got q d={d} and {k_name} d={dk}")
-    _checks.check_gqa(q.shape[1], k.shape[hkv_axis])
-    return tuple(k.shape)
-
-
 def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None,
                  fast_launch=True):
     """Split-KV decode attention (Flash-Decoding) with GQA packing; returns ``o (B, Hq, d)`` in q's dtype.
@@ -652,7 +609,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
     _checks.check_flag(fast_launch, "fast_launch")
-    config = check_config(config)
+    config = check_decode_config(config)
     Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
     if Bk != B:
         raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")

@@ -33,12 +33,11 @@ import triton
 import triton.language as tl
 
 from . import _checks
+from ._checks import check_block_tables, check_cu_seqlens, check_paged_cache
 from ._device import device_limits, hopper
 from ._kernel_helpers import LN2, LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step, mask_running_max
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 from .configs import KeyBlockConfig
-from .paged import check_block_tables, check_paged_cache
-from .varlen import check_cu_seqlens
 from ..numpy.mixed import ITEM_COLUMNS, check_mixed_lengths, mixed_plan
 
 __all__ = ["mixed_attention", "make_mixed_plan", "MixedConfig", "MixedDevicePlan"]
@@ -310,7 +309,7 @@ def make_mixed_plan(q_lens, seq_lens, n_q_heads: int, n_kv_heads: int, page_size
     align = _align(config, page_size)
     split = max(align, config.split_keys // align * align)
     plan = mixed_plan(q_lens, seq_lens, group, config.small_rows, config.large_rows, split, align, causal)
-    from ._runtime import DEVICE
+    from ._device import DEVICE
     items = torch.from_numpy(np.ascontiguousarray(plan.items)).to(device or DEVICE)
     return MixedDevicePlan(plan, items, config, page_size)
 

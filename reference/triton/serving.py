@@ -25,13 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks, configs
-from ._runtime import INTERPRET, num_sms
-from .cascade import check_cascade_inputs
+from . import _checks, backends, configs
+from ._checks import check_block_tables, check_cascade_inputs, check_cu_seqlens, check_paged_cache
+from ._device import INTERPRET, num_sms
 from .flash_fwd import Varlen, launch_forward
-from .paged import check_block_tables, check_paged_cache
 from .paged_tiles import launch_paged_prefill
-from .varlen import check_cu_seqlens
 
 __all__ = ["paged_prefill", "cascade_decode_separate", "cascade_num_splits"]
 
@@ -106,8 +104,7 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if (max_q > 0 and gather == "tma" and _gluon_takes(q, k_cache, v_cache)
             and (not validate or tail_values_finite(v_cache, block_tables, seq_lens))):
-        from .hopper.paged_prefill_gluon import paged_prefill_gluon
-        paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
+        backends.paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
                             max_q, causal, scale, q.shape[1] // hkv, config=configs.PAGED_PREFILL["gluon_config"])
     elif max_q > 0:
         launch_paged_prefill(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q, causal, scale,
@@ -142,8 +139,7 @@ def _gluon_takes(q, k_cache, v_cache) -> bool:
     if INTERPRET or not q.is_cuda or not all(x.is_contiguous() and x.data_ptr() % 16 == 0
                                              for x in (q, k_cache, v_cache)):  # TMA: 16-byte aligned bases
         return False
-    from .hopper.paged_prefill_gluon import gluon_paged_ok
-    return gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"]) is None
+    return backends.gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"]) is None
 
 
 def _int32(x):

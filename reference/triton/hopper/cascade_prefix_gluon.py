@@ -38,7 +38,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._aot import compile_gluon, descriptor_signature
-from .common import GLUON_DTYPES, GLUON_HEAD_DIMS, LOG2E_F, gluon_supported, init_ring_barriers, tile_descriptor
+from .._checks import GLUON_DTYPES, GLUON_HEAD_DIMS, gluon_supported
+from .common import LOG2E_F, init_ring_barriers, tile_descriptor
 from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, attend_overlapped
 
 #: rows of a consumer warpgroup = the rows of the Triton cascade kernel's partial-state tile on this path

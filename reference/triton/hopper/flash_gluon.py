@@ -48,10 +48,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .. import configs
-from .._checks import check_flag
+from .._checks import check_config_ints, check_flag, check_gluon_device, check_gluon_inputs
 from ._aot import compile_gluon, descriptor_signature
-from .common import (LOG2E_F, check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers,
-                     load_q_halves, store_output, tile_descriptor)
+from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
 #: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
