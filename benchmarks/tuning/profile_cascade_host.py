@@ -140,7 +140,7 @@ def check(B: int, log) -> dict:
     c2, args2 = case(B)  # fresh inputs of the same shapes: the recorded launch must compute on THEM
     o2_full, l2_full = cascade_decode(*args2, fast_launch=False)
     o2_rec, l2_rec = cascade_decode(*args2, validate=False)
-    found = cascade._recorded(args2, None, None, None)
+    found = cascade.recorded_launch(args2, None, None, None)
     assert found is not None and found[3] is not None and type(found[3]) is not cascade.GluonLaunches, found
     uncut = {_uncut_key(args2, None, None, None): found[3]}
     o2_unc, l2_unc = uncut_call(uncut, *args2)
@@ -179,7 +179,7 @@ def breakdown(args, uncut) -> dict:
     from triton import knobs
     from reference.triton import _fastlaunch
     q = args[0]
-    found = cascade._recorded(args, None, None, None)
+    found = cascade.recorded_launch(args, None, None, None)
     key, stream, ptrs, rec = found
     lse_proto = rec.args[rec.slots["LOUT"]]
     lkey = next(iter(uncut))
@@ -197,7 +197,7 @@ def breakdown(args, uncut) -> dict:
     n_ptr = sum(type(a) is torch.Tensor for a in rec.args)
     steps = {
         "key_uncut (7 tensor keys, current_stream, capture, hash)": lambda: _uncut_key(args, None, None, None),
-        "key_current (cascade._fast_key)": lambda: cascade._fast_key(args, None, None, None),
+        "key_current (cascade.launch_key)": lambda: cascade.launch_key(args, None, None, None),
         "cache get (uncut key)": lambda: uncut.get(lkey),
         "cache get (current key, hash included)": lambda: cascade.LAUNCH_CACHE.get(key),
         "one tensor_key (t.device object)": lambda: _fastlaunch.tensor_key(q),
@@ -268,7 +268,7 @@ def flash_reference() -> dict:
     o = flash_decode(q2, k2, v2, num_splits=1)
     ref = flash_decode(q2, k2, v2, num_splits=1, fast_launch=False)
     assert torch.equal(o, ref)
-    rec = decode.LAUNCH_CACHE.get(decode.fast_key("contiguous", (q2, k2, v2, None), 1, None, None))
+    rec = decode.recorded_launch("contiguous", (q2, k2, v2, None), 1, None, None)
     fns = {"current": lambda: flash_decode(q2, k2, v2, num_splits=1, validate=False)}
     if rec is not None and type(rec.args[rec.slots["DescK"]]) is torch.Tensor:
         assert torch.equal(_uncut_flash(rec, q2, k2, v2), ref)

@@ -192,6 +192,13 @@ def hopper(limits: DeviceLimits) -> bool:
     return tuple(limits.capability) >= (9, 0)
 
 
+def tma_device(device, limits: DeviceLimits | None = None) -> bool:
+    """Tensor descriptors (TMA) may be used on ``device``: a CUDA device of a Hopper GPU (sm_90+; ``limits``, by
+    default ``device_limits(device)``), compiled (not the interpreter). Each kernel family adds what its descriptors need of the tensors' layout (``flash_fwd.tma_ok``,
+    ``decode.tma_ok``, ``cascade``, ``mixed``)."""
+    return not INTERPRET and device.type == "cuda" and hopper(device_limits(device) if limits is None else limits)
+
+
 def has_bf16(limits: DeviceLimits) -> bool:
     """bfloat16 tensor-core matmuls (and Triton's bf16 ``tl.dot``) need sm_80 (Ampere) or newer."""
     return tuple(limits.capability) >= (8, 0)

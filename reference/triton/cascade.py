@@ -32,7 +32,7 @@ from triton.language.extra.cuda import gdc_wait
 
 from . import _checks, _fastlaunch, backends
 from ._checks import check_block_tables, check_cascade_inputs
-from ._device import device_limits, hopper
+from ._device import device_limits, tma_device
 from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
 from ._device import INTERPRET, num_sms
 from .configs import CASCADE_OVERLAP as OVERLAP_DEFAULT, KeyBlockConfig
@@ -470,8 +470,7 @@ def prefix_first_order(n_prefix_programs: int, config: CascadeConfig, sms: int |
 def _tma_ok(prefix_k, prefix_v) -> bool:
     """The prefix pass may load TMA boxes: a Hopper GPU (not the interpreter) and contiguous fp16/bf16 prefix
     tensors with 16-byte aligned bases (one 2-D ``(P, Hkv * d)`` view each)."""
-    return (not INTERPRET and prefix_k.device.type == "cuda" and hopper(device_limits(prefix_k.device))
-            and prefix_k.dtype in (torch.float16, torch.bfloat16)
+    return (tma_device(prefix_k.device) and prefix_k.dtype in (torch.float16, torch.bfloat16)
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
 
 
@@ -503,7 +502,8 @@ def _rows(config: CascadeConfig, batch: int, group: int) -> int:
     return max(16, min(config.rows, triton.next_power_of_2(batch * group)), triton.next_power_of_2(group))
 
 
-_COUNTERS: dict = {}
+#: the in-kernel merge's ticket counters, one int32 per (row tile, kv head)
+_COUNTERS = _fastlaunch.TicketCounters(1024)
 LAUNCH_CACHE = _fastlaunch.LaunchCache()
 _SIDE: dict = {}
 
@@ -551,21 +551,12 @@ def overlap_programs(batch: int, n_kv_heads: int, n_prefix_ctas: int, config: Ca
 _SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT", "DescK", "DescV")
 
 
-def _counters(device, n: int) -> torch.Tensor:
-    stream = _fastlaunch.stream_key(device)
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
-
-
 def clear_launch_cache() -> None:
     """Forget every recorded cascade launch."""
     LAUNCH_CACHE.clear()
 
 
-def _fast_key(tensors, *options, enabled: bool = True):
+def launch_key(tensors, *options, enabled: bool = True):
     """``(key, stream handle, device addresses of tensors)`` of a recorded launch (``options`` include the call's
     config), or None: the full path. The key holds each tensor's shape, strides, dtype, device index and 16-byte
     alignment, the options, the stream and the capture state (an eager call and a captured one may take different
@@ -583,10 +574,10 @@ def _fast_key(tensors, *options, enabled: bool = True):
     return ("cascade", *parts, *options, stream, torch.cuda.is_current_stream_capturing()), stream, ptrs
 
 
-def _recorded(tensors, *options, enabled: bool = True):
+def recorded_launch(tensors, *options, enabled: bool = True):
     """``(key, stream, addresses, recorded launch or None)``, or None where the call takes the full path (no key,
     or an unhashable option: the full path's checks name it)."""
-    found = _fast_key(tensors, *options, enabled=enabled)
+    found = launch_key(tensors, *options, enabled=enabled)
     if found is None:
         return None
     try:
@@ -607,7 +598,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     skips the checks that need a device sync; ``fast_launch=False`` always takes the full path (no recorded
     launch).
     """
-    found = _recorded((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
+    found = recorded_launch((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
                       enabled=fast_launch is True)
     key, rec = (found[0], found[3]) if found is not None else (None, None)
     if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
@@ -660,7 +651,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     n_tiles = triton.cdiv(B, rows // g)
     o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
-    counters = _counters(q.device, n_tiles * hkv)
+    counters = _COUNTERS.buffer(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
     use_tma = cfg.use_tma and not gluon and _tma_ok(prefix_k, prefix_v)

@@ -424,24 +424,8 @@ def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None
                                limits)
 
 
-_COUNTERS: dict = {}
-
-
-def _counters(device, n: int):
-    """The fused merge's ticket counters, one int32 per (batch, kv head), zero between launches.
-
-    Each launch's last program of a group resets its counter, so one zeroed buffer is reused and no memset is
-    launched per call. The buffer is kept per (device, CUDA stream): launches on one stream run one after the
-    other and so never share tickets, while decodes running concurrently on different streams get different
-    buffers.
-    """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+#: the fused merge's ticket counters, one int32 per (batch, kv head) and merge group, zero between launches
+_COUNTERS = _fastlaunch.TicketCounters(256)
 
 
 def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
@@ -482,7 +466,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     n_groups = -(-num_splits // merge_group) if merge_group else 0
     chunk_blocks = base.dynamic_chunk if fused else 0
     n_bh = B * n_kv_heads
-    counters = _counters(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
+    counters = _COUNTERS.buffer(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
     chunk_counters = counters[n_bh * (1 + n_groups):] if chunk_blocks else None
     if merge_group:
         o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
@@ -520,8 +504,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
 def tma_ok(q, k, v, paged, limits) -> bool:
     """TMA K/V boxes apply: a Hopper GPU (not the interpreter), a contiguous ``(B, Hkv, Nmax, d)`` fp16/bf16 cache
     (one 2-D ``(B * Hkv * Nmax, d)`` view) with 16-byte aligned bases; otherwise the pointer loads run."""
-    return (not INTERPRET and not paged and q.device.type == "cuda" and _device.hopper(limits)
-            and q.dtype in (torch.float16, torch.bfloat16)
+    return (not paged and _device.tma_device(q.device, limits) and q.dtype in (torch.float16, torch.bfloat16)
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
 
 
@@ -563,6 +546,14 @@ def fast_key(kind: str, tensors, *options, enabled: bool = True):
     except TypeError:  # an unhashable option: the full path names it
         return None
     return key
+
+
+def recorded_launch(kind: str, tensors, *options):
+    """The launch recorded for a call of ``kind`` ("contiguous": ``flash_decode``, "paged": ``paged_decode``) on
+    ``tensors`` with ``options`` (``num_splits``, ``scale``, ``config``, as the entry point passes them to
+    ``fast_key``), or None: what the next such call will repeat (benchmarks read it to time the launch alone)."""
+    key = fast_key(kind, tensors, *options)
+    return LAUNCH_CACHE.get(key) if key is not None else None
 
 
 def _record(key, grid, args, kwargs):

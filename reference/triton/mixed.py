@@ -32,9 +32,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
+from . import _checks, _fastlaunch
 from ._checks import check_block_tables, check_cu_seqlens, check_paged_cache
-from ._device import device_limits, hopper
+from ._device import tma_device
 from ._kernel_helpers import LN2, LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step, mask_running_max
 from ._device import INTERPRET
 from .configs import KeyBlockConfig
@@ -314,23 +314,14 @@ def make_mixed_plan(q_lens, seq_lens, n_q_heads: int, n_kv_heads: int, page_size
     return MixedDevicePlan(plan, items, config, page_size)
 
 
-_COUNTERS: dict = {}
-
-
-def _counters(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets for the in-kernel merge, per (device, stream); each launch leaves them at 0."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
+#: the in-kernel merge's ticket counters, one int32 per (split slot, kv head)
+_COUNTERS = _fastlaunch.TicketCounters(1024)
 
 
 def _use_tma(config: MixedConfig, page: int, k_cache, v_cache) -> bool:
     if config.use_tma is False or INTERPRET or page % config.block_n:
         return False
-    if not hopper(device_limits(k_cache.device)):
+    if not tma_device(k_cache.device):
         if config.use_tma:
             raise ValueError("config.use_tma=True needs a Hopper (sm_90+) GPU")
         return False
@@ -403,7 +394,7 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
     slots = max(plan.plan.n_slots, 1)
     o_part = torch.empty((slots, hkv, cfg.large_rows, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((slots, hkv, cfg.large_rows), dtype=torch.float32, device=q.device)
-    counters = _counters(q.device, slots * hkv)
+    counters = _COUNTERS.buffer(q.device, slots * hkv)
     use_tma = _use_tma(cfg, page, k_cache, v_cache)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
