@@ -227,9 +227,6 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
 # --------------------------------------------------------------------------------------------------------------
 # configs and autotuning
 # --------------------------------------------------------------------------------------------------------------
-SMEM_LIMIT = 200 * 1024  # an H100's usable shared memory (227 KB x 7/8); other GPUs: _device.device_limits
-
-
 def _set_block_shapes(nargs):
     """Autotune pre-hook: host tensor descriptors carry the block shape, which depends on the config."""
     bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]

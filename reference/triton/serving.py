@@ -41,6 +41,9 @@ PROGRAMS_PER_SM = 2
 #: Hopper the Gluon kernel with one TMA box per page (``reference.triton.hopper.paged_prefill_gluon``; elsewhere,
 #: and for inputs it does not take, "tma" runs the page-aligned kernel)
 GATHERS = ("page", "row", "tma")
+#: ``paged_prefill(backend=...)``: "auto" the default choice (``gather`` above); "triton" the portable kernels only;
+#: "gluon" the Hopper Gluon kernel or a ``ValueError`` saying why it does not take the inputs (never a silent fallback)
+BACKENDS = ("auto", "triton", "gluon")
 
 
 def _check_caches(q, k_cache, v_cache):
@@ -54,7 +57,7 @@ def _last_axis_contiguous(x):
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q=None, causal=True,
-                  scale=None, *, validate=True, gather=None, config=None):
+                  scale=None, *, validate=True, gather=None, config=None, backend="auto"):
     """Attention of packed chunk queries to their sequences' paged KV cache; returns ``(o, lse)``.
 
     q: ``(total_q, Hq, d)`` packed chunks (sequence ``b``: rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1``);
@@ -75,14 +78,27 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     kernel copies whole pages, so the V slots past a sequence's end in its last page must be finite: with
     ``validate=True`` that is checked (``tail_values_finite``) and the Triton kernel runs where it does not hold;
     with ``validate=False`` it is the caller's promise (a zero-initialised cache keeps it).
+    backend: which kernels may run, chosen here and nowhere else: ``"auto"`` as above (a ``config`` or a failed
+    tail check picks the Triton kernel); ``"triton"`` the portable kernels only (``gather`` ``"page"`` by default,
+    or ``"row"``); ``"gluon"`` the Gluon kernel (``gather`` None or ``"tma"``, no ``config``), and a ``ValueError``
+    naming the reason where it does not take these inputs (another GPU, dtype, head dimension, page size, layout,
+    or non-finite V tail slots under ``validate=True``) instead of a fallback.
     """
     _checks.check_tensor(q, "q", ndim=3)
     num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
     validate = _checks.check_flag(validate, "validate")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if gather is None:  # a Triton pin asks for the Triton kernel
-        gather = "page" if config is not None else configs.PAGED_PREFILL["gather"]
+        gather = {"triton": "page", "gluon": "tma"}.get(backend) or (
+            "page" if config is not None else configs.PAGED_PREFILL["gather"])
     if gather not in GATHERS:
         raise ValueError(f"gather must be one of {GATHERS} or None, got {gather!r}")
+    if backend == "triton" and gather == "tma":
+        raise ValueError("gather='tma' is the Gluon kernel's gather; backend='triton' takes gather 'page' or 'row'")
+    if backend == "gluon" and (gather != "tma" or config is not None):
+        raise ValueError("backend='gluon' runs the Gluon kernel (its own pin, configs.PAGED_PREFILL['gluon_config']): "
+                         f"pass gather None or 'tma' and no config, got gather={gather!r}, config={config!r}")
     if config is not None:
         configs.check_pin(config, "config")
     causal = _checks.check_flag(causal, "causal")
@@ -102,6 +118,12 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     q = _last_axis_contiguous(q)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if backend == "gluon" and max_q > 0:
+        why = _gluon_refusal(q, k_cache, v_cache)
+        if why is None and validate and not tail_values_finite(v_cache, block_tables, seq_lens):
+            why = "a V slot past a sequence's end in its last page is not finite (the kernel copies whole pages)"
+        if why is not None:
+            raise ValueError(f"paged_prefill(backend='gluon'): the Gluon kernel does not take these inputs: {why}")
     if (max_q > 0 and gather == "tma" and _gluon_takes(q, k_cache, v_cache)
             and (not validate or tail_values_finite(v_cache, block_tables, seq_lens))):
         backends.paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
@@ -136,10 +158,17 @@ def tail_values_finite(v_cache, block_tables, seq_lens) -> bool:
 def _gluon_takes(q, k_cache, v_cache) -> bool:
     """The Gluon paged prefill runs these inputs: a Hopper GPU, its dtypes / head dims / page sizes
     (``paged_prefill_gluon.gluon_paged_ok``) and caches it can view as one 2-D TMA tensor (contiguous)."""
-    if INTERPRET or not q.is_cuda or not all(x.is_contiguous() and x.data_ptr() % 16 == 0
-                                             for x in (q, k_cache, v_cache)):  # TMA: 16-byte aligned bases
-        return False
-    return backends.gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"]) is None
+    return _gluon_refusal(q, k_cache, v_cache) is None
+
+
+def _gluon_refusal(q, k_cache, v_cache) -> str | None:
+    """Why the Gluon paged prefill does not take these inputs, or None where it does (``_gluon_takes``)."""
+    if INTERPRET or not q.is_cuda:
+        return "it needs a Hopper GPU (compute capability 9.0); the inputs are on " + str(q.device) + (
+            " under the Triton interpreter" if INTERPRET else "")
+    if not all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k_cache, v_cache)):
+        return "q, k_cache and v_cache must be contiguous with 16-byte aligned bases (one 2-D TMA view each)"
+    return backends.gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"])
 
 
 def _int32(x):
