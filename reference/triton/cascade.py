@@ -11,7 +11,7 @@ kernel has two kinds of programs, ``(item, kv head)``:
   ``h * G + r % G``), over one of ``S`` chunks of the prefix's keys (contiguous ``(P, Hkv, d)``), so the
   prefix is read ``ceil(B G / ROWS)`` times per kv head instead of ``B`` times;
 * **suffix items** ``b``: request ``b``'s ``G`` rows over its own pages (page-aligned key blocks,
-  ``reference.triton.mixed._key_rows``).
+  ``reference.triton.paged_keys._key_rows``).
 
 Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S`` (suffix, rows of its request)
 of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
@@ -36,7 +36,7 @@ from ._device import device_limits, tma_device
 from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
 from ._device import INTERPRET, num_sms
 from .configs import CASCADE_OVERLAP as OVERLAP_DEFAULT, KeyBlockConfig
-from .mixed import key_loop
+from .paged_keys import key_loop
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 
