@@ -67,6 +67,10 @@ RING_PINS = {"half_state_max_world": 4}
 #: on Gluon")
 PAGED_PREFILL = {"gather": "tma", "gluon_config": (128, 128, 2, 4)}
 
+#: split-KV launches (``decode``'s stage 1, the three-launch cascade's prefix pass) aim for this many programs per SM:
+#: memory-bound, so several resident programs hide load latency (notes/triton_decode.md)
+PROGRAMS_PER_SM = 2
+
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
 BWD_PINS = {
     "interpreter": {"dkdv": _pin(16, 32, 4, 1), "dq": _pin(32, 16, 4, 1)},

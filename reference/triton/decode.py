@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks, _device, _fastlaunch, configs
-from .configs import DecodeConfig
+from .configs import PROGRAMS_PER_SM, DecodeConfig
 from ._kernel_helpers import LOG2E
 from ._checks import check_decode_q, check_kv_cache, check_seq_lens
 from .configs import check_decode_config
@@ -43,8 +43,6 @@ from ._device import INTERPRET, num_sms
 #: ``reference.triton.configs.DECODE_PINS``; callers pass ``config=`` or scope ``configs.pinned(decode=...)``.
 #: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
 MIN_BLOCKS_PER_SPLIT = 4
-#: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
-PROGRAMS_PER_SM = 2
 #: splits merged per step of stage 2's loop
 MERGE_CHUNK = 32
 

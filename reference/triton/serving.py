@@ -31,12 +31,10 @@ from ._device import INTERPRET, num_sms
 from .flash_fwd import Varlen, launch_forward
 from .paged_tiles import launch_paged_prefill
 
-__all__ = ["paged_prefill", "cascade_decode_separate", "cascade_num_splits"]
+__all__ = ["paged_prefill", "cascade_decode_separate"]
 
 #: a prefix split gets at least this many keys (its fixed costs -- the Q tile load, the partial write -- stay small)
 MIN_PREFIX_KEYS_PER_SPLIT = 256
-#: aim for this many prefix programs per SM
-PROGRAMS_PER_SM = 2
 #: ``paged_prefill(gather=...)``: the page-aligned kernel, the FA2 kernel's row gather (the before-state), or on
 #: Hopper the Gluon kernel with one TMA box per page (``reference.triton.hopper.paged_prefill_gluon``; elsewhere,
 #: and for inputs it does not take, "tma" runs the page-aligned kernel)
@@ -233,12 +231,13 @@ def _cascade_merge(OP, LP, OS, LS, OUT, LOUT, n_states, H_KV,
     tl.store(LOUT + b * H_KV * GROUP + heads, lse_out, mask=g_ok)
 
 
-def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, sms: int | None = None) -> int:
-    """Key chunks of the prefix: about ``PROGRAMS_PER_SM * sms`` programs over ``n_kv_heads`` heads and
+def separate_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, sms: int | None = None) -> int:
+    """``cascade_decode_separate``'s key chunks of the prefix (``cascade.cascade_num_splits`` is the one-launch
+    cascade's): about ``configs.PROGRAMS_PER_SM * sms`` programs over ``n_kv_heads`` heads and
     ``ceil(batch * group / 64)`` query-row blocks, each chunk at least ``MIN_PREFIX_KEYS_PER_SPLIT`` keys."""
     sms = num_sms() if sms is None else sms
     row_blocks = math.ceil(batch * group / 64)
-    want = max(1, round(PROGRAMS_PER_SM * sms / (row_blocks * n_kv_heads)))
+    want = max(1, round(configs.PROGRAMS_PER_SM * sms / (row_blocks * n_kv_heads)))
     return max(1, min(want, prefix_len // MIN_PREFIX_KEYS_PER_SPLIT))
 
 
@@ -261,7 +260,7 @@ def cascade_decode_separate(q, prefix_k, prefix_v, k_cache, v_cache, block_table
     q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once for the whole batch;
     k_cache, v_cache ``(num_blocks, block_size, Hkv, d)``, block_tables ``(B, max_blocks)``, seq_lens ``(B,)``:
     each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits: key chunks
-    of the prefix (None: ``cascade_num_splits``). Returns ``o (B, Hq, d)`` in q's dtype and ``lse (B, Hq)``
+    of the prefix (None: ``separate_num_splits``). Returns ``o (B, Hq, d)`` in q's dtype and ``lse (B, Hq)``
     float32 over each request's whole key set. ``validate=False`` skips the checks that need a device sync.
     """
     B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
@@ -269,7 +268,7 @@ def cascade_decode_separate(q, prefix_k, prefix_v, k_cache, v_cache, block_table
     scale = _checks.check_scale(scale, d)
     P, g = prefix_k.shape[0], hq // hkv
     if num_splits is None:
-        num_splits = cascade_num_splits(B, g, hkv, P)
+        num_splits = separate_num_splits(B, g, hkv, P)
     num_splits = min(_checks.check_positive_int(num_splits, "num_splits"), P)
     q = q.contiguous()
     prefix_k, prefix_v = prefix_k.contiguous(), prefix_v.contiguous()
