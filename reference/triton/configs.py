@@ -50,21 +50,13 @@ FWD_PINS = {
     "smoke": _pin(32, 16, 4, 1),
 }
 
-#: ring attention (``reference.distributed``): the running output between ring steps is kept in the input's
-#: 16-bit dtype (merged in fp32, rounded once per merge) on up to this many ranks, fp32 beyond. With two ranks
-#: that is exactly the rounding of an fp32 state (one merge, then the output's rounding); each further rank adds
-#: one rounding. Output error vs float64 on an H100 (Gluon step, causal zig-zag, N = 8192, d = 128; the one-GPU
-#: kernel itself: 2.06e-3): W = 2 2.17e-3 either way, W = 4 2.33e-3 (bf16) vs 2.22e-3 (fp32), W = 8 2.57e-3 vs
-#: 2.26e-3 (notes/ring_attention.md "One kernel call per step, a fused merge"): within 1.15x of the kernel's own error to W = 4
+#: ring attention's running output stays in the 16-bit input dtype up to this many ranks, fp32 beyond: within 1.15x
+#: of the kernel's own error to W = 4 (H100 errors vs float64: notes/ring_attention.md; notes/pins.md "RING_PINS")
 RING_PINS = {"half_state_max_world": 4}
 
-#: ``serving.paged_prefill``'s kernel when ``gather=None`` and no Triton ``config`` is passed ("page": the Triton
-#: page-tile kernel; "tma": on Hopper the Gluon kernel with one TMA box per page,
-#: reference/triton/hopper/paged_prefill_gluon.py, the Triton kernel elsewhere) and the Gluon kernel's (BLOCK_M,
-#: BLOCK_N, STAGES, num_warps): the contiguous Gluon forward's default. "tma" from the H100 run of
-#: benchmarks/results/h100-paged-prefill.json (8 x 512 after 4k, bf16): 537 / 507 us at 16 / 64-token pages vs the
-#: Triton page tiles' 759 / 668 us and the contiguous Triton varlen's 643 us (notes/serving_perf.md "Paged prefill
-#: on Gluon")
+#: ``serving.paged_prefill``'s default gather ("tma": the Gluon kernel on Hopper, the Triton page tiles elsewhere) and
+#: the Gluon kernel's (BLOCK_M, BLOCK_N, STAGES, num_warps): fastest at 16- and 64-token pages
+#: (benchmarks/results/h100-paged-prefill.json; notes/pins.md "PAGED_PREFILL")
 PAGED_PREFILL = {"gather": "tma", "gluon_config": (128, 128, 2, 4)}
 
 #: split-KV launches (``decode``'s stage 1, the three-launch cascade's prefix pass) aim for this many programs per SM:
@@ -89,12 +81,9 @@ HOPPER_BENCH_BWD = {
 }
 
 
-#: the warp-specialised Gluon backward's program order (``flash_gluon_bwd_ws.check_order_heads``): a causal launch
-#: whose longest program is at least ``min_share`` of one SM's share of the work (``longest_share``: 0.25-0.51
-#: for GQA 4:1 at 8k-16k, 0.12-0.13 for MHA and at 32k) interleaves ``heads`` (batch, kv head) pairs, key blocks
-#: longest-first; every other launch keeps the head-major order. Chosen from the H100 order sweep
-#: (benchmarks/results/h100-gluon-bwd-order-sweep.json, notes/hopper.md "GQA backward
-#: schedule"): 2 heads best at GQA 16/4 8k (0.99 vs 0.86x cuDNN); 4 and all heads lose at 16k-32k and 2k (L2)
+#: the warp-specialised Gluon backward's program order: interleave 2 (batch, kv head) pairs where a causal launch's
+#: longest program is >= 0.2 of an SM's share (benchmarks/results/h100-gluon-bwd-order-sweep.json; notes/pins.md
+#: "GLUON_BWD_ORDER")
 GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 
 
@@ -198,43 +187,21 @@ DECODE_PINS = {
 }
 
 
-#: the Gluon FP8 forward (``hopper.flash_fp8_gluon``): (BLOCK_M, BLOCK_N, STAGES, num_warps); 128 query rows = two
-#: consumer warpgroups of 64 (the query quantisation block), 128 keys (the key block); STAGES: the H100 sweep of
-#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "FP8 Gluon forward"): without turns 3 and 4 agree (noise)
+#: the Gluon FP8 forward's (BLOCK_M, BLOCK_N, STAGES, num_warps): two 64-row consumers, 128-key blocks, 3 stages
+#: (benchmarks/results/h100-fp8-gluon.json; notes/pins.md "FP8_GLUON_CONFIG")
 FP8_GLUON_CONFIG = (128, 128, 3, 4)
-#: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, one release
-#: per K/V ring slot instead of two, the row max / sum split into independent chains; chosen by the same sweep
-#: (h100-fp8-gluon.json "variants", N = 8k, x the bf16 Gluon forward, non-causal / causal): no turns 1.33 / 1.21;
-#: turns with 3 stages 1.20 / 1.08 (2 or 4 stages 1.33-1.34 / 1.16-1.17); merged, split: 1.28-1.33 / 1.14-1.19
-#: "peeled" (off): the key loop split at the first masked block into an unmasked and a masked loop with no branch in
-#: either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3 Algorithm 2's overlap; with the
-#: mask's branch it hoists the wait above them): notes/hopper.md "the P V wait". H100 (h100-gluon-key-loop.json, one
-#: process, 5 rotated rounds), peeled / pin at N = 8k / 16k: medians 1.06 / 1.08 non-causal, 0.99 / 1.02 causal; the
-#: fastest rounds 1.02 / 1.02 and 0.96 / 0.95: not ahead beyond the noise (rounds spread 5-15%), so not pinned.
-#: "fence" (off): the K release after the softmax in an always-taken branch (sm_90a SASS: the P V wait below all 64
-#: exps in every loop, d = 128 causal too). H100 (h100-fp8-key-loop.json, 5 rounds), fence / pin at N = 4k / 8k / 16k:
-#: medians 1.06 / 1.12 / 1.05 non-causal, 1.06 / 1.07 / 1.14 causal, but the fastest rounds 0.99-1.02, and in the one
-#: round per shape where the default did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
-#: lead is the default's position in the rotation, not the option, so not pinned (notes/hopper.md, "FP8 end to end")
-#: "thread_arrive" (off): every consumer thread arrives on the ring slots' free barriers (own allocations): 1 BAR.SYNC
-#: per key block instead of 3 in the SASS; "prefetch" (off): S_{j+1} issued before the softmax of S_j (two score
-#: tiles: spills). H100 (h100-fp8-schedule-probe.json, 6 rounds both ways, N = 4k-16k, causal and not), x pin:
-#: thread_arrive medians 1.01-1.05, fastest rounds 0.99-1.02; with fence 1.03-1.09 / 1.01-1.05, every shape ahead
-#: but inside the default's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, "FP8 softmax latency")
+#: the FP8 forward's schedule options (``flash_fp8_gluon.attend_fp8``): all off; each one measured was slower or inside
+#: the rounds' noise (benchmarks/results/h100-fp8-gluon.json, h100-fp8-key-loop.json, h100-fp8-schedule-probe.json;
+#: notes/pins.md "FP8_GLUON_SCHEDULE")
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
                       "thread_arrive": False, "prefetch": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
 #: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, "Fused FP8 quantisation")
 FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
-#: the bf16 Gluon forward's key loop per head dimension (``hopper.flash_gluon.attend_overlapped``'s ``PEELED`` /
-#: ``FENCE``): where ptxas puts the P_{j-1} V_{j-1} wait. Both off: the mask's branch leaves it above all 64 exps of
-#: the softmax (no FA3 Algorithm 2 overlap); "fence" (the K release after the softmax in an always-taken branch)
-#: keeps it after all of them (sm_90a SASS, d = 64 and 128); "peeled" (an unmasked and a masked loop) alone does
-#: not move it. H100, one process, 5 rotated rounds (h100-gluon-key-loop.json), fence / both off, medians: d = 128
-#: non-causal 1.03 / 1.04 / 1.05 at N = 2k / 8k / 16k, causal 0.97 / 1.00 / 1.03; GQA 32/8 causal training step
-#: 1.02 (8k) / 1.06 (32k); d = 64 at 8k 0.95 / 0.99 (off there); peeled + fence no better than fence. The rounds
-#: spread by 3-20%, so the d = 128 gain is near the noise (notes/hopper.md "The peeled key loop")
+#: the bf16 Gluon forward's key loop per head dimension (``attend_overlapped``'s ``PEELED`` / ``FENCE``): "fence" at
+#: d = 128 keeps the P V wait after the softmax's exps, a gain near the noise; off at d = 64
+#: (benchmarks/results/h100-gluon-key-loop.json; notes/pins.md "GLUON_FWD_KEY_LOOP")
 GLUON_FWD_KEY_LOOP = {128: {"peeled": False, "fence": True}, 64: {"peeled": False, "fence": False}}
 
 
@@ -324,13 +291,9 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
-#: ``cascade_decode``'s Hopper path (``CascadeConfig.overlap=None``): how the Gluon prefix kernel and the Triton
-#: suffix programs share the GPU ("off": one after the other; "pdl": the suffix launch programmatically dependent,
-#: beside the prefix CTAs; "streams": a fork/join of two streams and a merge launch), up to
-#: ``CascadeConfig.overlap_max_rows`` packed rows. "pdl": H100 graph times in one process (bf16, 32k prefix + 1k
-#: suffixes, ``benchmarks/results/h100-cascade.json``, notes/serving_perf.md "Cascade overlap: both passes at once"), B = 8 /
-#: 16 / 32: "pdl" 67.1 / 81.3 / 121.5 us (0.83 / 0.83 / 0.74 of copy), "streams" 72.3 / 86.7 / 122.0, "off" 96.3 /
-#: 103.4 / 124.0
+#: ``cascade_decode``'s Hopper path (``CascadeConfig.overlap=None``): the suffix launch programmatically dependent
+#: ("pdl") beside the Gluon prefix CTAs, fastest of off / pdl / streams at B = 8-32 (benchmarks/results/h100-cascade.json;
+#: notes/pins.md "CASCADE_OVERLAP")
 CASCADE_OVERLAP = "pdl"
 
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
