@@ -91,7 +91,7 @@ GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 class KeyBlockConfig:
     """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
     N of the QK^T tile, a power of two >= 16 for ``tl.dot``), ``num_warps`` (a power of two) and ``num_stages``
-    (software pipeline depth). The base of ``DecodeConfig``, ``cascade.CascadeConfig`` and ``mixed.MixedConfig``,
+    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig`` and ``cascade.CascadeConfig``,
     which add their own tile and split fields."""
     block_n: int = 64
     num_warps: int = 4
@@ -161,6 +161,27 @@ class DecodeConfig(KeyBlockConfig):
     def launch(self) -> dict:
         """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""
         return dict(block_n=self.block_n, num_warps=self.num_warps, num_stages=self.num_stages)
+
+
+@dataclass(frozen=True)
+class MixedConfig(KeyBlockConfig):
+    """Tile shapes and launch settings of ``mixed._mixed_kernel`` (pass ``mixed_attention(config=...)`` to override).
+
+    The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
+    large_rows: rows (tokens x G) of the decode and prefill tiles;
+    split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
+    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
+    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
+    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
+    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
+    tiles with one table entry per page (False: one entry per key row, the simpler gather).
+    """
+    small_rows: int = 16
+    large_rows: int = 64
+    split_keys: int = 4096
+    use_tma: bool | None = None
+    table_ahead: bool = True
+    whole_pages: bool = True
 
 
 def check_decode_config(config, name: str = "config"):
@@ -300,4 +321,4 @@ __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forwa
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
-           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP"]
+           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "PROGRAMS_PER_SM"]

@@ -37,31 +37,10 @@ from ._checks import check_block_tables, check_cu_seqlens, check_paged_cache
 from ._device import INTERPRET, tma_device
 from ._kernel_helpers import LN2, LOG2E, lse_merge_finish, lse_merge_step
 from .paged_keys import key_loop
-from .configs import KeyBlockConfig
+from .configs import MixedConfig
 from ..numpy.mixed import ITEM_COLUMNS, check_mixed_lengths, mixed_plan
 
 __all__ = ["mixed_attention", "make_mixed_plan", "MixedConfig", "MixedDevicePlan"]
-
-
-@dataclass(frozen=True)
-class MixedConfig(KeyBlockConfig):
-    """Tile shapes and launch settings of the mixed kernel (one home for them; pass ``config=`` to override).
-
-    The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
-    large_rows: rows (tokens x G) of the decode and prefill tiles;
-    split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
-    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
-    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
-    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
-    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
-    tiles with one table entry per page (False: one entry per key row, the simpler gather).
-    """
-    small_rows: int = 16
-    large_rows: int = 64
-    split_keys: int = 4096
-    use_tma: bool | None = None
-    table_ahead: bool = True
-    whole_pages: bool = True
 
 
 #: the GPU default (H100: 4 warps, 64-row prefill tiles, 64-key blocks); the interpreter uses small tiles
