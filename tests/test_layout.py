@@ -403,7 +403,8 @@ def _files(sources: dict[str, str]):
 
 def test_a_long_chain_is_found_lazy_imports_included():
     files = _files({f"reference/m{i}.py": f"from . import m{i + 1}\n" for i in range(6)}
-                   | {"reference/m6.py": "def f():\n    from . import m7\n", "reference/m7.py": "", "reference/__init__.py": ""})
+                   | {"reference/m6.py": "def f():\n    from . import m7\n", "reference/m7.py": "",
+                      "reference/__init__.py": ""})
     assert too_long(files) == [" -> ".join(f"reference.m{i}" for i in range(8)),
                                " -> ".join(f"reference.m{i}" for i in range(1, 8))]
     assert too_long(files, limit=8) == []

@@ -9,9 +9,8 @@ through these few names only. What each pass needs from the backend:
 
 * paged prefill: ``gluon_paged_ok`` (whether the kernel takes these inputs; None, else the reason) and
   ``paged_prefill_gluon`` (the launch);
-* cascade decode: ``check_prefix_config`` (validates ``CascadeConfig.gluon_block_n`` / ``gluon_stages``),
-  ``prefix_ok`` (whether the prefix kernel applies), ``cascade_prefix`` (the prefix pass's host module: launch
-  spec, split count, the kernel to record) and ``cached_descriptors`` (the prefix's TMA descriptors).
+* cascade decode: ``prefix_ok`` (whether the prefix kernel applies), ``cascade_prefix`` (the prefix pass's host
+  module: launch spec, split count, the kernel to record) and ``cached_descriptors`` (the prefix's TMA descriptors).
 """
 from __future__ import annotations
 
@@ -26,12 +25,6 @@ def paged_prefill_gluon(*args, **kwargs):
     """``hopper.paged_prefill_gluon.paged_prefill_gluon``: write ``o`` and ``lse`` of a paged prefill."""
     from .hopper.paged_prefill_gluon import paged_prefill_gluon as launch
     return launch(*args, **kwargs)
-
-
-def check_prefix_config(block_n, stages, head_dim: int | None = None) -> tuple:
-    """``hopper.cascade_prefix_gluon.check_prefix_config``: the Gluon prefix pass's key block and ring depth."""
-    from .hopper.cascade_prefix_gluon import check_prefix_config as check
-    return check(block_n, stages, head_dim)
 
 
 def prefix_ok(q, prefix_k, prefix_v, limits) -> bool:

@@ -184,6 +184,85 @@ class MixedConfig(KeyBlockConfig):
     whole_pages: bool = True
 
 
+#: the Gluon cascade prefix pass's key blocks and ring depths (``hopper.cascade_prefix_gluon``)
+GLUON_PREFIX_BLOCK_N = (64, 128)
+GLUON_PREFIX_STAGES = (2, 3, 4)
+
+
+def check_gluon_prefix_fields(block_n, stages) -> tuple:
+    """``(block_n, stages)`` of the Gluon cascade prefix pass: in ``GLUON_PREFIX_BLOCK_N`` / ``GLUON_PREFIX_STAGES``
+    (``cascade_prefix_gluon.check_prefix_config`` adds the shared-memory check for a head dimension)."""
+    for name, v, ok in (("block_n", block_n, GLUON_PREFIX_BLOCK_N), ("stages", stages, GLUON_PREFIX_STAGES)):
+        if not isinstance(v, int) or isinstance(v, bool) or v not in ok:
+            raise ValueError(f"Gluon cascade prefix: {name} must be one of {ok}, got {v!r}")
+    return block_n, stages
+
+
+@dataclass(frozen=True)
+class CascadeConfig(KeyBlockConfig):
+    """The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and rows: most query
+    rows of a prefix tile (a power of two >= 16); programs_per_sm: prefix programs to aim for per SM;
+    min_split_keys / max_split_keys: fewest / most prefix keys per split. One prefix program per SM and at most
+    2048 keys a split (H100 sweeps; notes/pins.md "CascadeConfig")."""
+    rows: int = 64
+    programs_per_sm: int = 1
+    min_split_keys: int = 512
+    max_split_keys: int = 2048
+    #: launch order: every prefix item first (a 1-D grid) or the (item, kv head) grid; None: prefix-first when the
+    #: prefix programs fit one per SM (notes/pins.md "CascadeConfig")
+    prefix_first: bool | None = None
+    #: Hopper only: the Triton prefix pass loads TMA boxes of the contiguous prefix instead of pointer loads
+    use_tma: bool = False
+    #: the prefix pass as the Hopper Gluon kernel (``hopper.cascade_prefix_gluon``): True / False, or None where it
+    #: applies and the batch has ``gluon_min_rows`` packed rows per kv head (h100-cascade.json, h100-mixed-batch.json;
+    #: notes/pins.md "CascadeConfig")
+    prefix_gluon: bool | None = None
+    gluon_min_rows: int = 32
+    #: the same threshold for eager calls (host-bound below it: h100-mixed-batch.json; notes/pins.md "CascadeConfig")
+    eager_gluon_min_rows: int = 256
+    #: the Gluon prefix pass's key block and ring depth (``configs.check_gluon_prefix_fields``)
+    gluon_block_n: int = 128
+    gluon_stages: int = 2
+    #: the Gluon path's passes: "off" one after the other, "pdl" the suffix launch programmatically dependent,
+    #: "streams" a fork/join; None: ``CASCADE_OVERLAP`` up to ``overlap_max_rows`` packed rows, "off" above
+    #: (notes/serving_perf.md "Cascade overlap: both passes at once")
+    overlap: str | None = None
+    #: the overlap's packed-row limit: "pdl" wins to B = 32 at G = 4 (h100-cascade.json; notes/pins.md "CascadeConfig")
+    overlap_max_rows: int = 128
+    #: prefix CTAs per SM aimed at while overlapping: 0.5 of 0.35 / 0.5 / 0.75 (h100-cascade.json; notes/pins.md)
+    overlap_prefix_share: float = 0.5
+    #: suffix programs per SM left free by the prefix CTAs (a persistent grid over the (request, kv head) items)
+    overlap_suffix_per_sm: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.overlap not in (None, "off", "pdl", "streams"):
+            raise ValueError(f"CascadeConfig.overlap must be None, 'off', 'pdl' or 'streams', got {self.overlap!r}")
+        share = self.overlap_prefix_share
+        if type(share) not in (int, float) or not 0 < share <= 4:
+            raise ValueError(f"CascadeConfig.overlap_prefix_share must be a number in (0, 4], got {share!r}")
+        if type(self.overlap_max_rows) is not int or self.overlap_max_rows < 0:
+            raise ValueError(f"CascadeConfig.overlap_max_rows must be an int >= 0, got {self.overlap_max_rows!r}")
+        if type(self.overlap_suffix_per_sm) is not int or self.overlap_suffix_per_sm < 1:
+            raise ValueError("CascadeConfig.overlap_suffix_per_sm must be a positive int, got "
+                             f"{self.overlap_suffix_per_sm!r}")
+        for field in ("prefix_first", "prefix_gluon"):
+            v = getattr(self, field)
+            if v is not None and type(v) is not bool:
+                raise ValueError(f"CascadeConfig.{field} must be a bool or None, got {v!r}")
+        if type(self.use_tma) is not bool:
+            raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
+        if type(self.gluon_min_rows) is not int or self.gluon_min_rows < 1:
+            raise ValueError(f"CascadeConfig.gluon_min_rows must be a positive int, got {self.gluon_min_rows!r}")
+        if type(self.eager_gluon_min_rows) is not int or self.eager_gluon_min_rows < 1:
+            raise ValueError("CascadeConfig.eager_gluon_min_rows must be a positive int, got "
+                             f"{self.eager_gluon_min_rows!r}")
+        try:
+            check_gluon_prefix_fields(self.gluon_block_n, self.gluon_stages)
+        except ValueError as e:
+            raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
+
+
 def check_decode_config(config, name: str = "config"):
     """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
     if config is not None and not isinstance(config, DecodeConfig):
@@ -321,4 +400,5 @@ __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forwa
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
-           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "PROGRAMS_PER_SM"]
+           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "CascadeConfig", "PROGRAMS_PER_SM",
+           "check_gluon_prefix_fields"]
