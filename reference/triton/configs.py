@@ -91,7 +91,7 @@ GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 class KeyBlockConfig:
     """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
     N of the QK^T tile, a power of two >= 16 for ``tl.dot``), ``num_warps`` (a power of two) and ``num_stages``
-    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig`` and ``cascade.CascadeConfig``,
+    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig`` and ``CascadeConfig``,
     which add their own tile and split fields."""
     block_n: int = 64
     num_warps: int = 4
