@@ -34,14 +34,13 @@ from ._checks import check_block_tables, check_cascade_inputs
 from ._device import device_limits, tma_device
 from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
 from ._device import INTERPRET, num_sms
-from .configs import CASCADE_OVERLAP as OVERLAP_DEFAULT, CascadeConfig
+from .configs import CASCADE_DEFAULT, CASCADE_OVERLAP as OVERLAP_DEFAULT, CascadeConfig
 from .paged_keys import key_loop
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 
 
-DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
-                                                                      min_split_keys=16)
+DEFAULT_CONFIG = CASCADE_DEFAULT
 
 
 @triton.jit

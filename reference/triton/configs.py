@@ -263,6 +263,14 @@ class CascadeConfig(KeyBlockConfig):
             raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
 
 
+#: ``mixed_attention``'s default (H100: 4 warps, 64-row prefill tiles, 64-key blocks) and ``cascade_decode``'s (the
+#: fields' defaults above); the interpreter takes small tiles (``mixed.DEFAULT_CONFIG``, ``cascade.DEFAULT_CONFIG``)
+MIXED_DEFAULT = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, large_rows=32, block_n=16, num_stages=1,
+                                                                split_keys=64)
+CASCADE_DEFAULT = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
+                                                                      min_split_keys=16)
+
+
 def check_decode_config(config, name: str = "config"):
     """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
     if config is not None and not isinstance(config, DecodeConfig):
@@ -401,4 +409,4 @@ __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forwa
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
            "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "CascadeConfig", "PROGRAMS_PER_SM",
-           "check_gluon_prefix_fields"]
+           "check_gluon_prefix_fields", "MIXED_DEFAULT", "CASCADE_DEFAULT"]

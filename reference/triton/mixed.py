@@ -37,15 +37,13 @@ from ._checks import check_block_tables, check_cu_seqlens, check_paged_cache
 from ._device import INTERPRET, tma_device
 from ._kernel_helpers import LN2, LOG2E, lse_merge_finish, lse_merge_step
 from .paged_keys import key_loop
-from .configs import MixedConfig
+from .configs import MIXED_DEFAULT, MixedConfig
 from ..numpy.mixed import ITEM_COLUMNS, check_mixed_lengths, mixed_plan
 
 __all__ = ["mixed_attention", "make_mixed_plan", "MixedConfig", "MixedDevicePlan"]
 
 
-#: the GPU default (H100: 4 warps, 64-row prefill tiles, 64-key blocks); the interpreter uses small tiles
-DEFAULT_CONFIG = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, large_rows=32, block_n=16,
-                                                                  num_stages=1, split_keys=64)
+DEFAULT_CONFIG = MIXED_DEFAULT
 
 
 # --------------------------------------------------------------------------------------------------------------
