@@ -105,6 +105,28 @@ def rotated_rounds(fns: dict, rounds: int, timer, first_shift: int = 0) -> dict:
     return ms
 
 
+def both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
+    """``_common.rotated_rounds`` for ``rounds // 2`` rounds in the listed order and ``rounds - rounds // 2`` in the
+    reversed one, so each implementation is timed behind two different ones (a rotation alone keeps the cyclic
+    order: in a key-loop run the default followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
+    there than in the fifth in 5 of 6 shapes). Returns ``({name: [ms per round]}, [the order of each round])``."""
+    names = list(fns)
+    half = rounds // 2
+    ms = {n: [] for n in names}
+    orders = []
+    for order, k in ((names, half), (names[::-1], rounds - half)):
+        got = rotated_rounds({n: fns[n] for n in order}, k, timer)
+        for n in names:
+            ms[n] += got[n]
+        orders += [order[i % len(order):] + order[:i % len(order)] for i in range(k)]
+    return ms, orders
+
+
+def hopper_bench(fn) -> float:
+    """Median ms, do_bench(warmup=10 ms, rep=40 ms): the convention of the Hopper benchmarks' results."""
+    return bench(fn, warmup=10, rep=40)
+
+
 def graph_ms(fns, reps: int = 20, *, smoke: bool = False) -> float:
     """GPU time per call (ms): capture all closures (one per input set) in one CUDA graph, median of replays.
 

@@ -33,7 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from reference.triton.hopper import flash_gluon as fg
 from reference.triton.hopper._aot import compile_gluon, resource_usage
-from reference.triton.hopper.common import check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers
+from reference.triton._checks import check_config_ints, check_gluon_device, check_gluon_inputs
+from reference.triton.hopper.common import init_ring_barriers
 
 SCHEDULES = ("pingpong", "specialized", "overlap")
 #: per schedule: (BLOCK_M, BLOCK_N, STAGES, num_warps); the warp-specialised ones as the production kernel

@@ -29,8 +29,8 @@ import triton
 
 from autograder import engine
 from autograder import specs as specs_mod
-from reference.triton import _device, decode, flash_bwd, flash_fwd
-from reference.triton.hopper import common as hopper_common, flash_fp8, flash_persistent
+from reference.triton import _checks, _device, decode, flash_bwd, flash_fwd
+from reference.triton.hopper import flash_fp8, flash_persistent
 from reference.triton import fused_softmax
 from reference.triton._checks import HEAD_DIMS
 
@@ -185,7 +185,7 @@ def test_hopper_only_paths_not_taken_below_sm90(fake, monkeypatch):
     assert flash_fwd.tma_ok(None, q, q, q, q) == is_hopper
     assert flash_bwd._use_tma(None, q, q, q, q) == is_hopper
     assert not flash_fwd.tma_ok(False, q, q, q, q)
-    assert hopper_common.gluon_supported(fake) == (fake.capability == (9, 0))
+    assert _checks.gluon_supported(fake) == (fake.capability == (9, 0))
     monkeypatch.setattr(flash_fp8, "INTERPRET", False)
     if is_hopper:
         flash_fp8.check_fp8_device(torch.device("cuda", 0))
@@ -196,7 +196,7 @@ def test_hopper_only_paths_not_taken_below_sm90(fake, monkeypatch):
 
 def test_gluon_refuses_other_generations():
     for cap in ((7, 5), (8, 0), (8, 9), (10, 0), (12, 0)):
-        assert not hopper_common.gluon_supported(_device.DeviceLimits(cap, 228 * 1024))
+        assert not _checks.gluon_supported(_device.DeviceLimits(cap, 228 * 1024))
 
 
 # ------------------------------------------------------------------------------------------------ bfloat16

@@ -163,3 +163,53 @@ def test_gluon_paged_prefill_int64_tables_and_the_benchmark_shape(rng):
     out = paged_prefill(q, kc, vc, table.long(), cu_t.long(), sl.long(), causal=True, gather="tma")
     check_paged_prefill(out, q, seqs, cu, True, torch.float16, TOL[torch.float16])
     assert np.isfinite(out[1].cpu().numpy()).all()
+
+
+@pytest.mark.skipif(HOPPER, reason="checks the backends where no Hopper GPU is present")
+def test_backend_argument_picks_the_kernel_and_never_falls_back_silently(rng):
+    """``backend="triton"`` is the page-aligned kernel (as ``"auto"`` off Hopper); ``backend="gluon"`` off Hopper
+    raises ``ValueError`` naming the reason instead of running another kernel; bad combinations are named."""
+    dt = torch.float32 if INTERPRET else torch.float16
+    (q, kc, vc, table, cu_t, sl), _, _ = make_paged_prefill(rng, [40, 21], [9, 21], 4, 2, 16, 16, dt)
+    page = paged_prefill(q, kc, vc, table, cu_t, sl, gather="page")
+    for backend in ("auto", "triton"):
+        out = paged_prefill(q, kc, vc, table, cu_t, sl, backend=backend)
+        assert torch.equal(out[0], page[0]) and torch.equal(out[1], page[1]), backend
+    with pytest.raises(ValueError, match="needs a Hopper GPU"):
+        paged_prefill(q, kc, vc, table, cu_t, sl, backend="gluon")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        paged_prefill(q, kc, vc, table, cu_t, sl, backend="cuda")
+    with pytest.raises(ValueError, match="backend='triton' takes gather 'page' or 'row'"):
+        paged_prefill(q, kc, vc, table, cu_t, sl, backend="triton", gather="tma")
+    with pytest.raises(ValueError, match="gather None or 'tma' and no config"):
+        paged_prefill(q, kc, vc, table, cu_t, sl, backend="gluon", gather="page")
+
+
+def test_gluon_backend_raises_where_auto_falls_back(rng, monkeypatch):
+    """Where the Gluon kernel takes the inputs (a stub on a CPU), ``backend="gluon"`` runs it; a NaN past a
+    sequence's end under ``validate=True`` makes ``"auto"`` run the Triton kernel and ``"gluon"`` raise;
+    ``backend="triton"`` never reaches the Gluon kernel."""
+    from reference.triton import serving
+    from reference.triton.hopper import paged_prefill_gluon as pg_mod
+    calls = []
+
+    def stub(q, k_cache, v_cache, o, lse, *args, **kwargs):
+        calls.append(1)
+        o.zero_()
+        lse.zero_()
+    monkeypatch.setattr(serving, "_gluon_refusal", lambda *a: None)
+    monkeypatch.setattr(pg_mod, "paged_prefill_gluon", stub)
+    page = 16
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, [40, 21], [9, 21], 4, 2, 16, page,
+                                                                torch.float32)
+    paged_prefill(q, kc, vc, table, cu_t, sl, backend="gluon")
+    assert calls == [1]
+    paged_prefill(q, kc, vc, table, cu_t, sl, backend="triton")
+    assert calls == [1]
+    pg, slot = _tail_slot(table, sl, page, 1)
+    vc[pg, slot:] = float("nan")
+    with pytest.raises(ValueError, match="not finite"):
+        paged_prefill(q, kc, vc, table, cu_t, sl, backend="gluon")
+    out = paged_prefill(q, kc, vc, table, cu_t, sl, backend="auto")
+    assert calls == [1] and torch.isfinite(out[0]).all()
+    check_paged_prefill(out, q, seqs, cu, True, torch.float32, FLASH_O_TOL[torch.float32])

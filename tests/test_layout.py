@@ -5,6 +5,12 @@
 2. The modules of ``reference`` import each other without a circle (module-level and function-level imports both
    count: a lazy import inside a function still ties the two modules' designs together).
 3. No module of ``reference`` imports a private name (``_x``) from another module.
+4. The longest import chain inside ``reference/`` has at most ``MAX_CHAIN`` modules (lazy imports count; a
+   package's ``__init__`` importing its own submodules does not: re-exporting is the package's job). Checks live in
+   ``reference.triton._checks`` (``reference.numpy._validate``), so no kernel module imports another to borrow one;
+   ``_device`` (device facts, the interpreter decision) is the root every Triton module stands on.
+5. Of the portable Triton modules only ``reference.triton.backends`` imports the Hopper backend
+   (``reference.triton.hopper``): the serving layer reaches the Gluon kernels through that one module.
 
 Each rule is a function of a source tree, so the tests also run it on small trees built here that break the rule,
 and check that it reports them (a rule that can never fail would prove nothing).
@@ -12,6 +18,7 @@ and check that it reports them (a rule that can never fail would prove nothing).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pathlib
 import re
@@ -322,3 +329,98 @@ def test_a_private_import_is_found(tmp_path):
     })
     assert private_imports(files) == ["reference/triton/b.py:1 from reference.triton.a import _helper",
                                       "reference/triton/b.py:3 from reference.triton._checks import _LIMIT"]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# rules 4 and 5: import depth and the one Hopper import point
+# --------------------------------------------------------------------------------------------------------------
+MAX_CHAIN = 6
+#: modules whose longest chain may exceed ``MAX_CHAIN``, with the reason
+LONGER = {
+    # the rank programs of the tests and lecture 10 sit on the whole distributed stack: Ulysses -> ring ->
+    # local step -> merge -> the Triton merge kernel (or the RING_PINS of configs) -> _device
+    "reference.distributed.demo": 7,
+}
+HOPPER = "reference.triton.hopper"
+DISPATCH = {"reference.triton.backends"}
+
+
+def own_package_edges_dropped(graph: dict[str, set[str]], packages: set[str]) -> dict[str, set[str]]:
+    """``graph`` without the edges from a package to its own submodules."""
+    return {m: {w for w in ws if not (m in packages and w.startswith(m + "."))} for m, ws in graph.items()}
+
+
+def longest_chains(graph: dict[str, set[str]]) -> dict[str, tuple]:
+    """Module -> its longest import chain (a tuple of modules, itself first). The graph has no circle
+    (``rule 2`` checks that), so the recursion ends."""
+    @functools.lru_cache(maxsize=None)
+    def chain(m: str) -> tuple:
+        return (m,) + max((chain(w) for w in sorted(graph[m])), key=len, default=())
+
+    return {m: chain(m) for m in graph}
+
+
+def too_long(files, limit: int = MAX_CHAIN, allowed: dict | None = None) -> list[str]:
+    """``a -> b -> ...`` for every module of ``reference`` whose longest chain exceeds ``limit`` (or its entry
+    in ``allowed``)."""
+    files = list(files)
+    packages = {rel[:-len("/__init__.py")].replace("/", ".") for rel, _ in files if rel.endswith("__init__.py")}
+    graph = own_package_edges_dropped(import_graph(files), packages)
+    allowed = allowed or {}
+    return [" -> ".join(c) for m, c in sorted(longest_chains(graph).items()) if len(c) > allowed.get(m, limit)]
+
+
+def hopper_importers(files) -> list[str]:
+    """Portable ``reference.triton`` modules (outside ``hopper/``) that import ``reference.triton.hopper``."""
+    graph = import_graph(files)
+    return sorted(m for m, ws in graph.items()
+                  if m.startswith("reference.triton") and not m.startswith(HOPPER)
+                  and any(w == HOPPER or w.startswith(HOPPER + ".") for w in ws))
+
+
+def test_longest_import_chain_in_reference():
+    assert too_long(python_files(ROOT, "reference"), allowed=LONGER) == []
+
+
+def test_the_allowed_longer_chains_are_still_needed():
+    """An entry of ``LONGER`` whose chain got shorter must go (the exception would hide a regression)."""
+    files = list(python_files(ROOT, "reference"))
+    packages = {rel[:-len("/__init__.py")].replace("/", ".") for rel, _ in files if rel.endswith("__init__.py")}
+    chains = longest_chains(own_package_edges_dropped(import_graph(files), packages))
+    assert {m: len(chains[m]) for m in LONGER} == LONGER
+
+
+def test_only_the_dispatch_module_imports_the_hopper_backend():
+    assert set(hopper_importers(python_files(ROOT, "reference"))) <= DISPATCH
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the rules find what they look for
+# --------------------------------------------------------------------------------------------------------------
+def _files(sources: dict[str, str]):
+    return [(rel, src) for rel, src in sources.items()]
+
+
+def test_a_long_chain_is_found_lazy_imports_included():
+    files = _files({f"reference/m{i}.py": f"from . import m{i + 1}\n" for i in range(6)}
+                   | {"reference/m6.py": "def f():\n    from . import m7\n", "reference/m7.py": "",
+                      "reference/__init__.py": ""})
+    assert too_long(files) == [" -> ".join(f"reference.m{i}" for i in range(8)),
+                               " -> ".join(f"reference.m{i}" for i in range(1, 8))]
+    assert too_long(files, limit=8) == []
+
+
+def test_a_package_reexporting_its_submodules_is_not_a_chain():
+    files = _files({"reference/__init__.py": "", "reference/p/__init__.py": "from .a import x\n",
+                    "reference/p/a.py": "from . import b\n", "reference/p/b.py": "from .. import c\n",
+                    "reference/c.py": ""})
+    assert too_long(files, limit=3) == []
+    assert too_long(files, limit=2) == ["reference.p.a -> reference.p.b -> reference.c"]
+
+
+def test_a_portable_module_importing_hopper_is_found():
+    files = _files({"reference/triton/serving.py": "def f():\n    from .hopper.k import g\n",
+                    "reference/triton/backends.py": "def f():\n    from .hopper import k\n",
+                    "reference/triton/hopper/k.py": "from .. import serving\n",
+                    "reference/triton/hopper/__init__.py": "", "reference/triton/__init__.py": ""})
+    assert hopper_importers(files) == ["reference.triton.backends", "reference.triton.serving"]

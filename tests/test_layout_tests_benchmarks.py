@@ -3,6 +3,8 @@
 * a test file imports no other test file and no benchmark (shared test code lives in ``tests/common.py``,
   ``tests/common_numpy.py``, ``tests/oracle.py``; benchmarks are run, not imported);
 * no benchmark edits ``sys.path`` (they are a package, run as ``python -m benchmarks.<job>.<script>``);
+* no benchmark script (a module with a ``main``) imports another script: what several share lives in
+  ``benchmarks/_common.py`` or a small module of its own (``benchmarks/_serving_cases.py``, ...);
 * every benchmark module imports without a GPU (so a broken import fails CI, not a device call);
 * every file in ``benchmarks/results/`` is named ``<gpu>-<benchmark>[-<part>].<json|png|csv>``, with no history
   suffix (earlier runs live in git);
@@ -80,6 +82,33 @@ def touches_sys_path(source: str) -> bool:
     return False
 
 
+def is_script(source: str) -> bool:
+    """Whether ``source`` is a benchmark script: it defines ``main`` or runs under ``if __name__ == "__main__"``."""
+    tree = ast.parse(source)
+    return any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in tree.body) or any(
+        isinstance(n, ast.If) and "__main__" in ast.unparse(n.test) for n in tree.body)
+
+
+def imported_modules(source: str, package: str = "benchmarks") -> set[str]:
+    """The ``package`` modules ``source`` imports, anywhere in it (``from benchmarks.course import bench_x`` names
+    ``benchmarks.course.bench_x``; a name that is not a module is dropped by the caller)."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names if a.name.split(".")[0] == package}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] == package:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def scripts_importing_scripts(sources: dict[str, str]) -> list[str]:
+    """``a imports b`` for each script ``a`` of ``sources`` (module name -> source) importing another script ``b``."""
+    scripts = {m for m, src in sources.items() if is_script(src)}
+    return sorted(f"{m} imports {w}" for m in sorted(scripts) for w in imported_modules(sources[m])
+                  if w in scripts and w != m)
+
+
 def layout_map_paths(text: str) -> list[str]:
     """The repository paths named in the layout map of docs/design.md: the first word of every line of the
     fenced block between ``<!-- layout map -->`` and ``<!-- /layout map -->`` that is a path (a dotted file
@@ -136,6 +165,17 @@ def test_sys_path_rule_on_made_up_sources(source, touches):
     assert touches_sys_path(source) == touches
 
 
+def test_script_import_rule_on_made_up_sources():
+    sources = {"benchmarks.course.a": "def main():\n    from benchmarks.course.b import bench\n",
+               "benchmarks.course.b": "def bench(f):\n    pass\nif __name__ == '__main__':\n    bench(None)\n",
+               "benchmarks.tuning.c": "from benchmarks.course import b\nfrom benchmarks._common import rel_err\n"
+                                      "def main():\n    pass\n",
+               "benchmarks.course.d": "from benchmarks.course.a import main as run\n",
+               "benchmarks._common": "def rel_err(a, b):\n    pass\n"}
+    assert scripts_importing_scripts(sources) == ["benchmarks.course.a imports benchmarks.course.b",
+                                                  "benchmarks.tuning.c imports benchmarks.course.b"]
+
+
 def test_layout_map_parser_on_a_made_up_map():
     text = ("x\n<!-- layout map -->\n```\nREADME.md   why\nbenchmarks/   what\n  course/   quoted\n"
             "    bench_a.py   one\n  _common.py   shared\nnotes/   log\n```\n<!-- /layout map -->\n")
@@ -153,6 +193,13 @@ def test_no_benchmark_touches_sys_path():
     bad = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "benchmarks").rglob("*.py"))
            if touches_sys_path(p.read_text())]
     assert not bad, f"benchmarks editing sys.path (run them as python -m benchmarks.<job>.<script>): {bad}"
+
+
+def test_no_benchmark_script_imports_another_script():
+    sources = {".".join(p.relative_to(ROOT).with_suffix("").parts): p.read_text()
+               for p in sorted((ROOT / "benchmarks").rglob("*.py")) if p.name != "__init__.py"}
+    bad = scripts_importing_scripts(sources)
+    assert not bad, f"benchmark scripts importing other scripts (move the shared piece to a module): {bad}"
 
 
 def test_results_files_follow_the_naming_rule():

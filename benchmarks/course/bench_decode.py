@@ -37,14 +37,15 @@ import torch
 from benchmarks import _common
 from benchmarks._common import RESULTS, sync
 from benchmarks._common import rel_err as rel
+from benchmarks._serving_cases import (D, DTYPE, HKV, HQ, empty_cache, inputs, shared_prefix_bytes,  # noqa: F401
+                                       shared_prefix_case, to_paged)
+from benchmarks._serving_cases import n_sets as _n_sets
 from benchmarks.course.read_ceiling import read_ceiling_ms
 from reference.triton import DEVICE, flash_attention_forward, flash_decode, num_sms, paged_decode
 from reference.triton import configs
 from reference.triton.configs import DECODE_PINS, DecodeConfig
 from reference.triton.decode import choose_num_splits
 
-HQ, HKV, D = 32, 8, 128
-DTYPE = torch.bfloat16
 BARS = {"copy_bw_fraction_b1_ge32k": 0.85, "vs_sdpa_default_b1_ge32k": 1.0, "vs_one_split_b1_64k": 4.0,
         "paged16_vs_contiguous": 0.9}
 
@@ -64,11 +65,6 @@ def copy_bandwidth() -> float:
     return _common.copy_bandwidth(1 << (21 if SMOKE else 30), device=DEVICE, wall=SMOKE)
 
 
-def empty_cache():
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def naive_decode(q, k, v, scale):
     B, Hq, d = q.shape
     qg = q.view(B, HKV, Hq // HKV, d)
@@ -82,57 +78,9 @@ def fa2_per_qhead(q, k, v):
     return flash_attention_forward(q.unsqueeze(2), k, v)[0].squeeze(2)
 
 
-def inputs(B, N):
-    """Fresh random bf16 decode inputs q (B, Hq, d), k, v (B, Hkv, N, d)."""
-    return (torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE), torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE),
-            torch.randn(B, HKV, N, D, device=DEVICE, dtype=DTYPE))
-
-
-def to_paged(k, v, bs):
-    """The same keys in a paged cache (num_blocks, bs, Hkv, d) with a random permutation of physical blocks."""
-    B, _, N, _ = k.shape
-    nb = N // bs
-    perm = torch.randperm(B * nb, device=k.device)  # logical block j of sequence b -> physical perm[b*nb + j]
-    kc = torch.empty(B * nb, bs, HKV, D, device=k.device, dtype=k.dtype)
-    vc = torch.empty_like(kc)
-    kc[perm] = k.view(B, HKV, nb, bs, D).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, HKV, D)
-    vc[perm] = v.view(B, HKV, nb, bs, D).permute(0, 2, 3, 1, 4).reshape(B * nb, bs, HKV, D)
-    return kc, vc, perm.view(B, nb).to(torch.int32), torch.full((B,), N, dtype=torch.int32, device=k.device)
-
-
-def shared_prefix_case(B, P, S, bs) -> dict:
-    """A cascade case (lecture 9): ``B`` sequences that share a prefix of ``P`` tokens, each with its own suffix of
-    ``S`` tokens, in one paged cache of random bf16 keys with shuffled physical blocks. Returns the cache ``kc``,
-    ``vc``, the prefix also kept contiguous (``prefix_k``, ``prefix_v``: (P, Hkv, d)), the suffix tables and
-    lengths (``suf_tab``, ``suf_len``: what ``cascade_decode`` reads), the whole sequences as one paged batch
-    (``full_tab``, ``full_len``: what ``paged_decode`` reads) and the query ``q`` (B, Hq, d)."""
-    np_, ns = P // bs, S // bs
-    n_blocks = np_ + B * ns
-    kc = torch.randn(n_blocks, bs, HKV, D, device=DEVICE, dtype=DTYPE)
-    vc = torch.randn(n_blocks, bs, HKV, D, device=DEVICE, dtype=DTYPE)
-    perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
-    pre_tab, suf_tab = perm[:np_], perm[np_:].view(B, ns).contiguous()
-    lens = lambda n: torch.full((B,), n, dtype=torch.int32, device=DEVICE)  # noqa: E731
-    return dict(kc=kc, vc=vc, prefix_k=kc[pre_tab.long()].reshape(P, HKV, D),
-                prefix_v=vc[pre_tab.long()].reshape(P, HKV, D), suf_tab=suf_tab, suf_len=lens(S),
-                full_tab=torch.cat([pre_tab[None].expand(B, -1), suf_tab], 1).contiguous(), full_len=lens(P + S),
-                q=torch.randn(B, HQ, D, device=DEVICE, dtype=DTYPE))
-
-
-def shared_prefix_bytes(B, P, S) -> dict:
-    """K and V bytes each pass of ``shared_prefix_case`` reads: the one-launch cascade (the prefix once, every
-    suffix), ``paged_decode`` over whole sequences (the prefix B times), and the cascade's two passes."""
-    per_token = HKV * D * 2 * 2
-    return dict(cascade=(P + B * S) * per_token, paged=B * (P + S) * per_token, prefix_pass=P * per_token,
-                suffix_pass=B * S * per_token)
-
-
 def n_sets(kv_bytes) -> int:
-    """Input sets to rotate through in a graph so that one pass over them is >= 3x the L2 cache."""
-    if SMOKE:
-        return 1
-    l2 = getattr(torch.cuda.get_device_properties(DEVICE), "L2_cache_size", 64 << 20)
-    return int(min(32, max(1, math.ceil(3 * l2 / kv_bytes))))
+    """``_serving_cases.n_sets`` with this run's ``--smoke``."""
+    return _n_sets(kv_bytes, SMOKE)
 
 
 def graph_ms(fns, reps=20) -> float:

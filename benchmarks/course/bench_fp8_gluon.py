@@ -27,7 +27,7 @@ Stages (each a child process with a time limit: a wrong mbarrier phase hangs, it
    keep the ``P_{j-1} V_{j-1}`` wait below the softmax's exps (``schedule["fence"]``, ``["peeled"]``, both)
    against the pinned schedule and the bf16 Gluon forward, kernel alone, d = 128, H = 16, N = 4k .. 16k, causal
    and not, ``KEYLOOP_ROUNDS`` rounds, half of them rotated in the listed order and half in the reversed order
-   (``_both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the default,
+   (``_common.both_ways``: a rotation alone keeps each implementation behind the same one, and in the first run the default,
    timed right after the bf16 forward in 4 of 5 rounds, was 7-16% slower in those rounds in 5 of 6 shapes);
    median, fastest round and the rounds' spread: an option is pinned only if it wins beyond that spread.
 6. ``quant`` (its own file ``<gpu>-fp8-quant.json``): the fused quantisation
@@ -51,7 +51,7 @@ import json
 import os
 import sys
 
-from benchmarks._common import RESULTS, ROOT
+from benchmarks._common import RESULTS, ROOT, both_ways
 
 SEQLENS = [2048, 4096, 8192, 16384]
 TOKENS, D, H = 16384, 128, 16
@@ -174,7 +174,7 @@ def _stage_bench():
     from torch.nn.attention import SDPBackend
     from benchmarks._common import matmul_tflops, rotated_rounds, sdpa
     from benchmarks._common import rel_err as rel
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8
@@ -321,7 +321,7 @@ def _stage_pytest():
     return {"rc": r.returncode, "tail": (r.stdout + r.stderr)[-3000:]}
 
 
-#: the keyloop stage: rounds per shape (half in each direction, ``_both_ways``), sequence lengths, and the schedules
+#: the keyloop stage: rounds per shape (half in each direction, ``_common.both_ways``), sequence lengths, and the schedules
 #: timed beside the default
 KEYLOOP_ROUNDS = 6
 KEYLOOP_N = (4096, 8192, 16384)
@@ -329,24 +329,6 @@ KEYLOOP_OPTIONS = {"fence": {"fence": True}, "peeled": {"peeled": True},
                    "peeled_fence": {"peeled": True, "fence": True},
                    # benchmarks/tuning/probe_fp8_schedule.py's options: per-thread slot releases, with the fence
                    "thread_arrive": {"thread_arrive": True}, "thread_arrive_fence": {"thread_arrive": True, "fence": True}}
-
-
-def _both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
-    """``_common.rotated_rounds`` for ``rounds // 2`` rounds in the listed order and ``rounds - rounds // 2`` in the
-    reversed one, so each implementation is timed behind two different ones (a rotation alone keeps the cyclic
-    order: in the first keyloop run the default followed the bf16 forward in 4 of 5 rounds and was 7-16% slower
-    there than in the fifth in 5 of 6 shapes). Returns ``({name: [ms per round]}, [the order of each round])``."""
-    from benchmarks._common import rotated_rounds
-    names = list(fns)
-    half = rounds // 2
-    ms = {n: [] for n in names}
-    orders = []
-    for order, k in ((names, half), (names[::-1], rounds - half)):
-        got = rotated_rounds({n: fns[n] for n in order}, k, timer)
-        for n in names:
-            ms[n] += got[n]
-        orders += [order[i % len(order):] + order[:i % len(order)] for i in range(k)]
-    return ms, orders
 
 
 def _stage_keyloop():
@@ -359,7 +341,7 @@ def _stage_keyloop():
     from torch.nn.attention import SDPBackend
     from benchmarks._common import sdpa
     from benchmarks._common import rel_err as rel
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     from reference.triton.configs import FP8_GLUON_SCHEDULE
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8_gluon as fg
@@ -387,7 +369,7 @@ def _stage_keyloop():
                     if n.startswith("fp8_") and n != "fp8_pin":
                         row[n]["o_rel_vs_pin"] = rel(o[0], pin_o)
                         row[n]["lse_abs_vs_pin"] = float((o[1] - pin_l).abs().max())
-                ms, row["orders"] = _both_ways(fns, KEYLOOP_ROUNDS, bench)
+                ms, row["orders"] = both_ways(fns, KEYLOOP_ROUNDS, bench)
             for n, r in ms.items():
                 m = statistics.median(r)
                 row[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=r, spread=(max(r) - min(r)) / m,
@@ -466,7 +448,7 @@ def _stage_quant():
     import statistics
     import torch
     from benchmarks._common import copy_bandwidth, rotated_rounds
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     from reference.triton.configs import FP8_QUANT_CONFIG
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8_gluon as fg

@@ -26,20 +26,10 @@ import os
 import sys
 
 from benchmarks._common import RESULTS, ROOT
+from benchmarks._gluon_cases import CASES, case_tensors  # noqa: F401  (CASES: this script's check shapes)
 
 SEQLENS = [1024, 2048, 4096, 8192, 16384]
 TOKENS, HIDDEN = 16384, 2048
-# (B, Hq, Hkv, Nq, Nk, d, causal, dtype)
-CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, True, "bf16"),
-         (1, 4, 4, 1000, 1000, 128, False, "bf16"), (1, 4, 4, 1000, 1000, 128, True, "bf16"),
-         (2, 8, 2, 512, 512, 128, True, "bf16"), (1, 2, 2, 300, 1000, 128, True, "bf16"),
-         (1, 2, 2, 1000, 300, 128, True, "bf16"), (1, 2, 2, 1000, 300, 128, False, "bf16"),
-         (1, 4, 4, 777, 777, 64, False, "bf16"), (1, 4, 4, 777, 777, 64, True, "bf16"),
-         (1, 4, 4, 1024, 1024, 128, True, "fp16"), (1, 2, 2, 1, 5, 64, False, "bf16"),
-         (1, 2, 2, 4096, 4096, 128, True, "bf16"),
-         # more query tiles than SMs (several waves of CTAs)
-         (4, 8, 2, 1000, 1000, 128, True, "bf16"), (8, 16, 16, 600, 1200, 64, True, "bf16"),
-         (4, 8, 8, 1000, 700, 128, False, "bf16")]
 #: timed again after the main table (the earlier runs' block-size variants are in notes/hopper.md section 1c): a
 #: second timing of the ping-pong kernels in the same run, for the noise, and the production kernel's key-loop
 #: options spelled out ("+off": both off; "+peeled" alone keeps the P V wait above the exps, a control)
@@ -75,14 +65,6 @@ def _gluon(name):
                                                         persistent=mode == "persistent")
 
 
-def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):
-    """Fresh standard-normal ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` (and ``do`` like q) on the GPU."""
-    import torch
-    dtype = torch.bfloat16 if dt == "bf16" else torch.float16
-    shapes = [(B, Hq, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, d)] + ([(B, Hq, Nq, d)] if with_do else [])
-    return [torch.randn(*s, device="cuda", dtype=dtype) for s in shapes]
-
-
 def _stage_check(schedule):
     import torch
     from benchmarks._common import check_row, lse_abs, ref64
@@ -113,7 +95,7 @@ def _stage_bench():
     from torch.nn.attention import SDPBackend
     from benchmarks._common import matmul_tflops, sdpa
     from benchmarks._common import rel_err as rel
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     from reference.triton import flash_fwd
     from reference.triton.configs import FWD_PINS
     from reference.triton.flash_fwd import forward_flops
@@ -199,7 +181,7 @@ def _stage_ncu():
     """ncu of ``_profile`` (``--clock-control none``; the sections and metrics of the backward's profile,
     ``tune_bwd_hopper``): per kernel duration, tensor-pipe activity, SM/L2/DRAM throughput, registers."""
     import subprocess
-    from benchmarks.tuning.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
+    from benchmarks._ncu import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
     q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
     names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
     metrics = [m + suf for m, suf in NCU_EXTRA.items() if m in names]

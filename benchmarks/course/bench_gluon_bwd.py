@@ -26,12 +26,10 @@ import json
 import os
 
 from benchmarks._common import RESULTS
-from benchmarks.course.bench_gluon import CASES as FWD_CASES, case_tensors
+from benchmarks._gluon_cases import BWD_CASES as CASES, case_tensors, cudnn_attention, cudnn_bwd_timer  # noqa: F401
 
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = [2048, 8192]
-# the forward's check shapes (B, Hq, Hkv, Nq, Nk, d, causal, dtype) small enough for a CPU float64 autograd oracle
-CASES = [c for c in FWD_CASES if c[0] * c[1] * c[3] * c[4] <= 1 << 23] + [(1, 2, 2, 2048, 2048, 128, True, "bf16")]
 # (the serial Gluon kernel's configs were timed here until it was superseded: notes/experiments_removed.md)
 #: the warp-specialised kernel: ("ws", "split", BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA[, "noadd": timing ablation,
 #: dQ never added]); WS is its default (notes/hopper.md section 1e has the attempts). "split" names the dQ
@@ -55,31 +53,6 @@ SETS = {"all": {"check": [WS], "time": [WS], "d64": [WS]},
         "ws_attempts": {"check": [WS_SPLIT, WS_SPLIT_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS],
                         "time": [WS_SPLIT, WS_SPLIT_TMA, WS_DEFER_TMA, WS_SPLIT_TMA_LD, WS, WS_NOADD],
                         "d64": [WS_SPLIT_TMA, WS]}}
-
-
-def cudnn_attention(q, k, v, causal, gqa="native"):
-    """SDPA's cuDNN backend on ``q (B, Hq, N, d)``, ``k, v (B, Hkv, N, d)``: with ``Hkv < Hq`` either natively
-    (``enable_gqa=True``, ``gqa="native"``) or on K, V repeated per query head (``gqa="repeat"``: the repeat and,
-    under autograd, its group sums are part of what is timed)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.nn.functional import scaled_dot_product_attention
-    group = q.shape[1] // k.shape[1]
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        if group == 1:
-            return scaled_dot_product_attention(q, k, v, is_causal=causal)
-        if gqa == "native":
-            return scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-        return scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                            is_causal=causal)
-
-
-def cudnn_bwd_timer(q, k, v, do, causal, gqa="native"):
-    """``sdpa_bwd_timer`` for ``cudnn_attention``: a zero-argument callable running the backward once (the forward
-    runs once here, outside what is timed); returns ``(dq, dk, dv)``, dK and dV per kv head."""
-    import torch
-    qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
-    o = cudnn_attention(qg, kg, vg, causal, gqa)
-    return lambda: torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
 
 
 def _set():
@@ -134,7 +107,7 @@ def _stage_check():
 def _stage_bench():
     import torch
     from benchmarks._common import rel_err as rel
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     from reference.triton import configs, flash_bwd, flash_fwd
     from reference.triton.flash_bwd import backward_flops
 

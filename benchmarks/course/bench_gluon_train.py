@@ -49,8 +49,8 @@ def _timings():
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
     from benchmarks._common import rotated_rounds, sdpa
-    from benchmarks.course.bench_gluon_bwd import cudnn_attention
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._gluon_cases import cudnn_attention
+    from benchmarks._common import hopper_bench as bench
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 

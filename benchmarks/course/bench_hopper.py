@@ -53,8 +53,8 @@ FP8_CONFIGS = [(128, 128, 8, 3), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 4,
 
 
 def bench(fn) -> float:
-    """Median ms, do_bench(warmup=10 ms, rep=40 ms): the convention of this file's results."""
-    return _common.bench(fn, warmup=10, rep=40)
+    """Median ms, do_bench(warmup=10 ms, rep=40 ms): the convention of this file's results (``_common.hopper_bench``)."""
+    return _common.hopper_bench(fn)
 
 
 DEV = "cuda"

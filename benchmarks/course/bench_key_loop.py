@@ -47,7 +47,7 @@ def rotated(fns: dict, flops: float, ref=None) -> dict:
     TFLOP/s, the round times."""
     import torch
     from benchmarks._common import rel_err, rotated_rounds
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     out = {}
     for n, fn in fns.items():
         try:
@@ -128,7 +128,7 @@ def fp8_rows() -> list:
 
 def train_rows() -> list:
     import torch
-    from benchmarks.course.bench_gluon_bwd import cudnn_attention
+    from benchmarks._gluon_cases import cudnn_attention
     from reference.triton import flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
     Hq, Hkv, d = 32, 8, 128

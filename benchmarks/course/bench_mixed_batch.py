@@ -53,7 +53,9 @@ import torch
 
 from benchmarks import _common
 from benchmarks._common import RESULTS
-from benchmarks.course import bench_decode as bd  # rel, empty_cache
+from benchmarks._common import rel_err
+from benchmarks._serving_cases import (D, HKV, HQ, PER_TOKEN, contiguous, cu_of, empty_cache,  # noqa: F401
+                                       paged_batch, randn, shared_prefix_bytes, shared_prefix_case)
 from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_forward, paged_decode,
                               paged_prefill)
 from reference.triton import configs
@@ -61,40 +63,11 @@ from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 from reference.triton.cascade import DEFAULT_CONFIG as CASCADE_DEFAULT, overlap_mode, use_gluon_prefix
 from reference.triton.serving import cascade_decode_separate
 
-HQ, HKV, D = bd.HQ, bd.HKV, bd.D
 DTYPE = torch.bfloat16
 SMOKE = False
 #: ``--prefill-cases core``: the prefill section times only the contiguous varlen baseline, the Triton page tiles
 #: and, on Hopper, the Gluon kernels (no mixed variants, no pinned rows): a short run of one helper's part
 PREFILL_CORE = False
-PER_TOKEN = HKV * D * 2 * 2  # K and V bytes of one token
-
-
-def randn(*shape):
-    return torch.randn(*shape, device=DEVICE, dtype=DTYPE)
-
-
-def cu_of(lens):
-    return torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32, device=DEVICE)
-
-
-def paged_batch(lens, bs):
-    """A paged cache holding sequences of ``lens`` tokens in randomly permuted pages; (kc, vc, table)."""
-    pages = [-(-n // bs) for n in lens]
-    total = sum(pages)
-    perm = torch.randperm(total, device=DEVICE).to(torch.int32)
-    table = torch.full((len(lens), max(pages)), -1, dtype=torch.int32, device=DEVICE)
-    at = 0
-    for b, p in enumerate(pages):
-        table[b, :p] = perm[at:at + p]
-        at += p
-    return randn(total, bs, HKV, D), randn(total, bs, HKV, D), table
-
-
-def contiguous(kc, table, lens):
-    """The sequences' keys gathered into packed (sum(lens), Hkv, d)."""
-    bs = kc.shape[1]
-    return torch.cat([kc[table[b, :-(-n // bs)].long()].reshape(-1, HKV, D)[:n] for b, n in enumerate(lens)])
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -120,7 +93,7 @@ def mixed_section(log):
     o_dec = paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec)
     res = dict(block_size=bs, chunks=n_chunks, chunk=chunk, cached=cached, decode_lens=dec_lens,
                work_items=int(plan.items.shape[0]), split_slots=int(plan.plan.n_slots),
-               rel_err_prefill_rows=bd.rel(o[:n_pre], o_pre), rel_err_decode_rows=bd.rel(o[n_pre:], o_dec))
+               rel_err_prefill_rows=rel_err(o[:n_pre], o_pre), rel_err_decode_rows=rel_err(o[n_pre:], o_dec))
     log(f"  mixed vs separate calls: rel err prefill rows {res['rel_err_prefill_rows']:.1e}, decode rows "
         f"{res['rel_err_decode_rows']:.1e} ({res['work_items']} work items)")
     assert res["rel_err_prefill_rows"] < 2e-2 and res["rel_err_decode_rows"] < 2e-2
@@ -136,7 +109,7 @@ def mixed_section(log):
     plan_first = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs,
                                  config=MixedConfig(table_ahead=False, whole_pages=False))
     o2, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first)
-    res["rel_err_first_version_vs_default"] = bd.rel(o2, o)
+    res["rel_err_first_version_vs_default"] = rel_err(o2, o)
     assert res["rel_err_first_version_vs_default"] < 2e-2
     cases = {
         "mixed_one_launch": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan, validate=False),
@@ -205,7 +178,7 @@ def prefill_section(log):
             try:
                 plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
                 o, _ = mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan)
-                res["rel_err"][name] = bd.rel(o, ref)
+                res["rel_err"][name] = rel_err(o, ref)
                 assert res["rel_err"][name] < 2e-2, (name, res["rel_err"][name])
                 cases[name] = lambda plan=plan: mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan,
                                                                 validate=False)
@@ -214,7 +187,7 @@ def prefill_section(log):
                 log(f"  prefill {name} failed: {exc!r}"[:300])
         for gather in ("page", "row"):
             o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather=gather)
-            res["rel_err"][f"paged_prefill_{'page_tiles' if gather == 'page' else 'row_gather'}"] = bd.rel(o, ref)
+            res["rel_err"][f"paged_prefill_{'page_tiles' if gather == 'page' else 'row_gather'}"] = rel_err(o, ref)
         if not SMOKE:
             _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, ref, log)
         assert max(res["rel_err"].values()) < 2e-2, res["rel_err"]
@@ -240,7 +213,7 @@ def prefill_section(log):
         res["autotuned"] = _tuned_picks()
         out["pages"][str(bs)] = res
         del kc, vc, k, v
-        bd.empty_cache()
+        empty_cache()
     return out
 
 
@@ -248,7 +221,7 @@ def _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, 
     """On Hopper, add the Gluon paged prefill (``gather="tma"``: one TMA box per page, producer warp reads the
     table) and the contiguous Gluon forward on the same keys (``(B, H, N, d)`` copies made once, outside the
     timing) to ``cases``, each checked against the contiguous varlen output first. False elsewhere."""
-    from reference.triton.hopper.common import gluon_supported
+    from reference.triton._checks import gluon_supported
     from reference.triton._device import device_limits
     from reference.triton.hopper.paged_prefill_gluon import gluon_paged_ok
     if not gluon_supported(device_limits(q.device)):
@@ -258,9 +231,9 @@ def _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, 
     qb = q.view(B, chunk, HQ, D).transpose(1, 2).contiguous()
     kb, vb = (x.view(B, n, HKV, D).transpose(1, 2).contiguous() for x in (k, v))
     o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="tma")
-    res["rel_err"]["paged_prefill_gluon_tma"] = bd.rel(o, ref)
+    res["rel_err"]["paged_prefill_gluon_tma"] = rel_err(o, ref)
     o, _ = flash_attention_forward_gluon(qb, kb, vb, causal=True)
-    res["rel_err"]["contiguous_gluon"] = bd.rel(o.transpose(1, 2).reshape(B * chunk, HQ, D), ref)
+    res["rel_err"]["contiguous_gluon"] = rel_err(o.transpose(1, 2).reshape(B * chunk, HQ, D), ref)
     cases["paged_prefill_gluon_tma"] = lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False,
                                                              gather="tma")
     cases["contiguous_gluon"] = lambda: flash_attention_forward_gluon(qb, kb, vb, causal=True)
@@ -280,7 +253,7 @@ def _cascade(log, copy_bw):
     P, S, bs = (64, 16, 16) if SMOKE else (32768, 1024, 16)
     rows = []
     for B in ([2] if SMOKE else [8, 16, 32, 64]):
-        c = bd.shared_prefix_case(B, P, S, bs)
+        c = shared_prefix_case(B, P, S, bs)
         q, kc, vc, prefix_k, prefix_v, suf_tab, suf_len, full_tab, full_len = (c[k] for k in (
             "q", "kc", "vc", "prefix_k", "prefix_v", "suf_tab", "suf_len", "full_tab", "full_len"))
         zero_len = torch.zeros(B, dtype=torch.int32, device=DEVICE)
@@ -288,8 +261,8 @@ def _cascade(log, copy_bw):
         os_, ls_ = cascade_decode_separate(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
         op = paged_decode(q, kc, vc, full_tab, full_len)
         oc2, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)  # the recorded launch
-        row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=bd.rel(oc, op),
-                   rel_err_vs_separate=bd.rel(oc, os_), recorded_equal=bool(torch.equal(oc, oc2)))
+        row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=rel_err(oc, op),
+                   rel_err_vs_separate=rel_err(oc, os_), recorded_equal=bool(torch.equal(oc, oc2)))
         assert row["rel_err_vs_paged"] < 2e-2 and row["recorded_equal"], row
         variants = _cascade_variants(q, prefix_k, prefix_v)
         # the graph time's path (captured) and the eager loop's (eager calls keep the Triton kernel
@@ -302,7 +275,7 @@ def _cascade(log, copy_bw):
                                   else "off")
         for name, cfg in variants.items():  # each path vs the float64-checked paged decode, before timing
             ov, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, config=cfg)
-            row.setdefault("rel_err_vs_paged_variants", {})[name] = err = bd.rel(ov, op)
+            row.setdefault("rel_err_vs_paged_variants", {})[name] = err = rel_err(ov, op)
             assert err < 2e-2, (name, err)
             ov2, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, config=cfg)  # recorded
             row.setdefault("recorded_equal_variants", {})[name] = same = bool(torch.equal(ov, ov2))
@@ -324,7 +297,7 @@ def _cascade(log, copy_bw):
         row["ms_graph"] = {k: _common.graph_ms([f], smoke=SMOKE) for k, f in fns.items()}
         row["ms_loop"] = {k: _common.loop_ms(fns[k], 100, warmup=10, smoke=SMOKE)
                           for k in ("cascade", "cascade_separate", "paged")}
-        row["bytes"] = bd.shared_prefix_bytes(B, P, S)
+        row["bytes"] = shared_prefix_bytes(B, P, S)
         row["bytes"]["cascade_separate"] = row["bytes"]["cascade"]
         for k in fns:
             if k.startswith("cascade_") and k != "cascade_separate":
@@ -361,7 +334,7 @@ def _cascade(log, copy_bw):
                 f"{k} {g[k] * 1e3:.1f} ({row['fraction_of_copy_bw'][k]:.2f})" for k in fns
                 if k.startswith(("cascade_", "prefix_pass_")) and k != "cascade_separate"))
         del kc, vc, prefix_k, prefix_v
-        bd.empty_cache()
+        empty_cache()
     return rows
 
 

@@ -33,15 +33,16 @@ import time
 import numpy as np
 import torch
 
+from benchmarks import _serving_cases as cases
+from benchmarks._common import rel_err
 from benchmarks import _common
 from benchmarks._common import RESULTS
-from benchmarks.course import bench_decode as bd  # inputs, rel, to_paged
 from reference.triton import (DEVICE, cascade_decode, flash_attention, flash_attention_forward,
                               flash_attention_varlen, flash_attention_varlen_forward, flash_decode, paged_decode,
                               paged_prefill)
 from reference.triton import configs, decode
 
-HQ, HKV, D = bd.HQ, bd.HKV, bd.D
+HQ, HKV, D = cases.HQ, cases.HKV, cases.D
 DTYPE = torch.bfloat16
 SMOKE = False
 #: one pinned configuration per kernel, so the run spends its time measuring, not autotuning every new shape
@@ -108,7 +109,7 @@ def varlen_section(log):
         s = slice(int(c[b]), int(c[b + 1]))
         ref = sdpa(q[s].transpose(0, 1)[None], k[s].transpose(0, 1)[None], v[s].transpose(0, 1)[None],
                    is_causal=True, enable_gqa=True)[0].transpose(0, 1)
-        worst = max(worst, bd.rel(o[s], ref))
+        worst = max(worst, rel_err(o[s], ref))
     res["rel_err_vs_sdpa"] = worst
     log(f"  varlen forward vs SDPA per sequence: rel err {worst:.2e}")
     assert worst < 2e-2, "varlen forward disagrees with SDPA"
@@ -131,13 +132,13 @@ def varlen_section(log):
                                          for b in range(len(lens))], layout=torch.jagged).transpose(1, 2)
         try:
             on = sdpa(nq, nk, nv, is_causal=True)
-            res["errors"]["sdpa_nested"] = bd.rel(on.transpose(1, 2).values(), o)
+            res["errors"]["sdpa_nested"] = rel_err(on.transpose(1, 2).values(), o)
             cases["sdpa_nested"] = lambda: sdpa(nq, nk, nv, is_causal=True)
         except Exception as exc:  # noqa: BLE001 - a missing torch feature is a result, not a crash
             res["errors"]["sdpa_nested"] = f"causal unavailable: {exc!r}"[:300]
         # non-causal, where nested tensors work: against ours non-causal (twice the FLOPs of the causal rows)
         o_nc, _ = flash_attention_varlen_forward(q, k, v, cu, cu, n_max, n_max)
-        res["errors"]["sdpa_nested_noncausal"] = bd.rel(sdpa(nq, nk, nv).transpose(1, 2).values(), o_nc)
+        res["errors"]["sdpa_nested_noncausal"] = rel_err(sdpa(nq, nk, nv).transpose(1, 2).values(), o_nc)
         cases["sdpa_nested_noncausal"] = lambda: sdpa(nq, nk, nv)
         cases["ours_varlen_noncausal"] = lambda: flash_attention_varlen_forward(q, k, v, cu, cu, n_max, n_max,
                                                                                 validate=False)
@@ -183,7 +184,7 @@ def flex_section(log):
     fa = torch.compile(flex_attention)
     q1, k1, v1 = q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None]
     of = fa(q1, k1, v1, block_mask=bm, enable_gqa=True)
-    res["errors"]["flex"] = bd.rel(of[0].transpose(0, 1), o)
+    res["errors"]["flex"] = rel_err(of[0].transpose(0, 1), o)
     res["ms"]["flex_block_mask"] = bench(lambda: fa(q1, k1, v1, block_mask=bm, enable_gqa=True))
     res["ms"]["ours_varlen"] = bench(lambda: flash_attention_varlen_forward(q, k, v, cu, cu, n_max, n_max,
                                                                                causal=True, validate=False))
@@ -214,7 +215,7 @@ def prefill_section(log):
     cu_k = cu_of([n] * B)
     o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk)
     ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
-    res = dict(batch=B, cached=cached, chunk=chunk, block_size=bs, rel_err_vs_contiguous=bd.rel(o, ref))
+    res = dict(batch=B, cached=cached, chunk=chunk, block_size=bs, rel_err_vs_contiguous=rel_err(o, ref))
     log(f"  paged prefill vs contiguous varlen: rel err {res['rel_err_vs_contiguous']:.2e}")
     assert res["rel_err_vs_contiguous"] < 1e-2
     res["ms_paged"] = bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False))
@@ -238,12 +239,12 @@ def _cascade(log):
     batches = [2] if SMOKE else [8, 16, 32, 64]
     rows = []
     for B in batches:
-        c = bd.shared_prefix_case(B, P, S, bs)
+        c = cases.shared_prefix_case(B, P, S, bs)
         q, kc, vc, prefix_k, prefix_v, suf_tab, suf_len, full_tab, full_len = (c[k] for k in (
             "q", "kc", "vc", "prefix_k", "prefix_v", "suf_tab", "suf_len", "full_tab", "full_len"))
         oc, _ = cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len)
         op = paged_decode(q, kc, vc, full_tab, full_len)
-        row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=bd.rel(oc, op))
+        row = dict(batch=B, prefix=P, suffix=S, block_size=bs, rel_err_vs_paged=rel_err(oc, op))
         assert row["rel_err_vs_paged"] < 2e-2, row
         f_casc = lambda: cascade_decode(q, prefix_k, prefix_v, kc, vc, suf_tab, suf_len, validate=False)  # noqa
         f_paged = lambda: paged_decode(q, kc, vc, full_tab, full_len, validate=False)  # noqa: E731
@@ -251,7 +252,7 @@ def _cascade(log):
         row["ms_graph_paged"] = graph_ms([f_paged])
         row["ms_cascade"] = bench(f_casc)
         row["ms_paged"] = bench(f_paged)
-        nb = bd.shared_prefix_bytes(B, P, S)
+        nb = cases.shared_prefix_bytes(B, P, S)
         row.update(bytes_paged=nb["paged"], bytes_cascade=nb["cascade"], bytes_ratio=nb["paged"] / nb["cascade"],
                    speedup_graph=row["ms_graph_paged"] / row["ms_graph_cascade"],
                    speedup_eager=row["ms_paged"] / row["ms_cascade"])
@@ -268,8 +269,8 @@ def _cascade(log):
 def eager_section(log):
     from torch.nn.functional import scaled_dot_product_attention as sdpa
     B, N, bs = (1, 512, 16) if SMOKE else (1, 32768, 16)
-    sets = [bd.inputs(B, N) for _ in range(1 if SMOKE else 2)]
-    paged_sets = [(q, *bd.to_paged(k, v, bs)) for q, k, v in sets]
+    sets = [cases.inputs(B, N) for _ in range(1 if SMOKE else 2)]
+    paged_sets = [(q, *cases.to_paged(k, v, bs)) for q, k, v in sets]
     res = dict(batch=B, context=N, block_size=bs, cases={})
 
     def makers(fast):
@@ -286,13 +287,13 @@ def eager_section(log):
     # correctness of the recorded fast path: a second input set of the same shapes through a recorded launch
     q, k, v = sets[0]
     flash_decode(q, k, v, validate=False)
-    q2, k2, v2 = bd.inputs(B, N)
+    q2, k2, v2 = cases.inputs(B, N)
     ref = sdpa(q2.unsqueeze(2), k2, v2, enable_gqa=True).squeeze(2)
-    res["fast_path_rel_err"] = bd.rel(flash_decode(q2, k2, v2, validate=False), ref)
-    kc2, vc2, t2, sl2 = bd.to_paged(k2, v2, bs)
+    res["fast_path_rel_err"] = rel_err(flash_decode(q2, k2, v2, validate=False), ref)
+    kc2, vc2, t2, sl2 = cases.to_paged(k2, v2, bs)
     p = paged_sets[0]
     paged_decode(p[0], p[1], p[2], p[3], p[4], validate=False)
-    res["fast_path_paged_rel_err"] = bd.rel(paged_decode(q2, kc2, vc2, t2, sl2, validate=False), ref)
+    res["fast_path_paged_rel_err"] = rel_err(paged_decode(q2, kc2, vc2, t2, sl2, validate=False), ref)
     res["fast_path_recorded"] = len(decode.LAUNCH_CACHE)
     log(f"  recorded-launch path vs SDPA: {res['fast_path_rel_err']:.1e} (paged {res['fast_path_paged_rel_err']:.1e}), "
         f"{len(decode.LAUNCH_CACHE)} launches recorded")
@@ -325,8 +326,8 @@ def eager_section(log):
                           loop_vs_sdpa_loop=r["ms_loop"] / c["ms_loop"], bar_sdpa=1.0)
     res["bars"] = bars
     # host microseconds per call on a tiny problem (the GPU never limits)
-    qt, kt, vt = bd.inputs(1, 256)
-    kct, vct, tt, slt = bd.to_paged(kt, vt, 16)
+    qt, kt, vt = cases.inputs(1, 256)
+    kct, vct, tt, slt = cases.to_paged(kt, vt, 16)
     host = {}
     for fast in (True, False):
         sfx = "" if fast else " (no fast path)"

@@ -39,7 +39,7 @@ def name_of(cfg):
 
 
 def _cases(d):
-    from benchmarks.course.bench_gluon_bwd import CASES
+    from benchmarks._gluon_cases import BWD_CASES as CASES
     return sorted({(B, Hq, Hkv, Nq, Nk, d, causal, dt) for (B, Hq, Hkv, Nq, Nk, _, causal, dt) in CASES})
 
 
@@ -52,7 +52,7 @@ def _backward(cfg):
 def _stage_check():
     import torch
     from benchmarks._common import check_row
-    from benchmarks.course.bench_gluon import case_tensors
+    from benchmarks._gluon_cases import case_tensors
     from reference.triton import configs, flash_fwd
     from tests.oracle import attention_grads, rel_err
     out = []
@@ -83,7 +83,7 @@ def _time_row(d, causal, N, cfgs, group=1, with_triton=True):
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
     from benchmarks._common import sdpa_bwd_timer
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import hopper_bench as bench
     from reference.triton import configs, flash_bwd, flash_fwd
     from reference.triton.flash_bwd import backward_flops
     H = HIDDEN // d

@@ -49,7 +49,7 @@ def _baseline():
 def _stage_check():
     import torch
     from benchmarks._common import check_row
-    from benchmarks.course.bench_gluon import case_tensors
+    from benchmarks._gluon_cases import case_tensors
     from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws as f
     from tests.oracle import attention_grads, attention_ref, rel_err
     out = []
@@ -74,8 +74,8 @@ def _stage_check():
 def _stage_bench():
     import torch
     from benchmarks._common import rel_err as rel
-    from benchmarks.course.bench_gluon_bwd import cudnn_bwd_timer
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._gluon_cases import cudnn_bwd_timer
+    from benchmarks._common import hopper_bench as bench
     from reference.triton import configs, flash_fwd
     from reference.triton.flash_bwd import backward_flops
     from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws as f

@@ -28,7 +28,7 @@ D = 128
 def _step(impl: str, causal: bool, N: int, B: int, Hq: int, Hkv: int):
     """A zero-argument training step of ``impl`` on fresh bf16 inputs (grads cleared each call)."""
     import torch
-    from benchmarks.course.bench_gluon_bwd import cudnn_attention
+    from benchmarks._gluon_cases import cudnn_attention
     from reference.triton import flash_attention_gluon
     fn = (lambda q, k, v: cudnn_attention(q, k, v, causal, "native")) if impl == "cudnn" else \
         (lambda q, k, v: flash_attention_gluon(q, k, v, causal))
@@ -66,7 +66,7 @@ def step_summary(kernels: list[dict]) -> dict:
 
 
 def _ncu(impl: str, shape: tuple, out_dir: str) -> dict:
-    from benchmarks.tuning.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
+    from benchmarks._ncu import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
     q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
     names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
     metrics = [m + suf for m, suf in NCU_EXTRA.items() if m in names]
@@ -96,7 +96,7 @@ def main(argv=None):
             raise SystemExit(f"--profile IMPL must be one of {IMPLS}, got {impl!r}")
         return _profile(impl, json.loads(shape))
     if args.summarize:
-        from benchmarks.tuning.tune_bwd_hopper import summarize_ncu
+        from benchmarks._ncu import summarize_ncu
         kernels = summarize_ncu(args.summarize)
         print(json.dumps({"kernels": kernels, "step": step_summary(kernels)}, indent=1))
         return

@@ -25,8 +25,8 @@ import time
 
 import torch
 
+from benchmarks import _serving_cases as cases
 from benchmarks import _common, write_json
-from benchmarks.course import bench_decode as bd
 from benchmarks.course.read_ceiling import read_ceiling_ms
 from reference.triton import DEVICE, cascade_decode, flash_decode, paged_decode
 from reference.triton.cascade import CascadeConfig
@@ -81,7 +81,7 @@ DECODE_VARIANTS = {
 def decode_section(log, copy_bw, res):
     B, N = 1, 32768
     kv_bytes = 2 * B * HKV * N * D * 2
-    sets = [bd.inputs(B, N) for _ in range(bd.n_sets(kv_bytes))]
+    sets = [cases.inputs(B, N) for _ in range(cases.n_sets(kv_bytes))]
     res["decode_input_sets"] = len(sets)
     ref = oracle_decode(*sets[0])
     # the read ceiling first
@@ -154,12 +154,12 @@ def cascade_section(log, copy_bw, res):
     P, S, bs = 32768, 1024, 16
     res["cascade"] = {}
     for B in (8, 16, 32, 64):
-        c = bd.shared_prefix_case(B, P, S, bs)
+        c = cases.shared_prefix_case(B, P, S, bs)
         args = (c["q"], c["prefix_k"], c["prefix_v"], c["kc"], c["vc"], c["suf_tab"], c["suf_len"])
         zero = torch.zeros(B, dtype=torch.int32, device=DEVICE)
         ref = paged_decode(c["q"], c["kc"], c["vc"], c["full_tab"], c["full_len"])
         exact = cascade_oracle(c, B, P, S) if B == 8 else None
-        nbytes = bd.shared_prefix_bytes(B, P, S)
+        nbytes = cases.shared_prefix_bytes(B, P, S)
         rows = {}
         for name, cfg in CASCADE_VARIANTS.items():
             row = {}

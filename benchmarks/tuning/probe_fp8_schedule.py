@@ -17,7 +17,7 @@ First every option is checked on the GPU: against float64 on the dequantised inp
 ragged N, GQA, causal with Nq != Nk and several tiles per CTA; a failed check stops the run before timing.
 Then kernel alone on the same quantised inputs, d = 128, H = 16, B N = 16k, N = 4k / 8k / 16k, causal and not:
 every implementation timed ``ROUNDS`` times, half the rounds rotated in the listed order and half in the
-reversed order (``bench_fp8_gluon._both_ways`` over ``_common.rotated_rounds``); per option the median ratio to the
+reversed order (``_common.both_ways`` over ``_common.rotated_rounds``); per option the median ratio to the
 pin and to the bf16 Gluon forward, the ratio of fastest rounds and the rounds' spread.
 """
 from __future__ import annotations
@@ -81,8 +81,8 @@ def check() -> tuple[list, bool]:
 def timings() -> list:
     """Kernel alone, each option vs the default and the bf16 Gluon forward (module docstring)."""
     from benchmarks._common import rel_err as rel
-    from benchmarks.course.bench_fp8_gluon import _both_ways
-    from benchmarks.course.bench_hopper import bench
+    from benchmarks._common import both_ways
+    from benchmarks._common import hopper_bench as bench
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8_gluon as fg
     from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
@@ -106,7 +106,7 @@ def timings() -> list:
                         row[n] = {"o_rel_vs_pin": rel(o, pin_o), "lse_abs_vs_pin": float((lse - pin_l).abs().max())}
                     else:
                         row[n] = {}
-                ms, row["orders"] = _both_ways(fns, ROUNDS, bench)
+                ms, row["orders"] = both_ways(fns, ROUNDS, bench)
             for n, r in ms.items():
                 m = statistics.median(r)
                 row[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=r, spread=(max(r) - min(r)) / m,

@@ -109,7 +109,7 @@ def run_ncu(out_dir: str) -> None:
     labelled with its case, the raw CSV beside it."""
     import subprocess
     import sys
-    from benchmarks.tuning.tune_bwd_hopper import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
+    from benchmarks._ncu import NCU_EXTRA, NCU_SECTIONS, summarize_ncu
     q = subprocess.run(["ncu", "--query-metrics", "--chip", "gh100"], capture_output=True, text=True)
     names = {line.split()[0] for line in q.stdout.splitlines() if line.strip()}
     metrics = [m + suf for m, suf in NCU_EXTRA.items() if m in names]

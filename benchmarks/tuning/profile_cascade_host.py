@@ -35,8 +35,9 @@ import time
 
 import torch
 
+from benchmarks import _serving_cases as cases
+from benchmarks._common import rel_err
 from benchmarks import _common
-from benchmarks.course import bench_decode as bd
 from reference.triton import cascade_decode, flash_decode, paged_decode
 from reference.triton import cascade
 
@@ -124,7 +125,7 @@ def profile_top(fn, n: int = 300, top: int = 14) -> list:
 
 # ------------------------------------------------------------------------------------------------------ the probe
 def case(B: int):
-    c = bd.shared_prefix_case(B, P, S, BS)
+    c = cases.shared_prefix_case(B, P, S, BS)
     args = tuple(c[k] for k in ("q", "prefix_k", "prefix_v", "kc", "vc", "suf_tab", "suf_len"))
     return c, args
 
@@ -139,15 +140,15 @@ def check(B: int, log) -> dict:
     c2, args2 = case(B)  # fresh inputs of the same shapes: the recorded launch must compute on THEM
     o2_full, l2_full = cascade_decode(*args2, fast_launch=False)
     o2_rec, l2_rec = cascade_decode(*args2, validate=False)
-    found = cascade._recorded(args2, None, None, None)
+    found = cascade.recorded_launch(args2, None, None, None)
     assert found is not None and found[3] is not None and type(found[3]) is not cascade.GluonLaunches, found
     uncut = {_uncut_key(args2, None, None, None): found[3]}
     o2_unc, l2_unc = uncut_call(uncut, *args2)
     torch.cuda.synchronize()
-    res = dict(batch=B, rel_err_vs_paged=bd.rel(o_full, o_pd),
+    res = dict(batch=B, rel_err_vs_paged=rel_err(o_full, o_pd),
                recorded_equal_full=bool(torch.equal(o2_rec, o2_full) and torch.equal(l2_rec, l2_full)),
                uncut_equal_full=bool(torch.equal(o2_unc, o2_full) and torch.equal(l2_unc, l2_full)),
-               rel_err_new_inputs_vs_paged=bd.rel(o2_rec, paged_decode(c2["q"], c2["kc"], c2["vc"], c2["full_tab"],
+               rel_err_new_inputs_vs_paged=rel_err(o2_rec, paged_decode(c2["q"], c2["kc"], c2["vc"], c2["full_tab"],
                                                                           c2["full_len"])))
     log(f"B={B}: rel err vs paged {res['rel_err_vs_paged']:.1e} / {res['rel_err_new_inputs_vs_paged']:.1e}, "
         f"recorded == full {res['recorded_equal_full']}, uncut == full {res['uncut_equal_full']}")
@@ -178,7 +179,7 @@ def breakdown(args, uncut) -> dict:
     from triton import knobs
     from reference.triton import _fastlaunch
     q = args[0]
-    found = cascade._recorded(args, None, None, None)
+    found = cascade.recorded_launch(args, None, None, None)
     key, stream, ptrs, rec = found
     lse_proto = rec.args[rec.slots["LOUT"]]
     lkey = next(iter(uncut))
@@ -196,7 +197,7 @@ def breakdown(args, uncut) -> dict:
     n_ptr = sum(type(a) is torch.Tensor for a in rec.args)
     steps = {
         "key_uncut (7 tensor keys, current_stream, capture, hash)": lambda: _uncut_key(args, None, None, None),
-        "key_current (cascade._fast_key)": lambda: cascade._fast_key(args, None, None, None),
+        "key_current (cascade.launch_key)": lambda: cascade.launch_key(args, None, None, None),
         "cache get (uncut key)": lambda: uncut.get(lkey),
         "cache get (current key, hash included)": lambda: cascade.LAUNCH_CACHE.get(key),
         "one tensor_key (t.device object)": lambda: _fastlaunch.tensor_key(q),
@@ -258,8 +259,8 @@ def flash_reference() -> dict:
     """flash_decode's recorded launch, B = 1, 256 keys, one split (bench_decode's host-overhead case): the current
     path and (where the launch was recorded with pointer loads) the uncut one, interleaved."""
     from reference.triton import decode
-    q = torch.randn(1, bd.HQ, bd.D, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, bd.HKV, 256, bd.D, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, cases.HQ, cases.D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(1, cases.HKV, 256, cases.D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     decode.clear_launch_cache()
     flash_decode(q, k, v, num_splits=1)  # records
@@ -267,7 +268,7 @@ def flash_reference() -> dict:
     o = flash_decode(q2, k2, v2, num_splits=1)
     ref = flash_decode(q2, k2, v2, num_splits=1, fast_launch=False)
     assert torch.equal(o, ref)
-    rec = decode.LAUNCH_CACHE.get(decode.fast_key("contiguous", (q2, k2, v2, None), 1, None, None))
+    rec = decode.recorded_launch("contiguous", (q2, k2, v2, None), 1, None, None)
     fns = {"current": lambda: flash_decode(q2, k2, v2, num_splits=1, validate=False)}
     if rec is not None and type(rec.args[rec.slots["DescK"]]) is torch.Tensor:
         assert torch.equal(_uncut_flash(rec, q2, k2, v2), ref)
@@ -313,7 +314,7 @@ def main(argv=None):
                     f"{r['fn']} {r['own_us_per_call']}" for r in rows[:10]))
         out["rows"].append(row)
         del c, xs, fns, uncut
-        bd.empty_cache()
+        cases.empty_cache()
     out["flash_decode_reference"] = flash_reference()
     log("flash_decode recorded launch (B=1, 1 split), host us a call: " + ", ".join(
         f"{k} {v['median']:.1f} [{v['min']:.1f}, {v['max']:.1f}]"

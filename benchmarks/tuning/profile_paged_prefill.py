@@ -16,8 +16,8 @@ import sys
 
 import torch
 
-from benchmarks.course import bench_mixed_batch as bm
-from benchmarks.tuning.sweep_paged_prefill import prefill_case
+from benchmarks import _serving_cases as cases
+from benchmarks._common import rel_err
 from reference.triton import DEVICE, configs, flash_attention_varlen_forward, paged_prefill
 from reference.triton.paged_tiles import launch_paged_prefill
 
@@ -29,23 +29,23 @@ def run(pins):
         bm_, bn, w, st = (int(x) for x in pin_s.split("x"))
         pin = {"BLOCK_M": bm_, "BLOCK_N": bn, "num_warps": w, "num_stages": st}
         for bs in (64, 16):
-            q, kc, vc, table, cu_q, cu_k, lens, k, v = prefill_case(B, n, chunk, bs)
+            q, kc, vc, table, cu_q, cu_k, lens, k, v = cases.prefill_case(B, n, chunk, bs)
             with configs.pinned(fwd=pin):
                 ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
                 order.append(f"{pin_s} page{bs} contiguous")
                 o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="page")
                 order.append(f"{pin_s} page{bs} page_tiles")
-                assert bm.bd.rel(o, ref) < 2e-2
+                assert rel_err(o, ref) < 2e-2
                 if bs == 64:
                     o = torch.empty_like(q)
-                    lse = torch.empty((bm.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
-                    launch_paged_prefill(q, kc, vc, o, lse, cu_q, lens, table, chunk, True, bm.D ** -0.5,
-                                         bm.HQ // bm.HKV, config=pin, ahead=False)
+                    lse = torch.empty((cases.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
+                    launch_paged_prefill(q, kc, vc, o, lse, cu_q, lens, table, chunk, True, cases.D ** -0.5,
+                                         cases.HQ // cases.HKV, config=pin, ahead=False)
                     order.append(f"{pin_s} page{bs} page_tiles_table_in_place")
-                    assert bm.bd.rel(o, ref) < 2e-2
+                    assert rel_err(o, ref) < 2e-2
                 o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="row")
                 order.append(f"{pin_s} page{bs} row_gather")
-                assert bm.bd.rel(o, ref) < 2e-2
+                assert rel_err(o, ref) < 2e-2
     torch.cuda.synchronize()
     print("launch order (kernels of interest):", "; ".join(order))
 

@@ -16,33 +16,22 @@ import time
 
 import torch
 
+from benchmarks import _serving_cases as cases
+from benchmarks._common import rel_err
 from benchmarks import _common, write_json
-from benchmarks.course import bench_mixed_batch as bm
 from reference.triton import DEVICE, configs, flash_attention_varlen_forward
 from reference.triton.paged_tiles import launch_paged_prefill
 
 TILES = [(64, 64, 4, 3), (64, 64, 4, 4), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 3)]
 
 
-def prefill_case(B, n, chunk, bs):
-    """bench_mixed_batch's prefill inputs: ``B`` chunks of ``chunk`` queries after ``n`` cached keys each, in
-    ``bs``-token pages: ``(q, kc, vc, table, cu_q, cu_k, lens, k, v)``, ``k, v`` the contiguous copies of the
-    cache (the baseline's inputs)."""
-    kc, vc, table = bm.paged_batch([n] * B, bs)
-    q = bm.randn(B * chunk, bm.HQ, bm.D)
-    cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
-    lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
-    k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
-    return q, kc, vc, table, cu_q, cu_k, lens, k, v
-
-
 def sweep(log):
     B, n, chunk = 8, 4608, 512
     out = {}
     for bs in (16, 64):
-        q, kc, vc, table, cu_q, cu_k, lens, k, v = prefill_case(B, n, chunk, bs)
+        q, kc, vc, table, cu_q, cu_k, lens, k, v = cases.prefill_case(B, n, chunk, bs)
         o = torch.empty_like(q)
-        lse = torch.empty((bm.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
+        lse = torch.empty((cases.HQ, q.shape[0]), dtype=torch.float32, device=DEVICE)
 
         def contiguous():
             return flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True, validate=False)
@@ -58,10 +47,10 @@ def sweep(log):
                     res["contiguous_ms"] = _common.bench(contiguous)
                 for ahead in (True, False):
                     def paged(ahead=ahead):
-                        launch_paged_prefill(q, kc, vc, o, lse, cu_q, lens, table, chunk, True, bm.D ** -0.5,
-                                             bm.HQ // bm.HKV, config=pin, ahead=ahead)
+                        launch_paged_prefill(q, kc, vc, o, lse, cu_q, lens, table, chunk, True, cases.D ** -0.5,
+                                             cases.HQ // cases.HKV, config=pin, ahead=ahead)
                     paged()
-                    err = bm.bd.rel(o, ref)
+                    err = rel_err(o, ref)
                     assert err < 2e-2, (tile, ahead, err)
                     res[f"paged_ahead_{int(ahead)}_ms"] = _common.bench(paged)
             except Exception as exc:  # noqa: BLE001 - a tile that fails (shared memory) is a result
@@ -72,7 +61,7 @@ def sweep(log):
         log(f"page {bs}: contiguous autotuned {row['contiguous_autotuned_ms'] * 1e3:.1f} us")
         out[str(bs)] = row
         del kc, vc, k, v
-        bm.bd.empty_cache()
+        cases.empty_cache()
     return out
 
 

@@ -28,9 +28,9 @@ import time
 import numpy as np
 import torch
 
+from benchmarks import _serving_cases as cases
+from benchmarks._common import rel_err
 from benchmarks import _common
-from benchmarks.course import bench_decode as bd
-from benchmarks.course import bench_mixed_batch as bm
 from reference.triton import (DEVICE, cascade_decode, configs, flash_attention_varlen_forward, flash_decode,
                               paged_decode, paged_prefill)
 from reference.triton.cascade import CascadeConfig, cascade_num_splits
@@ -55,13 +55,13 @@ def cascade_sweep(log, copy_bw):
     P, S, bs = 32768, 1024, 16
     out = []
     for B in (8, 16, 32, 64):
-        c = bd.shared_prefix_case(B, P, S, bs)
+        c = cases.shared_prefix_case(B, P, S, bs)
         q, kc, vc, pk, pv, suf_tab, suf_len = (c[k] for k in ("q", "kc", "vc", "prefix_k", "prefix_v", "suf_tab",
                                                               "suf_len"))
         zero_len = torch.zeros(B, dtype=torch.int32, device=DEVICE)
         ref = paged_decode(q, kc, vc, c["full_tab"], c["full_len"])
         del c
-        nbytes = bd.shared_prefix_bytes(B, P, S)
+        nbytes = cases.shared_prefix_bytes(B, P, S)
         for rows, w, st, bn, pps, cap in CASCADE:
             cfg = CascadeConfig(rows=rows, num_warps=w, num_stages=st, block_n=bn, programs_per_sm=pps,
                                 max_split_keys=cap)
@@ -71,21 +71,21 @@ def cascade_sweep(log, copy_bw):
             def measure():
                 o, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg)
                 o2, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg)
-                row["rel_err"] = bd.rel(o, ref)
+                row["rel_err"] = rel_err(o, ref)
                 assert row["rel_err"] < 2e-2 and torch.equal(o, o2), row
-                full = bd.graph_ms([lambda: cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg,
+                full = _common.graph_ms([lambda: cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg,
                                                            validate=False)])
-                pre = bd.graph_ms([lambda: cascade_decode(q, pk, pv, kc, vc, suf_tab, zero_len, config=cfg,
+                pre = _common.graph_ms([lambda: cascade_decode(q, pk, pv, kc, vc, suf_tab, zero_len, config=cfg,
                                                           validate=False)])
                 o3, _ = cascade_decode(q, pk, pv, kc, vc, suf_tab, suf_len, config=cfg, validate=False)
-                assert bd.rel(o3, ref) < 2e-2  # after the graph replays (a racy merge shows here)
+                assert rel_err(o3, ref) < 2e-2  # after the graph replays (a racy merge shows here)
                 row.update(us=full * 1e3, us_prefix=pre * 1e3, frac=nbytes["cascade"] / (full * 1e-3) / copy_bw,
                            frac_prefix=nbytes["prefix_pass"] / (pre * 1e-3) / copy_bw)
                 log(f"  cascade B={B:2d} st={st} pps={pps} cap={cap:10d} splits={row['num_splits']:2d}: {row['us']:6.1f} us "
                     f"({row['frac']:.2f} of copy), prefix {row['us_prefix']:6.1f} us ({row['frac_prefix']:.2f})")
             _record_variant(out, row, log, f"cascade B={B}", measure)
         del kc, vc, pk, pv
-        bd.empty_cache()
+        cases.empty_cache()
     return out
 
 
@@ -105,7 +105,7 @@ def _checked_mixed_call(row, cfg, q_lens, seq_lens, bs, inputs, ref):
     ``cfg``'s plan, as a call to time (no validation), once its output matched ``ref`` (``row["rel_err"]``)."""
     plan = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=cfg)
     o, _ = mixed_attention(*inputs, plan=plan)
-    row["rel_err"] = bd.rel(o, ref)
+    row["rel_err"] = rel_err(o, ref)
     assert row["rel_err"] < 2e-2, row
     return functools.partial(mixed_attention, *inputs, plan=plan, validate=False)
 
@@ -115,15 +115,15 @@ def prefill_sweep(log):
     n = cached + chunk
     out = []
     for bs in (16, 64):
-        kc, vc, table = bm.paged_batch([n] * B, bs)
-        q = bm.randn(B * chunk, HQ, D)
-        cu_q, cu_k = bm.cu_of([chunk] * B), bm.cu_of([n] * B)
+        kc, vc, table = cases.paged_batch([n] * B, bs)
+        q = cases.randn(B * chunk, HQ, D)
+        cu_q, cu_k = cases.cu_of([chunk] * B), cases.cu_of([n] * B)
         lens = torch.full((B,), n, dtype=torch.int32, device=DEVICE)
-        k, v = bm.contiguous(kc, table, [n] * B), bm.contiguous(vc, table, [n] * B)
+        k, v = cases.contiguous(kc, table, [n] * B), cases.contiguous(vc, table, [n] * B)
         ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
-        base = bd.bench(lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True,
+        base = _common.bench(lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True,
                                                                validate=False))
-        gather = bd.bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False, gather="row"))
+        gather = _common.bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False, gather="row"))
         out.append(dict(block_size=bs, impl="contiguous_varlen", us=base * 1e3))
         out.append(dict(block_size=bs, impl="paged_prefill_row_gather", us=gather * 1e3, vs_contiguous=base / gather))
         log(f"  prefill page {bs}: contiguous {base * 1e3:.1f} us, row gather {gather * 1e3:.1f} us "
@@ -135,14 +135,14 @@ def prefill_sweep(log):
 
                 def measure():
                     cfg = MixedConfig(large_rows=rows, num_warps=w, num_stages=st, block_n=bn, use_tma=tma)
-                    ms = bd.bench(_checked_mixed_call(row, cfg, [chunk] * B, [n] * B, bs,
+                    ms = _common.bench(_checked_mixed_call(row, cfg, [chunk] * B, [n] * B, bs,
                                                       (q, kc, vc, table, cu_q, lens), ref))
                     row.update(us=ms * 1e3, vs_contiguous=base / ms)
                     log(f"  prefill page {bs} rows={rows} w={w} st={st} bn={bn} tma={int(tma)}: {ms * 1e3:7.1f} us "
                         f"({base / ms:.2f}x contiguous)")
                 _record_variant(out, row, log, "prefill", measure)
         del kc, vc, k, v
-        bd.empty_cache()
+        cases.empty_cache()
     return out
 
 
@@ -153,9 +153,9 @@ def mixed_step_sweep(log):
     dec_lens = [int(x) for x in np.exp(rng.uniform(math.log(1024), math.log(32768), 60))]
     q_lens = [512] * 4 + [1] * 60
     seq_lens = [2048 + 512] * 4 + dec_lens
-    kc, vc, table = bm.paged_batch(seq_lens, bs)
-    q = bm.randn(sum(q_lens), HQ, D)
-    cu = bm.cu_of(q_lens)
+    kc, vc, table = cases.paged_batch(seq_lens, bs)
+    q = cases.randn(sum(q_lens), HQ, D)
+    cu = cases.cu_of(q_lens)
     sl = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     ref, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs))
     out = []
@@ -165,18 +165,18 @@ def mixed_step_sweep(log):
         def measure():
             cfg = MixedConfig(large_rows=rows, num_warps=w, num_stages=st, block_n=bn)
             call = _checked_mixed_call(row, cfg, q_lens, seq_lens, bs, (q, kc, vc, table, cu, sl), ref)
-            row["us_graph"] = bd.graph_ms([call]) * 1e3
+            row["us_graph"] = _common.graph_ms([call]) * 1e3
             log(f"  mixed step rows={rows} w={w} st={st} bn={bn}: {row['us_graph']:.1f} us graph")
         _record_variant(out, row, log, "mixed step", measure)
     del kc, vc
-    bd.empty_cache()
+    cases.empty_cache()
     return out
 
 
 def decode_sweep(log, copy_bw):
     B, N = 1, 32768
     kv_bytes = 2 * B * HKV * N * D * 2
-    sets = [bd.inputs(B, N) for _ in range(bd.n_sets(kv_bytes))]
+    sets = [cases.inputs(B, N) for _ in range(cases.n_sets(kv_bytes))]
     ref = flash_decode(*sets[0], num_splits=1)
     out = []
     for bn, w, st in DECODE:
@@ -184,9 +184,9 @@ def decode_sweep(log, copy_bw):
         for s in SPLITS + [None]:
             row = dict(block_n=bn, num_warps=w, num_stages=st, num_splits=s)
             try:
-                err = bd.rel(flash_decode(*sets[0], num_splits=s, validate=False, config=cfg), ref)
+                err = rel_err(flash_decode(*sets[0], num_splits=s, validate=False, config=cfg), ref)
                 assert err < 1e-2, err
-                ms = bd.graph_ms([(lambda q, k, v: (lambda: flash_decode(q, k, v, num_splits=s, validate=False,
+                ms = _common.graph_ms([(lambda q, k, v: (lambda: flash_decode(q, k, v, num_splits=s, validate=False,
                                                                          config=cfg)))(*x) for x in sets])
                 row.update(us=ms * 1e3, frac=kv_bytes / (ms * 1e-3) / copy_bw)
             except Exception as exc:  # noqa: BLE001
@@ -201,22 +201,22 @@ def decode_sweep(log, copy_bw):
 def ncu_cases():
     """Each default kernel once, for ``ncu -k regex:...``: decode B=1 32k, cascade B=8 and B=64 (whole call and
     prefix only), the mixed kernel on the 64-token-page prefill."""
-    q, k, v = bd.inputs(1, 32768)
+    q, k, v = cases.inputs(1, 32768)
     flash_decode(q, k, v, validate=False)
     P, S, bs = 32768, 1024, 16
     for B in (8, 64):
         n_blocks = P // bs + B * S // bs
-        kc, vc = bm.randn(n_blocks, bs, HKV, D), bm.randn(n_blocks, bs, HKV, D)
+        kc, vc = cases.randn(n_blocks, bs, HKV, D), cases.randn(n_blocks, bs, HKV, D)
         perm = torch.randperm(n_blocks, device=DEVICE).to(torch.int32)
         pre, suf = perm[:P // bs], perm[P // bs:].view(B, S // bs).contiguous()
         pk, pv = kc[pre.long()].reshape(P, HKV, D), vc[pre.long()].reshape(P, HKV, D)
-        qc = bm.randn(B, HQ, D)
+        qc = cases.randn(B, HQ, D)
         cascade_decode(qc, pk, pv, kc, vc, suf, torch.full((B,), S, dtype=torch.int32, device=DEVICE))
         cascade_decode(qc, pk, pv, kc, vc, suf, torch.zeros(B, dtype=torch.int32, device=DEVICE))
     B, n, chunk = 8, 4608, 512
-    kc, vc, table = bm.paged_batch([n] * B, 64)
-    qp = bm.randn(B * chunk, HQ, D)
-    mixed_attention(qp, kc, vc, table, bm.cu_of([chunk] * B), torch.full((B,), n, dtype=torch.int32, device=DEVICE))
+    kc, vc, table = cases.paged_batch([n] * B, 64)
+    qp = cases.randn(B * chunk, HQ, D)
+    mixed_attention(qp, kc, vc, table, cases.cu_of([chunk] * B), torch.full((B,), n, dtype=torch.int32, device=DEVICE))
     torch.cuda.synchronize()
 
 

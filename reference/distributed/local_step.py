@@ -27,7 +27,7 @@ import math
 import numpy as np
 import torch
 
-from reference.numpy.flash import flash_attention_backward, flash_attention_forward
+from reference.numpy import flash_attention_backward, flash_attention_forward
 
 from .merge import RunningState, acc_dtype, merge_rows_
 
@@ -155,7 +155,7 @@ class TritonStep:
         return flash_attention_forward(q, k, v, causal=causal, scale=scale)
 
     def backward(self, q, k, v, o, lse, do, causal, scale):
-        from reference.triton.flash_bwd import flash_attention_backward
+        from reference.triton import flash_attention_backward
         # the kernels read lse as a contiguous (B * H, N) array; o/do of the input dtype
         return flash_attention_backward(q, k, v, o.to(q.dtype), lse.to(torch.float32).contiguous(),
                                         do.to(q.dtype), causal=causal, scale=scale)
@@ -168,12 +168,12 @@ class GluonStep:
     name = "gluon"
 
     def forward(self, q, k, v, causal, scale):
-        from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+        from reference.triton import flash_attention_forward_gluon
         return flash_attention_forward_gluon(q.contiguous(), k.contiguous(), v.contiguous(), causal=causal,
                                              scale=scale)
 
     def backward(self, q, k, v, o, lse, do, causal, scale):
-        from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+        from reference.triton import flash_attention_backward_gluon_ws
         return flash_attention_backward_gluon_ws(q.contiguous(), k.contiguous(), v.contiguous(),
                                                  o.to(q.dtype).contiguous(), lse.to(torch.float32).contiguous(),
                                                  do.to(q.dtype).contiguous(), causal=causal, scale=scale)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from reference.triton import _runtime  # noqa: F401  (interpreter or GPU, chosen before the kernel is defined)
+from reference.triton import _device  # noqa: F401  (interpreter or GPU, chosen before the kernel is defined)
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

@@ -91,3 +91,104 @@ def repeat_kv(x: np.ndarray, group: int) -> np.ndarray:
     if group == 1 or x.ndim < 3:
         return x
     return np.repeat(x, group, axis=-3)
+
+
+# lengths, block tables and paged caches (decoding, paged, varlen, mixed, serving)
+def check_seq_lens(seq_lens, batch: int, max_len: int, name: str = "seq_lens") -> np.ndarray:
+    """Validate per-sequence lengths: ``(batch,)`` integers in ``[0, max_len]``; returns an int64 array."""
+    if isinstance(seq_lens, np.ndarray):
+        arr = seq_lens
+    elif isinstance(seq_lens, (list, tuple)):
+        arr = np.asarray(seq_lens)
+        if arr.size == 0:
+            arr = arr.astype(np.int64)
+    else:
+        raise TypeError(f"{name} must be a 1-D integer array of shape ({batch},), got {type(seq_lens).__name__}")
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
+    if arr.shape != (batch,):
+        raise ValueError(f"{name} must have shape (B,) = ({batch},), got {arr.shape}")
+    if batch and (arr.min() < 0 or arr.max() > max_len):
+        raise ValueError(f"{name} entries must lie in [0, {max_len}], got min {arr.min()} and max {arr.max()}")
+    return arr.astype(np.int64)
+
+
+def check_block_tables(block_tables, seq_lens, batch: int, num_blocks: int, block_size: int):
+    """Validate a padded block table batch and lengths; returns ``(tables int64, lens int64)``.
+
+    Rules: ``block_tables`` is a 2-D integer array ``(B, max_blocks)``; entries are ``-1`` (padding) or in
+    ``[0, num_blocks)``; in a row, ``-1`` only follows valid entries; a row has at least
+    ``ceil(seq_len / block_size)`` valid entries.
+    """
+    if not isinstance(block_tables, np.ndarray):
+        raise TypeError(f"block_tables must be a numpy integer array (B, max_blocks), got "
+                        f"{type(block_tables).__name__}")
+    if block_tables.dtype.kind not in "iu":
+        raise TypeError(f"block_tables must hold integers (int32), got dtype {block_tables.dtype}")
+    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables must have shape (B, max_blocks) with B={batch}, got {block_tables.shape}")
+    tables = block_tables.astype(np.int64)
+    width = tables.shape[1]
+    lens = check_seq_lens(seq_lens, batch, width * block_size)
+    if tables.size and (tables.min() < -1 or tables.max() >= num_blocks):
+        raise ValueError(f"block_tables entries must be -1 (padding) or in [0, {num_blocks}), got min "
+                         f"{tables.min()} and max {tables.max()}")
+    valid = tables >= 0
+    n_valid = valid.sum(axis=1)
+    if not np.array_equal(valid, np.arange(width)[None, :] < n_valid[:, None]):
+        bad = int(np.nonzero((valid != (np.arange(width)[None, :] < n_valid[:, None])).any(axis=1))[0][0])
+        raise ValueError(f"block_tables row {bad} has a valid block after a -1; padding must come last")
+    need = -(-lens // block_size)
+    short = np.nonzero(n_valid < need)[0]
+    if short.size:
+        b = int(short[0])
+        raise ValueError(f"block_tables row {b} has {n_valid[b]} block(s) but seq_lens[{b}]={lens[b]} needs "
+                         f"{need[b]} of block_size {block_size}")
+    return tables, lens
+
+
+def check_paged_caches(k_cache, v_cache, d: int, hq: int):
+    """``k_cache, v_cache (num_blocks, block_size, Hkv, d)`` float arrays of one shape, matching the queries'
+    ``d``, with ``block_size >= 1`` and ``Hq % Hkv == 0`` (GQA); returns them as arrays."""
+    k_cache = as_float_array(k_cache, "k_cache")
+    v_cache = as_float_array(v_cache, "v_cache")
+    if k_cache.ndim != 4:
+        raise ValueError(f"k_cache must have shape (num_blocks, block_size, Hkv, d), got {k_cache.shape}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have the shape of k_cache {k_cache.shape}, got {v_cache.shape}")
+    _, bs, hkv, dk = k_cache.shape
+    if dk != d:
+        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
+    check_gqa(hq, hkv)
+    if bs == 0:
+        raise ValueError(f"k_cache block_size (axis 1) must be positive, got shape {k_cache.shape}")
+    return k_cache, v_cache
+
+
+def check_cu_seqlens(cu, name: str, total: int, batch: int | None = None) -> np.ndarray:
+    """Validate cumulative sequence lengths; return them as int64.
+
+    ``cu`` is a 1-D integer array of ``B + 1 >= 2`` entries with ``cu[0] == 0``, ``cu[b] <= cu[b+1]`` and
+    ``cu[-1] == total`` (the packed tensor's token count). ``batch`` (if given) fixes ``B``.
+    """
+    if isinstance(cu, (list, tuple)):
+        cu = np.asarray(cu)
+    if not isinstance(cu, np.ndarray):
+        raise TypeError(f"{name} must be a 1-D numpy integer array (B + 1,), got {type(cu).__name__}")
+    if cu.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers (int32), got dtype {cu.dtype}")
+    if cu.ndim != 1 or cu.shape[0] < 2:
+        raise ValueError(f"{name} must have shape (B + 1,) with B >= 1, got {cu.shape}")
+    if batch is not None and cu.shape[0] != batch + 1:
+        raise ValueError(f"{name} must have B + 1 = {batch + 1} entries (as cu_seqlens_q), got {cu.shape[0]}")
+    cu = cu.astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {name}[0] = {cu[0]}")
+    step = np.diff(cu)
+    if (step < 0).any():
+        b = int(np.nonzero(step < 0)[0][0])
+        raise ValueError(f"{name} must be non-decreasing (cumulative lengths), got {name}[{b}] = {cu[b]} > "
+                         f"{name}[{b + 1}] = {cu[b + 1]}")
+    if cu[-1] != total:
+        raise ValueError(f"{name}[-1] must equal the number of packed tokens {total}, got {cu[-1]}")
+    return cu

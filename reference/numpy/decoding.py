@@ -18,6 +18,7 @@ import numpy as np
 
 from ._validate import (as_float_array, check_float_dtype, check_positive_int, check_qkv, check_scale, compute_dtype,
                         lse_dtype)
+from ._validate import check_seq_lens
 from .merge import merge_many
 
 __all__ = ["KVCache", "KVCacheFullError", "flash_decoding", "check_seq_lens"]
@@ -129,25 +130,6 @@ class KVCache:
     def __repr__(self) -> str:
         return (f"KVCache(len={self._len}, max_len={self.max_len}, n_kv_heads={self.n_kv_heads}, "
                 f"head_dim={self.head_dim}, dtype={self.dtype}, batch_size={self.batch_size})")
-
-
-def check_seq_lens(seq_lens, batch: int, max_len: int, name: str = "seq_lens") -> np.ndarray:
-    """Validate per-sequence lengths: ``(batch,)`` integers in ``[0, max_len]``; returns an int64 array."""
-    if isinstance(seq_lens, np.ndarray):
-        arr = seq_lens
-    elif isinstance(seq_lens, (list, tuple)):
-        arr = np.asarray(seq_lens)
-        if arr.size == 0:
-            arr = arr.astype(np.int64)
-    else:
-        raise TypeError(f"{name} must be a 1-D integer array of shape ({batch},), got {type(seq_lens).__name__}")
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers, got dtype {arr.dtype}")
-    if arr.shape != (batch,):
-        raise ValueError(f"{name} must have shape (B,) = ({batch},), got {arr.shape}")
-    if batch and (arr.min() < 0 or arr.max() > max_len):
-        raise ValueError(f"{name} entries must lie in [0, {max_len}], got min {arr.min()} and max {arr.max()}")
-    return arr.astype(np.int64)
 
 
 def _attend_chunk(qg, k, v, lo: int, hi: int, seq_lens, scale: float, acc):

@@ -27,10 +27,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int, check_scale, compute_dtype, lse_dtype
+from ._validate import (as_float_array, check_block_tables, check_cu_seqlens, check_paged_caches, check_positive_int,
+                        check_scale, compute_dtype, lse_dtype)
 from .merge import merge_many
-from .paged import check_block_tables, check_paged_caches
-from .varlen import check_cu_seqlens
 
 __all__ = ["mixed_attention", "mixed_plan", "mixed_attention_by_plan", "MixedPlan", "check_mixed_lengths"]
 

@@ -17,8 +17,8 @@ import numbers
 
 import numpy as np
 
-from ._validate import as_float_array, check_float_dtype, check_gqa, check_positive_int, check_scale, compute_dtype
-from .decoding import check_seq_lens
+from ._validate import as_float_array, check_float_dtype, check_positive_int, check_scale, compute_dtype
+from ._validate import check_block_tables, check_paged_caches, check_seq_lens  # noqa: F401  (public here too)
 
 __all__ = ["OutOfBlocksError", "UnknownSequenceError", "BlockAllocator", "PagedKVCache", "paged_attention", "check_block_tables"]
 
@@ -274,58 +274,6 @@ class PagedKVCache:
     def __repr__(self) -> str:
         return (f"PagedKVCache(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"sequences={len(self._tables)}, free_blocks={self.num_free_blocks})")
-
-
-def check_block_tables(block_tables, seq_lens, batch: int, num_blocks: int, block_size: int):
-    """Validate a padded block table batch and lengths; returns ``(tables int64, lens int64)``.
-
-    Rules: ``block_tables`` is a 2-D integer array ``(B, max_blocks)``; entries are ``-1`` (padding) or in
-    ``[0, num_blocks)``; in a row, ``-1`` only follows valid entries; a row has at least
-    ``ceil(seq_len / block_size)`` valid entries.
-    """
-    if not isinstance(block_tables, np.ndarray):
-        raise TypeError(f"block_tables must be a numpy integer array (B, max_blocks), got "
-                        f"{type(block_tables).__name__}")
-    if block_tables.dtype.kind not in "iu":
-        raise TypeError(f"block_tables must hold integers (int32), got dtype {block_tables.dtype}")
-    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables must have shape (B, max_blocks) with B={batch}, got {block_tables.shape}")
-    tables = block_tables.astype(np.int64)
-    width = tables.shape[1]
-    lens = check_seq_lens(seq_lens, batch, width * block_size)
-    if tables.size and (tables.min() < -1 or tables.max() >= num_blocks):
-        raise ValueError(f"block_tables entries must be -1 (padding) or in [0, {num_blocks}), got min "
-                         f"{tables.min()} and max {tables.max()}")
-    valid = tables >= 0
-    n_valid = valid.sum(axis=1)
-    if not np.array_equal(valid, np.arange(width)[None, :] < n_valid[:, None]):
-        bad = int(np.nonzero((valid != (np.arange(width)[None, :] < n_valid[:, None])).any(axis=1))[0][0])
-        raise ValueError(f"block_tables row {bad} has a valid block after a -1; padding must come last")
-    need = -(-lens // block_size)
-    short = np.nonzero(n_valid < need)[0]
-    if short.size:
-        b = int(short[0])
-        raise ValueError(f"block_tables row {b} has {n_valid[b]} block(s) but seq_lens[{b}]={lens[b]} needs "
-                         f"{need[b]} of block_size {block_size}")
-    return tables, lens
-
-
-def check_paged_caches(k_cache, v_cache, d: int, hq: int):
-    """``k_cache, v_cache (num_blocks, block_size, Hkv, d)`` float arrays of one shape, matching the queries'
-    ``d``, with ``block_size >= 1`` and ``Hq % Hkv == 0`` (GQA); returns them as arrays."""
-    k_cache = as_float_array(k_cache, "k_cache")
-    v_cache = as_float_array(v_cache, "v_cache")
-    if k_cache.ndim != 4:
-        raise ValueError(f"k_cache must have shape (num_blocks, block_size, Hkv, d), got {k_cache.shape}")
-    if v_cache.shape != k_cache.shape:
-        raise ValueError(f"v_cache must have the shape of k_cache {k_cache.shape}, got {v_cache.shape}")
-    _, bs, hkv, dk = k_cache.shape
-    if dk != d:
-        raise ValueError(f"q and k_cache must have the same head dimension d, got q d={d} and k_cache d={dk}")
-    check_gqa(hq, hkv)
-    if bs == 0:
-        raise ValueError(f"k_cache block_size (axis 1) must be positive, got shape {k_cache.shape}")
-    return k_cache, v_cache
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, seq_lens, scale=None):

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, check_scale, compute_dtype, lse_dtype
+from ._validate import (as_float_array, check_block_tables, check_cu_seqlens, check_paged_caches, check_scale,
+                        compute_dtype, lse_dtype)
 from .attention import attention
 from .merge import merge_states
-from .paged import check_block_tables, check_paged_caches
-from .varlen import check_cu_seqlens, varlen_attention
+from .varlen import varlen_attention
 
 __all__ = ["paged_prefill", "cascade_decode", "gather_paged"]
 

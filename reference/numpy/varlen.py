@@ -22,38 +22,10 @@ from __future__ import annotations
 import numpy as np
 
 from ._validate import as_float_array, check_flag, check_gqa, check_scale, compute_dtype, lse_dtype
+from ._validate import check_cu_seqlens  # noqa: F401  (public here too)
 from .attention import attention, attention_backward
 
 __all__ = ["varlen_attention", "varlen_attention_backward", "check_cu_seqlens"]
-
-
-def check_cu_seqlens(cu, name: str, total: int, batch: int | None = None) -> np.ndarray:
-    """Validate cumulative sequence lengths; return them as int64.
-
-    ``cu`` is a 1-D integer array of ``B + 1 >= 2`` entries with ``cu[0] == 0``, ``cu[b] <= cu[b+1]`` and
-    ``cu[-1] == total`` (the packed tensor's token count). ``batch`` (if given) fixes ``B``.
-    """
-    if isinstance(cu, (list, tuple)):
-        cu = np.asarray(cu)
-    if not isinstance(cu, np.ndarray):
-        raise TypeError(f"{name} must be a 1-D numpy integer array (B + 1,), got {type(cu).__name__}")
-    if cu.dtype.kind not in "iu":
-        raise TypeError(f"{name} must hold integers (int32), got dtype {cu.dtype}")
-    if cu.ndim != 1 or cu.shape[0] < 2:
-        raise ValueError(f"{name} must have shape (B + 1,) with B >= 1, got {cu.shape}")
-    if batch is not None and cu.shape[0] != batch + 1:
-        raise ValueError(f"{name} must have B + 1 = {batch + 1} entries (as cu_seqlens_q), got {cu.shape[0]}")
-    cu = cu.astype(np.int64)
-    if cu[0] != 0:
-        raise ValueError(f"{name} must start at 0, got {name}[0] = {cu[0]}")
-    step = np.diff(cu)
-    if (step < 0).any():
-        b = int(np.nonzero(step < 0)[0][0])
-        raise ValueError(f"{name} must be non-decreasing (cumulative lengths), got {name}[{b}] = {cu[b]} > "
-                         f"{name}[{b + 1}] = {cu[b + 1]}")
-    if cu[-1] != total:
-        raise ValueError(f"{name}[-1] must equal the number of packed tokens {total}, got {cu[-1]}")
-    return cu
 
 
 def _check_packed(q, k, v):

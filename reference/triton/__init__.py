@@ -6,11 +6,12 @@ tensors. ``reference.triton.INTERPRET`` and ``reference.triton.DEVICE`` tell whi
 """
 from .._lazy import lazy_exports
 
-from ._runtime import DEVICE, HAS_CUDA, INTERPRET, num_sms  # noqa: F401  (must run before any kernel import)
+from ._device import DEVICE, HAS_CUDA, INTERPRET, num_sms  # noqa: F401  (must run before any kernel import)
 
 _EXPORTS = {
     "softmax": "fused_softmax",
     "flash_attention_forward": "flash_fwd",
+    "flash_attention_backward": "flash_bwd",
     "flash_attention_forward_fp8": "hopper.flash_fp8",
     "flash_attention_forward_fp8_gluon": "hopper.flash_fp8_gluon",
     "flash_attention_forward_persistent": "hopper.flash_persistent",

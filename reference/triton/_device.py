@@ -19,15 +19,91 @@ sm_89) has 99 KB; an A100 (sm_80) 163 KB. Every module that picks tile sizes ask
 
 Hopper-only paths (tensor descriptors/TMA, the Gluon kernels, FP8 tensor-core matmuls) ask ``hopper(limits)``.
 bfloat16 needs sm_80 (``has_bf16``): ``check_bf16`` raises a ``TypeError`` naming the dtype and the device.
+
+It also decides, before any kernel is defined, whether kernels are compiled for a GPU or run in Triton's
+interpreter (``INTERPRET``, ``DEVICE``, ``COMPILE_ONLY``: the decision ``reference.triton._runtime`` names): the
+root of the package's imports, so every module that asks about the device has made that decision first.
 """
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from typing import Callable, NamedTuple, Sequence
 
 import torch
 
-from ._runtime import COMPILE_ONLY, INTERPRET
+
+# ---------------------------------------------------------------------------------------------------------------
+# compiled or interpreted (Triton reads TRITON_INTERPRET when a kernel is defined)
+# ---------------------------------------------------------------------------------------------------------------
+_ENV = "TRITON_INTERPRET"
+
+HAS_CUDA: bool = bool(torch.cuda.is_available())
+
+#: ``TRITON_INTERPRET=0`` set explicitly on a machine without CUDA: compile-only mode. Nothing can be launched,
+#: but kernels compile ahead of time for a GPU target (``reference.triton.hopper._aot``: the Gluon kernels for sm_90a).
+COMPILE_ONLY: bool = not HAS_CUDA and os.environ.get(_ENV) == "0"
+
+if os.environ.get(_ENV, "0") == "1":
+    INTERPRET = True
+elif COMPILE_ONLY:
+    INTERPRET = False
+elif not HAS_CUDA:
+    os.environ[_ENV] = "1"
+    INTERPRET = True
+    print("reference.triton: no CUDA device found; kernels run in the Triton interpreter "
+          "(TRITON_INTERPRET=1, CPU tensors, slow: use small shapes)", file=sys.stderr)
+else:
+    INTERPRET = False
+
+
+def _fix_interpreter_range() -> None:
+    """Let the interpreter take a run-time value as a ``range()`` bound under NumPy >= 2.4.
+
+    Triton 3.6's interpreter converts a loop bound with ``int(self.handle.data)``, and ``int()`` of a
+    one-element 1-d array is an error since NumPy 2.4 ("only 0-dimensional arrays can be converted to Python
+    scalars"). Re-registering that one conversion with ``.reshape(-1)[0]`` lets the kernels keep the plain
+    ``for ... in range(lo, hi, BLOCK)`` loops that the GPU compiler software-pipelines, so the interpreter
+    runs exactly the code the GPU runs. Applied only when interpreting and only if NumPy has the problem.
+    """
+    import numpy as np
+    try:
+        int(np.ones(1))
+        return  # older NumPy: nothing to fix
+    except TypeError:
+        pass
+    try:
+        from triton.runtime import interpreter
+    except ImportError:  # pragma: no cover - no Triton installed
+        return
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(interpreter, "_course_range_fix", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+    interpreter._course_range_fix = True
+
+
+if INTERPRET:
+    _fix_interpreter_range()
+
+#: ``triton.backends.compiler.GPUTarget`` arguments of an H100/H200 (sm_90a): ahead-of-time compiles target it
+SM90_TARGET = ("cuda", 90, 32)
+
+# Tensors handed to kernels must live here.
+DEVICE = torch.device("cpu") if INTERPRET or COMPILE_ONLY else torch.device("cuda")
+
+
+def num_sms() -> int:
+    """Streaming multiprocessors of the current device (a nominal 132, an H100's, under the interpreter)."""
+    if INTERPRET:
+        return 132
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 class DeviceLimits(NamedTuple):
@@ -114,6 +190,13 @@ def pipelines(limits: DeviceLimits) -> bool:
 
 def hopper(limits: DeviceLimits) -> bool:
     return tuple(limits.capability) >= (9, 0)
+
+
+def tma_device(device, limits: DeviceLimits | None = None) -> bool:
+    """Tensor descriptors (TMA) may be used on ``device``: a CUDA device of a Hopper GPU (sm_90+; ``limits``, by
+    default ``device_limits(device)``), compiled (not the interpreter). Each kernel family adds what its descriptors need of the tensors' layout (``flash_fwd.tma_ok``,
+    ``decode.tma_ok``, ``cascade``, ``mixed``)."""
+    return not INTERPRET and device.type == "cuda" and hopper(device_limits(device) if limits is None else limits)
 
 
 def has_bf16(limits: DeviceLimits) -> bool:

@@ -29,7 +29,7 @@ import functools
 import torch
 from triton import knobs
 
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 
 
 @functools.cache
@@ -53,6 +53,33 @@ def stream_key(device) -> int:
     if device.index is None:
         return torch.cuda.current_stream(device).cuda_stream
     return _raw_stream()(device.index)
+
+
+class TicketCounters:
+    """Zeroed int32 ticket counters of a kernel that merges its splits in-kernel (the last program of a group to
+    take a ticket merges), at least ``minimum`` of them.
+
+    Each launch's last program of a group resets its counter, so one zeroed buffer is reused and no memset is
+    launched per call. A buffer is kept per (device, CUDA stream): launches on one stream run one after the other
+    and so never share tickets, while launches running concurrently on different streams get different buffers.
+    Each kernel family owns one (``decode``, ``cascade``, ``mixed``).
+    """
+
+    def __init__(self, minimum: int):
+        self.minimum = minimum
+        self._buffers: dict = {}
+
+    def buffer(self, device, n: int) -> torch.Tensor:
+        """``n`` (or more) zeroed counters on ``device`` for its current stream."""
+        key = (device.type, device.index, stream_key(device))
+        buf = self._buffers.get(key)
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[key] = torch.zeros(max(n, self.minimum), dtype=torch.int32, device=device)
+        return buf
+
+    def items(self):
+        """``((device type, index, stream), buffer)`` pairs (the tests check every buffer is back at zero)."""
+        return self._buffers.items()
 
 
 def stream_handle(index: int) -> int:

@@ -11,7 +11,7 @@ kernel has two kinds of programs, ``(item, kv head)``:
   ``h * G + r % G``), over one of ``S`` chunks of the prefix's keys (contiguous ``(P, Hkv, d)``), so the
   prefix is read ``ceil(B G / ROWS)`` times per kv head instead of ``B`` times;
 * **suffix items** ``b``: request ``b``'s ``G`` rows over its own pages (page-aligned key blocks,
-  ``reference.triton.mixed._key_rows``).
+  ``reference.triton.paged_keys._key_rows``).
 
 Each writes its partial state ``(o, lse)`` into slot ``split`` (prefix) or ``S`` (suffix, rows of its request)
 of its tile, then takes a ticket from the tile's counter; the program that draws the last one (``S`` prefix
@@ -22,7 +22,6 @@ options (``config`` included) match an earlier call, as ``flash_decode`` does (`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -30,122 +29,18 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-from . import _checks, _fastlaunch
-from ._device import device_limits, hopper
+from . import _checks, _fastlaunch, backends
+from ._checks import check_block_tables, check_cascade_inputs
+from ._device import device_limits, tma_device
 from ._kernel_helpers import LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step
-from ._runtime import INTERPRET, num_sms
-from .configs import CASCADE_OVERLAP as OVERLAP_DEFAULT, KeyBlockConfig
-from .mixed import key_loop
-from .paged import check_block_tables, check_paged_cache
+from ._device import INTERPRET, num_sms
+from .configs import CASCADE_DEFAULT, CASCADE_OVERLAP as OVERLAP_DEFAULT, CascadeConfig
+from .paged_keys import key_loop
 
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 
 
-@dataclass(frozen=True)
-class CascadeConfig(KeyBlockConfig):
-    """The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and rows: most query
-    rows of a prefix tile (a power of two >= 16); programs_per_sm: prefix programs to aim for per SM;
-    min_split_keys / max_split_keys: fewest / most prefix keys per split.
-
-    One prefix program per SM (H100 sweeps, notes/serving_perf.md "The bars missed at first"): aiming at two filled every slot
-    with prefix programs, so the suffix programs ran after them and each tile merged twice the states; with one
-    per SM the suffix programs run beside the prefix. The cap on keys per split keeps the prefix programs of
-    large batches short (32k prefix, B=64: 16 splits of 2048 keys, not 4 of 8192) so they are not the tail."""
-    rows: int = 64
-    programs_per_sm: int = 1
-    min_split_keys: int = 512
-    max_split_keys: int = 2048
-    #: launch order: False keeps the (item, kv head) grid, whose kv heads run one after another
-    #: (head h's prefix items, then its suffix items); True is a 1-D grid with every prefix item of every head
-    #: first (the tiles of one chunk adjacent: they read the same keys), the suffix items last; None (default)
-    #: picks True when the prefix programs fit one per SM: then each prefix program gets an SM of its own (the
-    #: block scheduler spreads the first programs one per SM) and the suffix programs fill the second slots,
-    #: where the (item, head) order put two compute-bound prefix programs on some SMs (H100, B=8: 80.6-82.8 ->
-    #: 76.5-77.8 us; with more prefix programs than SMs prefix-first ran every prefix program before the
-    #: suffixes and lost the overlap: B=32 133 -> 144 us, B=64 205 -> 223 us; notes/serving_perf.md "Decode at 32k and the one-launch cascade")
-    prefix_first: bool | None = None
-    #: Hopper only (sm_90+): the prefix pass loads its key blocks as TMA boxes of the contiguous prefix
-    #: (a host descriptor on the ``(P, Hkv * d)`` view) instead of pointer loads; elsewhere the pointer loads run
-    use_tma: bool = False
-    #: the prefix pass on Hopper: True runs it as the warp-specialised Gluon prefill
-    #: (``hopper.cascade_prefix_gluon``: 128-row tiles of packed rows, two ping-pong consumer warpgroups, TMA ring)
-    #: in a launch of its own before this kernel's suffix items, which merge; False keeps the one-launch Triton
-    #: kernel; None (default) picks Gluon where it applies (``cascade_prefix_gluon.prefix_ok``: compute capability
-    #: 9.0, fp16/bf16, d in {64, 128}, G divides 64) and the batch has at least ``gluon_min_rows`` packed rows
-    #: (``B * G``) per kv head; elsewhere (other GPUs, the interpreter) the Triton kernel runs. 32 rows (B >= 8 at
-    #: G = 4): graph times favour Gluon with the default overlap from B = 8 on, in three H100 runs
-    #: ("pdl" vs the one-launch Triton kernel at B = 8: 67.1 vs 75.1 us in ``h100-cascade.json``, 70.5 vs 76.4 and
-    #: 68.8 vs 75.5 in two full runs of ``bench_mixed_batch``, and with this default 68.4 vs 73.6 in the
-    #: committed ``h100-mixed-batch.json``). A threshold of 64 rows kept B = 8 on the Triton
-    #: kernel while the Gluon path's eager calls were host-bound there (1.91-2.17x graph time); since
-    #: ``eager_gluon_min_rows`` eager calls below 256 rows take the Triton kernel whatever this threshold, so it
-    #: only decides captured calls. (Sequential Gluon, before the overlap: 128 rows.)
-    prefix_gluon: bool | None = None
-    gluon_min_rows: int = 32
-    #: the same threshold for an eager call (none outside CUDA-graph capture): below it eager calls take the
-    #: one-launch Triton kernel. The Gluon path's two launches cost 146-167 us of host time a call at B = 16
-    #: (H100, ``h100-mixed-batch.json``), more than its GPU time: eager loop per call at B = 8 / 16 /
-    #: 32 / 64, Triton one launch vs Gluon ("pdl" / "off" at 64): 72.7 vs 82.0, 95.6 vs 160.7, 130.8 vs 136.2,
-    #: 201.2 vs 164.5 us; so 256 rows (B = 64 at G = 4). Captured calls (graph replay: no host time) keep
-    #: ``gluon_min_rows``. After the cut of the recorded launch's host path the Gluon paths still take
-    #: 49-90 us of host time a call at B = 8-32 (``h100-mixed-batch.json``), about their GPU time: kept.
-    eager_gluon_min_rows: int = 256
-    #: the Gluon prefix pass's key block and ring depth (``cascade_prefix_gluon.check_prefix_config``)
-    gluon_block_n: int = 128
-    gluon_stages: int = 2
-    #: the Gluon path's passes at once (notes/serving_perf.md "Cascade overlap: both passes at once"): "off" runs the prefix
-    #: kernel, then the suffix + merge kernel (two launches in stream order); "pdl" launches the suffix kernel
-    #: programmatically dependent on the prefix kernel, which lets it start once every prefix CTA is resident (the
-    #: prefix on ``overlap_prefix_share`` of the SMs, the suffix programs on the rest), each suffix program writing
-    #: its requests' suffix states, then waiting for the prefix grid (``griddepcontrol.wait``: the prefix CTAs are
-    #: all resident, so it completes on its own) and merging them; "streams" forks the prefix kernel onto a second
-    #: stream (a fork/join of the CUDA graph) beside the suffix kernel and merges in a third launch after the join.
-    #: None: ``configs.CASCADE_OVERLAP`` where the batch has at most ``overlap_max_rows`` packed rows ``B * G`` per
-    #: kv head, "off" above (``overlap_mode``)
-    overlap: str | None = None
-    #: 128 rows (B <= 32 at G = 4): H100, same run, "pdl" vs "off": B=8 67.1 vs 96.3 us, B=16 81.3 vs 103.4,
-    #: B=32 121.5 vs 124.0, B=64 189.2 vs 173.6 (at B=64 the prefix on half the SMs is compute-bound: 106 us)
-    overlap_max_rows: int = 128
-    #: prefix CTAs per SM aimed at while overlapping (key splits: ``share * SMs / (Hkv * 128-row tiles)``); 0.5
-    #: (H100, "pdl", B = 8 / 16 / 32 / 64 in us): 67.1 / 81.3 / 121.5 / 189.2; 0.35: 69.9 / 83.9 / 114.7 / 187.1;
-    #: 0.75: 75.4 / 118.1 / 190.8 / 308.0 (too few SMs left for the suffix programs)
-    overlap_prefix_share: float = 0.5
-    #: suffix programs per SM left free by the prefix CTAs (a persistent grid looping over the (request, kv head)
-    #: items; two fit an SM beside each other with the default key block)
-    overlap_suffix_per_sm: int = 2
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.overlap not in (None, "off", "pdl", "streams"):
-            raise ValueError(f"CascadeConfig.overlap must be None, 'off', 'pdl' or 'streams', got {self.overlap!r}")
-        share = self.overlap_prefix_share
-        if type(share) not in (int, float) or not 0 < share <= 4:
-            raise ValueError(f"CascadeConfig.overlap_prefix_share must be a number in (0, 4], got {share!r}")
-        if type(self.overlap_max_rows) is not int or self.overlap_max_rows < 0:
-            raise ValueError(f"CascadeConfig.overlap_max_rows must be an int >= 0, got {self.overlap_max_rows!r}")
-        if type(self.overlap_suffix_per_sm) is not int or self.overlap_suffix_per_sm < 1:
-            raise ValueError("CascadeConfig.overlap_suffix_per_sm must be a positive int, got "
-                             f"{self.overlap_suffix_per_sm!r}")
-        for field in ("prefix_first", "prefix_gluon"):
-            v = getattr(self, field)
-            if v is not None and type(v) is not bool:
-                raise ValueError(f"CascadeConfig.{field} must be a bool or None, got {v!r}")
-        if type(self.use_tma) is not bool:
-            raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
-        if type(self.gluon_min_rows) is not int or self.gluon_min_rows < 1:
-            raise ValueError(f"CascadeConfig.gluon_min_rows must be a positive int, got {self.gluon_min_rows!r}")
-        if type(self.eager_gluon_min_rows) is not int or self.eager_gluon_min_rows < 1:
-            raise ValueError("CascadeConfig.eager_gluon_min_rows must be a positive int, got "
-                             f"{self.eager_gluon_min_rows!r}")
-        from .hopper.cascade_prefix_gluon import check_prefix_config
-        try:
-            check_prefix_config(self.gluon_block_n, self.gluon_stages)
-        except ValueError as e:
-            raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
-
-
-DEFAULT_CONFIG = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
-                                                                      min_split_keys=16)
+DEFAULT_CONFIG = CASCADE_DEFAULT
 
 
 @triton.jit
@@ -471,8 +366,7 @@ def prefix_first_order(n_prefix_programs: int, config: CascadeConfig, sms: int |
 def _tma_ok(prefix_k, prefix_v) -> bool:
     """The prefix pass may load TMA boxes: a Hopper GPU (not the interpreter) and contiguous fp16/bf16 prefix
     tensors with 16-byte aligned bases (one 2-D ``(P, Hkv * d)`` view each)."""
-    return (not INTERPRET and prefix_k.device.type == "cuda" and hopper(device_limits(prefix_k.device))
-            and prefix_k.dtype in (torch.float16, torch.bfloat16)
+    return (tma_device(prefix_k.device) and prefix_k.dtype in (torch.float16, torch.bfloat16)
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
 
 
@@ -487,8 +381,7 @@ def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v, *, capturing:
             raise ValueError("CascadeConfig.prefix_gluon=True needs a Hopper GPU (compute capability 9.0); the "
                              f"inputs are on {q.device}" + (" under the interpreter" if INTERPRET else ""))
         return False
-    from .hopper.cascade_prefix_gluon import prefix_ok
-    ok = prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
+    ok = backends.prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
     if config.prefix_gluon:
         if not ok:
             raise ValueError("CascadeConfig.prefix_gluon=True needs compute capability 9.0, fp16/bf16, d in {64, 128}, "
@@ -505,7 +398,8 @@ def _rows(config: CascadeConfig, batch: int, group: int) -> int:
     return max(16, min(config.rows, triton.next_power_of_2(batch * group)), triton.next_power_of_2(group))
 
 
-_COUNTERS: dict = {}
+#: the in-kernel merge's ticket counters, one int32 per (row tile, kv head)
+_COUNTERS = _fastlaunch.TicketCounters(1024)
 LAUNCH_CACHE = _fastlaunch.LaunchCache()
 _SIDE: dict = {}
 
@@ -553,21 +447,12 @@ def overlap_programs(batch: int, n_kv_heads: int, n_prefix_ctas: int, config: Ca
 _SLOTS = ("Q", "PK", "PV", "KC", "VC", "BT", "SeqLens", "OUT", "LOUT", "DescK", "DescV")
 
 
-def _counters(device, n: int) -> torch.Tensor:
-    stream = _fastlaunch.stream_key(device)
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
-
-
 def clear_launch_cache() -> None:
     """Forget every recorded cascade launch."""
     LAUNCH_CACHE.clear()
 
 
-def _fast_key(tensors, *options, enabled: bool = True):
+def launch_key(tensors, *options, enabled: bool = True):
     """``(key, stream handle, device addresses of tensors)`` of a recorded launch (``options`` include the call's
     config), or None: the full path. The key holds each tensor's shape, strides, dtype, device index and 16-byte
     alignment, the options, the stream and the capture state (an eager call and a captured one may take different
@@ -585,40 +470,16 @@ def _fast_key(tensors, *options, enabled: bool = True):
     return ("cascade", *parts, *options, stream, torch.cuda.is_current_stream_capturing()), stream, ptrs
 
 
-def _recorded(tensors, *options, enabled: bool = True):
+def recorded_launch(tensors, *options, enabled: bool = True):
     """``(key, stream, addresses, recorded launch or None)``, or None where the call takes the full path (no key,
     or an unhashable option: the full path's checks name it)."""
-    found = _fast_key(tensors, *options, enabled=enabled)
+    found = launch_key(tensors, *options, enabled=enabled)
     if found is None:
         return None
     try:
         return (*found, LAUNCH_CACHE.get(found[0]))
     except TypeError:
         return None
-
-
-def check_cascade_inputs(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate):
-    """The inputs of a cascade decode (``cascade_decode``, ``serving.cascade_decode_separate``): q ``(B, Hq, d)``
-    with ``B, Hq >= 1``; the paged caches, block tables and seq_lens as ``paged_decode`` takes them; prefix_k,
-    prefix_v ``(P, Hkv, d)`` with ``P >= 1``, of q's dtype. Returns ``(B, Hq, d, Hkv, block_size, block_tables,
-    seq_lens)``; ``validate`` (checked) adds the value checks that need a device sync."""
-    _checks.check_tensor(q, "q", ndim=3)
-    B, hq, d = q.shape
-    if B == 0 or hq == 0:
-        raise ValueError(f"q must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
-    num_blocks, block_size, hkv, _ = check_paged_cache(q, k_cache, v_cache)
-    _checks.check_head_dim(d, "head dimension d (q.shape[-1])")
-    validate = _checks.check_flag(validate, "validate")
-    for name, x in (("prefix_k", prefix_k), ("prefix_v", prefix_v)):
-        _checks.check_tensor(x, name, ndim=3)
-        if x.shape[0] == 0 or x.shape[1:] != (hkv, d):
-            raise ValueError(f"{name} must have shape (P, Hkv, d) = (P, {hkv}, {d}) with P >= 1, got {tuple(x.shape)}")
-    _checks.check_same_dtype(q=q, prefix_k=prefix_k, prefix_v=prefix_v)
-    if prefix_k.shape != prefix_v.shape:
-        raise ValueError(f"prefix_k and prefix_v must have the same shape, got {tuple(prefix_k.shape)} and "
-                         f"{tuple(prefix_v.shape)}")
-    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
-    return B, hq, d, hkv, block_size, block_tables, seq_lens
 
 
 def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
@@ -633,7 +494,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     skips the checks that need a device sync; ``fast_launch=False`` always takes the full path (no recorded
     launch).
     """
-    found = _recorded((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
+    found = recorded_launch((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
                       enabled=fast_launch is True)
     key, rec = (found[0], found[3]) if found is not None else (None, None)
     if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
@@ -671,7 +532,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
     mode = overlap_mode(cfg, B * g) if gluon else "off"
     if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
-        from .hopper import cascade_prefix_gluon as cpg
+        cpg = backends.cascade_prefix()
         if num_splits is None:  # an overlap gives the prefix overlap_prefix_share of the SMs
             num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys,
                                               cfg.programs_per_sm if mode == "off" else cfg.overlap_prefix_share)
@@ -686,7 +547,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     n_tiles = triton.cdiv(B, rows // g)
     o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
-    counters = _counters(q.device, n_tiles * hkv)
+    counters = _COUNTERS.buffer(q.device, n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
     use_tma = cfg.use_tma and not gluon and _tma_ok(prefix_k, prefix_v)
@@ -755,8 +616,7 @@ def _launch(kernel, grid, args, meta, slots):
 def _replay_gluon(rec: GluonLaunches, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse):
     """The recorded Hopper launches on this call's tensors; the prefix descriptors come from
     ``cascade_prefix_gluon.cached_descriptors`` (built once per prefix tensor)."""
-    from .hopper.cascade_prefix_gluon import cached_descriptors
-    desc_k, desc_v = cached_descriptors(prefix_k, prefix_v, rec.block_n)
+    desc_k, desc_v = backends.cached_descriptors(prefix_k, prefix_v, rec.block_n)
     tensors = {"Q": q, "PK": prefix_k, "PV": prefix_v, "KC": k_cache, "VC": v_cache, "BT": block_tables,
                "SeqLens": seq_lens, "OUT": out, "LOUT": lse, "DescK": prefix_k, "DescV": prefix_v}
     prefix = {"desc_k": desc_k, "desc_v": desc_v, "Q": q}

@@ -26,7 +26,7 @@ import contextlib
 import contextvars
 from dataclasses import dataclass
 
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 
 
 def _pin(block_m: int, block_n: int, num_warps: int, num_stages: int) -> dict:
@@ -50,22 +50,18 @@ FWD_PINS = {
     "smoke": _pin(32, 16, 4, 1),
 }
 
-#: ring attention (``reference.distributed``): the running output between ring steps is kept in the input's
-#: 16-bit dtype (merged in fp32, rounded once per merge) on up to this many ranks, fp32 beyond. With two ranks
-#: that is exactly the rounding of an fp32 state (one merge, then the output's rounding); each further rank adds
-#: one rounding. Output error vs float64 on an H100 (Gluon step, causal zig-zag, N = 8192, d = 128; the one-GPU
-#: kernel itself: 2.06e-3): W = 2 2.17e-3 either way, W = 4 2.33e-3 (bf16) vs 2.22e-3 (fp32), W = 8 2.57e-3 vs
-#: 2.26e-3 (notes/ring_attention.md "One kernel call per step, a fused merge"): within 1.15x of the kernel's own error to W = 4
+#: ring attention's running output stays in the 16-bit input dtype up to this many ranks, fp32 beyond: within 1.15x
+#: of the kernel's own error to W = 4 (H100 errors vs float64: notes/ring_attention.md; notes/pins.md "RING_PINS")
 RING_PINS = {"half_state_max_world": 4}
 
-#: ``serving.paged_prefill``'s kernel when ``gather=None`` and no Triton ``config`` is passed ("page": the Triton
-#: page-tile kernel; "tma": on Hopper the Gluon kernel with one TMA box per page,
-#: reference/triton/hopper/paged_prefill_gluon.py, the Triton kernel elsewhere) and the Gluon kernel's (BLOCK_M,
-#: BLOCK_N, STAGES, num_warps): the contiguous Gluon forward's default. "tma" from the H100 run of
-#: benchmarks/results/h100-paged-prefill.json (8 x 512 after 4k, bf16): 537 / 507 us at 16 / 64-token pages vs the
-#: Triton page tiles' 759 / 668 us and the contiguous Triton varlen's 643 us (notes/serving_perf.md "Paged prefill
-#: on Gluon")
+#: ``serving.paged_prefill``'s default gather ("tma": the Gluon kernel on Hopper, the Triton page tiles elsewhere) and
+#: the Gluon kernel's (BLOCK_M, BLOCK_N, STAGES, num_warps): fastest at 16- and 64-token pages
+#: (benchmarks/results/h100-paged-prefill.json; notes/pins.md "PAGED_PREFILL")
 PAGED_PREFILL = {"gather": "tma", "gluon_config": (128, 128, 2, 4)}
+
+#: split-KV launches (``decode``'s stage 1, the three-launch cascade's prefix pass) aim for this many programs per SM:
+#: memory-bound, so several resident programs hide load latency (notes/triton_decode.md)
+PROGRAMS_PER_SM = 2
 
 #: backward pins (``flash_bwd``: ``{"dkdv": ..., "dq": ...}``)
 BWD_PINS = {
@@ -85,12 +81,9 @@ HOPPER_BENCH_BWD = {
 }
 
 
-#: the warp-specialised Gluon backward's program order (``flash_gluon_bwd_ws.check_order_heads``): a causal launch
-#: whose longest program is at least ``min_share`` of one SM's share of the work (``longest_share``: 0.25-0.51
-#: for GQA 4:1 at 8k-16k, 0.12-0.13 for MHA and at 32k) interleaves ``heads`` (batch, kv head) pairs, key blocks
-#: longest-first; every other launch keeps the head-major order. Chosen from the H100 order sweep
-#: (benchmarks/results/h100-gluon-bwd-order-sweep.json, notes/hopper.md "GQA backward
-#: schedule"): 2 heads best at GQA 16/4 8k (0.99 vs 0.86x cuDNN); 4 and all heads lose at 16k-32k and 2k (L2)
+#: the warp-specialised Gluon backward's program order: interleave 2 (batch, kv head) pairs where a causal launch's
+#: longest program is >= 0.2 of an SM's share (benchmarks/results/h100-gluon-bwd-order-sweep.json; notes/pins.md
+#: "GLUON_BWD_ORDER")
 GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 
 
@@ -98,7 +91,7 @@ GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 class KeyBlockConfig:
     """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
     N of the QK^T tile, a power of two >= 16 for ``tl.dot``), ``num_warps`` (a power of two) and ``num_stages``
-    (software pipeline depth). The base of ``DecodeConfig``, ``cascade.CascadeConfig`` and ``mixed.MixedConfig``,
+    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig`` and ``CascadeConfig``,
     which add their own tile and split fields."""
     block_n: int = 64
     num_warps: int = 4
@@ -170,6 +163,121 @@ class DecodeConfig(KeyBlockConfig):
         return dict(block_n=self.block_n, num_warps=self.num_warps, num_stages=self.num_stages)
 
 
+@dataclass(frozen=True)
+class MixedConfig(KeyBlockConfig):
+    """Tile shapes and launch settings of ``mixed._mixed_kernel`` (pass ``mixed_attention(config=...)`` to override).
+
+    The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
+    large_rows: rows (tokens x G) of the decode and prefill tiles;
+    split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
+    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
+    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
+    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
+    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
+    tiles with one table entry per page (False: one entry per key row, the simpler gather).
+    """
+    small_rows: int = 16
+    large_rows: int = 64
+    split_keys: int = 4096
+    use_tma: bool | None = None
+    table_ahead: bool = True
+    whole_pages: bool = True
+
+
+#: the Gluon cascade prefix pass's key blocks and ring depths (``hopper.cascade_prefix_gluon``)
+GLUON_PREFIX_BLOCK_N = (64, 128)
+GLUON_PREFIX_STAGES = (2, 3, 4)
+
+
+def check_gluon_prefix_fields(block_n, stages) -> tuple:
+    """``(block_n, stages)`` of the Gluon cascade prefix pass: in ``GLUON_PREFIX_BLOCK_N`` / ``GLUON_PREFIX_STAGES``
+    (``cascade_prefix_gluon.check_prefix_config`` adds the shared-memory check for a head dimension)."""
+    for name, v, ok in (("block_n", block_n, GLUON_PREFIX_BLOCK_N), ("stages", stages, GLUON_PREFIX_STAGES)):
+        if not isinstance(v, int) or isinstance(v, bool) or v not in ok:
+            raise ValueError(f"Gluon cascade prefix: {name} must be one of {ok}, got {v!r}")
+    return block_n, stages
+
+
+@dataclass(frozen=True)
+class CascadeConfig(KeyBlockConfig):
+    """The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and rows: most query
+    rows of a prefix tile (a power of two >= 16); programs_per_sm: prefix programs to aim for per SM;
+    min_split_keys / max_split_keys: fewest / most prefix keys per split. One prefix program per SM and at most
+    2048 keys a split (H100 sweeps; notes/pins.md "CascadeConfig")."""
+    rows: int = 64
+    programs_per_sm: int = 1
+    min_split_keys: int = 512
+    max_split_keys: int = 2048
+    #: launch order: every prefix item first (a 1-D grid) or the (item, kv head) grid; None: prefix-first when the
+    #: prefix programs fit one per SM (notes/pins.md "CascadeConfig")
+    prefix_first: bool | None = None
+    #: Hopper only: the Triton prefix pass loads TMA boxes of the contiguous prefix instead of pointer loads
+    use_tma: bool = False
+    #: the prefix pass as the Hopper Gluon kernel (``hopper.cascade_prefix_gluon``): True / False, or None where it
+    #: applies and the batch has ``gluon_min_rows`` packed rows per kv head (h100-cascade.json, h100-mixed-batch.json;
+    #: notes/pins.md "CascadeConfig")
+    prefix_gluon: bool | None = None
+    gluon_min_rows: int = 32
+    #: the same threshold for eager calls (host-bound below it: h100-mixed-batch.json; notes/pins.md "CascadeConfig")
+    eager_gluon_min_rows: int = 256
+    #: the Gluon prefix pass's key block and ring depth (``configs.check_gluon_prefix_fields``)
+    gluon_block_n: int = 128
+    gluon_stages: int = 2
+    #: the Gluon path's passes: "off" one after the other, "pdl" the suffix launch programmatically dependent,
+    #: "streams" a fork/join; None: ``CASCADE_OVERLAP`` up to ``overlap_max_rows`` packed rows, "off" above
+    #: (notes/serving_perf.md "Cascade overlap: both passes at once")
+    overlap: str | None = None
+    #: the overlap's packed-row limit: "pdl" wins to B = 32 at G = 4 (h100-cascade.json; notes/pins.md "CascadeConfig")
+    overlap_max_rows: int = 128
+    #: prefix CTAs per SM aimed at while overlapping: 0.5 of 0.35 / 0.5 / 0.75 (h100-cascade.json; notes/pins.md)
+    overlap_prefix_share: float = 0.5
+    #: suffix programs per SM left free by the prefix CTAs (a persistent grid over the (request, kv head) items)
+    overlap_suffix_per_sm: int = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.overlap not in (None, "off", "pdl", "streams"):
+            raise ValueError(f"CascadeConfig.overlap must be None, 'off', 'pdl' or 'streams', got {self.overlap!r}")
+        share = self.overlap_prefix_share
+        if type(share) not in (int, float) or not 0 < share <= 4:
+            raise ValueError(f"CascadeConfig.overlap_prefix_share must be a number in (0, 4], got {share!r}")
+        if type(self.overlap_max_rows) is not int or self.overlap_max_rows < 0:
+            raise ValueError(f"CascadeConfig.overlap_max_rows must be an int >= 0, got {self.overlap_max_rows!r}")
+        if type(self.overlap_suffix_per_sm) is not int or self.overlap_suffix_per_sm < 1:
+            raise ValueError("CascadeConfig.overlap_suffix_per_sm must be a positive int, got "
+                             f"{self.overlap_suffix_per_sm!r}")
+        for field in ("prefix_first", "prefix_gluon"):
+            v = getattr(self, field)
+            if v is not None and type(v) is not bool:
+                raise ValueError(f"CascadeConfig.{field} must be a bool or None, got {v!r}")
+        if type(self.use_tma) is not bool:
+            raise ValueError(f"CascadeConfig.use_tma must be a bool, got {self.use_tma!r}")
+        if type(self.gluon_min_rows) is not int or self.gluon_min_rows < 1:
+            raise ValueError(f"CascadeConfig.gluon_min_rows must be a positive int, got {self.gluon_min_rows!r}")
+        if type(self.eager_gluon_min_rows) is not int or self.eager_gluon_min_rows < 1:
+            raise ValueError("CascadeConfig.eager_gluon_min_rows must be a positive int, got "
+                             f"{self.eager_gluon_min_rows!r}")
+        try:
+            check_gluon_prefix_fields(self.gluon_block_n, self.gluon_stages)
+        except ValueError as e:
+            raise ValueError(f"CascadeConfig.gluon_block_n / gluon_stages: {e}") from None
+
+
+#: ``mixed_attention``'s default (H100: 4 warps, 64-row prefill tiles, 64-key blocks) and ``cascade_decode``'s (the
+#: fields' defaults above); the interpreter takes small tiles (``mixed.DEFAULT_CONFIG``, ``cascade.DEFAULT_CONFIG``)
+MIXED_DEFAULT = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, large_rows=32, block_n=16, num_stages=1,
+                                                                split_keys=64)
+CASCADE_DEFAULT = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,
+                                                                      min_split_keys=16)
+
+
+def check_decode_config(config, name: str = "config"):
+    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
+    if config is not None and not isinstance(config, DecodeConfig):
+        raise TypeError(f"{name} must be a reference.triton.configs.DecodeConfig or None, got {type(config).__name__}")
+    return config
+
+
 #: decode pins (``flash_decode`` / ``paged_decode``), by input kind; all merge inside stage 1 (``fuse_merge``:
 #: notes/triton_decode.md "Fused merge and a config sweep", 3-4 us less per batch-1 step than the second kernel)
 DECODE_PINS = {
@@ -187,43 +295,21 @@ DECODE_PINS = {
 }
 
 
-#: the Gluon FP8 forward (``hopper.flash_fp8_gluon``): (BLOCK_M, BLOCK_N, STAGES, num_warps); 128 query rows = two
-#: consumer warpgroups of 64 (the query quantisation block), 128 keys (the key block); STAGES: the H100 sweep of
-#: benchmarks/course/bench_fp8_gluon.py (notes/hopper.md, "FP8 Gluon forward"): without turns 3 and 4 agree (noise)
+#: the Gluon FP8 forward's (BLOCK_M, BLOCK_N, STAGES, num_warps): two 64-row consumers, 128-key blocks, 3 stages
+#: (benchmarks/results/h100-fp8-gluon.json; notes/pins.md "FP8_GLUON_CONFIG")
 FP8_GLUON_CONFIG = (128, 128, 3, 4)
-#: its schedule options (``flash_fp8_gluon.attend_fp8``): ping-pong turns between the two consumers, one release
-#: per K/V ring slot instead of two, the row max / sum split into independent chains; chosen by the same sweep
-#: (h100-fp8-gluon.json "variants", N = 8k, x the bf16 Gluon forward, non-causal / causal): no turns 1.33 / 1.21;
-#: turns with 3 stages 1.20 / 1.08 (2 or 4 stages 1.33-1.34 / 1.16-1.17); merged, split: 1.28-1.33 / 1.14-1.19
-#: "peeled" (off): the key loop split at the first masked block into an unmasked and a masked loop with no branch in
-#: either body, so ptxas keeps the P_{j-1} V_{j-1} wait after the softmax's exps (FA3 Algorithm 2's overlap; with the
-#: mask's branch it hoists the wait above them): notes/hopper.md "the P V wait". H100 (h100-gluon-key-loop.json, one
-#: process, 5 rotated rounds), peeled / pin at N = 8k / 16k: medians 1.06 / 1.08 non-causal, 0.99 / 1.02 causal; the
-#: fastest rounds 1.02 / 1.02 and 0.96 / 0.95: not ahead beyond the noise (rounds spread 5-15%), so not pinned.
-#: "fence" (off): the K release after the softmax in an always-taken branch (sm_90a SASS: the P V wait below all 64
-#: exps in every loop, d = 128 causal too). H100 (h100-fp8-key-loop.json, 5 rounds), fence / pin at N = 4k / 8k / 16k:
-#: medians 1.06 / 1.12 / 1.05 non-causal, 1.06 / 1.07 / 1.14 causal, but the fastest rounds 0.99-1.02, and in the one
-#: round per shape where the default did not run right after the bf16 forward, fence / pin = 0.98-0.99: the medians'
-#: lead is the default's position in the rotation, not the option, so not pinned (notes/hopper.md, "FP8 end to end")
-#: "thread_arrive" (off): every consumer thread arrives on the ring slots' free barriers (own allocations): 1 BAR.SYNC
-#: per key block instead of 3 in the SASS; "prefetch" (off): S_{j+1} issued before the softmax of S_j (two score
-#: tiles: spills). H100 (h100-fp8-schedule-probe.json, 6 rounds both ways, N = 4k-16k, causal and not), x pin:
-#: thread_arrive medians 1.01-1.05, fastest rounds 0.99-1.02; with fence 1.03-1.09 / 1.01-1.05, every shape ahead
-#: but inside the default's round spread (0.08-0.22); prefetch 0.27-0.45. None pinned (notes/hopper.md, "FP8 softmax latency")
+#: the FP8 forward's schedule options (``flash_fp8_gluon.attend_fp8``): all off; each one measured was slower or inside
+#: the rounds' noise (benchmarks/results/h100-fp8-gluon.json, h100-fp8-key-loop.json, h100-fp8-schedule-probe.json;
+#: notes/pins.md "FP8_GLUON_SCHEDULE")
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
                       "thread_arrive": False, "prefetch": False}
 #: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
 #: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
 #: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, "Fused FP8 quantisation")
 FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
-#: the bf16 Gluon forward's key loop per head dimension (``hopper.flash_gluon.attend_overlapped``'s ``PEELED`` /
-#: ``FENCE``): where ptxas puts the P_{j-1} V_{j-1} wait. Both off: the mask's branch leaves it above all 64 exps of
-#: the softmax (no FA3 Algorithm 2 overlap); "fence" (the K release after the softmax in an always-taken branch)
-#: keeps it after all of them (sm_90a SASS, d = 64 and 128); "peeled" (an unmasked and a masked loop) alone does
-#: not move it. H100, one process, 5 rotated rounds (h100-gluon-key-loop.json), fence / both off, medians: d = 128
-#: non-causal 1.03 / 1.04 / 1.05 at N = 2k / 8k / 16k, causal 0.97 / 1.00 / 1.03; GQA 32/8 causal training step
-#: 1.02 (8k) / 1.06 (32k); d = 64 at 8k 0.95 / 0.99 (off there); peeled + fence no better than fence. The rounds
-#: spread by 3-20%, so the d = 128 gain is near the noise (notes/hopper.md "The peeled key loop")
+#: the bf16 Gluon forward's key loop per head dimension (``attend_overlapped``'s ``PEELED`` / ``FENCE``): "fence" at
+#: d = 128 keeps the P V wait after the softmax's exps, a gain near the noise; off at d = 64
+#: (benchmarks/results/h100-gluon-key-loop.json; notes/pins.md "GLUON_FWD_KEY_LOOP")
 GLUON_FWD_KEY_LOOP = {128: {"peeled": False, "fence": True}, 64: {"peeled": False, "fence": False}}
 
 
@@ -313,17 +399,14 @@ def as_tuple(pin: dict) -> tuple:
     return (pin["BLOCK_M"], pin["BLOCK_N"], pin["num_warps"], pin["num_stages"])
 
 
-#: ``cascade_decode``'s Hopper path (``CascadeConfig.overlap=None``): how the Gluon prefix kernel and the Triton
-#: suffix programs share the GPU ("off": one after the other; "pdl": the suffix launch programmatically dependent,
-#: beside the prefix CTAs; "streams": a fork/join of two streams and a merge launch), up to
-#: ``CascadeConfig.overlap_max_rows`` packed rows. "pdl": H100 graph times in one process (bf16, 32k prefix + 1k
-#: suffixes, ``benchmarks/results/h100-cascade.json``, notes/serving_perf.md "Cascade overlap: both passes at once"), B = 8 /
-#: 16 / 32: "pdl" 67.1 / 81.3 / 121.5 us (0.83 / 0.83 / 0.74 of copy), "streams" 72.3 / 86.7 / 122.0, "off" 96.3 /
-#: 103.4 / 124.0
+#: ``cascade_decode``'s Hopper path (``CascadeConfig.overlap=None``): the suffix launch programmatically dependent
+#: ("pdl") beside the Gluon prefix CTAs, fastest of off / pdl / streams at B = 8-32 (benchmarks/results/h100-cascade.json;
+#: notes/pins.md "CASCADE_OVERLAP")
 CASCADE_OVERLAP = "pdl"
 
 __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forward_pin", "backward_pin",
            "pinned", "as_tuple", "check_pin",
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
-           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP"]
+           "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "CascadeConfig", "PROGRAMS_PER_SM",
+           "check_gluon_prefix_fields", "MIXED_DEFAULT", "CASCADE_DEFAULT"]

@@ -33,16 +33,16 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks, _device, _fastlaunch, configs
-from .configs import DecodeConfig
+from .configs import PROGRAMS_PER_SM, DecodeConfig
 from ._kernel_helpers import LOG2E
-from ._runtime import INTERPRET, num_sms
+from ._checks import check_decode_q, check_kv_cache, check_seq_lens
+from .configs import check_decode_config
+from ._device import INTERPRET, num_sms
 
 #: the tuned stage-1 configurations (``DecodeConfig``: key block, warps, stages, fused merge) live in
 #: ``reference.triton.configs.DECODE_PINS``; callers pass ``config=`` or scope ``configs.pinned(decode=...)``.
 #: a split gets at least this many key blocks, so its fixed costs (Q load, partial-result write) stay small
 MIN_BLOCKS_PER_SPLIT = 4
-#: aim for this many programs per SM in stage 1 (memory-bound: several resident programs hide load latency)
-PROGRAMS_PER_SM = 2
 #: splits merged per step of stage 2's loop
 MERGE_CHUNK = 32
 
@@ -390,18 +390,6 @@ def _block_m(group: int) -> int:
     return max(16, triton.next_power_of_2(group))
 
 
-def check_seq_lens(seq_lens, batch: int, limit: int, limit_what: str, validate: bool):
-    """seq_lens: an int32/int64 tensor of shape (batch,) on DEVICE with values in [0, limit]."""
-    _checks.check_tensor(seq_lens, "seq_lens", ndim=1, dtypes=_checks.INT_DTYPES)
-    if seq_lens.shape[0] != batch:
-        raise ValueError(f"seq_lens must have shape (B,) = ({batch},), got {tuple(seq_lens.shape)}")
-    if validate and batch > 0:
-        lo, hi = int(seq_lens.min()), int(seq_lens.max())  # one device sync; validate=False skips it
-        if lo < 0 or hi > limit:
-            raise ValueError(f"seq_lens must lie in [0, {limit}] ({limit_what}), got values in [{lo}, {hi}]")
-    return seq_lens.contiguous()
-
-
 def pin_kind(dtype, paged=False, num_splits=None) -> str:
     """The key of ``configs.DECODE_PINS`` for these inputs."""
     if dtype == torch.float32:
@@ -414,13 +402,6 @@ def pin_kind(dtype, paged=False, num_splits=None) -> str:
 def base_config(dtype, paged=False, num_splits=None, config: DecodeConfig | None = None) -> DecodeConfig:
     """``config``, else the default stage-1 configuration for these inputs (``configs.decode_pin``)."""
     return config if config is not None else configs.decode_pin(pin_kind(dtype, paged, num_splits))
-
-
-def check_config(config, name: str = "config"):
-    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
-    if config is not None and not isinstance(config, DecodeConfig):
-        raise TypeError(f"{name} must be a reference.triton.configs.DecodeConfig or None, got {type(config).__name__}")
-    return config
 
 
 def decode_need(cfg: dict, d: int, es: int, limits, group: int = 1) -> _device.Need:
@@ -441,24 +422,8 @@ def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None
                                limits)
 
 
-_COUNTERS: dict = {}
-
-
-def _counters(device, n: int):
-    """The fused merge's ticket counters, one int32 per (batch, kv head), zero between launches.
-
-    Each launch's last program of a group resets its counter, so one zeroed buffer is reused and no memset is
-    launched per call. The buffer is kept per (device, CUDA stream): launches on one stream run one after the
-    other and so never share tickets, while decodes running concurrently on different streams get different
-    buffers.
-    """
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = torch.zeros(max(n, 256), dtype=torch.int32, device=device)
-        _COUNTERS[key] = buf
-    return buf
+#: the fused merge's ticket counters, one int32 per (batch, kv head) and merge group, zero between launches
+_COUNTERS = _fastlaunch.TicketCounters(256)
 
 
 def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
@@ -499,7 +464,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     n_groups = -(-num_splits // merge_group) if merge_group else 0
     chunk_blocks = base.dynamic_chunk if fused else 0
     n_bh = B * n_kv_heads
-    counters = _counters(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
+    counters = _COUNTERS.buffer(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
     chunk_counters = counters[n_bh * (1 + n_groups):] if chunk_blocks else None
     if merge_group:
         o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
@@ -537,8 +502,7 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
 def tma_ok(q, k, v, paged, limits) -> bool:
     """TMA K/V boxes apply: a Hopper GPU (not the interpreter), a contiguous ``(B, Hkv, Nmax, d)`` fp16/bf16 cache
     (one 2-D ``(B * Hkv * Nmax, d)`` view) with 16-byte aligned bases; otherwise the pointer loads run."""
-    return (not INTERPRET and not paged and q.device.type == "cuda" and _device.hopper(limits)
-            and q.dtype in (torch.float16, torch.bfloat16)
+    return (not paged and _device.tma_device(q.device, limits) and q.dtype in (torch.float16, torch.bfloat16)
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
 
 
@@ -582,6 +546,14 @@ def fast_key(kind: str, tensors, *options, enabled: bool = True):
     return key
 
 
+def recorded_launch(kind: str, tensors, *options):
+    """The launch recorded for a call of ``kind`` ("contiguous": ``flash_decode``, "paged": ``paged_decode``) on
+    ``tensors`` with ``options`` (``num_splits``, ``scale``, ``config``, as the entry point passes them to
+    ``fast_key``), or None: what the next such call will repeat (benchmarks read it to time the launch alone)."""
+    key = fast_key(kind, tensors, *options)
+    return LAUNCH_CACHE.get(key) if key is not None else None
+
+
 def _record(key, grid, args, kwargs):
     rec = _fastlaunch.launch_and_record(_split_kv_kernel, grid, args, kwargs, _SLOTS)
     if rec is not None:
@@ -601,32 +573,6 @@ def repeat_launch(rec, q, k, v, seq_lens, block_tables):
     rec({"Q": q, "K": k, "V": v, "SeqLens": q if seq_lens is None else seq_lens,
          "BlockTables": q if block_tables is None else block_tables, "Out": out, "DescK": desc_k, "DescV": desc_v})
     return out
-
-
-def check_decode_q(q, name="q"):
-    _checks.check_tensor(q, name, ndim=3)
-    B, Hq, d = q.shape
-    if B == 0 or Hq == 0:
-        raise ValueError(f"{name} must have shape (B, Hq, d) with B, Hq >= 1, got {tuple(q.shape)}")
-    _checks.check_head_dim(d, f"head dimension d ({name}.shape[-1])")
-    return B, Hq, d
-
-
-def check_kv_cache(q, k, v, k_name: str, v_name: str, layout: str, hkv_axis: int):
-    """The K and V caches of a decode: rank-4 tensors of one ``layout`` (its text goes into the message) with
-    the kv heads on ``hkv_axis`` and ``d`` last, on ``DEVICE``, of q's dtype and ``d``, and ``Hq % Hkv == 0``
-    (GQA). Returns ``k.shape``."""
-    for name, x in ((k_name, k), (v_name, v)):
-        _checks.check_tensor(x, name, ndim=4)
-    _checks.check_same_dtype(**{"q": q, k_name: k, v_name: v})
-    if k.shape != v.shape:
-        raise ValueError(f"{k_name} and {v_name} must have the same shape {layout}, got {k_name} {tuple(k.shape)} "
-                         f"and {v_name} {tuple(v.shape)}")
-    d, dk = q.shape[-1], k.shape[-1]
-    if dk != d:
-        raise ValueError(f"q and {k_name} must have the same head dimension d, got q d={d} and {k_name} d={dk}")
-    _checks.check_gqa(q.shape[1], k.shape[hkv_axis])
-    return tuple(k.shape)
 
 
 def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None,
@@ -652,7 +598,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
     _checks.check_flag(fast_launch, "fast_launch")
-    config = check_config(config)
+    config = check_decode_config(config)
     Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
     if Bk != B:
         raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")

@@ -40,7 +40,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from ._checks import check_attention_inputs, check_backward_inputs, check_flag, check_scale
 from ._kernel_helpers import LOG2E, causal_key_range, dot, dot_acc, pinned_or_tuned, varlen_bounds
 from . import flash_fwd
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 from . import _device, configs
 from .flash_fwd import Varlen, load_tile, packed_strides, tuning_bench
 

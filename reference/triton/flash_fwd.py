@@ -41,7 +41,7 @@ from . import _device, configs
 from ._checks import check_attention_inputs, check_flag, check_scale
 from ._kernel_helpers import (LN2, LOG2E, causal_key_range, dot, dot_acc, mask_running_max, pinned_or_tuned,
                               varlen_bounds)
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 
 #: packed launches whose longest sequence has at most 16 query rows (decode steps, the suffix pass of cascade
 #: decode): a 16-row tile instead of the 64-128 rows the autotuned configurations would mostly leave empty
@@ -129,7 +129,7 @@ def fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, b, hk, lo, 
     """FA2 Algorithm 1, line 6: the inner loop over key blocks ``[lo, hi)``.
 
     A plain ``for`` loop, which the GPU compiler software-pipelines; the interpreter runs the same loop
-    (``reference.triton._runtime`` lets it take run-time bounds under NumPy >= 2.4).
+    (``reference.triton._device`` lets it take run-time bounds under NumPy >= 2.4).
     """
     for start_n in range(lo, hi, BLOCK_N):
         start_n = tl.multiple_of(start_n, BLOCK_N)
@@ -227,9 +227,6 @@ def _attn_fwd(Q, K, V, O, LSE, desc_q, desc_k, desc_v, desc_o,
 # --------------------------------------------------------------------------------------------------------------
 # configs and autotuning
 # --------------------------------------------------------------------------------------------------------------
-SMEM_LIMIT = 200 * 1024  # an H100's usable shared memory (227 KB x 7/8); other GPUs: _device.device_limits
-
-
 def _set_block_shapes(nargs):
     """Autotune pre-hook: host tensor descriptors carry the block shape, which depends on the config."""
     bm, bn, d = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["HEAD_DIM"]

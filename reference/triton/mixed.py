@@ -32,149 +32,23 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks
-from ._device import device_limits, hopper
-from ._kernel_helpers import LN2, LOG2E, dot, dot_acc, lse_merge_finish, lse_merge_step, mask_running_max
-from ._runtime import INTERPRET
-from .configs import KeyBlockConfig
-from .paged import check_block_tables, check_paged_cache
-from .varlen import check_cu_seqlens
+from . import _checks, _fastlaunch
+from ._checks import check_block_tables, check_cu_seqlens, check_paged_cache
+from ._device import INTERPRET, tma_device
+from ._kernel_helpers import LN2, LOG2E, lse_merge_finish, lse_merge_step
+from .paged_keys import key_loop
+from .configs import MIXED_DEFAULT, MixedConfig
 from ..numpy.mixed import ITEM_COLUMNS, check_mixed_lengths, mixed_plan
 
 __all__ = ["mixed_attention", "make_mixed_plan", "MixedConfig", "MixedDevicePlan"]
 
 
-@dataclass(frozen=True)
-class MixedConfig(KeyBlockConfig):
-    """Tile shapes and launch settings of the mixed kernel (one home for them; pass ``config=`` to override).
-
-    The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
-    large_rows: rows (tokens x G) of the decode and prefill tiles;
-    split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
-    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
-    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
-    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
-    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
-    tiles with one table entry per page (False: one entry per key row, the simpler gather).
-    """
-    small_rows: int = 16
-    large_rows: int = 64
-    split_keys: int = 4096
-    use_tma: bool | None = None
-    table_ahead: bool = True
-    whole_pages: bool = True
-
-
-#: the GPU default (H100: 4 warps, 64-row prefill tiles, 64-key blocks); the interpreter uses small tiles
-DEFAULT_CONFIG = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, large_rows=32, block_n=16,
-                                                                  num_stages=1, split_keys=64)
+DEFAULT_CONFIG = MIXED_DEFAULT
 
 
 # --------------------------------------------------------------------------------------------------------------
 # kernel
 # --------------------------------------------------------------------------------------------------------------
-@triton.jit
-def _pages(bt, n0, n_end, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, WHOLE_PAGES: tl.constexpr = False):
-    """Block-table entries (int64) of keys ``n0 .. n0 + BLOCK_N - 1`` (``n0 % BLOCK_N == 0``): one scalar when
-    the block lies in one page (``PAGE % BLOCK_N == 0``), one per page when the block is whole pages
-    (``WHOLE_PAGES`` and ``BLOCK_N % PAGE == 0``), else one per key (a row gather). Keys ``>= n_end`` and -1 entries read as
-    page 0; ``PAGE == 0`` (not paged): a dummy 0."""
-    if PAGE == 0:
-        phys = (n0 * 0).to(tl.int64)
-    elif PAGE % BLOCK_N == 0:
-        phys = tl.maximum(tl.load(bt + n0 // PAGE, mask=n0 < n_end, other=0), 0).to(tl.int64)
-    elif WHOLE_PAGES and BLOCK_N % PAGE == 0:  # whole pages: one entry per page
-        pages = n0 // PAGE + tl.arange(0, BLOCK_N // PAGE)
-        phys = tl.maximum(tl.load(bt + pages, mask=pages * PAGE < n_end, other=0), 0).to(tl.int64)
-    else:
-        keys = n0 + tl.arange(0, BLOCK_N)
-        phys = tl.maximum(tl.load(bt + keys // PAGE, mask=keys < n_end, other=0), 0).to(tl.int64)
-    return phys
-
-
-@triton.jit
-def _key_rows(phys, n0, n_end, stride_p, stride_s, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
-    """Offsets of keys ``n0 .. n0 + BLOCK_N - 1`` in a paged cache, given their pages ``phys`` (``_pages``).
-
-    ``PAGE == 0``: not paged, row ``n`` at ``n * stride_s``. Returns ``(rows, ok)``: the element offset of each
-    key's row (kv head and d not added) and whether it is below ``n_end``."""
-    offs = tl.arange(0, BLOCK_N)
-    ok = n0 + offs < n_end
-    if PAGE == 0:  # a contiguous (N, Hkv, d) tensor
-        rows = (n0 + offs).to(tl.int64) * stride_s
-    elif PAGE % BLOCK_N == 0:  # the block lies in one page: one table entry, consecutive rows
-        rows = phys * stride_p + ((n0 % PAGE) + offs).to(tl.int64) * stride_s
-    else:  # one table entry per key
-        rows = phys * stride_p + ((n0 + offs) % PAGE).to(tl.int64) * stride_s
-    return rows, ok
-
-
-@triton.jit
-def _load_kv(base, desc, phys, n0, n_end, hk, stride_p, stride_s, offs_d,
-             BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, MASKED: tl.constexpr,
-             USE_TMA: tl.constexpr, WHOLE_PAGES: tl.constexpr = False):
-    """One ``(BLOCK_N, HEAD_DIM)`` key or value block of kv head ``hk`` (zeros past ``n_end`` when MASKED),
-    its pages ``phys`` looked up by ``_pages``."""
-    if USE_TMA:  # PAGE % BLOCK_N == 0: one box of the (num_blocks * PAGE, Hkv * d) view
-        x = desc.load([(phys * PAGE + n0 % PAGE).to(tl.int32), hk * HEAD_DIM])
-    elif WHOLE_PAGES and PAGE > 0 and PAGE < BLOCK_N and BLOCK_N % PAGE == 0:
-        # whole pages: a (pages, PAGE, d) tile reshaped to (BLOCK_N, d) after the load; Triton copies each
-        # page's rows into a slice of one shared buffer and gives the MMA the reshaped buffer (the first
-        # version reshaped the row offsets instead and measured 2.4x slower on an H100: no async copy)
-        slots = tl.arange(0, PAGE)
-        ptrs = (base + phys[:, None, None] * stride_p + slots[None, :, None].to(tl.int64) * stride_s
-                + offs_d[None, None, :])
-        if MASKED:
-            keys = n0 + tl.arange(0, BLOCK_N // PAGE)[:, None, None] * PAGE + slots[None, :, None]
-            x = tl.load(ptrs, mask=keys < n_end, other=0.0)
-        else:
-            x = tl.load(ptrs)
-        x = tl.reshape(x, (BLOCK_N, HEAD_DIM))
-    else:
-        rows, ok = _key_rows(phys, n0, n_end, stride_p, stride_s, BLOCK_N, PAGE)
-        ptrs = base + rows[:, None] + offs_d[None, :]
-        if MASKED:
-            x = tl.load(ptrs, mask=ok[:, None], other=0.0)
-        else:
-            x = tl.load(ptrs)
-    return x
-
-
-@triton.jit
-def key_loop(acc, l_i, m_i, q, k_base, v_base, desc_k, desc_v, bt, hk, lo, hi, n_keys, qpos, offset,
-              stride_kp, stride_ks, stride_vp, stride_vs, qk_scale,
-              BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-              MASKED: tl.constexpr, USE_TMA: tl.constexpr, INTERP: tl.constexpr, AHEAD: tl.constexpr = False,
-              WHOLE_PAGES: tl.constexpr = False):
-    """FA2 Algorithm 1, lines 6-10, over key blocks ``[lo, hi)``: row ``r`` (query ``qpos[r]``) sees key ``j``
-    iff ``j < n_keys`` and (causal) ``j <= qpos[r] + offset``. ``AHEAD``: block ``j + 1``'s table entries are
-    loaded while block ``j`` is computed, so the K/V loads do not wait on a table load of their own iteration
-    (``reference.triton.paged_tiles``: Triton's pipeliner then keeps K/V as deep as on a contiguous cache).
-    ``WHOLE_PAGES``: a block of several whole pages is loaded as ``(pages, PAGE, d)`` and reshaped (``_load_kv``)."""
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HEAD_DIM)
-    phys_next = _pages(bt, lo, n_keys, BLOCK_N, PAGE, WHOLE_PAGES)
-    for n0 in range(lo, hi, BLOCK_N):
-        n0 = tl.multiple_of(n0, BLOCK_N)
-        if AHEAD:
-            phys = phys_next
-            phys_next = _pages(bt, n0 + BLOCK_N, n_keys, BLOCK_N, PAGE, WHOLE_PAGES)
-        else:
-            phys = _pages(bt, n0, n_keys, BLOCK_N, PAGE, WHOLE_PAGES)
-        k = _load_kv(k_base, desc_k, phys, n0, n_keys, hk, stride_kp, stride_ks, offs_d, BLOCK_N, HEAD_DIM, PAGE,
-                     MASKED, USE_TMA, WHOLE_PAGES)
-        s = dot(q, tl.trans(k), INTERP) * qk_scale
-        s, m_new, m_use = mask_running_max(s, m_i, n0, qpos, offs_n, n_keys, offset, CAUSAL, MASKED)
-        p = tl.math.exp2(s - m_use[:, None])
-        alpha = tl.math.exp2(m_i - m_use)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_base, desc_v, phys, n0, n_keys, hk, stride_vp, stride_vs, offs_d, BLOCK_N, HEAD_DIM, PAGE,
-                     MASKED, USE_TMA, WHOLE_PAGES)
-        acc = dot_acc(p.to(v.dtype), v, acc * alpha[:, None], INTERP)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
 @triton.jit
 def _tile(Q, K, V, O, LSE, BT, OPart, LPart, Counters, desc_k, desc_v,
           b, t0, n_tok, k_lo, k_hi, n_splits, slot0, split, hk, n_kv_heads, q0, n_q, n_keys,
@@ -310,28 +184,19 @@ def make_mixed_plan(q_lens, seq_lens, n_q_heads: int, n_kv_heads: int, page_size
     align = _align(config, page_size)
     split = max(align, config.split_keys // align * align)
     plan = mixed_plan(q_lens, seq_lens, group, config.small_rows, config.large_rows, split, align, causal)
-    from ._runtime import DEVICE
+    from ._device import DEVICE
     items = torch.from_numpy(np.ascontiguousarray(plan.items)).to(device or DEVICE)
     return MixedDevicePlan(plan, items, config, page_size)
 
 
-_COUNTERS: dict = {}
-
-
-def _counters(device, n: int) -> torch.Tensor:
-    """Zeroed int32 tickets for the in-kernel merge, per (device, stream); each launch leaves them at 0."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    key = (device.type, device.index, stream)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[key] = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
-    return buf
+#: the in-kernel merge's ticket counters, one int32 per (split slot, kv head)
+_COUNTERS = _fastlaunch.TicketCounters(1024)
 
 
 def _use_tma(config: MixedConfig, page: int, k_cache, v_cache) -> bool:
     if config.use_tma is False or INTERPRET or page % config.block_n:
         return False
-    if not hopper(device_limits(k_cache.device)):
+    if not tma_device(k_cache.device):
         if config.use_tma:
             raise ValueError("config.use_tma=True needs a Hopper (sm_90+) GPU")
         return False
@@ -404,7 +269,7 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
     slots = max(plan.plan.n_slots, 1)
     o_part = torch.empty((slots, hkv, cfg.large_rows, d), dtype=torch.float32, device=q.device)
     l_part = torch.empty((slots, hkv, cfg.large_rows), dtype=torch.float32, device=q.device)
-    counters = _counters(q.device, slots * hkv)
+    counters = _COUNTERS.buffer(q.device, slots * hkv)
     use_tma = _use_tma(cfg, page, k_cache, v_cache)
     if use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor

@@ -12,44 +12,10 @@ key block, not bandwidth. Any block size works, including ones smaller than the 
 """
 from __future__ import annotations
 
-import torch
-
 from . import _checks, _device
-from .decode import (LAUNCH_CACHE, check_config, check_decode_q, check_kv_cache, check_seq_lens, choose_num_splits,
-                     fast_key, launch_config, launch_decode, repeat_launch)
-
-
-def check_block_tables(block_tables, seq_lens, batch, num_blocks, block_size, validate):
-    """block_tables: (B, max_blocks) int32/int64 on DEVICE; the blocks a sequence uses lie in [0, num_blocks)."""
-    _checks.check_tensor(block_tables, "block_tables", ndim=2, dtypes=_checks.INT_DTYPES)
-    if block_tables.shape[0] != batch:
-        raise ValueError(f"block_tables must have shape (B, max_blocks) with B={batch}, "
-                         f"got {tuple(block_tables.shape)}")
-    max_blocks = block_tables.shape[1]
-    if max_blocks == 0:
-        raise ValueError(f"block_tables must have at least one column (max_blocks >= 1), "
-                         f"got {tuple(block_tables.shape)}")
-    seq_lens = check_seq_lens(seq_lens, batch, max_blocks * block_size,
-                               f"max_blocks * block_size = {max_blocks} * {block_size}", validate)
-    if validate:
-        used = torch.arange(max_blocks, device=block_tables.device)[None, :] < \
-            ((seq_lens.to(torch.int64) + block_size - 1) // block_size)[:, None]
-        bad = used & ((block_tables < 0) | (block_tables >= num_blocks))
-        if bool(bad.any()):
-            b, j = (int(i) for i in bad.nonzero()[0])
-            raise ValueError(f"block_tables[{b}, {j}] = {int(block_tables[b, j])} is not a block index in "
-                             f"[0, {num_blocks}) but sequence {b} (seq_lens {int(seq_lens[b])}) uses that block; "
-                             "only entries past a sequence's last block may be -1")
-    return block_tables if block_tables.stride(1) == 1 else block_tables.contiguous(), seq_lens
-
-
-def check_paged_cache(q, k_cache, v_cache):
-    """k_cache, v_cache: ``(num_blocks, block_size, Hkv, d)`` with ``num_blocks, block_size >= 1``, matching q
-    (dtype, ``d``, GQA); returns ``k_cache.shape``."""
-    shape = check_kv_cache(q, k_cache, v_cache, "k_cache", "v_cache", "(num_blocks, block_size, Hkv, d)", hkv_axis=2)
-    if shape[0] == 0 or shape[1] == 0:
-        raise ValueError(f"k_cache must have num_blocks >= 1 and block_size >= 1, got {shape}")
-    return shape
+from ._checks import check_block_tables, check_decode_q, check_paged_cache
+from .configs import check_decode_config
+from .decode import LAUNCH_CACHE, choose_num_splits, fast_key, launch_config, launch_decode, repeat_launch
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True,
@@ -76,7 +42,7 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
     _checks.check_flag(fast_launch, "fast_launch")
-    config = check_config(config)
+    config = check_decode_config(config)
     num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
     block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
     n_max = block_tables.shape[1] * block_size

@@ -31,7 +31,7 @@ from . import configs
 from ._device import device_limits
 from .flash_fwd import FWD_CONFIGS, FWD_FALLBACK, SMALL_Q_CONFIG, fwd_configs_for, small_q_config, tuning_bench
 from ._kernel_helpers import LN2, LOG2E, causal_key_range, dot, dot_acc, mask_running_max, pinned_or_tuned
-from ._runtime import INTERPRET
+from ._device import INTERPRET
 
 __all__ = ["paged_prefill_kernel", "table_entries", "launch_paged_prefill"]
 

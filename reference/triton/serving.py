@@ -25,24 +25,23 @@ import torch
 import triton
 import triton.language as tl
 
-from . import _checks, configs
-from ._runtime import INTERPRET, num_sms
-from .cascade import check_cascade_inputs
+from . import _checks, backends, configs
+from ._checks import check_block_tables, check_cascade_inputs, check_cu_seqlens, check_paged_cache
+from ._device import INTERPRET, num_sms
 from .flash_fwd import Varlen, launch_forward
-from .paged import check_block_tables, check_paged_cache
 from .paged_tiles import launch_paged_prefill
-from .varlen import check_cu_seqlens
 
-__all__ = ["paged_prefill", "cascade_decode_separate", "cascade_num_splits"]
+__all__ = ["paged_prefill", "cascade_decode_separate"]
 
 #: a prefix split gets at least this many keys (its fixed costs -- the Q tile load, the partial write -- stay small)
 MIN_PREFIX_KEYS_PER_SPLIT = 256
-#: aim for this many prefix programs per SM
-PROGRAMS_PER_SM = 2
 #: ``paged_prefill(gather=...)``: the page-aligned kernel, the FA2 kernel's row gather (the before-state), or on
 #: Hopper the Gluon kernel with one TMA box per page (``reference.triton.hopper.paged_prefill_gluon``; elsewhere,
 #: and for inputs it does not take, "tma" runs the page-aligned kernel)
 GATHERS = ("page", "row", "tma")
+#: ``paged_prefill(backend=...)``: "auto" the default choice (``gather`` above); "triton" the portable kernels only;
+#: "gluon" the Hopper Gluon kernel or a ``ValueError`` saying why it does not take the inputs (never a silent fallback)
+BACKENDS = ("auto", "triton", "gluon")
 
 
 def _check_caches(q, k_cache, v_cache):
@@ -56,7 +55,7 @@ def _last_axis_contiguous(x):
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q=None, causal=True,
-                  scale=None, *, validate=True, gather=None, config=None):
+                  scale=None, *, validate=True, gather=None, config=None, backend="auto"):
     """Attention of packed chunk queries to their sequences' paged KV cache; returns ``(o, lse)``.
 
     q: ``(total_q, Hq, d)`` packed chunks (sequence ``b``: rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1``);
@@ -77,14 +76,27 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     kernel copies whole pages, so the V slots past a sequence's end in its last page must be finite: with
     ``validate=True`` that is checked (``tail_values_finite``) and the Triton kernel runs where it does not hold;
     with ``validate=False`` it is the caller's promise (a zero-initialised cache keeps it).
+    backend: which kernels may run, chosen here and nowhere else: ``"auto"`` as above (a ``config`` or a failed
+    tail check picks the Triton kernel); ``"triton"`` the portable kernels only (``gather`` ``"page"`` by default,
+    or ``"row"``); ``"gluon"`` the Gluon kernel (``gather`` None or ``"tma"``, no ``config``), and a ``ValueError``
+    naming the reason where it does not take these inputs (another GPU, dtype, head dimension, page size, layout,
+    or non-finite V tail slots under ``validate=True``) instead of a fallback.
     """
     _checks.check_tensor(q, "q", ndim=3)
     num_blocks, block_size, hkv, d = _check_caches(q, k_cache, v_cache)
     validate = _checks.check_flag(validate, "validate")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if gather is None:  # a Triton pin asks for the Triton kernel
-        gather = "page" if config is not None else configs.PAGED_PREFILL["gather"]
+        gather = {"triton": "page", "gluon": "tma"}.get(backend) or (
+            "page" if config is not None else configs.PAGED_PREFILL["gather"])
     if gather not in GATHERS:
         raise ValueError(f"gather must be one of {GATHERS} or None, got {gather!r}")
+    if backend == "triton" and gather == "tma":
+        raise ValueError("gather='tma' is the Gluon kernel's gather; backend='triton' takes gather 'page' or 'row'")
+    if backend == "gluon" and (gather != "tma" or config is not None):
+        raise ValueError("backend='gluon' runs the Gluon kernel (its own pin, configs.PAGED_PREFILL['gluon_config']): "
+                         f"pass gather None or 'tma' and no config, got gather={gather!r}, config={config!r}")
     if config is not None:
         configs.check_pin(config, "config")
     causal = _checks.check_flag(causal, "causal")
@@ -104,10 +116,15 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     q = _last_axis_contiguous(q)
     o = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if backend == "gluon" and max_q > 0:
+        why = _gluon_refusal(q, k_cache, v_cache)
+        if why is None and validate and not tail_values_finite(v_cache, block_tables, seq_lens):
+            why = "a V slot past a sequence's end in its last page is not finite (the kernel copies whole pages)"
+        if why is not None:
+            raise ValueError(f"paged_prefill(backend='gluon'): the Gluon kernel does not take these inputs: {why}")
     if (max_q > 0 and gather == "tma" and _gluon_takes(q, k_cache, v_cache)
             and (not validate or tail_values_finite(v_cache, block_tables, seq_lens))):
-        from .hopper.paged_prefill_gluon import paged_prefill_gluon
-        paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
+        backends.paged_prefill_gluon(q, k_cache, v_cache, o, lse, _int32(cu_q), _int32(seq_lens), _int32(block_tables),
                             max_q, causal, scale, q.shape[1] // hkv, config=configs.PAGED_PREFILL["gluon_config"])
     elif max_q > 0:
         launch_paged_prefill(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q, causal, scale,
@@ -139,11 +156,17 @@ def tail_values_finite(v_cache, block_tables, seq_lens) -> bool:
 def _gluon_takes(q, k_cache, v_cache) -> bool:
     """The Gluon paged prefill runs these inputs: a Hopper GPU, its dtypes / head dims / page sizes
     (``paged_prefill_gluon.gluon_paged_ok``) and caches it can view as one 2-D TMA tensor (contiguous)."""
-    if INTERPRET or not q.is_cuda or not all(x.is_contiguous() and x.data_ptr() % 16 == 0
-                                             for x in (q, k_cache, v_cache)):  # TMA: 16-byte aligned bases
-        return False
-    from .hopper.paged_prefill_gluon import gluon_paged_ok
-    return gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"]) is None
+    return _gluon_refusal(q, k_cache, v_cache) is None
+
+
+def _gluon_refusal(q, k_cache, v_cache) -> str | None:
+    """Why the Gluon paged prefill does not take these inputs, or None where it does (``_gluon_takes``)."""
+    if INTERPRET or not q.is_cuda:
+        return "it needs a Hopper GPU (compute capability 9.0); the inputs are on " + str(q.device) + (
+            " under the Triton interpreter" if INTERPRET else "")
+    if not all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (q, k_cache, v_cache)):
+        return "q, k_cache and v_cache must be contiguous with 16-byte aligned bases (one 2-D TMA view each)"
+    return backends.gluon_paged_ok(q, k_cache, configs.PAGED_PREFILL["gluon_config"])
 
 
 def _int32(x):
@@ -208,12 +231,13 @@ def _cascade_merge(OP, LP, OS, LS, OUT, LOUT, n_states, H_KV,
     tl.store(LOUT + b * H_KV * GROUP + heads, lse_out, mask=g_ok)
 
 
-def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, sms: int | None = None) -> int:
-    """Key chunks of the prefix: about ``PROGRAMS_PER_SM * sms`` programs over ``n_kv_heads`` heads and
+def separate_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int, sms: int | None = None) -> int:
+    """``cascade_decode_separate``'s key chunks of the prefix (``cascade.cascade_num_splits`` is the one-launch
+    cascade's): about ``configs.PROGRAMS_PER_SM * sms`` programs over ``n_kv_heads`` heads and
     ``ceil(batch * group / 64)`` query-row blocks, each chunk at least ``MIN_PREFIX_KEYS_PER_SPLIT`` keys."""
     sms = num_sms() if sms is None else sms
     row_blocks = math.ceil(batch * group / 64)
-    want = max(1, round(PROGRAMS_PER_SM * sms / (row_blocks * n_kv_heads)))
+    want = max(1, round(configs.PROGRAMS_PER_SM * sms / (row_blocks * n_kv_heads)))
     return max(1, min(want, prefix_len // MIN_PREFIX_KEYS_PER_SPLIT))
 
 
@@ -236,7 +260,7 @@ def cascade_decode_separate(q, prefix_k, prefix_v, k_cache, v_cache, block_table
     q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once for the whole batch;
     k_cache, v_cache ``(num_blocks, block_size, Hkv, d)``, block_tables ``(B, max_blocks)``, seq_lens ``(B,)``:
     each request's suffix (``seq_lens[b] = 0``: prefix only), as in ``paged_decode``. num_splits: key chunks
-    of the prefix (None: ``cascade_num_splits``). Returns ``o (B, Hq, d)`` in q's dtype and ``lse (B, Hq)``
+    of the prefix (None: ``separate_num_splits``). Returns ``o (B, Hq, d)`` in q's dtype and ``lse (B, Hq)``
     float32 over each request's whole key set. ``validate=False`` skips the checks that need a device sync.
     """
     B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
@@ -244,7 +268,7 @@ def cascade_decode_separate(q, prefix_k, prefix_v, k_cache, v_cache, block_table
     scale = _checks.check_scale(scale, d)
     P, g = prefix_k.shape[0], hq // hkv
     if num_splits is None:
-        num_splits = cascade_num_splits(B, g, hkv, P)
+        num_splits = separate_num_splits(B, g, hkv, P)
     num_splits = min(_checks.check_positive_int(num_splits, "num_splits"), P)
     q = q.contiguous()
     prefix_k, prefix_v = prefix_k.contiguous(), prefix_v.contiguous()

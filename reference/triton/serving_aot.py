@@ -1,7 +1,7 @@
 """Compile a Triton kernel for Hopper (sm_90a) without a GPU, with the hints a real launch gives it.
 
 ``reference.triton.hopper._aot`` does this for the Gluon kernels; the Triton kernels take the same route
-(``triton.compile`` for ``GPUTarget("cuda", 90, 32)``) with the 16-divisibility hints a launch gives its pointers,
+(``triton.compile`` for ``GPUTarget(*_device.SM90_TARGET)``) with the 16-divisibility hints a launch gives its pointers,
 strides and lengths (without them the compile is another kernel: a 64-row cascade tile then spills).
 ``hopper._aot.resource_usage`` then reads registers, spills, shared memory and the count of wgmma (``HGMMA``),
 mma.sync (``HMMA``) and TMA (``UTMALDG``) instructions from the cubin; the result's ``asm["ptx"]`` shows
@@ -11,9 +11,12 @@ Run in a process with ``TRITON_INTERPRET=0`` (``tests/test_triton_serving.py`` s
 from __future__ import annotations
 
 import triton
+from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from .hopper._aot import HOPPER
+from ._device import SM90_TARGET
+
+HOPPER = GPUTarget(*SM90_TARGET)
 
 
 def compile_with_hints(kernel, types: dict, constexprs: dict, divisible: list, num_warps: int, num_stages: int):

@@ -16,38 +16,11 @@ from __future__ import annotations
 import torch
 
 from . import _checks
+from ._checks import check_cu_seqlens
 from .flash_bwd import launch_backward
 from .flash_fwd import Varlen, launch_forward
 
 __all__ = ["flash_attention_varlen", "flash_attention_varlen_forward", "check_cu_seqlens"]
-
-
-def check_cu_seqlens(cu, name: str, total: int, max_seqlen: int | None, batch: int | None, validate: bool):
-    """``cu`` is an int32/int64 ``(B + 1,)`` tensor on DEVICE; with ``validate`` (one device sync) also
-    ``cu[0] == 0``, non-decreasing, ``cu[-1] == total`` and every length ``<= max_seqlen``. Returns ``cu``
-    contiguous and the longest length (``max_seqlen`` unchanged when not validating)."""
-    _checks.check_tensor(cu, name, ndim=1, dtypes=_checks.INT_DTYPES)
-    if cu.shape[0] < 2:
-        raise ValueError(f"{name} must have shape (B + 1,) with B >= 1, got {tuple(cu.shape)}")
-    if batch is not None and cu.shape[0] != batch + 1:
-        raise ValueError(f"{name} must have B + 1 = {batch + 1} entries (as cu_seqlens_q), got {cu.shape[0]}")
-    longest = max_seqlen
-    if validate:
-        c = cu.to("cpu", torch.int64)
-        if int(c[0]) != 0:
-            raise ValueError(f"{name} must start at 0, got {name}[0] = {int(c[0])}")
-        step = c[1:] - c[:-1]
-        if bool((step < 0).any()):
-            b = int(torch.nonzero(step < 0)[0, 0])
-            raise ValueError(f"{name} must be non-decreasing (cumulative lengths), got {name}[{b}] = {int(c[b])} "
-                             f"> {name}[{b + 1}] = {int(c[b + 1])}")
-        if int(c[-1]) != total:
-            raise ValueError(f"{name}[-1] must equal the number of packed tokens {total}, got {int(c[-1])}")
-        longest = int(step.max())
-        if max_seqlen is not None and longest > max_seqlen:
-            raise ValueError(f"max_seqlen for {name} is {max_seqlen} but sequence {int(step.argmax())} has "
-                             f"{longest} tokens; pass the longest length (or more)")
-    return cu.contiguous(), longest
 
 
 def _check_max(value, name: str) -> int:

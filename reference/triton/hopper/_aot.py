@@ -26,7 +26,9 @@ from triton.compiler import ASTSource
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-HOPPER = GPUTarget("cuda", 90, 32)
+from .._device import SM90_TARGET
+
+HOPPER = GPUTarget(*SM90_TARGET)
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 #: SASS opcodes counted by ``resource_usage`` (QGMMA: the FP8 wgmma; HMMA would be the pre-Hopper mma.sync path)
 SASS_OPS = ("HGMMA", "QGMMA", "HMMA", "LDL", "STL", "UTMALDG", "BAR.SYNC", "MUFU.EX2", "USETMAXREG")

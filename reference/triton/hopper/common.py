@@ -1,16 +1,16 @@
 """Shared pieces of the Hopper wing (public inside ``reference.triton.hopper``): what the Gluon forward, the
 warp-specialised Gluon backward and their autograd op have in common.
 
-* constants and input checks of the Gluon kernels (sm_90a only: wgmma, TMA, ``setmaxnreg``);
-* host helpers: TMA tensor descriptors, FA2 Algorithm 2 line 4 (``backward_preprocess``) and the final dQ
-  scale/cast (``finish_dq``) around a kernel that accumulates dQ in fp32;
+* host helpers: TMA tensor descriptors and the final dQ scale/cast (``finish_dq``) around a kernel that
+  accumulates dQ in fp32 (the Gluon kernels' input checks live in ``reference.triton._checks``, with every other
+  check; this module imports nothing from the package, so every Gluon kernel module stays two imports deep);
 * ``@gluon.jit`` helpers of the backward (the query-block row of a step, ``L_i``/``D_i`` loads, the ``P^T``
   mask, the dK/dV store, a vector reduction) and of the forwards (bf16 ``flash_gluon``, FP8 ``flash_fp8_gluon``):
   their rings (``init_ring_barriers``), the producer's Q loads (``load_q_halves``), the epilogue
   (``store_output``).
 
-Nothing here launches a kernel on its own but ``backward_preprocess`` / ``finish_dq`` (plain Triton kernels,
-which run in the interpreter too).
+Nothing here launches a kernel on its own but ``finish_dq`` (a plain Triton kernel, which runs in the interpreter
+too).
 """
 from __future__ import annotations
 
@@ -22,63 +22,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from .. import _device
-from .. import flash_bwd
-from .._checks import check_attention_inputs, check_backward_inputs, check_flag, check_scale
-
 LOG2E_F = 1.4426950408889634
 LN2_F = 0.6931471805599453
-GLUON_HEAD_DIMS = (64, 128)
-GLUON_DTYPES = (torch.bfloat16, torch.float16)
-MIN_CAPABILITY = (9, 0)
 CONVERT_BLOCK = 1024
-
-
-# --------------------------------------------------------------------------------------------------------------
-# checks
-# --------------------------------------------------------------------------------------------------------------
-def gluon_supported(limits) -> bool:
-    """The Gluon kernels are compiled for sm_90a: Hopper exactly (not sm_80/89, not sm_100)."""
-    return tuple(limits.capability) == MIN_CAPABILITY
-
-
-def check_gluon_device(device, name: str = "flash_attention_forward_gluon") -> None:
-    """The kernels use wgmma/TMA/setmaxnreg (sm_90a): a CUDA device of compute capability exactly 9.0."""
-    if not (isinstance(device, torch.device) and device.type == "cuda" and torch.cuda.is_available()):
-        raise RuntimeError(f"{name} needs a Hopper GPU (compute capability 9.0: H100/H200) for wgmma, TMA and "
-                           f"setmaxnreg; the inputs are on {device} (the Triton interpreter cannot run Gluon "
-                           "kernels)")
-    limits = _device.device_limits(device)
-    if not gluon_supported(limits):
-        cap = limits.capability
-        raise RuntimeError(f"{name} needs compute capability 9.0 (Hopper: H100/H200) for wgmma; "
-                           f"{limits.name} has {cap[0]}.{cap[1]}")
-
-
-def check_gluon_inputs(q, k, v, causal, scale, name: str):
-    """Shapes (``d`` in ``GLUON_HEAD_DIMS``), dtype (``GLUON_DTYPES``), ``causal`` and ``scale`` of a Gluon entry
-    point ``name``; return ``(B, Hq, Hkv, Nq, Nk, d, group, causal, scale)``."""
-    B, Hq, Hkv, Nq, Nk, d, group = check_attention_inputs(q, k, v, head_dims=GLUON_HEAD_DIMS)
-    if q.dtype not in GLUON_DTYPES:
-        raise ValueError(f"{name}: q, k, v must be bfloat16 or float16, got {q.dtype}")
-    return B, Hq, Hkv, Nq, Nk, d, group, check_flag(causal, "causal"), check_scale(scale, d)
-
-
-def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attention_backward_gluon_ws"):
-    """The input checks of a Gluon backward (``name`` is the entry point the messages name); return
-    ``(B, Hq, Hkv, Nq, Nk, d, group, causal, scale)``. The device check comes after (``check_gluon_device``),
-    so a bad argument is named before a missing GPU."""
-    out = check_gluon_inputs(q, k, v, causal, scale, name)
-    check_backward_inputs(q, o, lse, do)
-    return out
-
-
-def check_config_ints(config) -> None:
-    """A Gluon forward's ``config`` must be 4 ints ``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` (a tuple or list, no
-    bools); each kernel's own check then says which values it takes."""
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -93,22 +39,6 @@ def tile_descriptor(x2d: torch.Tensor, rows: int, cols: int) -> TensorDescriptor
     """TMA descriptor of the 2-D view ``x2d`` with box ``[rows, cols]`` in the default NVMMA shared layout."""
     layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl_dtype(x2d.dtype))
     return TensorDescriptor(x2d, list(x2d.shape), list(x2d.stride()), [rows, cols], layout)
-
-
-def backward_preprocess(o, do, lse, Nq, rows=None):
-    """FA2 Algorithm 2 line 4 (``flash_bwd.preprocess``): ``(delta, lse2)``, ``D = rowsum(dO * O)`` and ``L`` in
-    base 2, both ``(B, Hq, rows)`` float32; ``rows >= Nq`` pads each head (``D = 0``, ``L = +inf``: no
-    probability mass) so that a TMA box of whole query blocks never crosses a head."""
-    rows = rows or Nq
-    if rows != Nq:
-        lse = torch.nn.functional.pad(lse, (0, rows - Nq))
-        delta = torch.zeros_like(lse)
-        lse2 = torch.full_like(lse, float("inf"))
-    else:
-        delta = torch.empty_like(lse)
-        lse2 = torch.empty_like(lse)
-    flash_bwd.preprocess(o, do, lse, delta, lse2, Nq)
-    return delta, lse2
 
 
 @triton.jit

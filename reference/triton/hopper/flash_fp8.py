@@ -41,7 +41,7 @@ import triton.language as tl
 
 from .. import _device
 from .._checks import FLOAT_DTYPES, check_attention_inputs, check_flag, check_positive_int, check_scale, check_tensor
-from .._runtime import INTERPRET
+from .._device import INTERPRET
 from .._kernel_helpers import LN2, LOG2E, causal_key_range, mask_running_max
 from .fp8_quant import check_finite_mode, hadamard_matrix, permute_keys, quantize_qkv_fp8, raise_if_nonfinite
 

@@ -44,11 +44,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._checks import check_attention_inputs, check_flag
+from .._checks import check_attention_inputs, check_config_ints, check_flag, check_gluon_device
 from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
 from ._aot import compile_gluon, descriptor_signature
-from .common import (LOG2E_F, check_config_ints, check_gluon_device, init_ring_barriers, load_q_halves, store_output,
-                     tile_descriptor)
+from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
 from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name stays here too)
 from .fp8_quant import check_finite_mode, raise_if_nonfinite

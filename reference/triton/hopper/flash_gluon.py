@@ -48,10 +48,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .. import configs
-from .._checks import check_flag
+from .._device import KNOWN
+from .._checks import check_config_ints, check_flag, check_gluon_device, check_gluon_inputs
 from ._aot import compile_gluon, descriptor_signature
-from .common import (LOG2E_F, check_config_ints, check_gluon_device, check_gluon_inputs, init_ring_barriers,
-                     load_q_halves, store_output, tile_descriptor)
+from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 
 #: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
 #: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
@@ -409,8 +409,8 @@ def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-#: shared memory a Hopper CTA may use (227 KiB)
-SMEM_LIMIT = 227 * 1024
+#: shared memory a Hopper CTA may use (227 KiB: ``_device.KNOWN["H100"]``, the one home of the device limits)
+SMEM_LIMIT = KNOWN["H100"].smem
 
 
 def shared_bytes(config: tuple, head_dim: int, elem_bytes: int = 2) -> int:

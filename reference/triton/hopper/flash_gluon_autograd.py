@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import check_gluon_device, check_gluon_inputs
+from .._checks import check_gluon_device, check_gluon_inputs
 from .flash_gluon import flash_attention_forward_gluon, key_loop_constexprs
 from .flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 

@@ -55,8 +55,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._aot import compile_gluon, descriptor_signature
-from .common import (LOG2E_F, backward_preprocess, check_backward_args, check_gluon_device, finish_dq, load_rows,
-                     mask_pt, q_row, red_add_v2, store_dkdv, tile_descriptor)
+from .. import flash_bwd
+from .._checks import check_backward_args, check_gluon_device
+from .common import LOG2E_F, finish_dq, load_rows, mask_pt, q_row, red_add_v2, store_dkdv, tile_descriptor
 
 NAME = "flash_attention_backward_gluon_ws"
 #: (BLOCK_M query rows per step, STAGES of the Q/dO ring, DQ_TMA, DEFER, LD_TMA); the key block is 128 rows, 64
@@ -484,6 +485,22 @@ def _sm_count_of(index):
 
 def _sm_count(device):
     return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def backward_preprocess(o, do, lse, Nq, rows=None):
+    """FA2 Algorithm 2 line 4 (``flash_bwd.preprocess``, the portable kernel): ``(delta, lse2)``, ``D = rowsum(dO * O)`` and ``L`` in
+    base 2, both ``(B, Hq, rows)`` float32; ``rows >= Nq`` pads each head (``D = 0``, ``L = +inf``: no
+    probability mass) so that a TMA box of whole query blocks never crosses a head."""
+    rows = rows or Nq
+    if rows != Nq:
+        lse = torch.nn.functional.pad(lse, (0, rows - Nq))
+        delta = torch.zeros_like(lse)
+        lse2 = torch.full_like(lse, float("inf"))
+    else:
+        delta = torch.empty_like(lse)
+        lse2 = torch.empty_like(lse)
+    flash_bwd.preprocess(o, do, lse, delta, lse2, Nq)
+    return delta, lse2
 
 
 def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, config=None,

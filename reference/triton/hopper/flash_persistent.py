@@ -33,7 +33,7 @@ from reference.simulators.scheduling import Tile, order_tiles
 from .. import _device
 from .._checks import INT_DTYPES, check_attention_inputs, check_flag, check_scale, check_tensor
 from .._kernel_helpers import LN2, LOG2E, causal_key_range
-from .._runtime import INTERPRET, num_sms
+from .._device import INTERPRET, num_sms
 from ..flash_fwd import fwd_key_blocks, load_tile
 
 #: one block configuration (items are fixed before launch, so no autotuning): BLOCK_M, BLOCK_N, warps, stages,

@@ -36,7 +36,7 @@ import triton
 import triton.language as tl
 
 from .._checks import check_attention_inputs, check_flag, check_positive_int, check_tensor
-from .._runtime import INTERPRET
+from .._device import INTERPRET
 from ..configs import FP8_QUANT_CONFIG
 
 FP8_DTYPE = torch.float8_e4m3fn
