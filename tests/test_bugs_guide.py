@@ -40,7 +40,7 @@ def test_the_guide_shows_no_a7_answer():
     assert redact_answers(text, answer_patterns())[1] == 0
 
 
-def test_a_new_zoo_entry_makes_the_guide_stale(tmp_path, monkeypatch):
+def test_a_new_zoo_entry_makes_the_guide_stale(tmp_path):
     """Positive control on a copy of a1's zoo: a new mutant shows up only after regeneration, with its own cause
     and the FAIL row check() prints for it; an entry that does not say what it does wrong is refused."""
     sub, out = tmp_path / "submissions", tmp_path / "common_bugs"
@@ -49,9 +49,6 @@ def test_a_new_zoo_entry_makes_the_guide_stale(tmp_path, monkeypatch):
     shutil.copy(REPO / "docs" / "common_bugs" / "a1_attention.md", out)
     cache = json.loads((REPO / "docs" / "common_bugs" / "symptoms.json").read_text())
     (out / "symptoms.json").write_text(json.dumps({k: v for k, v in cache.items() if k.startswith("a1")}))
-    monkeypatch.setattr(bugs_guide, "SUB", sub)
-    monkeypatch.setattr(bugs_guide, "OUT", out)
-    monkeypatch.setattr(bugs_guide, "CACHE", out / "symptoms.json")
     base = "autograder/submissions/a1_attention/correct/own_numpy.py"
     line = "        lse = np.where(l[..., 0] > 0, m[..., 0] + np.log(np.where(l[..., 0] > 0, l[..., 0], 1)), -np.inf)\n"
     assert line in (REPO / base).read_text()
@@ -61,13 +58,13 @@ def test_a_new_zoo_entry_makes_the_guide_stale(tmp_path, monkeypatch):
     exp = json.loads((sub / "a1_attention" / "wrong" / "expected.json").read_text())
     exp["w_made_up.py"] = {"fail": ["attention: lse"]}
     (sub / "a1_attention" / "wrong" / "expected.json").write_text(json.dumps(exp))
-    assert bugs_guide.generate(["a1"], check_only=True, log=lambda m: None) == [out / "a1_attention.md"]
-    bugs_guide.generate(["a1"], log=lambda m: None)
+    assert bugs_guide.generate(["a1"], check_only=True, log=lambda m: None, sub=sub, out=out) == [out / "a1_attention.md"]
+    bugs_guide.generate(["a1"], log=lambda m: None, sub=sub, out=out)
     text = (out / "a1_attention.md").read_text()
     section = text.split("\n## w_made_up\n", 1)[1]
     assert "lse off by one (a made-up mistake for this test)." in section and "FAIL" in section
-    assert bugs_guide.generate(["a1"], check_only=True, log=lambda m: None) == []
+    assert bugs_guide.generate(["a1"], check_only=True, log=lambda m: None, sub=sub, out=out) == []
     mutant["why"] = " "
     (sub / "a1_attention" / "wrong" / "w_made_up.mutant.json").write_text(json.dumps(mutant))
     with pytest.raises(ValueError, match="must say what it does wrong"):
-        bugs_guide.entries("a1_attention")
+        bugs_guide.entries("a1_attention", sub)
