@@ -181,7 +181,7 @@ def build(out: Path, exclude=(), report: list | None = None) -> Path:
         notes = []
         dst.write_text(strip_leaks(nb.read_text(), regions, answers, notes))
         report += [(f"lectures/{nb.name}: {n}", why) for n, why in notes]
-    for q in sorted(QUIZZES.glob("[0-9][0-9]_*.md")):
+    for q in sorted(QUIZZES.glob("[0-9][0-9]*_*.md")):
         if any(q.stem == nb.stem for nb in lectures):
             _copy(q, out / "quizzes" / q.name)
     order = []

@@ -343,7 +343,7 @@ def test_every_shipped_file_says_what_it_is_for(release):
     files = {str(p.relative_to(out)) for p in out.rglob("*") if p.is_file()}
     assert set(rows) == files
     assert all(len(v) > 15 for v in rows.values())
-    quizzes = sorted((REPO / "docs" / "quizzes").glob("[0-9][0-9]_*.md"))
+    quizzes = sorted((REPO / "docs" / "quizzes").glob("[0-9][0-9]*_*.md"))
     assert quizzes and all(f"quizzes/{q.name}" in files for q in quizzes)
     assert not [f for f in files if "answer" in f.lower()]
 

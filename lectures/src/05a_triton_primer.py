@@ -1,20 +1,19 @@
 # %% [markdown]
 # # Lecture 5a — A Triton primer: from a vector add to a tiled matmul
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Write and launch a Triton kernel: program ids, blocks of offsets, a grid of `cdiv(n, BLOCK)` programs.
+# 2. Implement masked loads and stores for a ragged tail, and say what an unmasked store overwrites.
+# 3. Build a tiled matmul with `tl.dot`, and explain what `num_warps`, `num_stages` and autotune change.
+# 4. Use the interpreter to debug a kernel: `TRITON_INTERPRET=1`, `tl.device_print` and `tl.static_assert`.
+# 5. Read the PTX of a kernel compiled for sm_90a on a CPU and find its masked loads.
+#
 # Lecture 5 placed FlashAttention's loops on thread blocks and warps and read the course's Triton kernels.
 # Before you write your own in assignment `a3_triton`, this lecture builds up the language one idea at a time,
 # on kernels small enough to read in full: a vector add, a one-row softmax, a tiled matmul. Everything runs on
 # your CPU in Triton's interpreter; what only a GPU can tell (speed) is read from a results file measured on an
 # H200, and what the compiler makes of a kernel is compiled here for the H200, without one.
-#
-# **By the end you can:**
-# 1. write and launch a Triton kernel: program ids, blocks of offsets, a grid of `cdiv(n, BLOCK)` programs;
-# 2. mask the ragged tail of a load and a store, choose `other=` for what a reduction needs, and say what an
-#    unmasked store overwrites;
-# 3. tile a matmul over a 2-d grid with `tl.dot` and a float32 accumulator, and explain what `num_warps`,
-#    `num_stages` and `triton.autotune` change;
-# 4. debug a kernel in the interpreter with `TRITON_INTERPRET=1`, `tl.device_print` and `tl.static_assert`;
-# 5. compile a kernel for sm_90a on a CPU and find its masked loads in the PTX.
 #
 # **Reading path:** lecture 5 → this lecture → lecture 5b (timing and profiling) → assignment `a3_triton`
 # (its warm-up kernel is not graded: write it first).

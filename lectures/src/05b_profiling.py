@@ -1,18 +1,19 @@
 # %% [markdown]
 # # Lecture 5b — Timing and profiling a kernel
 #
+# **Learning objectives.** After this lecture you can:
+#
+# 1. Explain why a GPU timing needs a warm-up and a synchronise, and spot a timing that skipped either.
+# 2. Choose between `triton.testing.do_bench`, CUDA events and CUDA-graph replay, and say what each includes.
+# 3. Measure with the cache flushed between calls, and report a median over rotated rounds instead of one number.
+# 4. Estimate where a kernel sits on the roofline from its bytes, its FLOPs and the measured copy bandwidth.
+# 5. Read the key lines of an Nsight Compute (`ncu`) profile: duration, memory throughput, registers, occupancy.
+#
 # A kernel is fast only if a measurement says so, and a GPU makes measuring easy to get wrong: the host returns
 # before the kernel has run, the first call compiles, the second finds its data in the cache, and two runs of
 # the same thing differ. This lecture takes the course's own method apart, one rule at a time: each rule is
 # first shown with a CPU timer on this machine, then with numbers measured on an H200 by
 # `benchmarks/course/bench_primer.py` (the kernels of lecture 5a) and read from `benchmarks/results/`.
-#
-# **By the end you can:**
-# 1. explain why a GPU timing needs a warm-up and a synchronise, and spot a timing that skipped either;
-# 2. choose between `triton.testing.do_bench`, CUDA events and CUDA-graph replay, and say what each includes;
-# 3. flush the cache between calls, and report a median over rotated rounds instead of one number;
-# 4. place a kernel on the roofline from its bytes, its FLOPs and the measured copy bandwidth;
-# 5. read the key lines of an Nsight Compute (`ncu`) profile: duration, memory throughput, registers, occupancy.
 #
 # **Reading path:** lecture 5a → this lecture → assignment `a3_triton`.
 
