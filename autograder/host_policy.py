@@ -513,6 +513,8 @@ def _shadow(ns: dict) -> dict:
         target = getattr(obj, "fn", obj) if k in kernels else obj
         if getattr(target, "__module__", None) != main:
             continue
+        if "<locals>" in getattr(target, "__qualname__", ""):
+            continue    # a closure some call stored in the namespace (Triton's interpreter does): not a cell's
         try:
             src = textwrap.dedent(inspect.getsource(target))
             first = inspect.getsourcelines(target)[1]

@@ -384,3 +384,20 @@ def test_check_in_a_notebook_runs_the_same_policy(tmp_path):
     case = next(c for c in visible.cases("a4.flash_decode", np.random.default_rng(0)) if c.call is not None)
     ok, _, msg, _ = check.run_case(case, fn, "cpu")
     assert not ok and "the operator * on a floating-point tensor is not available in a Triton part" in msg, msg
+
+
+def test_check_leaves_closures_stored_in_the_namespace_alone(tmp_path):
+    """check() recompiles a notebook's own functions under the policy; a closure that some call stored in the
+    namespace (Triton's interpreter keeps the given range fix's patch there) is not a cell's function and must
+    not be recompiled: its source may use what only the given code may (here a dunder string)."""
+    src = "def helper(x):\n    return getattr(x, '__index__')\n\n\ndef solve(x):\n    return x\n"
+    path = tmp_path / "nb.py"
+    path.write_text(src)
+    ns = {"__name__": "__main__"}
+    exec(compile(src, str(path), "exec"), ns)  # noqa: S102
+    ns["helper"].__qualname__ = "fix.<locals>.helper"       # as a closure made inside a given function
+    shadow = host_policy._shadow(ns)
+    assert shadow["helper"] is ns["helper"] and shadow["solve"] is not ns["solve"]
+    ns["helper"].__qualname__ = "helper"                     # a cell's own function with that body is refused
+    with pytest.raises(PolicyError, match="dunder"):
+        host_policy._shadow(ns)

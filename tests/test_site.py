@@ -264,6 +264,9 @@ def _pages(site: Path) -> list[str]:
                   if p.relative_to(site).parts[0] not in ("_static", "_sources"))
 
 
+SMART_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+
+
 def _plain_start(text: str) -> str:
     """The words an objective starts with, before any markup (code, math, emphasis, links)."""
     return re.split(r"[`$*_\[\\]", text, maxsplit=1)[0].strip()
@@ -295,6 +298,7 @@ def test_every_page_loads_clean_with_images_and_math(site, browser, base_url):
             if re.search(r"\$[^$\n]+\$", "\n".join(ms.notebook_markdown(nb))) and not math[0]:
                 problems.append(f"{page}: the lecture's formulas are not on its page")
             text = " ".join(browser.execute_script("return document.body.innerText").split())
+            text = text.translate(SMART_QUOTES)   # Sphinx typesets ' and " as curly quotes
             for obj in ms.objectives_of(nb):
                 start = _plain_start(obj)
                 if len(start.split()) >= 2 and " ".join(start.split()) not in text:
