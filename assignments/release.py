@@ -63,10 +63,11 @@ QUIZZES = REPO / "docs" / "quizzes"
 CHECK_FILES = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "allocator_check.py", "where.py",
                "specs/__init__.py", "specs/_base.py",
                # make check: the visible cases as pytest tests on the student's own notebook
-               "adapter.py", "submission.py", "percent.py", "load_errors.py", "isolated.py", "diagnose.py",
+               "adapter.py", "submission.py", "percent.py", "load_errors.py", "isolated.py", "check_worker.py",
+               "diagnose.py",
                "threats.py",
                # the host policy of Triton parts, and the given code it leaves as written
-               "host_policy.py", "host_guard.py", "given.py",
+               "host_policy.py", "host_guard.py", "host_rules.py", "given.py",
                "tests_visible/__init__.py", "tests_visible/conftest.py", "tests_visible/test_visible.py")
 
 INIT = '''"""The in-notebook checker of the attention course (student release).

@@ -147,7 +147,7 @@ def _worker(task_id, fn, device):
     from .isolated import ForkWorker
     if os.environ.get("AUTOGRADER_CHECK_INPROCESS") == "1" or not ForkWorker.possible():
         return None
-    return ForkWorker(lambda name: fn, lambda tid: device)
+    return ForkWorker(lambda name: fn, lambda tid: device, run_case)
 
 
 def _isolated_case(worker, task_id, fn, case, device):

@@ -14,7 +14,7 @@ import os
 import sys
 import types
 
-from .host_policy import ALLOWED_DUNDER_NAMES, ALLOWED_IMPORTS, DENIED_ATTRS, GUARD, KERNEL_BUILTINS, RULE, PolicyError
+from .host_rules import ALLOWED_DUNDER_NAMES, ALLOWED_IMPORTS, DENIED_ATTRS, GUARD, KERNEL_BUILTINS, RULE, PolicyError
 
 # torch: what host code may reach (dtypes are recognised by value)
 TORCH_OK = frozenset("""

@@ -13,8 +13,11 @@ student's screen; what the function printed comes back and is shown.
   notebook's state come along. Fork cannot carry a CUDA context: where this process has initialised CUDA
   already, ``check()`` runs the cases in the notebook's own process, as before (a CUDA fault then breaks the
   notebook's kernel, and the message says to restart it).
-- ``SpawnWorker`` (``make check``): a new interpreter that loads the notebook's cells itself (``adapter.load``)
-  and answers cases sent over a socket; pytest never runs the student's code.
+- ``SpawnWorker`` (``make check``): a new interpreter (``python -m autograder.check_worker``) that loads the
+  notebook's cells itself (``adapter.load``) and answers cases sent over a socket; pytest never runs the
+  student's code.
+
+The checker that judges a case (``check.run_case``) is passed in, so this module imports no checker.
 """
 from __future__ import annotations
 
@@ -87,10 +90,10 @@ def status_words(status) -> str:
 
 
 # -- the worker's side ----------------------------------------------------------------------------------------
-def serve(conn, lookup, device_of):
+def serve(conn, lookup, device_of, run_case):
     """Answer ``("case", task_id, name, case)`` with ``("ok", (passed, err, msg, tol), printed)`` until told to
-    stop; exits after a CUDA fault (the context is broken). ``lookup(name)`` -> the student's function."""
-    from .check import run_case
+    stop; exits after a CUDA fault (the context is broken). ``lookup(name)`` -> the student's function;
+    ``run_case(case, fn, device)`` judges one case (``check.run_case``, passed in: this module imports no checker)."""
     while True:
         try:
             req = conn.recv()
@@ -194,8 +197,8 @@ class _Worker:
 class ForkWorker(_Worker):
     """``check()``: the cases run in a forked copy of this process (the notebook's kernel)."""
 
-    def __init__(self, lookup, device_of):
-        self.lookup, self.device_of = lookup, device_of
+    def __init__(self, lookup, device_of, run_case):
+        self.lookup, self.device_of, self.run_case = lookup, device_of, run_case
         self.log = os.path.join(tempfile.gettempdir(), f"autograder-check-{os.getpid()}.log")
 
     @staticmethod
@@ -220,7 +223,7 @@ class ForkWorker(_Worker):
             try:
                 a.close()
                 _quiet_fds(self.log)
-                serve(Connection(b.detach()), self.lookup, self.device_of)
+                serve(Connection(b.detach()), self.lookup, self.device_of, self.run_case)
             finally:
                 os._exit(0)
         b.close()
@@ -261,7 +264,7 @@ class SpawnWorker(_Worker):
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))      # where this autograder lives
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "autograder.isolated", self.path, str(fd),
+            self.proc = subprocess.Popen([sys.executable, "-m", "autograder.check_worker", self.path, str(fd),
                                           self.assignment or ""],
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, pass_fds=(fd,),
                                          cwd=os.getcwd(), env=env)
@@ -289,53 +292,3 @@ class SpawnWorker(_Worker):
 
     def _poll(self):
         return self.proc.poll() if self.proc else 0
-
-
-class InProcess:
-    """``make check`` where a worker cannot be spawned (no ``fork``/``pass_fds``: Windows): the notebook runs in
-    pytest's own process, as ``SpawnWorker``'s interface (a crash then ends the run)."""
-
-    def __init__(self, path, assignment=None):
-        self.path, self.assignment, self.loaded, self.sub = str(path), assignment, None, None
-
-    def start(self):
-        if self.sub is None:
-            from . import adapter
-            self.sub = adapter.load(self.path, self.assignment)
-            self.loaded = {"failed": dict(self.sub.failed), "output": self.sub.output,
-                           "names": [k for k in self.sub.namespace if not k.startswith("__")]}
-        return None
-
-    def run(self, task_id, name, case, timeout):
-        from . import check, visible
-        fn = self.sub.namespace[name]
-        if case.parent is not None:
-            from .local_checks import run_parent_check
-            ok, msg = run_parent_check(_parent_check(task_id, case.parent), fn)
-            return (ok, float("inf"), msg, None), ""
-        return check.run_case(case, fn, check._device(visible.framework(task_id))), ""
-
-    def close(self):
-        pass
-
-
-def worker_for(path, assignment=None):
-    """The ``make check`` worker: ``SpawnWorker`` on a POSIX system, else ``InProcess``. ``assignment``: a Triton
-    assignment's cells load under its host policy, as in grading (``adapter.load``)."""
-    return SpawnWorker(path, assignment) if os.name == "posix" else InProcess(path, assignment)
-
-
-def _worker_main(path, fd, assignment=None):
-    """``python -m autograder.isolated PATH FD [ASSIGNMENT]``: load the notebook, report its load errors, serve
-    cases."""
-    from . import adapter, check, visible
-    conn = Connection(fd)
-    sub = adapter.load(path, assignment or None)
-    names = [k for k, v in sub.namespace.items() if not k.startswith("__")]
-    conn.send({"failed": dict(sub.failed), "names": names, "output": sub.output[-4000:]})
-    serve(conn, lambda name: sub.namespace[name], lambda task_id: check._device(visible.framework(task_id)))
-
-
-if __name__ == "__main__":
-    _worker_main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)
-    os._exit(0)

@@ -6,7 +6,7 @@ carries the graded function's name as its marker. A stub fails with "not impleme
 prints its parameters and the relative error against the tolerance. Grading (``python -m autograder grade``)
 runs hidden cases of the same kinds, larger and drawn at random, plus memory and speed tests.
 
-The notebook runs in a worker process (``isolated.SpawnWorker``), never in pytest's: a kernel that crashes or
+The notebook runs in a worker process (``check_worker.worker_for``), never in pytest's: a kernel that crashes or
 hangs fails its case with a diagnosis ("is a tl.load/tl.store missing its mask?"), the next case gets a fresh
 worker, and the crash's raw output stays in the worker's log.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from autograder import adapter, check, isolated, visible
+from autograder import adapter, check, check_worker, isolated, visible
 from autograder.runner import materialise
 from autograder.specs import resolve
 
@@ -54,7 +54,7 @@ def submission(request):
     path = Path(path) if path else adapter.default_submission(aid)
     if not path.is_file():
         pytest.exit(f"make check: no submission {path} (SUBMISSION=path/to/your.ipynb)", returncode=4)
-    worker = isolated.worker_for(path, aid)
+    worker = check_worker.worker_for(path, aid)
     yield worker
     worker.close()
 
