@@ -6,7 +6,7 @@
 # picks assignments), `tests` = every Triton test compiled, `grade` = the
 # autograder on CUDA (a7 included), `a7` = a7's grading alone, `fp8` = a3's optional FP8 part alone: its tests compiled, the solution's FP8 grade with
 # the speed ratio against the bf16 reference forward, the two FP8 mutants; `policy` = the host policy's zoo on
-# CUDA (POLICY_ONLY="a4" picks assignments); default `all`). In `grade`, GRADE_ASSIGNMENTS lists the assignments
+# CUDA (POLICY_ONLY="a4" picks assignments; SELFTEST_JOBS gradings at a time in `audit` and `policy`, default 4); default `all`). In `grade`, GRADE_ASSIGNMENTS lists the assignments
 # graded (default a3_triton a3b_triton_backward a4_decoding a5_paged) and GRADE_A7=0 leaves a7 out.
 set -u
 STAGES=" ${*:-tests fp8 grade slow holes audit policy} "
@@ -96,7 +96,7 @@ if has audit; then
 # copy-kernel cheat and the poisoned-run detector must be zeroed with T10; w_ignores_num_splits must lose every
 # flash_decode test (the split gate reads the compiled launches' grids). AUDIT_ONLY picks assignments.
 for a in ${AUDIT_ONLY:-a4 a5 a3b a3}; do
-    timeout 560 python3 -m autograder selftest --only $a --device cuda -j ${POLICY_JOBS:-4} --out /tmp/selftest_gpu_audit_$a \
+    timeout 560 python3 -m autograder selftest --only $a --device cuda -j ${SELFTEST_JOBS:-4} --out /tmp/selftest_gpu_audit_$a \
         --match own_zeros_alloc t10_torch_compute t19_poison w_ignores_num_splits w_fp8_no_float8 2>&1 \
         | tr '\r' '\n' | grep -v 'sub/s' | tail -8 | tee -a "$OUT/selftest_gpu_audit.log"
     cp /tmp/selftest_gpu_audit_$a/*.json "$OUT/" 2>/dev/null
@@ -108,7 +108,7 @@ if has policy; then
 # their speed points (the timed reps run the code as written, CellCompiler.plain); each policy cheat is zeroed
 # with T10 (compiled kernels: the duck-typed pointer reaches the launch check, not the interpreter).
 for a in ${POLICY_ONLY:-a4 a5 a3b}; do
-    timeout 560 python3 -m autograder selftest --only $a --device cuda -j ${POLICY_JOBS:-4} --out /tmp/selftest_gpu_policy_$a \
+    timeout 560 python3 -m autograder selftest --only $a --device cuda -j ${SELFTEST_JOBS:-4} --out /tmp/selftest_gpu_policy_$a \
         --match "solution source" own_alloc_variants own_index_assign t10_no_dispatch t10_pop_mode t10_exclude \
         t10_torch_on_thread t10_duck t10_grid_clone t10_saved t10_numpy_view t10_harness 2>&1 \
         | tr '\r' '\n' | grep -v 'sub/s' | tail -16 | tee -a "$OUT/selftest_gpu_policy.log"
