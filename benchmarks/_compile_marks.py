@@ -48,7 +48,8 @@ def mark_compiles() -> None:
 def marked_python(code: str, *args: str) -> list[str]:
     """A command line for a process a stage starts (``pytest.main``, say) that reports its compilations too: it
     inherits ``$BENCH_COMPILE_FD`` when started with ``pass_fds=inherited_fds()``."""
-    return [sys.executable, "-c", "from benchmarks._compile_marks import mark_compiles; mark_compiles(); " + code, *args]
+    boot = "from benchmarks._compile_marks import mark_compiles; mark_compiles(); "
+    return [sys.executable, "-c", boot + code, *args]
 
 
 def inherited_fds() -> tuple[int, ...]:

@@ -24,7 +24,7 @@ import threading
 import time
 import traceback
 
-from benchmarks._compile_marks import COMPILE_FD, inherited_fds, marked_python
+from benchmarks._compile_marks import COMPILE_FD
 
 #: runs ``python -m MODULE --stage STAGE`` with the compile markers installed first
 _BOOT = ("import runpy, sys; from benchmarks._compile_marks import mark_compiles; mark_compiles(); "
@@ -157,60 +157,3 @@ def run_stages(module: str, stages: list[str], limit_of, res: dict, path: str, e
     print(f"wrote {path}", flush=True)
     return res
 
-
-# -- a CPU smoke run of the runner itself: ``python -m benchmarks._staged --smoke --out DIR`` -------------------
-#: the smoke's stages: what each does, and the run-time limit it gets (seconds)
-SMOKE_LIMIT = 3.0
-SMOKE_COMPILE_S = 2 * SMOKE_LIMIT    # a compilation longer than the run-time limit must not stop a stage
-
-
-def _smoke_compile(name: str, seconds: float) -> None:
-    """What Triton does around one JIT compilation, hooks included: ``jit_cache_hook``, work, the post hook."""
-    from triton import knobs
-    from triton.runtime.jit import JitFunctionInfo
-    fn = JitFunctionInfo("smoke", name, None)
-    knobs.runtime.jit_cache_hook(key=name, repr=name, fn=fn, compile={}, is_manual_warmup=False,
-                                 already_compiled=False)
-    time.sleep(seconds)
-    knobs.runtime.jit_post_compile_hook(key=name, repr=name, fn=fn, compile={}, is_manual_warmup=False,
-                                        already_compiled=False)
-
-
-def _smoke_stage(stage: str):
-    if stage == "compile_slowly":      # two long compilations (one in a process it starts), then a short run
-        _smoke_compile("kernel_a", SMOKE_COMPILE_S)
-        subprocess.run(marked_python("from benchmarks._staged import _smoke_compile as c; c('kernel_b', "
-                                     f"{SMOKE_COMPILE_S})"), check=True, pass_fds=inherited_fds())
-        time.sleep(SMOKE_LIMIT / 3)
-        return {"ok": True}
-    if stage == "hang":                # one item done, then stuck on the second
-        print("checking config_a", flush=True)
-        print("PARTIAL " + json.dumps({"config": "config_a", "ok": True}), flush=True)
-        print("checking config_b", flush=True)
-        time.sleep(3600)
-    if stage == "crash":
-        print("PARTIAL " + json.dumps({"config": "config_a", "ok": True}), flush=True)
-        sys.exit(3)
-    raise ValueError(f"stage: expected compile_slowly, hang or crash, got {stage!r}")
-
-
-def main(argv=None) -> None:
-    import argparse
-    ap = argparse.ArgumentParser(description="CPU smoke run of the staged benchmark runner")
-    ap.add_argument("--smoke", action="store_true", help="run the smoke stages (the only mode)")
-    ap.add_argument("--out", default=".")
-    ap.add_argument("--stage", default=None)
-    args = ap.parse_args(argv)
-    if args.stage:
-        print("RESULT " + json.dumps(_smoke_stage(args.stage)), flush=True)
-        return
-    if not args.smoke:
-        ap.error("--smoke is the only mode")
-    os.makedirs(args.out, exist_ok=True)
-    res = {"limit_s": SMOKE_LIMIT, "compile_s": SMOKE_COMPILE_S}
-    run_stages("benchmarks._staged", ["compile_slowly", "hang", "crash"], lambda st: SMOKE_LIMIT, res,
-               os.path.join(args.out, "smoke-staged.json"))
-
-
-if __name__ == "__main__":
-    main()
