@@ -1,7 +1,7 @@
 """The threats the grader defends against (docs/design.md §6): one registry of ids, names, attacks, what the grader
-guarantees and what it does not. The grader's modules name threats through it (``threats.T17``, ``ZEROING``,
-``explain``), and docs/design.md §6's table is ``markdown_table()`` (``tests/test_autograder_threats.py`` checks
-that the two agree and that every threat id written in ``autograder/`` is registered here).
+guarantees and what it does not. The grader's modules name threats only through it (``threats.T17`` or
+``from .threats import T17``, ``ZEROING``, ``explain``), never as strings, and docs/design.md §6's table is
+``markdown_table()`` (``tests/test_autograder_threats.py`` checks both).
 """
 from __future__ import annotations
 

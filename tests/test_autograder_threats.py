@@ -1,5 +1,5 @@
 """The threat registry (``autograder/threats.py``) is the one list of threat ids: docs/design.md §6's table is
-generated from it, and every threat id the grader writes is registered."""
+generated from it, and the grader's code names a threat only through it (no threat id written as a string)."""
 from __future__ import annotations
 
 import ast
