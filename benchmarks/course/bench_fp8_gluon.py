@@ -705,6 +705,19 @@ def _stage_ncu():
     return {"N": NCU_N, "causal": False, "metrics": metrics, "kernels": kernels}
 
 
+#: stages that write results files of their own (``<gpu>-<name>.json``; the other stages' file is re-run separately):
+#: stage -> (name, limit in multiples of ``--timeout``)
+OWN_FILES = {"quant": ("fp8-quant", 4), "keyloop": ("fp8-key-loop", 3)}
+CONVENTIONS = {
+    "quant": "d=128, H=16, batch*seqlen=16384, bf16 inputs; do_bench(warmup=10 ms, rep=40 ms) medians of rotated "
+             "rounds; bytes = Q, K, V read + e4m3 data and scales written (quant_bytes); copy bandwidth = bytes read "
+             "+ written by a 1 GiB device copy, same process; e2e = flash_attention_forward_fp8_gluon (fused "
+             "quantisation with its non-finite check + kernel); ratios from this run only",
+    "keyloop": "d=128, H=16, batch*seqlen=16384, bf16 inputs quantised once; kernel alone; do_bench(warmup=10 ms, "
+               "rep=40 ms) medians over rounds (half rotated in the listed order, half reversed); flops 4BHN^2d "
+               "(x0.5 causal); ratios from this run only"}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(RESULTS))
@@ -741,27 +754,13 @@ def main(argv=None):
         return {"BENCH_OUT": args.out, "BENCH_SCHEDULE": json.dumps(bench.get("main_schedule")),
                 "BENCH_SKIP": ",".join(res.get("check_failed", {}))}
     stages = args.stages.split(",")
-    if "quant" in stages:  # its own results file (the other stages' file is re-run separately)
-        qres = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
-        qres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs; do_bench(warmup=10 ms, rep=40 ms) "
-                              "medians of rotated rounds; bytes = Q, K, V read + e4m3 data and scales written "
-                              "(quant_bytes); "
-                              "copy bandwidth = bytes read + written by a 1 GiB device copy, same process; e2e = "
-                              "flash_attention_forward_fp8_gluon (fused quantisation with its non-finite check + "
-                              "kernel); ratios from this run only")
-        run_stages("benchmarks.course.bench_fp8_gluon", ["quant"], lambda st: 4 * args.timeout, qres,
-                   os.path.join(args.out, f"{gpu_tag()}-fp8-quant.json"))
-        stages = [s for s in stages if s != "quant"]
-        if not stages:
-            return
-    if "keyloop" in stages:  # its own results file too
-        kres = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
-        kres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs quantised once; kernel alone; "
-                              "do_bench(warmup=10 ms, rep=40 ms) medians over rounds (half rotated in the listed "
-                              "order, half reversed); flops 4BHN^2d (x0.5 causal); ratios from this run only")
-        run_stages("benchmarks.course.bench_fp8_gluon", ["keyloop"], lambda st: 3 * args.timeout, kres,
-                   os.path.join(args.out, f"{gpu_tag()}-fp8-key-loop.json"))
-        stages = [s for s in stages if s != "keyloop"]
+    for stage, (name, times) in OWN_FILES.items():   # stages with results files of their own
+        if stage not in stages:
+            continue
+        own = {**{k: res[k] for k in ("gpu", "torch", "triton", "capability")}, "convention": CONVENTIONS[stage]}
+        run_stages("benchmarks.course.bench_fp8_gluon", [stage], lambda st, n=times: n * args.timeout, own,
+                   os.path.join(args.out, f"{gpu_tag()}-{name}.json"))
+        stages = [s for s in stages if s != stage]
         if not stages:
             return
     if "check" in stages:  # each configuration in its own stage; the bench times only what passed
