@@ -99,15 +99,19 @@ def run_stage(module: str, stage: str, limit: float, env: dict, cwd: str, stats:
         for t in readers:
             t.start()
         t0, why = time.monotonic(), None
-        while p.poll() is None and not why:
-            time.sleep(0.2)
-            now = time.monotonic()
-            compile_s, current = watch.clocks(now)
-            if now - t0 - compile_s > limit:
-                why = (f"timed out after {limit:.0f} s of run time (deadlock?); {compile_s:.0f} s of compiling "
-                       "not counted")
-            elif current > compile_limit:
-                why = f"timed out: the compiler finished nothing in {compile_limit:.0f} s (last: {watch.last})"
+        try:
+            while p.poll() is None and not why:
+                time.sleep(0.2)
+                now = time.monotonic()
+                compile_s, current = watch.clocks(now)
+                if now - t0 - compile_s > limit:
+                    why = (f"timed out after {limit:.0f} s of run time (deadlock?); {compile_s:.0f} s of compiling "
+                           "not counted")
+                elif current > compile_limit:
+                    why = f"timed out: the compiler finished nothing in {compile_limit:.0f} s (last: {watch.last})"
+        except BaseException:        # Ctrl-C: the stage runs in its own session, so it is ended here
+            _stop(p)
+            raise
         if why:
             _stop(p)
             print(f"{stage}: {why}", flush=True)
