@@ -15,6 +15,7 @@ import sys
 import types
 
 from .host_rules import ALLOWED_DUNDER_NAMES, ALLOWED_IMPORTS, DENIED_ATTRS, GUARD, KERNEL_BUILTINS, RULE, PolicyError
+from .threats import T10
 
 # torch: what host code may reach (dtypes are recognised by value)
 TORCH_OK = frozenset("""
@@ -169,7 +170,7 @@ class Guard:
     def refuse(self, msg):
         if self.task is not None and self.report is not None:
             try:
-                self.report("T10", f"host policy: {msg}")
+                self.report(T10, f"host policy: {msg}")
             except Exception:  # noqa: BLE001 -- reporting must not hide the refusal
                 pass
         raise PolicyError(msg)

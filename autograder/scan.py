@@ -12,40 +12,41 @@ import ast
 from dataclasses import dataclass
 
 from .traps import ALLOWED_SUBMODULES, FORBIDDEN_ROOTS, forbidden_prefix
+from .threats import T1, T2, T3, T4, T10, T13, T14, T15, T17, T18
 
 # attribute names (on anything) that reach a library implementation of what the student must write
 FORBIDDEN_ATTR_PARTS = ("softmax", "scaled_dot_product", "flash_attn", "sdpa", "multi_head_attention_forward",
                         "MultiheadAttention")
 # dunders and frame/closure attributes used to escape or to smuggle behaviour (T3, T4, T14)
 DUNDER = {
-    "__subclasses__": "T3", "__globals__": "T3", "__builtins__": "T3", "__code__": "T3", "__closure__": "T3",
-    "__wrapped_by_autograder__": "T3", "f_back": "T3", "f_globals": "T3", "f_locals": "T3", "tb_frame": "T3",
-    "gi_frame": "T3", "cr_frame": "T3", "__loader__": "T3", "__spec__": "T3", "__reduce__": "T4",
-    "__reduce_ex__": "T4", "__getstate__": "T4", "__setstate__": "T4", "__array__": "T14",
-    "__array_ufunc__": "T14", "__array_function__": "T14", "__array_finalize__": "T14", "__array_wrap__": "T14",
-    "__array_interface__": "T14", "__torch_function__": "T14", "__torch_dispatch__": "T14", "__class__": "T14",
-    "__del__": "T3", "__bases__": "T3", "__mro__": "T3", "TensorBase": "T3",
+    "__subclasses__": T3, "__globals__": T3, "__builtins__": T3, "__code__": T3, "__closure__": T3,
+    "__wrapped_by_autograder__": T3, "f_back": T3, "f_globals": T3, "f_locals": T3, "tb_frame": T3,
+    "gi_frame": T3, "cr_frame": T3, "__loader__": T3, "__spec__": T3, "__reduce__": T4,
+    "__reduce_ex__": T4, "__getstate__": T4, "__setstate__": T4, "__array__": T14,
+    "__array_ufunc__": T14, "__array_function__": T14, "__array_finalize__": T14, "__array_wrap__": T14,
+    "__array_interface__": T14, "__torch_function__": T14, "__torch_dispatch__": T14, "__class__": T14,
+    "__del__": T3, "__bases__": T3, "__mro__": T3, "TensorBase": T3,
     # a raw pointer to tensor memory: the way to NumPy views and duck-typed kernel arguments (T10)
-    "data_ptr": "T10",
+    "data_ptr": T10,
 }
 # module attributes that must not be used, by module (file/process/network/introspection)
 MODULE_ATTRS = {
-    "os": {"system": "T17", "popen": "T17", "fork": "T17", "forkpty": "T17", "kill": "T17", "killpg": "T17",
-           "setsid": "T17", "setpgid": "T17", "getppid": "T17", "_exit": "T17", "abort": "T17",
-           "write": "T1", "fdopen": "T1", "dup": "T1", "dup2": "T1", "open": "T1", "pipe": "T17",
-           "remove": "T18", "unlink": "T18", "rmdir": "T18", "removedirs": "T18", "rename": "T18",
-           "replace": "T18", "symlink": "T18", "link": "T18", "truncate": "T18", "mkfifo": "T18",
-           "listdir": "T2", "scandir": "T2", "walk": "T2", "chdir": "T2", "unshare": "T17"},
-    "sys": {"modules": "T3", "settrace": "T3", "setprofile": "T3", "_getframe": "T3", "meta_path": "T3",
-            "path_hooks": "T3", "exit": "T17", "stdout": "T1", "stderr": "T1", "__stdout__": "T1"},
-    "numpy": {"load": "T2", "save": "T1", "savez": "T1", "savez_compressed": "T1", "fromfile": "T2",
-              "memmap": "T2", "loadtxt": "T2", "savetxt": "T1", "genfromtxt": "T2", "ctypeslib": "T17"},
-    "torch": {"load": "T2", "save": "T1", "Stream": "T13", "stream": "T13", "jit": "T10", "compile": "T10"},
-    "torch.cuda": {"Stream": "T13", "stream": "T13", "set_stream": "T13", "Event": "T15"},
+    "os": {"system": T17, "popen": T17, "fork": T17, "forkpty": T17, "kill": T17, "killpg": T17,
+           "setsid": T17, "setpgid": T17, "getppid": T17, "_exit": T17, "abort": T17,
+           "write": T1, "fdopen": T1, "dup": T1, "dup2": T1, "open": T1, "pipe": T17,
+           "remove": T18, "unlink": T18, "rmdir": T18, "removedirs": T18, "rename": T18,
+           "replace": T18, "symlink": T18, "link": T18, "truncate": T18, "mkfifo": T18,
+           "listdir": T2, "scandir": T2, "walk": T2, "chdir": T2, "unshare": T17},
+    "sys": {"modules": T3, "settrace": T3, "setprofile": T3, "_getframe": T3, "meta_path": T3,
+            "path_hooks": T3, "exit": T17, "stdout": T1, "stderr": T1, "__stdout__": T1},
+    "numpy": {"load": T2, "save": T1, "savez": T1, "savez_compressed": T1, "fromfile": T2,
+              "memmap": T2, "loadtxt": T2, "savetxt": T1, "genfromtxt": T2, "ctypeslib": T17},
+    "torch": {"load": T2, "save": T1, "Stream": T13, "stream": T13, "jit": T10, "compile": T10},
+    "torch.cuda": {"Stream": T13, "stream": T13, "set_stream": T13, "Event": T15},
 }
 OS_PREFIXES = ("exec", "spawn", "posix_spawn")
-BUILTIN_CALLS = {"__import__": "T10", "exec": "T10", "eval": "T10", "compile": "T10", "globals": "T3",
-                 "locals": "T3", "vars": "T3", "breakpoint": "T17", "open": "T1", "input": "T17"}
+BUILTIN_CALLS = {"__import__": T10, "exec": T10, "eval": T10, "compile": T10, "globals": T3,
+                 "locals": T3, "vars": T3, "breakpoint": T17, "open": T1, "input": T17}
 GETATTR_LIKE = {"getattr", "setattr", "delattr", "hasattr"}
 # assigning to an attribute of these modules is monkeypatching (T3; timers: T15)
 PROTECTED_MODULES = ("numpy", "torch", "time", "os", "sys", "builtins", "math", "autograder", "random",
@@ -54,8 +55,8 @@ TIMER_ATTRS = {"perf_counter", "perf_counter_ns", "time", "time_ns", "monotonic"
                "Event", "elapsed_time", "synchronize", "do_bench"}
 SUSPICIOUS_STRINGS = ("scaled_dot_product", "flash_attn", "/autograder", "results.json", "/proc/", "__import__",
                       "importlib", "__builtins__", "subprocess", "os.system", "AUTOGRADER", "softmax(")
-EXACT_STRINGS = {"reference": "T10", "softmax": "T10", "log_softmax": "T10", "autograder": "T3", "ctypes": "T17",
-                 "socket": "T18", "posix": "T17", "nt": "T17"}
+EXACT_STRINGS = {"reference": T10, "softmax": T10, "log_softmax": T10, "autograder": T3, "ctypes": T17,
+                 "socket": T18, "posix": T17, "nt": T17}
 
 
 @dataclass
@@ -88,7 +89,7 @@ class _Scan(ast.NodeVisitor):
         elif forbidden_prefix(name):
             self.add(node, forbidden_prefix(name), f"imports {name} (torch internals: the op audit's blind side)")
         elif root in self.extra:
-            self.add(node, "T10", f"imports {name}, which this assignment does not allow")
+            self.add(node, T10, f"imports {name}, which this assignment does not allow")
 
     # -- scopes -------------------------------------------------------------------------------------------
     def _top(self, node):
@@ -105,7 +106,7 @@ class _Scan(ast.NodeVisitor):
             for b in node.bases:
                 txt = ast.unparse(b)
                 if txt.endswith("ndarray") or txt.endswith(".Tensor") or txt == "Tensor":
-                    self.add(node, "T14", f"class {node.name} subclasses {txt} (outputs must be plain arrays)")
+                    self.add(node, T14, f"class {node.name} subclasses {txt} (outputs must be plain arrays)")
         self.generic_visit(node)
         self.scope = outer
 
@@ -126,7 +127,7 @@ class _Scan(ast.NodeVisitor):
     def visit_ImportFrom(self, node):
         mod = node.module or ""
         if node.level:
-            self.add(node, "T10", "relative import (a submission is a single module)")
+            self.add(node, T10, "relative import (a submission is a single module)")
         for a in node.names:
             full = f"{mod}.{a.name}" if mod else a.name
             if full in ALLOWED_SUBMODULES:
@@ -156,7 +157,7 @@ class _Scan(ast.NodeVisitor):
         low = attr.lower()
         for part in FORBIDDEN_ATTR_PARTS:
             if part.lower() in low:
-                self.add(node, "T10", f"uses {owner_module + '.' if owner_module else '.'}{attr} (a library "
+                self.add(node, T10, f"uses {owner_module + '.' if owner_module else '.'}{attr} (a library "
                                       "implementation of what you must write)")
                 return
         if attr in DUNDER:
@@ -169,7 +170,7 @@ class _Scan(ast.NodeVisitor):
             if attr in table:
                 self.add(node, table[attr], f"uses {owner_module}.{attr}")
             elif owner_module == "os" and attr.startswith(OS_PREFIXES):
-                self.add(node, "T17", f"uses os.{attr}")
+                self.add(node, T17, f"uses os.{attr}")
 
     def visit_Attribute(self, node):
         full = self._full(node.value)
@@ -183,25 +184,25 @@ class _Scan(ast.NodeVisitor):
             if attr in MODULE_ATTRS.get(mod, {}):
                 self.add(node, MODULE_ATTRS[mod][attr], f"uses {full}")
         if node.id == "__builtins__":
-            self.add(node, "T3", "uses __builtins__")
+            self.add(node, T3, "uses __builtins__")
         self.generic_visit(node)
 
     def visit_Call(self, node):
         f = node.func
         if isinstance(f, ast.Name):
             if f.id == "super" and len(node.args) == 2 and ast.unparse(node.args[0]).endswith("Tensor"):
-                self.add(node, "T3", "super(torch.Tensor, ...) reaches tensor methods past the grader's op audit")
+                self.add(node, T3, "super(torch.Tensor, ...) reaches tensor methods past the grader's op audit")
             if f.id in BUILTIN_CALLS and f.id not in self.aliases:
                 self.add(node, BUILTIN_CALLS[f.id], f"calls {f.id}()")
             if f.id in GETATTR_LIKE and len(node.args) >= 2:
                 name = node.args[1]
                 if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
-                    self.add(node, "T10", f"{f.id}() with a computed attribute name")
+                    self.add(node, T10, f"{f.id}() with a computed attribute name")
                 else:
                     target = self._full(node.args[0]) if isinstance(node.args[0], (ast.Name, ast.Attribute)) else None
                     self._attr_check(node, name.value, target or "")
                     if f.id in ("setattr", "delattr") and target and _protected(target):
-                        self.add(node, "T15" if name.value in TIMER_ATTRS else "T3",
+                        self.add(node, T15 if name.value in TIMER_ATTRS else T3,
                                  f"{f.id}() on {target} (monkeypatching)")
         self.generic_visit(node)
 
@@ -213,7 +214,7 @@ class _Scan(ast.NodeVisitor):
         elif isinstance(t, ast.Attribute):
             full = self._full(t.value)
             if full and _protected(full):
-                self.add(t, "T15" if t.attr in TIMER_ATTRS else "T3",
+                self.add(t, T15 if t.attr in TIMER_ATTRS else T3,
                          f"assigns {full}.{t.attr} (monkeypatching a library)")
 
     def visit_Assign(self, node):
@@ -238,11 +239,11 @@ class _Scan(ast.NodeVisitor):
         if isinstance(node.value, str) and id(node) not in self.docstrings:
             s = node.value
             if s in EXACT_STRINGS or s.startswith("reference."):
-                self.add(node, EXACT_STRINGS.get(s, "T10"), f"string {s!r} (a name used to reach a module dynamically)")
+                self.add(node, EXACT_STRINGS.get(s, T10), f"string {s!r} (a name used to reach a module dynamically)")
             else:
                 for part in SUSPICIOUS_STRINGS:
                     if part in s:
-                        self.add(node, "T10" if part not in ("/autograder", "results.json") else "T1",
+                        self.add(node, T10 if part not in ("/autograder", "results.json") else T1,
                                  f"string containing {part!r}")
                         break
         self.generic_visit(node)

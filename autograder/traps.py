@@ -22,25 +22,27 @@ import importlib
 import os
 import sys
 
+from .threats import T1, T2, T3, T4, T10, T13, T17, T18
+
 # module roots a submission may never import, with the threat they belong to
 FORBIDDEN_ROOTS = {
-    "reference": "T10", "experiments": "T10", "benchmarks": "T10", "flash_attn": "T10", "xformers": "T10", "vllm": "T10", "importlib": "T10",
-    "runpy": "T10", "pkgutil": "T10", "zipimport": "T10", "code": "T10", "codeop": "T10",
-    "ctypes": "T17", "cffi": "T17", "subprocess": "T17", "multiprocessing": "T17", "signal": "T17",
-    "resource": "T17", "pty": "T17",
-    "threading": "T13", "_thread": "T13", "concurrent": "T13", "asyncio": "T13",
-    "socket": "T18", "ssl": "T18", "urllib": "T18", "http": "T18", "requests": "T18", "ftplib": "T18",
-    "smtplib": "T18", "shutil": "T18", "tempfile": "T18", "glob": "T2",
-    "pickle": "T4", "marshal": "T4", "dill": "T4", "cloudpickle": "T4", "shelve": "T4", "copyreg": "T4",
-    "gc": "T3", "inspect": "T3", "builtins": "T3", "autograder": "T3", "tracemalloc": "T3", "unittest": "T3",
+    "reference": T10, "experiments": T10, "benchmarks": T10, "flash_attn": T10, "xformers": T10, "vllm": T10, "importlib": T10,
+    "runpy": T10, "pkgutil": T10, "zipimport": T10, "code": T10, "codeop": T10,
+    "ctypes": T17, "cffi": T17, "subprocess": T17, "multiprocessing": T17, "signal": T17,
+    "resource": T17, "pty": T17,
+    "threading": T13, "_thread": T13, "concurrent": T13, "asyncio": T13,
+    "socket": T18, "ssl": T18, "urllib": T18, "http": T18, "requests": T18, "ftplib": T18,
+    "smtplib": T18, "shutil": T18, "tempfile": T18, "glob": T2,
+    "pickle": T4, "marshal": T4, "dill": T4, "cloudpickle": T4, "shelve": T4, "copyreg": T4,
+    "gc": T3, "inspect": T3, "builtins": T3, "autograder": T3, "tracemalloc": T3, "unittest": T3,
 }
 # torch internals that switch the op audit off (``autograder.audit``) or compute behind it: importing them is
 # refused like a forbidden root (the static scan flags their attribute spellings too)
 FORBIDDEN_PREFIXES = {
-    "torch._C": "T3", "torch.overrides": "T3", "torch.utils._python_dispatch": "T3", "torch._subclasses": "T3",
-    "torch._ops": "T3", "torch.utils.dlpack": "T10", "torch._dynamo": "T10", "torch._inductor": "T10",
-    "torch.fx": "T10", "torch.func": "T10", "torch._functorch": "T10", "functorch": "T10", "torch.library": "T10",
-    "torch._prims": "T10", "torch._refs": "T10", "torch._decomp": "T10", "torch.compiler": "T10",
+    "torch._C": T3, "torch.overrides": T3, "torch.utils._python_dispatch": T3, "torch._subclasses": T3,
+    "torch._ops": T3, "torch.utils.dlpack": T10, "torch._dynamo": T10, "torch._inductor": T10,
+    "torch.fx": T10, "torch.func": T10, "torch._functorch": T10, "functorch": T10, "torch.library": T10,
+    "torch._prims": T10, "torch._refs": T10, "torch._decomp": T10, "torch.compiler": T10,
 }
 # functions that pop or disable the audit's torch modes: refused when the submission calls them
 MODE_ESCAPES = [("torch._C", "DisableTorchFunction"), ("torch._C", "_DisableTorchDispatch"),
@@ -52,12 +54,12 @@ MODE_ESCAPES = [("torch._C", "DisableTorchFunction"), ("torch._C", "_DisableTorc
 ALLOWED_SUBMODULES = {"autograder.check"}      # stubbed in the child: check() does nothing there
 
 OS_TRAPS = {
-    "system": "T17", "popen": "T17", "fork": "T17", "forkpty": "T17", "kill": "T17", "killpg": "T17",
-    "execv": "T17", "execve": "T17", "execl": "T17", "execle": "T17", "execlp": "T17", "execvp": "T17",
-    "execvpe": "T17", "spawnv": "T17", "spawnve": "T17", "posix_spawn": "T17", "posix_spawnp": "T17",
-    "setsid": "T17", "setpgid": "T17", "write": "T1", "fdopen": "T1", "dup2": "T1", "remove": "T18",
-    "unlink": "T18", "rmdir": "T18", "rename": "T18", "replace": "T18", "listdir": "T2", "scandir": "T2",
-    "walk": "T2", "getppid": "T17", "open": "T1",
+    "system": T17, "popen": T17, "fork": T17, "forkpty": T17, "kill": T17, "killpg": T17,
+    "execv": T17, "execve": T17, "execl": T17, "execle": T17, "execlp": T17, "execvp": T17,
+    "execvpe": T17, "spawnv": T17, "spawnve": T17, "posix_spawn": T17, "posix_spawnp": T17,
+    "setsid": T17, "setpgid": T17, "write": T1, "fdopen": T1, "dup2": T1, "remove": T18,
+    "unlink": T18, "rmdir": T18, "rename": T18, "replace": T18, "listdir": T2, "scandir": T2,
+    "walk": T2, "getppid": T17, "open": T1,
 }
 TORCH_TRAPS = [
     ("torch", "softmax"), ("torch", "log_softmax"), ("torch", "_softmax"),
@@ -91,10 +93,10 @@ PATH_EVENTS = {"open", "os.listdir", "os.scandir", "os.chdir", "os.mkdir", "os.r
                "os.remove", "os.rmdir", "os.truncate", "os.chmod", "os.chown", "os.utime", "os.exec",
                "os.posix_spawn", "os.spawn", "shutil.copyfile", "shutil.copytree", "shutil.rmtree", "glob.glob",
                "ctypes.dlopen"}
-DIRECT_EVENTS = {"os.fork": "T17", "os.forkpty": "T17", "os.exec": "T17", "os.posix_spawn": "T17",
-                 "os.spawn": "T17", "os.system": "T17", "os.kill": "T17", "os.killpg": "T17",
-                 "subprocess.Popen": "T17", "socket.connect": "T18", "socket.bind": "T18",
-                 "socket.getaddrinfo": "T18"}
+DIRECT_EVENTS = {"os.fork": T17, "os.forkpty": T17, "os.exec": T17, "os.posix_spawn": T17,
+                 "os.spawn": T17, "os.system": T17, "os.kill": T17, "os.killpg": T17,
+                 "subprocess.Popen": T17, "socket.connect": T18, "socket.bind": T18,
+                 "socket.getaddrinfo": T18}
 # process-starting events and where their program is, for a compile child's ``exec_allow`` (None: no program)
 EXEC_EVENTS = {"subprocess.Popen": lambda a: a[0] if a[0] else (a[1] if isinstance(a[1], (str, bytes)) else
                                                                  (list(a[1]) or [None])[0]),
@@ -139,9 +141,9 @@ class _Audit:
                 for a in args[:2]:
                     real = self.hidden(a)
                     if real:
-                        self._refuse("T2", f"{event}({real!r}): the course checkout is off limits", PermissionError)
+                        self._refuse(T2, f"{event}({real!r}): the course checkout is off limits", PermissionError)
             if self.exec_allow is not None and event in EXEC_EVENTS and not self.allowed_exec(event, args):
-                self._refuse("T17", f"{event} of a program other than ptxas in a compile child", PermissionError)
+                self._refuse(T17, f"{event} of a program other than ptxas in a compile child", PermissionError)
             threat = DIRECT_EVENTS.get(event)
             if threat and self.ns is not None and sys._getframe(1).f_globals is self.ns:
                 self._refuse(threat, f"{event} called by the submission", RuntimeError)
@@ -191,7 +193,7 @@ class Traps:
         self.report = report                  # report(threat, what) -> sends a message to the parent
         self.active = False
         self.launches = 0
-        self.extra = {m: "T10" for m in extra_forbidden}
+        self.extra = {m: T10 for m in extra_forbidden}
         self.snapshot = {}
 
     # -- helpers ------------------------------------------------------------------------------------------
@@ -222,7 +224,7 @@ class Traps:
                 threat = traps.forbidden_module(name)
                 if threat is None and name == "autograder" and fromlist:
                     bad = [f for f in fromlist if f"autograder.{f}" not in ALLOWED_SUBMODULES]
-                    threat = "T3" if bad else None
+                    threat = T3 if bad else None
                 if threat:
                     traps.report(threat, f"import {name}")
                     raise ImportError(f"autograder: importing {name} is not allowed in a submission")
@@ -233,14 +235,14 @@ class Traps:
 
         def guarded_import_module(name, package=None):
             if traps._from_submission():
-                traps.fire("T10", f"importlib.import_module({name!r})")
+                traps.fire(T10, f"importlib.import_module({name!r})")
             return real_import_module(name, package)
         importlib.import_module = guarded_import_module
 
         for name, threat in OS_TRAPS.items():
             if hasattr(os, name):
                 setattr(os, name, self._guard_caller(getattr(os, name), f"os.{name}", threat))
-        builtins.open = self._guard_caller(builtins.open, "open()", "T1")
+        builtins.open = self._guard_caller(builtins.open, "open()", T1)
         for fn in ("exec", "eval", "compile", "__import__"):
             pass                                # static scan covers these; exec/eval are needed by libraries
         self.install_torch()
@@ -272,7 +274,7 @@ class Traps:
             mod = sys.modules.get(modname)
             orig = getattr(mod, attr, None) if mod is not None else None
             if orig is not None:
-                setattr(mod, attr, self._guard_caller(orig, f"{modname}.{attr} (switches the op audit off)", "T3"))
+                setattr(mod, attr, self._guard_caller(orig, f"{modname}.{attr} (switches the op audit off)", T3))
         tr = sys.modules.get("triton")
         if tr is not None:
             self._count_launches()
@@ -282,7 +284,7 @@ class Traps:
 
         def guard(*args, **kwargs):
             if traps.active:
-                traps.fire("T10", f"{what}()")
+                traps.fire(T10, f"{what}()")
             return orig(*args, **kwargs)
         return guard
 
