@@ -61,7 +61,7 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
     # interpreted programs; 40 splits of the fused merge stay in test_num_splits_any[40].)
     import dataclasses
 
-    from reference.triton import configs, decode
+    from reference.triton import configs, decode_serving
     q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
     sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
     assert configs.DECODE_PINS["fp32"].fuse_merge  # the default below is the fused merge
@@ -71,7 +71,7 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
         o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
         assert rel_err(o, o_sep) < 1e-6 and torch.all(o[1] == 0)
     assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
-    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
+    assert int(sum(b.abs().sum() for key, b in decode_serving._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 
 
 @pytest.mark.parametrize("hq,hkv,num_splits,fields,tol", [
@@ -91,7 +91,7 @@ def test_merge_options_match_the_default_merge_and_reset_their_counters(rng, hq,
     # would merge too early, or hand the next launch no chunks).
     import dataclasses
 
-    from reference.triton import configs, decode
+    from reference.triton import configs, decode_serving
     q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
     sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
     default = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
@@ -100,7 +100,7 @@ def test_merge_options_match_the_default_merge_and_reset_their_counters(rng, hq,
         o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=cfg)
         assert rel_err(o, default) < tol and torch.all(o[1] == 0)
     assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
-    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
+    assert int(sum(b.abs().sum() for key, b in decode_serving._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 
 
 def test_splits_agree_with_one_split(rng):

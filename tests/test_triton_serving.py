@@ -132,8 +132,8 @@ def test_cascade_bad_input_raises(rng):
 @pytest.mark.skipif(INTERPRET, reason="recorded launches exist on a GPU only (the interpreter has no compiled kernel)")
 def test_recorded_launch_matches_full_path(rng):
     """A second call with the same shapes goes through the recorded launch and still computes on ITS inputs."""
-    from reference.triton import decode, flash_decode, paged_decode
-    decode.clear_launch_cache()
+    from reference.triton import decode_serving, flash_decode, paged_decode
+    decode_serving.clear_launch_cache()
     B, hq, hkv, n, d, bs = 2, 8, 2, 300, 64, 16
 
     def inputs():
@@ -143,11 +143,11 @@ def test_recorded_launch_matches_full_path(rng):
     sets = [inputs() for _ in range(3)]
     lens = torch.tensor([n, 77], dtype=torch.int32, device=DEVICE)
     fast = [flash_decode(q, k, v, seq_lens=lens, validate=False) for q, k, v in sets]
-    assert len(decode.LAUNCH_CACHE) == 1
+    assert len(decode_serving.LAUNCH_CACHE) == 1
     slow = [flash_decode(q, k, v, seq_lens=lens, validate=False, fast_launch=False) for q, k, v in sets]
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
-    assert len(decode.LAUNCH_CACHE) == 1  # fast_launch=False records nothing
+    assert len(decode_serving.LAUNCH_CACHE) == 1  # fast_launch=False records nothing
     from reference.triton.configs import DecodeConfig
     other = DecodeConfig(block_n=32, num_warps=4, num_stages=2, fuse_merge=False)
     for q, k, v in sets:  # another config is another recorded launch, never the first one's
@@ -292,13 +292,13 @@ def test_cascade_prefix_first_rule():
 _AOT_CHILD = """
 import json
 from reference.triton.hopper._aot import resource_usage
-from reference.triton import cascade, decode
+from reference.triton import cascade, serving_aot
 out = {}
 for name, c in (("cascade", cascade.compile_sm90()),
                 ("cascade_tma", cascade.compile_sm90(prefix_first=True, use_tma=True)),
-                ("decode", decode.compile_sm90()),
-                ("decode_tma_pdl", decode.compile_sm90(num_stages=3, use_tma=True, pdl=True)),
-                ("decode_two_level", decode.compile_sm90(merge_rows=32, merge_group=16))):
+                ("decode", serving_aot.compile_decode()),
+                ("decode_tma_pdl", serving_aot.compile_decode(num_stages=3, use_tma=True, pdl=True)),
+                ("decode_two_level", serving_aot.compile_decode(merge_rows=32, merge_group=16))):
     out[name] = dict(resource_usage(c), griddep="griddepcontrol" in c.asm["ptx"])
 print(json.dumps(out))
 """
@@ -307,7 +307,7 @@ print(json.dumps(out))
 @pytest.mark.triton_serving
 @pytest.mark.slow
 def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
-    """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``decode.compile_sm90``): the cascade's 64-row prefix tiles run on
+    """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``serving_aot.compile_decode``): the cascade's 64-row prefix tiles run on
     wgmma (HGMMA; the 16-row suffix tiles on mma.sync), the TMA options issue bulk tensor copies (UTMALDG), PDL
     emits griddepcontrol, and nothing spills (notes/serving_perf.md, "Decode at 32k and the one-launch cascade")."""
     import json

@@ -26,13 +26,14 @@ the paged front end.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from . import _checks, _device, _fastlaunch, configs
+from . import _checks, _device, configs
 from .configs import PROGRAMS_PER_SM, DecodeConfig
 from ._kernel_helpers import LOG2E
 from ._checks import check_decode_q, check_kv_cache, check_seq_lens
@@ -422,19 +423,30 @@ def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None
                                limits)
 
 
-#: the fused merge's ticket counters, one int32 per (batch, kv head) and merge group, zero between launches
-_COUNTERS = _fastlaunch.TicketCounters(256)
+class DecodeCall(NamedTuple):
+    """The checked arguments of one decode call, as ``launch_decode`` takes them."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    seq_lens: torch.Tensor | None
+    block_tables: torch.Tensor | None
+    n_max: int
+    n_kv_heads: int
+    scale: float
+    num_splits: int
+    page_size: int
+    config: DecodeConfig | None
 
 
 def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
-                  fast_key=None, config: DecodeConfig | None = None):
+                  config: DecodeConfig | None = None, counters=None, launch=None):
     """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout.
     ``config``: the stage-1 ``DecodeConfig`` (None: ``base_config``'s default for these inputs).
 
-    ``fast_key``: record this launch under that key (``LAUNCH_CACHE``) so that the next call with the same key skips
-    the checks and Triton's argument binding (``reference.triton._fastlaunch``); only single-kernel launches
-    (one split, or the fused merge) are recorded. Their scratch buffers are then reused by the recorded
-    launch: one stream runs its launches in order, and the key includes the stream.
+    ``counters(device, n)``: ``n`` zeroed int32 ticket counters for the fused merge, which the kernel leaves
+    zeroed (None: fresh zeros each call). ``launch(kernel, grid, args, kwargs)``: how stage 1 is launched (None:
+    ``kernel[grid](*args, **kwargs)``); the serving layer's recorded launches pass theirs
+    (``reference.triton.decode_serving``).
     """
     B, Hq, d = q.shape
     paged = block_tables is not None
@@ -464,8 +476,14 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     n_groups = -(-num_splits // merge_group) if merge_group else 0
     chunk_blocks = base.dynamic_chunk if fused else 0
     n_bh = B * n_kv_heads
-    counters = _COUNTERS.buffer(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
-    chunk_counters = counters[n_bh * (1 + n_groups):] if chunk_blocks else None
+    n_counters = n_bh * (1 + n_groups + (chunk_blocks > 0))
+    if not fused:
+        tickets = out  # unused
+    elif counters is None:
+        tickets = torch.zeros(n_counters, dtype=torch.int32, device=q.device)
+    else:
+        tickets = counters(q.device, n_counters)
+    chunk_counters = tickets[n_bh * (1 + n_groups):] if chunk_blocks else None
     if merge_group:
         o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
         lse_part2 = torch.empty((B, Hq, n_groups), device=q.device, dtype=torch.float32)
@@ -476,27 +494,33 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     chunk = min(triton.next_power_of_2(most), max(1, base.merge_rows // merge_m))
     has_seq = seq_lens is not None
     sl = seq_lens if has_seq else q
-    desc_k, desc_v = _descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
+    desc_k, desc_v = descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
     grid = (num_splits, B * n_kv_heads)
-    launch = _split_kv_kernel[grid] if fast_key is None or (num_splits > 1 and not fused) else \
-        lambda *a, **kw: _record(fast_key, grid, a, kw)
-    extra = dict(launch_pdl=True) if pdl else {}
-    launch(
-        q, k, v, sl, bt, out, o_part, lse_part, counters, desc_k, desc_v,
-        q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
-        n_kv_heads, group, n_max, num_splits, scale * LOG2E.value,
+    args = (q, k, v, sl, bt, out, o_part, lse_part, tickets, desc_k, desc_v,
+            q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
+            n_kv_heads, group, n_max, num_splits, scale * LOG2E.value)
+    kwargs = dict(
         HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
         HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
         DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
         FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma, PDL=pdl,
         OPart2=o_part2, LsePart2=lse_part2, MERGE_GROUP=merge_group,
         ChunkCounters=chunk_counters, CHUNK_BLOCKS=chunk_blocks,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
-    )
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **(dict(launch_pdl=True) if pdl else {}))
+    if launch is None:
+        _split_kv_kernel[grid](*args, **kwargs)
+    else:
+        launch(_split_kv_kernel, grid, args, kwargs)
     if num_splits > 1 and not fused:
         _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
                                  HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
     return out
+
+
+def one_launch(call: DecodeCall) -> bool:
+    """Whether ``launch_decode`` runs ``call`` as one kernel (one split, or the splits merged in stage 1)."""
+    paged = call.block_tables is not None
+    return call.num_splits == 1 or base_config(call.q.dtype, paged, call.num_splits, call.config).fuse_merge
 
 
 def tma_ok(q, k, v, paged, limits) -> bool:
@@ -506,98 +530,18 @@ def tma_ok(q, k, v, paged, limits) -> bool:
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
 
 
-def _descriptors(k, v, block_n: int):
+def descriptors(k, v, block_n: int):
     """Host TMA descriptors of the K and V caches as ``(B * Hkv * Nmax, d)`` matrices, boxes ``(block_n, d)``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     d = k.shape[-1]
     return tuple(TensorDescriptor(x, [x.numel() // d, d], [d, 1], [block_n, d]) for x in (k, v))
 
 
-LAUNCH_CACHE = _fastlaunch.LaunchCache()
-_SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out", "DescK", "DescV")
 
-
-def clear_launch_cache() -> None:
-    """Forget every recorded launch (the next eager call of each shape takes the full path again)."""
-    LAUNCH_CACHE.clear()
-
-
-def fast_key(kind: str, tensors, *options, enabled: bool = True):
-    """Key of a recorded launch, or None when ``enabled`` is False (a caller's ``fast_launch=False``), an input
-    is not a plain tensor on a CUDA device or when interpreting: then the call takes the full path, whose checks
-    raise the proper errors. ``options`` must include the call's ``config``; the scoped default
-    (``configs.pinned(decode=...)``) is added here, so a recorded launch never outlives the configuration it
-    was recorded with."""
-    if INTERPRET or not enabled:
-        return None
-    parts = [kind]
-    for t in tensors:
-        if t is None:
-            parts.append(None)
-        elif type(t) is not torch.Tensor or t.device.type != "cuda":
-            return None
-        else:
-            parts.append(_fastlaunch.tensor_key(t))
-    key = (*parts, *options, configs.scoped_decode(), _fastlaunch.stream_key(tensors[0].device))
-    try:
-        hash(key)
-    except TypeError:  # an unhashable option: the full path names it
-        return None
-    return key
-
-
-def recorded_launch(kind: str, tensors, *options):
-    """The launch recorded for a call of ``kind`` ("contiguous": ``flash_decode``, "paged": ``paged_decode``) on
-    ``tensors`` with ``options`` (``num_splits``, ``scale``, ``config``, as the entry point passes them to
-    ``fast_key``), or None: what the next such call will repeat (benchmarks read it to time the launch alone)."""
-    key = fast_key(kind, tensors, *options)
-    return LAUNCH_CACHE.get(key) if key is not None else None
-
-
-def _record(key, grid, args, kwargs):
-    rec = _fastlaunch.launch_and_record(_split_kv_kernel, grid, args, kwargs, _SLOTS)
-    if rec is not None:
-        LAUNCH_CACHE.put(key, rec)
-
-
-def repeat_launch(rec, q, k, v, seq_lens, block_tables):
-    """Repeat a recorded decode launch on new tensors of the recorded shapes; returns the output. A launch
-    recorded with TMA descriptors gets descriptors of the new K/V (same shapes and box)."""
-    out = torch.empty_like(q)
-    i = rec.slots["DescK"]
-    desc_k = rec.args[i]
-    if isinstance(desc_k, torch.Tensor):
-        desc_k, desc_v = k, v
-    else:
-        desc_k, desc_v = _descriptors(k, v, desc_k.block_shape[0])
-    rec({"Q": q, "K": k, "V": v, "SeqLens": q if seq_lens is None else seq_lens,
-         "BlockTables": q if block_tables is None else block_tables, "Out": out, "DescK": desc_k, "DescV": desc_v})
-    return out
-
-
-def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None,
-                 fast_launch=True):
-    """Split-KV decode attention (Flash-Decoding) with GQA packing; returns ``o (B, Hq, d)`` in q's dtype.
-
-    q: ``(B, Hq, d)`` (one new token per sequence); k, v: ``(B, Hkv, Nmax, d)``, ``Hq % Hkv == 0``;
-    seq_lens: ``(B,)`` int32/int64 tensor of valid key counts (None: all ``Nmax``); sequence ``b`` attends
-    keys ``0 .. seq_lens[b]-1`` (a length of 0 gives output 0). num_splits: None picks
-    ``choose_num_splits(B, Hkv, Nmax)``; any positive integer is accepted (surplus splits are empty).
-    scale defaults to ``1/sqrt(d)``. validate=False skips the one check that needs a device sync (seq_lens
-    values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
-    bounds. config: a ``reference.triton.configs.DecodeConfig`` (None: ``configs.decode_pin``, the tuned pin
-    for the dtype). fast_launch=False always takes the full path (checks + Triton's launch) instead of
-    repeating a recorded launch of the same shapes (``reference.triton._fastlaunch``).
-    """
-    key = fast_key("contiguous", (q, k, v, seq_lens), num_splits, scale, config, enabled=fast_launch is True)
-    rec = LAUNCH_CACHE.get(key) if key is not None else None
-    if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
-        if validate and seq_lens is not None:       # only the value checks remain
-            check_seq_lens(seq_lens, q.shape[0], k.shape[2], "Nmax = k.shape[2]", True)
-        return repeat_launch(rec, q, k, v, seq_lens, None)
+def check_call(q, k, v, seq_lens=None, num_splits=None, scale=None, validate=True, config=None) -> DecodeCall:
+    """``flash_decode``'s checks (each bad argument named) and defaults: the ``DecodeCall`` it launches."""
     B, Hq, d = check_decode_q(q)
     validate = _checks.check_flag(validate, "validate")
-    _checks.check_flag(fast_launch, "fast_launch")
     config = check_decode_config(config)
     Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
     if Bk != B:
@@ -611,40 +555,23 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
         num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
-    direct = q.is_contiguous() and k.stride(-1) == 1 and v.stride(-1) == 1  # no copies: a launch to record
     q = q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
-    return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1,
-                         fast_key=key if direct else None, config=config)
+    return DecodeCall(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, 1, config)
 
 
-def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
-                 pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True,
-                 merge_rows: int = 128, merge_group: int = 0, dynamic_chunk: int = 0):
-    """Stage 1 compiled for sm_90a on any machine (``serving_aot``): contiguous bf16 cache, GQA group ``group``,
-    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``; ``merge_rows`` / ``merge_group`` /
-    ``dynamic_chunk`` as ``DecodeConfig``'s) or one split writing the output."""
-    from .serving_aot import compile_with_hints
-    k = _split_kv_kernel
-    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
-            "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
-    two = bool(merge_group) and num_splits_gt1
-    if two:
-        ptrs.update(OPart2="*fp32", LsePart2="*fp32")
-    dyn = dynamic_chunk if num_splits_gt1 else 0
-    if dyn:
-        ptrs.update(ChunkCounters="*i32")
-    desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
-    types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
-    merge_m = max(2, triton.next_power_of_2(group))
-    const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
-                 PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
-                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, merge_rows // merge_m), USE_TMA=use_tma, PDL=pdl,
-                 MERGE_GROUP=merge_group if two else 0, CHUNK_BLOCKS=dyn)
-    if not two:
-        const.update(OPart2=None, LsePart2=None)
-    if not dyn:
-        const.update(ChunkCounters=None)
-    div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
-    return compile_with_hints(k, types, const, div, num_warps, num_stages)
+def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None):
+    """Split-KV decode attention (Flash-Decoding) with GQA packing; returns ``o (B, Hq, d)`` in q's dtype.
+
+    q: ``(B, Hq, d)`` (one new token per sequence); k, v: ``(B, Hkv, Nmax, d)``, ``Hq % Hkv == 0``;
+    seq_lens: ``(B,)`` int32/int64 tensor of valid key counts (None: all ``Nmax``); sequence ``b`` attends
+    keys ``0 .. seq_lens[b]-1`` (a length of 0 gives output 0). num_splits: None picks
+    ``choose_num_splits(B, Hkv, Nmax)``; any positive integer is accepted (surplus splits are empty).
+    scale defaults to ``1/sqrt(d)``. validate=False skips the one check that needs a device sync (seq_lens
+    values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
+    bounds. config: a ``reference.triton.configs.DecodeConfig`` (None: ``configs.decode_pin``, the tuned pin
+    for the dtype). ``reference.triton.flash_decode`` is this call with recorded launches
+    (``reference.triton.decode_serving``).
+    """
+    return launch_decode(*check_call(q, k, v, seq_lens, num_splits, scale, validate, config))
