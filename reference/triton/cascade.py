@@ -197,6 +197,40 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states
 
 
 @triton.jit
+def _fold_request_states(m, den, num, OPart, LPart, b, hk, n_slots, n_splits, n_kv_heads, GROUP: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr, CACHE: tl.constexpr):
+    """Fold slots ``0 .. n_slots - 1`` of request ``b``'s G rows (kv head ``hk``) of its tile's partial states into
+    the running lse merge ``(m, den, num)`` (``lse_merge_step``); ``CACHE`` the loads' cache modifier."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    for s in range(0, n_slots):
+        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"), cache_modifier=CACHE)
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                      cache_modifier=CACHE)
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    return m, den, num
+
+
+@triton.jit
+def _write_request(OUT, LOUT, m, den, num, b, hk, n_kv_heads, stride_ob, stride_oh, GROUP: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, SMALL: tl.constexpr):
+    """Request ``b``'s G rows of kv head ``hk``: ``o = num / den`` and ``lse`` of the merged state, stored."""
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    out, lse = lse_merge_finish(m, den, num)
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+
+
+@triton.jit
 def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads,
                        stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                        stride_tb, stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -205,10 +239,7 @@ def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n
     """Request ``b``'s G rows over its own pages, then the lse rule over this state and the ``S`` prefix states an
     earlier launch wrote for its rows (slots ``0 .. S-1`` of its tile): every request merges its own rows in
     parallel, no ticket and no partial write of the suffix state (the merge of ``_merge_tile``, G rows wide)."""
-    REQ: tl.constexpr = ROWS // GROUP
-    tile = b // REQ
     offs_g = tl.arange(0, SMALL)
-    offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_g < GROUP
     heads = hk * GROUP + offs_g
     n_keys = tl.load(SeqLens + b).to(tl.int32)
@@ -219,43 +250,23 @@ def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n
     den = tl.zeros([SMALL], tl.float32)
     num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
     m, den, num = lse_merge_step(m, den, num, lse2, o)
-    for s in range(0, n_splits):
-        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"))
-        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        m, den, num = lse_merge_step(m, den, num, ls, os_)
-    out, lse = lse_merge_finish(m, den, num)
-    b64 = b.to(tl.int64)
-    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=row_ok[:, None])
-    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+    m, den, num = _fold_request_states(m, den, num, OPart, LPart, b, hk, n_splits, n_splits, n_kv_heads, GROUP,
+                                       HEAD_DIM, ROWS, SMALL, "")
+    _write_request(OUT, LOUT, m, den, num, b, hk, n_kv_heads, stride_ob, stride_oh, GROUP, HEAD_DIM, SMALL)
 
 
 @triton.jit
 def _merge_request(OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads, stride_ob, stride_oh,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr):
     """Request ``b``'s G rows of kv head ``hk``: the lse rule over the ``S + 1`` states of its tile (``S`` prefix
-    states, the suffix state in slot ``S``), ``o = sum_s exp2(lse_s - lse) o_s`` (``_merge_tile``, G rows wide)."""
-    REQ: tl.constexpr = ROWS // GROUP
-    tile = b // REQ
-    offs_g = tl.arange(0, SMALL)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_g < GROUP
-    heads = hk * GROUP + offs_g
+    states, the suffix state in slot ``S``), ``o = sum_s exp2(lse_s - lse) o_s`` (``_merge_tile``, G rows wide);
+    ``.cg`` loads: another grid wrote the prefix states, so no stale L1 line."""
     m = tl.full([SMALL], float("-inf"), tl.float32)
     den = tl.zeros([SMALL], tl.float32)
     num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
-    for s in range(0, n_splits + 1):
-        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-        m, den, num = lse_merge_step(m, den, num, ls, os_)
-    out, lse = lse_merge_finish(m, den, num)
-    b64 = b.to(tl.int64)
-    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=row_ok[:, None])
-    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+    m, den, num = _fold_request_states(m, den, num, OPart, LPart, b, hk, n_splits + 1, n_splits, n_kv_heads, GROUP,
+                                       HEAD_DIM, ROWS, SMALL, ".cg")
+    _write_request(OUT, LOUT, m, den, num, b, hk, n_kv_heads, stride_ob, stride_oh, GROUP, HEAD_DIM, SMALL)
 
 
 @triton.jit

@@ -233,6 +233,10 @@ def _split_kv_kernel(
                                  MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
 
 
+#: stage 1 by its public name (``serving_aot.compile_decode`` compiles it ahead of time)
+split_kv_kernel = _split_kv_kernel
+
+
 @triton.jit
 def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, s_end, m, den, acc,
                        HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr):
@@ -537,10 +541,9 @@ def descriptors(k, v, block_n: int):
     return tuple(TensorDescriptor(x, [x.numel() // d, d], [d, 1], [block_n, d]) for x in (k, v))
 
 
-
 def check_call(q, k, v, seq_lens=None, num_splits=None, scale=None, validate=True, config=None) -> DecodeCall:
     """``flash_decode``'s checks (each bad argument named) and defaults: the ``DecodeCall`` it launches."""
-    B, Hq, d = check_decode_q(q)
+    B = check_decode_q(q)[0]
     validate = _checks.check_flag(validate, "validate")
     config = check_decode_config(config)
     Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
@@ -550,15 +553,26 @@ def check_call(q, k, v, seq_lens=None, num_splits=None, scale=None, validate=Tru
         raise ValueError(f"k and v must hold at least one key slot (Nmax >= 1), got k {tuple(k.shape)}")
     if seq_lens is not None:
         seq_lens = check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
+    return checked_call(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, 1, config)
+
+
+def checked_call(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+                 config) -> DecodeCall:
+    """The ``DecodeCall`` of inputs whose tensors are checked: ``num_splits`` (None: ``choose_num_splits`` for
+    the configuration's key block) and ``scale`` (None: ``1/sqrt(d)``) checked, q and the caches' rows made
+    contiguous."""
+    B, Hq, d = q.shape
+    paged = block_tables is not None
     if num_splits is None:
-        cfg = launch_config(q.dtype, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv, config=config)
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
+        cfg = launch_config(q.dtype, paged, d=d, limits=_device.device_limits(q.device), group=Hq // n_kv_heads,
+                            config=config)
+        num_splits = choose_num_splits(B, n_kv_heads, n_max, block_n=cfg["block_n"])
     num_splits = _checks.check_positive_int(num_splits, "num_splits")
     scale = _checks.check_scale(scale, d)
     q = q.contiguous()
     k = k if k.stride(-1) == 1 else k.contiguous()
     v = v if v.stride(-1) == 1 else v.contiguous()
-    return DecodeCall(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, 1, config)
+    return DecodeCall(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size, config)
 
 
 def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None):

@@ -12,31 +12,22 @@ key block, not bandwidth. Any block size works, including ones smaller than the 
 """
 from __future__ import annotations
 
-from . import _checks, _device
+from . import _checks
 from ._checks import check_block_tables, check_decode_q, check_paged_cache
 from .configs import check_decode_config
-from .decode import DecodeCall, choose_num_splits, launch_config, launch_decode
+from .decode import DecodeCall, checked_call, launch_decode
 
 
 def check_call(q, k_cache, v_cache, block_tables, seq_lens, scale=None, num_splits=None, validate=True,
                config=None) -> DecodeCall:
     """``paged_decode``'s checks (each bad argument named) and defaults: the ``DecodeCall`` it launches."""
-    B, Hq, d = check_decode_q(q)
+    B = check_decode_q(q)[0]
     validate = _checks.check_flag(validate, "validate")
     config = check_decode_config(config)
     num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
     block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
-    n_max = block_tables.shape[1] * block_size
-    if num_splits is None:
-        cfg = launch_config(q.dtype, paged=True, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv,
-                            config=config)
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
-    num_splits = _checks.check_positive_int(num_splits, "num_splits")
-    scale = _checks.check_scale(scale, d)
-    q = q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    return DecodeCall(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits, block_size, config)
+    return checked_call(q, k_cache, v_cache, seq_lens, block_tables, block_tables.shape[1] * block_size, Hkv, scale,
+                        num_splits, block_size, config)
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True,

@@ -32,10 +32,10 @@ def compile_with_hints(kernel, types: dict, constexprs: dict, divisible: list, n
 def compile_decode(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
                    pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True,
                    merge_rows: int = 128, merge_group: int = 0, dynamic_chunk: int = 0):
-    """``decode._split_kv_kernel`` (stage 1 of split-KV decode) compiled for sm_90a on any machine: contiguous bf16
+    """``decode.split_kv_kernel`` (stage 1 of split-KV decode) compiled for sm_90a on any machine: contiguous bf16
     cache, GQA group ``group``, head dim ``d``, several splits merged in the kernel (``num_splits_gt1``;
     ``merge_rows`` / ``merge_group`` / ``dynamic_chunk`` as ``DecodeConfig``'s) or one split writing the output."""
-    from .decode import _split_kv_kernel as k
+    from .decode import split_kv_kernel as k
     ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
             "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
     two = bool(merge_group) and num_splits_gt1
