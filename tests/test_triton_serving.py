@@ -3,6 +3,8 @@
 Caches come from ``reference.numpy.paged.PagedKVCache`` with sequences appended in interleaved pieces, so
 their blocks are scattered; block sizes smaller than, equal to and not dividing the kernel's key tile.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -110,6 +112,29 @@ def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
     assert rel_err(o, o_sep) < TOL and lse_err(lse, lse_sep) < TOL
     assert o.shape == (B, hq, d) and o.dtype == DT and lse.shape == (B, hq)
     check_against_full(o, lse, q, pk, pv, kv, suffix)
+
+
+@pytest.mark.triton_serving
+def test_cascade_backend_argument_names_the_kernel(rng):
+    """``backend="triton"`` is the one-launch Triton kernel everywhere (the float64 oracle, and the same bits as
+    "auto" where "auto" picks it); ``"gluon"`` off a Hopper GPU, an unknown name, or a backend that contradicts
+    ``CascadeConfig.prefix_gluon`` raise ``ValueError`` naming the reason instead of falling back."""
+    from reference.triton import cascade
+    from reference.triton.configs import CASCADE_DEFAULT
+    suffix = [5, 0, 17]
+    q, pk, pv, kv, args = cascade_case(rng, suffix, 40, 4, 2, 16, 8)
+    o, lse = cascade_decode(*args, backend="triton")
+    check_against_full(o, lse, q, pk, pv, kv, suffix)
+    hopper = cascade.gluon_prefix_reason(args[0], args[1], args[2]) is None
+    if not hopper:
+        o_auto, lse_auto = cascade_decode(*args)
+        assert torch.equal(o, o_auto) and torch.equal(lse, lse_auto)
+        with pytest.raises(ValueError, match="backend='gluon' .*needs"):
+            cascade_decode(*args, backend="gluon")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        cascade_decode(*args, backend="cuda")
+    with pytest.raises(ValueError, match="contradicts CascadeConfig.prefix_gluon"):
+        cascade_decode(*args, backend="triton", config=dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=True))
 
 
 @pytest.mark.triton_serving

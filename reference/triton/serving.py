@@ -41,7 +41,7 @@ MIN_PREFIX_KEYS_PER_SPLIT = 256
 GATHERS = ("page", "row", "tma")
 #: ``paged_prefill(backend=...)``: "auto" the default choice (``gather`` above); "triton" the portable kernels only;
 #: "gluon" the Hopper Gluon kernel or a ``ValueError`` saying why it does not take the inputs (never a silent fallback)
-BACKENDS = ("auto", "triton", "gluon")
+BACKENDS = backends.BACKENDS
 
 
 def _check_caches(q, k_cache, v_cache):
