@@ -11,7 +11,7 @@ import torch
 
 from reference.numpy.paged import PagedKVCache
 from reference.triton import DEVICE, INTERPRET, cascade_decode, paged_prefill
-from reference.triton.serving import cascade_decode_separate
+from experiments.serving_baselines import cascade_decode_separate
 from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import attention_ref, lse_err, rel_err
 

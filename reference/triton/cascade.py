@@ -1,7 +1,7 @@
 """Cascade decode in ONE launch: a shared prefix read once for the batch, each request's paged suffix, merged.
 
 Definition: ``reference.numpy.serving.cascade_decode`` (attention over prefix + suffix = the merge of the two
-states, FlashInfer's recursive attention). The earlier Triton version (``serving.cascade_decode_separate``)
+states, FlashInfer's recursive attention). The earlier Triton version (``experiments.serving_baselines.cascade_decode_separate``)
 ran a dense FA2 call over the prefix, a paged varlen call over the suffixes and a merge kernel: three to four
 launches and a dozen host-side tensor operations, 3.8x its CUDA-graph time when called eagerly. Here one
 kernel has two kinds of programs, ``(item, kv head)``:
