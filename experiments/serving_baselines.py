@@ -21,6 +21,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+import reference.triton  # noqa: F401  (first: without a GPU it switches Triton to its interpreter before any kernel)
 import triton
 import triton.language as tl
 

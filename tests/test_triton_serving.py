@@ -317,13 +317,14 @@ def test_cascade_prefix_first_rule():
 _AOT_CHILD = """
 import json
 from reference.triton.hopper._aot import resource_usage
+from experiments.decode_variants import compile_variant
 from reference.triton import cascade, serving_aot
 out = {}
 for name, c in (("cascade", cascade.compile_sm90()),
                 ("cascade_tma", cascade.compile_sm90(prefix_first=True, use_tma=True)),
                 ("decode", serving_aot.compile_decode()),
-                ("decode_tma_pdl", serving_aot.compile_decode(num_stages=3, use_tma=True, pdl=True)),
-                ("decode_two_level", serving_aot.compile_decode(merge_rows=32, merge_group=16))):
+                ("decode_tma_pdl", compile_variant(pdl=True, num_stages=3, use_tma=True)),
+                ("decode_two_level", compile_variant(merge_group=16, merge_rows=32))):
     out[name] = dict(resource_usage(c), griddep="griddepcontrol" in c.asm["ptx"])
 print(json.dumps(out))
 """

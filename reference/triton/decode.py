@@ -31,7 +31,6 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from . import _checks, _device, configs
 from .configs import PROGRAMS_PER_SM, DecodeConfig
@@ -121,7 +120,7 @@ def _tma_blocks(q, m_i, l_i, acc, DescK, DescV, row0, start, end, qk_scale, BLOC
 
 
 @triton.jit
-def _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+def key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
                stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb, n_max, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                IEEE_DOT: tl.constexpr, USE_TMA: tl.constexpr):
@@ -139,6 +138,21 @@ def _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables
 
 
 @triton.jit
+def merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits, stride_ob,
+                  stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, MERGE_CHUNK_S: tl.constexpr):
+    """Stage 2 inside stage 1: take a ticket of this (batch, kv head); the program that draws the last one merges
+    the group's splits (``fused_merge``) and resets the counter for the next launch. Returns whether it merged."""
+    ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
+    last = ticket == num_splits - 1
+    if last:
+        tl.debug_barrier()
+        fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, 0, num_splits,
+                    stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
+        tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
+    return last
+
+
+@triton.jit
 def _split_kv_kernel(
     Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh,
@@ -151,22 +165,16 @@ def _split_kv_kernel(
     HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr,
     FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
-    USE_TMA: tl.constexpr = False, PDL: tl.constexpr = False,
-    OPart2=None, LsePart2=None, MERGE_GROUP: tl.constexpr = 0,
-    ChunkCounters=None, CHUNK_BLOCKS: tl.constexpr = 0,
+    USE_TMA: tl.constexpr = False,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
     """Stage 1: partial attention of one GQA group over one split of the keys (FA2 Alg. 1 lines 8-10)."""
-    if PDL:  # programmatic dependent launch (Hopper): let the next kernel launch now; wait for the previous one
-        gdc_launch_dependents()  # before touching memory (its writes: q, the K/V cache, our ticket counters)
-        gdc_wait()
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
     b64 = b.to(tl.int64)
-
     if HAS_SEQLENS:
         seq_len = tl.load(SeqLens + b).to(tl.int32)
         seq_len = tl.minimum(tl.maximum(seq_len, 0), n_max)  # memory safety; the wrapper validates values
@@ -177,7 +185,6 @@ def _split_kv_kernel(
     blocks_per_split = tl.cdiv(n_blocks, num_splits)
     start = pid_s * blocks_per_split * BLOCK_N
     end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
-
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < group
@@ -187,22 +194,9 @@ def _split_kv_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-
-    if CHUNK_BLOCKS > 0:  # DecodeConfig.dynamic_chunk: chunks of the kv head's keys drawn from a counter
-        n_chunks = tl.cdiv(n_blocks, CHUNK_BLOCKS)
-        c = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")
-        while c < n_chunks:
-            c_next = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")  # in flight during this chunk
-            lo = c * (CHUNK_BLOCKS * BLOCK_N)
-            hi = tl.minimum(lo + CHUNK_BLOCKS * BLOCK_N, seq_len)
-            m_i, l_i, acc = _key_range(q, m_i, l_i, acc, lo, hi, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
-                                       stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
-                                       n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
-            c = c_next
-    else:
-        m_i, l_i, acc = _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
-                                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
-                                   n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
+    m_i, l_i, acc = key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+                              stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
+                              n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
@@ -214,23 +208,12 @@ def _split_kv_kernel(
         row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
         tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
         tl.store(LsePart + row, lse2, mask=row_ok)
-        if FUSED:
-            # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
-            # the program that draws the last ticket and makes the others' stores visible to it.
-            tl.debug_barrier()
-            if MERGE_GROUP == 0:
-                ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
-                if ticket == num_splits - 1:
-                    tl.debug_barrier()
-                    _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, 0, num_splits,
-                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
-                    tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
-                    if CHUNK_BLOCKS > 0:  # every program of this kv head has left its chunk loop
-                        tl.atomic_xchg(ChunkCounters + pid_bh, 0)
-            else:
-                _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
-                                 kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
-                                 MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
+    if FUSED and not DIRECT_OUT:
+        # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
+        # the program that draws the last ticket and makes the others' stores visible to it.
+        tl.debug_barrier()
+        merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits, stride_ob,
+                      stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
 
 
 #: stage 1 by its public name (``serving_aot.compile_decode`` compiles it ahead of time)
@@ -260,7 +243,7 @@ def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, s_end, m, den, acc,
 
 
 @triton.jit
-def _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
+def merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
                   HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
     """The log-sum-exp merge of the states ``s_lo .. s_hi - 1`` of rows ``row_base`` (one per query head of the
     group): ``o = sum_s exp2(lse_s - lse) o_s``, ``lse = log2 sum_s exp2(lse_s)`` (base 2; -inf, o = 0 when
@@ -277,7 +260,7 @@ def _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
 
 
 @triton.jit
-def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s_lo, s_hi, stride_ob, stride_oh,
+def fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s_lo, s_hi, stride_ob, stride_oh,
                  HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
     """Stage 2 inside stage 1: o = sum_s exp(lse_s - lse) o_s for the group's query heads (log-sum-exp merge)
     over the splits ``s_lo .. s_hi - 1`` of partial states laid out ``(B, Hq, num_splits)``."""
@@ -286,48 +269,9 @@ def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s
     h_ok = offs_h < group
     heads = kvh * group + offs_h
     row_base = (b64 * n_kv_heads * group + heads) * num_splits
-    o, _ = _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi, HEAD_DIM, MERGE_M, CHUNK)
+    o, _ = merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi, HEAD_DIM, MERGE_M, CHUNK)
     tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
              mask=h_ok[:, None])
-
-
-@triton.jit
-def _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
-                     n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
-                     CHUNK: tl.constexpr, MERGE_GROUP: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
-    """The fused merge in two levels (``DecodeConfig.merge_group``): tickets per group of MERGE_GROUP
-    consecutive splits (counters after the B * Hkv head counters); the group's last program merges its splits
-    into one state of ``(OPart2, LsePart2)``, laid out ``(B, Hq, n_groups)``, then takes a ticket of the
-    (batch, kv head); the last group merges the groups' states into ``Out``. The log-sum-exp merge is
-    associative, so the result is the one-level merge's up to rounding. Each level resets its counter."""
-    n_groups = tl.cdiv(num_splits, MERGE_GROUP)
-    g = pid_s // MERGE_GROUP
-    g_lo = g * MERGE_GROUP
-    g_hi = tl.minimum(g_lo + MERGE_GROUP, num_splits)
-    n_bh = tl.num_programs(1)
-    g_counter = Counters + n_bh + pid_bh * n_groups + g
-    ticket = tl.atomic_add(g_counter, 1, sem="acq_rel")
-    if ticket == g_hi - g_lo - 1:
-        tl.debug_barrier()
-        offs_h = tl.arange(0, MERGE_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        h_ok = offs_h < group
-        heads = kvh * group + offs_h
-        hrow = b64 * n_kv_heads * group + heads
-        o, lse2 = _merge_states(OPart, LsePart, hrow * num_splits, h_ok, g_lo, g_hi, HEAD_DIM, MERGE_M, CHUNK)
-        row2 = hrow * n_groups + g
-        tl.store(OPart2 + row2[:, None] * HEAD_DIM + offs_d[None, :], o, mask=h_ok[:, None])
-        tl.store(LsePart2 + row2, lse2, mask=h_ok)
-        tl.atomic_xchg(g_counter, 0)
-        tl.debug_barrier()
-        ticket2 = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
-        if ticket2 == n_groups - 1:
-            tl.debug_barrier()
-            _fused_merge(OPart2, LsePart2, Out, b64, kvh, group, n_kv_heads, n_groups, 0, n_groups, stride_ob,
-                         stride_oh, HEAD_DIM, MERGE_M, CHUNK)
-            tl.atomic_xchg(Counters + pid_bh, 0)
-            if CHUNK_BLOCKS > 0:
-                tl.atomic_xchg(ChunkCounters + pid_bh, 0)
 
 
 @triton.jit
@@ -442,25 +386,30 @@ class DecodeCall(NamedTuple):
     config: DecodeConfig | None
 
 
-def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
-                  config: DecodeConfig | None = None, counters=None, launch=None):
-    """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout.
-    ``config``: the stage-1 ``DecodeConfig`` (None: ``base_config``'s default for these inputs).
+class Stage1(NamedTuple):
+    """One stage-1 launch: ``_split_kv_kernel[grid](*args, **kwargs)``; ``out`` the output, ``o_part`` / ``lse_part``
+    the splits' partial states (``out`` itself with one split); ``fused`` whether the kernel merges them."""
+    grid: tuple
+    args: tuple
+    kwargs: dict
+    out: torch.Tensor
+    o_part: torch.Tensor
+    lse_part: torch.Tensor
+    fused: bool
 
-    ``counters(device, n)``: ``n`` zeroed int32 ticket counters for the fused merge, which the kernel leaves
-    zeroed (None: fresh zeros each call). ``launch(kernel, grid, args, kwargs)``: how stage 1 is launched (None:
-    ``kernel[grid](*args, **kwargs)``); the serving layer's recorded launches pass theirs
-    (``reference.triton.decode_serving``).
-    """
+
+def stage1(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+           config: DecodeConfig | None = None, counters=None) -> Stage1:
+    """Stage 1's launch on validated inputs (a ``DecodeCall``'s fields); K/V strides name the layout. ``config``:
+    the stage-1 ``DecodeConfig`` (None: ``base_config``'s default for these inputs). ``counters(device, n)``:
+    ``n`` zeroed int32 ticket counters for the fused merge, which the kernel leaves zeroed (None: fresh zeros)."""
     B, Hq, d = q.shape
     paged = block_tables is not None
     group = Hq // n_kv_heads
     base = base_config(q.dtype, paged, num_splits, config)
-    fuse_merge = base.fuse_merge
     limits = _device.device_limits(q.device)
     cfg = launch_config(q.dtype, paged, num_splits, d, limits, group, config)
     use_tma = base.use_tma and tma_ok(q, k, v, paged, limits)
-    pdl = base.pdl and not INTERPRET and q.device.type == "cuda" and _device.hopper(limits)
     out = torch.empty_like(q)
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
         sk = (k.stride(0), k.stride(2), k.stride(1))
@@ -470,55 +419,52 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         sk = (k.stride(0), k.stride(1), k.stride(2))
         sv = (v.stride(0), v.stride(1), v.stride(2))
         bt, stride_tb = q, 0  # unused dummy pointer
-    fused = num_splits > 1 and fuse_merge
+    fused = num_splits > 1 and base.fuse_merge
     if num_splits > 1:
         o_part = torch.empty((B, Hq, num_splits, d), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
     else:
         o_part = lse_part = out  # unused
-    merge_group = base.merge_group if fused and base.merge_group < num_splits else 0
-    n_groups = -(-num_splits // merge_group) if merge_group else 0
-    chunk_blocks = base.dynamic_chunk if fused else 0
-    n_bh = B * n_kv_heads
-    n_counters = n_bh * (1 + n_groups + (chunk_blocks > 0))
     if not fused:
         tickets = out  # unused
     elif counters is None:
-        tickets = torch.zeros(n_counters, dtype=torch.int32, device=q.device)
+        tickets = torch.zeros(B * n_kv_heads, dtype=torch.int32, device=q.device)
     else:
-        tickets = counters(q.device, n_counters)
-    chunk_counters = tickets[n_bh * (1 + n_groups):] if chunk_blocks else None
-    if merge_group:
-        o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
-        lse_part2 = torch.empty((B, Hq, n_groups), device=q.device, dtype=torch.float32)
-    else:
-        o_part2 = lse_part2 = None
+        tickets = counters(q.device, B * n_kv_heads)
     merge_m = max(2, triton.next_power_of_2(group))
-    most = max(num_splits if not merge_group else max(merge_group, n_groups), 1)
-    chunk = min(triton.next_power_of_2(most), max(1, base.merge_rows // merge_m))
+    chunk = min(triton.next_power_of_2(max(num_splits, 1)), max(1, base.merge_rows // merge_m))
     has_seq = seq_lens is not None
-    sl = seq_lens if has_seq else q
     desc_k, desc_v = descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
-    grid = (num_splits, B * n_kv_heads)
-    args = (q, k, v, sl, bt, out, o_part, lse_part, tickets, desc_k, desc_v,
+    args = (q, k, v, seq_lens if has_seq else q, bt, out, o_part, lse_part, tickets, desc_k, desc_v,
             q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
             n_kv_heads, group, n_max, num_splits, scale * LOG2E.value)
-    kwargs = dict(
-        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
-        HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
-        DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
-        FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma, PDL=pdl,
-        OPart2=o_part2, LsePart2=lse_part2, MERGE_GROUP=merge_group,
-        ChunkCounters=chunk_counters, CHUNK_BLOCKS=chunk_blocks,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **(dict(launch_pdl=True) if pdl else {}))
+    kwargs = dict(HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"], HAS_SEQLENS=has_seq, PAGED=paged,
+                  PAGE_SIZE=page_size, DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
+                  FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return Stage1((num_splits, B * n_kv_heads), args, kwargs, out, o_part, lse_part, fused)
+
+
+def merge_splits(st: Stage1) -> None:
+    """Stage 2 as its own launch (``DecodeConfig(fuse_merge=False)``): ``_merge_kernel`` over the partial states."""
+    B, Hq, num_splits, d = st.o_part.shape
+    _merge_kernel[(B * Hq,)](st.o_part, st.lse_part, st.out, st.out.stride(0), st.out.stride(1), Hq, num_splits,
+                             HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
+
+
+def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+                  config: DecodeConfig | None = None, counters=None, launch=None):
+    """Run stage 1 (``stage1``) and, when num_splits > 1 without the fused merge, stage 2; returns the output.
+    ``launch(kernel, grid, args, kwargs)``: how stage 1 is launched (None: ``kernel[grid](*args, **kwargs)``); the
+    serving layer's recorded launches pass theirs (``reference.triton.decode_serving``)."""
+    st = stage1(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size, config, counters)
     if launch is None:
-        _split_kv_kernel[grid](*args, **kwargs)
+        _split_kv_kernel[st.grid](*st.args, **st.kwargs)
     else:
-        launch(_split_kv_kernel, grid, args, kwargs)
-    if num_splits > 1 and not fused:
-        _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
-                                 HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
-    return out
+        launch(_split_kv_kernel, st.grid, st.args, st.kwargs)
+    if num_splits > 1 and not st.fused:
+        merge_splits(st)
+    return st.out
 
 
 def one_launch(call: DecodeCall) -> bool:

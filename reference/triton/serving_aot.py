@@ -30,30 +30,23 @@ def compile_with_hints(kernel, types: dict, constexprs: dict, divisible: list, n
 
 
 def compile_decode(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
-                   pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True,
-                   merge_rows: int = 128, merge_group: int = 0, dynamic_chunk: int = 0):
-    """``decode.split_kv_kernel`` (stage 1 of split-KV decode) compiled for sm_90a on any machine: contiguous bf16
-    cache, GQA group ``group``, head dim ``d``, several splits merged in the kernel (``num_splits_gt1``;
-    ``merge_rows`` / ``merge_group`` / ``dynamic_chunk`` as ``DecodeConfig``'s) or one split writing the output."""
-    from .decode import split_kv_kernel as k
-    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
-            "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
-    two = bool(merge_group) and num_splits_gt1
-    if two:
-        ptrs.update(OPart2="*fp32", LsePart2="*fp32")
-    dyn = dynamic_chunk if num_splits_gt1 else 0
-    if dyn:
-        ptrs.update(ChunkCounters="*i32")
+                   group: int = 4, d: int = 128, num_splits_gt1: bool = True, merge_rows: int = 128, paged: bool = False,
+                   page: int = 16, kernel=None, constexprs: dict | None = None, pointers: dict | None = None):
+    """``decode.split_kv_kernel`` (stage 1 of split-KV decode) compiled for sm_90a on any machine: bf16, GQA group
+    ``group``, head dim ``d``, a contiguous cache (``paged``: ``page``-token pages, per-sequence lengths), several
+    splits merged in the kernel (``num_splits_gt1``; ``merge_rows`` as ``DecodeConfig``'s) or one split writing the
+    output. ``kernel`` / ``constexprs`` / ``pointers``: another kernel with stage 1's arguments and these extra
+    constexpr values and pointer types (``experiments.decode_variants``)."""
+    from .decode import split_kv_kernel
+    k = split_kv_kernel if kernel is None else kernel
+    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*i32" if paged else "*bf16",
+            "Out": "*bf16", "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32", **(pointers or {})}
     desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
     types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
     merge_m = max(2, triton.next_power_of_2(group))
-    const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
-                 PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
-                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, merge_rows // merge_m), USE_TMA=use_tma, PDL=pdl,
-                 MERGE_GROUP=merge_group if two else 0, CHUNK_BLOCKS=dyn)
-    if not two:
-        const.update(OPart2=None, LsePart2=None)
-    if not dyn:
-        const.update(ChunkCounters=None)
+    const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=paged,
+                 PAGED=paged, PAGE_SIZE=page if paged else 1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False,
+                 FUSED=num_splits_gt1, MERGE_M=merge_m, MERGE_CHUNK_S=max(1, merge_rows // merge_m), USE_TMA=use_tma,
+                 **(constexprs or {}))
     div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
     return compile_with_hints(k, types, const, div, num_warps, num_stages)
