@@ -4,7 +4,7 @@
   ``VARLEN`` and ``PAGE`` (one block-table entry per key row, looked up in the iteration that uses it), the simpler
   gather the page-aligned kernel ``reference.triton.paged_tiles`` replaced (``bench_mixed_batch``'s
   ``paged_prefill_row_gather`` rows; notes/serving_perf.md "Paged prefill on Triton page tiles").
-* ``cascade_decode_separate``: the first cascade decode, three launches (the course's ``cascade_decode`` is
+* ``cascade_decode_separate``: the cascade decode in three launches (the course's ``cascade_decode`` is
   ``reference.triton.cascade``, one launch): (1) the shared prefix once for the whole batch -- the ``G`` query
   heads of every request that read kv head ``h`` become ``B * G`` rows of one dense FA2 call over the prefix,
   whose keys are split into ``S`` chunks (the batch axis of the call, with q broadcast over it) so that enough
