@@ -21,7 +21,9 @@ GQA packing (FlashAttention-3 talk, "GQA Packing: compute for multiple query hea
 
 The same kernel reads K/V either from a contiguous cache ``(B, Hkv, Nmax, d)`` or, with ``PAGED``, through a
 block table from a vLLM-style paged cache ``(num_blocks, block_size, Hkv, d)``; ``reference.triton.paged`` is
-the paged front end.
+the paged front end. The package's ``reference.triton.flash_decode`` / ``paged_decode`` are these calls with
+recorded launches (``reference.triton.decode_serving``); options that were measured and not pinned (programmatic
+dependent launch, a two-level merge, dynamic splits) are ``experiments/decode_variants.py``.
 """
 from __future__ import annotations
 
@@ -465,12 +467,6 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
     if num_splits > 1 and not st.fused:
         merge_splits(st)
     return st.out
-
-
-def one_launch(call: DecodeCall) -> bool:
-    """Whether ``launch_decode`` runs ``call`` as one kernel (one split, or the splits merged in stage 1)."""
-    paged = call.block_tables is not None
-    return call.num_splits == 1 or base_config(call.q.dtype, paged, call.num_splits, call.config).fuse_merge
 
 
 def tma_ok(q, k, v, paged, limits) -> bool:

@@ -61,13 +61,20 @@ def recorded_launch(kind: str, tensors, *options):
     return LAUNCH_CACHE.get(key) if key is not None else None
 
 
+def one_launch(call: decode.DecodeCall) -> bool:
+    """Whether ``decode.launch_decode`` runs ``call`` as one kernel (one split, or the splits merged in stage 1):
+    only such a launch is recorded."""
+    paged = call.block_tables is not None
+    return call.num_splits == 1 or decode.base_config(call.q.dtype, paged, call.num_splits, call.config).fuse_merge
+
+
 def _launch(call: decode.DecodeCall, key):
     """``decode.launch_decode`` on a checked call, recording stage 1 under ``key`` where it is the whole launch."""
     def record(kernel, grid, args, kwargs):
         rec = _fastlaunch.launch_and_record(kernel, grid, args, kwargs, _SLOTS)
         if rec is not None:
             LAUNCH_CACHE.put(key, rec)
-    launch = record if key is not None and decode.one_launch(call) else None
+    launch = record if key is not None and one_launch(call) else None
     return decode.launch_decode(*call, counters=_COUNTERS.buffer, launch=launch)
 
 
