@@ -13,12 +13,19 @@
   states and the suffix state with the log-sum-exp rule (``merge_states``). Bytes read: the prefix once plus every
   suffix, instead of the prefix once per request. ``bench_mixed_batch`` times it beside the one-launch kernel.
 
-The tests compare both with the production kernels and the float64 oracle (``tests/test_triton_paged_tiles.py``,
-``tests/test_triton_serving.py``). Nothing in ``reference/`` imports this module.
+* ``mixed_attention_variant`` with a ``MixedVariant``: ``mixed_attention`` with the paged key loop's simpler lookups,
+  ``table_ahead=False`` (a key block's table entries loaded in the iteration that uses them) and
+  ``whole_pages=False`` (one table entry per key row instead of ``(pages, page, d)`` tiles of whole pages):
+  ``bench_mixed_batch``'s ``first_version`` and ``table_in_place`` rows (notes/serving_perf.md, "Paged prefill on
+  Triton page tiles").
+
+The tests compare them with the production kernels and the float64 oracle (``tests/test_triton_paged_tiles.py``,
+``tests/test_triton_serving.py``, ``tests/test_triton_mixed.py``). Nothing in ``reference/`` imports this module.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -29,11 +36,13 @@ import triton.language as tl
 from reference.triton import _checks
 from reference.triton._checks import check_cascade_inputs
 from reference.triton._device import num_sms
-from reference.triton.configs import PROGRAMS_PER_SM
+from reference.triton.configs import PROGRAMS_PER_SM, MixedConfig
 from reference.triton.flash_fwd import Varlen, launch_forward
+from reference.triton.mixed import launch_mixed, prepare_mixed
 from reference.triton.serving import check_paged_prefill
 
-__all__ = ["paged_prefill_row_gather", "cascade_decode_separate", "separate_num_splits"]
+__all__ = ["paged_prefill_row_gather", "cascade_decode_separate", "separate_num_splits", "MixedVariant",
+           "mixed_attention_variant"]
 
 #: a prefix split gets at least this many keys (its fixed costs -- the Q tile load, the partial write -- stay small)
 MIN_PREFIX_KEYS_PER_SPLIT = 256
@@ -180,3 +189,28 @@ def cascade_decode_separate(q, prefix_k, prefix_v, k_cache, v_cache, block_table
                                o_s.stride(0), o_s.stride(1), lse_s.stride(0), o.stride(0), o.stride(1),
                                GROUP=g, BLOCK_G=max(2, triton.next_power_of_2(g)), HEAD_DIM=d, num_warps=4)
     return o, lse
+
+
+@dataclass(frozen=True)
+class MixedVariant(MixedConfig):
+    """A ``MixedConfig`` with the paged key loop's lookups: ``table_ahead`` (False: a key block's table entries in the
+    iteration that uses them) and ``whole_pages`` (False: one table entry per key row)."""
+    table_ahead: bool = True
+    whole_pages: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        for field in ("table_ahead", "whole_pages"):
+            if type(getattr(self, field)) is not bool:
+                raise ValueError(f"MixedVariant.{field} must be a bool, got {getattr(self, field)!r}")
+
+
+def mixed_attention_variant(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale=None, *, causal=True,
+                            plan=None, config=None, validate=True):
+    """``mixed_attention`` (its arguments, checks and result) with the lookups of ``config`` (or of the plan's
+    config), a ``MixedVariant``; a plain ``MixedConfig`` runs as the course kernel does."""
+    call = prepare_mixed(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, causal, plan, config,
+                         validate)
+    cfg = call.plan.config
+    return launch_mixed(*call, table_ahead=getattr(cfg, "table_ahead", True),
+                        whole_pages=getattr(cfg, "whole_pages", True))

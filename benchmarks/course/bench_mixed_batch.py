@@ -57,7 +57,8 @@ from benchmarks._common import RESULTS
 from benchmarks._common import rel_err
 from benchmarks._serving_cases import (D, HKV, HQ, PER_TOKEN, contiguous, cu_of, empty_cache,  # noqa: F401
                                        paged_batch, randn, shared_prefix_bytes, shared_prefix_case)
-from experiments.serving_baselines import cascade_decode_separate, paged_prefill_row_gather
+from experiments.serving_baselines import (MixedVariant, cascade_decode_separate, mixed_attention_variant,
+                                          paged_prefill_row_gather)
 from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_forward, paged_decode,
                               paged_prefill)
 from reference.triton import configs
@@ -108,14 +109,14 @@ def mixed_section(log):
         paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
     plan16 = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=MixedConfig(block_n=16))
     plan_first = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs,
-                                 config=MixedConfig(table_ahead=False, whole_pages=False))
-    o2, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first)
+                                 config=MixedVariant(table_ahead=False, whole_pages=False))
+    o2, _ = mixed_attention_variant(q, kc, vc, table, cu, sl, plan=plan_first)
     res["rel_err_first_version_vs_default"] = rel_err(o2, o)
     assert res["rel_err_first_version_vs_default"] < 2e-2
     cases = {
         "mixed_one_launch": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan, validate=False),
-        "mixed_one_launch_first_version": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first,
-                                                                  validate=False),
+        "mixed_one_launch_first_version": lambda: mixed_attention_variant(q, kc, vc, table, cu, sl, plan=plan_first,
+                                                                          validate=False),
         "mixed_one_launch_block16": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan16, validate=False),
         "separate_prefill_plus_decode": separate,
         "separate_row_gather_prefill_plus_decode": separate_row,
@@ -169,20 +170,20 @@ def prefill_section(log):
                  "paged_prefill_row_gather": lambda: paged_prefill_row_gather(q, kc, vc, table, cu_q, lens, chunk,
                                                                               validate=False)}
         for name, cfg in (("mixed_block64", MixedConfig(use_tma=False)),
-                          ("mixed_block64_first_version", MixedConfig(use_tma=False, table_ahead=False,
-                                                                      whole_pages=False)),
+                          ("mixed_block64_first_version", MixedVariant(use_tma=False, table_ahead=False,
+                                                                       whole_pages=False)),
                           ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
                           ("mixed_tma", MixedConfig(use_tma=True)),
-                          ("mixed_tma_table_in_place", MixedConfig(use_tma=True, table_ahead=False))):
+                          ("mixed_tma_table_in_place", MixedVariant(use_tma=True, table_ahead=False))):
             if SMOKE or PREFILL_CORE or ("tma" in name and bs % cfg.block_n):
                 continue
             try:
                 plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
-                o, _ = mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan)
+                run = mixed_attention_variant if isinstance(cfg, MixedVariant) else mixed_attention
+                o, _ = run(q, kc, vc, table, cu_q, lens, plan=plan)
                 res["rel_err"][name] = rel_err(o, ref)
                 assert res["rel_err"][name] < 2e-2, (name, res["rel_err"][name])
-                cases[name] = lambda plan=plan: mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan,
-                                                                validate=False)
+                cases[name] = lambda plan=plan, run=run: run(q, kc, vc, table, cu_q, lens, plan=plan, validate=False)
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result
                 res.setdefault("failed", {})[name] = repr(exc)[:300]
                 log(f"  prefill {name} failed: {exc!r}"[:300])

@@ -149,18 +149,14 @@ class MixedConfig(KeyBlockConfig):
     The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
     large_rows: rows (tokens x G) of the decode and prefill tiles;
     split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
-    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
-    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
-    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
-    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
-    tiles with one table entry per page (False: one entry per key row, the simpler gather).
+    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never. The kernel looks
+    the block table up one key block ahead and loads whole pages; the simpler lookups it was measured against are
+    ``experiments.serving_baselines.MixedVariant``'s.
     """
     small_rows: int = 16
     large_rows: int = 64
     split_keys: int = 4096
     use_tma: bool | None = None
-    table_ahead: bool = True
-    whole_pages: bool = True
 
 
 #: the Gluon cascade prefix pass's key blocks and ring depths (``hopper.cascade_prefix_gluon``)
