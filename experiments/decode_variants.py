@@ -18,7 +18,7 @@ were tried on it (notes/triton_decode.md, notes/serving_perf.md "Decode at 32k a
 ``fused_merge``, ``merge_states``; the split bounds, the query tile and the partial write as helpers here, which the
 course kernel keeps inline) with these three switches; ``flash_decode_variant`` runs it with
 ``flash_decode``'s arguments and checks. The tests compare it with ``flash_decode`` and the float64 oracle
-(``tests/test_decode_variants.py``). Nothing in ``reference/`` imports this module.
+(``tests/test_triton_decode_variants.py``). Nothing in ``reference/`` imports this module.
 """
 from __future__ import annotations
 
