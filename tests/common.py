@@ -43,6 +43,19 @@ def make_decode(rng, B, Hq, Hkv, n, d, dtype, spread=1.0):
     return t(B, Hq, d), t(B, Hkv, n, d), t(B, Hkv, n, d)
 
 
+def decode_nan_tails(rng):
+    """A bf16 decode case ``(q, k, v, lens, seq_lens)`` (B = 3, Hq = 8, Hkv = 2, d = 64) with ragged lengths (a
+    partial last key block in most splits) whose cache slots past each length hold NaN: what a whole-block TMA box
+    reads, and a kernel must mask out of the scores and zero in V."""
+    n_max = 777 if DEVICE.type == "cuda" else 133
+    q, k, v = make_decode(rng, 3, 8, 2, n_max, 64, torch.bfloat16)
+    lens = [n_max, int(rng.integers(2, n_max)), 1]
+    for b, n in enumerate(lens):
+        k[b, :, n:] = float("nan")
+        v[b, :, n:] = float("nan")
+    return q, k, v, lens, torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+
 def gluon_bwd_inputs(rng, B, Hq, Hkv, Nq, Nk, d, dtype=torch.bfloat16):
     """Fresh standard-normal ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, ``do (B, Hq, Nq, d)`` on DEVICE, for the
     Gluon backward tests (warp-specialised, autograd op)."""

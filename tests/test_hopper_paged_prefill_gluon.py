@@ -179,7 +179,7 @@ def test_backend_argument_picks_the_kernel_and_never_falls_back_silently(rng):
         paged_prefill(q, kc, vc, table, cu_t, sl, backend="gluon")
     with pytest.raises(ValueError, match="backend must be one of"):
         paged_prefill(q, kc, vc, table, cu_t, sl, backend="cuda")
-    with pytest.raises(ValueError, match="backend='triton' takes gather 'page' or 'row'"):
+    with pytest.raises(ValueError, match="backend='triton' takes gather 'page'"):
         paged_prefill(q, kc, vc, table, cu_t, sl, backend="triton", gather="tma")
     with pytest.raises(ValueError, match="gather None or 'tma' and no config"):
         paged_prefill(q, kc, vc, table, cu_t, sl, backend="gluon", gather="page")

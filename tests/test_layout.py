@@ -394,11 +394,36 @@ def test_only_the_dispatch_module_imports_the_hopper_backend():
     assert set(hopper_importers(python_files(ROOT, "reference"))) <= DISPATCH
 
 
+#: the teaching kernels of ``reference.triton`` (docs/design.md §2) and the serving layer beside them
+TEACHING = {f"reference.triton.{m}" for m in ("fused_softmax", "flash_fwd", "flash_bwd", "decode", "paged", "varlen",
+                                              "primer")}
+SERVING = {f"reference.triton.{m}" for m in ("decode_serving", "serving", "cascade", "mixed", "paged_keys",
+                                             "paged_tiles", "backends", "_fastlaunch", "serving_aot")}
+
+
+def serving_imports_of_teaching(files) -> list[str]:
+    """``teaching -> serving`` import edges (lazy imports counted): a teaching kernel must read without them."""
+    graph = import_graph(files)
+    return sorted(f"{m} -> {w}" for m in TEACHING & set(graph) for w in graph[m] if w in SERVING)
+
+
+def test_teaching_kernels_import_no_serving_module():
+    files = list(python_files(ROOT, "reference"))
+    assert TEACHING | SERVING <= set(import_graph(files))  # every module named above exists
+    assert serving_imports_of_teaching(files) == []
+
+
 # --------------------------------------------------------------------------------------------------------------
 # the rules find what they look for
 # --------------------------------------------------------------------------------------------------------------
 def _files(sources: dict[str, str]):
     return [(rel, src) for rel, src in sources.items()]
+
+
+def test_a_teaching_module_importing_the_serving_layer_is_found():
+    files = _files({"reference/triton/decode.py": "def f():\n    from . import _fastlaunch\n",
+                    "reference/triton/_fastlaunch.py": "", "reference/triton/__init__.py": ""})
+    assert serving_imports_of_teaching(files) == ["reference.triton.decode -> reference.triton._fastlaunch"]
 
 
 def test_a_long_chain_is_found_lazy_imports_included():

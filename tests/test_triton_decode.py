@@ -9,6 +9,7 @@ import torch
 from reference.triton import DEVICE, flash_decode
 from reference.triton.decode import choose_num_splits
 from tests.common import DECODE_TOL as TOL
+from tests.common import decode_nan_tails
 from tests.common import make_decode as make
 from tests.oracle import decode_ref, rel_err
 
@@ -61,7 +62,7 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
     # interpreted programs; 40 splits of the fused merge stay in test_num_splits_any[40].)
     import dataclasses
 
-    from reference.triton import configs, decode
+    from reference.triton import configs, decode_serving
     q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
     sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
     assert configs.DECODE_PINS["fp32"].fuse_merge  # the default below is the fused merge
@@ -71,36 +72,7 @@ def test_fused_merge_matches_merge_kernel_and_resets_tickets(rng, hq, hkv, num_s
         o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
         assert rel_err(o, o_sep) < 1e-6 and torch.all(o[1] == 0)
     assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
-    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
-
-
-@pytest.mark.parametrize("hq,hkv,num_splits,fields,tol", [
-    # DecodeConfig(merge_group=G): groups of G splits merge first (their own tickets), then the groups; a last
-    # group shorter than G (7 = 3 + 3 + 1); G >= num_splits falls back to one level; merge_rows sets the merge
-    # tile (rows < group: one split per step). Same sums as the one-level merge, regrouped: 1e-6.
-    (8, 2, 7, dict(merge_group=3, merge_rows=8), 1e-6), (32, 1, 9, dict(merge_group=4, merge_rows=64), 1e-6),
-    (6, 3, 12, dict(merge_group=5, merge_rows=4), 1e-6), (4, 2, 5, dict(merge_group=8, merge_rows=2), 1e-6),
-    # DecodeConfig(dynamic_chunk=C): the programs of a (batch, kv head) draw chunks of C key blocks from a counter
-    # (on the interpreter program 0 draws them all; on a GPU the split of the keys changes from call to call), with
-    # a one- or two-level merge. The keys are summed in another order: 1e-5 in float32.
-    (8, 2, 7, dict(dynamic_chunk=2), 1e-5), (32, 1, 9, dict(dynamic_chunk=1, merge_group=4), 1e-5),
-    (6, 3, 4, dict(dynamic_chunk=3), 1e-5)])
-def test_merge_options_match_the_default_merge_and_reset_their_counters(rng, hq, hkv, num_splits, fields, tol):
-    # Against the default (fixed splits, one-level merge) and float64, with empty splits, an empty row (length
-    # 0) and a ragged one; every ticket and chunk counter is back at 0 after the launches (a leftover count
-    # would merge too early, or hand the next launch no chunks).
-    import dataclasses
-
-    from reference.triton import configs, decode
-    q, k, v = make(rng, 3, hq, hkv, 333, 32, torch.float32)
-    sl = lens_tensor([333, 0, int(rng.integers(1, 333))])
-    default = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits)
-    cfg = dataclasses.replace(configs.DECODE_PINS["fp32"], **fields)
-    for _ in range(2 if DEVICE.type == "cpu" else 50):
-        o = flash_decode(q, k, v, seq_lens=sl, num_splits=num_splits, config=cfg)
-        assert rel_err(o, default) < tol and torch.all(o[1] == 0)
-    assert rel_err(o, decode_ref(q, k, v, sl)) < TOL[torch.float32]
-    assert int(sum(b.abs().sum() for key, b in decode._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
+    assert int(sum(b.abs().sum() for key, b in decode_serving._COUNTERS.items() if key[:2] == (o.device.type, o.device.index))) == 0
 
 
 def test_splits_agree_with_one_split(rng):
@@ -186,15 +158,8 @@ def test_bad_options_raise(kwargs, exc, match):
                                        (dict(num_stages=0), "num_stages must be a positive int"),
                                        (dict(fuse_merge=1), "fuse_merge must be a bool"),
                                        (dict(use_tma=None), "use_tma must be a bool"),
-                                       (dict(pdl=1), "pdl must be a bool"),
                                        (dict(merge_rows=24), "merge_rows must be a power of two >= 2"),
-                                       (dict(merge_rows=1), "merge_rows must be a power of two >= 2"),
-                                       (dict(merge_group=1), "merge_group must be 0"),
-                                       (dict(merge_group=-2), "merge_group must be 0"),
-                                       (dict(merge_group=2.0), "merge_group must be 0"),
-                                       (dict(dynamic_chunk=-1), "dynamic_chunk must be an int >= 0"),
-                                       (dict(dynamic_chunk=True), "dynamic_chunk must be an int >= 0"),
-                                       (dict(dynamic_chunk=2, fuse_merge=False), "dynamic_chunk needs fuse_merge")])
+                                       (dict(merge_rows=1), "merge_rows must be a power of two >= 2")])
 def test_decode_config_rejects_bad_fields(bad, match):
     from reference.triton.configs import DecodeConfig
     with pytest.raises(ValueError, match=match):
@@ -241,23 +206,17 @@ def _hopper() -> bool:
     return DEVICE.type == "cuda" and torch.cuda.get_device_capability(DEVICE) >= (9, 0)
 
 
-@pytest.mark.parametrize("block_n,stages,pdl", [(64, 4, False), (64, 4, True), (32, 3, True), (128, 3, False)])
-def test_tma_and_pdl_configs_vs_oracle(rng, block_n, stages, pdl):
-    """``DecodeConfig(use_tma=True, pdl=...)``: TMA boxes and programmatic dependent launch on Hopper, the
+@pytest.mark.parametrize("block_n,stages", [(64, 4), (32, 3), (128, 3)])
+def test_tma_configs_vs_oracle(rng, block_n, stages):
+    """``DecodeConfig(use_tma=True)``: TMA boxes on Hopper, the
     portable pointer path everywhere else (CPU interpreter, older GPUs) -- the same attention either way. Ragged
     lengths put a partial last block in most splits; the cache slots past each length hold NaN, which the TMA
     boxes read (they cover whole blocks) and the kernel must mask out of the scores and zero in V."""
     from reference.triton import decode
     from reference.triton.configs import DecodeConfig
-    n_max = 777 if DEVICE.type == "cuda" else 133
-    q, k, v = make(rng, 3, 8, 2, n_max, 64, torch.bfloat16)
-    lens = [n_max, int(rng.integers(2, n_max)), 1]
-    for b, n in enumerate(lens):
-        k[b, :, n:] = float("nan")
-        v[b, :, n:] = float("nan")
-    sl = lens_tensor(lens)
+    q, k, v, lens, sl = decode_nan_tails(rng)
     ref = decode_ref(q, k, v, lens)
-    cfg = DecodeConfig(block_n, 4, stages, use_tma=True, pdl=pdl)
+    cfg = DecodeConfig(block_n, 4, stages, use_tma=True)
     from reference.triton._device import device_limits
     assert decode.tma_ok(q, k, v, False, device_limits(DEVICE)) == _hopper()
     for splits in (1, 5):
@@ -269,6 +228,3 @@ def test_tma_and_pdl_configs_vs_oracle(rng, block_n, stages, pdl):
     k2[:, :, :1] *= -1
     o3 = flash_decode(q, k2, v2, seq_lens=sl, num_splits=5, config=cfg)
     assert rel_err(o3, decode_ref(q, k2, v2, lens)) < TOL[torch.bfloat16]
-    if _hopper():  # many back-to-back PDL launches on one stream: each waits for the last one's tickets
-        outs = [flash_decode(q, k, v, seq_lens=sl, num_splits=5, config=cfg) for _ in range(30)]
-        assert all(torch.equal(x, outs[0]) for x in outs)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from experiments.serving_baselines import MixedVariant, mixed_attention_variant
 from reference.numpy.mixed import mixed_attention as np_mixed
 from reference.triton import DEVICE, INTERPRET, paged_decode, paged_prefill
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
@@ -92,14 +93,21 @@ def test_mixed_plan_reused_and_noncausal(rng):
 @pytest.mark.parametrize("bs", [8, 32])
 @pytest.mark.parametrize("ahead", [True, False])
 def test_mixed_table_entries_ahead_or_in_place(rng, bs, ahead):
-    """Block-table entries looked up one key block ahead with whole-page tiles (the defaults) or in the
-    iteration that uses them, one entry per key (the simpler lookup): both match the float64 oracle, with pages
+    """Block-table entries looked up one key block ahead with whole-page tiles (the course kernel) or in the
+    iteration that uses them, one entry per key (``experiments.serving_baselines.MixedVariant``, the simpler
+    lookup): both match the float64 oracle, with pages
     shorter (whole pages per block) and longer than the key block, and a split tile."""
     lens, q_lens = [100, 45, 20], [30, 1, 20]
     cache, kv, q, cu, tables, seq_lens, args = setup(rng, lens, q_lens, 4, 2, bs)
-    cfg = MixedConfig(small_rows=16, large_rows=64, block_n=16, num_stages=1 if INTERPRET else 3, split_keys=64,
-                      table_ahead=ahead, whole_pages=ahead)
-    o, lse = mixed_attention(*args, config=cfg)
+    cfg = MixedVariant(small_rows=16, large_rows=64, block_n=16, num_stages=1 if INTERPRET else 3, split_keys=64,
+                       table_ahead=ahead, whole_pages=ahead)
+    o, lse = mixed_attention_variant(*args, config=cfg)
+    if ahead:  # the course's lookups: the same bits as mixed_attention with the plain config
+        plain = MixedConfig(small_rows=16, large_rows=64, block_n=16, num_stages=1 if INTERPRET else 3, split_keys=64)
+        o2, lse2 = mixed_attention(*args, config=plain)
+        assert torch.equal(o, o2) and torch.equal(lse, lse2)
+    with pytest.raises(TypeError, match="mixed_attention_variant"):  # the course call refuses the variant
+        mixed_attention(*args, config=cfg)
     ro, rl = oracle(q.astype(np.float64), [(k.astype(np.float64), v.astype(np.float64)) for k, v in kv], q_lens)
     assert rel_err(o, ro) < TOL and lse_err(lse, rl) < TOL
 

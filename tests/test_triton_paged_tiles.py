@@ -9,6 +9,7 @@ in the same iteration. On a GPU also bf16 at the benchmark's page sizes with 64-
 import pytest
 import torch
 
+from experiments.serving_baselines import paged_prefill_row_gather
 from reference.triton import DEVICE, INTERPRET, paged_prefill
 from reference.triton.paged_tiles import launch_paged_prefill
 from tests.common import check_paged_prefill, make_paged_prefill
@@ -44,7 +45,7 @@ def test_page_aligned_prefill_matches_oracle(rng, page, causal):
 @pytest.mark.parametrize("page", [8, 32])
 def test_table_lookup_in_same_iteration_and_row_gather_agree(rng, page):
     """``ahead=False`` (table entries loaded in the iteration that uses them) and the row-gather kernel
-    (``gather="row"``) give the oracle's answer too, on a cache whose unused table entries are -1."""
+    (``experiments.serving_baselines.paged_prefill_row_gather``) give the oracle's answer too, on a cache whose unused table entries are -1."""
     seq_lens, chunks = [45, 100], [45, 23]
     hq, hkv, d = 4, 1, 32
     (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, hq, hkv, d, page, DT)
@@ -52,7 +53,7 @@ def test_table_lookup_in_same_iteration_and_row_gather_agree(rng, page):
     lse = torch.empty((hq, q.shape[0]), dtype=torch.float32, device=DEVICE)
     launch_paged_prefill(q, kc, vc, o, lse, cu_t, sl, table, max(chunks), True, d ** -0.5, hq, ahead=False)
     check_paged_prefill((o, lse), q, seqs, cu, True, DT, TOL[DT])
-    check_paged_prefill(paged_prefill(q, kc, vc, table, cu_t, sl, gather="row"), q, seqs, cu, True, DT, TOL[DT])
+    check_paged_prefill(paged_prefill_row_gather(q, kc, vc, table, cu_t, sl), q, seqs, cu, True, DT, TOL[DT])
 
 
 @pytest.mark.triton_serving

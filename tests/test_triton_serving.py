@@ -3,13 +3,15 @@
 Caches come from ``reference.numpy.paged.PagedKVCache`` with sequences appended in interleaved pieces, so
 their blocks are scattered; block sizes smaller than, equal to and not dividing the kernel's key tile.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from reference.numpy.paged import PagedKVCache
 from reference.triton import DEVICE, INTERPRET, cascade_decode, paged_prefill
-from reference.triton.serving import cascade_decode_separate
+from experiments.serving_baselines import cascade_decode_separate
 from tests.common import pinned_flash_configs  # noqa: F401  (autouse fixture)
 from tests.oracle import attention_ref, lse_err, rel_err
 
@@ -113,6 +115,29 @@ def test_cascade_decode_matches_full_attention(rng, B, P, num_splits):
 
 
 @pytest.mark.triton_serving
+def test_cascade_backend_argument_names_the_kernel(rng):
+    """``backend="triton"`` is the one-launch Triton kernel everywhere (the float64 oracle, and the same bits as
+    "auto" where "auto" picks it); ``"gluon"`` off a Hopper GPU, an unknown name, or a backend that contradicts
+    ``CascadeConfig.prefix_gluon`` raise ``ValueError`` naming the reason instead of falling back."""
+    from reference.triton import cascade
+    from reference.triton.configs import CASCADE_DEFAULT
+    suffix = [5, 0, 17]
+    q, pk, pv, kv, args = cascade_case(rng, suffix, 40, 4, 2, 16, 8)
+    o, lse = cascade_decode(*args, backend="triton")
+    check_against_full(o, lse, q, pk, pv, kv, suffix)
+    hopper = cascade.gluon_prefix_reason(args[0], args[1], args[2]) is None
+    if not hopper:
+        o_auto, lse_auto = cascade_decode(*args)
+        assert torch.equal(o, o_auto) and torch.equal(lse, lse_auto)
+        with pytest.raises(ValueError, match="backend='gluon' .*needs"):
+            cascade_decode(*args, backend="gluon")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        cascade_decode(*args, backend="cuda")
+    with pytest.raises(ValueError, match="contradicts CascadeConfig.prefix_gluon"):
+        cascade_decode(*args, backend="triton", config=dataclasses.replace(CASCADE_DEFAULT, prefix_gluon=True))
+
+
+@pytest.mark.triton_serving
 def test_cascade_bad_input_raises(rng):
     cache, _ = build_cache(rng, [5], 2, 16, 4, 8)
     tables, lens = cache.block_tables([0])
@@ -132,8 +157,8 @@ def test_cascade_bad_input_raises(rng):
 @pytest.mark.skipif(INTERPRET, reason="recorded launches exist on a GPU only (the interpreter has no compiled kernel)")
 def test_recorded_launch_matches_full_path(rng):
     """A second call with the same shapes goes through the recorded launch and still computes on ITS inputs."""
-    from reference.triton import decode, flash_decode, paged_decode
-    decode.clear_launch_cache()
+    from reference.triton import decode_serving, flash_decode, paged_decode
+    decode_serving.clear_launch_cache()
     B, hq, hkv, n, d, bs = 2, 8, 2, 300, 64, 16
 
     def inputs():
@@ -143,11 +168,11 @@ def test_recorded_launch_matches_full_path(rng):
     sets = [inputs() for _ in range(3)]
     lens = torch.tensor([n, 77], dtype=torch.int32, device=DEVICE)
     fast = [flash_decode(q, k, v, seq_lens=lens, validate=False) for q, k, v in sets]
-    assert len(decode.LAUNCH_CACHE) == 1
+    assert len(decode_serving.LAUNCH_CACHE) == 1
     slow = [flash_decode(q, k, v, seq_lens=lens, validate=False, fast_launch=False) for q, k, v in sets]
     for a, b in zip(fast, slow):
         assert torch.equal(a, b)
-    assert len(decode.LAUNCH_CACHE) == 1  # fast_launch=False records nothing
+    assert len(decode_serving.LAUNCH_CACHE) == 1  # fast_launch=False records nothing
     from reference.triton.configs import DecodeConfig
     other = DecodeConfig(block_n=32, num_warps=4, num_stages=2, fuse_merge=False)
     for q, k, v in sets:  # another config is another recorded launch, never the first one's
@@ -292,13 +317,14 @@ def test_cascade_prefix_first_rule():
 _AOT_CHILD = """
 import json
 from reference.triton.hopper._aot import resource_usage
-from reference.triton import cascade, decode
+from experiments.decode_variants import compile_variant
+from reference.triton import cascade, serving_aot
 out = {}
 for name, c in (("cascade", cascade.compile_sm90()),
                 ("cascade_tma", cascade.compile_sm90(prefix_first=True, use_tma=True)),
-                ("decode", decode.compile_sm90()),
-                ("decode_tma_pdl", decode.compile_sm90(num_stages=3, use_tma=True, pdl=True)),
-                ("decode_two_level", decode.compile_sm90(merge_rows=32, merge_group=16))):
+                ("decode", serving_aot.compile_decode()),
+                ("decode_tma_pdl", compile_variant(pdl=True, num_stages=3, use_tma=True)),
+                ("decode_two_level", compile_variant(merge_group=16, merge_rows=32))):
     out[name] = dict(resource_usage(c), griddep="griddepcontrol" in c.asm["ptx"])
 print(json.dumps(out))
 """
@@ -307,7 +333,7 @@ print(json.dumps(out))
 @pytest.mark.triton_serving
 @pytest.mark.slow
 def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
-    """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``decode.compile_sm90``): the cascade's 64-row prefix tiles run on
+    """Compiled for sm_90a on the CPU (``cascade.compile_sm90``, ``serving_aot.compile_decode``): the cascade's 64-row prefix tiles run on
     wgmma (HGMMA; the 16-row suffix tiles on mma.sync), the TMA options issue bulk tensor copies (UTMALDG), PDL
     emits griddepcontrol, and nothing spills (notes/serving_perf.md, "Decode at 32k and the one-launch cascade")."""
     import json

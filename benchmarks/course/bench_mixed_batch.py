@@ -13,7 +13,8 @@ eager calls). Sections:
   page-aligned or row gather, + ``paged_decode`` for the decodes) and vs ``paged_prefill`` over the whole batch
   (one varlen launch with 128-row query tiles per query head);
 * prefill: 8 chunks of 512 tokens after 4k cached tokens, pages of 16 and 64 tokens: ``paged_prefill`` (the
-  page-aligned kernel ``reference.triton.paged_tiles``, and ``gather="row"``, the simpler row gather),
+  page-aligned kernel ``reference.triton.paged_tiles``, and ``paged_prefill_row_gather``, the simpler row gather
+  of ``experiments/serving_baselines.py``),
   ``mixed_attention`` (page-aligned key blocks; TMA boxes for 64-token pages on Hopper; table entries one block
   ahead and whole-page tiles, or ``*_first_version`` / ``*_table_in_place``: looked up in the iteration that
   uses them, one per key row) vs ``flash_attention_varlen_forward`` on
@@ -56,12 +57,13 @@ from benchmarks._common import RESULTS
 from benchmarks._common import rel_err
 from benchmarks._serving_cases import (D, HKV, HQ, PER_TOKEN, contiguous, cu_of, empty_cache,  # noqa: F401
                                        paged_batch, randn, shared_prefix_bytes, shared_prefix_case)
+from experiments.serving_baselines import (MixedVariant, cascade_decode_separate, mixed_attention_variant,
+                                          paged_prefill_row_gather)
 from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_forward, paged_decode,
                               paged_prefill)
 from reference.triton import configs
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
 from reference.triton.cascade import DEFAULT_CONFIG as CASCADE_DEFAULT, overlap_mode, use_gluon_prefix
-from reference.triton.serving import cascade_decode_separate
 
 DTYPE = torch.bfloat16
 SMOKE = False
@@ -103,18 +105,18 @@ def mixed_section(log):
         paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
 
     def separate_row():  # the first paged_prefill (row gather) + paged_decode
-        paged_prefill(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk, validate=False, gather="row")
+        paged_prefill_row_gather(q[:n_pre], kc, vc, tab_pre, cu_pre, sl_pre, chunk, validate=False)
         paged_decode(q[n_pre:], kc, vc, tab_dec, sl_dec, validate=False)
     plan16 = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs, config=MixedConfig(block_n=16))
     plan_first = make_mixed_plan(q_lens, seq_lens, HQ, HKV, bs,
-                                 config=MixedConfig(table_ahead=False, whole_pages=False))
-    o2, _ = mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first)
+                                 config=MixedVariant(table_ahead=False, whole_pages=False))
+    o2, _ = mixed_attention_variant(q, kc, vc, table, cu, sl, plan=plan_first)
     res["rel_err_first_version_vs_default"] = rel_err(o2, o)
     assert res["rel_err_first_version_vs_default"] < 2e-2
     cases = {
         "mixed_one_launch": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan, validate=False),
-        "mixed_one_launch_first_version": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan_first,
-                                                                  validate=False),
+        "mixed_one_launch_first_version": lambda: mixed_attention_variant(q, kc, vc, table, cu, sl, plan=plan_first,
+                                                                          validate=False),
         "mixed_one_launch_block16": lambda: mixed_attention(q, kc, vc, table, cu, sl, plan=plan16, validate=False),
         "separate_prefill_plus_decode": separate,
         "separate_row_gather_prefill_plus_decode": separate_row,
@@ -165,29 +167,29 @@ def prefill_section(log):
                                                                              causal=True, validate=False),
                  "paged_prefill_page_tiles": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
                                                                    validate=False, gather="page"),
-                 "paged_prefill_row_gather": lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk,
-                                                                   validate=False, gather="row")}
+                 "paged_prefill_row_gather": lambda: paged_prefill_row_gather(q, kc, vc, table, cu_q, lens, chunk,
+                                                                              validate=False)}
         for name, cfg in (("mixed_block64", MixedConfig(use_tma=False)),
-                          ("mixed_block64_first_version", MixedConfig(use_tma=False, table_ahead=False,
-                                                                      whole_pages=False)),
+                          ("mixed_block64_first_version", MixedVariant(use_tma=False, table_ahead=False,
+                                                                       whole_pages=False)),
                           ("mixed_block_per_page", MixedConfig(block_n=bs, use_tma=False)),
                           ("mixed_tma", MixedConfig(use_tma=True)),
-                          ("mixed_tma_table_in_place", MixedConfig(use_tma=True, table_ahead=False))):
+                          ("mixed_tma_table_in_place", MixedVariant(use_tma=True, table_ahead=False))):
             if SMOKE or PREFILL_CORE or ("tma" in name and bs % cfg.block_n):
                 continue
             try:
                 plan = make_mixed_plan([chunk] * B, [n] * B, HQ, HKV, bs, config=cfg)
-                o, _ = mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan)
+                run = mixed_attention_variant if isinstance(cfg, MixedVariant) else mixed_attention
+                o, _ = run(q, kc, vc, table, cu_q, lens, plan=plan)
                 res["rel_err"][name] = rel_err(o, ref)
                 assert res["rel_err"][name] < 2e-2, (name, res["rel_err"][name])
-                cases[name] = lambda plan=plan: mixed_attention(q, kc, vc, table, cu_q, lens, plan=plan,
-                                                                validate=False)
+                cases[name] = lambda plan=plan, run=run: run(q, kc, vc, table, cu_q, lens, plan=plan, validate=False)
             except Exception as exc:  # noqa: BLE001 - a failing variant is a result
                 res.setdefault("failed", {})[name] = repr(exc)[:300]
                 log(f"  prefill {name} failed: {exc!r}"[:300])
-        for gather in ("page", "row"):
-            o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather=gather)
-            res["rel_err"][f"paged_prefill_{'page_tiles' if gather == 'page' else 'row_gather'}"] = rel_err(o, ref)
+        for name, f in (("page_tiles", lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="page")),
+                        ("row_gather", lambda: paged_prefill_row_gather(q, kc, vc, table, cu_q, lens, chunk))):
+            res["rel_err"][f"paged_prefill_{name}"] = rel_err(f()[0], ref)
         if not SMOKE:
             _gluon_section(res, cases, q, k, v, kc, vc, table, cu_q, lens, B, chunk, n, ref, log)
         assert max(res["rel_err"].values()) < 2e-2, res["rel_err"]

@@ -258,17 +258,17 @@ def _uncut_flash(rec, q, k, v):
 def flash_reference() -> dict:
     """flash_decode's recorded launch, B = 1, 256 keys, one split (bench_decode's host-overhead case): the current
     path and (where the launch was recorded with pointer loads) the uncut one, interleaved."""
-    from reference.triton import decode
+    from reference.triton import decode_serving
     q = torch.randn(1, cases.HQ, cases.D, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(1, cases.HKV, 256, cases.D, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    decode.clear_launch_cache()
+    decode_serving.clear_launch_cache()
     flash_decode(q, k, v, num_splits=1)  # records
     q2, k2, v2 = torch.randn_like(q), torch.randn_like(k), torch.randn_like(v)
     o = flash_decode(q2, k2, v2, num_splits=1)
     ref = flash_decode(q2, k2, v2, num_splits=1, fast_launch=False)
     assert torch.equal(o, ref)
-    rec = decode.recorded_launch("contiguous", (q2, k2, v2, None), 1, None, None)
+    rec = decode_serving.recorded_launch("contiguous", (q2, k2, v2, None), 1, None, None)
     fns = {"current": lambda: flash_decode(q2, k2, v2, num_splits=1, validate=False)}
     if rec is not None and type(rec.args[rec.slots["DescK"]]) is torch.Tensor:
         assert torch.equal(_uncut_flash(rec, q2, k2, v2), ref)

@@ -18,6 +18,7 @@ import torch
 
 from benchmarks import _serving_cases as cases
 from benchmarks._common import rel_err
+from experiments.serving_baselines import paged_prefill_row_gather
 from reference.triton import DEVICE, configs, flash_attention_varlen_forward, paged_prefill
 from reference.triton.paged_tiles import launch_paged_prefill
 
@@ -43,7 +44,7 @@ def run(pins):
                                          cases.HQ // cases.HKV, config=pin, ahead=False)
                     order.append(f"{pin_s} page{bs} page_tiles_table_in_place")
                     assert rel_err(o, ref) < 2e-2
-                o, _ = paged_prefill(q, kc, vc, table, cu_q, lens, chunk, gather="row")
+                o, _ = paged_prefill_row_gather(q, kc, vc, table, cu_q, lens, chunk)
                 order.append(f"{pin_s} page{bs} row_gather")
                 assert rel_err(o, ref) < 2e-2
     torch.cuda.synchronize()

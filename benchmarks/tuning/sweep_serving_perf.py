@@ -31,6 +31,7 @@ import torch
 from benchmarks import _serving_cases as cases
 from benchmarks._common import rel_err
 from benchmarks import _common
+from experiments.serving_baselines import paged_prefill_row_gather
 from reference.triton import (DEVICE, cascade_decode, configs, flash_attention_varlen_forward, flash_decode,
                               paged_decode, paged_prefill)
 from reference.triton.cascade import CascadeConfig, cascade_num_splits
@@ -123,7 +124,7 @@ def prefill_sweep(log):
         ref, _ = flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True)
         base = _common.bench(lambda: flash_attention_varlen_forward(q, k, v, cu_q, cu_k, chunk, n, causal=True,
                                                                validate=False))
-        gather = _common.bench(lambda: paged_prefill(q, kc, vc, table, cu_q, lens, chunk, validate=False, gather="row"))
+        gather = _common.bench(lambda: paged_prefill_row_gather(q, kc, vc, table, cu_q, lens, chunk, validate=False))
         out.append(dict(block_size=bs, impl="contiguous_varlen", us=base * 1e3))
         out.append(dict(block_size=bs, impl="paged_prefill_row_gather", us=gather * 1e3, vs_contiguous=base / gather))
         log(f"  prefill page {bs}: contiguous {base * 1e3:.1f} us, row gather {gather * 1e3:.1f} us "

@@ -317,9 +317,10 @@ for path, r in probe:
 # time: with the merge moved into a second kernel, stage 1 alone takes the same 52 µs at 32 and at 128 splits,
 # while the merge that the last program of each kv head runs inside the launch (section 4's rule) costs 0.5 µs
 # at 32 splits and 6.4 µs at 128, on the critical path. A two-level merge (groups of 16 splits first,
-# `DecodeConfig(merge_group=16)`) takes most of that back, yet 128 splits still decode slower than 32
-# (`sweep_decode_32k`): each program also loads its queries, fills its pipeline and publishes its partial state
-# with an atomic ticket, and with 4 key blocks a program that fixed cost outweighs what the finer partition wins.
+# `DecodeVariant(merge_group=16)` in `experiments/decode_variants.py`) takes most of that back, yet 128 splits
+# still decode slower than 32 (`sweep_decode_32k`): each program also loads its queries, fills its pipeline and
+# publishes its partial state with an atomic ticket, and with 4 key blocks a program that fixed cost outweighs what
+# the finer partition wins.
 # What is left between the decode and 0.9 of copy (the course's bar for this row) is therefore about 4% of
 # partition (the read-only launch: 0.89 of copy with the decode's 32 splits, 0.93 with 128) and about 5% of the
 # decode's own per-program work. (One caution about such measurements: a single CUDA-graph median of a 50 µs

@@ -235,7 +235,7 @@ for res, p in measured("prefill"):
 #
 # `bench_mixed_batch` times the same prefill (8 chunks of 512 tokens after 4k cached) with 16- and 64-token
 # pages and several ways of reading a key tile, each against the contiguous varlen forward *of the same run*:
-# `paged_prefill_row_gather` is the row gather above (`paged_prefill(..., gather="row")`),
+# `paged_prefill_row_gather` is the row gather above (the function of that name in `experiments/serving_baselines.py`),
 # `paged_prefill_page_tiles` has both changes (`reference.triton.paged_tiles`, the default off Hopper), and
 # `mixed_*` is the mixed launch of §5 on a prefill-only batch: 64-key tiles with both changes (`block64`), the
 # same with the table looked up in place, one entry per key row (`block64_first_version` in the results file),
@@ -349,7 +349,7 @@ check_guess(guess, Bq * (Pq + Sq) / (Pq + Bq * Sq), rel=0.1, what="bytes read: p
 
 # %% [markdown]
 # On the GPU the course's first cascade was three launches, one after the other
-# (`reference.triton.serving.cascade_decode_separate`, kept as the benchmark's before-state): the prefix pass (the
+# (`cascade_decode_separate` in `experiments/serving_baselines.py`, kept as the benchmark's before-state): the prefix pass (the
 # dense FA2 kernel, the prefix's keys split into chunks so that ~2 programs per SM run), the suffix pass (the paged
 # varlen kernel with each request's `G` heads as `G` rows), and a small kernel that merges the states. Its run in
 # `bench_serving`:

@@ -206,7 +206,7 @@ def check_cu_seqlens(cu, name: str, total: int, max_seqlen: int | None, batch: i
 
 
 def check_cascade_inputs(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate):
-    """The inputs of a cascade decode (``cascade_decode``, ``serving.cascade_decode_separate``): q ``(B, Hq, d)``
+    """The inputs of a cascade decode (``cascade_decode``, ``experiments.serving_baselines.cascade_decode_separate``): q ``(B, Hq, d)``
     with ``B, Hq >= 1``; the paged caches, block tables and seq_lens as ``paged_decode`` takes them; prefix_k,
     prefix_v ``(P, Hkv, d)`` with ``P >= 1``, of q's dtype. Returns ``(B, Hq, d, Hkv, block_size, block_tables,
     seq_lens)``; ``validate`` (checked) adds the value checks that need a device sync."""

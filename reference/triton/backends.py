@@ -14,6 +14,10 @@ through these few names only. What each pass needs from the backend:
 """
 from __future__ import annotations
 
+#: the ``backend=`` argument of ``serving.paged_prefill`` and ``cascade.cascade_decode``: "auto" picks by device and
+#: inputs, "triton" the portable kernels, "gluon" the Hopper kernels (a ``ValueError`` with the reason elsewhere)
+BACKENDS = ("auto", "triton", "gluon")
+
 
 def gluon_paged_ok(q, k_cache, config=None):
     """``hopper.paged_prefill_gluon.gluon_paged_ok``: None where the Gluon paged prefill takes these inputs."""

@@ -1,7 +1,7 @@
 """Cascade decode in ONE launch: a shared prefix read once for the batch, each request's paged suffix, merged.
 
 Definition: ``reference.numpy.serving.cascade_decode`` (attention over prefix + suffix = the merge of the two
-states, FlashInfer's recursive attention). The earlier Triton version (``serving.cascade_decode_separate``)
+states, FlashInfer's recursive attention). The earlier Triton version (``experiments.serving_baselines.cascade_decode_separate``)
 ran a dense FA2 call over the prefix, a paged varlen call over the suffixes and a merge kernel: three to four
 launches and a dozen host-side tensor operations, 3.8x its CUDA-graph time when called eagerly. Here one
 kernel has two kinds of programs, ``(item, kv head)``:
@@ -197,6 +197,40 @@ def _suffix_item(Q, KC, VC, BT, SeqLens, OPart, LPart, b, hk, n_splits, n_states
 
 
 @triton.jit
+def _fold_request_states(m, den, num, OPart, LPart, b, hk, n_slots, n_splits, n_kv_heads, GROUP: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr, CACHE: tl.constexpr):
+    """Fold slots ``0 .. n_slots - 1`` of request ``b``'s G rows (kv head ``hk``) of its tile's partial states into
+    the running lse merge ``(m, den, num)`` (``lse_merge_step``); ``CACHE`` the loads' cache modifier."""
+    REQ: tl.constexpr = ROWS // GROUP
+    tile = b // REQ
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    for s in range(0, n_slots):
+        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
+        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"), cache_modifier=CACHE)
+        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
+                      cache_modifier=CACHE)
+        m, den, num = lse_merge_step(m, den, num, ls, os_)
+    return m, den, num
+
+
+@triton.jit
+def _write_request(OUT, LOUT, m, den, num, b, hk, n_kv_heads, stride_ob, stride_oh, GROUP: tl.constexpr,
+                   HEAD_DIM: tl.constexpr, SMALL: tl.constexpr):
+    """Request ``b``'s G rows of kv head ``hk``: ``o = num / den`` and ``lse`` of the merged state, stored."""
+    offs_g = tl.arange(0, SMALL)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_g < GROUP
+    heads = hk * GROUP + offs_g
+    out, lse = lse_merge_finish(m, den, num)
+    b64 = b.to(tl.int64)
+    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+
+
+@triton.jit
 def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads,
                        stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
                        stride_tb, stride_ob, stride_oh, qk_scale, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -205,10 +239,7 @@ def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n
     """Request ``b``'s G rows over its own pages, then the lse rule over this state and the ``S`` prefix states an
     earlier launch wrote for its rows (slots ``0 .. S-1`` of its tile): every request merges its own rows in
     parallel, no ticket and no partial write of the suffix state (the merge of ``_merge_tile``, G rows wide)."""
-    REQ: tl.constexpr = ROWS // GROUP
-    tile = b // REQ
     offs_g = tl.arange(0, SMALL)
-    offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_g < GROUP
     heads = hk * GROUP + offs_g
     n_keys = tl.load(SeqLens + b).to(tl.int32)
@@ -219,43 +250,23 @@ def _suffix_merge_item(Q, KC, VC, BT, SeqLens, OUT, LOUT, OPart, LPart, b, hk, n
     den = tl.zeros([SMALL], tl.float32)
     num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
     m, den, num = lse_merge_step(m, den, num, lse2, o)
-    for s in range(0, n_splits):
-        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"))
-        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-        m, den, num = lse_merge_step(m, den, num, ls, os_)
-    out, lse = lse_merge_finish(m, den, num)
-    b64 = b.to(tl.int64)
-    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=row_ok[:, None])
-    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+    m, den, num = _fold_request_states(m, den, num, OPart, LPart, b, hk, n_splits, n_splits, n_kv_heads, GROUP,
+                                       HEAD_DIM, ROWS, SMALL, "")
+    _write_request(OUT, LOUT, m, den, num, b, hk, n_kv_heads, stride_ob, stride_oh, GROUP, HEAD_DIM, SMALL)
 
 
 @triton.jit
 def _merge_request(OUT, LOUT, OPart, LPart, b, hk, n_splits, n_kv_heads, stride_ob, stride_oh,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr, SMALL: tl.constexpr):
     """Request ``b``'s G rows of kv head ``hk``: the lse rule over the ``S + 1`` states of its tile (``S`` prefix
-    states, the suffix state in slot ``S``), ``o = sum_s exp2(lse_s - lse) o_s`` (``_merge_tile``, G rows wide)."""
-    REQ: tl.constexpr = ROWS // GROUP
-    tile = b // REQ
-    offs_g = tl.arange(0, SMALL)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_g < GROUP
-    heads = hk * GROUP + offs_g
+    states, the suffix state in slot ``S``), ``o = sum_s exp2(lse_s - lse) o_s`` (``_merge_tile``, G rows wide);
+    ``.cg`` loads: another grid wrote the prefix states, so no stale L1 line."""
     m = tl.full([SMALL], float("-inf"), tl.float32)
     den = tl.zeros([SMALL], tl.float32)
     num = tl.zeros([SMALL, HEAD_DIM], tl.float32)
-    for s in range(0, n_splits + 1):
-        ps = ((tile * (n_splits + 1) + s) * n_kv_heads + hk).to(tl.int64) * ROWS + (b % REQ) * GROUP + offs_g
-        ls = tl.load(LPart + ps, mask=row_ok, other=float("-inf"), cache_modifier=".cg")
-        os_ = tl.load(OPart + ps[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0,
-                      cache_modifier=".cg")
-        m, den, num = lse_merge_step(m, den, num, ls, os_)
-    out, lse = lse_merge_finish(m, den, num)
-    b64 = b.to(tl.int64)
-    tl.store(OUT + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(OUT.dtype.element_ty),
-             mask=row_ok[:, None])
-    tl.store(LOUT + b64 * (n_kv_heads * GROUP) + heads, lse, mask=row_ok)
+    m, den, num = _fold_request_states(m, den, num, OPart, LPart, b, hk, n_splits + 1, n_splits, n_kv_heads, GROUP,
+                                       HEAD_DIM, ROWS, SMALL, ".cg")
+    _write_request(OUT, LOUT, m, den, num, b, hk, n_kv_heads, stride_ob, stride_oh, GROUP, HEAD_DIM, SMALL)
 
 
 @triton.jit
@@ -370,28 +381,37 @@ def _tma_ok(prefix_k, prefix_v) -> bool:
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (prefix_k, prefix_v)))
 
 
+def gluon_prefix_reason(q, prefix_k, prefix_v) -> str | None:
+    """None where the Gluon prefix kernel takes these inputs, else what it needs (``backends.prefix_ok``)."""
+    if INTERPRET or q.device.type != "cuda":
+        return ("needs a Hopper GPU (compute capability 9.0); the inputs are on "
+                f"{q.device}" + (" under the interpreter" if INTERPRET else ""))
+    if not backends.prefix_ok(q, prefix_k, prefix_v, device_limits(q.device)):
+        return ("needs compute capability 9.0, fp16/bf16, d in {64, 128}, Hq/Hkv dividing 64 and a contiguous 16-byte "
+                "aligned prefix")
+    return None
+
+
 def use_gluon_prefix(config: CascadeConfig, q, prefix_k, prefix_v, *, capturing: bool | None = None) -> bool:
     """Whether ``cascade_decode`` runs the prefix pass as the Hopper Gluon kernel: ``config.prefix_gluon``, or
     when it is None, where the kernel applies (``cascade_prefix_gluon.prefix_ok``) and the batch has at least
     ``config.gluon_min_rows`` packed rows ``B * G`` per kv head under CUDA-graph capture, at least
     ``max(gluon_min_rows, eager_gluon_min_rows)`` in an eager call (``capturing``: None asks the current
     stream). ``prefix_gluon=True`` where the kernel does not apply raises ``ValueError`` naming the requirement."""
-    if config.prefix_gluon is False or INTERPRET or q.device.type != "cuda":
-        if config.prefix_gluon:
-            raise ValueError("CascadeConfig.prefix_gluon=True needs a Hopper GPU (compute capability 9.0); the "
-                             f"inputs are on {q.device}" + (" under the interpreter" if INTERPRET else ""))
+    if config.prefix_gluon is False:
         return False
-    ok = backends.prefix_ok(q, prefix_k, prefix_v, device_limits(q.device))
+    reason = gluon_prefix_reason(q, prefix_k, prefix_v)
     if config.prefix_gluon:
-        if not ok:
-            raise ValueError("CascadeConfig.prefix_gluon=True needs compute capability 9.0, fp16/bf16, d in {64, 128}, "
-                             "Hq/Hkv dividing 64 and a contiguous 16-byte aligned prefix")
+        if reason is not None:
+            raise ValueError(f"CascadeConfig.prefix_gluon=True {reason}")
         return True
+    if reason is not None:
+        return False
     if capturing is None:
         capturing = torch.cuda.is_current_stream_capturing()
     _checks.check_flag(capturing, "capturing")
     least = config.gluon_min_rows if capturing else max(config.gluon_min_rows, config.eager_gluon_min_rows)
-    return ok and q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= least
+    return q.shape[0] * (q.shape[1] // prefix_k.shape[1]) >= least
 
 
 def _rows(config: CascadeConfig, batch: int, group: int) -> int:
@@ -482,8 +502,63 @@ def recorded_launch(tensors, *options, enabled: bool = True):
         return None
 
 
+class CascadePlan(NamedTuple):
+    """How one ``cascade_decode`` call runs: ``mode`` "triton" (the one-launch Triton kernel) or the Hopper path's
+    "off" / "pdl" / "streams" (the Gluon prefix pass, then the Triton suffix and merge: ``overlap_mode``); the
+    prefix split into ``num_splits`` chunks of ``chunk`` keys; ``rows`` per row tile, ``n_tiles`` tiles;
+    ``prefix_first`` (``prefix_first_order``) and ``use_tma`` (TMA prefix boxes) of the Triton kernel."""
+    mode: str
+    num_splits: int
+    chunk: int
+    rows: int
+    n_tiles: int
+    prefix_first: bool
+    use_tma: bool
+
+
+def choose_backend(backend: str, config: CascadeConfig, q, prefix_k, prefix_v) -> str:
+    """"triton" or "gluon" for ``backend`` ("auto": ``use_gluon_prefix``); ``ValueError`` naming the reason where
+    the asked backend cannot run these inputs or contradicts ``config.prefix_gluon``."""
+    if backend not in backends.BACKENDS:
+        raise ValueError(f"backend must be one of {backends.BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "gluon" if use_gluon_prefix(config, q, prefix_k, prefix_v) else "triton"
+    if config.prefix_gluon is not None and config.prefix_gluon != (backend == "gluon"):
+        raise ValueError(f"backend={backend!r} contradicts CascadeConfig.prefix_gluon={config.prefix_gluon}")
+    reason = gluon_prefix_reason(q, prefix_k, prefix_v) if backend == "gluon" else None
+    if reason is not None:
+        raise ValueError(f"backend='gluon' (the Hopper prefix pass) {reason}")
+    return backend
+
+
+def plan_cascade(q, prefix_k, prefix_v, num_splits, config: CascadeConfig, backend: str) -> CascadePlan:
+    """The plan of a call on checked inputs (``backend``: "triton" or "gluon", ``choose_backend``'s answer)."""
+    B, hq, _ = q.shape
+    P, hkv = prefix_k.shape[0], prefix_k.shape[1]
+    g = hq // hkv
+    gluon = backend == "gluon"
+    mode = overlap_mode(config, B * g) if gluon else "triton"
+    if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
+        cpg = backends.cascade_prefix()
+        if num_splits is None:  # an overlap gives the prefix overlap_prefix_share of the SMs
+            num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), config.min_split_keys,
+                                              config.programs_per_sm if mode == "off" else config.overlap_prefix_share)
+        key_block, rows = config.gluon_block_n, cpg.HALF.value
+    else:
+        if num_splits is None:
+            num_splits = cascade_num_splits(B, g, hkv, P, config)
+        key_block, rows = config.block_n, _rows(config, B, g)
+    num_splits = min(num_splits, P)
+    chunk = triton.cdiv(triton.cdiv(P, num_splits), key_block) * key_block
+    num_splits = triton.cdiv(P, chunk)
+    n_tiles = triton.cdiv(B, rows // g)
+    prefix_first = not gluon and prefix_first_order(n_tiles * num_splits * hkv, config)
+    use_tma = config.use_tma and not gluon and _tma_ok(prefix_k, prefix_v)
+    return CascadePlan(mode, num_splits, chunk, rows, n_tiles, prefix_first, use_tma)
+
+
 def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, scale=None, *,
-                   num_splits=None, config=None, validate=True, fast_launch=True):
+                   num_splits=None, config=None, validate=True, fast_launch=True, backend="auto"):
     """Decode attention of B requests over one shared prefix plus each request's paged suffix; ``(o, lse)``.
 
     q: ``(B, Hq, d)``; prefix_k, prefix_v: ``(P, Hkv, d)``, ``P >= 1``, read once per row tile for the whole
@@ -492,29 +567,17 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
     prefix chunks (None: ``cascade_num_splits``); config: a ``CascadeConfig``. Returns ``o (B, Hq, d)`` in q's
     dtype and ``lse (B, Hq)`` float32 over each request's whole key set. One kernel launch; ``validate=False``
     skips the checks that need a device sync; ``fast_launch=False`` always takes the full path (no recorded
-    launch).
+    launch). backend: ``"triton"`` the one-launch Triton kernel, ``"gluon"`` the Hopper path (the Gluon prefix
+    pass through ``backends``; ``ValueError`` with the reason where it cannot run), ``"auto"`` the Gluon path
+    where ``use_gluon_prefix`` picks it, the Triton kernel elsewhere.
     """
     found = recorded_launch((q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
-                      enabled=fast_launch is True)
+                            backend, enabled=fast_launch is True)
     key, rec = (found[0], found[3]) if found is not None else (None, None)
     if rec is not None and type(validate) is bool:  # a recorded launch: shapes, strides, dtypes, options match
         if validate:
             check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
-        main = rec.main if type(rec) is GluonLaunches else rec
-        out = torch.empty_like(q)  # q's strides are the recorded (contiguous) ones
-        lse = torch.empty_like(main.args[main.slots["LOUT"]])  # the recorded call's lse: (B, Hq) float32
-        if main is not rec:  # Hopper: the Gluon prefix launch and the Triton launch(es)
-            return _replay_gluon(rec, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse)
-        values = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, prefix_k, prefix_v)
-        dk = rec.args[rec.slots["DescK"]]
-        if type(dk) is torch.Tensor:  # pointer loads: the addresses of the key's tensors (_SLOTS order)
-            p = found[2]
-            rec.launch(values, found[1], addresses=(*p, out.data_ptr(), lse.data_ptr(), p[1], p[2]))
-        else:  # a launch recorded with TMA boxes: descriptors of the new prefix (same shape and box)
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            desc_k, desc_v = (TensorDescriptor(x, dk.shape, dk.strides, dk.block_shape) for x in (prefix_k, prefix_v))
-            rec.launch(values[:9] + (desc_k, desc_v), found[1])
-        return out, lse
+        return _replay(rec, found, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens)
     _checks.check_flag(fast_launch, "fast_launch")
     B, hq, d, hkv, block_size, block_tables, seq_lens = check_cascade_inputs(
         q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate)
@@ -522,90 +585,115 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
         raise TypeError(f"config must be a CascadeConfig or None, got {type(config).__name__}")
     cfg = DEFAULT_CONFIG if config is None else config
     scale = _checks.check_scale(scale, d)
-    P, g = prefix_k.shape[0], hq // hkv
     if num_splits is not None:
         num_splits = _checks.check_positive_int(num_splits, "num_splits")
     direct = (q.stride(-1) == 1 and all(x.stride(-1) == 1 for x in (prefix_k, prefix_v, k_cache, v_cache))
               and block_tables.stride(1) == 1 and seq_lens.is_contiguous())
     q, prefix_k, prefix_v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, prefix_k, prefix_v))
     k_cache, v_cache = (x if x.stride(-1) == 1 else x.contiguous() for x in (k_cache, v_cache))
-    gluon = use_gluon_prefix(cfg, q, prefix_k, prefix_v)
-    mode = overlap_mode(cfg, B * g) if gluon else "off"
-    if gluon:  # Hopper: the Gluon prefix pass fills 64-row tiles' states, split on gluon_block_n keys
-        cpg = backends.cascade_prefix()
-        if num_splits is None:  # an overlap gives the prefix overlap_prefix_share of the SMs
-            num_splits = cpg.gluon_num_splits(B, g, hkv, P, num_sms(), cfg.min_split_keys,
-                                              cfg.programs_per_sm if mode == "off" else cfg.overlap_prefix_share)
-        key_block, rows = cfg.gluon_block_n, cpg.HALF.value
-    else:
-        if num_splits is None:
-            num_splits = cascade_num_splits(B, g, hkv, P, cfg)
-        key_block, rows = cfg.block_n, _rows(cfg, B, g)
-    num_splits = min(num_splits, P)
-    chunk = triton.cdiv(triton.cdiv(P, num_splits), key_block) * key_block
-    num_splits = triton.cdiv(P, chunk)
-    n_tiles = triton.cdiv(B, rows // g)
-    o_part = torch.empty((n_tiles, num_splits + 1, hkv, rows, d), dtype=torch.float32, device=q.device)
-    l_part = torch.empty((n_tiles, num_splits + 1, hkv, rows), dtype=torch.float32, device=q.device)
-    counters = _COUNTERS.buffer(q.device, n_tiles * hkv)
+    plan = plan_cascade(q, prefix_k, prefix_v, num_splits, cfg, choose_backend(backend, cfg, q, prefix_k, prefix_v))
+    P, g = prefix_k.shape[0], hq // hkv
+    o_part = torch.empty((plan.n_tiles, plan.num_splits + 1, hkv, plan.rows, d), dtype=torch.float32, device=q.device)
+    l_part = torch.empty((plan.n_tiles, plan.num_splits + 1, hkv, plan.rows), dtype=torch.float32, device=q.device)
+    counters = _COUNTERS.buffer(q.device, plan.n_tiles * hkv)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((B, hq), dtype=torch.float32, device=q.device)
-    use_tma = cfg.use_tma and not gluon and _tma_ok(prefix_k, prefix_v)
-    if use_tma:  # (P, Hkv * d) views, boxes (block_n, d)
+    if plan.use_tma:  # (P, Hkv * d) views, boxes (block_n, d)
         from triton.tools.tensor_descriptor import TensorDescriptor
         desc_k, desc_v = (TensorDescriptor(x, [P, hkv * d], [hkv * d, 1], [cfg.block_n, d])
                           for x in (prefix_k, prefix_v))
     else:
         desc_k, desc_v = prefix_k, prefix_v
-    n_items = n_tiles * num_splits + B
-    prefix_first = not gluon and prefix_first_order(n_tiles * num_splits * hkv, cfg)
-    if mode != "off":  # a persistent grid of suffix programs beside the prefix CTAs
-        grid = (overlap_programs(B, hkv, hkv * num_splits * cpg.tiles(B, g)[1], cfg), 1)
-    elif gluon:
-        grid = (B, hkv)  # suffix items only; the merge waits for its tile's requests
-    else:
-        grid = (n_items * hkv, 1) if prefix_first else (n_items, hkv)
     args = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, o_part, l_part, counters,
             desc_k, desc_v,
             q.stride(0), q.stride(1), prefix_k.stride(0), prefix_k.stride(1), prefix_v.stride(0), prefix_v.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), v_cache.stride(0), v_cache.stride(1),
             v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-            B, hkv, P, chunk, num_splits, n_tiles, scale * LOG2E.value)
-    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
-                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=prefix_first, USE_TMA=use_tma,
-                PREFIX_DONE=gluon, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    record = key is not None and direct and q.is_contiguous()
-    if not gluon:
-        if record:
-            recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
-            if recd is not None:
-                LAUNCH_CACHE.put(key, recd)
-        else:
-            _cascade_kernel[grid](*args, **meta)
-        return out, lse
-    # Hopper: the Gluon prefix launch (prefix states 0 .. S-1 of every 64-row tile) and the Triton launch(es)
-    grid_p, args_p, meta_p = cpg.launch_spec(q, prefix_k, prefix_v, o_part, l_part, num_splits, chunk, scale,
-                                             cfg.gluon_block_n, cfg.gluon_stages, pdl_trigger=mode == "pdl")
-    meta.update(OVERLAP={"off": 0, "pdl": 2, "streams": 1}[mode])
-    if mode == "pdl":
+            B, hkv, P, plan.chunk, plan.num_splits, plan.n_tiles, scale * LOG2E.value)
+    meta = dict(GROUP=g, HEAD_DIM=d, ROWS=plan.rows, SMALL=max(16, triton.next_power_of_2(g)), BLOCK_N=cfg.block_n,
+                PAGE=block_size, INTERP=INTERPRET, PREFIX_FIRST=plan.prefix_first, USE_TMA=plan.use_tma,
+                PREFIX_DONE=plan.mode != "triton", num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    key = key if key is not None and direct and q.is_contiguous() else None  # None: record nothing
+    if plan.mode == "triton":
+        _launch_triton(plan, args, meta, key, B, hkv)
+    else:
+        _launch_gluon(plan, cfg, args, meta, key, q, prefix_k, prefix_v, o_part, l_part, scale)
+    return out, lse
+
+
+def _launch_triton(plan: CascadePlan, args, meta, key, batch: int, hkv: int) -> None:
+    """Mode "triton": the one-launch kernel over every prefix item and suffix item (recorded under ``key``)."""
+    n_items = plan.n_tiles * plan.num_splits + batch
+    grid = (n_items * hkv, 1) if plan.prefix_first else (n_items, hkv)
+    if key is None:
+        _cascade_kernel[grid](*args, **meta)
+        return
+    recd = _fastlaunch.launch_and_record(_cascade_kernel, grid, args, meta, _SLOTS)
+    if recd is not None:
+        LAUNCH_CACHE.put(key, recd)
+
+
+def _launch_gluon(plan: CascadePlan, cfg: CascadeConfig, args, meta, key, q, prefix_k, prefix_v, o_part, l_part,
+                  scale) -> None:
+    """The Hopper modes: the Gluon prefix launch (prefix states 0 .. S-1 of every 64-row tile), then the Triton
+    launch(es): "off" the suffix and merge after it in stream order, "pdl" a persistent grid of suffix programs
+    programmatically dependent on it, "streams" those on a forked stream and the merge after the join
+    (``_launch_streams``). Recorded under ``key`` as ``GluonLaunches``."""
+    B, hkv, g = q.shape[0], prefix_k.shape[1], q.shape[1] // prefix_k.shape[1]
+    cpg = backends.cascade_prefix()
+    grid_p, args_p, meta_p = cpg.launch_spec(q, prefix_k, prefix_v, o_part, l_part, plan.num_splits, plan.chunk, scale,
+                                             cfg.gluon_block_n, cfg.gluon_stages, pdl_trigger=plan.mode == "pdl")
+    meta = dict(meta, OVERLAP={"off": 0, "pdl": 2, "streams": 1}[plan.mode])
+    if plan.mode == "off":
+        grid = (B, hkv)  # suffix items only; the merge waits for its tile's requests
+    else:  # a persistent grid of suffix programs beside the prefix CTAs
+        grid = (overlap_programs(B, hkv, hkv * plan.num_splits * cpg.tiles(B, g)[1], cfg), 1)
+    if plan.mode == "pdl":
         meta.update(launch_pdl=True)
-    launch = _fastlaunch.launch_and_record if record else _launch
-    if mode == "streams":  # fork: the prefix on the side stream, the suffix programs here; join; merge
-        cur, side, fork, join = _side_stream(q.device)
-        fork.record(cur)
-        side.wait_event(fork)
-        with torch.cuda.stream(side):
-            rec_p = launch(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p, cpg.SLOTS)
-        rec_m = launch(_cascade_kernel, grid, args, meta, _SLOTS)
-        join.record(side)
-        cur.wait_event(join)
-        rec_x = launch(_cascade_kernel, (B * hkv, 1), args, dict(meta, OVERLAP=3), _SLOTS)
+    launch = _fastlaunch.launch_and_record if key is not None else _launch
+    if plan.mode == "streams":
+        rec_p, rec_m, rec_x = _launch_streams(launch, cpg, (grid_p, args_p, meta_p), (grid, args, meta), B * hkv,
+                                              q.device)
     else:
         rec_p = launch(cpg.cascade_prefix_kernel, grid_p, args_p, meta_p, cpg.SLOTS)
         rec_m = launch(_cascade_kernel, grid, args, meta, _SLOTS)
         rec_x = True
-    if record and rec_p is not None and rec_m is not None and rec_x is not None:
-        LAUNCH_CACHE.put(key, GluonLaunches(rec_p, rec_m, None if rec_x is True else rec_x, mode, cfg.gluon_block_n))
+    if key is not None and rec_p is not None and rec_m is not None and rec_x is not None:
+        LAUNCH_CACHE.put(key, GluonLaunches(rec_p, rec_m, None if rec_x is True else rec_x, plan.mode,
+                                            cfg.gluon_block_n))
+
+
+def _launch_streams(launch, cpg, prefix, main, n_items: int, device):
+    """Mode "streams": fork, the prefix launch on the side stream and the suffix programs here; join; merge."""
+    grid, args, meta = main
+    cur, side, fork, join = _side_stream(device)
+    fork.record(cur)
+    side.wait_event(fork)
+    with torch.cuda.stream(side):
+        rec_p = launch(cpg.cascade_prefix_kernel, *prefix, cpg.SLOTS)
+    rec_m = launch(_cascade_kernel, grid, args, meta, _SLOTS)
+    join.record(side)
+    cur.wait_event(join)
+    rec_x = launch(_cascade_kernel, (n_items, 1), args, dict(meta, OVERLAP=3), _SLOTS)
+    return rec_p, rec_m, rec_x
+
+
+def _replay(rec, found, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens):
+    """A recorded launch (``rec``, looked up with ``found = recorded_launch(...)``) on this call's tensors."""
+    main = rec.main if type(rec) is GluonLaunches else rec
+    out = torch.empty_like(q)  # q's strides are the recorded (contiguous) ones
+    lse = torch.empty_like(main.args[main.slots["LOUT"]])  # the recorded call's lse: (B, Hq) float32
+    if main is not rec:  # Hopper: the Gluon prefix launch and the Triton launch(es)
+        return _replay_gluon(rec, q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse)
+    values = (q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, out, lse, prefix_k, prefix_v)
+    dk = rec.args[rec.slots["DescK"]]
+    if type(dk) is torch.Tensor:  # pointer loads: the addresses of the key's tensors (_SLOTS order)
+        p = found[2]
+        rec.launch(values, found[1], addresses=(*p, out.data_ptr(), lse.data_ptr(), p[1], p[2]))
+    else:  # a launch recorded with TMA boxes: descriptors of the new prefix (same shape and box)
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        desc_k, desc_v = (TensorDescriptor(x, dk.shape, dk.strides, dk.block_shape) for x in (prefix_k, prefix_v))
+        rec.launch(values[:9] + (desc_k, desc_v), found[1])
     return out, lse
 
 

@@ -114,49 +114,28 @@ class DecodeConfig(KeyBlockConfig):
     """Stage 1 of split-KV decode (``reference.triton.decode``): the key-block launch (``KeyBlockConfig``; 4
     stages by default) and ``fuse_merge``: the last program of each (batch, kv head) merges the splits (an atomic
     ticket) instead of a second kernel (``_merge_kernel``). A GPU with less shared memory than the configuration
-    needs runs the first fallback that fits (``_device.stage_ladder``: fewer stages, then shorter key blocks)."""
+    needs runs the first fallback that fits (``_device.stage_ladder``: fewer stages, then shorter key blocks).
+    The options measured and not pinned (programmatic dependent launch, a two-level merge, dynamic splits) are
+    ``experiments.decode_variants.DecodeVariant``'s."""
     num_stages: int = 4
     fuse_merge: bool = True
     #: Hopper only (sm_90+, contiguous cache): K/V tiles as TMA boxes of a host tensor descriptor instead of
     #: pointer loads (None: never; the portable path runs everywhere else). notes/serving_perf.md "Decode at 32k and
     #: the one-launch cascade".
     use_tma: bool = False
-    #: Hopper only: programmatic dependent launch (the next kernel on the stream may start while this one drains;
-    #: this one waits for its predecessor with ``griddepcontrol.wait`` before reading anything); measured slower there (same section).
-    pdl: bool = False
     #: fused merge: at most this many (query head, split) rows of d fp32 partial outputs per step of the merge
     #: loop (a power of two >= 2). The merge's tile sets the kernel's registers: 128 rows (4 heads x 32 splits)
     #: take stage 1 from 86 to 165 registers (ncu); fewer rows, more steps.
     merge_rows: int = 128
-    #: fused merge in two levels: the last program of each group of ``merge_group`` consecutive splits merges
-    #: the group's partial states into one, and the last group to finish merges the groups' states (0: one
-    #: level, the last program of the (batch, kv head) merges every split). Keeps the merge on the critical
-    #: path short at high split counts (one level costs 6.4 us at 128 splits, ncu).
-    merge_group: int = 0
-    #: dynamic split (an experiment, off): each of the ``num_splits`` programs of a (batch, kv head) draws
-    #: chunks of ``dynamic_chunk`` key blocks from a counter until none are left, folding them all into ONE
-    #: online-softmax state (the keys' order does not matter), instead of one fixed contiguous range; fast
-    #: programs take more chunks. 0: fixed ranges. Needs the fused merge (its last program resets the counter).
-    dynamic_chunk: int = 0
 
     def __post_init__(self):
         super().__post_init__()
-        for field in ("fuse_merge", "use_tma", "pdl"):
+        for field in ("fuse_merge", "use_tma"):
             if type(getattr(self, field)) is not bool:
-                raise ValueError(f"DecodeConfig.{field} must be a bool, got {getattr(self, field)!r}")
+                raise ValueError(f"{type(self).__name__}.{field} must be a bool, got {getattr(self, field)!r}")
         r = self.merge_rows
         if type(r) is not int or r < 2 or r & (r - 1):
-            raise ValueError(f"DecodeConfig.merge_rows must be a power of two >= 2, got {r!r}")
-        g = self.merge_group
-        if type(g) is not int or g < 0 or g == 1:
-            raise ValueError(f"DecodeConfig.merge_group must be 0 (one level) or an int >= 2, got {g!r}")
-        c = self.dynamic_chunk
-        if type(c) is not int or c < 0:
-            raise ValueError(f"DecodeConfig.dynamic_chunk must be an int >= 0 (key blocks a chunk; 0: fixed "
-                             f"ranges), got {c!r}")
-        if c and not self.fuse_merge:
-            raise ValueError("DecodeConfig.dynamic_chunk needs fuse_merge=True (the merging program resets the "
-                             "chunk counter)")
+            raise ValueError(f"{type(self).__name__}.merge_rows must be a power of two >= 2, got {r!r}")
 
     def launch(self) -> dict:
         """``{"block_n", "num_warps", "num_stages"}``: the tile and launch options (``_device.stage_ladder``'s form)."""
@@ -170,18 +149,14 @@ class MixedConfig(KeyBlockConfig):
     The key-block launch (``configs.KeyBlockConfig``: block_n, num_warps, num_stages) and small_rows /
     large_rows: rows (tokens x G) of the decode and prefill tiles;
     split_keys: most keys per work item (a multiple of block_n and of the page size when pages are larger);
-    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never;
-    table_ahead: load key block ``j + 1``'s block-table entries while block ``j`` is computed (False: in the
-    iteration that uses them, the simpler lookup; ``notes/serving_perf.md``, "Paged prefill on Triton page tiles");
-    whole_pages: key blocks of several whole pages (``block_n % page == 0``) are loaded as ``(pages, page, d)``
-    tiles with one table entry per page (False: one entry per key row, the simpler gather).
+    use_tma: None picks TMA key loads on Hopper when a page holds whole key blocks, False never. The kernel looks
+    the block table up one key block ahead and loads whole pages; the simpler lookups it was measured against are
+    ``experiments.serving_baselines.MixedVariant``'s.
     """
     small_rows: int = 16
     large_rows: int = 64
     split_keys: int = 4096
     use_tma: bool | None = None
-    table_ahead: bool = True
-    whole_pages: bool = True
 
 
 #: the Gluon cascade prefix pass's key blocks and ring depths (``hopper.cascade_prefix_gluon``)
@@ -272,8 +247,9 @@ CASCADE_DEFAULT = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, b
 
 
 def check_decode_config(config, name: str = "config"):
-    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise."""
-    if config is not None and not isinstance(config, DecodeConfig):
+    """``config`` if it is None or a ``DecodeConfig``; ``TypeError`` naming ``name`` otherwise (a subclass too: its
+    extra options would be ignored here, ``experiments.decode_variants`` runs them)."""
+    if config is not None and type(config) is not DecodeConfig:
         raise TypeError(f"{name} must be a reference.triton.configs.DecodeConfig or None, got {type(config).__name__}")
     return config
 
@@ -355,9 +331,9 @@ def pinned(fwd: dict | None = None, bwd: dict | None = None, decode=None):
 
 def _check_decode_scope(decode):
     """A ``DecodeConfig``, or a dict of them by kind as a sorted tuple of pairs (hashable: a launch-cache key)."""
-    if isinstance(decode, DecodeConfig):
+    if type(decode) is DecodeConfig:
         return decode
-    if isinstance(decode, dict) and all(k in DECODE_PINS and isinstance(v, DecodeConfig) for k, v in decode.items()):
+    if isinstance(decode, dict) and all(k in DECODE_PINS and type(v) is DecodeConfig for k, v in decode.items()):
         return tuple(sorted(decode.items()))
     raise TypeError(f"decode must be a DecodeConfig or a dict {{kind: DecodeConfig}} with kinds in "
                     f"{sorted(DECODE_PINS)}, got {decode!r}")

@@ -21,18 +21,20 @@ GQA packing (FlashAttention-3 talk, "GQA Packing: compute for multiple query hea
 
 The same kernel reads K/V either from a contiguous cache ``(B, Hkv, Nmax, d)`` or, with ``PAGED``, through a
 block table from a vLLM-style paged cache ``(num_blocks, block_size, Hkv, d)``; ``reference.triton.paged`` is
-the paged front end.
+the paged front end. The package's ``reference.triton.flash_decode`` / ``paged_decode`` are these calls with
+recorded launches (``reference.triton.decode_serving``); options that were measured and not pinned (programmatic
+dependent launch, a two-level merge, dynamic splits) are ``experiments/decode_variants.py``.
 """
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from . import _checks, _device, _fastlaunch, configs
+from . import _checks, _device, configs
 from .configs import PROGRAMS_PER_SM, DecodeConfig
 from ._kernel_helpers import LOG2E
 from ._checks import check_decode_q, check_kv_cache, check_seq_lens
@@ -120,7 +122,7 @@ def _tma_blocks(q, m_i, l_i, acc, DescK, DescV, row0, start, end, qk_scale, BLOC
 
 
 @triton.jit
-def _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+def key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
                stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb, n_max, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
                IEEE_DOT: tl.constexpr, USE_TMA: tl.constexpr):
@@ -138,6 +140,21 @@ def _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables
 
 
 @triton.jit
+def merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits, stride_ob,
+                  stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, MERGE_CHUNK_S: tl.constexpr):
+    """Stage 2 inside stage 1: take a ticket of this (batch, kv head); the program that draws the last one merges
+    the group's splits (``fused_merge``) and resets the counter for the next launch. Returns whether it merged."""
+    ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
+    last = ticket == num_splits - 1
+    if last:
+        tl.debug_barrier()
+        fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, 0, num_splits,
+                    stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
+        tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
+    return last
+
+
+@triton.jit
 def _split_kv_kernel(
     Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh,
@@ -150,22 +167,16 @@ def _split_kv_kernel(
     HAS_SEQLENS: tl.constexpr, PAGED: tl.constexpr, PAGE_SIZE: tl.constexpr,
     DIRECT_OUT: tl.constexpr, IEEE_DOT: tl.constexpr,
     FUSED: tl.constexpr = False, MERGE_M: tl.constexpr = 1, MERGE_CHUNK_S: tl.constexpr = 1,
-    USE_TMA: tl.constexpr = False, PDL: tl.constexpr = False,
-    OPart2=None, LsePart2=None, MERGE_GROUP: tl.constexpr = 0,
-    ChunkCounters=None, CHUNK_BLOCKS: tl.constexpr = 0,
+    USE_TMA: tl.constexpr = False,
 ):
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
     """Stage 1: partial attention of one GQA group over one split of the keys (FA2 Alg. 1 lines 8-10)."""
-    if PDL:  # programmatic dependent launch (Hopper): let the next kernel launch now; wait for the previous one
-        gdc_launch_dependents()  # before touching memory (its writes: q, the K/V cache, our ticket counters)
-        gdc_wait()
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
     kvh = pid_bh % n_kv_heads
     b64 = b.to(tl.int64)
-
     if HAS_SEQLENS:
         seq_len = tl.load(SeqLens + b).to(tl.int32)
         seq_len = tl.minimum(tl.maximum(seq_len, 0), n_max)  # memory safety; the wrapper validates values
@@ -176,7 +187,6 @@ def _split_kv_kernel(
     blocks_per_split = tl.cdiv(n_blocks, num_splits)
     start = pid_s * blocks_per_split * BLOCK_N
     end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
-
     offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     row_ok = offs_m < group
@@ -186,22 +196,9 @@ def _split_kv_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 scores
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-
-    if CHUNK_BLOCKS > 0:  # DecodeConfig.dynamic_chunk: chunks of the kv head's keys drawn from a counter
-        n_chunks = tl.cdiv(n_blocks, CHUNK_BLOCKS)
-        c = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")
-        while c < n_chunks:
-            c_next = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")  # in flight during this chunk
-            lo = c * (CHUNK_BLOCKS * BLOCK_N)
-            hi = tl.minimum(lo + CHUNK_BLOCKS * BLOCK_N, seq_len)
-            m_i, l_i, acc = _key_range(q, m_i, l_i, acc, lo, hi, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
-                                       stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
-                                       n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
-            c = c_next
-    else:
-        m_i, l_i, acc = _key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
-                                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
-                                   n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
+    m_i, l_i, acc = key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
+                              stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
+                              n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
 
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
@@ -213,23 +210,16 @@ def _split_kv_kernel(
         row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
         tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
         tl.store(LsePart + row, lse2, mask=row_ok)
-        if FUSED:
-            # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
-            # the program that draws the last ticket and makes the others' stores visible to it.
-            tl.debug_barrier()
-            if MERGE_GROUP == 0:
-                ticket = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
-                if ticket == num_splits - 1:
-                    tl.debug_barrier()
-                    _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, 0, num_splits,
-                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
-                    tl.atomic_xchg(Counters + pid_bh, 0)  # ready for the next launch (kernel end orders it)
-                    if CHUNK_BLOCKS > 0:  # every program of this kv head has left its chunk loop
-                        tl.atomic_xchg(ChunkCounters + pid_bh, 0)
-            else:
-                _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
-                                 kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
-                                 MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
+    if FUSED and not DIRECT_OUT:
+        # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
+        # the program that draws the last ticket and makes the others' stores visible to it.
+        tl.debug_barrier()
+        merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits, stride_ob,
+                      stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
+
+
+#: stage 1 by its public name (``serving_aot.compile_decode`` compiles it ahead of time)
+split_kv_kernel = _split_kv_kernel
 
 
 @triton.jit
@@ -255,7 +245,7 @@ def _fused_merge_chunk(OPart, LsePart, row_base, h_ok, s0, s_end, m, den, acc,
 
 
 @triton.jit
-def _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
+def merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
                   HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
     """The log-sum-exp merge of the states ``s_lo .. s_hi - 1`` of rows ``row_base`` (one per query head of the
     group): ``o = sum_s exp2(lse_s - lse) o_s``, ``lse = log2 sum_s exp2(lse_s)`` (base 2; -inf, o = 0 when
@@ -272,7 +262,7 @@ def _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi,
 
 
 @triton.jit
-def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s_lo, s_hi, stride_ob, stride_oh,
+def fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s_lo, s_hi, stride_ob, stride_oh,
                  HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr, CHUNK: tl.constexpr):
     """Stage 2 inside stage 1: o = sum_s exp(lse_s - lse) o_s for the group's query heads (log-sum-exp merge)
     over the splits ``s_lo .. s_hi - 1`` of partial states laid out ``(B, Hq, num_splits)``."""
@@ -281,48 +271,9 @@ def _fused_merge(OPart, LsePart, Out, b64, kvh, group, n_kv_heads, num_splits, s
     h_ok = offs_h < group
     heads = kvh * group + offs_h
     row_base = (b64 * n_kv_heads * group + heads) * num_splits
-    o, _ = _merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi, HEAD_DIM, MERGE_M, CHUNK)
+    o, _ = merge_states(OPart, LsePart, row_base, h_ok, s_lo, s_hi, HEAD_DIM, MERGE_M, CHUNK)
     tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], o.to(Out.dtype.element_ty),
              mask=h_ok[:, None])
-
-
-@triton.jit
-def _two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
-                     n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
-                     CHUNK: tl.constexpr, MERGE_GROUP: tl.constexpr, CHUNK_BLOCKS: tl.constexpr):
-    """The fused merge in two levels (``DecodeConfig.merge_group``): tickets per group of MERGE_GROUP
-    consecutive splits (counters after the B * Hkv head counters); the group's last program merges its splits
-    into one state of ``(OPart2, LsePart2)``, laid out ``(B, Hq, n_groups)``, then takes a ticket of the
-    (batch, kv head); the last group merges the groups' states into ``Out``. The log-sum-exp merge is
-    associative, so the result is the one-level merge's up to rounding. Each level resets its counter."""
-    n_groups = tl.cdiv(num_splits, MERGE_GROUP)
-    g = pid_s // MERGE_GROUP
-    g_lo = g * MERGE_GROUP
-    g_hi = tl.minimum(g_lo + MERGE_GROUP, num_splits)
-    n_bh = tl.num_programs(1)
-    g_counter = Counters + n_bh + pid_bh * n_groups + g
-    ticket = tl.atomic_add(g_counter, 1, sem="acq_rel")
-    if ticket == g_hi - g_lo - 1:
-        tl.debug_barrier()
-        offs_h = tl.arange(0, MERGE_M)
-        offs_d = tl.arange(0, HEAD_DIM)
-        h_ok = offs_h < group
-        heads = kvh * group + offs_h
-        hrow = b64 * n_kv_heads * group + heads
-        o, lse2 = _merge_states(OPart, LsePart, hrow * num_splits, h_ok, g_lo, g_hi, HEAD_DIM, MERGE_M, CHUNK)
-        row2 = hrow * n_groups + g
-        tl.store(OPart2 + row2[:, None] * HEAD_DIM + offs_d[None, :], o, mask=h_ok[:, None])
-        tl.store(LsePart2 + row2, lse2, mask=h_ok)
-        tl.atomic_xchg(g_counter, 0)
-        tl.debug_barrier()
-        ticket2 = tl.atomic_add(Counters + pid_bh, 1, sem="acq_rel")
-        if ticket2 == n_groups - 1:
-            tl.debug_barrier()
-            _fused_merge(OPart2, LsePart2, Out, b64, kvh, group, n_kv_heads, n_groups, 0, n_groups, stride_ob,
-                         stride_oh, HEAD_DIM, MERGE_M, CHUNK)
-            tl.atomic_xchg(Counters + pid_bh, 0)
-            if CHUNK_BLOCKS > 0:
-                tl.atomic_xchg(ChunkCounters + pid_bh, 0)
 
 
 @triton.jit
@@ -422,29 +373,45 @@ def launch_config(dtype, paged=False, num_splits=None, d: int = 128, limits=None
                                limits)
 
 
-#: the fused merge's ticket counters, one int32 per (batch, kv head) and merge group, zero between launches
-_COUNTERS = _fastlaunch.TicketCounters(256)
+class DecodeCall(NamedTuple):
+    """The checked arguments of one decode call, as ``launch_decode`` takes them."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    seq_lens: torch.Tensor | None
+    block_tables: torch.Tensor | None
+    n_max: int
+    n_kv_heads: int
+    scale: float
+    num_splits: int
+    page_size: int
+    config: DecodeConfig | None
 
 
-def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
-                  fast_key=None, config: DecodeConfig | None = None):
-    """Run stage 1 (and stage 2 when num_splits > 1) on validated inputs; K/V strides name the layout.
-    ``config``: the stage-1 ``DecodeConfig`` (None: ``base_config``'s default for these inputs).
+class Stage1(NamedTuple):
+    """One stage-1 launch: ``_split_kv_kernel[grid](*args, **kwargs)``; ``out`` the output, ``o_part`` / ``lse_part``
+    the splits' partial states (``out`` itself with one split); ``fused`` whether the kernel merges them."""
+    grid: tuple
+    args: tuple
+    kwargs: dict
+    out: torch.Tensor
+    o_part: torch.Tensor
+    lse_part: torch.Tensor
+    fused: bool
 
-    ``fast_key``: record this launch under that key (``LAUNCH_CACHE``) so that the next call with the same key skips
-    the checks and Triton's argument binding (``reference.triton._fastlaunch``); only single-kernel launches
-    (one split, or the fused merge) are recorded. Their scratch buffers are then reused by the recorded
-    launch: one stream runs its launches in order, and the key includes the stream.
-    """
+
+def stage1(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+           config: DecodeConfig | None = None, counters=None) -> Stage1:
+    """Stage 1's launch on validated inputs (a ``DecodeCall``'s fields); K/V strides name the layout. ``config``:
+    the stage-1 ``DecodeConfig`` (None: ``base_config``'s default for these inputs). ``counters(device, n)``:
+    ``n`` zeroed int32 ticket counters for the fused merge, which the kernel leaves zeroed (None: fresh zeros)."""
     B, Hq, d = q.shape
     paged = block_tables is not None
     group = Hq // n_kv_heads
     base = base_config(q.dtype, paged, num_splits, config)
-    fuse_merge = base.fuse_merge
     limits = _device.device_limits(q.device)
     cfg = launch_config(q.dtype, paged, num_splits, d, limits, group, config)
     use_tma = base.use_tma and tma_ok(q, k, v, paged, limits)
-    pdl = base.pdl and not INTERPRET and q.device.type == "cuda" and _device.hopper(limits)
     out = torch.empty_like(q)
     if paged:  # cache (num_blocks, block_size, Hkv, d): (block, head, token-in-block)
         sk = (k.stride(0), k.stride(2), k.stride(1))
@@ -454,49 +421,52 @@ def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num
         sk = (k.stride(0), k.stride(1), k.stride(2))
         sv = (v.stride(0), v.stride(1), v.stride(2))
         bt, stride_tb = q, 0  # unused dummy pointer
-    fused = num_splits > 1 and fuse_merge
+    fused = num_splits > 1 and base.fuse_merge
     if num_splits > 1:
         o_part = torch.empty((B, Hq, num_splits, d), device=q.device, dtype=torch.float32)
         lse_part = torch.empty((B, Hq, num_splits), device=q.device, dtype=torch.float32)
     else:
         o_part = lse_part = out  # unused
-    merge_group = base.merge_group if fused and base.merge_group < num_splits else 0
-    n_groups = -(-num_splits // merge_group) if merge_group else 0
-    chunk_blocks = base.dynamic_chunk if fused else 0
-    n_bh = B * n_kv_heads
-    counters = _COUNTERS.buffer(q.device, n_bh * (1 + n_groups + (chunk_blocks > 0))) if fused else out  # unused unless fused
-    chunk_counters = counters[n_bh * (1 + n_groups):] if chunk_blocks else None
-    if merge_group:
-        o_part2 = torch.empty((B, Hq, n_groups, d), device=q.device, dtype=torch.float32)
-        lse_part2 = torch.empty((B, Hq, n_groups), device=q.device, dtype=torch.float32)
+    if not fused:
+        tickets = out  # unused
+    elif counters is None:
+        tickets = torch.zeros(B * n_kv_heads, dtype=torch.int32, device=q.device)
     else:
-        o_part2 = lse_part2 = None
+        tickets = counters(q.device, B * n_kv_heads)
     merge_m = max(2, triton.next_power_of_2(group))
-    most = max(num_splits if not merge_group else max(merge_group, n_groups), 1)
-    chunk = min(triton.next_power_of_2(most), max(1, base.merge_rows // merge_m))
+    chunk = min(triton.next_power_of_2(max(num_splits, 1)), max(1, base.merge_rows // merge_m))
     has_seq = seq_lens is not None
-    sl = seq_lens if has_seq else q
-    desc_k, desc_v = _descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
-    grid = (num_splits, B * n_kv_heads)
-    launch = _split_kv_kernel[grid] if fast_key is None or (num_splits > 1 and not fused) else \
-        lambda *a, **kw: _record(fast_key, grid, a, kw)
-    extra = dict(launch_pdl=True) if pdl else {}
-    launch(
-        q, k, v, sl, bt, out, o_part, lse_part, counters, desc_k, desc_v,
-        q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
-        n_kv_heads, group, n_max, num_splits, scale * LOG2E.value,
-        HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"],
-        HAS_SEQLENS=has_seq, PAGED=paged, PAGE_SIZE=page_size,
-        DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
-        FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma, PDL=pdl,
-        OPart2=o_part2, LsePart2=lse_part2, MERGE_GROUP=merge_group,
-        ChunkCounters=chunk_counters, CHUNK_BLOCKS=chunk_blocks,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra,
-    )
-    if num_splits > 1 and not fused:
-        _merge_kernel[(B * Hq,)](o_part, lse_part, out, out.stride(0), out.stride(1), Hq, num_splits,
-                                 HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
-    return out
+    desc_k, desc_v = descriptors(k, v, cfg["block_n"]) if use_tma else (k, v)
+    args = (q, k, v, seq_lens if has_seq else q, bt, out, o_part, lse_part, tickets, desc_k, desc_v,
+            q.stride(0), q.stride(1), *sk, *sv, stride_tb, out.stride(0), out.stride(1),
+            n_kv_heads, group, n_max, num_splits, scale * LOG2E.value)
+    kwargs = dict(HEAD_DIM=d, BLOCK_M=_block_m(group), BLOCK_N=cfg["block_n"], HAS_SEQLENS=has_seq, PAGED=paged,
+                  PAGE_SIZE=page_size, DIRECT_OUT=num_splits == 1, IEEE_DOT=q.dtype == torch.float32 or INTERPRET,
+                  FUSED=fused, MERGE_M=merge_m, MERGE_CHUNK_S=chunk, USE_TMA=use_tma,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    return Stage1((num_splits, B * n_kv_heads), args, kwargs, out, o_part, lse_part, fused)
+
+
+def merge_splits(st: Stage1) -> None:
+    """Stage 2 as its own launch (``DecodeConfig(fuse_merge=False)``): ``_merge_kernel`` over the partial states."""
+    B, Hq, num_splits, d = st.o_part.shape
+    _merge_kernel[(B * Hq,)](st.o_part, st.lse_part, st.out, st.out.stride(0), st.out.stride(1), Hq, num_splits,
+                             HEAD_DIM=d, CHUNK=MERGE_CHUNK, num_warps=4)
+
+
+def launch_decode(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+                  config: DecodeConfig | None = None, counters=None, launch=None):
+    """Run stage 1 (``stage1``) and, when num_splits > 1 without the fused merge, stage 2; returns the output.
+    ``launch(kernel, grid, args, kwargs)``: how stage 1 is launched (None: ``kernel[grid](*args, **kwargs)``); the
+    serving layer's recorded launches pass theirs (``reference.triton.decode_serving``)."""
+    st = stage1(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size, config, counters)
+    if launch is None:
+        _split_kv_kernel[st.grid](*st.args, **st.kwargs)
+    else:
+        launch(_split_kv_kernel, st.grid, st.args, st.kwargs)
+    if num_splits > 1 and not st.fused:
+        merge_splits(st)
+    return st.out
 
 
 def tma_ok(q, k, v, paged, limits) -> bool:
@@ -506,77 +476,48 @@ def tma_ok(q, k, v, paged, limits) -> bool:
             and all(x.is_contiguous() and x.data_ptr() % 16 == 0 for x in (k, v)))
 
 
-def _descriptors(k, v, block_n: int):
+def descriptors(k, v, block_n: int):
     """Host TMA descriptors of the K and V caches as ``(B * Hkv * Nmax, d)`` matrices, boxes ``(block_n, d)``."""
     from triton.tools.tensor_descriptor import TensorDescriptor
     d = k.shape[-1]
     return tuple(TensorDescriptor(x, [x.numel() // d, d], [d, 1], [block_n, d]) for x in (k, v))
 
 
-LAUNCH_CACHE = _fastlaunch.LaunchCache()
-_SLOTS = ("Q", "K", "V", "SeqLens", "BlockTables", "Out", "DescK", "DescV")
+def check_call(q, k, v, seq_lens=None, num_splits=None, scale=None, validate=True, config=None) -> DecodeCall:
+    """``flash_decode``'s checks (each bad argument named) and defaults: the ``DecodeCall`` it launches."""
+    B = check_decode_q(q)[0]
+    validate = _checks.check_flag(validate, "validate")
+    config = check_decode_config(config)
+    Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
+    if Bk != B:
+        raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")
+    if n_max == 0:
+        raise ValueError(f"k and v must hold at least one key slot (Nmax >= 1), got k {tuple(k.shape)}")
+    if seq_lens is not None:
+        seq_lens = check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
+    return checked_call(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, 1, config)
 
 
-def clear_launch_cache() -> None:
-    """Forget every recorded launch (the next eager call of each shape takes the full path again)."""
-    LAUNCH_CACHE.clear()
+def checked_call(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size,
+                 config) -> DecodeCall:
+    """The ``DecodeCall`` of inputs whose tensors are checked: ``num_splits`` (None: ``choose_num_splits`` for
+    the configuration's key block) and ``scale`` (None: ``1/sqrt(d)``) checked, q and the caches' rows made
+    contiguous."""
+    B, Hq, d = q.shape
+    paged = block_tables is not None
+    if num_splits is None:
+        cfg = launch_config(q.dtype, paged, d=d, limits=_device.device_limits(q.device), group=Hq // n_kv_heads,
+                            config=config)
+        num_splits = choose_num_splits(B, n_kv_heads, n_max, block_n=cfg["block_n"])
+    num_splits = _checks.check_positive_int(num_splits, "num_splits")
+    scale = _checks.check_scale(scale, d)
+    q = q.contiguous()
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
+    return DecodeCall(q, k, v, seq_lens, block_tables, n_max, n_kv_heads, scale, num_splits, page_size, config)
 
 
-def fast_key(kind: str, tensors, *options, enabled: bool = True):
-    """Key of a recorded launch, or None when ``enabled`` is False (a caller's ``fast_launch=False``), an input
-    is not a plain tensor on a CUDA device or when interpreting: then the call takes the full path, whose checks
-    raise the proper errors. ``options`` must include the call's ``config``; the scoped default
-    (``configs.pinned(decode=...)``) is added here, so a recorded launch never outlives the configuration it
-    was recorded with."""
-    if INTERPRET or not enabled:
-        return None
-    parts = [kind]
-    for t in tensors:
-        if t is None:
-            parts.append(None)
-        elif type(t) is not torch.Tensor or t.device.type != "cuda":
-            return None
-        else:
-            parts.append(_fastlaunch.tensor_key(t))
-    key = (*parts, *options, configs.scoped_decode(), _fastlaunch.stream_key(tensors[0].device))
-    try:
-        hash(key)
-    except TypeError:  # an unhashable option: the full path names it
-        return None
-    return key
-
-
-def recorded_launch(kind: str, tensors, *options):
-    """The launch recorded for a call of ``kind`` ("contiguous": ``flash_decode``, "paged": ``paged_decode``) on
-    ``tensors`` with ``options`` (``num_splits``, ``scale``, ``config``, as the entry point passes them to
-    ``fast_key``), or None: what the next such call will repeat (benchmarks read it to time the launch alone)."""
-    key = fast_key(kind, tensors, *options)
-    return LAUNCH_CACHE.get(key) if key is not None else None
-
-
-def _record(key, grid, args, kwargs):
-    rec = _fastlaunch.launch_and_record(_split_kv_kernel, grid, args, kwargs, _SLOTS)
-    if rec is not None:
-        LAUNCH_CACHE.put(key, rec)
-
-
-def repeat_launch(rec, q, k, v, seq_lens, block_tables):
-    """Repeat a recorded decode launch on new tensors of the recorded shapes; returns the output. A launch
-    recorded with TMA descriptors gets descriptors of the new K/V (same shapes and box)."""
-    out = torch.empty_like(q)
-    i = rec.slots["DescK"]
-    desc_k = rec.args[i]
-    if isinstance(desc_k, torch.Tensor):
-        desc_k, desc_v = k, v
-    else:
-        desc_k, desc_v = _descriptors(k, v, desc_k.block_shape[0])
-    rec({"Q": q, "K": k, "V": v, "SeqLens": q if seq_lens is None else seq_lens,
-         "BlockTables": q if block_tables is None else block_tables, "Out": out, "DescK": desc_k, "DescV": desc_v})
-    return out
-
-
-def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None,
-                 fast_launch=True):
+def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validate=True, config=None):
     """Split-KV decode attention (Flash-Decoding) with GQA packing; returns ``o (B, Hq, d)`` in q's dtype.
 
     q: ``(B, Hq, d)`` (one new token per sequence); k, v: ``(B, Hkv, Nmax, d)``, ``Hq % Hkv == 0``;
@@ -586,65 +527,7 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None, *, validat
     scale defaults to ``1/sqrt(d)``. validate=False skips the one check that needs a device sync (seq_lens
     values within ``[0, Nmax]``); out-of-range lengths are then clamped in the kernel, never read out of
     bounds. config: a ``reference.triton.configs.DecodeConfig`` (None: ``configs.decode_pin``, the tuned pin
-    for the dtype). fast_launch=False always takes the full path (checks + Triton's launch) instead of
-    repeating a recorded launch of the same shapes (``reference.triton._fastlaunch``).
+    for the dtype). ``reference.triton.flash_decode`` is this call with recorded launches
+    (``reference.triton.decode_serving``).
     """
-    key = fast_key("contiguous", (q, k, v, seq_lens), num_splits, scale, config, enabled=fast_launch is True)
-    rec = LAUNCH_CACHE.get(key) if key is not None else None
-    if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
-        if validate and seq_lens is not None:       # only the value checks remain
-            check_seq_lens(seq_lens, q.shape[0], k.shape[2], "Nmax = k.shape[2]", True)
-        return repeat_launch(rec, q, k, v, seq_lens, None)
-    B, Hq, d = check_decode_q(q)
-    validate = _checks.check_flag(validate, "validate")
-    _checks.check_flag(fast_launch, "fast_launch")
-    config = check_decode_config(config)
-    Bk, Hkv, n_max, _ = check_kv_cache(q, k, v, "k", "v", "(B, Hkv, Nmax, d)", hkv_axis=1)
-    if Bk != B:
-        raise ValueError(f"k must have batch size B={B} (q is {tuple(q.shape)}), got k {tuple(k.shape)}")
-    if n_max == 0:
-        raise ValueError(f"k and v must hold at least one key slot (Nmax >= 1), got k {tuple(k.shape)}")
-    if seq_lens is not None:
-        seq_lens = check_seq_lens(seq_lens, B, n_max, "Nmax = k.shape[2]", validate)
-    if num_splits is None:
-        cfg = launch_config(q.dtype, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv, config=config)
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
-    num_splits = _checks.check_positive_int(num_splits, "num_splits")
-    scale = _checks.check_scale(scale, d)
-    direct = q.is_contiguous() and k.stride(-1) == 1 and v.stride(-1) == 1  # no copies: a launch to record
-    q = q.contiguous()
-    k = k if k.stride(-1) == 1 else k.contiguous()
-    v = v if v.stride(-1) == 1 else v.contiguous()
-    return launch_decode(q, k, v, seq_lens, None, n_max, Hkv, scale, num_splits, page_size=1,
-                         fast_key=key if direct else None, config=config)
-
-
-def compile_sm90(block_n: int = 64, num_warps: int = 4, num_stages: int = 4, use_tma: bool = False,
-                 pdl: bool = False, group: int = 4, d: int = 128, num_splits_gt1: bool = True,
-                 merge_rows: int = 128, merge_group: int = 0, dynamic_chunk: int = 0):
-    """Stage 1 compiled for sm_90a on any machine (``serving_aot``): contiguous bf16 cache, GQA group ``group``,
-    head dim ``d``, several splits merged in the kernel (``num_splits_gt1``; ``merge_rows`` / ``merge_group`` /
-    ``dynamic_chunk`` as ``DecodeConfig``'s) or one split writing the output."""
-    from .serving_aot import compile_with_hints
-    k = _split_kv_kernel
-    ptrs = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "SeqLens": "*i32", "BlockTables": "*bf16", "Out": "*bf16",
-            "OPart": "*fp32", "LsePart": "*fp32", "Counters": "*i32"}
-    two = bool(merge_group) and num_splits_gt1
-    if two:
-        ptrs.update(OPart2="*fp32", LsePart2="*fp32")
-    dyn = dynamic_chunk if num_splits_gt1 else 0
-    if dyn:
-        ptrs.update(ChunkCounters="*i32")
-    desc = f"tensordesc<bf16[{block_n},{d}]>" if use_tma else "*bf16"
-    types = {**ptrs, "DescK": desc, "DescV": desc, "qk_scale": "fp32"}
-    merge_m = max(2, triton.next_power_of_2(group))
-    const = dict(HEAD_DIM=d, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HAS_SEQLENS=False,
-                 PAGED=False, PAGE_SIZE=1, DIRECT_OUT=not num_splits_gt1, IEEE_DOT=False, FUSED=num_splits_gt1,
-                 MERGE_M=merge_m, MERGE_CHUNK_S=max(1, merge_rows // merge_m), USE_TMA=use_tma, PDL=pdl,
-                 MERGE_GROUP=merge_group if two else 0, CHUNK_BLOCKS=dyn)
-    if not two:
-        const.update(OPart2=None, LsePart2=None)
-    if not dyn:
-        const.update(ChunkCounters=None)
-    div = list(ptrs) + [n for n in k.arg_names if n.startswith("stride")] + ["n_max"]
-    return compile_with_hints(k, types, const, div, num_warps, num_stages)
+    return launch_decode(*check_call(q, k, v, seq_lens, num_splits, scale, validate, config))

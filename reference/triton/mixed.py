@@ -26,6 +26,7 @@ FA2 Algorithm 1 inside each item (lines 6-10: online softmax over key blocks, ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -246,6 +247,33 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
     Returns ``o (total_q, Hq, d)`` in q's dtype and ``lse (Hq, total_q)`` float32, natural log.
     ``validate=False`` skips the value checks that sync (lengths, block indices, plan vs lengths).
     """
+    for c in (config, getattr(plan, "config", None)):
+        if isinstance(c, MixedConfig) and type(c) is not MixedConfig:  # its extra options would be ignored here
+            raise TypeError(f"config must be a MixedConfig, got a {type(c).__name__} (it runs with "
+                            "experiments.serving_baselines.mixed_attention_variant)")
+    return launch_mixed(*prepare_mixed(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, causal, plan,
+                                       config, validate))
+
+
+class MixedCall(NamedTuple):
+    """The checked arguments of one ``mixed_attention`` call and its plan (``prepare_mixed``)."""
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor
+    cu: torch.Tensor
+    seq_lens: torch.Tensor
+    scale: float
+    page: int
+    hkv: int
+    causal: bool
+    plan: MixedDevicePlan
+
+
+def prepare_mixed(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale=None, causal=True, plan=None,
+                  config=None, validate=True) -> MixedCall:
+    """``mixed_attention``'s checks (each bad argument named) and its plan (``make_mixed_plan`` where none is given;
+    a ``config`` that is not a ``MixedConfig`` is a ``TypeError``)."""
     cu, block_tables, seq_lens, scale, page, hkv = _check(q, k_cache, v_cache, block_tables, cu_seqlens_q,
                                                           seq_lens, scale, plan, validate)
     causal = _checks.check_flag(causal, "causal")
@@ -256,11 +284,19 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
                                q.shape[1], hkv, page, causal=causal, config=config, device=q.device)
     elif plan.plan.causal != causal:
         raise ValueError(f"plan was made with causal={plan.plan.causal}, the call asks causal={causal}")
-    cfg = plan.config
-    d = q.shape[2]
     q = q if q.stride(-1) == 1 else q.contiguous()
     k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
     v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
+    return MixedCall(q, k_cache, v_cache, block_tables, cu, seq_lens, scale, page, hkv, causal, plan)
+
+
+def launch_mixed(q, k_cache, v_cache, block_tables, cu, seq_lens, scale, page, hkv, causal, plan, *,
+                 table_ahead=True, whole_pages=True):
+    """The launch of a prepared call (``MixedCall``'s fields); ``(o, lse)``. ``table_ahead`` / ``whole_pages``: the
+    paged key loop's lookups (``paged_keys.key_loop``'s ``AHEAD`` / ``WHOLE_PAGES``); the course launches both, the
+    simpler lookups they replaced are ``experiments/serving_baselines.py``'s ``mixed_attention_variant``."""
+    cfg = plan.config
+    d = q.shape[2]
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     n_items = plan.items.shape[0]
@@ -285,6 +321,6 @@ def mixed_attention(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, s
         block_tables.stride(0), hkv, scale * LOG2E.value,
         GROUP=q.shape[1] // hkv, HEAD_DIM=d, SMALL_M=cfg.small_rows, LARGE_M=cfg.large_rows, BLOCK_N=cfg.block_n,
         PAGE=page, CAUSAL=causal, USE_TMA=use_tma, INTERP=INTERPRET, N_COLS=len(ITEM_COLUMNS),
-        AHEAD=cfg.table_ahead, WHOLE_PAGES=cfg.whole_pages,
+        AHEAD=table_ahead, WHOLE_PAGES=whole_pages,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse

@@ -12,14 +12,26 @@ key block, not bandwidth. Any block size works, including ones smaller than the 
 """
 from __future__ import annotations
 
-from . import _checks, _device
+from . import _checks
 from ._checks import check_block_tables, check_decode_q, check_paged_cache
 from .configs import check_decode_config
-from .decode import LAUNCH_CACHE, choose_num_splits, fast_key, launch_config, launch_decode, repeat_launch
+from .decode import DecodeCall, checked_call, launch_decode
+
+
+def check_call(q, k_cache, v_cache, block_tables, seq_lens, scale=None, num_splits=None, validate=True,
+               config=None) -> DecodeCall:
+    """``paged_decode``'s checks (each bad argument named) and defaults: the ``DecodeCall`` it launches."""
+    B = check_decode_q(q)[0]
+    validate = _checks.check_flag(validate, "validate")
+    config = check_decode_config(config)
+    num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
+    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
+    return checked_call(q, k_cache, v_cache, seq_lens, block_tables, block_tables.shape[1] * block_size, Hkv, scale,
+                        num_splits, block_size, config)
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num_splits=None, validate=True,
-                 config=None, fast_launch=True):
+                 config=None):
     """Decode attention over a paged KV cache (PagedAttention + Flash-Decoding); returns ``o (B, Hq, d)``.
 
     q: ``(B, Hq, d)``; k_cache, v_cache: ``(num_blocks, block_size, Hkv, d)``, ``Hq % Hkv == 0`` (GQA);
@@ -30,32 +42,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, num
     a device sync (seq_lens range, block indices in range); bad values then give wrong output, and the
     kernel still never reads through a negative index. config: a ``reference.triton.configs.DecodeConfig`` for
     every split count (None: ``configs.decode_pin``'s ``"paged"`` / ``"paged_one_split"`` pins, ``"fp32"`` for
-    fp32). fast_launch=False always takes the full path (no recorded launch).
+    fp32). ``reference.triton.paged_decode`` is this call with recorded launches
+    (``reference.triton.decode_serving``).
     """
-    key = fast_key("paged", (q, k_cache, v_cache, block_tables, seq_lens), num_splits, scale, config,
-                   enabled=fast_launch is True)
-    rec = LAUNCH_CACHE.get(key) if key is not None else None
-    if rec is not None and type(validate) is bool:  # shapes, strides, dtypes, options of a checked call
-        if validate:                                # only the value checks remain
-            check_block_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], k_cache.shape[1], True)
-        return repeat_launch(rec, q, k_cache, v_cache, seq_lens, block_tables)
-    B, Hq, d = check_decode_q(q)
-    validate = _checks.check_flag(validate, "validate")
-    _checks.check_flag(fast_launch, "fast_launch")
-    config = check_decode_config(config)
-    num_blocks, block_size, Hkv, _ = check_paged_cache(q, k_cache, v_cache)
-    block_tables, seq_lens = check_block_tables(block_tables, seq_lens, B, num_blocks, block_size, validate)
-    n_max = block_tables.shape[1] * block_size
-    if num_splits is None:
-        cfg = launch_config(q.dtype, paged=True, d=d, limits=_device.device_limits(q.device), group=Hq // Hkv,
-                            config=config)
-        num_splits = choose_num_splits(B, Hkv, n_max, block_n=cfg["block_n"])
-    num_splits = _checks.check_positive_int(num_splits, "num_splits")
-    scale = _checks.check_scale(scale, d)
-    direct = (q.is_contiguous() and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
-              and block_tables.stride(1) == 1 and seq_lens.is_contiguous())  # no copies: a launch to record
-    q = q.contiguous()
-    k_cache = k_cache if k_cache.stride(-1) == 1 else k_cache.contiguous()
-    v_cache = v_cache if v_cache.stride(-1) == 1 else v_cache.contiguous()
-    return launch_decode(q, k_cache, v_cache, seq_lens, block_tables, n_max, Hkv, scale, num_splits,
-                         page_size=block_size, fast_key=key if direct else None, config=config)
+    return launch_decode(*check_call(q, k_cache, v_cache, block_tables, seq_lens, scale, num_splits, validate,
+                                     config))
