@@ -44,8 +44,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._checks import check_attention_inputs, check_config_ints, check_flag, check_gluon_device
-from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
+from .._checks import check_attention_inputs, check_flag, check_gluon_device
+from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE, HOPPER_SMEM, Fp8GluonConfig
 from ._aot import compile_gluon, descriptor_signature
 from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
@@ -53,7 +53,7 @@ from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name
 from .fp8_quant import check_finite_mode, raise_if_nonfinite
 # MASK_*: ``softmax_fp8``'s ``MASK`` (the bf16 ``online_softmax``'s: a run-time test of ``j >= full_end``, never,
 # always); ``mask_scores``: the mask of FA2 Algorithm 1 line 9, shared with the bf16 forward
-from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range,
+from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, key_range,
                           mask_scores, persistent_grid, work_item)
 
 #: head dimensions of the Gluon FP8 kernel (the bf16 Gluon kernel's; ``flash_fp8`` also takes 32)
@@ -560,31 +560,24 @@ def prepare_fp8_gluon(q, k, v, causal=False, scale=None, hadamard=False, seed=0,
     check_flag(permuted, "permuted")
     check_gluon_device(q.device, NAME)
     return prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=HALF_M,
-                       block_n=config[1], permute_v=permuted, fused=fused, defer_check=defer_check)
+                       block_n=config.block_n, permute_v=permuted, fused=fused, defer_check=defer_check)
 
 
-def shared_bytes(config: tuple, head_dim: int) -> int:
-    """Shared memory of the tiles (e4m3, one byte each): 2 Q buffers of ``BLOCK_M x d`` and ``STAGES`` K and V^T
-    slots of ``BLOCK_N x d`` (the barriers add a few hundred bytes)."""
-    bm, bn, stages, _ = config
-    return (2 * bm + 2 * stages * bn) * head_dim
-
-
-def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
-    """``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)`` (default ``configs.FP8_GLUON_CONFIG``): two consumer
-    warpgroups of 64 rows (``BLOCK_M = 128``, 4 warps each), ``BLOCK_N = 128`` (the key quantisation block),
-    ``STAGES`` in 2..4 within the 227 KiB of a Hopper CTA's shared memory."""
+def check_fp8_gluon_config(config, head_dim: int | None = None) -> Fp8GluonConfig:
+    """``config``: a ``configs.Fp8GluonConfig`` (default ``configs.FP8_GLUON_CONFIG``): two consumer warpgroups of
+    64 rows (``block_m = 128``, 4 warps each), ``block_n = 128`` (the key quantisation block), ``num_stages`` in
+    2..4 within the 227 KiB of a Hopper CTA's shared memory (``Fp8GluonConfig.fits``)."""
     if config is None:
-        config = FP8_GLUON_CONFIG
-    check_config_ints(config)
-    bm, bn, stages, warps = config
-    if bm != 2 * HALF_M or bn != 128 or warps != 4 or stages not in (2, 3, 4):
-        raise ValueError(f"config: BLOCK_M = 128, BLOCK_N = 128, num_warps = 4 and STAGES in 2..4, got "
-                         f"{tuple(config)}")
-    if head_dim is not None and shared_bytes(config, head_dim) + 1024 > SMEM_LIMIT:
-        raise ValueError(f"config {tuple(config)} at head_dim {head_dim} needs {shared_bytes(config, head_dim)} B of "
-                         f"shared memory, more than the {SMEM_LIMIT} B a Hopper CTA may use")
-    return tuple(config)
+        return FP8_GLUON_CONFIG
+    if type(config) is not Fp8GluonConfig:
+        raise TypeError(f"config must be a reference.triton.configs.Fp8GluonConfig or None, got {config!r}")
+    if (config.block_m != 2 * HALF_M or config.block_n != 128 or config.num_warps != 4
+            or config.num_stages not in (2, 3, 4)):
+        raise ValueError(f"config: block_m = 128, block_n = 128, num_warps = 4 and num_stages in 2..4, got {config}")
+    if head_dim is not None and not config.fits(head_dim):
+        raise ValueError(f"config {config} at head_dim {head_dim} needs {config.shared_bytes(head_dim)} B of shared "
+                         f"memory, more than the {HOPPER_SMEM} B a Hopper CTA may use")
+    return config
 
 
 def check_schedule(schedule) -> dict:
@@ -615,16 +608,16 @@ def check_schedule(schedule) -> dict:
     return out
 
 
-def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True, schedule=None) -> dict:
+def fp8_gluon_constexprs(d: int, config: Fp8GluonConfig, causal: bool, permuted: bool = True, schedule=None) -> dict:
     """The kernel's constexpr arguments (``permuted``: ``V^T``'s keys renumbered, ``p_operand``; ``schedule``:
     ``check_schedule``)."""
-    bm, bn, stages, warps = config
     sched = check_schedule(schedule)
-    return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
+    return dict(HEAD_DIM=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, CAUSAL=causal,
+                PERMUTED=permuted,
                 TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], PEELED=sched["peeled"],
                 FENCE=sched["fence"], THREAD_ARRIVE=sched["thread_arrive"],
                 PREFETCH=sched["prefetch"],
-                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
+                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=config.num_warps)
 
 
 def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:
@@ -647,9 +640,10 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, sch
     d = x.q.data.shape[-1]
     config = check_fp8_gluon_config(config, d)
     schedule = check_schedule(schedule)
-    if x.q.block != HALF_M or x.k.block != config[1] or x.v.block != config[1] or not x.v.transposed:
+    bn = config.block_n
+    if x.q.block != HALF_M or x.k.block != bn or x.v.block != bn or not x.v.transposed:
         raise ValueError(f"x: quantised with query blocks of {x.q.block} and key blocks of {x.k.block}; the Gluon "
-                         f"FP8 kernel needs {HALF_M} and {config[1]} and V transposed (prepare_fp8_gluon)")
+                         f"FP8 kernel needs {HALF_M} and {bn} and V transposed (prepare_fp8_gluon)")
     check_gluon_device(x.q.data.device, NAME)
     B, Hq, nq_pad, _ = x.q.data.shape
     nk_pad = x.k.data.shape[2]
@@ -659,11 +653,10 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, sch
     dev = x.q.data.device
     o = torch.empty((B, Hq, nq, d), dtype=out_dtype, device=dev)
     lse = torch.empty((B, Hq, nq), dtype=torch.float32, device=dev)
-    bn = config[1]
     desc_q = tile_descriptor(x.q.data.view(-1, d), HALF_M, d)
     desc_k = tile_descriptor(x.k.data.view(-1, d), bn, d)
     desc_vt = tile_descriptor(x.v.data.view(-1, nk_pad), d, bn)
-    grid = persistent_grid(B, Hq, nq, config[0], x.causal, torch.cuda.get_device_properties(dev).multi_processor_count)
+    grid = persistent_grid(B, Hq, nq, config.block_m, x.causal, torch.cuda.get_device_properties(dev).multi_processor_count)
     fwd_fp8_ws_kernel[grid](desc_q, desc_k, desc_vt, x.q.scale, x.k.scale, sv_log2, sv_max, o, lse, Hq, x.group,
                             nq, nk, nq_pad, nk_pad, x.scale * LOG2E_F, B * Hq,
                             **fp8_gluon_constexprs(d, config, x.causal, isinstance(x.v, Fp8KeyPermuted), schedule),
@@ -686,8 +679,7 @@ def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamar
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` float16/bfloat16/float32 on an H100/H200, ``d`` in {64, 128},
     GQA, ragged N and bottom-right causal. Quantisation as ``flash_fp8.prepare_fp8`` with 64-row query blocks and
     128-row key blocks (``hadamard=True`` rotates Q and K first; ``seed`` draws its signs). ``o`` is bfloat16,
-    ``lse`` float32 natural log. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
-    ``configs.FP8_GLUON_CONFIG``. Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
+    ``lse`` float32 natural log. ``config``: a ``configs.Fp8GluonConfig``, default ``configs.FP8_GLUON_CONFIG``. Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
     ``check_finite``: as ``flash_attention_forward_fp8`` (``False``: no host sync per call, CUDA-graph capture
     allowed, non-finite inputs not reported; H100, ``h100-fp8-quant.json`` column ``fp8_gluon_e2e_flag_unread``).
     """
@@ -704,10 +696,9 @@ def compile_fp8_gluon(head_dim: int = 128, causal: bool = False, config=None, pe
     """Compile the kernel for sm_90a ahead of time (no GPU; run with ``TRITON_INTERPRET=0``); return it for
     ``_aot.resource_usage`` (registers, spills, shared memory, SASS: QGMMA is the FP8 wgmma)."""
     config = check_fp8_gluon_config(config, head_dim)
-    sig = fp8_gluon_signature(head_dim, config[1])
+    sig = fp8_gluon_signature(head_dim, config.block_n)
     return compile_gluon(fwd_fp8_ws_kernel, sig, fp8_gluon_constexprs(head_dim, config, causal, permuted, schedule),
-                         config[3],
-                         maxnreg=PINGPONG_MAXNREG)
+                         config.num_warps, maxnreg=PINGPONG_MAXNREG)
 
 
 __all__ = ["flash_attention_forward_fp8_gluon", "prepare_fp8_gluon", "attention_fp8_gluon", "compile_fp8_gluon",
