@@ -19,7 +19,7 @@ import torch
 from reference.triton import DEVICE
 from reference.triton.hopper import flash_fp8_gluon as fg
 from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8, prepare_fp8, quantize_fp8_blocks
-from reference.triton.hopper.flash_gluon import SMEM_LIMIT
+from reference.triton.configs import HOPPER_SMEM, Fp8GluonConfig, GluonForwardConfig
 from tests.oracle import FP8_MMA_BITS, attention_ref, fp8_lse_violation, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_gluon
@@ -48,7 +48,7 @@ def test_compiles_for_hopper(args):
     usage = json.loads(out.stdout.strip().splitlines()[-1])
     assert usage["QGMMA"] > 0 and usage["HGMMA"] == 0 and usage["HMMA"] == 0, usage  # FP8 wgmma only
     assert usage["UTMALDG"] > 0 and usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
-    assert usage["shared_bytes"] <= SMEM_LIMIT, usage
+    assert usage["shared_bytes"] <= HOPPER_SMEM, usage
     if "--causal" not in args or "64" in args:
         assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
     else:  # d = 128 causal: a few values spill around each tile's epilogue, as in the bf16 kernel (notes/hopper.md)
@@ -207,12 +207,16 @@ def test_bad_inputs_are_named(rng):
         fg.flash_attention_forward_fp8_gluon(qi, qi, qi)
     with pytest.raises((TypeError, ValueError), match="Hkv|head"):
         fg.flash_attention_forward_fp8_gluon(t(rng, 1, 3, 8, 64), q, q)
-    with pytest.raises(ValueError, match="config"):
-        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(64, 128, 3, 4))
-    with pytest.raises(ValueError, match="config"):
-        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(128, 128, 5, 4))
+    with pytest.raises(ValueError, match="block_m = 128"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=Fp8GluonConfig(block_m=64))
+    with pytest.raises(ValueError, match="num_stages in 2..4"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=Fp8GluonConfig(num_stages=5))
+    with pytest.raises(TypeError, match=r"config must be a reference\.triton\.configs\.Fp8GluonConfig or None"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(128, 128, 3, 4))  # the tuple form is refused
+    with pytest.raises(TypeError, match="Fp8GluonConfig or None"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=GluonForwardConfig())  # the bf16 kernel's tile
     with pytest.raises(ValueError, match="shared memory"):
-        fg.check_fp8_gluon_config((128, 128, 4, 4), head_dim=256)
+        fg.check_fp8_gluon_config(Fp8GluonConfig(num_stages=4), head_dim=256)
     with pytest.raises(TypeError, match="Fp8Inputs"):
         fg.attention_fp8_gluon((q, q, q))
 
@@ -262,9 +266,11 @@ def test_schedule_options_reach_the_kernel_as_constexprs():
 
 def test_config_pin_fits_and_passes_the_check():
     from reference.triton.configs import FP8_GLUON_CONFIG
-    assert fg.check_fp8_gluon_config(None) == FP8_GLUON_CONFIG
+    assert fg.check_fp8_gluon_config(None) is FP8_GLUON_CONFIG
     for d in fg.FP8_GLUON_HEAD_DIMS:
-        assert fg.shared_bytes(FP8_GLUON_CONFIG, d) + 1024 <= SMEM_LIMIT
+        assert FP8_GLUON_CONFIG.fits(d) and FP8_GLUON_CONFIG.shared_bytes(d) + 1024 <= HOPPER_SMEM
+    # e4m3 tiles: half the bf16 tiles' bytes at the same shape
+    assert Fp8GluonConfig(num_stages=2).shared_bytes(128) * 2 == GluonForwardConfig().shared_bytes(128)
 
 
 # ---------------------------------------------------------------- on a Hopper GPU

@@ -175,14 +175,14 @@ def _stage_bench():
     from benchmarks._common import matmul_tflops, rotated_rounds, sdpa
     from benchmarks._common import rel_err as rel
     from benchmarks._common import hopper_bench as bench
-    from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
+    from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE, Fp8GluonConfig
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8
     from reference.triton.hopper import flash_fp8_gluon as fg
     from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
 
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
-    res = {"matmul_bf16_TFLOPs": matmul_tflops(), "pin": {"config": list(FP8_GLUON_CONFIG), **FP8_GLUON_SCHEDULE},
+    res = {"matmul_bf16_TFLOPs": matmul_tflops(), "pin": {"config": list(FP8_GLUON_CONFIG.as_tuple()), **FP8_GLUON_SCHEDULE},
            "triton_fp8_config": dict(flash_fp8.CONFIG), "predicted": predicted(), "rounds": ROUNDS,
            "variants": [], "main": []}
     print(f"matmul bf16 {res['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)
@@ -219,7 +219,7 @@ def _stage_bench():
             ref_o = cudnn(q, k, v, causal)
         fns = {"gluon_bf16": lambda: flash_attention_forward_gluon(q, k, v, causal=causal)}
         for (stages, permuted, turns, merged, split, peeled, fence) in VARIANTS:
-            cfg = (128, 128, stages, 4)
+            cfg = Fp8GluonConfig(num_stages=stages)
             sch = {"turns": turns, "merged": merged, "split": split, "peeled": peeled, "fence": fence}
             x = fg.prepare_fp8_gluon(q, k, v, causal=causal, config=cfg, permuted=permuted)
             name = (f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}" + ("_peeled" if peeled else "")
@@ -244,9 +244,10 @@ def _stage_bench():
                row["fence"])
         score[key] = score.get(key, 0.0) + row.get("x_gluon_bf16", 0.0)
     best = max(score, key=score.get)
-    cfg = (128, 128, best[0], 4)
+    cfg = Fp8GluonConfig(num_stages=best[0])
     sch = {"turns": best[2], "merged": best[3], "split": best[4], "peeled": best[5], "fence": best[6]}
-    res["main_schedule"] = {"config": list(cfg), "permuted": best[1], **sch, "chosen_by": "the sweep above, this run"}
+    res["main_schedule"] = {"config": list(cfg.as_tuple()), "permuted": best[1], **sch,
+                            "chosen_by": "the sweep above, this run"}
     print(f"main table: config {cfg} schedule {sch} permuted {best[1]}", flush=True)
 
     # 2. the main table
@@ -303,7 +304,7 @@ def _profile():
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
     q, k, v = _qkv(TOKENS // NCU_N, H, H, NCU_N, NCU_N, D)
     chosen = json.loads(os.environ.get("BENCH_SCHEDULE") or "null") or {}  # the bench stage's main schedule
-    cfg = tuple(chosen.get("config") or fg.check_fp8_gluon_config(None))
+    cfg = Fp8GluonConfig.from_tuple(chosen["config"]) if chosen.get("config") else fg.check_fp8_gluon_config(None)
     sch = {k: chosen[k] for k in ("turns", "merged", "split", "peeled", "fence") if k in chosen} if chosen else None
     xg = fg.prepare_fp8_gluon(q, k, v, config=cfg, permuted=chosen.get("permuted", True))
     xt = flash_fp8.prepare_fp8(q, k, v)
@@ -449,13 +450,13 @@ def _stage_quant():
     import torch
     from benchmarks._common import copy_bandwidth, rotated_rounds
     from benchmarks._common import hopper_bench as bench
-    from reference.triton.configs import FP8_QUANT_CONFIG
+    from reference.triton.configs import FP8_QUANT_CONFIG, Fp8QuantConfig
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8_gluon as fg
     from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
     from reference.triton.hopper.fp8_quant import quant_bytes, quantize_qkv_fp8
 
-    res = {"check": _quant_check(), "pin": dict(FP8_QUANT_CONFIG), "rounds": ROUNDS}
+    res = {"check": _quant_check(), "pin": dataclasses.asdict(FP8_QUANT_CONFIG), "rounds": ROUNDS}
     res["checks_ok"] = all(r.get("ok") for r in res["check"])
     print(f"quant checks ok: {res['checks_ok']}", flush=True)
     if not res["checks_ok"]:
@@ -484,7 +485,7 @@ def _stage_quant():
     fns = {}
     for i, cfg in enumerate(QUANT_CONFIGS):
         for had in (False, True):
-            fns[f"c{i}_h{int(had)}"] = quant_fn(q, k, v, had, cfg)
+            fns[f"c{i}_h{int(had)}"] = quant_fn(q, k, v, had, Fp8QuantConfig(**cfg))
     r = rounds(fns)
     res["sweep"] = []
     for i, cfg in enumerate(QUANT_CONFIGS):

@@ -325,6 +325,18 @@ class GluonForwardConfig(KeyBlockConfig):
         if type(bm) is not int or bm < 16 or bm & (bm - 1):
             raise ValueError(f"{type(self).__name__}.block_m must be a power of two >= 16, got {bm!r}")
 
+    @classmethod
+    def from_tuple(cls, tile) -> "GluonForwardConfig":
+        """From ``(block_m, block_n, num_stages, num_warps)``, the order ``as_tuple`` gives (benchmark tables)."""
+        if not isinstance(tile, (tuple, list)) or len(tile) != 4:
+            raise ValueError(f"tile must be (block_m, block_n, num_stages, num_warps), got {tile!r}")
+        bm, bn, stages, warps = tile
+        return cls(block_m=bm, block_n=bn, num_stages=stages, num_warps=warps)
+
+    def as_tuple(self) -> tuple:
+        """``(block_m, block_n, num_stages, num_warps)``: how the results files record a tile."""
+        return (self.block_m, self.block_n, self.num_stages, self.num_warps)
+
     def shared_bytes(self, head_dim: int) -> int:
         """The tiles' shared memory: two Q buffers of ``block_m x d`` (the next tile's Q loads while this one is
         computed) and ``num_stages`` K and V slots of ``block_n x d`` (the barriers add a few hundred bytes)."""
@@ -367,6 +379,18 @@ class GluonBackwardConfig(KeyBlockConfig):
         for field in ("dq_tma", "defer", "ld_tma"):
             if type(getattr(self, field)) is not bool:
                 raise ValueError(f"GluonBackwardConfig.{field} must be a bool, got {getattr(self, field)!r}")
+
+    @classmethod
+    def from_tuple(cls, t) -> "GluonBackwardConfig":
+        """From ``(block_m, num_stages, dq_tma, defer, ld_tma)``, the order ``as_tuple`` gives (benchmark tables)."""
+        if not isinstance(t, (tuple, list)) or len(t) != 5:
+            raise ValueError(f"t must be (block_m, num_stages, dq_tma, defer, ld_tma), got {t!r}")
+        bm, stages, dq_tma, defer, ld_tma = t
+        return cls(block_m=bm, num_stages=stages, dq_tma=dq_tma, defer=defer, ld_tma=ld_tma)
+
+    def as_tuple(self) -> tuple:
+        """``(block_m, num_stages, dq_tma, defer, ld_tma)``: how the results files record a configuration."""
+        return (self.block_m, self.num_stages, self.dq_tma, self.defer, self.ld_tma)
 
 
 @dataclass(frozen=True)
