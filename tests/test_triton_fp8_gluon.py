@@ -245,23 +245,22 @@ def test_bad_schedule_is_named():
         fg.check_schedule({"turns": False, "merged": True, "fence": True})
     with pytest.raises((TypeError, ValueError), match="thread_arrive"):
         fg.check_schedule({"turns": False, "merged": False, "thread_arrive": "yes"})
-    for other in ("turns", "merged", "peeled", "fence"):
-        with pytest.raises(ValueError, match="prefetch"):
-            fg.check_schedule({"turns": other == "turns", "merged": other == "merged", other: True, "prefetch": True})
+    with pytest.raises(ValueError, match="schedule must be a dict"):  # measured, not pinned, gone from the kernel
+        fg.check_schedule({"turns": False, "merged": False, "prefetch": True})
     assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1,
                                                                    "peeled": False, "fence": False,
-                                                                   "thread_arrive": False, "prefetch": False}
+                                                                   "thread_arrive": False}
 
 
 def test_schedule_options_reach_the_kernel_as_constexprs():
-    """``thread_arrive`` / ``prefetch`` become the kernel's ``THREAD_ARRIVE`` / ``PREFETCH`` (off by default)."""
+    """``thread_arrive`` becomes the kernel's ``THREAD_ARRIVE`` (off by default)."""
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
     pin = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, False)
-    assert pin["THREAD_ARRIVE"] is False and pin["PREFETCH"] is False
-    assert not FP8_GLUON_SCHEDULE.get("thread_arrive", False) and not FP8_GLUON_SCHEDULE.get("prefetch", False)
+    assert pin["THREAD_ARRIVE"] is False and "PREFETCH" not in pin
+    assert not FP8_GLUON_SCHEDULE.get("thread_arrive", False)
     cx = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, True,
-                                 schedule={"turns": False, "merged": False, "thread_arrive": True, "prefetch": True})
-    assert cx["THREAD_ARRIVE"] is True and cx["PREFETCH"] is True and cx["CAUSAL"] is True
+                                 schedule={"turns": False, "merged": False, "thread_arrive": True})
+    assert cx["THREAD_ARRIVE"] is True and cx["CAUSAL"] is True
 
 
 def test_config_pin_fits_and_passes_the_check():
@@ -352,10 +351,9 @@ def test_schedule_options_agree(rng, turns, merged, split, peeled, fence):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("option", ["peeled", "fence", "thread_arrive", "prefetch+thread_arrive"])
+@pytest.mark.parametrize("option", ["peeled", "fence", "thread_arrive"])
 def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option):
-    """``schedule["peeled"]``, ``["fence"]``, ``["thread_arrive"]`` and ``["prefetch"]`` (with ``thread_arrive``)
-    on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query
+    """``schedule["peeled"]``, ``["fence"]`` and ``["thread_arrive"]`` on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query
     row, a single key block): the float64 oracle on the dequantised inputs, the default schedule's bounds."""
     B, Hq, Hkv, Nq, Nk, d, causal = case
     q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
@@ -373,11 +371,9 @@ def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("options", ["thread_arrive", "prefetch", "prefetch+thread_arrive", "thread_arrive+fence",
-                                     "thread_arrive+merged"])
-def test_session8_options_agree_with_the_pin(rng, options):
-    """The per-thread slot releases and the prefetched score tile change when barriers complete and when ``S_{j+1}``
-    is issued, not what is computed: the same roundings in the same order as the default schedule, causal and not, with more
+@pytest.mark.parametrize("options", ["thread_arrive", "thread_arrive+fence", "thread_arrive+merged"])
+def test_thread_arrive_options_agree_with_the_pin(rng, options):
+    """The per-thread slot releases change when barriers complete, not what is computed: the same roundings in the same order as the default schedule, causal and not, with more
     tiles than a CTA takes at once (several tiles per persistent CTA: the barrier phases carry over)."""
     q, k, v = t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128)
     for causal in (False, True):

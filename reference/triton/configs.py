@@ -299,7 +299,7 @@ DECODE_PINS = {
 #: the rounds' noise (benchmarks/results/h100-fp8-gluon.json, h100-fp8-key-loop.json, h100-fp8-schedule-probe.json;
 #: notes/pins.md "FP8_GLUON_SCHEDULE")
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
-                      "thread_arrive": False, "prefetch": False}
+                      "thread_arrive": False}
 #: the bf16 Gluon forward's key loop per head dimension (``attend_overlapped``'s ``PEELED`` / ``FENCE``): "fence" at
 #: d = 128 keeps the P V wait after the softmax's exps, a gain near the noise; off at d = 64
 #: (benchmarks/results/h100-gluon-key-loop.json; notes/pins.md "GLUON_FWD_KEY_LOOP")
