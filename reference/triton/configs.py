@@ -19,6 +19,12 @@ scopes a default explicitly, without touching a module variable::
 The decode family (``flash_decode``, ``paged_decode``) takes a frozen ``DecodeConfig`` the same way:
 ``config=DECODE_PINS["paged"]`` per call, ``pinned(decode=...)`` for a block, ``DECODE_PINS`` (chosen by
 ``decode_pin``) otherwise. ``cascade_decode`` takes its own ``CascadeConfig`` (``reference.triton.cascade``).
+
+The Hopper Gluon kernels take one frozen dataclass per family, never a tuple: ``GluonForwardConfig`` (the bf16
+forward and the paged prefill; pin ``GLUON_FORWARD``), ``Fp8GluonConfig`` (``FP8_GLUON_CONFIG``),
+``GluonBackwardConfig`` (``GLUON_BACKWARD`` per head dimension) and ``Fp8QuantConfig`` (``FP8_QUANT_CONFIG``). Their
+tiles must fit ``HOPPER_SMEM``, the one shared-memory limit of a Hopper CTA (``_device.KNOWN["H100"]``); each
+kernel's ``check_*_config`` names what its layouts take. Passing one of them never picks another kernel.
 """
 from __future__ import annotations
 
@@ -91,8 +97,8 @@ GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 class KeyBlockConfig:
     """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
     N of the QK^T tile, a power of two >= 16 for ``tl.dot``), ``num_warps`` (a power of two) and ``num_stages``
-    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig`` and ``CascadeConfig``,
-    which add their own tile and split fields."""
+    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig``, ``CascadeConfig`` and the Hopper
+    Gluon kernels' ``GluonForwardConfig``, ``Fp8GluonConfig``, ``GluonBackwardConfig``, which add their own fields."""
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
