@@ -353,8 +353,9 @@ def test_schedule_options_agree(rng, turns, merged, split, peeled, fence):
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("option", ["peeled", "fence", "thread_arrive"])
 def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option):
-    """``schedule["peeled"]``, ``["fence"]`` and ``["thread_arrive"]`` on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query
-    row, a single key block): the float64 oracle on the dequantised inputs, the default schedule's bounds."""
+    """``schedule["peeled"]``, ``["fence"]`` and ``["thread_arrive"]`` on every shape of ``CASES``
+    (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query row, a single key block):
+    the float64 oracle on the dequantised inputs, the default schedule's bounds."""
     B, Hq, Hkv, Nq, Nk, d, causal = case
     q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
     v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
@@ -373,8 +374,9 @@ def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option)
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 @pytest.mark.parametrize("options", ["thread_arrive", "thread_arrive+fence", "thread_arrive+merged"])
 def test_thread_arrive_options_agree_with_the_pin(rng, options):
-    """The per-thread slot releases change when barriers complete, not what is computed: the same roundings in the same order as the default schedule, causal and not, with more
-    tiles than a CTA takes at once (several tiles per persistent CTA: the barrier phases carry over)."""
+    """The per-thread slot releases change when barriers complete, not what is computed: the same roundings in the
+    same order as the default schedule, causal and not, with more tiles than a CTA takes at once (several tiles
+    per persistent CTA: the barrier phases carry over)."""
     q, k, v = t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128)
     for causal in (False, True):
         x = fg.prepare_fp8_gluon(q, k, v, causal=causal)

@@ -186,7 +186,8 @@ def test_default_configs_pass_the_check():
 
 
 @pytest.mark.parametrize("config, error, match", [
-    ((128, 128, 2, 4), TypeError, r"config must be a reference\.triton\.configs\.GluonForwardConfig or None, got \(128"),
+    ((128, 128, 2, 4), TypeError,
+     r"config must be a reference\.triton\.configs\.GluonForwardConfig or None, got \(128"),
     ("default", TypeError, "GluonForwardConfig or None"),
 ])
 def test_config_must_be_the_dataclass(config, error, match):

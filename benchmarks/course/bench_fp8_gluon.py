@@ -182,7 +182,8 @@ def _stage_bench():
     from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
 
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
-    res = {"matmul_bf16_TFLOPs": matmul_tflops(), "pin": {"config": list(FP8_GLUON_CONFIG.as_tuple()), **FP8_GLUON_SCHEDULE},
+    res = {"matmul_bf16_TFLOPs": matmul_tflops(),
+           "pin": {"config": list(FP8_GLUON_CONFIG.as_tuple()), **FP8_GLUON_SCHEDULE},
            "triton_fp8_config": dict(flash_fp8.CONFIG), "predicted": predicted(), "rounds": ROUNDS,
            "variants": [], "main": []}
     print(f"matmul bf16 {res['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)

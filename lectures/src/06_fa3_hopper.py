@@ -582,8 +582,9 @@ for name, u in ((n, u) for n, u in var.items() if "key_loop" not in u):  # key-l
 #
 # **Predict, then run (one live compile, about 5 s).** The production kernel's ring has `STAGES = 2`. With
 # `STAGES = 3` (`GluonForwardConfig(num_stages=3)`, 128 x 128 tiles), how many bytes of shared memory does its CTA
-# need, and does that fit the 227 KiB a Hopper CTA may have? (Two Q buffers of 128 x 128 bf16 -- the next tile's Q loads while this one
-# is computed -- and `STAGES` slots each of K and V, 128 x 128 bf16 tiles, plus a few hundred bytes of barriers.)
+# need, and does that fit the 227 KiB a Hopper CTA may have? (Two Q buffers of 128 x 128 bf16 -- the next tile's
+# Q loads while this one is computed -- and `STAGES` slots each of K and V, 128 x 128 bf16 tiles, plus a few
+# hundred bytes of barriers.)
 
 # %%
 guess = None  # your answer, in bytes

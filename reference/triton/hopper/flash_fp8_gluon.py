@@ -551,7 +551,8 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, sch
     desc_q = tile_descriptor(x.q.data.view(-1, d), HALF_M, d)
     desc_k = tile_descriptor(x.k.data.view(-1, d), bn, d)
     desc_vt = tile_descriptor(x.v.data.view(-1, nk_pad), d, bn)
-    grid = persistent_grid(B, Hq, nq, config.block_m, x.causal, torch.cuda.get_device_properties(dev).multi_processor_count)
+    grid = persistent_grid(B, Hq, nq, config.block_m, x.causal,
+                           torch.cuda.get_device_properties(dev).multi_processor_count)
     fwd_fp8_ws_kernel[grid](desc_q, desc_k, desc_vt, x.q.scale, x.k.scale, sv_log2, sv_max, o, lse, Hq, x.group,
                             nq, nk, nq_pad, nk_pad, x.scale * LOG2E_F, B * Hq,
                             **fp8_gluon_constexprs(d, config, x.causal, isinstance(x.v, Fp8KeyPermuted), schedule),
@@ -574,7 +575,8 @@ def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamar
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` float16/bfloat16/float32 on an H100/H200, ``d`` in {64, 128},
     GQA, ragged N and bottom-right causal. Quantisation as ``flash_fp8.prepare_fp8`` with 64-row query blocks and
     128-row key blocks (``hadamard=True`` rotates Q and K first; ``seed`` draws its signs). ``o`` is bfloat16,
-    ``lse`` float32 natural log. ``config``: a ``configs.Fp8GluonConfig``, default ``configs.FP8_GLUON_CONFIG``. Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
+    ``lse`` float32 natural log. ``config``: a ``configs.Fp8GluonConfig``, default ``configs.FP8_GLUON_CONFIG``.
+    Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
     ``check_finite``: as ``flash_attention_forward_fp8`` (``False``: no host sync per call, CUDA-graph capture
     allowed, non-finite inputs not reported; H100, ``h100-fp8-quant.json`` column ``fp8_gluon_e2e_flag_unread``).
     """

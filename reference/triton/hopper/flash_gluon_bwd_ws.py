@@ -25,7 +25,8 @@ numbers):
   "own" mode, each consumer ``dS_w K_w`` over its own keys, lost: notes/experiments_removed.md);
 
 * ``config``: a ``configs.GluonBackwardConfig`` (``block_m``, ``num_stages``, ``dq_tma``, ``defer``, ``ld_tma``),
-  default ``configs.GLUON_BACKWARD[d]``: 64 query rows a step at d = 128, 128 at d = 64, every flag on; ``DQ_TMA`` stages
+  default ``configs.GLUON_BACKWARD[d]``: 64 query rows a step at d = 128, 128 at d = 64, every flag on;
+  ``DQ_TMA`` stages
   the dQ tile in shared memory and has the copy engine add it into the fp32 buffer (a TMA reduce,
   ``cp.reduce.async.bulk.tensor``), instead of ``red.global.add.v2.f32`` from the consumers' registers;
   ``DEFER`` issues step ``t``'s dQ product at the end of step ``t + 1``, so the consumers wait for each other's

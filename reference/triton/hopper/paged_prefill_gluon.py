@@ -78,8 +78,8 @@ def gluon_paged_ok(q, k_cache, config=None) -> str | None:
     if q.shape[-1] not in (64, 128):
         return f"needs head dimension 64 or 128, got {q.shape[-1]}"
     if box_rows(k_cache.shape[1], config.block_n) is None:
-        return (f"needs a page size that divides or is a multiple of the {config.block_n}-key tile and is >= {MIN_PAGE}, "
-                f"got {k_cache.shape[1]}")
+        return (f"needs a page size that divides or is a multiple of the {config.block_n}-key tile and is "
+                f">= {MIN_PAGE}, got {k_cache.shape[1]}")
     return None
 
 
