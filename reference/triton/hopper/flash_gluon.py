@@ -296,14 +296,6 @@ def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUS
     return valid, pid_m * BLOCK_M, bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
 
 
-@gluon.jit
-def _tile(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """``_work_item`` and the tile's ``key_range``: ``(valid, start_m, q_row0, kv_row0, full_end, hi)``."""
-    valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
-    full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
-    return valid, start_m, q_row0, kv_row0, full_end, hi
-
-
 #: ``_work_item`` under a public name, for the other persistent Gluon forward (``flash_fp8_gluon``)
 work_item = _work_item
 
@@ -332,9 +324,9 @@ def _ws_consumer_persistent(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn
     count = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         for sub in range(SUBS):  # a loop, not unrolled: one copy of the body
-            valid, start_m, q_row0, kv_row0, full_end, hi = _tile(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M,
-                                                                  BLOCK_N, CAUSAL)
+            valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
             if valid:
+                full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
                 my_start = start_m + WG * HALF
                 q_slot = 2 * (count % 2) + WG
                 mbarrier.wait(q_bars.index(q_slot), (count // 2) & 1)
@@ -362,9 +354,9 @@ def _ws_producer_persistent(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_ba
     count = 0
     for item in range(gl.program_id(0), n_items, gl.num_programs(0)):
         for sub in range(SUBS):  # a loop, not unrolled: one copy of the body
-            valid, start_m, q_row0, kv_row0, full_end, hi = _tile(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M,
-                                                                  BLOCK_N, CAUSAL)
+            valid, start_m, q_row0, kv_row0 = _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
             if valid:
+                full_end, hi = key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
                 load_q_halves(desc_q, q_smem, q_bars, count, q_row0, start_m, HALF)
                 it = produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, BLOCK_N, STAGES)
                 count += 1
