@@ -53,6 +53,9 @@ from ..configs import HOPPER_SMEM, GluonForwardConfig
 from ._aot import compile_gluon, descriptor_signature
 from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 
+# The CTA tile is a ``configs.GluonForwardConfig`` (default ``configs.GLUON_FORWARD``: 128 query rows, two consumer
+# warpgroups of 64 with 4 warps each, 128-key K/V slots, 2 stages); ``check_gluon_config`` says which values the
+# layouts below take and whether the tiles fit a CTA's shared memory.
 #: setmaxnreg budgets of the worker partitions: (second consumer warpgroup, producer warp)
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
