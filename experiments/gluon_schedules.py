@@ -33,12 +33,13 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from reference.triton.hopper import flash_gluon as fg
 from reference.triton.hopper._aot import compile_gluon, resource_usage
-from reference.triton._checks import check_config_ints, check_gluon_device, check_gluon_inputs
+from reference.triton._checks import check_gluon_device, check_gluon_inputs
+from reference.triton.configs import GLUON_FORWARD, GluonForwardConfig
 from reference.triton.hopper.common import init_ring_barriers
 
 SCHEDULES = ("pingpong", "specialized", "overlap")
-#: per schedule: (BLOCK_M, BLOCK_N, STAGES, num_warps); the warp-specialised ones as the production kernel
-DEFAULT_CONFIG = {"overlap": (128, 128, 2, 8), "pingpong": fg.DEFAULT_CONFIG, "specialized": fg.DEFAULT_CONFIG}
+#: each schedule's tile: the warp-specialised ones the production kernel's, "overlap" one warp per 16 query rows
+SCHEDULE_CONFIGS = {"overlap": GluonForwardConfig(num_warps=8), "pingpong": GLUON_FORWARD, "specialized": GLUON_FORWARD}
 
 
 @gluon.jit
@@ -168,21 +169,22 @@ def fwd_ws_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def check_config(config, schedule: str) -> tuple:
-    """``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)`` for ``schedule`` (default ``DEFAULT_CONFIG[schedule]``):
-    one warp per 16 query rows in "overlap"; the production kernel's rules (``fg.check_gluon_config``) else."""
+def check_config(config, schedule: str) -> GluonForwardConfig:
+    """``config``: a ``configs.GluonForwardConfig`` for ``schedule`` (default ``SCHEDULE_CONFIGS[schedule]``): one
+    warp per 16 query rows in "overlap"; the production kernel's rules (``fg.check_gluon_config``) else."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if config is None:
-        return DEFAULT_CONFIG[schedule]
+        return SCHEDULE_CONFIGS[schedule]
     if schedule != "overlap":
         return fg.check_gluon_config(config)
-    check_config_ints(config)
-    bm, bn, stages, warps = config
+    if type(config) is not GluonForwardConfig:
+        raise TypeError(f"config must be a reference.triton.configs.GluonForwardConfig or None, got {config!r}")
+    bm, bn, stages, warps = config.block_m, config.block_n, config.num_stages, config.num_warps
     if bn not in (64, 128) or stages not in (2, 3) or warps not in (4, 8) or bm != 16 * warps:
-        raise ValueError(f"config for schedule 'overlap': BLOCK_N 64 or 128, STAGES 2 or 3, num_warps 4 or 8 and "
-                         f"BLOCK_M = 16 * num_warps (one warp per 16 query rows), got {tuple(config)}")
-    return tuple(config)
+        raise ValueError(f"config for schedule 'overlap': block_n 64 or 128, num_stages 2 or 3, num_warps 4 or 8 and "
+                         f"block_m = 16 * num_warps (one warp per 16 query rows), got {config}")
+    return config
 
 
 def forward(q, k, v, causal=False, scale=None, schedule="pingpong", config=None, persistent=True):
@@ -195,13 +197,13 @@ def forward(q, k, v, causal=False, scale=None, schedule="pingpong", config=None,
     check_gluon_device(q.device, "experiments.gluon_schedules.forward")
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    bm, bn, stages, warps = config
+    bm, bn, stages, warps = config.block_m, config.block_n, config.num_stages, config.num_warps
     if schedule == "overlap":
-        args = fg.forward_args(q, k, v, o, lse, config, bm, scale, group)
+        args = fg.forward_args(q, k, v, o, lse, bn, bm, scale, group)
         fwd_overlap_kernel[(triton.cdiv(Nq, bm), B * Hq)](*args, HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages,
                                                           CAUSAL=causal, num_warps=warps)
         return o, lse
-    args = fg.forward_args(q, k, v, o, lse, config, bm // 2, scale, group)
+    args = fg.forward_args(q, k, v, o, lse, bn, bm // 2, scale, group)
     cx = fg.ws_constexprs(d, config, causal, turns=schedule == "pingpong")
     if persistent:
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count
@@ -216,9 +218,9 @@ def compile_forward(schedule: str = "pingpong", head_dim: int = 128, causal: boo
                     dtype: str = "bf16", persistent: bool = True):
     """Compile one schedule for sm_90a without a GPU (run with ``TRITON_INTERPRET=0``)."""
     config = check_config(config, schedule)
-    bm, bn, _, warps = config
+    bm, bn, warps = config.block_m, config.block_n, config.num_warps
     if schedule == "overlap":
-        cx = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config[2], CAUSAL=causal, num_warps=warps)
+        cx = dict(HEAD_DIM=head_dim, BLOCK_M=bm, BLOCK_N=bn, STAGES=config.num_stages, CAUSAL=causal, num_warps=warps)
         return compile_gluon(fwd_overlap_kernel, fg.forward_signature(bm, bn, head_dim, dtype), cx, warps)
     if persistent:
         return fg.compile_forward(head_dim, causal, config, dtype, turns=schedule == "pingpong")
@@ -235,10 +237,13 @@ def main(argv=None) -> None:
     ap.add_argument("--config", default=None, help="BLOCK_M,BLOCK_N,STAGES,num_warps")
     ap.add_argument("--one-cta-per-tile", action="store_true", help="the non-persistent warp-specialised kernel")
     args = ap.parse_args(argv)
-    cfg = tuple(int(x) for x in args.config.split(",")) if args.config else None
+    cfg = None
+    if args.config:
+        bm, bn, stages, warps = (int(x) for x in args.config.split(","))
+        cfg = GluonForwardConfig(block_m=bm, block_n=bn, num_stages=stages, num_warps=warps)
     persistent = args.schedule != "overlap" and not args.one_cta_per_tile
     usage = resource_usage(compile_forward(args.schedule, args.d, args.causal, cfg, persistent=persistent))
-    print(json.dumps({"schedule": args.schedule, "d": args.d, "causal": args.causal, "config": cfg,
+    print(json.dumps({"schedule": args.schedule, "d": args.d, "causal": args.causal, "config": args.config,
                       "persistent": persistent, **usage}))
 
 

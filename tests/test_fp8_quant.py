@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from reference.triton import DEVICE, INTERPRET
+from reference.triton.configs import Fp8QuantConfig
 from reference.triton.hopper import fp8_quant as fq
 from reference.triton.hopper.flash_fp8 import (Fp8KeyPermuted, attention_fp8, prepare_fp8, quantize_fp8_blocks,
                                                rotate)
@@ -28,7 +29,7 @@ from tests.oracle import attention_ref, rel_err
 pytestmark = pytest.mark.triton_hopper
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-SMALL = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 4}
+SMALL = Fp8QuantConfig(q_per_program=2, kv_per_program=1, num_warps=4)
 #: relative difference of the scales with the rotation: float32 sums in another order (interpreter: NumPy's; GPU: the
 #: bf16 tensor core's fp32 accumulation against cuBLAS's fp32 matmul)
 ROT_RTOL = 1e-6 if INTERPRET else 1e-5
@@ -250,8 +251,12 @@ def test_bad_input_is_named():
         fq.quantize_qkv_fp8(q, q, q, seed=-1)
     with pytest.raises(TypeError, match="permute"):
         fq.quantize_qkv_fp8(q, q, q, permute="yes")
-    with pytest.raises(ValueError, match="config"):
-        fq.quantize_qkv_fp8(q, q, q, config={"num_warps": 3})
+    with pytest.raises(TypeError, match=r"config must be a reference\.triton\.configs\.Fp8QuantConfig or None"):
+        fq.quantize_qkv_fp8(q, q, q, config={"q_per_program": 2, "kv_per_program": 1, "num_warps": 8})
+    with pytest.raises(ValueError, match="Fp8QuantConfig.num_warps must be 1, 2, 4, 8 or 16"):
+        Fp8QuantConfig(num_warps=3)
+    with pytest.raises(ValueError, match="Fp8QuantConfig.q_per_program must be a positive int"):
+        Fp8QuantConfig(q_per_program=0)
     with pytest.raises(TypeError, match="fused"):
         prepare_fp8(q, q, q, fused=1)
 

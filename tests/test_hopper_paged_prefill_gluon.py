@@ -36,7 +36,7 @@ def _aot(*args) -> dict:
 @pytest.mark.parametrize("page, d, causal", [(16, 128, "causal"), (64, 128, "causal"), (256, 128, "causal"),
                                              (16, 64, "full")])
 def test_compiles_for_hopper_one_box_per_page(page, d, causal):
-    from reference.triton.hopper.flash_gluon import DEFAULT_CONFIG, shared_bytes
+    from reference.triton.configs import GLUON_FORWARD
     usage = _aot(page, d, causal)
     assert usage["HGMMA"] > 0 and usage["HMMA"] == 0, usage
     # TMA copies: each (rows, d) box is d * 2 / 128 copies of the 128-byte swizzle width; Q is 2 halves of one box,
@@ -44,7 +44,7 @@ def test_compiles_for_hopper_one_box_per_page(page, d, causal):
     per_box = d * 2 // 128
     boxes = 128 // page if page <= 128 else 1
     assert usage["UTMALDG"] == per_box * (2 + 2 * boxes), usage
-    assert 0 <= usage["shared_bytes"] - shared_bytes(DEFAULT_CONFIG, d) < 1024, usage  # the contiguous kernel's
+    assert 0 <= usage["shared_bytes"] - GLUON_FORWARD.shared_bytes(d) < 1024, usage  # the contiguous kernel's
     assert usage["registers"] == 168 and usage["USETMAXREG"] > 0, usage  # ping-pong register budgets
     loops = usage["key_loops"]
     assert sum(1 for lp in loops if lp["HGMMA"]) == 2, loops  # one key loop per consumer warpgroup

@@ -104,10 +104,10 @@ def _span(xs):
 def test_readme_gluon_backward_and_training_step_ratios_match_the_results_files():
     """The backward row quotes the default warp-specialised config / cuDNN per GPU (d=128, N >= 2k, non-causal /
     causal); the training-step row the autograd op / cuDNN on the H100."""
-    from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIG
+    from reference.triton.configs import GLUON_BACKWARD
     readme = _quoted()
     row = next(line for line in readme.splitlines() if line.startswith("| **Gluon warp-specialised backward**"))
-    key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)
+    key = "gluon_ws_split_" + "_".join(str(int(x)) for x in GLUON_BACKWARD[128].as_tuple())
     for gpu in ("h100", "h200"):
         r = json.loads((RESULTS / f"{gpu}-gluon-wsbwd.json").read_text())
         assert all(c["ok"] for c in r["check"])

@@ -19,7 +19,7 @@ import torch
 from reference.triton import DEVICE
 from reference.triton.hopper import flash_fp8_gluon as fg
 from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8, prepare_fp8, quantize_fp8_blocks
-from reference.triton.hopper.flash_gluon import SMEM_LIMIT
+from reference.triton.configs import HOPPER_SMEM, Fp8GluonConfig, GluonForwardConfig
 from tests.oracle import FP8_MMA_BITS, attention_ref, fp8_lse_violation, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_gluon
@@ -48,7 +48,7 @@ def test_compiles_for_hopper(args):
     usage = json.loads(out.stdout.strip().splitlines()[-1])
     assert usage["QGMMA"] > 0 and usage["HGMMA"] == 0 and usage["HMMA"] == 0, usage  # FP8 wgmma only
     assert usage["UTMALDG"] > 0 and usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
-    assert usage["shared_bytes"] <= SMEM_LIMIT, usage
+    assert usage["shared_bytes"] <= HOPPER_SMEM, usage
     if "--causal" not in args or "64" in args:
         assert usage["LDL"] == 0 and usage["STL"] == 0 and usage["stack"] == 0, usage
     else:  # d = 128 causal: a few values spill around each tile's epilogue, as in the bf16 kernel (notes/hopper.md)
@@ -207,12 +207,16 @@ def test_bad_inputs_are_named(rng):
         fg.flash_attention_forward_fp8_gluon(qi, qi, qi)
     with pytest.raises((TypeError, ValueError), match="Hkv|head"):
         fg.flash_attention_forward_fp8_gluon(t(rng, 1, 3, 8, 64), q, q)
-    with pytest.raises(ValueError, match="config"):
-        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(64, 128, 3, 4))
-    with pytest.raises(ValueError, match="config"):
-        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(128, 128, 5, 4))
+    with pytest.raises(ValueError, match="block_m = 128"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=Fp8GluonConfig(block_m=64))
+    with pytest.raises(ValueError, match="num_stages in 2..4"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=Fp8GluonConfig(num_stages=5))
+    with pytest.raises(TypeError, match=r"config must be a reference\.triton\.configs\.Fp8GluonConfig or None"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=(128, 128, 3, 4))  # the tuple form is refused
+    with pytest.raises(TypeError, match="Fp8GluonConfig or None"):
+        fg.flash_attention_forward_fp8_gluon(q, q, q, config=GluonForwardConfig())  # the bf16 kernel's tile
     with pytest.raises(ValueError, match="shared memory"):
-        fg.check_fp8_gluon_config((128, 128, 4, 4), head_dim=256)
+        fg.check_fp8_gluon_config(Fp8GluonConfig(num_stages=4), head_dim=256)
     with pytest.raises(TypeError, match="Fp8Inputs"):
         fg.attention_fp8_gluon((q, q, q))
 
@@ -241,30 +245,31 @@ def test_bad_schedule_is_named():
         fg.check_schedule({"turns": False, "merged": True, "fence": True})
     with pytest.raises((TypeError, ValueError), match="thread_arrive"):
         fg.check_schedule({"turns": False, "merged": False, "thread_arrive": "yes"})
-    for other in ("turns", "merged", "peeled", "fence"):
-        with pytest.raises(ValueError, match="prefetch"):
-            fg.check_schedule({"turns": other == "turns", "merged": other == "merged", other: True, "prefetch": True})
+    with pytest.raises(ValueError, match="schedule must be a dict"):  # measured, not pinned, gone from the kernel
+        fg.check_schedule({"turns": False, "merged": False, "prefetch": True})
     assert fg.check_schedule({"turns": True, "merged": False}) == {"turns": True, "merged": False, "split": 1,
                                                                    "peeled": False, "fence": False,
-                                                                   "thread_arrive": False, "prefetch": False}
+                                                                   "thread_arrive": False}
 
 
 def test_schedule_options_reach_the_kernel_as_constexprs():
-    """``thread_arrive`` / ``prefetch`` become the kernel's ``THREAD_ARRIVE`` / ``PREFETCH`` (off by default)."""
+    """``thread_arrive`` becomes the kernel's ``THREAD_ARRIVE`` (off by default)."""
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
     pin = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, False)
-    assert pin["THREAD_ARRIVE"] is False and pin["PREFETCH"] is False
-    assert not FP8_GLUON_SCHEDULE.get("thread_arrive", False) and not FP8_GLUON_SCHEDULE.get("prefetch", False)
+    assert pin["THREAD_ARRIVE"] is False and "PREFETCH" not in pin
+    assert not FP8_GLUON_SCHEDULE.get("thread_arrive", False)
     cx = fg.fp8_gluon_constexprs(128, FP8_GLUON_CONFIG, True,
-                                 schedule={"turns": False, "merged": False, "thread_arrive": True, "prefetch": True})
-    assert cx["THREAD_ARRIVE"] is True and cx["PREFETCH"] is True and cx["CAUSAL"] is True
+                                 schedule={"turns": False, "merged": False, "thread_arrive": True})
+    assert cx["THREAD_ARRIVE"] is True and cx["CAUSAL"] is True
 
 
 def test_config_pin_fits_and_passes_the_check():
     from reference.triton.configs import FP8_GLUON_CONFIG
-    assert fg.check_fp8_gluon_config(None) == FP8_GLUON_CONFIG
+    assert fg.check_fp8_gluon_config(None) is FP8_GLUON_CONFIG
     for d in fg.FP8_GLUON_HEAD_DIMS:
-        assert fg.shared_bytes(FP8_GLUON_CONFIG, d) + 1024 <= SMEM_LIMIT
+        assert FP8_GLUON_CONFIG.fits(d) and FP8_GLUON_CONFIG.shared_bytes(d) + 1024 <= HOPPER_SMEM
+    # e4m3 tiles: half the bf16 tiles' bytes at the same shape
+    assert Fp8GluonConfig(num_stages=2).shared_bytes(128) * 2 == GluonForwardConfig().shared_bytes(128)
 
 
 # ---------------------------------------------------------------- on a Hopper GPU
@@ -346,11 +351,11 @@ def test_schedule_options_agree(rng, turns, merged, split, peeled, fence):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("option", ["peeled", "fence", "thread_arrive", "prefetch+thread_arrive"])
+@pytest.mark.parametrize("option", ["peeled", "fence", "thread_arrive"])
 def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option):
-    """``schedule["peeled"]``, ``["fence"]``, ``["thread_arrive"]`` and ``["prefetch"]`` (with ``thread_arrive``)
-    on every shape of ``CASES`` (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query
-    row, a single key block): the float64 oracle on the dequantised inputs, the default schedule's bounds."""
+    """``schedule["peeled"]``, ``["fence"]`` and ``["thread_arrive"]`` on every shape of ``CASES``
+    (no masked block, several, none unmasked: Nq > Nk rows that see no key, one query row, a single key block):
+    the float64 oracle on the dequantised inputs, the default schedule's bounds."""
     B, Hq, Hkv, Nq, Nk, d, causal = case
     q, k = t(rng, B, Hq, Nq, d), t(rng, B, Hkv, Nk, d)
     v = t(rng, B, Hkv, Nk, d) * torch.tensor(rng.uniform(0.01, 50, (1, 1, Nk, 1)), dtype=torch.bfloat16,
@@ -367,12 +372,11 @@ def test_key_loop_options_match_float64_on_dequantised_inputs(rng, case, option)
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
-@pytest.mark.parametrize("options", ["thread_arrive", "prefetch", "prefetch+thread_arrive", "thread_arrive+fence",
-                                     "thread_arrive+merged"])
-def test_session8_options_agree_with_the_pin(rng, options):
-    """The per-thread slot releases and the prefetched score tile change when barriers complete and when ``S_{j+1}``
-    is issued, not what is computed: the same roundings in the same order as the default schedule, causal and not, with more
-    tiles than a CTA takes at once (several tiles per persistent CTA: the barrier phases carry over)."""
+@pytest.mark.parametrize("options", ["thread_arrive", "thread_arrive+fence", "thread_arrive+merged"])
+def test_thread_arrive_options_agree_with_the_pin(rng, options):
+    """The per-thread slot releases change when barriers complete, not what is computed: the same roundings in the
+    same order as the default schedule, causal and not, with more tiles than a CTA takes at once (several tiles
+    per persistent CTA: the barrier phases carry over)."""
     q, k, v = t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128), t(rng, 4, 8, 900, 128)
     for causal in (False, True):
         x = fg.prepare_fp8_gluon(q, k, v, causal=causal)

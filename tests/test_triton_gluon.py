@@ -150,17 +150,21 @@ def test_float16_and_strided_inputs(rng):
     assert rel_err(o, ro) < 2e-3 and lse_err(lse, rl) < 1e-4
 
 
-@pytest.mark.parametrize("schedule, config, match", [
-    ("pingpong", (128, 128, 2), "tuple of 4 ints"), ("pingpong", (64, 128, 2, 4), "BLOCK_M = 128"),
-    ("overlap", (128, 128, 2, 4), "16 \\* num_warps"), ("overlap", (128, 96, 2, 8), "BLOCK_N"),
-    ("specialized", (128, 128, 2, 8), "num_warps = 4"), ("overlap", [64, 64, True, 4], "4 ints")])
-def test_bad_config_is_named(rng, schedule, config, match):
+@pytest.mark.parametrize("schedule, fields, match", [
+    ("pingpong", dict(block_m=64), "block_m = 128"), ("overlap", dict(num_warps=4), "16 \\* num_warps"),
+    ("overlap", dict(block_n=32, num_warps=8), "block_n 64 or 128"),
+    ("specialized", dict(num_warps=8), "num_warps = 4"), ("overlap", dict(num_stages=4, num_warps=8), "num_stages")])
+def test_bad_config_is_named(rng, schedule, fields, match):
+    from reference.triton.configs import GluonForwardConfig
     q, k, v = _qkv(rng, 1, 2, 2, 8, 8, 128)
+    config = GluonForwardConfig(**fields)
     with pytest.raises(ValueError, match=match):
         gluon_schedules.forward(q, k, v, schedule=schedule, config=config, persistent=False)
     if schedule == "pingpong":  # the production kernel checks the same way
         with pytest.raises(ValueError, match=match):
             flash_attention_forward_gluon(q, k, v, config=config)
+    with pytest.raises(TypeError, match="GluonForwardConfig or None"):  # the tuple form is refused by name
+        gluon_schedules.forward(q, k, v, schedule=schedule, config=config.as_tuple(), persistent=False)
 
 
 @pytest.mark.parametrize("key_loop, match", [({"peeled": "yes"}, "key_loop\\['peeled'\\]"),
@@ -173,10 +177,49 @@ def test_bad_key_loop_is_named(rng, key_loop, match):
 
 
 def test_default_configs_pass_the_check():
-    from reference.triton.hopper.flash_gluon import DEFAULT_CONFIG, check_gluon_config
-    assert check_gluon_config(None) == check_gluon_config(DEFAULT_CONFIG) == DEFAULT_CONFIG
-    for schedule, cfg in gluon_schedules.DEFAULT_CONFIG.items():
-        assert gluon_schedules.check_config(cfg, schedule) == tuple(cfg)
+    from reference.triton.configs import GLUON_FORWARD
+    from reference.triton.hopper.flash_gluon import check_gluon_config
+    assert check_gluon_config(None) is check_gluon_config(GLUON_FORWARD) is GLUON_FORWARD
+    for schedule, cfg in gluon_schedules.SCHEDULE_CONFIGS.items():
+        assert gluon_schedules.check_config(cfg, schedule) is cfg
+    assert gluon_schedules.check_config(None, "overlap").num_warps == 8
+
+
+@pytest.mark.parametrize("config, error, match", [
+    ((128, 128, 2, 4), TypeError,
+     r"config must be a reference\.triton\.configs\.GluonForwardConfig or None, got \(128"),
+    ("default", TypeError, "GluonForwardConfig or None"),
+])
+def test_config_must_be_the_dataclass(config, error, match):
+    """A tuple (the form before the dataclass) or anything else is refused by name, not read field by field."""
+    from reference.triton.hopper.flash_gluon import check_gluon_config
+    with pytest.raises(error, match=match):
+        check_gluon_config(config)
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(block_m=96), "GluonForwardConfig.block_m must be a power of two"),
+    (dict(block_n=96), "GluonForwardConfig.block_n must be a power of two"),
+    (dict(num_stages=0), "GluonForwardConfig.num_stages must be a positive int"),
+    (dict(num_warps=True), "GluonForwardConfig.num_warps must be a positive int"),
+])
+def test_bad_config_fields_are_named(fields, match):
+    from reference.triton.configs import GluonForwardConfig
+    with pytest.raises(ValueError, match=match):
+        GluonForwardConfig(**fields)
+
+
+@pytest.mark.parametrize("fields, match", [
+    (dict(block_m=64), "block_m = 128 and num_warps = 4"),
+    (dict(num_warps=8), "block_m = 128 and num_warps = 4"),
+    (dict(block_n=32), "block_n must be 64 or 128"),
+    (dict(num_stages=4), "num_stages 2 or 3"),
+])
+def test_config_the_kernel_cannot_take_is_refused(fields, match):
+    from reference.triton.configs import GluonForwardConfig
+    from reference.triton.hopper.flash_gluon import check_gluon_config
+    with pytest.raises(ValueError, match=match):
+        check_gluon_config(GluonForwardConfig(**fields))
 
 
 def test_shared_memory_check_matches_the_sm90a_compile():
@@ -185,14 +228,16 @@ def test_shared_memory_check_matches_the_sm90a_compile():
     over the 227 KiB a Hopper CTA may use is refused by name before any launch."""
     import json
     from pathlib import Path
-    from reference.triton.hopper.flash_gluon import SMEM_LIMIT, check_gluon_config, shared_bytes
+    from reference.triton.configs import GLUON_FORWARD, HOPPER_SMEM, GluonForwardConfig
+    from reference.triton.hopper.flash_gluon import check_gluon_config
     aot = json.loads((Path(__file__).resolve().parents[1] / "benchmarks/results/sm90a-gluon-aot.json").read_text())
     for name in ("pingpong_persistent", "pingpong_persistent_stages3"):
         v = aot["variants"][name]
-        cfg = tuple(v["config"] or (128, 128, 2, 4))
-        assert 0 <= v["shared_bytes"] - shared_bytes(cfg, v["d"]) < 1024, (name, v["shared_bytes"])
-    assert aot["variants"]["pingpong_persistent_stages3"]["shared_bytes"] > SMEM_LIMIT
+        cfg = GluonForwardConfig.from_tuple(v["config"]) if v["config"] else GLUON_FORWARD
+        assert 0 <= v["shared_bytes"] - cfg.shared_bytes(v["d"]) < 1024, (name, v["shared_bytes"])
+    assert aot["variants"]["pingpong_persistent_stages3"]["shared_bytes"] > HOPPER_SMEM
     with pytest.raises(ValueError, match="shared memory"):
-        check_gluon_config((128, 128, 3, 4), 128)
-    assert check_gluon_config((128, 64, 3, 4), 128) == (128, 64, 3, 4)
-    assert check_gluon_config((128, 128, 2, 4), 128) == (128, 128, 2, 4)
+        check_gluon_config(GluonForwardConfig(num_stages=3), 128)
+    stages3_64 = GluonForwardConfig(block_n=64, num_stages=3)
+    assert check_gluon_config(stages3_64, 128) is stages3_64
+    assert check_gluon_config(GluonForwardConfig(), 128) == GLUON_FORWARD

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from reference.triton import DEVICE
-from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIGS, flash_attention_backward_gluon_ws
+from reference.triton.configs import GLUON_BACKWARD, GluonBackwardConfig
+from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 from tests.oracle import attention_grads, attention_ref, rel_err
 from tests.common import gluon_bwd_inputs as _inputs
 
@@ -45,7 +46,7 @@ def test_compiles_for_hopper_warp_specialised_without_spills():
     usages = [json.loads(x) for x in out.stdout.strip().splitlines()]
     assert len(usages) == len(cases)
     for (d, _, _), usage in zip(cases, usages):
-        bm = DEFAULT_CONFIGS[d][0]
+        bm = GLUON_BACKWARD[d].block_m
         # per consumer and step: S^T, dP^T (d/16 k-steps each), dV, dK (BLOCK_M/16 each), dQ (BLOCK_M/64 x 2 x 4:
         # the consumer's column half over both consumers' keys), plus the deferred last dQ after the loop; two
         # consumers. A recomputing kernel has more.
@@ -69,17 +70,21 @@ def test_bad_inputs_are_named(rng):
         f(q.float(), k.float(), v.float(), q.float(), lse, do.float())
     with pytest.raises(ValueError, match="lse must have"):
         f(q, k, v, q, lse[:, :1], do)
-    with pytest.raises(ValueError, match="config must be a tuple"):
-        f(q, k, v, q, lse, do, config=(64, 2))
-    with pytest.raises(ValueError, match="config must be a tuple"):
-        f(q, k, v, q, lse, do, config=(64, 2, 1, 1, 1))  # flags must be bools
-    with pytest.raises(ValueError, match="BLOCK_M must be 64"):
-        f(q, k, v, q, lse, do, config=(96, 2, True, True, True))
+    with pytest.raises(TypeError, match=r"config must be a reference\.triton\.configs\.GluonBackwardConfig or None"):
+        f(q, k, v, q, lse, do, config=(64, 2, True, True, True))  # the tuple form is refused, not read
+    with pytest.raises(ValueError, match="GluonBackwardConfig.dq_tma must be a bool"):
+        GluonBackwardConfig(dq_tma=1)
+    with pytest.raises(ValueError, match="GluonBackwardConfig.block_m must be a power of two"):
+        GluonBackwardConfig(block_m=96)
+    with pytest.raises(ValueError, match="block_m must be 64"):
+        f(q, k, v, q, lse, do, config=GluonBackwardConfig(block_m=32))
     q1, k1, v1, do1 = _inputs(rng, 1, 2, 2, 8, 8, 128)
-    with pytest.raises(ValueError, match=r"BLOCK_M must be 64 \(or 128 at head_dim 64\)"):
-        f(q1, k1, v1, q1, lse, do1, config=(128, 2, True, True, True))  # d = 128: too many registers
-    with pytest.raises(ValueError, match="STAGES 2 or 3"):
-        f(q, k, v, q, lse, do, config=(64, 4, True, True, True))
+    with pytest.raises(ValueError, match=r"block_m must be 64 \(or 128 at head_dim 64\)"):
+        f(q1, k1, v1, q1, lse, do1, config=GluonBackwardConfig(block_m=128))  # d = 128: too many registers
+    with pytest.raises(ValueError, match="num_stages 2 or 3"):
+        f(q, k, v, q, lse, do, config=GluonBackwardConfig(num_stages=4))
+    with pytest.raises(ValueError, match="block_n 128"):
+        f(q, k, v, q, lse, do, config=GluonBackwardConfig(block_n=64))
     for bad in (-1, 1.5, True, "all"):
         with pytest.raises(ValueError, match="order_heads must be an int >= 0"):
             f(q, k, v, q, lse, do, order_heads=bad)

@@ -215,6 +215,7 @@ def variant_plan(failed: set) -> list[dict]:
     """The bench's schedule sweep, one dict per ``VARIANTS`` entry: ``name``, ``config``, ``schedule``, ``permuted``,
     ``need`` (check configurations), ``covered`` (by a float64 check) and ``skip`` (why it is not timed: a
     configuration it needs is in ``failed``; empty if it is timed)."""
+    from reference.triton.configs import Fp8GluonConfig
     plan = []
     for (stages, permuted, turns, merged, split, peeled, fence) in VARIANTS:
         sch = {"turns": turns, "merged": merged, "split": split, "peeled": peeled, "fence": fence}
@@ -222,7 +223,7 @@ def variant_plan(failed: set) -> list[dict]:
         bad = sorted(set(need) & set(failed))
         plan.append({"name": f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}"
                              + ("_peeled" if peeled else "") + ("_fence" if fence else ""),
-                     "config": (128, 128, stages, 4), "schedule": sch, "permuted": permuted, "need": need,
+                     "config": Fp8GluonConfig(num_stages=stages), "schedule": sch, "permuted": permuted, "need": need,
                      "covered": covered, "skip": f"the check of {', '.join(bad)} did not pass" if bad else ""})
     return plan
 
@@ -237,7 +238,7 @@ def _variant_checks(stages: int, permuted: bool, sch: dict) -> tuple[list[str], 
     pinned = full == _full_schedule({})
     if match:
         need.append(match)
-    return need, bool((match or pinned) and stages == FP8_GLUON_CONFIG[2])
+    return need, bool((match or pinned) and stages == FP8_GLUON_CONFIG.num_stages)
 
 
 def predicted():
@@ -262,7 +263,7 @@ def _stage_bench():
     from benchmarks._common import matmul_tflops, rotated_rounds, sdpa
     from benchmarks._common import rel_err as rel
     from benchmarks._common import hopper_bench as bench
-    from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
+    from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE, Fp8GluonConfig
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8
     from reference.triton.hopper import flash_fp8_gluon as fg
@@ -271,7 +272,8 @@ def _stage_bench():
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
     # the check configurations that failed or did not finish (``main``): what needs them is not timed
     failed = set(filter(None, os.environ.get("BENCH_SKIP", "").split(",")))
-    res = {"matmul_bf16_TFLOPs": matmul_tflops(), "pin": {"config": list(FP8_GLUON_CONFIG), **FP8_GLUON_SCHEDULE},
+    res = {"matmul_bf16_TFLOPs": matmul_tflops(),
+           "pin": {"config": list(FP8_GLUON_CONFIG.as_tuple()), **FP8_GLUON_SCHEDULE},
            "triton_fp8_config": dict(flash_fp8.CONFIG), "predicted": predicted(), "rounds": ROUNDS,
            "checks_failed": sorted(failed), "variants": [], "main": []}
     print(f"matmul bf16 {res['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)
@@ -345,9 +347,9 @@ def _stage_bench():
                                                               "fp8_gluon_hadamard_with_quant")}
     if "hadamard" in failed:
         no_gluon.setdefault("fp8_gluon_hadamard_with_quant", "the check of hadamard did not pass")
-    cfg = (128, 128, best[0], 4)
+    cfg = Fp8GluonConfig(num_stages=best[0])
     sch = {"turns": best[2], "merged": best[3], "split": best[4], "peeled": best[5], "fence": best[6]}
-    res["main_schedule"] = {"config": list(cfg), "permuted": best[1], **sch, "chosen_by": "the sweep above, this run"
+    res["main_schedule"] = {"config": list(cfg.as_tuple()), "permuted": best[1], **sch, "chosen_by": "the sweep above, this run"
                             if not no_gluon.get("fp8_gluon") else "none: no variant passed its checks"}
     print(f"main table: config {cfg} schedule {sch} permuted {best[1]}", flush=True)
 
@@ -405,7 +407,7 @@ def _profile():
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
     q, k, v = _qkv(TOKENS // NCU_N, H, H, NCU_N, NCU_N, D)
     chosen = json.loads(os.environ.get("BENCH_SCHEDULE") or "null") or {}  # the bench stage's main schedule
-    cfg = tuple(chosen.get("config") or fg.check_fp8_gluon_config(None))
+    cfg = Fp8GluonConfig.from_tuple(chosen["config"]) if chosen.get("config") else fg.check_fp8_gluon_config(None)
     sch = {k: chosen[k] for k in ("turns", "merged", "split", "peeled", "fence") if k in chosen} if chosen else None
     xg = fg.prepare_fp8_gluon(q, k, v, config=cfg, permuted=chosen.get("permuted", True))
     xt = flash_fp8.prepare_fp8(q, k, v)
@@ -554,13 +556,13 @@ def _stage_quant():
     import torch
     from benchmarks._common import copy_bandwidth, rotated_rounds
     from benchmarks._common import hopper_bench as bench
-    from reference.triton.configs import FP8_QUANT_CONFIG
+    from reference.triton.configs import FP8_QUANT_CONFIG, Fp8QuantConfig
     from reference.triton.flash_fwd import forward_flops
     from reference.triton.hopper import flash_fp8_gluon as fg
     from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
     from reference.triton.hopper.fp8_quant import quant_bytes, quantize_qkv_fp8
 
-    res = {"check": _quant_check(), "pin": dict(FP8_QUANT_CONFIG), "rounds": ROUNDS}
+    res = {"check": _quant_check(), "pin": dataclasses.asdict(FP8_QUANT_CONFIG), "rounds": ROUNDS}
     res["checks_ok"] = all(r.get("ok") for r in res["check"])
     print(f"quant checks ok: {res['checks_ok']}", flush=True)
     if not res["checks_ok"]:
@@ -589,7 +591,7 @@ def _stage_quant():
     fns = {}
     for i, cfg in enumerate(QUANT_CONFIGS):
         for had in (False, True):
-            fns[f"c{i}_h{int(had)}"] = quant_fn(q, k, v, had, cfg)
+            fns[f"c{i}_h{int(had)}"] = quant_fn(q, k, v, had, Fp8QuantConfig(**cfg))
     r = rounds(fns)
     res["sweep"] = []
     for i, cfg in enumerate(QUANT_CONFIGS):

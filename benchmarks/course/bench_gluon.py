@@ -99,7 +99,7 @@ def _stage_bench():
     from reference.triton import flash_fwd
     from reference.triton.configs import FWD_PINS
     from reference.triton.flash_fwd import forward_flops
-    from reference.triton.hopper.flash_gluon import DEFAULT_CONFIG
+    from reference.triton.configs import GLUON_FORWARD, GluonForwardConfig
 
     pin = FWD_PINS["hopper_bench"]
     cudnn = sdpa(SDPBackend.CUDNN_ATTENTION)
@@ -108,7 +108,7 @@ def _stage_bench():
     skip = set(os.environ.get("BENCH_SKIP", "").split(","))  # schedules whose check stage failed or hung
     for sched in (s for s in SCHEDULES if s not in skip):
         impls["gluon_" + sched.replace("+", "_")] = (lambda g: lambda q, k, v, c: g(q, k, v, c)[0])(_gluon(sched))
-    res = {"matmul_TFLOPs": matmul_tflops(), "default_config": DEFAULT_CONFIG, "main": [], "variants": []}
+    res = {"matmul_TFLOPs": matmul_tflops(), "default_config": GLUON_FORWARD.as_tuple(), "main": [], "variants": []}
     print(f"matmul {res['matmul_TFLOPs']:.0f} TFLOP/s", flush=True)
 
     def timed(fn, q, k, v, causal, ref_o, flops):
@@ -150,7 +150,8 @@ def _stage_bench():
             base = timed(impls["cudnn"], q, k, v, causal, None, flops)
             for sched, cfgs in VARIANTS.items():
                 for cfg in cfgs:
-                    fn = (lambda g, c: lambda q, k, v, cz: g(q, k, v, cz, c)[0])(_gluon(sched), cfg)
+                    fn = (lambda g, c: lambda q, k, v, cz: g(q, k, v, cz, c)[0])(_gluon(sched),
+                                                                                GluonForwardConfig.from_tuple(cfg))
                     r = timed(fn, q, k, v, causal, ref_o, flops)
                     r.update({"schedule": sched, "config": list(cfg), "N": N, "causal": causal,
                               "cudnn_tflops": base.get("tflops")})

@@ -40,7 +40,7 @@ WS_SPLIT_TMA = ("ws", "split", 64, 2, True, False, False)
 WS_DEFER_TMA = ("ws", "split", 64, 2, True, True, False)
 WS_SPLIT_TMA_LD = ("ws", "split", 64, 2, True, False, True)
 WS_NOADD = WS + ("noadd",)
-#: d = 64's default (``DEFAULT_CONFIGS[64]``: 128 query rows per step; notes/hopper.md section 1g)
+#: d = 64's default (``configs.GLUON_BACKWARD[64]``: 128 query rows per step; notes/hopper.md section 1g)
 WS_D64 = ("ws", "split", 128, 2, True, True, True)
 SETS = {"all": {"check": [WS], "time": [WS], "d64": [WS]},
         # the warp-specialised kernel's final run: its default and the first TMA-reduce version checked; timed
@@ -65,8 +65,10 @@ def variant_name(cfg):
 
 def gluon_backward(cfg):
     """``f(q, k, v, o, lse, do, causal) -> (dq, dk, dv)`` of one ``("ws", ...)`` variant."""
+    from reference.triton.configs import GluonBackwardConfig
     from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
-    return lambda *a, causal: flash_attention_backward_gluon_ws(*a, causal=causal, config=tuple(cfg[2:7]),
+    config = GluonBackwardConfig.from_tuple(cfg[2:7])
+    return lambda *a, causal: flash_attention_backward_gluon_ws(*a, causal=causal, config=config,
                                                                 _ablate_dq_add=cfg[7:] == ("noadd",))
 TOL = 2e-2
 

@@ -56,6 +56,8 @@ def compile_variant(schedule: str, config, causal: bool, persistent: bool, d: in
     None for the default), else the ablation."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise RuntimeError("run with TRITON_INTERPRET=0 (the compiler rejects interpreter objects)")
+    from reference.triton.configs import GluonForwardConfig
+    config = None if config is None else GluonForwardConfig.from_tuple(config)  # the tables' (BM, BN, STAGES, warps)
     if schedule == "pingpong" and persistent:
         from reference.triton.hopper.flash_gluon import compile_forward
         return compile_forward(d, causal, config, key_loop=key_loop)

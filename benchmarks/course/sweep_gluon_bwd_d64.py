@@ -44,9 +44,11 @@ def _cases(d):
 
 
 def _backward(cfg):
+    from reference.triton.configs import GluonBackwardConfig
     from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
+    config = GluonBackwardConfig.from_tuple(cfg)
     return lambda q, k, v, o, lse, do, causal: flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=causal,
-                                                                                 config=tuple(cfg))
+                                                                                 config=config)
 
 
 def _stage_check():

@@ -433,6 +433,7 @@ for path, r in runs:
 # %%
 import inspect
 
+from reference.triton.configs import GluonForwardConfig
 from reference.triton.hopper import flash_gluon as fg
 
 ALG2 = [  # (a piece of the source line, what it does in FA3 Algorithm 2 / section 3.1)
@@ -580,9 +581,10 @@ for name, u in ((n, u) for n, u in var.items() if "key_loop" not in u):  # key-l
 # and four barriers to hand it back.
 #
 # **Predict, then run (one live compile, about 5 s).** The production kernel's ring has `STAGES = 2`. With
-# `STAGES = 3` (config `(128, 128, 3, 4)`), how many bytes of shared memory does its CTA need, and does that fit
-# the 227 KiB a Hopper CTA may have? (Two Q buffers of 128 x 128 bf16 -- the next tile's Q loads while this one
-# is computed -- and `STAGES` slots each of K and V, 128 x 128 bf16 tiles, plus a few hundred bytes of barriers.)
+# `STAGES = 3` (`GluonForwardConfig(num_stages=3)`, 128 x 128 tiles), how many bytes of shared memory does its CTA
+# need, and does that fit the 227 KiB a Hopper CTA may have? (Two Q buffers of 128 x 128 bf16 -- the next tile's
+# Q loads while this one is computed -- and `STAGES` slots each of K and V, 128 x 128 bf16 tiles, plus a few
+# hundred bytes of barriers.)
 
 # %%
 guess = None  # your answer, in bytes
@@ -600,7 +602,7 @@ if "shared_bytes" in live:
           f"the committed file says {committed}" + ("" if live["shared_bytes"] == committed else
                                                    " (stale: re-run python3 -m benchmarks.course.gluon_aot)"))
     try:
-        fg.check_gluon_config((128, 128, 3, 4), 128)
+        fg.check_gluon_config(GluonForwardConfig(block_m=128, block_n=128, num_stages=3, num_warps=4), 128)
     except ValueError as e:
         print("check_gluon_config:", e)
 
@@ -752,9 +754,9 @@ for name, tiles in (("head-major", tiles_head_major), ("head-minor", tiles_head_
 # one autograd op. Ratios to cuDNN from the committed runs (notes/hopper.md, section 1e):
 
 # %%
-from reference.triton.hopper.flash_gluon_bwd_ws import DEFAULT_CONFIG
+from reference.triton.configs import GLUON_BACKWARD
 
-key = "gluon_ws_split_" + "_".join(str(int(x)) for x in DEFAULT_CONFIG)  # the default kernel's column
+key = "gluon_ws_split_" + "_".join(str(int(x)) for x in GLUON_BACKWARD[128].as_tuple())  # the d = 128 default's column
 for path, r in load_results("*-gluon-wsbwd.json"):
     print(f"== {path.name}: {r.get('gpu')}; float64 gradient checks passed: "
           f"{sum(c.get('ok', False) for c in r['check'])}/{len(r['check'])}")

@@ -274,9 +274,3 @@ def check_backward_args(q, k, v, o, lse, do, causal, scale, name="flash_attentio
     return out
 
 
-def check_config_ints(config) -> None:
-    """A Gluon forward's ``config`` must be 4 ints ``(BLOCK_M, BLOCK_N, STAGES, num_warps)`` (a tuple or list, no
-    bools); each kernel's own check then says which values it takes."""
-    if (not isinstance(config, (tuple, list)) or len(config) != 4
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config)):
-        raise ValueError(f"config must be a tuple of 4 ints (BLOCK_M, BLOCK_N, STAGES, num_warps), got {config!r}")

@@ -19,14 +19,24 @@ scopes a default explicitly, without touching a module variable::
 The decode family (``flash_decode``, ``paged_decode``) takes a frozen ``DecodeConfig`` the same way:
 ``config=DECODE_PINS["paged"]`` per call, ``pinned(decode=...)`` for a block, ``DECODE_PINS`` (chosen by
 ``decode_pin``) otherwise. ``cascade_decode`` takes its own ``CascadeConfig`` (``reference.triton.cascade``).
+
+The Hopper Gluon kernels take one frozen dataclass per family, never a tuple: ``GluonForwardConfig`` (the bf16
+forward and the paged prefill; pin ``GLUON_FORWARD``), ``Fp8GluonConfig`` (``FP8_GLUON_CONFIG``),
+``GluonBackwardConfig`` (``GLUON_BACKWARD`` per head dimension) and ``Fp8QuantConfig`` (``FP8_QUANT_CONFIG``). Their
+tiles must fit ``HOPPER_SMEM``, the one shared-memory limit of a Hopper CTA (``_device.KNOWN["H100"]``); each
+kernel's ``check_*_config`` names what its layouts take. Passing one of them never picks another kernel.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
 from dataclasses import dataclass
+from typing import ClassVar
 
-from ._device import INTERPRET
+from ._device import INTERPRET, KNOWN
+
+#: shared memory one Hopper CTA may opt in to (227 KiB), which every Gluon kernel's tiles must fit
+HOPPER_SMEM = KNOWN["H100"].smem
 
 
 def _pin(block_m: int, block_n: int, num_warps: int, num_stages: int) -> dict:
@@ -54,10 +64,6 @@ FWD_PINS = {
 #: of the kernel's own error to W = 4 (H100 errors vs float64: notes/ring_attention.md; notes/pins.md "RING_PINS")
 RING_PINS = {"half_state_max_world": 4}
 
-#: ``serving.paged_prefill``'s default gather ("tma": the Gluon kernel on Hopper, the Triton page tiles elsewhere) and
-#: the Gluon kernel's (BLOCK_M, BLOCK_N, STAGES, num_warps): fastest at 16- and 64-token pages
-#: (benchmarks/results/h100-paged-prefill.json; notes/pins.md "PAGED_PREFILL")
-PAGED_PREFILL = {"gather": "tma", "gluon_config": (128, 128, 2, 4)}
 
 #: split-KV launches (``decode``'s stage 1, the three-launch cascade's prefix pass) aim for this many programs per SM:
 #: memory-bound, so several resident programs hide load latency (notes/triton_decode.md)
@@ -91,8 +97,8 @@ GLUON_BWD_ORDER = {"heads": 2, "min_share": 0.2}
 class KeyBlockConfig:
     """What every kernel that walks the keys in blocks is launched with: ``block_n`` keys per inner-loop step (the
     N of the QK^T tile, a power of two >= 16 for ``tl.dot``), ``num_warps`` (a power of two) and ``num_stages``
-    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig`` and ``CascadeConfig``,
-    which add their own tile and split fields."""
+    (software pipeline depth). The base of ``DecodeConfig``, ``MixedConfig``, ``CascadeConfig`` and the Hopper
+    Gluon kernels' ``GluonForwardConfig``, ``Fp8GluonConfig``, ``GluonBackwardConfig``, which add their own fields."""
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
@@ -271,22 +277,139 @@ DECODE_PINS = {
 }
 
 
-#: the Gluon FP8 forward's (BLOCK_M, BLOCK_N, STAGES, num_warps): two 64-row consumers, 128-key blocks, 3 stages
-#: (benchmarks/results/h100-fp8-gluon.json; notes/pins.md "FP8_GLUON_CONFIG")
-FP8_GLUON_CONFIG = (128, 128, 3, 4)
 #: the FP8 forward's schedule options (``flash_fp8_gluon.attend_fp8``): all off; each one measured was slower or inside
 #: the rounds' noise (benchmarks/results/h100-fp8-gluon.json, h100-fp8-key-loop.json, h100-fp8-schedule-probe.json;
 #: notes/pins.md "FP8_GLUON_SCHEDULE")
 FP8_GLUON_SCHEDULE = {"turns": False, "merged": False, "split": 1, "peeled": False, "fence": False,
-                      "thread_arrive": False, "prefetch": False}
-#: the fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): query blocks per program, key blocks (of K and V)
-#: per program, warps; a priori (one Hadamard matrix load shared by a few blocks, a 128 x 128 tile over 8 warps),
-#: the H100 sweep of benchmarks/course/bench_fp8_gluon.py's "quant" section checks it (notes/hopper.md, "Fused FP8 quantisation")
-FP8_QUANT_CONFIG = {"q_per_program": 2, "kv_per_program": 1, "num_warps": 8}
+                      "thread_arrive": False}
 #: the bf16 Gluon forward's key loop per head dimension (``attend_overlapped``'s ``PEELED`` / ``FENCE``): "fence" at
 #: d = 128 keeps the P V wait after the softmax's exps, a gain near the noise; off at d = 64
 #: (benchmarks/results/h100-gluon-key-loop.json; notes/pins.md "GLUON_FWD_KEY_LOOP")
 GLUON_FWD_KEY_LOOP = {128: {"peeled": False, "fence": True}, 64: {"peeled": False, "fence": False}}
+
+
+@dataclass(frozen=True)
+class GluonForwardConfig(KeyBlockConfig):
+    """A Hopper Gluon forward's CTA tile (``hopper.flash_gluon``, ``hopper.paged_prefill_gluon``): ``block_m`` query
+    rows (two consumer warpgroups of ``block_m / 2``), ``block_n`` keys per K/V ring slot, ``num_stages`` ring slots,
+    ``num_warps`` per consumer warpgroup. ``shared_bytes`` is what the tiles take; each kernel's check
+    (``flash_gluon.check_gluon_config``) says which values its layouts take and whether they fit."""
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+    block_m: int = 128
+    #: bytes of one element of Q, K, V in shared memory
+    ELEM_BYTES: ClassVar[int] = 2
+
+    def __post_init__(self):
+        super().__post_init__()
+        bm = self.block_m
+        if type(bm) is not int or bm < 16 or bm & (bm - 1):
+            raise ValueError(f"{type(self).__name__}.block_m must be a power of two >= 16, got {bm!r}")
+
+    @classmethod
+    def from_tuple(cls, tile) -> "GluonForwardConfig":
+        """From ``(block_m, block_n, num_stages, num_warps)``, the order ``as_tuple`` gives (benchmark tables)."""
+        if not isinstance(tile, (tuple, list)) or len(tile) != 4:
+            raise ValueError(f"tile must be (block_m, block_n, num_stages, num_warps), got {tile!r}")
+        bm, bn, stages, warps = tile
+        return cls(block_m=bm, block_n=bn, num_stages=stages, num_warps=warps)
+
+    def as_tuple(self) -> tuple:
+        """``(block_m, block_n, num_stages, num_warps)``: how the results files record a tile."""
+        return (self.block_m, self.block_n, self.num_stages, self.num_warps)
+
+    def shared_bytes(self, head_dim: int) -> int:
+        """The tiles' shared memory: two Q buffers of ``block_m x d`` (the next tile's Q loads while this one is
+        computed) and ``num_stages`` K and V slots of ``block_n x d`` (the barriers add a few hundred bytes)."""
+        return (2 * self.block_m + 2 * self.num_stages * self.block_n) * head_dim * self.ELEM_BYTES
+
+    def fits(self, head_dim: int) -> bool:
+        """The tiles and 1 KiB for the barriers fit a Hopper CTA's shared memory (``_device.KNOWN["H100"]``)."""
+        return self.shared_bytes(head_dim) + 1024 <= HOPPER_SMEM
+
+
+@dataclass(frozen=True)
+class Fp8GluonConfig(GluonForwardConfig):
+    """The Gluon FP8 forward's CTA tile (``hopper.flash_fp8_gluon``): as ``GluonForwardConfig`` with e4m3 tiles (one
+    byte an element, so a deeper ring fits); ``block_m / 2 = 64`` is the query quantisation block and ``block_n``
+    the key quantisation block (``flash_fp8_gluon.check_fp8_gluon_config``)."""
+    num_stages: int = 3
+    ELEM_BYTES: ClassVar[int] = 1
+
+
+@dataclass(frozen=True)
+class GluonBackwardConfig(KeyBlockConfig):
+    """The warp-specialised Gluon backward (``hopper.flash_gluon_bwd_ws``): one CTA per ``block_n = 128`` key rows
+    (64 per consumer warpgroup of ``num_warps = 4``), ``block_m`` query rows a step, ``num_stages`` Q/dO ring slots;
+    ``dq_tma``: dQ added by the copy engine's reduce from shared memory (else vector atomics from registers);
+    ``defer``: each step's dQ product issued one step late; ``ld_tma``: the producer copies ``L_i, D_i`` into the
+    ring (else the consumers load them). ``flash_gluon_bwd_ws.check_ws_config`` says which values fit."""
+    block_n: int = 128
+    num_warps: int = 4
+    num_stages: int = 2
+    block_m: int = 64
+    dq_tma: bool = True
+    defer: bool = True
+    ld_tma: bool = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        bm = self.block_m
+        if type(bm) is not int or bm < 16 or bm & (bm - 1):
+            raise ValueError(f"GluonBackwardConfig.block_m must be a power of two >= 16, got {bm!r}")
+        for field in ("dq_tma", "defer", "ld_tma"):
+            if type(getattr(self, field)) is not bool:
+                raise ValueError(f"GluonBackwardConfig.{field} must be a bool, got {getattr(self, field)!r}")
+
+    @classmethod
+    def from_tuple(cls, t) -> "GluonBackwardConfig":
+        """From ``(block_m, num_stages, dq_tma, defer, ld_tma)``, the order ``as_tuple`` gives (benchmark tables)."""
+        if not isinstance(t, (tuple, list)) or len(t) != 5:
+            raise ValueError(f"t must be (block_m, num_stages, dq_tma, defer, ld_tma), got {t!r}")
+        bm, stages, dq_tma, defer, ld_tma = t
+        return cls(block_m=bm, num_stages=stages, dq_tma=dq_tma, defer=defer, ld_tma=ld_tma)
+
+    def as_tuple(self) -> tuple:
+        """``(block_m, num_stages, dq_tma, defer, ld_tma)``: how the results files record a configuration."""
+        return (self.block_m, self.num_stages, self.dq_tma, self.defer, self.ld_tma)
+
+
+@dataclass(frozen=True)
+class Fp8QuantConfig:
+    """The fused FP8 quantisation of Q, K, V (``hopper.fp8_quant``): ``q_per_program`` query blocks and
+    ``kv_per_program`` key blocks (of K and V) a program (one Hadamard matrix load shared by a few blocks),
+    ``num_warps``. Not a ``KeyBlockConfig``: it walks no key loop (its block sizes are the quantisation's, arguments
+    of ``quantize_qkv_fp8``) and runs in one stage."""
+    q_per_program: int = 2
+    kv_per_program: int = 1
+    num_warps: int = 8
+
+    def __post_init__(self):
+        for field in ("q_per_program", "kv_per_program", "num_warps"):
+            v = getattr(self, field)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"Fp8QuantConfig.{field} must be a positive int, got {v!r}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"Fp8QuantConfig.num_warps must be 1, 2, 4, 8 or 16, got {self.num_warps}")
+
+
+#: the bf16 Gluon forward's and the Gluon paged prefill's tile: 128 x 128, 2 stages (3 do not fit at d = 128); H100/H200
+#: (benchmarks/results/h100-gluon.json; notes/pins.md "GLUON_FORWARD")
+GLUON_FORWARD = GluonForwardConfig()
+#: the warp-specialised Gluon backward per head dimension: 128 query rows a step at d = 64, 64 at d = 128
+#: (benchmarks/results/h100-gluon-bwd-d64-sweep.json; notes/pins.md "GLUON_BACKWARD")
+GLUON_BACKWARD = {64: GluonBackwardConfig(block_m=128), 128: GluonBackwardConfig(block_m=64)}
+#: the Gluon FP8 forward: two 64-row consumers, 128-key blocks, 3 stages
+#: (benchmarks/results/h100-fp8-gluon.json; notes/pins.md "FP8_GLUON_CONFIG")
+FP8_GLUON_CONFIG = Fp8GluonConfig()
+#: the fused FP8 quantisation: 2 query blocks, 1 key block a program, 8 warps; a priori, checked by the H100 "quant"
+#: sweep (benchmarks/results/h100-fp8-quant.json; notes/pins.md "FP8_QUANT_CONFIG")
+FP8_QUANT_CONFIG = Fp8QuantConfig()
+#: ``serving.paged_prefill``'s default gather ("tma": the Gluon kernel on Hopper, the Triton page tiles elsewhere) and
+#: the Gluon kernel's tile (``GLUON_FORWARD``): fastest at 16- and 64-token pages
+#: (benchmarks/results/h100-paged-prefill.json; notes/pins.md "PAGED_PREFILL")
+PAGED_PREFILL = {"gather": "tma", "gluon_config": GLUON_FORWARD}
 
 
 #: ``pinned(fwd=AUTOTUNE)`` / ``pinned(bwd=AUTOTUNE)``: autotune inside the block even where a pin is the default
@@ -385,4 +508,5 @@ __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forwa
            "AUTOTUNE", "DecodeConfig", "DECODE_PINS", "decode_pin", "scoped_decode", "FP8_GLUON_CONFIG",
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
            "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "CascadeConfig", "PROGRAMS_PER_SM",
-           "check_gluon_prefix_fields", "MIXED_DEFAULT", "CASCADE_DEFAULT"]
+           "check_gluon_prefix_fields", "MIXED_DEFAULT", "CASCADE_DEFAULT", "GluonForwardConfig", "Fp8GluonConfig",
+           "GluonBackwardConfig", "Fp8QuantConfig", "GLUON_FORWARD", "GLUON_BACKWARD", "PAGED_PREFILL", "HOPPER_SMEM"]

@@ -39,9 +39,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._aot import compile_gluon, descriptor_signature
 from .._checks import GLUON_DTYPES, GLUON_HEAD_DIMS, gluon_supported
-from ..configs import check_gluon_prefix_fields
+from ..configs import HOPPER_SMEM, check_gluon_prefix_fields
 from .common import LOG2E_F, init_ring_barriers, tile_descriptor
-from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, attend_overlapped
+from .flash_gluon import PINGPONG_MAXNREG, PINGPONG_REGS, attend_overlapped
 
 #: rows of a consumer warpgroup = the rows of the Triton cascade kernel's partial-state tile on this path
 HALF = gl.constexpr(64)
@@ -185,9 +185,9 @@ def shared_bytes(block_n: int, stages: int, head_dim: int, elem_bytes: int = 2) 
 def check_prefix_config(block_n, stages, head_dim: int | None = None) -> tuple:
     """``(block_n, stages)`` of the kernel: block_n in {64, 128}, stages in {2, 3, 4}, within a CTA's shared memory."""
     check_gluon_prefix_fields(block_n, stages)
-    if head_dim is not None and shared_bytes(block_n, stages, head_dim) + 1024 > SMEM_LIMIT:
+    if head_dim is not None and shared_bytes(block_n, stages, head_dim) + 1024 > HOPPER_SMEM:
         raise ValueError(f"Gluon cascade prefix: block_n={block_n}, stages={stages} at d={head_dim} need "
-                         f"{shared_bytes(block_n, stages, head_dim)} B of shared memory, more than {SMEM_LIMIT} B")
+                         f"{shared_bytes(block_n, stages, head_dim)} B of shared memory, more than {HOPPER_SMEM} B")
     return block_n, stages
 
 

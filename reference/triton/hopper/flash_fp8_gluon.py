@@ -44,8 +44,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .._checks import check_attention_inputs, check_config_ints, check_flag, check_gluon_device
-from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
+from .._checks import check_attention_inputs, check_flag, check_gluon_device
+from ..configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE, HOPPER_SMEM, Fp8GluonConfig
 from ._aot import compile_gluon, descriptor_signature
 from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 from .flash_fp8 import Fp8Inputs, Fp8KeyPermuted, prepare_fp8
@@ -53,7 +53,7 @@ from .fp8_quant import permute_keys  # noqa: F401  (re-exported: the public name
 from .fp8_quant import check_finite_mode, raise_if_nonfinite
 # MASK_*: ``softmax_fp8``'s ``MASK`` (the bf16 ``online_softmax``'s: a run-time test of ``j >= full_end``, never,
 # always); ``mask_scores``: the mask of FA2 Algorithm 1 line 9, shared with the bf16 forward
-from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, SMEM_LIMIT, key_range,
+from .flash_gluon import (MASK_ALWAYS, MASK_CHECK, MASK_NEVER, PINGPONG_MAXNREG, PINGPONG_REGS, key_range,
                           mask_scores, persistent_grid, work_item)
 
 #: head dimensions of the Gluon FP8 kernel (the bf16 Gluon kernel's; ``flash_fp8`` also takes 32)
@@ -297,99 +297,6 @@ def attend_fp8(q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars
     return acc, m_i, l_i
 
 
-@gluon.jit
-def prefetch_block(j, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK,
-                   SV_LOG2, kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout: gl.constexpr,
-                   o_layout: gl.constexpr, p_layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                   STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, SPLIT: gl.constexpr,
-                   THREAD_ARRIVE: gl.constexpr, ISSUE_NEXT: gl.constexpr, HAS_PV: gl.constexpr):
-    """Iteration ``j`` of ``attend_fp8_prefetch``'s key loop, ``S_j`` already in registers (``s``): issue
-    ``S_{j+1} = Q K_{j+1}^T`` (``ISSUE_NEXT``) and ``O += P_{j-1} V_{j-1}`` (``HAS_PV``), run the softmax of ``S_j``
-    while both run, free K slot ``j`` in an always-taken branch (the basic-block end that keeps the next wait below
-    the exps), wait for both, free V slot ``j - 1``, rescale ``O``. Returns ``(s_{j+1}, p_j, acc, m, l)`` and
-    block ``j + 1``'s scales."""
-    fp8: gl.constexpr = k_smem.dtype
-    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
-    if HAS_PV:  # P_{j-1} to e4m3 first: its 64 fp32 registers become 16 before the next tile's 64 are taken
-        p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
-    s_next = s_zero
-    if ISSUE_NEXT:
-        nslot = (it0 + j + 1) % STAGES
-        mbarrier.wait(k_bars.index(nslot), ((it0 + j + 1) // STAGES) & 1)
-        s_next = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    if HAS_PV:
-        prev = (it0 + j - 1) % STAGES
-        mbarrier.wait(v_bars.index(prev), ((it0 + j - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(prev).permute((1, 0)), acc, is_async=True)
-    nxt = gl.minimum(j + 1, hi - 1)
-    sk_n = gl.load(SK + kblk0 + nxt)
-    cj_n = gl.load(SV_LOG2 + kblk0 + nxt)
-    p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
-                                     BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK_CHECK)
-    if N_K > 0:  # always true here; the branch keeps the wait below the softmax (``key_block``'s FENCE)
-        release(k_free.index(FREE + (it0 + j) % STAGES), THREAD_ARRIVE)
-    if HAS_PV:
-        acc, s_next = warpgroup_mma_wait(0, deps=(acc, s_next))
-        release(v_free.index(FREE + (it0 + j - 1) % STAGES), THREAD_ARRIVE)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
-    else:
-        s_next = warpgroup_mma_wait(0, deps=(s_next,))
-    return s_next, p, acc, m_i, l_i, sk_n, cj_n
-
-
-@gluon.jit
-def attend_fp8_prefetch(q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK, SV_LOG2, kblk0, full_end, hi,
-                        start_m, N_Q, N_K, q_scale, it0, s_layout: gl.constexpr, o_layout: gl.constexpr,
-                        BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, SPLIT: gl.constexpr,
-                        THREAD_ARRIVE: gl.constexpr):
-    """``attend_fp8`` with the next score tile in flight during each softmax (schedule option ``prefetch``): FA3
-    Algorithm 2 overlaps the softmax of ``S_j`` with ``P_{j-1} V_{j-1}``; here ``S_{j+1} = Q K_{j+1}^T`` is issued
-    before that softmax too, so a consumer never waits for its own ``Q K^T`` after block 0 (two score tiles live:
-    64 more fp32 registers per thread). One wgmma wait per key block (both groups), after the softmax; K slot
-    ``j`` is freed after the softmax of ``S_j``, V slot ``j - 1`` after ``P_{j-1} V_{j-1}``. No ping-pong turns."""
-    row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    FREE: gl.constexpr = free_offset(STAGES, THREAD_ARRIVE)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-    fp8: gl.constexpr = k_smem.dtype
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    if hi > 0:
-        sk = gl.load(SK + kblk0)
-        cj = gl.load(SV_LOG2 + kblk0)
-        mbarrier.wait(k_bars.index(it0 % STAGES), (it0 // STAGES) & 1)
-        s = warpgroup_mma(q_smem, k_smem.index(it0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        p = s_zero
-        if hi > 1:
-            s, p, acc, m_i, l_i, sk, cj = prefetch_block(
-                0, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK, SV_LOG2,
-                kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout, o_layout, p_layout, BLOCK_M,
-                BLOCK_N, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE, True, False)
-            for j in range(1, hi - 1):
-                s, p, acc, m_i, l_i, sk, cj = prefetch_block(
-                    j, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK,
-                    SV_LOG2, kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout, o_layout,
-                    p_layout, BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE, True, True)
-            s, p, acc, m_i, l_i, sk, cj = prefetch_block(
-                hi - 1, s, p, acc, m_i, l_i, sk, cj, q_smem, k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK,
-                SV_LOG2, kblk0, full_end, hi, start_m, N_Q, N_K, q_scale, it0, s_zero, s_layout, o_layout, p_layout,
-                BLOCK_M, BLOCK_N, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE, False, True)
-        else:
-            p, alpha, m_i, l_i = softmax_fp8(s, m_i, l_i, 0, full_end, start_m, N_Q, N_K, q_scale * sk, cj, s_layout,
-                                             BLOCK_M, BLOCK_N, CAUSAL, SPLIT, MASK_CHECK)
-            release(k_free.index(FREE + it0 % STAGES), THREAD_ARRIVE)
-        p_op = p_operand(p, p_layout, fp8, BLOCK_M, BLOCK_N, PERMUTED)
-        last = (it0 + hi - 1) % STAGES
-        mbarrier.wait(v_bars.index(last), ((it0 + hi - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p_op, v_smem.index(last).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=(acc,))
-        release(v_free.index(FREE + last), THREAD_ARRIVE)
-    return acc, m_i, l_i
-
-
 # --------------------------------------------------------------------------------------------------------------
 # the partitions and the kernel
 # --------------------------------------------------------------------------------------------------------------
@@ -399,7 +306,7 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free
                   HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr, MERGED: gl.constexpr,
                   SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr,
-                  THREAD_ARRIVE: gl.constexpr, PREFETCH: gl.constexpr):
+                  THREAD_ARRIVE: gl.constexpr):
     """Consumer ``WG`` of a persistent CTA: its 64 query rows of each tile the CTA owns, in item order (the bf16
     kernel's ``_ws_consumer_persistent``; Q buffer ``2 * (count % 2) + WG``, freed after the tile's last
     matmul). ``work_item`` is called with the padded lengths, so its row origins index the padded 2-D views;
@@ -427,16 +334,11 @@ def _fp8_consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free
                 sv_max = gl.load(SV_MAX + bhk)
                 q_slot = 2 * (count % 2) + WG
                 mbarrier.wait(q_bars.index(q_slot), (count // 2) & 1)
-                if PREFETCH:
-                    acc, m_i, l_i = attend_fp8_prefetch(
-                        q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_free, v_free, SK, SV_LOG2,
-                        kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale, it, s_layout, o_layout, HALF,
-                        BLOCK_N, HEAD_DIM, STAGES, CAUSAL, PERMUTED, SPLIT, THREAD_ARRIVE)
-                else:
-                    acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_free, v_free, turn_bars, SK,
-                                               SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q, N_K, q_scale,
-                                               WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM, STAGES,
-                                               CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE)
+                acc, m_i, l_i = attend_fp8(q_smem.index(q_slot), k_smem, v_smem, k_bars, v_bars, k_free, v_free,
+                                           turn_bars, SK, SV_LOG2, kv_row0 // BLOCK_N, full_end, hi, my_start, N_Q,
+                                           N_K, q_scale, WG, it, rnd, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM,
+                                           STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE,
+                                           THREAD_ARRIVE)
                 mbarrier.arrive(q_bars.index(4 + q_slot))
                 store_output(acc, m_i, l_i, O, LSE, (q_row0 // N_PAD_Q) * N_Q, my_start, N_Q, o_layout, HALF,
                              HEAD_DIM, sv_max, SCALED=True, LSE_SHIFT=P_SHIFT)
@@ -487,7 +389,7 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
                       N_PAD_K, qk_scale, BH, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                       STAGES: gl.constexpr, CAUSAL: gl.constexpr, PERMUTED: gl.constexpr, TURNS: gl.constexpr,
                       MERGED: gl.constexpr, SPLIT: gl.constexpr, PEELED: gl.constexpr, FENCE: gl.constexpr,
-                      THREAD_ARRIVE: gl.constexpr, PREFETCH: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      THREAD_ARRIVE: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """Persistent FP8 forward: grid = min(work items, SMs), CTA ``p`` takes items ``p, p + grid, ...``; shared
     memory: 2 x 2 Q halves (64 x d e4m3), ``STAGES`` K slots (``BLOCK_N x d``) and V^T slots (``d x BLOCK_N``)."""
@@ -531,12 +433,10 @@ def fwd_fp8_ws_kernel(desc_q, desc_k, desc_vt, SQ, SK, SV_LOG2, SV_MAX, O, LSE, 
     gl.warp_specialize([
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 0, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE,
-                         PREFETCH)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE)),
         (_fp8_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, turn_bars, SQ, SK, SV_LOG2, SV_MAX, O, LSE,
                          n_items, n_m, H_Q, GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, qk_scale, 1, HEAD_DIM, BLOCK_M,
-                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE,
-                         PREFETCH)),
+                         BLOCK_N, STAGES, CAUSAL, PERMUTED, TURNS, MERGED, SPLIT, PEELED, FENCE, THREAD_ARRIVE)),
         (_fp8_producer, (desc_q, desc_k, desc_vt, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, k_free, v_free, n_items, n_m, H_Q,
                          GROUP, N_Q, N_K, N_PAD_Q, N_PAD_K, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, MERGED,
                          THREAD_ARRIVE)),
@@ -560,31 +460,24 @@ def prepare_fp8_gluon(q, k, v, causal=False, scale=None, hadamard=False, seed=0,
     check_flag(permuted, "permuted")
     check_gluon_device(q.device, NAME)
     return prepare_fp8(q, k, v, causal=causal, scale=scale, hadamard=hadamard, seed=seed, block_m=HALF_M,
-                       block_n=config[1], permute_v=permuted, fused=fused, defer_check=defer_check)
+                       block_n=config.block_n, permute_v=permuted, fused=fused, defer_check=defer_check)
 
 
-def shared_bytes(config: tuple, head_dim: int) -> int:
-    """Shared memory of the tiles (e4m3, one byte each): 2 Q buffers of ``BLOCK_M x d`` and ``STAGES`` K and V^T
-    slots of ``BLOCK_N x d`` (the barriers add a few hundred bytes)."""
-    bm, bn, stages, _ = config
-    return (2 * bm + 2 * stages * bn) * head_dim
-
-
-def check_fp8_gluon_config(config, head_dim: int | None = None) -> tuple:
-    """``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)`` (default ``configs.FP8_GLUON_CONFIG``): two consumer
-    warpgroups of 64 rows (``BLOCK_M = 128``, 4 warps each), ``BLOCK_N = 128`` (the key quantisation block),
-    ``STAGES`` in 2..4 within the 227 KiB of a Hopper CTA's shared memory."""
+def check_fp8_gluon_config(config, head_dim: int | None = None) -> Fp8GluonConfig:
+    """``config``: a ``configs.Fp8GluonConfig`` (default ``configs.FP8_GLUON_CONFIG``): two consumer warpgroups of
+    64 rows (``block_m = 128``, 4 warps each), ``block_n = 128`` (the key quantisation block), ``num_stages`` in
+    2..4 within the 227 KiB of a Hopper CTA's shared memory (``Fp8GluonConfig.fits``)."""
     if config is None:
-        config = FP8_GLUON_CONFIG
-    check_config_ints(config)
-    bm, bn, stages, warps = config
-    if bm != 2 * HALF_M or bn != 128 or warps != 4 or stages not in (2, 3, 4):
-        raise ValueError(f"config: BLOCK_M = 128, BLOCK_N = 128, num_warps = 4 and STAGES in 2..4, got "
-                         f"{tuple(config)}")
-    if head_dim is not None and shared_bytes(config, head_dim) + 1024 > SMEM_LIMIT:
-        raise ValueError(f"config {tuple(config)} at head_dim {head_dim} needs {shared_bytes(config, head_dim)} B of "
-                         f"shared memory, more than the {SMEM_LIMIT} B a Hopper CTA may use")
-    return tuple(config)
+        return FP8_GLUON_CONFIG
+    if type(config) is not Fp8GluonConfig:
+        raise TypeError(f"config must be a reference.triton.configs.Fp8GluonConfig or None, got {config!r}")
+    if (config.block_m != 2 * HALF_M or config.block_n != 128 or config.num_warps != 4
+            or config.num_stages not in (2, 3, 4)):
+        raise ValueError(f"config: block_m = 128, block_n = 128, num_warps = 4 and num_stages in 2..4, got {config}")
+    if head_dim is not None and not config.fits(head_dim):
+        raise ValueError(f"config {config} at head_dim {head_dim} needs {config.shared_bytes(head_dim)} B of shared "
+                         f"memory, more than the {HOPPER_SMEM} B a Hopper CTA may use")
+    return config
 
 
 def check_schedule(schedule) -> dict:
@@ -593,7 +486,7 @@ def check_schedule(schedule) -> dict:
     ``fence`` (False) may be left out; ``fence`` moves the K release, which ``merged`` removes: not both."""
     if schedule is None:
         schedule = FP8_GLUON_SCHEDULE
-    keys = {"turns", "merged", "split", "peeled", "fence", "thread_arrive", "prefetch"}
+    keys = {"turns", "merged", "split", "peeled", "fence", "thread_arrive"}
     if not isinstance(schedule, dict) or not {"turns", "merged"} <= set(schedule) <= keys:
         raise ValueError(f"schedule must be a dict with keys turns, merged (and split, peeled, fence), got "
                          f"{schedule!r}")
@@ -604,27 +497,22 @@ def check_schedule(schedule) -> dict:
            "merged": check_flag(schedule["merged"], "schedule['merged']"), "split": split,
            "peeled": check_flag(schedule.get("peeled", False), "schedule['peeled']"),
            "fence": check_flag(schedule.get("fence", False), "schedule['fence']"),
-           "thread_arrive": check_flag(schedule.get("thread_arrive", False), "schedule['thread_arrive']"),
-           "prefetch": check_flag(schedule.get("prefetch", False), "schedule['prefetch']")}
+           "thread_arrive": check_flag(schedule.get("thread_arrive", False), "schedule['thread_arrive']")}
     if out["fence"] and out["merged"]:
         raise ValueError("schedule['fence'] moves the K slot's own release, which schedule['merged'] removes: "
                          "set at most one of them")
-    if out["prefetch"] and (out["turns"] or out["merged"] or out["peeled"] or out["fence"]):
-        raise ValueError("schedule['prefetch'] is its own key loop (no turns; K freed after the softmax, V after its "
-                         "P V): it takes none of schedule['turns'], ['merged'], ['peeled'], ['fence']")
     return out
 
 
-def fp8_gluon_constexprs(d: int, config: tuple, causal: bool, permuted: bool = True, schedule=None) -> dict:
+def fp8_gluon_constexprs(d: int, config: Fp8GluonConfig, causal: bool, permuted: bool = True, schedule=None) -> dict:
     """The kernel's constexpr arguments (``permuted``: ``V^T``'s keys renumbered, ``p_operand``; ``schedule``:
     ``check_schedule``)."""
-    bm, bn, stages, warps = config
     sched = check_schedule(schedule)
-    return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, PERMUTED=permuted,
+    return dict(HEAD_DIM=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, CAUSAL=causal,
+                PERMUTED=permuted,
                 TURNS=sched["turns"], MERGED=sched["merged"], SPLIT=sched["split"], PEELED=sched["peeled"],
                 FENCE=sched["fence"], THREAD_ARRIVE=sched["thread_arrive"],
-                PREFETCH=sched["prefetch"],
-                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=warps)
+                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], num_warps=config.num_warps)
 
 
 def fp8_gluon_signature(head_dim: int, bn: int = 128) -> dict:
@@ -647,9 +535,10 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, sch
     d = x.q.data.shape[-1]
     config = check_fp8_gluon_config(config, d)
     schedule = check_schedule(schedule)
-    if x.q.block != HALF_M or x.k.block != config[1] or x.v.block != config[1] or not x.v.transposed:
+    bn = config.block_n
+    if x.q.block != HALF_M or x.k.block != bn or x.v.block != bn or not x.v.transposed:
         raise ValueError(f"x: quantised with query blocks of {x.q.block} and key blocks of {x.k.block}; the Gluon "
-                         f"FP8 kernel needs {HALF_M} and {config[1]} and V transposed (prepare_fp8_gluon)")
+                         f"FP8 kernel needs {HALF_M} and {bn} and V transposed (prepare_fp8_gluon)")
     check_gluon_device(x.q.data.device, NAME)
     B, Hq, nq_pad, _ = x.q.data.shape
     nk_pad = x.k.data.shape[2]
@@ -659,11 +548,11 @@ def attention_fp8_gluon(x: Fp8Inputs, config=None, out_dtype=torch.bfloat16, sch
     dev = x.q.data.device
     o = torch.empty((B, Hq, nq, d), dtype=out_dtype, device=dev)
     lse = torch.empty((B, Hq, nq), dtype=torch.float32, device=dev)
-    bn = config[1]
     desc_q = tile_descriptor(x.q.data.view(-1, d), HALF_M, d)
     desc_k = tile_descriptor(x.k.data.view(-1, d), bn, d)
     desc_vt = tile_descriptor(x.v.data.view(-1, nk_pad), d, bn)
-    grid = persistent_grid(B, Hq, nq, config[0], x.causal, torch.cuda.get_device_properties(dev).multi_processor_count)
+    grid = persistent_grid(B, Hq, nq, config.block_m, x.causal,
+                           torch.cuda.get_device_properties(dev).multi_processor_count)
     fwd_fp8_ws_kernel[grid](desc_q, desc_k, desc_vt, x.q.scale, x.k.scale, sv_log2, sv_max, o, lse, Hq, x.group,
                             nq, nk, nq_pad, nk_pad, x.scale * LOG2E_F, B * Hq,
                             **fp8_gluon_constexprs(d, config, x.causal, isinstance(x.v, Fp8KeyPermuted), schedule),
@@ -686,8 +575,8 @@ def flash_attention_forward_fp8_gluon(q, k, v, causal=False, scale=None, hadamar
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` float16/bfloat16/float32 on an H100/H200, ``d`` in {64, 128},
     GQA, ragged N and bottom-right causal. Quantisation as ``flash_fp8.prepare_fp8`` with 64-row query blocks and
     128-row key blocks (``hadamard=True`` rotates Q and K first; ``seed`` draws its signs). ``o`` is bfloat16,
-    ``lse`` float32 natural log. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
-    ``configs.FP8_GLUON_CONFIG``. Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
+    ``lse`` float32 natural log. ``config``: a ``configs.Fp8GluonConfig``, default ``configs.FP8_GLUON_CONFIG``.
+    Raises ``RuntimeError`` naming compute capability 9.0 without a Hopper GPU.
     ``check_finite``: as ``flash_attention_forward_fp8`` (``False``: no host sync per call, CUDA-graph capture
     allowed, non-finite inputs not reported; H100, ``h100-fp8-quant.json`` column ``fp8_gluon_e2e_flag_unread``).
     """
@@ -704,10 +593,9 @@ def compile_fp8_gluon(head_dim: int = 128, causal: bool = False, config=None, pe
     """Compile the kernel for sm_90a ahead of time (no GPU; run with ``TRITON_INTERPRET=0``); return it for
     ``_aot.resource_usage`` (registers, spills, shared memory, SASS: QGMMA is the FP8 wgmma)."""
     config = check_fp8_gluon_config(config, head_dim)
-    sig = fp8_gluon_signature(head_dim, config[1])
+    sig = fp8_gluon_signature(head_dim, config.block_n)
     return compile_gluon(fwd_fp8_ws_kernel, sig, fp8_gluon_constexprs(head_dim, config, causal, permuted, schedule),
-                         config[3],
-                         maxnreg=PINGPONG_MAXNREG)
+                         config.num_warps, maxnreg=PINGPONG_MAXNREG)
 
 
 __all__ = ["flash_attention_forward_fp8_gluon", "prepare_fp8_gluon", "attention_fp8_gluon", "compile_fp8_gluon",

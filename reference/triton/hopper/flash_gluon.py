@@ -48,14 +48,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .. import configs
-from .._device import KNOWN
-from .._checks import check_config_ints, check_flag, check_gluon_device, check_gluon_inputs
+from .._checks import check_flag, check_gluon_device, check_gluon_inputs
+from ..configs import HOPPER_SMEM, GluonForwardConfig
 from ._aot import compile_gluon, descriptor_signature
 from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
 
-#: (BLOCK_M, BLOCK_N, STAGES, num_warps): BLOCK_M is the CTA's tile (64 rows per consumer warpgroup), num_warps
-#: the default partition's (consumer 0); measured on H100/H200, notes/hopper.md section 1c
-DEFAULT_CONFIG = (128, 128, 2, 4)
+# The CTA tile is a ``configs.GluonForwardConfig`` (default ``configs.GLUON_FORWARD``: 128 query rows, two consumer
+# warpgroups of 64 with 4 warps each, 128-key K/V slots, 2 stages); ``check_gluon_config`` says which values the
+# layouts below take and whether the tiles fit a CTA's shared memory.
 #: setmaxnreg budgets of the worker partitions: (second consumer warpgroup, producer warp)
 PINGPONG_REGS = (240, 24)
 #: the kernel-wide register cap the budgets are carved from: 3 warpgroups x 128 threads x 168 <= 64K registers
@@ -409,54 +409,42 @@ def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-#: shared memory a Hopper CTA may use (227 KiB: ``_device.KNOWN["H100"]``, the one home of the device limits)
-SMEM_LIMIT = KNOWN["H100"].smem
+def check_gluon_config(config, head_dim: int | None = None) -> GluonForwardConfig:
+    """Validate ``config``, a ``configs.GluonForwardConfig``; return it (``configs.GLUON_FORWARD`` if None).
 
-
-def shared_bytes(config: tuple, head_dim: int, elem_bytes: int = 2) -> int:
-    """Shared memory of the persistent kernel's tiles: two Q buffers of ``BLOCK_M x d`` (the next tile's Q loads
-    while this one is computed) and ``STAGES`` K and V slots of ``BLOCK_N x d`` (the barriers add a few hundred
-    bytes). The sm_90a compile agrees: 196,952 B for ``(128, 128, 2, 4)`` at d = 128, 262,520 B with 3 stages."""
-    bm, bn, stages, _ = config
-    return (2 * bm + 2 * stages * bn) * head_dim * elem_bytes
-
-
-def check_gluon_config(config, head_dim: int | None = None) -> tuple:
-    """Validate ``config = (BLOCK_M, BLOCK_N, STAGES, num_warps)``; return it (``DEFAULT_CONFIG`` if None).
-
-    The kernel's layouts fix what is legal: two consumer warpgroups of 64 rows (``BLOCK_M = 128``,
-    ``num_warps = 4`` per consumer). With ``head_dim``, the tiles must also fit a CTA's shared memory
-    (``shared_bytes``): 128 x 128 tiles with 3 stages at d = 128 need 256 KiB, more than the 227 KiB allowed.
+    The kernel's layouts fix what is legal: two consumer warpgroups of 64 rows (``block_m = 128``,
+    ``num_warps = 4`` per consumer), ``block_n`` 64 or 128, 2 or 3 stages. With ``head_dim``, the tiles must also
+    fit a CTA's shared memory (``GluonForwardConfig.fits``): 128 x 128 tiles with 3 stages at d = 128 need 256 KiB,
+    more than the 227 KiB allowed.
     """
     if config is None:
-        config = DEFAULT_CONFIG
-    check_config_ints(config)
-    bm, bn, stages, warps = config
-    if bn not in (64, 128) or stages not in (2, 3):
-        raise ValueError(f"config: BLOCK_N must be 64 or 128 and STAGES 2 or 3, got {tuple(config)}")
-    if bm != 128 or warps != 4:
-        raise ValueError(f"config: BLOCK_M = 128 and num_warps = 4 (two consumer warpgroups of 64 rows), got "
-                         f"{tuple(config)}")
-    if head_dim is not None and shared_bytes(config, head_dim) + 1024 > SMEM_LIMIT:
-        raise ValueError(f"config {tuple(config)} at head_dim {head_dim} needs {shared_bytes(config, head_dim)} B of "
-                         f"shared memory (two Q buffers + STAGES K/V slots), more than the {SMEM_LIMIT} B a Hopper "
-                         f"CTA may use: use STAGES = 2 or BLOCK_N = 64")
-    return tuple(config)
+        return configs.GLUON_FORWARD
+    if type(config) is not GluonForwardConfig:
+        raise TypeError(f"config must be a reference.triton.configs.GluonForwardConfig or None, got {config!r}")
+    if config.block_n not in (64, 128) or config.num_stages not in (2, 3):
+        raise ValueError(f"config: block_n must be 64 or 128 and num_stages 2 or 3, got {config}")
+    if config.block_m != 128 or config.num_warps != 4:
+        raise ValueError(f"config: block_m = 128 and num_warps = 4 (two consumer warpgroups of 64 rows), got {config}")
+    if head_dim is not None and not config.fits(head_dim):
+        raise ValueError(f"config {config} at head_dim {head_dim} needs {config.shared_bytes(head_dim)} B of shared "
+                         f"memory (two Q buffers + num_stages K/V slots), more than the {HOPPER_SMEM} B a Hopper CTA "
+                         f"may use: use num_stages = 2 or block_n = 64")
+    return config
 
 
-def ws_constexprs(d: int, config: tuple, causal: bool, turns: bool = True) -> dict:
+def ws_constexprs(d: int, config: GluonForwardConfig, causal: bool, turns: bool = True) -> dict:
     """The constexpr arguments of the warp-specialised kernels for ``config`` (``turns``: the ping-pong order)."""
-    bm, bn, stages, warps = config
-    return dict(HEAD_DIM=d, BLOCK_M=bm, BLOCK_N=bn, STAGES=stages, CAUSAL=causal, CONSUMER_REGS=PINGPONG_REGS[0],
-                PRODUCER_REGS=PINGPONG_REGS[1], TURNS=turns, num_warps=warps)
+    return dict(HEAD_DIM=d, BLOCK_M=config.block_m, BLOCK_N=config.block_n, STAGES=config.num_stages, CAUSAL=causal,
+                CONSUMER_REGS=PINGPONG_REGS[0], PRODUCER_REGS=PINGPONG_REGS[1], TURNS=turns,
+                num_warps=config.num_warps)
 
 
-def forward_args(q, k, v, o, lse, config: tuple, q_rows: int, scale: float, group: int) -> tuple:
+def forward_args(q, k, v, o, lse, block_n: int, q_rows: int, scale: float, group: int) -> tuple:
     """The runtime arguments every Gluon forward kernel starts with: TMA descriptors of the 2-D views of q (boxes
-    of ``q_rows``), k and v (boxes of ``BLOCK_N``), then ``O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale``."""
+    of ``q_rows``), k and v (boxes of ``block_n``), then ``O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale``."""
     d = q.shape[-1]
     q2, k2, v2 = (x.contiguous().view(-1, d) for x in (q, k, v))
-    bn = config[1]
+    bn = block_n
     return (tile_descriptor(q2, q_rows, d), tile_descriptor(k2, bn, d), tile_descriptor(v2, bn, d), o, lse,
             q.shape[1], group, q.shape[2], k.shape[2], scale * LOG2E_F)
 
@@ -492,8 +480,8 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None
     """FA3-style forward on Hopper: return ``(o, lse)`` as ``flash_attention_forward`` does.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``;
-    non-contiguous inputs are copied. ``config``: ``(BLOCK_M, BLOCK_N, STAGES, num_warps)``, default
-    ``DEFAULT_CONFIG`` (``check_gluon_config`` says what is legal). ``key_loop``: where the consumers' key loop
+    non-contiguous inputs are copied. ``config``: a ``configs.GluonForwardConfig``, default
+    ``configs.GLUON_FORWARD`` (``check_gluon_config`` says what is legal). ``key_loop``: where the consumers' key loop
     waits for ``P V`` (``key_loop_constexprs``, ``attend_overlapped``), default ``configs.GLUON_FWD_KEY_LOOP[d]``.
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_gluon_inputs(q, k, v, causal, scale,
@@ -503,9 +491,9 @@ def flash_attention_forward_gluon(q, k, v, causal=False, scale=None, config=None
     check_gluon_device(q.device)
     o = torch.empty((B, Hq, Nq, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, Hq, Nq), dtype=torch.float32, device=q.device)
-    bm = config[0]
+    bm = config.block_m
     grid = persistent_grid(B, Hq, Nq, bm, causal, torch.cuda.get_device_properties(q.device).multi_processor_count)
-    fwd_ws_persistent_kernel[grid](*forward_args(q, k, v, o, lse, config, bm // 2, scale, group), B * Hq,
+    fwd_ws_persistent_kernel[grid](*forward_args(q, k, v, o, lse, config.block_n, bm // 2, scale, group), B * Hq,
                                    **ws_constexprs(d, config, causal), **loop, maxnreg=PINGPONG_MAXNREG)
     return o, lse
 
@@ -519,10 +507,9 @@ def compile_forward(head_dim: int = 128, causal: bool = False, config=None, dtyp
     ``key_loop``: as ``flash_attention_forward_gluon``'s.
     """
     config = check_gluon_config(config)
-    bm, _, _, warps = config
-    sig = dict(forward_signature(bm // 2, config[1], head_dim, dtype), BH="i32")
+    sig = dict(forward_signature(config.block_m // 2, config.block_n, head_dim, dtype), BH="i32")
     cx = dict(ws_constexprs(head_dim, config, causal, turns), **key_loop_constexprs(key_loop, head_dim))
-    return compile_gluon(fwd_ws_persistent_kernel, sig, cx, warps, maxnreg=PINGPONG_MAXNREG)
+    return compile_gluon(fwd_ws_persistent_kernel, sig, cx, config.num_warps, maxnreg=PINGPONG_MAXNREG)
 
 
-__all__ = ["flash_attention_forward_gluon", "compile_forward", "check_gluon_config", "DEFAULT_CONFIG"]
+__all__ = ["flash_attention_forward_gluon", "compile_forward", "check_gluon_config"]

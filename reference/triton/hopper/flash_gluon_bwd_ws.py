@@ -24,8 +24,9 @@ numbers):
   over all 128 keys, ``sum_u dS_u K_u[:, half w]``: one reduction per dQ element per key block, as in FA3 (the
   "own" mode, each consumer ``dS_w K_w`` over its own keys, lost: notes/experiments_removed.md);
 
-* ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``, default ``(64, 2, True, True, True)`` at d = 128 and
-  ``(128, 2, True, True, True)`` at d = 64 (``DEFAULT_CONFIGS``): ``DQ_TMA`` stages
+* ``config``: a ``configs.GluonBackwardConfig`` (``block_m``, ``num_stages``, ``dq_tma``, ``defer``, ``ld_tma``),
+  default ``configs.GLUON_BACKWARD[d]``: 64 query rows a step at d = 128, 128 at d = 64, every flag on;
+  ``DQ_TMA`` stages
   the dQ tile in shared memory and has the copy engine add it into the fp32 buffer (a TMA reduce,
   ``cp.reduce.async.bulk.tensor``), instead of ``red.global.add.v2.f32`` from the consumers' registers;
   ``DEFER`` issues step ``t``'s dQ product at the end of step ``t + 1``, so the consumers wait for each other's
@@ -55,18 +56,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from ._aot import compile_gluon, descriptor_signature
-from .. import flash_bwd
+from .. import configs, flash_bwd
 from .._checks import check_backward_args, check_gluon_device
 from .common import LOG2E_F, finish_dq, load_rows, mask_pt, q_row, red_add_v2, store_dkdv, tile_descriptor
 
 NAME = "flash_attention_backward_gluon_ws"
-#: (BLOCK_M query rows per step, STAGES of the Q/dO ring, DQ_TMA, DEFER, LD_TMA); the key block is 128 rows, 64
-#: per consumer. ``DEFAULT_CONFIG`` is d = 128's; ``DEFAULT_CONFIGS`` the default per head dimension: at d = 64,
-#: 128 query rows per step (half the per-step barriers and dQ reduces per FLOP; 231,840 of 232,448 bytes of shared
-#: memory, 10-13 spilled registers): 0.83-0.95x cuDNN against 0.70-0.80x non-causal, 0.89-1.08x against
-#: 0.86-0.96x causal on an H100 (benchmarks/results/h100-gluon-bwd-d64-sweep.json, notes/hopper.md section 1g)
-DEFAULT_CONFIG = (64, 2, True, True, True)
-DEFAULT_CONFIGS = {64: (128, 2, True, True, True), 128: DEFAULT_CONFIG}
+#: key rows per CTA (64 per consumer warpgroup): the kernel's layouts are written for it
 BLOCK_N = 128
 #: setmaxnreg budgets (second consumer warpgroup, producer warp) and the kernel-wide cap they are carved from
 #: (2 x 128 x 240 + 32 x 24 <= 64K registers), as in the forward's ping-pong kernel
@@ -428,25 +423,24 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def check_ws_config(config, head_dim=None):
-    """``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)`` (default ``DEFAULT_CONFIGS[head_dim]``, else
-    ``DEFAULT_CONFIG``); return it as a tuple.
+def check_ws_config(config, head_dim=None) -> configs.GluonBackwardConfig:
+    """``config``: a ``configs.GluonBackwardConfig`` (default ``configs.GLUON_BACKWARD[head_dim]``, d = 128's
+    without a head dimension); return it.
 
-    ``BLOCK_M = 128`` only at ``head_dim = 64``: the consumer's ``S^T, dP^T`` tiles (64 x BLOCK_M fp32) and its
-    ``dK, dV`` (64 x d) must fit its 240 registers (at d = 128: 4 x 64 > 240); its shared memory fits only some
-    flag combinations (``compile_backward_ws`` + ``_aot.resource_usage``; notes/hopper.md section 1g)."""
+    ``block_n = 128`` keys a CTA and ``num_warps = 4`` per consumer (the kernel's layouts); ``block_m = 128`` only at
+    ``head_dim = 64``: the consumer's ``S^T, dP^T`` tiles (64 x block_m fp32) and its ``dK, dV`` (64 x d) must fit
+    its 240 registers (at d = 128: 4 x 64 > 240); its shared memory fits only some flag combinations
+    (``compile_backward_ws`` + ``_aot.resource_usage``; notes/hopper.md section 1g)."""
     if config is None:
-        config = DEFAULT_CONFIGS.get(head_dim, DEFAULT_CONFIG)
-    if (not isinstance(config, (tuple, list)) or len(config) != 5
-            or not all(isinstance(x, int) and not isinstance(x, bool) for x in config[:2])
-            or not all(isinstance(x, bool) for x in config[2:])):
-        raise ValueError("config must be a tuple (BLOCK_M: int, STAGES: int, DQ_TMA: bool, DEFER: bool, LD_TMA: "
-                         f"bool), got {config!r}")
-    bm, stages = config[:2]
-    if bm not in (64, 128) or (bm == 128 and head_dim not in (None, 64)) or stages not in (2, 3):
-        raise ValueError(f"config: BLOCK_M must be 64 (or 128 at head_dim 64) and STAGES 2 or 3, got "
-                         f"{tuple(config)} at head_dim {head_dim}")
-    return tuple(config)
+        return configs.GLUON_BACKWARD.get(head_dim, configs.GLUON_BACKWARD[128])
+    if type(config) is not configs.GluonBackwardConfig:
+        raise TypeError(f"config must be a reference.triton.configs.GluonBackwardConfig or None, got {config!r}")
+    bm, stages = config.block_m, config.num_stages
+    if (bm not in (64, 128) or (bm == 128 and head_dim not in (None, 64)) or stages not in (2, 3)
+            or config.block_n != BLOCK_N or config.num_warps != 4):
+        raise ValueError(f"config: block_m must be 64 (or 128 at head_dim 64), num_stages 2 or 3, block_n {BLOCK_N} "
+                         f"and num_warps 4, got {config} at head_dim {head_dim}")
+    return config
 
 
 def longest_share(causal, Nq, Nk, block_m, n_heads, n_sms):
@@ -509,16 +503,17 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
 
     ``q, o, do (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` bfloat16/float16, ``d`` in {64, 128}, ``lse (B, Hq, Nq)``
     float32 (natural log, ``-inf`` for rows that see no key);
-    ``config = (BLOCK_M, STAGES, DQ_TMA, DEFER, LD_TMA)``: ``DQ_TMA`` adds dQ with the copy engine's reduce-add
-    from shared memory instead of vector atomics from registers; ``DEFER`` issues each dQ product one step late;
-    ``LD_TMA``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
+    ``config``: a ``configs.GluonBackwardConfig`` (``check_ws_config``): ``dq_tma`` adds dQ with the copy engine's
+    reduce-add from shared memory instead of vector atomics from registers; ``defer`` issues each dQ product one step
+    late; ``ld_tma``: the producer also copies ``L_i, D_i`` (padded per head) into the ring instead of the consumers
     loading them.
     ``order_heads``: the program order (``_program_order``): how many (batch, kv head) pairs interleave their key
     blocks longest-first; ``None`` the default (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, d)
+    cfg = check_ws_config(config, d)
+    bm, stages, dq_tma, defer, ld_tma = cfg.block_m, cfg.num_stages, cfg.dq_tma, cfg.defer, cfg.ld_tma
     share = 0.0
     if order_heads is None and causal:
         share = longest_share(causal, Nq, Nk, bm, B * Hkv, _sm_count(q.device))
@@ -555,7 +550,8 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
                         order_heads: int = 1):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
-    bm, stages, dq_tma, defer, ld_tma = check_ws_config(config, head_dim)
+    cfg = check_ws_config(config, head_dim)
+    bm, stages, dq_tma, defer, ld_tma = cfg.block_m, cfg.num_stages, cfg.dq_tma, cfg.defer, cfg.ld_tma
     half = BLOCK_N // 2
     dq_cols = head_dim // 2
     sig = {"desc_q": descriptor_signature(bm, head_dim, dtype), "desc_k": descriptor_signature(half, head_dim, dtype),
@@ -572,5 +568,4 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
 
 
 __all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "check_order_heads", "longest_share",
-           "DEFAULT_CONFIG",
-           "DEFAULT_CONFIGS"]
+           "check_ws_config"]

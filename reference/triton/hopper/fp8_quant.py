@@ -37,7 +37,7 @@ import triton.language as tl
 
 from .._checks import check_attention_inputs, check_flag, check_positive_int, check_tensor
 from .._device import INTERPRET
-from ..configs import FP8_QUANT_CONFIG
+from ..configs import FP8_QUANT_CONFIG, Fp8QuantConfig
 
 FP8_DTYPE = torch.float8_e4m3fn
 #: bit of the non-finite flag per tensor (``quantize_qkv_fp8``'s error names the tensor)
@@ -166,19 +166,13 @@ def _quant_qkv_kernel(Q, K, V, QD, KD, VD, QS, KS, VS, HM, FLAG,
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def check_quant_config(config) -> dict:
-    """``config``: ``{"q_per_program": int, "kv_per_program": int, "num_warps": int}`` (default
-    ``configs.FP8_QUANT_CONFIG``)."""
+def check_quant_config(config) -> Fp8QuantConfig:
+    """``config``: a ``configs.Fp8QuantConfig`` (default ``configs.FP8_QUANT_CONFIG``); return it."""
     if config is None:
-        config = FP8_QUANT_CONFIG
-    keys = {"q_per_program", "kv_per_program", "num_warps"}
-    if not isinstance(config, dict) or set(config) != keys:
-        raise ValueError(f"config must be a dict with keys {sorted(keys)}, got {config!r}")
-    for k in sorted(keys):
-        check_positive_int(config[k], f"config['{k}']")
-    if config["num_warps"] not in (1, 2, 4, 8, 16):
-        raise ValueError(f"config['num_warps'] must be 1, 2, 4, 8 or 16, got {config['num_warps']}")
-    return dict(config)
+        return FP8_QUANT_CONFIG
+    if type(config) is not Fp8QuantConfig:
+        raise TypeError(f"config must be a reference.triton.configs.Fp8QuantConfig or None, got {config!r}")
+    return config
 
 
 def check_quant_args(q, k, v, block_q, block_k, hadamard, seed, permute):
@@ -233,13 +227,13 @@ def quantize_qkv_fp8(q, k, v, block_q: int = 64, block_k: int = 128, hadamard: b
     else:
         hm, had_scale = flag, 1.0  # not read
     q_blocks, kv_blocks = B * Hq * nbq, B * Hkv * nbk
-    q_progs = -(-q_blocks // cfg["q_per_program"])
-    grid = (q_progs + -(-kv_blocks // cfg["kv_per_program"]),)
+    q_progs = -(-q_blocks // cfg.q_per_program)
+    grid = (q_progs + -(-kv_blocks // cfg.kv_per_program),)
     _quant_qkv_kernel[grid](q, k, v, qd, kd, vd, qs, ks, vs, hm, flag, *q.stride(), *k.stride(), *v.stride(),
                             Hq, Hkv, Nq, Nk, nbq, nbk, q_blocks, kv_blocks, q_progs, had_scale,
-                            HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, Q_PER_PROG=cfg["q_per_program"],
-                            KV_PER_PROG=cfg["kv_per_program"], HADAMARD=hadamard, PERMUTE=permute,
-                            IEEE=q.dtype == torch.float32, INTERP=INTERPRET, num_warps=cfg["num_warps"])
+                            HEAD_DIM=d, BLOCK_Q=block_q, BLOCK_K=block_k, Q_PER_PROG=cfg.q_per_program,
+                            KV_PER_PROG=cfg.kv_per_program, HADAMARD=hadamard, PERMUTE=permute,
+                            IEEE=q.dtype == torch.float32, INTERP=INTERPRET, num_warps=cfg.num_warps)
     if check_finite:
         raise_if_nonfinite(flag)
     return qd, qs, kd, ks, vd, vs
@@ -289,12 +283,12 @@ def compile_quant(head_dim: int = 128, hadamard: bool = False, permute: bool = T
                                    "Q_PROGS")})
     sig["had_scale"] = "fp32"
     # contiguous inputs, as a launch specialises them: unit stride along d, the others multiples of 16
-    cx = dict(HEAD_DIM=head_dim, BLOCK_Q=64, BLOCK_K=128, Q_PER_PROG=cfg["q_per_program"],
-              KV_PER_PROG=cfg["kv_per_program"], HADAMARD=hadamard, PERMUTE=permute, IEEE=False, INTERP=False,
+    cx = dict(HEAD_DIM=head_dim, BLOCK_Q=64, BLOCK_K=128, Q_PER_PROG=cfg.q_per_program,
+              KV_PER_PROG=cfg.kv_per_program, HADAMARD=hadamard, PERMUTE=permute, IEEE=False, INTERP=False,
               sqd=1, skd=1, svd=1)
     divisible = ("Q", "K", "V", "QD", "KD", "VD", "QS", "KS", "VS", "HM", "sqb", "sqh", "sqn", "skb", "skh", "skn",
                  "svb", "svh", "svn")
-    return compile_triton(_quant_qkv_kernel, sig, cx, cfg["num_warps"], 1, divisible=divisible)
+    return compile_triton(_quant_qkv_kernel, sig, cx, cfg.num_warps, 1, divisible=divisible)
 
 
 __all__ = ["quantize_qkv_fp8", "raise_if_nonfinite", "permute_keys", "hadamard_matrix", "round_e4m3", "quant_bytes", "compile_quant",

@@ -47,13 +47,11 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from ._aot import compile_gluon, descriptor_signature, resource_usage, sass_text
 from .common import LOG2E_F, init_ring_barriers, tile_descriptor
-from .flash_gluon import PINGPONG_MAXNREG, SMEM_LIMIT, attend_overlapped, key_range, persistent_grid, ws_constexprs
+from .flash_gluon import (PINGPONG_MAXNREG, attend_overlapped, check_gluon_config, key_range, persistent_grid,
+                          ws_constexprs)
 
-__all__ = ["paged_prefill_gluon", "gluon_paged_ok", "compile_paged_prefill", "aot_summary", "key_loops", "box_rows",
-           "DEFAULT_CONFIG"]
+__all__ = ["paged_prefill_gluon", "gluon_paged_ok", "compile_paged_prefill", "aot_summary", "key_loops", "box_rows"]
 
-#: (BLOCK_M, BLOCK_N, STAGES, num_warps): the contiguous Gluon forward's default (flash_gluon.DEFAULT_CONFIG)
-DEFAULT_CONFIG = (128, 128, 2, 4)
 #: the smallest page a box may be: one 128-byte swizzle atom is 8 rows, and a box must start on one
 MIN_PAGE = 8
 
@@ -72,16 +70,16 @@ def box_rows(page: int, block_n: int) -> int | None:
 def gluon_paged_ok(q, k_cache, config=None) -> str | None:
     """None if ``paged_prefill_gluon`` can run these (already checked) inputs, else why not: a Hopper GPU
     (compute capability 9.0), bf16/fp16, ``d`` in {64, 128}, a page that gives whole boxes (``box_rows``)."""
-    config = DEFAULT_CONFIG if config is None else config
+    config = check_gluon_config(config)
     if not (q.is_cuda and torch.cuda.get_device_capability(q.device) == (9, 0)):
         return "needs a Hopper GPU (compute capability 9.0)"
     if q.dtype not in (torch.bfloat16, torch.float16):
         return f"needs bfloat16 or float16, got {q.dtype}"
     if q.shape[-1] not in (64, 128):
         return f"needs head dimension 64 or 128, got {q.shape[-1]}"
-    if box_rows(k_cache.shape[1], config[1]) is None:
-        return (f"needs a page size that divides or is a multiple of the {config[1]}-key tile and is >= {MIN_PAGE}, "
-                f"got {k_cache.shape[1]}")
+    if box_rows(k_cache.shape[1], config.block_n) is None:
+        return (f"needs a page size that divides or is a multiple of the {config.block_n}-key tile and is "
+                f">= {MIN_PAGE}, got {k_cache.shape[1]}")
     return None
 
 
@@ -296,24 +294,23 @@ def paged_prefill_ws_kernel(desc_q, desc_k, desc_v, O, LSE, CU_Q, SEQ_LENS, BT, 
 # --------------------------------------------------------------------------------------------------------------
 # host side
 # --------------------------------------------------------------------------------------------------------------
-def _constexprs(d: int, page: int, config: tuple, causal: bool) -> dict:
+def _constexprs(d: int, page: int, config, causal: bool) -> dict:
     """The contiguous kernel's (``flash_gluon.ws_constexprs``, no ping-pong switch: the turns are always on) with
     the page and its TMA box."""
     cx = {k: v for k, v in ws_constexprs(d, config, causal).items() if k != "TURNS"}
-    return dict(cx, PAGE=page, BOX=box_rows(page, config[1]))
+    return dict(cx, PAGE=page, BOX=box_rows(page, config.block_n))
 
 
 def paged_prefill_gluon(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_tables, max_q: int, causal: bool,
                         scale: float, group: int, config=None) -> None:
     """Write ``o (total_q, Hq, d)`` and ``lse (Hq, total_q)`` of ``serving.paged_prefill`` for inputs it has
     checked (``gluon_paged_ok(q, k_cache)`` is None; q and the caches contiguous; ``cu_q``, ``seq_lens``,
-    ``block_tables`` int32 on the device, the table's rows contiguous). ``config``: ``(BLOCK_M, BLOCK_N, STAGES,
-    num_warps)``, default ``DEFAULT_CONFIG`` (``flash_gluon.check_gluon_config`` says what is legal)."""
-    from .flash_gluon import check_gluon_config
+    ``block_tables`` int32 on the device, the table's rows contiguous). ``config``: a ``configs.GluonForwardConfig``,
+    default ``configs.GLUON_FORWARD`` (``flash_gluon.check_gluon_config`` says what is legal)."""
     total_q, hq, d = q.shape
     num_blocks, page, hkv, _ = k_cache.shape
     config = check_gluon_config(config, d)
-    bm, bn, _, _ = config
+    bm, bn = config.block_m, config.block_n
     box = box_rows(page, bn)
     batch = cu_q.shape[0] - 1
     n_m = triton.cdiv(max_q, bm)
@@ -330,9 +327,8 @@ def paged_prefill_gluon(q, k_cache, v_cache, o, lse, cu_q, seq_lens, block_table
 def compile_paged_prefill(head_dim: int = 128, page: int = 16, causal: bool = True, config=None,
                           dtype: str = "bf16"):
     """Compile ``paged_prefill_ws_kernel`` for sm_90a ahead of time (no GPU); ``_aot.resource_usage`` reads it."""
-    from .flash_gluon import check_gluon_config
     config = check_gluon_config(config, head_dim)
-    bm, bn, _, warps = config
+    bm, bn, warps = config.block_m, config.block_n, config.num_warps
     box = box_rows(page, bn)
     if box is None:
         raise ValueError(f"page {page} gives no whole TMA boxes for {bn}-key tiles (box_rows)")
