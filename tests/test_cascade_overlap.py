@@ -28,7 +28,7 @@ _AOT_CHILD = """
 import json
 from reference.triton.hopper._aot import resource_usage
 from reference.triton.hopper.cascade_prefix_gluon import compile_cascade_prefix
-from reference.triton import cascade
+from reference.triton import cascade, configs
 c = compile_cascade_prefix(pdl_trigger=True)
 out = {"prefix": dict(resource_usage(c), trigger="griddepcontrol.launch_dependents" in c.asm["ptx"])}
 c0 = compile_cascade_prefix()
@@ -148,8 +148,8 @@ def test_overlap_modes_off_hopper_run_the_triton_kernel(rng):
     dtype = torch.float32 if INTERPRET else torch.float16
     args, ref = _case(rng, 3, 8, 2, 16, 37, suffix, 8, dtype)
     ro, rl = _oracle(ref, suffix, 8)
-    from reference.triton import cascade
-    base = cascade.DEFAULT_CONFIG
+    from reference.triton import cascade, configs
+    base = configs.CASCADE_DEFAULT
     outs = [cascade_decode(*args, config=dataclasses.replace(base, overlap=m), fast_launch=False)
             for m in ("off", "pdl", "streams")]
     for o, lse in outs:
@@ -175,11 +175,11 @@ def test_overlap_matches_float64(rng, mode, B, hq, hkv, d, P, dtype, splits, sta
     pages, prefixes not a whole number of key blocks, G = 1 / 4 / 8, d = 64 / 128, bf16 / fp16; both overlap modes
     equal the oracle within the sequential Gluon path's error; the recorded eager launches repeat the full path bit
     for bit on new inputs (new prefix addresses: the cached descriptors are rebuilt) and on the recorded ones again."""
-    from reference.triton import cascade
+    from reference.triton import cascade, configs
     suffix = [int(x) for x in rng.integers(0, 70, B)]
     suffix[0] = 0
     args, ref = _case(rng, B, hq, hkv, d, P, suffix, 16, dtype)
-    cfg = dataclasses.replace(cascade.DEFAULT_CONFIG, prefix_gluon=True, gluon_stages=stages, overlap=mode)
+    cfg = dataclasses.replace(configs.CASCADE_DEFAULT, prefix_gluon=True, gluon_stages=stages, overlap=mode)
     o, lse = cascade_decode(*args, num_splits=splits, config=cfg, fast_launch=False)
     torch.cuda.synchronize()
     ro, rl = _oracle(ref, suffix, 16)
@@ -209,11 +209,11 @@ def test_overlap_matches_float64(rng, mode, B, hq, hkv, d, P, dtype, splits, sta
 def test_overlap_in_a_cuda_graph_equals_eager(rng, mode):
     """Captured in a CUDA graph (the serving engine's decode step; "streams" captures a fork/join), replays equal
     the eager call bit for bit, also after the inputs were overwritten in place with new values."""
-    from reference.triton import cascade
+    from reference.triton import cascade, configs
     B, hq, hkv, d, P = 16, 32, 8, 128, 2500
     suffix = [int(x) for x in rng.integers(0, 70, B)]
     args, _ = _case(rng, B, hq, hkv, d, P, suffix, 16, torch.bfloat16)
-    cfg = dataclasses.replace(cascade.DEFAULT_CONFIG, prefix_gluon=True, overlap=mode)
+    cfg = dataclasses.replace(configs.CASCADE_DEFAULT, prefix_gluon=True, overlap=mode)
     new, _ = _case(rng, B, hq, hkv, d, P, suffix, 16, torch.bfloat16)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -29,7 +29,7 @@ out = {}
 for name, kw in (("g4_d128_s2", {}), ("g4_d128_s3", dict(stages=3)), ("g8_d64", dict(group=8, head_dim=64))):
     c = compile_cascade_prefix(**kw)
     out[name] = dict(resource_usage(c), named_bar_128="bar.sync \\t2, 128;" in c.asm["ptx"])
-from reference.triton import cascade
+from reference.triton import cascade, configs
 out_t = {"suffix_merge": resource_usage(cascade.compile_sm90(prefix_done=True)),
          "one_launch": resource_usage(cascade.compile_sm90())}
 print(json.dumps([out, out_t]))
@@ -97,11 +97,11 @@ def test_gluon_cascade_matches_float64(rng, B, hq, hkv, d, P, dtype, splits, sta
     ragged suffixes of 0 .. 70 tokens on 16-token pages, the prefix not a whole number of key blocks, an odd
     count of 64-row tiles; the Gluon path equals the oracle within bf16/fp16 rounding and the Triton path's error;
     its recorded eager launch repeats it bit for bit on new inputs."""
-    from reference.triton import cascade
+    from reference.triton import cascade, configs
     suffix = [int(x) for x in rng.integers(0, 70, B)]
     suffix[0] = 0
     args, ref = _case(rng, B, hq, hkv, d, P, suffix, 16, dtype)
-    cfg = dataclasses.replace(cascade.DEFAULT_CONFIG, prefix_gluon=True, gluon_stages=stages)
+    cfg = dataclasses.replace(configs.CASCADE_DEFAULT, prefix_gluon=True, gluon_stages=stages)
     o, lse = cascade_decode(*args, num_splits=splits, config=cfg, fast_launch=False)
     ro, rl = _oracle(ref, suffix, 16)
     tol = 8e-3 if dtype == torch.bfloat16 else 2e-3

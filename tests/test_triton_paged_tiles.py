@@ -88,3 +88,16 @@ def test_bad_input_names_the_argument(rng):
         paged_prefill(q, kc.to(torch.float16 if DT == torch.float32 else torch.float32), vc, table, cu_t, sl)
     with pytest.raises(ValueError, match="k_cache"):
         paged_prefill(q, kc[:, :, :, :8], vc[:, :, :, :8], table, cu_t, sl)
+
+
+@pytest.mark.triton_serving
+def test_a_config_never_picks_the_kernel(rng):
+    """Under ``backend="auto"`` a Triton pin is refused where the Gluon kernel may run (it used to switch the call to
+    the Triton kernel silently); ``backend="triton"`` or ``gather="page"`` take it, and give the oracle's answer."""
+    seq_lens, chunks = [45, 100], [45, 23]
+    (q, kc, vc, table, cu_t, sl), seqs, cu = make_paged_prefill(rng, seq_lens, chunks, 4, 1, 32, 8, DT)
+    with pytest.raises(ValueError, match="backend='triton'"):
+        paged_prefill(q, kc, vc, table, cu_t, sl, config=PINS[1])
+    for kw in ({"backend": "triton"}, {"gather": "page"}):
+        check_paged_prefill(paged_prefill(q, kc, vc, table, cu_t, sl, config=PINS[1], **kw), q, seqs, cu, True, DT,
+                            TOL[DT])

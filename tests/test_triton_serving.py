@@ -278,8 +278,8 @@ def test_cascade_launch_order_and_tma_prefix_match_full_attention(rng, prefix_fi
     prefix loads (Hopper; the pointer loads elsewhere) compute the same attention: several row tiles (B G > rows),
     several kv heads and prefix chunks, a prefix that ends inside a key block, an empty suffix."""
     import dataclasses
-    from reference.triton.cascade import DEFAULT_CONFIG, CascadeConfig
-    base = DEFAULT_CONFIG if INTERPRET else CascadeConfig(rows=16, block_n=32, num_stages=2, min_split_keys=32)
+    from reference.triton.configs import CASCADE_DEFAULT, CascadeConfig
+    base = CASCADE_DEFAULT if INTERPRET else CascadeConfig(rows=16, block_n=32, num_stages=2, min_split_keys=32)
     cfg = dataclasses.replace(base, prefix_first=prefix_first, use_tma=use_tma)
     B, hq, hkv, d, bs, P = 7, 8, 2, 16 if INTERPRET else 64, 8, 83 if INTERPRET else 1000
     suffix = [int(x) for x in rng.integers(1, 20, B)]

@@ -63,7 +63,8 @@ from reference.triton import (DEVICE, cascade_decode, flash_attention_varlen_for
                               paged_prefill)
 from reference.triton import configs
 from reference.triton.mixed import MixedConfig, make_mixed_plan, mixed_attention
-from reference.triton.cascade import DEFAULT_CONFIG as CASCADE_DEFAULT, overlap_mode, use_gluon_prefix
+from reference.triton.configs import CASCADE_DEFAULT
+from reference.triton.cascade import overlap_mode, use_gluon_prefix
 
 DTYPE = torch.bfloat16
 SMOKE = False

@@ -39,10 +39,10 @@ from benchmarks import _serving_cases as cases
 from benchmarks._common import rel_err
 from benchmarks import _common
 from reference.triton import cascade_decode, flash_decode, paged_decode
-from reference.triton import cascade
+from reference.triton import cascade, configs
 
 P, S, BS = 32768, 1024, 16
-TRITON = dataclasses.replace(cascade.DEFAULT_CONFIG, prefix_gluon=False)
+TRITON = dataclasses.replace(configs.CASCADE_DEFAULT, prefix_gluon=False)
 
 
 # ------------------------------------------------------------------------------------------ the uncut path

@@ -40,9 +40,6 @@ from .paged_keys import key_loop
 __all__ = ["cascade_decode", "CascadeConfig", "cascade_num_splits"]
 
 
-DEFAULT_CONFIG = CASCADE_DEFAULT
-
-
 @triton.jit
 def _merge_tile(OUT, LOUT, OPart, LPart, tile, n_states, hk, n_kv_heads, batch, stride_ob, stride_oh,
                 GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):
@@ -360,7 +357,7 @@ def cascade_num_splits(batch: int, group: int, n_kv_heads: int, prefix_len: int,
                        sms: int | None = None) -> int:
     """Prefix chunks: about ``programs_per_sm * sms`` prefix programs over ``n_kv_heads`` and the row tiles,
     each chunk at least ``min_split_keys`` keys and (where that allows) at most ``max_split_keys``."""
-    config = DEFAULT_CONFIG if config is None else config
+    config = CASCADE_DEFAULT if config is None else config
     sms = num_sms() if sms is None else sms
     tiles = math.ceil(batch * group / _rows(config, batch, group))
     want = max(1, round(config.programs_per_sm * sms / (tiles * n_kv_heads)), math.ceil(prefix_len / config.max_split_keys))
@@ -583,7 +580,7 @@ def cascade_decode(q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_le
         q, prefix_k, prefix_v, k_cache, v_cache, block_tables, seq_lens, validate)
     if config is not None and not isinstance(config, CascadeConfig):
         raise TypeError(f"config must be a CascadeConfig or None, got {type(config).__name__}")
-    cfg = DEFAULT_CONFIG if config is None else config
+    cfg = CASCADE_DEFAULT if config is None else config
     scale = _checks.check_scale(scale, d)
     if num_splits is not None:
         num_splits = _checks.check_positive_int(num_splits, "num_splits")

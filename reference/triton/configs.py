@@ -245,7 +245,7 @@ class CascadeConfig(KeyBlockConfig):
 
 
 #: ``mixed_attention``'s default (H100: 4 warps, 64-row prefill tiles, 64-key blocks) and ``cascade_decode``'s (the
-#: fields' defaults above); the interpreter takes small tiles (``mixed.DEFAULT_CONFIG``, ``cascade.DEFAULT_CONFIG``)
+#: fields' defaults above); under the interpreter both take small tiles
 MIXED_DEFAULT = MixedConfig() if not INTERPRET else MixedConfig(small_rows=16, large_rows=32, block_n=16, num_stages=1,
                                                                 split_keys=64)
 CASCADE_DEFAULT = CascadeConfig() if not INTERPRET else CascadeConfig(rows=16, block_n=16, num_stages=1,

@@ -44,9 +44,6 @@ from ..numpy.mixed import ITEM_COLUMNS, check_mixed_lengths, mixed_plan
 __all__ = ["mixed_attention", "make_mixed_plan", "MixedConfig", "MixedDevicePlan"]
 
 
-DEFAULT_CONFIG = MIXED_DEFAULT
-
-
 # --------------------------------------------------------------------------------------------------------------
 # kernel
 # --------------------------------------------------------------------------------------------------------------
@@ -179,7 +176,7 @@ def make_mixed_plan(q_lens, seq_lens, n_q_heads: int, n_kv_heads: int, page_size
                     config: MixedConfig | None = None, device=None) -> MixedDevicePlan:
     """The work plan of a mixed batch from HOST lengths (lists or arrays; no device sync), ready for
     ``mixed_attention(..., plan=...)``; an engine makes it once per step, a CUDA graph keeps it fixed."""
-    config = DEFAULT_CONFIG if config is None else config
+    config = MIXED_DEFAULT if config is None else config
     group = _checks.check_gqa(n_q_heads, n_kv_heads)
     page_size = _checks.check_positive_int(page_size, "page_size")
     align = _align(config, page_size)

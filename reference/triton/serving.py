@@ -93,24 +93,26 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
     page-aligned key block, looked up one block ahead); ``"tma"`` on a Hopper GPU the
     Gluon kernel ``reference.triton.hopper.paged_prefill_gluon`` (its producer warp reads the table and copies
     one TMA box per page; bf16/fp16, d in {64, 128}, pages of 8, 16, ... keys or multiples of 128, contiguous
-    caches), the page-aligned kernel for every other input; None: ``"page"`` when ``config`` is given, else
-    ``configs.PAGED_PREFILL["gather"]`` (``"tma"``).
+    caches), the page-aligned kernel for every other input; None: ``configs.PAGED_PREFILL["gather"]`` (``"tma"``)
+    under ``backend="auto"``.
     config: one forward pin (``reference.triton.configs``; None: ``configs.forward_pin()``, i.e. autotuning on a
-    GPU) for the Triton kernels; the Gluon kernel takes ``configs.PAGED_PREFILL["gluon_config"]``. The Gluon
+    GPU) for the Triton kernel, which it never picks: with ``backend="auto"`` and ``gather`` None or ``"tma"`` a
+    ``config`` is a ``ValueError`` (pass ``backend="triton"``); the Gluon kernel takes
+    ``configs.PAGED_PREFILL["gluon_config"]``. The Gluon
     kernel copies whole pages, so the V slots past a sequence's end in its last page must be finite: with
     ``validate=True`` that is checked (``tail_values_finite``) and the Triton kernel runs where it does not hold;
     with ``validate=False`` it is the caller's promise (a zero-initialised cache keeps it).
-    backend: which kernels may run, chosen here and nowhere else: ``"auto"`` as above (a ``config`` or a failed
-    tail check picks the Triton kernel); ``"triton"`` the portable kernel only (``gather`` ``"page"``);
+    backend: which kernels may run, chosen here and nowhere else: ``"auto"`` as above (the device, dtype, head
+    dimension, page size and layout pick the kernel; inputs the Gluon kernel cannot take, non-finite V tail slots
+    found by ``validate=True`` among them, run the Triton kernel); ``"triton"`` the portable kernel only (``gather`` ``"page"``);
     ``"gluon"`` the Gluon kernel (``gather`` None or ``"tma"``, no ``config``), and a ``ValueError``
     naming the reason where it does not take these inputs (another GPU, dtype, head dimension, page size, layout,
     or non-finite V tail slots under ``validate=True``) instead of a fallback.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if gather is None:  # a Triton pin asks for the Triton kernel
-        gather = {"triton": "page", "gluon": "tma"}.get(backend) or (
-            "page" if config is not None else configs.PAGED_PREFILL["gather"])
+    if gather is None:
+        gather = {"triton": "page", "gluon": "tma"}.get(backend) or configs.PAGED_PREFILL["gather"]
     if gather not in GATHERS:
         raise ValueError(f"gather must be one of {GATHERS} or None, got {gather!r}")
     if backend == "triton" and gather == "tma":
@@ -120,6 +122,10 @@ def paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max
                          f"pass gather None or 'tma' and no config, got gather={gather!r}, config={config!r}")
     call = check_paged_prefill(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, max_seqlen_q, causal, scale,
                                validate, config)
+    if config is not None and gather == "tma" and backend == "auto":  # a config never picks the kernel
+        raise ValueError("config is a pin of the Triton kernel, and backend='auto' may run the Gluon kernel "
+                         "(its own pin, configs.PAGED_PREFILL['gluon_config']): pass backend='triton' (or "
+                         "gather='page') to run the Triton kernel with this config")
     k_cache, v_cache, vl, max_q, causal, scale, group, validate = call
     cu_q, seq_lens, block_tables = vl.cu_q, vl.cu_k, vl.block_tables
     q = _last_axis_contiguous(q)
