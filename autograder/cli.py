@@ -34,22 +34,36 @@ _RAW = argparse.RawDescriptionHelpFormatter
 EXAMPLE = Path(__file__).resolve().parent / "examples" / "a1_attention_example.ipynb"
 
 
+_ASSIGNMENT_HELP = f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)"
+_AUTO_DEVICE = "where kernels and speed tests run (auto: cuda when a GPU is present)"
+
+
+def _command(sub, name: str, summary: str, description: str, examples: list[str], device: tuple | None = None):
+    """One subcommand's parser: ``summary`` in the command list, ``examples`` under its help, and (given
+    ``device = (default, help)``) its ``--device`` option."""
+    label = "example" if len(examples) == 1 else "examples"
+    c = sub.add_parser(name, help=summary, formatter_class=_RAW, description=description,
+                       epilog=f"{label}:\n" + "\n".join(f"  {e}" for e in examples))
+    if device is not None:
+        c.add_argument("--device", choices=("auto", "cpu", "cuda"), default=device[0], help=device[1])
+    return c
+
+
 def _parser():
     head, _, rest = __doc__.partition("\n\n")
     p = argparse.ArgumentParser(prog="python -m autograder", description=head, epilog=rest,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    g = sub.add_parser("grade", help="grade one submission (.ipynb or .py)", formatter_class=_RAW,
-                       description="Grade one submission and print the score table; --json writes the result.",
-                       epilog="example:\n  python -m autograder grade a2_flash_numpy alice.ipynb --json alice.json")
-    g.add_argument("assignment", nargs="?", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
+    g = _command(sub, "grade", "grade one submission (.ipynb or .py)",
+                 "Grade one submission and print the score table; --json writes the result.",
+                 ["python -m autograder grade a2_flash_numpy alice.ipynb --json alice.json"])
+    g.add_argument("assignment", nargs="?", help=_ASSIGNMENT_HELP)
     g.add_argument("submission", nargs="?", help="student notebook or .py module")
     g.add_argument("--example", action="store_true", help="grade the bundled example notebook (a1)")
     g.add_argument("--json", help="write the result JSON here")
     g.add_argument("--gradescope", help="also write Gradescope's results.json here")
-    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where kernels and speed tests run (auto: cuda when a GPU is present)")
+    g.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto", help=_AUTO_DEVICE)
     g.add_argument("--quiet", action="store_true", help="no table (for grade-all)")
     g.add_argument("-v", "--verbose", action="store_true", help="notes in full, not cut to the terminal's width")
     g.add_argument("--test", action="append", metavar="NAME",
@@ -57,39 +71,34 @@ def _parser():
     g.add_argument("--seed", type=int, help="replay an earlier run's cases (its seed is in the result JSON and in the "
                                            "reproduction line under the table)")
 
-    a = sub.add_parser("grade-all", help="grade a folder of submissions in parallel", formatter_class=_RAW,
-                       description="Grade every .ipynb/.py submission in a folder into a roster CSV (one row per "
-                                   "student) and one JSON per submission.",
-                       epilog="example:\n  python -m autograder grade-all a2_flash_numpy submissions/ -j 4 "
-                              "--csv grades.csv")
-    a.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
+    a = _command(sub, "grade-all", "grade a folder of submissions in parallel",
+                 "Grade every .ipynb/.py submission in a folder into a roster CSV (one row per student) and one JSON "
+                 "per submission.", ["python -m autograder grade-all a2_flash_numpy submissions/ -j 4 --csv grades.csv"],
+                 device=("auto", _AUTO_DEVICE))
+    a.add_argument("assignment", help=_ASSIGNMENT_HELP)
     a.add_argument("dir", help="folder of submissions: .ipynb/.py files, or one subfolder per student (an LMS "
                                "download; the file named for the assignment is graded)")
     a.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
     a.add_argument("--csv", default="grades.csv", help="roster CSV to write (default grades.csv)")
     a.add_argument("--out", help="folder for the per-submission JSONs (default: grades/<assignment>)")
-    a.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="where kernels and speed tests run (auto: cuda when a GPU is present)")
     a.add_argument("--gpus", default="all",
                    help="on cuda: the GPUs to grade on, 'all' visible ones (default), a count N, or a list "
                         "such as 0,2; each grading gets one, and speed tests take turns on each GPU")
 
-    s = sub.add_parser("selftest", help="grade the bundled correct/wrong/cheating submissions", formatter_class=_RAW,
-                       description="Grade the bundled correct, wrong and cheating submissions (and the solution "
-                                   "sources and student stubs); exit 1 if any lands outside its expected band.",
-                       epilog="examples:\n  python -m autograder selftest -j 2\n"
-                              "  python -m autograder selftest --only a3 --device cuda")
+    s = _command(sub, "selftest", "grade the bundled correct/wrong/cheating submissions",
+                 "Grade the bundled correct, wrong and cheating submissions (and the solution sources and student "
+                 "stubs); exit 1 if any lands outside its expected band.",
+                 ["python -m autograder selftest -j 2", "python -m autograder selftest --only a3 --device cuda"],
+                 device=("cpu", "cpu (default) or cuda: GPU-only submissions (side streams, slow kernels) need cuda"))
     s.add_argument("--only", nargs="*", help="assignments to include (default: all)")
     s.add_argument("-j", "--jobs", type=int, default=2, help="submissions graded at the same time (default 2)")
-    s.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
-                   help="cpu (default) or cuda: GPU-only submissions (side streams, slow kernels) need cuda")
     s.add_argument("--out", help="folder for the JSONs (default: build/selftest)")
     s.add_argument("--match", nargs="*", help="only submissions whose label contains one of these")
 
-    z = sub.add_parser("gradescope", help="build a Gradescope autograder zip", formatter_class=_RAW,
-                       description="Build a Gradescope autograder zip (setup.sh, run_autograder) for one assignment.",
-                       epilog="example:\n  python -m autograder gradescope a2_flash_numpy -o a2.zip")
-    z.add_argument("assignment", help=f"one of {', '.join(specs.ASSIGNMENTS)} (or a short id: a1, a3b, ...)")
+    z = _command(sub, "gradescope", "build a Gradescope autograder zip",
+                 "Build a Gradescope autograder zip (setup.sh, run_autograder) for one assignment.",
+                 ["python -m autograder gradescope a2_flash_numpy -o a2.zip"])
+    z.add_argument("assignment", help=_ASSIGNMENT_HELP)
     z.add_argument("-o", "--output", required=True, help="zip file to write")
     return p
 
