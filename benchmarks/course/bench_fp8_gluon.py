@@ -169,11 +169,9 @@ def predicted():
 
 
 def _stage_bench():
-    import statistics
     import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks._common import matmul_tflops, rotated_rounds, sdpa
-    from benchmarks._common import rel_err as rel
+    from benchmarks._common import checked_rounds, matmul_tflops, sdpa
     from benchmarks._common import hopper_bench as bench
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE
     from reference.triton.flash_fwd import forward_flops
@@ -188,26 +186,11 @@ def _stage_bench():
     print(f"matmul bf16 {res['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)
 
     def timed(fns: dict, flops, ref_o=None) -> dict:
-        """Each of ``fns`` checked against ``ref_o`` once, then timed in ``max(ROUNDS, len(fns))`` rounds, the order
-        rotated by one each round, median per implementation. (A kernel timed right after another heavy one ran
-        5-10% slower in the first runs: the card's clock drifts; rotating gives each implementation each
-        position.)"""
-        out = {}
+        """``_common.checked_rounds`` under ``no_grad`` in ``max(ROUNDS, len(fns))`` rounds (a kernel timed right
+        after another heavy one ran 5-10% slower in the first runs: the card's clock drifts; rotating gives each
+        implementation each position)."""
         with torch.no_grad():
-            for n, fn in fns.items():
-                try:
-                    o = fn()
-                    o = o[0] if isinstance(o, tuple) else o
-                    out[n] = {"rel_vs_cudnn": rel(o, ref_o) if ref_o is not None else None}
-                except Exception as e:  # noqa: BLE001
-                    out[n] = {"error": f"{type(e).__name__}: {str(e)[-400:]}"}
-            ms = rotated_rounds({n: f for n, f in fns.items() if "error" not in out[n]}, max(ROUNDS, len(fns)),
-                                bench)
-        for n in fns:
-            if ms.get(n):
-                m = statistics.median(ms[n])
-                out[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=ms[n])
-        return out
+            return checked_rounds(fns, flops, ref_o, rounds=max(ROUNDS, len(fns)), timer=bench, err_chars=400)
 
     # 1. the schedule sweep at N = 8k (ring depth, key renumbering, turns, merged releases)
     N = 8192
@@ -631,27 +614,25 @@ def main(argv=None):
         bench = res.get("bench") if isinstance(res.get("bench"), dict) else {}
         return {"BENCH_OUT": args.out, "BENCH_SCHEDULE": json.dumps(bench.get("main_schedule"))}
     stages = args.stages.split(",")
-    if "quant" in stages:  # its own results file (the other stages' file is re-run separately)
-        qres = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
-        qres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs; do_bench(warmup=10 ms, rep=40 ms) "
-                              "medians of rotated rounds; bytes = Q, K, V read + e4m3 data and scales written "
-                              "(quant_bytes); "
-                              "copy bandwidth = bytes read + written by a 1 GiB device copy, same process; e2e = "
-                              "flash_attention_forward_fp8_gluon (fused quantisation with its non-finite check + "
-                              "kernel); ratios from this run only")
-        run_stages("benchmarks.course.bench_fp8_gluon", ["quant"], lambda st: 4 * args.timeout, qres,
-                   os.path.join(args.out, f"{gpu_tag()}-fp8-quant.json"))
-        stages = [s for s in stages if s != "quant"]
-        if not stages:
-            return
-    if "keyloop" in stages:  # its own results file too
-        kres = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
-        kres["convention"] = ("d=128, H=16, batch*seqlen=16384, bf16 inputs quantised once; kernel alone; "
-                              "do_bench(warmup=10 ms, rep=40 ms) medians over rounds (half rotated in the listed "
-                              "order, half reversed); flops 4BHN^2d (x0.5 causal); ratios from this run only")
-        run_stages("benchmarks.course.bench_fp8_gluon", ["keyloop"], lambda st: 3 * args.timeout, kres,
-                   os.path.join(args.out, f"{gpu_tag()}-fp8-key-loop.json"))
-        stages = [s for s in stages if s != "keyloop"]
+    # the quantisation and key-loop stages each write their own results file (the other stages' file is re-run
+    # separately): (stage, file suffix, timeout in units of --timeout, convention)
+    for stage, suffix, mult, convention in (
+            ("quant", "fp8-quant", 4,
+             "d=128, H=16, batch*seqlen=16384, bf16 inputs; do_bench(warmup=10 ms, rep=40 ms) medians of rotated "
+             "rounds; bytes = Q, K, V read + e4m3 data and scales written (quant_bytes); copy bandwidth = bytes read "
+             "+ written by a 1 GiB device copy, same process; e2e = flash_attention_forward_fp8_gluon (fused "
+             "quantisation with its non-finite check + kernel); ratios from this run only"),
+            ("keyloop", "fp8-key-loop", 3,
+             "d=128, H=16, batch*seqlen=16384, bf16 inputs quantised once; kernel alone; do_bench(warmup=10 ms, "
+             "rep=40 ms) medians over rounds (half rotated in the listed order, half reversed); flops 4BHN^2d (x0.5 "
+             "causal); ratios from this run only")):
+        if stage not in stages:
+            continue
+        own = {k: res[k] for k in ("gpu", "torch", "triton", "capability")}
+        own["convention"] = convention
+        run_stages("benchmarks.course.bench_fp8_gluon", [stage], lambda st, m=mult: m * args.timeout, own,
+                   os.path.join(args.out, f"{gpu_tag()}-{suffix}.json"))
+        stages = [s for s in stages if s != stage]
         if not stages:
             return
     if "check" in stages:  # time nothing that failed its check

@@ -19,12 +19,11 @@ The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 
-from benchmarks._common import RESULTS
+from benchmarks import results_parser
 
 SEQLENS = [2048, 4096, 8192, 16384]
 ROUNDS = 5  # timings per implementation: the fixed-order one, then rotated rounds (both directions)
@@ -49,7 +48,7 @@ def _timings():
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
     from benchmarks._common import rotated_rounds, sdpa
-    from benchmarks._gluon_cases import cudnn_attention
+    from benchmarks._gluon_cases import cudnn_attention, train_step
     from benchmarks._common import hopper_bench as bench
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
@@ -67,16 +66,8 @@ def _timings():
     shapes += [(c, N, B) + GQA_HEADS for c, N, B in GQA_ROWS]
     out = []
     for causal, N, B, H, Hkv in shapes:
-        q, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        k, v = (torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        leaves = [x.requires_grad_(True) for x in (q, k, v)]
+        leaves, step = train_step(B, H, Hkv, N, D, causal)
         flops = 3.5 * forward_flops(B, H, N, N, D, causal)
-
-        def step(fn):
-            for x in leaves:
-                x.grad = None
-            fn(*leaves, causal).backward(do)
-
         row = {"N": N, "B": B, "H": H, "H_kv": Hkv, "causal": causal}
         ref = None
         for name, fn in (impls if Hkv == H else gqa_impls).items():
@@ -104,14 +95,13 @@ def _timings():
             f"{n} {gm(n) / gm('cudnn'):.2f}x" for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row),
             flush=True)
         out.append(row)
-        del q, k, v, do, leaves, ref
+        del leaves, step, ref
         torch.cuda.empty_cache()
     return out
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
+    ap = results_parser(__doc__)
     ap.add_argument("--stage", default="all", help="all | bench")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args(argv)
