@@ -43,12 +43,24 @@ def _stage_bench():
         return _timings()
 
 
+def _print_row(row: dict, options) -> None:
+    """One shape's line: each implementation's TFLOP/s of its first timing, its ratio to cuDNN and its gradient
+    error; then the ratios of the medians over all rounds."""
+    g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+    gm = lambda n: row[n].get("tflops_rounds_median", float("nan"))  # noqa: E731
+    names = [n for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row]
+    print(f"causal={row['causal']!s:5} N={row['N']:5} H={row['H']}/{row['H_kv']}: cudnn {g('cudnn'):4.0f} TFLOP/s; "
+          + "; ".join(f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
+                      for n in names), flush=True)
+    print(f"    median of {ROUNDS} rotated rounds: " + "; ".join(f"{n} {gm(n) / gm('cudnn'):.2f}x" for n in names),
+          flush=True)
+
+
 def _timings():
-    import torch
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
     from benchmarks._common import rotated_rounds, sdpa
-    from benchmarks._gluon_cases import cudnn_attention, train_step
+    from benchmarks._gluon_cases import cudnn_attention, train_steps
     from benchmarks._common import hopper_bench as bench
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
@@ -65,8 +77,7 @@ def _timings():
     shapes = [(c, N, TOKENS // N, HIDDEN // D, HIDDEN // D) for c in (False, True) for N in SEQLENS]
     shapes += [(c, N, B) + GQA_HEADS for c, N, B in GQA_ROWS]
     out = []
-    for causal, N, B, H, Hkv in shapes:
-        leaves, step = train_step(B, H, Hkv, N, D, causal)
+    for causal, N, B, H, Hkv, leaves, step in train_steps(shapes, D):
         flops = 3.5 * forward_flops(B, H, N, N, D, causal)
         row = {"N": N, "B": B, "H": H, "H_kv": Hkv, "causal": causal}
         ref = None
@@ -86,17 +97,8 @@ def _timings():
         for n, extra in more.items():
             rounds = [row[n]["ms"], *extra]
             row[n].update(rounds_ms=rounds, tflops_rounds_median=flops / statistics.median(rounds) / 1e9)
-        g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
-        gm = lambda n: row[n].get("tflops_rounds_median", float("nan"))  # noqa: E731
-        print(f"causal={causal!s:5} N={N:5} H={H}/{Hkv}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
-            f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
-            for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row), flush=True)
-        print(f"    median of {ROUNDS} rotated rounds: " + "; ".join(
-            f"{n} {gm(n) / gm('cudnn'):.2f}x" for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row),
-            flush=True)
+        _print_row(row, options)
         out.append(row)
-        del leaves, step, ref
-        torch.cuda.empty_cache()
     return out
 
 

@@ -108,14 +108,12 @@ def fp8_rows() -> list:
 
 
 def train_rows() -> list:
-    import torch
-    from benchmarks._gluon_cases import cudnn_attention, train_step
+    from benchmarks._gluon_cases import cudnn_attention, train_steps
     from reference.triton import flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
     Hq, Hkv, d = 32, 8, 128
     rows = []
-    for causal, N, B in TRAIN_ROWS:
-        leaves, step = train_step(B, Hq, Hkv, N, d, causal)
+    for causal, N, B, _, _, leaves, step in train_steps([(c, N, B, Hq, Hkv) for c, N, B in TRAIN_ROWS], d):
         impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"),
                  **{f"gluon_{name}": (lambda loop: lambda q, k, v, c: flash_attention_gluon(q, k, v, c, key_loop=loop))(
                      loop) for name, loop in KEY_LOOPS.items() if name != "peeled_fence"}}
@@ -126,8 +124,6 @@ def train_rows() -> list:
         print(f"train GQA {Hq}/{Hkv} causal={causal} N={N}: " + _ratios(row, "cudnn", ("gluon_off", "gluon_fence")),
               flush=True)
         rows.append(row)
-        del leaves, step, ref
-        torch.cuda.empty_cache()
     return rows
 
 
