@@ -42,6 +42,8 @@
 
 # %% given="attention_inputs"
 
+# %% given="triton_program"
+
 # %% [markdown]
 # ## Warm-up (not graded) -- scale each row
 #
@@ -237,10 +239,7 @@ def _flash_fwd_basic_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
 
     Stores ``o`` rows ``offs_m`` (lines 12, 14) and ``lse`` in natural log (lines 13, 15) into the contiguous
     ``(B*H, Nq)`` lse at ``lse_ptr + bh * Nq + offs_m``; rows past ``Nq`` are not stored."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m, offs_m, bh, b, h = program_block(H, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q_base = q_ptr + b.to(tl.int64) * sqb + h * sqh
@@ -311,10 +310,7 @@ def _flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                       CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """FA2 Algorithm 1 for one (query block, batch*head) with GQA and a bottom-right causal mask; stores as the
     Part 2 kernel does, with ``o = 0`` and ``lse = -inf`` for rows that see no key."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // Hq, bh % Hq
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m, offs_m, bh, b, h = program_block(Hq, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q_base = q_ptr + b.to(tl.int64) * sqb + h * sqh
