@@ -112,19 +112,19 @@ def _wait_scores(s):
 # %%
 @gluon.jit
 def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Key blocks ``[0, hi)`` this query block reads; blocks ``>= full_end`` need the mask (FA2 Alg. 1 line 6).
+    """``(full_end, hi)``: the tile reads key blocks ``[0, hi)`` (FA2 Alg. 1 line 6), and blocks ``[0, full_end)``
+    are visible to every row of it, so only blocks ``>= full_end`` need the mask.
 
-    Bottom-right causal: row ``i`` sees key ``j`` iff ``j <= i + (N_K - N_Q)``.
+    Bottom-right causal: row ``i`` sees the keys ``j <= i + (N_K - N_Q)``, so the tile's first row
+    ``start_m`` sees ``start_m + N_K - N_Q + 1`` keys and its last row ``start_m + BLOCK_M - 1`` sees
+    ``start_m + BLOCK_M + N_K - N_Q`` (each clipped to ``[0, N_K]``).
     """
-    n_blocks = gl.cdiv(N_K, BLOCK_N)
+    first_row_keys = N_K
+    last_row_keys = N_K
     if CAUSAL:
-        offset = N_K - N_Q
-        hi = gl.minimum(gl.cdiv(gl.maximum(start_m + BLOCK_M + offset, 0), BLOCK_N), n_blocks)
-        full_end = gl.minimum(gl.maximum(start_m + offset + 1, 0) // BLOCK_N, hi)
-    else:
-        hi = n_blocks
-        full_end = N_K // BLOCK_N
-    return full_end, hi
+        first_row_keys = gl.minimum(gl.maximum(start_m + N_K - N_Q + 1, 0), N_K)
+        last_row_keys = gl.minimum(gl.maximum(start_m + BLOCK_M + N_K - N_Q, 0), N_K)
+    return first_row_keys // BLOCK_N, gl.cdiv(last_row_keys, BLOCK_N)
 
 
 @gluon.jit
@@ -145,10 +145,9 @@ def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
         s = gl.where(visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)                 # rescales the old l and O
     p = gl.exp2(s * qk_scale - m_use[:, None])
-    alpha = gl.exp2(m_i - m_use)
-    l_new = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_new
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
@@ -202,13 +201,13 @@ def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.con
                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    TURNS: gl.constexpr):
     """FA3 Algorithm 2 for one consumer (lecture 6 §10a); round ``r`` of matmul issues between the turn calls."""
-    dtype: gl.constexpr = q_smem.dtype
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)  # FA2 Alg. 1 line 5: m = -inf, l = 0, O = 0
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # S = Q K^T overwrites it (use_acc=False)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)  # P from registers
+    dtype: gl.constexpr = q_smem.dtype
     if hi > 0:
         mbarrier.wait(k_bars.index(0), _ready_phase(0, STAGES))
         if TURNS:
