@@ -179,9 +179,9 @@ check("a3.softmax", softmax)
 # ## Part 2 -- the FlashAttention-2 forward kernel, no mask
 #
 # Grid: `(cdiv(Nq, BLOCK_M), B * H)`. Program `(i, bh)` owns query rows `[i*BLOCK_M, (i+1)*BLOCK_M)` of
-# batch `bh // H`, head `bh % H`, and runs Algorithm 1's inner loop (lines 6-11) over key blocks of `BLOCK_N`
-# rows, then lines 12-15. In this part `Hq == Hkv` and there is no causal mask, but `Nq` and `Nk` may differ
-# (graded). Write two functions:
+# batch `bh // H`, head `bh % H` (the given `program_block` names them at the top of the kernel), and runs
+# Algorithm 1's inner loop (lines 6-11) over key blocks of `BLOCK_N` rows, then lines 12-15. In this part
+# `Hq == Hkv` and there is no causal mask, but `Nq` and `Nk` may differ (graded). Write two functions:
 #
 # * `_fwd_block(acc, m_i, l_i, q, k, v, allowed, qk_scale)`: lines 8-10 for one key block -- scores
 #   `S = Q K^T` in base-2 units, set to `-inf` where `allowed` is False, new running max, rescale factor
