@@ -8,6 +8,7 @@ Importing this module needs torch but no GPU; each function that times something
 from __future__ import annotations
 
 import re
+import statistics
 import time
 
 import torch
@@ -103,6 +104,33 @@ def rotated_rounds(fns: dict, rounds: int, timer, first_shift: int = 0) -> dict:
         for n in order[shift:] + order[:shift]:
             ms[n].append(timer(fns[n]))
     return ms
+
+
+def checked_rounds(fns: dict, flops: float, ref=None, *, rounds: int, timer, rel=None, err_chars: int = 300,
+                   skip=None, tol=None) -> dict:
+    """Each of ``fns`` run once (its error ``rel(out, ref)`` as ``rel_vs_cudnn`` when ``ref`` is given; an exception
+    is the row's ``error``, its last ``err_chars`` characters), then those that ran timed by ``rotated_rounds``:
+    per name the median ``ms``, ``tflops = flops / ms / 1e9`` and ``rounds_ms``. ``skip`` (name -> why) and an
+    error not below ``tol`` leave a row untimed, with ``error`` saying why."""
+    rel = rel_err if rel is None else rel
+    out = {n: {"error": f"not timed: {why}"} for n, why in (skip or {}).items() if n in fns}
+    for n, fn in fns.items():
+        if n in out:
+            continue
+        try:
+            o = fn()
+            o = o[0] if isinstance(o, tuple) else o
+            out[n] = {"rel_vs_cudnn": rel(o, ref) if ref is not None else None}
+            if tol is not None and ref is not None and not out[n]["rel_vs_cudnn"] < tol:   # NaN is not within it
+                out[n]["error"] = f"not timed: {out[n]['rel_vs_cudnn']:.3g} from the reference (bound {tol})"
+        except Exception as e:  # noqa: BLE001 - a failing implementation is a row, the others still run
+            out[n] = {"error": f"{type(e).__name__}: {str(e)[-err_chars:]}"}
+    sync()
+    ms = rotated_rounds({n: f for n, f in fns.items() if "error" not in out[n]}, rounds, timer)
+    for n, times in ms.items():
+        m = statistics.median(times)
+        out[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=times)
+    return out
 
 
 def both_ways(fns: dict, rounds: int, timer) -> tuple[dict, list]:
@@ -250,6 +278,20 @@ def profile_once(runs) -> None:
             fn()
             torch.cuda.synchronize()
             torch.cuda.cudart().cudaProfilerStop()
+
+
+def kernel_us(fn, reps: int = 20) -> dict:
+    """Per-kernel GPU time of ``fn`` (torch.profiler): ``{kernel name (60 chars): mean microseconds}`` over
+    ``reps`` eager calls after one warm-up call, kernels that took device time only."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    return {e.key[:60]: round(e.device_time_total / e.count, 2) for e in prof.key_averages()
+            if e.device_time_total > 0}
 
 
 def sdpa_bwd_timer(backend, q, k, v, do, causal):

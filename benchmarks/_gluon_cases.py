@@ -25,6 +25,28 @@ def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):
     return [torch.randn(*s, device="cuda", dtype=dtype) for s in shapes]
 
 
+def train_steps(shapes, d):
+    """For each ``(causal, N, B, Hq, Hkv)`` of ``shapes``: a training step's inputs and the step, yielded as
+    ``(causal, N, B, Hq, Hkv, leaves, step)``; fresh bf16 ``q, do (B, Hq, N, d)`` and ``k, v (B, Hkv, N, d)`` on the
+    GPU (in that order), ``leaves = [q, k, v]`` requiring grad; ``step(fn)`` clears their grads, runs
+    ``fn(q, k, v, causal).backward(do)`` and returns ``dq``. After each case it drops its own references and
+    empties torch's cache (what the caller still holds is freed when it lets go)."""
+    import torch
+    for causal, N, B, Hq, Hkv in shapes:
+        q, do = (torch.randn(B, Hq, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(B, Hkv, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        leaves = [x.requires_grad_(True) for x in (q, k, v)]
+
+        def step(fn, leaves=leaves, do=do, causal=causal):
+            for x in leaves:
+                x.grad = None
+            fn(*leaves, causal).backward(do)
+            return leaves[0].grad
+        yield causal, N, B, Hq, Hkv, leaves, step
+        del q, k, v, do, leaves, step
+        torch.cuda.empty_cache()
+
+
 def cudnn_attention(q, k, v, causal, gqa="native"):
     """SDPA's cuDNN backend on ``q (B, Hq, N, d)``, ``k, v (B, Hkv, N, d)``: with ``Hkv < Hq`` either natively
     (``enable_gqa=True``, ``gqa="native"``) or on K, V repeated per query head (``gqa="repeat"``: the repeat and,

@@ -45,3 +45,42 @@ def test_every_implementation_in_every_position_and_behind_several_others(names,
     if k >= 3 and rounds >= 2 * k:
         before = {n: {r[r.index(n) - 1] for r in per_round if r.index(n) > 0} for n in names}
         assert all(len(b) >= 2 for b in before.values()), before       # not always behind the same one
+
+
+CHECKED = """
+import json, sys
+import numpy as np
+from benchmarks._common import checked_rounds
+rng = np.random.default_rng(int(sys.argv[1]))
+ref = rng.standard_normal(40)
+noise = rng.standard_normal(40)
+def boom():
+    raise RuntimeError("x" * 50 + "tail")
+fns = {"exact": lambda: ref.copy(), "noisy": lambda: (ref + 1e-3 * noise, "lse"), "broken": boom}
+times = iter(float(t) for t in rng.permutation(np.arange(1, 100))[:12])
+rel = lambda a, b: float(np.linalg.norm(a - b) / np.linalg.norm(b))
+out = checked_rounds(fns, 6e9, ref, rounds=6, timer=lambda fn: next(times), rel=rel, err_chars=10)
+print(json.dumps({"out": out, "want_noisy": float(1e-3 * np.linalg.norm(noise) / np.linalg.norm(ref))}))
+"""
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_checked_rounds_errors_failures_and_medians(seed):
+    """``checked_rounds``: the error of each output (the first of a tuple) against ``ref``, a raising
+    implementation kept as an error row (its message cut to the last ``err_chars``) and left out of the timing,
+    the median over the rounds as ``ms`` and ``tflops = flops / ms / 1e9``."""
+    out = subprocess.run([sys.executable, "-c", CHECKED, str(seed)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout)
+    rows = got["out"]
+    assert rows["broken"] == {"error": "RuntimeError: " + ("x" * 50 + "tail")[-10:]}
+    assert rows["exact"]["rel_vs_cudnn"] == 0.0
+    assert abs(rows["noisy"]["rel_vs_cudnn"] - got["want_noisy"]) <= 1e-12 * got["want_noisy"]
+    for n in ("exact", "noisy"):
+        r = rows[n]
+        assert len(r["rounds_ms"]) == 6 and len(set(r["rounds_ms"])) == 6
+        assert r["ms"] == sorted(r["rounds_ms"])[2:4][0] / 2 + sorted(r["rounds_ms"])[2:4][1] / 2
+        assert abs(r["tflops"] - 6e9 / r["ms"] / 1e9) <= 1e-12 * r["tflops"]
+    assert sorted(rows["exact"]["rounds_ms"] + rows["noisy"]["rounds_ms"]) == sorted(set(
+        rows["exact"]["rounds_ms"] + rows["noisy"]["rounds_ms"]))

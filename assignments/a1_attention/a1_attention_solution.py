@@ -115,9 +115,9 @@ def online_softmax(x, block_size=128):
     block_size = positive_int(block_size, "block_size")
     ### BEGIN SOLUTION
     ct = acc_dtype(x)
-    n = x.shape[-1]
-    m = np.full(x.shape[:-1], -np.inf, dtype=ct)
-    l = np.zeros(x.shape[:-1], dtype=ct)
+    *rows, n = x.shape
+    m = np.full(rows, -np.inf, dtype=ct)  # running max of each row
+    l = np.zeros(rows, dtype=ct)          # running sum of exp(x - m) of each row
     for start in range(0, n, block_size):
         block = np.asarray(x[..., start:start + block_size], dtype=ct)
         m_new = np.maximum(m, block.max(axis=-1))

@@ -42,6 +42,8 @@
 
 # %% given="attention_inputs"
 
+# %% given="triton_program"
+
 # %% [markdown]
 # ## Warm-up (not graded) -- scale each row
 #
@@ -177,9 +179,9 @@ check("a3.softmax", softmax)
 # ## Part 2 -- the FlashAttention-2 forward kernel, no mask
 #
 # Grid: `(cdiv(Nq, BLOCK_M), B * H)`. Program `(i, bh)` owns query rows `[i*BLOCK_M, (i+1)*BLOCK_M)` of
-# batch `bh // H`, head `bh % H`, and runs Algorithm 1's inner loop (lines 6-11) over key blocks of `BLOCK_N`
-# rows, then lines 12-15. In this part `Hq == Hkv` and there is no causal mask, but `Nq` and `Nk` may differ
-# (graded). Write two functions:
+# batch `bh // H`, head `bh % H` (the given `program_block` names them at the top of the kernel), and runs
+# Algorithm 1's inner loop (lines 6-11) over key blocks of `BLOCK_N` rows, then lines 12-15. In this part
+# `Hq == Hkv` and there is no causal mask, but `Nq` and `Nk` may differ (graded). Write two functions:
 #
 # * `_fwd_block(acc, m_i, l_i, q, k, v, allowed, qk_scale)`: lines 8-10 for one key block -- scores
 #   `S = Q K^T` in base-2 units, set to `-inf` where `allowed` is False, new running max, rescale factor
@@ -237,10 +239,7 @@ def _flash_fwd_basic_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
 
     Stores ``o`` rows ``offs_m`` (lines 12, 14) and ``lse`` in natural log (lines 13, 15) into the contiguous
     ``(B*H, Nq)`` lse at ``lse_ptr + bh * Nq + offs_m``; rows past ``Nq`` are not stored."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // H, bh % H
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m, offs_m, bh, b, h = program_block(H, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q_base = q_ptr + b.to(tl.int64) * sqb + h * sqh
@@ -311,10 +310,7 @@ def _flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                       CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """FA2 Algorithm 1 for one (query block, batch*head) with GQA and a bottom-right causal mask; stores as the
     Part 2 kernel does, with ``o = 0`` and ``lse = -inf`` for rows that see no key."""
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // Hq, bh % Hq
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    start_m, offs_m, bh, b, h = program_block(Hq, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
     q_base = q_ptr + b.to(tl.int64) * sqb + h * sqh

@@ -34,6 +34,8 @@
 
 # %% given="attention_inputs"
 
+# %% given="triton_program"
+
 # %% [markdown]
 # The forward is given, in plain torch (it stores the `Nq x Nk` scores, which a FlashAttention forward never
 # does; it is here only so that Part 4 has something to differentiate). It returns exactly what your
@@ -129,10 +131,7 @@ def _bwd_dkdv(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
               Hq, Hkv, group, Nq, Nk, sm_scale,
               CAUSAL: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """dK_j, dV_j for one key block of one kv head (contiguous layouts), summed over the query heads of its group."""
-    start_n = tl.program_id(0) * BLOCK_N
-    bhk = tl.program_id(1)
-    b, hk = bhk // Hkv, bhk % Hkv
-    offs_n = start_n + tl.arange(0, BLOCK_N)
+    start_n, offs_n, bhk, b, hk = program_block(Hkv, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D)
     kv_ptrs = bhk.to(tl.int64) * Nk * D + offs_n[:, None] * D + offs_d[None, :]

@@ -170,6 +170,8 @@ check("a4.flash_decoding", flash_decoding)
 
 # %% given="merge_splits"
 
+# %% given="split_program"
+
 # %%
 def check_decode_tensors(q, k, v, seq_lens):
     """Given: validate torch inputs (same rules as ``check_decode_inputs``); return ``(B, Hq, Hkv, nmax, d)``."""
@@ -200,14 +202,9 @@ def _decode_split_kernel(q_ptr, k_ptr, v_ptr, lens_ptr, o_part_ptr, lse_part_ptr
                          Hkv, group, nmax, num_splits, chunk, qk_scale,
                          HAS_LENS: tl.constexpr, D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
     """Stage 1: one (sequence, kv head, split); all query heads of the GQA group in one tile."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b, hk = pid // Hkv, pid % Hkv
-    offs_g = tl.arange(0, BLOCK_G)
+    b, hk, split, heads, row_ok = split_program(Hkv, group, BLOCK_G)  # heads: the query heads of this kv head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    heads = hk * group + offs_g  # the query heads of this kv head
-    row_ok = offs_g < group
     ### BEGIN SOLUTION
     seq_len = nmax
     if HAS_LENS:

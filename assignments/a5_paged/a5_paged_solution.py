@@ -264,6 +264,8 @@ check("a5.paged_attention", paged_attention)
 
 # %% given="merge_splits"
 
+# %% given="split_program"
+
 # %%
 def check_paged_tensors(q, k_cache, v_cache, block_tables, seq_lens):
     """Given: validate the torch inputs of ``paged_decode``; return ``(B, Hq, Hkv, block_size, d)``."""
@@ -295,14 +297,9 @@ def _paged_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_part_ptr, l
                         Hkv, group, block_size, num_splits, chunk, qk_scale,
                         D: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr):
     """Stage 1 of paged decode: one (sequence, kv head, split), keys fetched through the block table."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    b, hk = pid // Hkv, pid % Hkv
-    offs_g = tl.arange(0, BLOCK_G)
+    b, hk, split, heads, row_ok = split_program(Hkv, group, BLOCK_G)  # heads: the query heads of this kv head
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D)
-    heads = hk * group + offs_g
-    row_ok = offs_g < group
     seq_len = tl.load(lens_ptr + b).to(tl.int32)
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
@@ -322,18 +319,17 @@ def _paged_split_kernel(q_ptr, k_ptr, v_ptr, tables_ptr, lens_ptr, o_part_ptr, l
         v = tl.load(v_ptr + blk[:, None] * svblk + slot[:, None] * svs + hk * svh + offs_d[None, :],
                     mask=ok[:, None], other=0.0)
         s = tl.where(ok[None, :], dot(q, tl.trans(k)) * qk_scale, float("-inf"))
+        # finite: the tile's first key (start_n < end) is visible to every row, so no -inf - (-inf) to guard
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - shift[:, None])
-        alpha = tl.exp2(m_i - shift)
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + dot(p.to(v.dtype), v)
         m_i = m_new
-    seen = l_i > 0.0
-    o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    lse2 = tl.where(seen, m_i + tl.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
+    l_safe = tl.where(l_i > 0.0, l_i, 1.0)  # a split past the sequence's end saw no key: o = 0, lse = -inf
+    lse2 = tl.where(l_i > 0.0, m_i + tl.log2(l_safe), float("-inf"))  # base 2
     row = (b.to(tl.int64) * Hkv * group + heads) * num_splits + split
-    tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], o, mask=row_ok[:, None])
+    tl.store(o_part_ptr + row[:, None] * D + offs_d[None, :], acc / l_safe[:, None], mask=row_ok[:, None])
     tl.store(lse_part_ptr + row, lse2, mask=row_ok)
     ### END SOLUTION
 

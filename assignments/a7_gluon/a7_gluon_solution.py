@@ -112,33 +112,19 @@ def _wait_scores(s):
 # %%
 @gluon.jit
 def _key_range(start_m, N_Q, N_K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Key blocks ``[0, hi)`` this query block reads; blocks ``>= full_end`` need the mask (FA2 Alg. 1 line 6).
+    """``(full_end, hi)``: the tile reads key blocks ``[0, hi)`` (FA2 Alg. 1 line 6), and blocks ``[0, full_end)``
+    are visible to every row of it, so only blocks ``>= full_end`` need the mask.
 
-    Bottom-right causal: row ``i`` sees key ``j`` iff ``j <= i + (N_K - N_Q)``.
+    Bottom-right causal: row ``i`` sees the keys ``j <= i + (N_K - N_Q)``, so the tile's first row
+    ``start_m`` sees ``start_m + N_K - N_Q + 1`` keys and its last row ``start_m + BLOCK_M - 1`` sees
+    ``start_m + BLOCK_M + N_K - N_Q`` (each clipped to ``[0, N_K]``).
     """
-    n_blocks = gl.cdiv(N_K, BLOCK_N)
+    first_row_keys = N_K
+    last_row_keys = N_K
     if CAUSAL:
-        offset = N_K - N_Q
-        hi = gl.minimum(gl.cdiv(gl.maximum(start_m + BLOCK_M + offset, 0), BLOCK_N), n_blocks)
-        full_end = gl.minimum(gl.maximum(start_m + offset + 1, 0) // BLOCK_N, hi)
-    else:
-        hi = n_blocks
-        full_end = N_K // BLOCK_N
-    return full_end, hi
-
-
-@gluon.jit
-def _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
-    """This CTA's query tile: ``(start_m, q_row0, kv_row0)``, the tile's first query row within its head and the
-    first rows of its (batch, query head) and of the kv head it reads (GQA: ``h // GROUP``) in the 2-D views.
-    Grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``; causal: the heaviest query blocks launch first (a shorter tail)."""
-    pid_m = gl.program_id(0)
-    if CAUSAL:
-        pid_m = gl.num_programs(0) - 1 - pid_m
-    pid_bh = gl.program_id(1)
-    b = pid_bh // H_Q
-    h = pid_bh % H_Q
-    return pid_m * BLOCK_M, pid_bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
+        first_row_keys = gl.minimum(gl.maximum(start_m + N_K - N_Q + 1, 0), N_K)
+        last_row_keys = gl.minimum(gl.maximum(start_m + BLOCK_M + N_K - N_Q, 0), N_K)
+    return first_row_keys // BLOCK_N, gl.cdiv(last_row_keys, BLOCK_N)
 
 
 @gluon.jit
@@ -159,48 +145,54 @@ def _online_softmax(s, m_i, l_i, j, full_end, start_m, N_Q, N_K, qk_scale,
         s = gl.where(visible, s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
     m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = gl.exp2(m_i - m_use)                 # rescales the old l and O
     p = gl.exp2(s * qk_scale - m_use[:, None])
-    alpha = gl.exp2(m_i - m_use)
-    l_new = l_i * alpha + gl.sum(p, axis=1)
-    return p, alpha, m_new, l_new
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
 @gluon.jit
 def _store_output(acc, m_i, l_i, O, LSE, o_row0, start_m, N_Q,
                   o_layout: gl.constexpr, BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr):
-    """FA2 Algorithm 1, lines 12-15: ``O_i = acc / l_i``, ``L_i = m_i + log l_i`` (0 and -inf for empty rows)."""
-    row_l: gl.constexpr = gl.SliceLayout(1, o_layout)
-    m_i = gl.convert_layout(m_i, row_l)
-    l_i = gl.convert_layout(l_i, row_l)
-    empty = l_i == 0.0
-    l_safe = gl.where(empty, 1.0, l_i)
-    o = acc / l_safe[:, None]
-    lse = gl.where(empty, float("-inf"), (m_i + gl.log2(l_safe)) * 0.6931471805599453)
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_l)
-    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
-    row_ok = offs_m < N_Q
+    """FA2 Algorithm 1, lines 12-15 for query rows ``start_m ..`` (those ``< N_Q``) of the head whose first row in
+    the 2-D ``O`` view is ``o_row0``: ``O_i = acc / l_i``, ``L_i = (m_i + log2 l_i) ln 2``; a row that saw no key
+    (``l_i = 0``) gets ``O_i = 0`` and ``L_i = -inf``."""
+    rows_l: gl.constexpr = gl.SliceLayout(1, o_layout)
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=rows_l)
+    in_range = offs_m < N_Q
     rows = (o_row0 + offs_m).to(gl.int64)
-    gl.store(LSE + rows, lse, mask=row_ok)
-    ptrs = O + rows[:, None] * HEAD_DIM + offs_d[None, :]
-    gl.store(ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & (offs_d[None, :] < HEAD_DIM))
+    l_i = gl.convert_layout(l_i, rows_l)
+    seen = l_i > 0.0
+    inv_l = gl.where(seen, 1.0 / gl.where(seen, l_i, 1.0), 0.0)
+    lse = gl.where(seen, (gl.convert_layout(m_i, rows_l) + gl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+    gl.store(LSE + rows, lse, mask=in_range)
+    cols = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, o_layout))
+    gl.store(O + rows[:, None] * HEAD_DIM + cols[None, :], (acc * inv_l[:, None]).to(O.dtype.element_ty),
+             mask=in_range[:, None] & (cols[None, :] < HEAD_DIM))
+
+
+@gluon.jit
+def _copy_when_free(desc, smem, bars, slot, row, free_phase, STAGES: gl.constexpr):
+    """One K or V tile into ring slot ``slot``: wait until both consumers released the slot (its empty barrier
+    ``STAGES + slot``, parity ``free_phase``), then a TMA copy of rows ``row ..`` that completes the slot's ready
+    barrier."""
+    mbarrier.wait(bars.index(STAGES + slot), free_phase)
+    mbarrier.expect(bars.index(slot), desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(desc, [row, 0], bars.index(slot), smem.index(slot))
 
 
 @gluon.jit
 def _ws_producer(desc_q, desc_k, desc_v, q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, q_row0, kv_row0,
                  start_m, hi, HALF: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The producer warp: both query halves, then K_t and V_t for t < hi, each once both consumers freed its slot."""
+    """The producer warp (one warp, 24 registers): the tile's two query halves, one per consumer, then K_t and V_t
+    for every key tile ``t < hi`` through the ring, each slot reused once your ``_empty_phase`` says it is free."""
     for w in gl.static_range(2):
         mbarrier.expect(q_bars.index(w), desc_q.block_type.nbytes)
         tma.async_copy_global_to_shared(desc_q, [q_row0 + start_m + w * HALF, 0], q_bars.index(w), q_smem.index(w))
     for t in range(hi):
         slot = t % STAGES
         free_phase = _empty_phase(t, STAGES)
-        mbarrier.wait(k_bars.index(STAGES + slot), free_phase)
-        mbarrier.expect(k_bars.index(slot), desc_k.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_k, [kv_row0 + t * BLOCK_N, 0], k_bars.index(slot), k_smem.index(slot))
-        mbarrier.wait(v_bars.index(STAGES + slot), free_phase)
-        mbarrier.expect(v_bars.index(slot), desc_v.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc_v, [kv_row0 + t * BLOCK_N, 0], v_bars.index(slot), v_smem.index(slot))
+        _copy_when_free(desc_k, k_smem, k_bars, slot, kv_row0 + t * BLOCK_N, free_phase, STAGES)
+        _copy_when_free(desc_v, v_smem, v_bars, slot, kv_row0 + t * BLOCK_N, free_phase, STAGES)
 
 
 @gluon.jit
@@ -209,13 +201,13 @@ def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.con
                    BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    TURNS: gl.constexpr):
     """FA3 Algorithm 2 for one consumer (lecture 6 §10a); round ``r`` of matmul issues between the turn calls."""
-    dtype: gl.constexpr = q_smem.dtype
     row_s: gl.constexpr = gl.SliceLayout(1, s_layout)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_s)  # FA2 Alg. 1 line 5: m = -inf, l = 0, O = 0
     l_i = gl.zeros([BLOCK_M], gl.float32, layout=row_s)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)  # S = Q K^T overwrites it (use_acc=False)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)  # P from registers
+    dtype: gl.constexpr = q_smem.dtype
     if hi > 0:
         mbarrier.wait(k_bars.index(0), _ready_phase(0, STAGES))
         if TURNS:
@@ -263,12 +255,14 @@ def _consumer_loop(q_smem, k_smem, v_smem, k_bars, v_bars, turn_bars, WG: gl.con
 def _consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, start_m, full_end, hi,
               N_Q, N_K, qk_scale, WG: gl.constexpr, HEAD_DIM: gl.constexpr, HALF: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr):
+    """Consumer warpgroup ``WG`` (4 warps): query rows ``start_m + WG * HALF ..`` of the tile, once their Q half
+    has arrived; the layouts are those of a 64-row WGMMA result (scores ``HALF x BLOCK_N``, output ``HALF x d``)."""
+    my_start = start_m + WG * HALF
+    mbarrier.wait(q_bars.index(WG), 0)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
-    my_start = start_m + WG * HALF
-    mbarrier.wait(q_bars.index(WG), 0)
     acc, m_i, l_i = _consumer_loop(q_smem.index(WG), k_smem, v_smem, k_bars, v_bars, turn_bars, WG, full_end, hi,
                                    my_start, N_Q, N_K, qk_scale, s_layout, o_layout, HALF, BLOCK_N, HEAD_DIM,
                                    STAGES, CAUSAL, TURNS)
@@ -279,26 +273,38 @@ def _consumer(q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE,
 def _fwd_pingpong_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_K, qk_scale,
                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, TURNS: gl.constexpr, num_warps: gl.constexpr):
-    """One CTA = one 128-row query tile: two consumer warpgroups of 64 rows and a producer warp."""
+    """One CTA = one 128-row query tile: two consumer warpgroups of 64 rows and a producer warp.
+
+    Grid ``(cdiv(N_Q, BLOCK_M), B * H_Q)``: axis 1 is ``bh = b * H_Q + h``, whose rows start at ``bh * N_Q`` in the
+    2-D views of Q and O and whose kv head ``h // GROUP`` (GQA) starts at ``(b * H_KV + h // GROUP) * N_K`` in K
+    and V. Causal: the query tiles with the most key blocks launch first (a shorter tail)."""
     HALF: gl.constexpr = BLOCK_M // 2
     dtype: gl.constexpr = desc_q.dtype
-    start_m, q_row0, kv_row0 = _tile_origin(H_Q, GROUP, N_Q, N_K, BLOCK_M, CAUSAL)
-    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    pid_m = gl.program_id(0)
+    if CAUSAL:
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    start_m = pid_m * BLOCK_M
+    q_row0 = bh * N_Q
+    kv_row0 = ((bh // H_Q) * (H_Q // GROUP) + (bh % H_Q) // GROUP) * N_K
+    # barriers: Q halves and turns (one arrival each); per ring slot "ready" (the TMA copy), then "empty"
+    # (count 2: both consumers release the slot)
     q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
-    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turn_bars.index(i), count=1)
+    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(k_bars.index(i), count=1)
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(k_bars.index(STAGES + i), count=2)
         mbarrier.init(v_bars.index(STAGES + i), count=2)
     fence_async_shared()
+    q_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_q.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
     full_end, hi = _key_range(start_m, N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     gl.warp_specialize([
         (_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, q_row0, start_m, full_end,

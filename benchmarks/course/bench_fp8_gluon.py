@@ -257,11 +257,9 @@ def predicted():
 
 
 def _stage_bench():
-    import statistics
     import torch
     from torch.nn.attention import SDPBackend
-    from benchmarks._common import matmul_tflops, rotated_rounds, sdpa
-    from benchmarks._common import rel_err as rel
+    from benchmarks._common import checked_rounds, matmul_tflops, sdpa
     from benchmarks._common import hopper_bench as bench
     from reference.triton.configs import FP8_GLUON_CONFIG, FP8_GLUON_SCHEDULE, Fp8GluonConfig
     from reference.triton.flash_fwd import forward_flops
@@ -279,31 +277,13 @@ def _stage_bench():
     print(f"matmul bf16 {res['matmul_bf16_TFLOPs']:.0f} TFLOP/s", flush=True)
 
     def timed(fns: dict, flops, ref_o, skip=None) -> dict:
-        """Each of ``fns`` (but those in ``skip``: name -> why) checked against ``ref_o`` once (within
-        ``BENCH_TOL``, or not timed), then timed in ``max(ROUNDS, len(fns))`` rounds, the order
-        rotated by one each round, median per implementation. (A kernel timed right after another heavy one ran
-        5-10% slower in the first runs: the card's clock drifts; rotating gives each implementation each
-        position.)"""
-        out = {n: {"error": f"not timed: {why}"} for n, why in (skip or {}).items() if n in fns}
+        """``_common.checked_rounds`` under ``no_grad``: each of ``fns`` (but those in ``skip``: name -> why) checked
+        against ``ref_o`` once (within ``BENCH_TOL``, or not timed), then timed in ``max(ROUNDS, len(fns))`` rounds,
+        the order rotated by one each round (a kernel timed right after another heavy one ran 5-10% slower in the
+        first runs: the card's clock drifts; rotating gives each implementation each position)."""
         with torch.no_grad():
-            for n, fn in fns.items():
-                if n in out:
-                    continue
-                try:
-                    o = fn()
-                    o = o[0] if isinstance(o, tuple) else o
-                    out[n] = {"rel_vs_cudnn": rel(o, ref_o)}
-                    if not out[n]["rel_vs_cudnn"] < BENCH_TOL:       # NaN is not within it either
-                        out[n]["error"] = f"not timed: {out[n]['rel_vs_cudnn']:.3g} from cuDNN (bound {BENCH_TOL})"
-                except Exception as e:  # noqa: BLE001
-                    out[n] = {"error": f"{type(e).__name__}: {str(e)[-400:]}"}
-            ms = rotated_rounds({n: f for n, f in fns.items() if "error" not in out[n]}, max(ROUNDS, len(fns)),
-                                bench)
-        for n in fns:
-            if ms.get(n):
-                m = statistics.median(ms[n])
-                out[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=ms[n])
-        return out
+            return checked_rounds(fns, flops, ref_o, rounds=max(ROUNDS, len(fns)), timer=bench, err_chars=400,
+                                  skip=skip, tol=BENCH_TOL)
 
     # 1. the schedule sweep at N = 8k (ring depth, key renumbering, turns, merged releases)
     N = 8192

@@ -19,12 +19,11 @@ The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 
-from benchmarks._common import RESULTS
+from benchmarks import results_parser
 
 SEQLENS = [2048, 4096, 8192, 16384]
 ROUNDS = 5  # timings per implementation: the fixed-order one, then rotated rounds (both directions)
@@ -44,12 +43,24 @@ def _stage_bench():
         return _timings()
 
 
+def _print_row(row: dict, options) -> None:
+    """One shape's line: each implementation's TFLOP/s of its first timing, its ratio to cuDNN and its gradient
+    error; then the ratios of the medians over all rounds."""
+    g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
+    gm = lambda n: row[n].get("tflops_rounds_median", float("nan"))  # noqa: E731
+    names = [n for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row]
+    print(f"causal={row['causal']!s:5} N={row['N']:5} H={row['H']}/{row['H_kv']}: cudnn {g('cudnn'):4.0f} TFLOP/s; "
+          + "; ".join(f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
+                      for n in names), flush=True)
+    print(f"    median of {ROUNDS} rotated rounds: " + "; ".join(f"{n} {gm(n) / gm('cudnn'):.2f}x" for n in names),
+          flush=True)
+
+
 def _timings():
-    import torch
     from torch.nn.attention import SDPBackend
     from benchmarks._common import rel_err as rel
     from benchmarks._common import rotated_rounds, sdpa
-    from benchmarks._gluon_cases import cudnn_attention
+    from benchmarks._gluon_cases import cudnn_attention, train_steps
     from benchmarks._common import hopper_bench as bench
     from reference.triton import flash_attention, flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
@@ -66,17 +77,8 @@ def _timings():
     shapes = [(c, N, TOKENS // N, HIDDEN // D, HIDDEN // D) for c in (False, True) for N in SEQLENS]
     shapes += [(c, N, B) + GQA_HEADS for c, N, B in GQA_ROWS]
     out = []
-    for causal, N, B, H, Hkv in shapes:
-        q, do = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        k, v = (torch.randn(B, Hkv, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        leaves = [x.requires_grad_(True) for x in (q, k, v)]
+    for causal, N, B, H, Hkv, leaves, step in train_steps(shapes, D):
         flops = 3.5 * forward_flops(B, H, N, N, D, causal)
-
-        def step(fn):
-            for x in leaves:
-                x.grad = None
-            fn(*leaves, causal).backward(do)
-
         row = {"N": N, "B": B, "H": H, "H_kv": Hkv, "causal": causal}
         ref = None
         for name, fn in (impls if Hkv == H else gqa_impls).items():
@@ -95,23 +97,13 @@ def _timings():
         for n, extra in more.items():
             rounds = [row[n]["ms"], *extra]
             row[n].update(rounds_ms=rounds, tflops_rounds_median=flops / statistics.median(rounds) / 1e9)
-        g = lambda n: row[n].get("tflops", float("nan"))  # noqa: E731
-        gm = lambda n: row[n].get("tflops_rounds_median", float("nan"))  # noqa: E731
-        print(f"causal={causal!s:5} N={N:5} H={H}/{Hkv}: cudnn {g('cudnn'):4.0f} TFLOP/s; " + "; ".join(
-            f"{n} {g(n):4.0f} ({g(n) / g('cudnn'):.2f}x, grad err {row[n].get('grad_rel_vs_cudnn', -1):.0e})"
-            for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row), flush=True)
-        print(f"    median of {ROUNDS} rotated rounds: " + "; ".join(
-            f"{n} {gm(n) / gm('cudnn'):.2f}x" for n in ("cudnn_repeat", "triton", "gluon", *options) if n in row),
-            flush=True)
+        _print_row(row, options)
         out.append(row)
-        del q, k, v, do, leaves, ref
-        torch.cuda.empty_cache()
     return out
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
+    ap = results_parser(__doc__)
     ap.add_argument("--stage", default="all", help="all | bench")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args(argv)

@@ -23,11 +23,7 @@ FlashAttention convention (4 B H N^2 d, halved causal; x 3.5 for the training st
 """
 from __future__ import annotations
 
-import argparse
-import statistics
-
-from benchmarks import write_json
-from benchmarks._common import RESULTS
+from benchmarks import results_parser, write_json
 
 ROUNDS = 5
 TOKENS, HIDDEN = 16384, 2048
@@ -44,25 +40,10 @@ TRAIN_ROWS = [(True, 8192, 2), (True, 32768, 1)]
 
 def rotated(fns: dict, flops: float, ref=None) -> dict:
     """Each of ``fns`` run once (error vs ``ref`` if given), then timed in ``ROUNDS`` rotated rounds: median ms,
-    TFLOP/s, the round times."""
-    import torch
-    from benchmarks._common import rel_err, rotated_rounds
+    TFLOP/s, the round times (``_common.checked_rounds``)."""
+    from benchmarks._common import checked_rounds
     from benchmarks._common import hopper_bench as bench
-    out = {}
-    for n, fn in fns.items():
-        try:
-            o = fn()
-            o = o[0] if isinstance(o, tuple) else o
-            out[n] = {"rel_vs_cudnn": rel_err(o, ref) if ref is not None else None}
-        except Exception as e:  # noqa: BLE001
-            out[n] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
-    torch.cuda.synchronize()
-    names = [n for n in fns if "error" not in out[n]]
-    ms = rotated_rounds({n: fns[n] for n in names}, ROUNDS, bench)
-    for n in names:
-        m = statistics.median(ms[n])
-        out[n].update(ms=m, tflops=flops / m / 1e9, rounds_ms=ms[n])
-    return out
+    return checked_rounds(fns, flops, ref, rounds=ROUNDS, timer=bench)
 
 
 def _ratios(row: dict, base: str, names) -> str:
@@ -127,26 +108,15 @@ def fp8_rows() -> list:
 
 
 def train_rows() -> list:
-    import torch
-    from benchmarks._gluon_cases import cudnn_attention
+    from benchmarks._gluon_cases import cudnn_attention, train_steps
     from reference.triton import flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
     Hq, Hkv, d = 32, 8, 128
     rows = []
-    for causal, N, B in TRAIN_ROWS:
-        q, do = (torch.randn(B, Hq, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        k, v = (torch.randn(B, Hkv, N, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        leaves = [x.requires_grad_(True) for x in (q, k, v)]
+    for causal, N, B, _, _, leaves, step in train_steps([(c, N, B, Hq, Hkv) for c, N, B in TRAIN_ROWS], d):
         impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"),
                  **{f"gluon_{name}": (lambda loop: lambda q, k, v, c: flash_attention_gluon(q, k, v, c, key_loop=loop))(
                      loop) for name, loop in KEY_LOOPS.items() if name != "peeled_fence"}}
-
-        def step(fn):
-            for x in leaves:
-                x.grad = None
-            fn(*leaves, causal).backward(do)
-            return leaves[0].grad
-
         ref = step(impls["cudnn"]).clone()
         fns = {n: (lambda fn: lambda: step(fn))(fn) for n, fn in impls.items()}
         row = {"causal": causal, "N": N, "B": B, "H": Hq, "H_kv": Hkv, "d": d,
@@ -154,14 +124,11 @@ def train_rows() -> list:
         print(f"train GQA {Hq}/{Hkv} causal={causal} N={N}: " + _ratios(row, "cudnn", ("gluon_off", "gluon_fence")),
               flush=True)
         rows.append(row)
-        del q, k, v, do, leaves, ref
-        torch.cuda.empty_cache()
     return rows
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
+    ap = results_parser(__doc__)
     ap.add_argument("--parts", default="bf16,fp8,train", help="comma-separated: bf16, fp8, train")
     args = ap.parse_args(argv)
     from benchmarks._common import gpu_tag, run_meta

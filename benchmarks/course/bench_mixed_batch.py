@@ -342,20 +342,13 @@ def _cascade(log, copy_bw):
 
 
 def _kernel_us(fns: dict, log) -> dict:
-    """Per-kernel GPU time (torch.profiler, mean of 10 eager calls) of each of ``fns``: an added measurement beside
-    the graph times, saying which launch of a path the microseconds go to."""
-    from torch.profiler import ProfilerActivity, profile
+    """Per-kernel GPU time (``_common.kernel_us``: torch.profiler, mean of 10 eager calls) of each of ``fns``: an
+    added measurement beside the graph times, saying which launch of a path the microseconds go to."""
+    from benchmarks._common import kernel_us
     out = {}
     for name, f in fns.items():
         try:
-            f()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(10):
-                    f()
-                torch.cuda.synchronize()
-            out[name] = {e.key[:60]: round(e.device_time_total / e.count, 2) for e in prof.key_averages()
-                         if e.device_time_total > 0}
+            out[name] = kernel_us(f, reps=10)
         except Exception as exc:  # noqa: BLE001 - an added measurement never costs the benchmark
             out[name] = {"error": repr(exc)[:200]}
         log(f"    kernels {name}: " + ", ".join(f"{k[:36]} {t}" for k, t in out[name].items()))

@@ -54,18 +54,6 @@ def oracle_decode(q, k, v):
     return torch.einsum("bhgn,bhnd->bhgd", torch.softmax(s, -1), v.double()).reshape(B, hq, d)
 
 
-def kernel_us(fn, name_part="_split_kv_kernel"):
-    from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
-            fn()
-        torch.cuda.synchronize()
-    ev = [e for e in prof.key_averages() if e.device_time_total > 0]
-    return {e.key[:60]: round(e.device_time_total / e.count, 2) for e in ev}
-
-
 DECODE_VARIANTS = {
     "ptr_64_4_4": DecodeConfig(64, 4, 4),
     "tma_64_4_4": DecodeConfig(64, 4, 4, use_tma=True),
@@ -123,7 +111,7 @@ def decode_section(log, copy_bw, res):
             row["rel_err_after"] = float((out2.double() - ref).norm() / ref.norm())
             assert row["rel_err_after"] < 1e-2, row
             row["frac_copy_graph"] = kv_bytes / (min(row["us_graph"]) * 1e-6) / copy_bw
-            row["kernels_us"] = kernel_us(fns[0])
+            row["kernels_us"] = _common.kernel_us(fns[0])
             log(f"  decode {name}: graph {' '.join(f'{t:.1f}' for t in row['us_graph'])} us "
                 f"({row['frac_copy_graph']:.3f} of copy), kernels {row['kernels_us']}, err {row['rel_err_vs_fp64']:.1e}")
         except Exception as exc:  # noqa: BLE001
