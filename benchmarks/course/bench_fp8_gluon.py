@@ -223,7 +223,7 @@ def variant_plan(failed: set) -> list[dict]:
         bad = sorted(set(need) & set(failed))
         plan.append({"name": f"s{stages}_p{int(permuted)}_t{int(turns)}_m{int(merged)}_r{split}"
                              + ("_peeled" if peeled else "") + ("_fence" if fence else ""),
-                     "config": Fp8GluonConfig(num_stages=stages), "schedule": sch, "permuted": permuted, "need": need,
+                     "config": list(Fp8GluonConfig(num_stages=stages).as_tuple()), "schedule": sch, "permuted": permuted, "need": need,
                      "covered": covered, "skip": f"the check of {', '.join(bad)} did not pass" if bad else ""})
     return plan
 
@@ -299,9 +299,10 @@ def _stage_bench():
             if var["skip"]:
                 fns[var["name"]], skip[var["name"]] = None, var["skip"]
                 continue
-            x = fg.prepare_fp8_gluon(q, k, v, causal=causal, config=var["config"], permuted=var["permuted"])
+            cfg = Fp8GluonConfig.from_tuple(var["config"])
+            x = fg.prepare_fp8_gluon(q, k, v, causal=causal, config=cfg, permuted=var["permuted"])
             fns[var["name"]] = (
-                lambda x=x, cfg=var["config"], sch=var["schedule"]: fg.attention_fp8_gluon(x, cfg, schedule=sch))
+                lambda x=x, cfg=cfg, sch=var["schedule"]: fg.attention_fp8_gluon(x, cfg, schedule=sch))
         r = timed(fns, flops, ref_o, skip)
         for var, (stages, permuted, turns, merged, split, peeled, fence) in zip(plan, VARIANTS):
             name = var["name"]
