@@ -43,10 +43,10 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ._aot import compile_gluon, descriptor_signature, resource_usage, sass_text
-from .common import LOG2E_F, init_ring_barriers, tile_descriptor
+from .common import LOG2E_F, pingpong_buffers, tile_descriptor
 from .flash_gluon import (PINGPONG_MAXNREG, attend_overlapped, check_gluon_config, key_range, persistent_grid,
                           ws_constexprs)
 
@@ -261,25 +261,12 @@ def paged_prefill_ws_kernel(desc_q, desc_k, desc_v, O, LSE, CU_Q, SEQ_LENS, BT, 
                             num_warps: gl.constexpr):
     """Grid = min(work items, SMs), persistent (``flash_gluon.fwd_ws_persistent_kernel``'s partitions and rings;
     the producer reads the block table)."""
-    HALF: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = desc_q.dtype
     if CAUSAL:
         n_items = B * H_Q * ((n_m + 1) // 2)
     else:
         n_items = B * H_Q * n_m
-    q_smem = gl.allocate_shared_memory(dtype, [4, HALF, HEAD_DIM], desc_q.layout)  # 2 buffers x 2 halves
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())  # ready x4, then free x4
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
-    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(8):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn_bars.index(i), count=1)
-    init_ring_barriers(k_bars, v_bars, STAGES, 2)
-    fence_async_shared()
+    q_smem, k_smem, v_smem, q_bars, turn_bars, k_bars, v_bars = pingpong_buffers(desc_q, desc_k, desc_v, HEAD_DIM,
+                                                                                  BLOCK_M, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_paged_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, CU_Q, SEQ_LENS,
                            n_items, n_m, H_Q, TOTAL_Q, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
