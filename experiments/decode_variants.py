@@ -15,10 +15,11 @@ were tried on it (notes/triton_decode.md, notes/serving_perf.md "Decode at 32k a
   does not matter), instead of one fixed contiguous range; fast programs take more chunks.
 
 ``_split_kv_variant_kernel`` is the course kernel's stage 1 (its key loop ``key_range`` and merges ``merge_if_last``,
-``fused_merge``, ``merge_states``, and its split bounds, query tile and partial write ``split_bounds``,
-``group_query``, ``store_split``) with these three switches; ``flash_decode_variant`` runs it with
-``flash_decode``'s arguments and checks. The tests compare it with ``flash_decode`` and the float64 oracle
-(``tests/test_triton_decode_variants.py``). Nothing in ``reference/`` imports this module.
+``fused_merge``, ``merge_states``, and its program ids, split bounds, query tile and partial write
+``split_program``, ``split_bounds``, ``group_query``, ``store_split``) with these three switches;
+``flash_decode_variant`` runs it with ``flash_decode``'s arguments and checks. The tests compare it with
+``flash_decode`` and the float64 oracle (``tests/test_triton_decode_variants.py``). Nothing in ``reference/``
+imports this module.
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from reference.triton import _device, decode
 from reference.triton._fastlaunch import TicketCounters
 from reference.triton.configs import DecodeConfig
 from reference.triton.decode import (fused_merge, group_query, key_range, merge_if_last, merge_states, split_bounds,
-                                     store_split)
+                                     split_program, store_split)
 
 __all__ = ["DecodeVariant", "flash_decode_variant", "compile_variant"]
 
@@ -124,11 +125,7 @@ def _split_kv_variant_kernel(
     if PDL:  # programmatic dependent launch (Hopper): let the next kernel launch now; wait for the previous one
         gdc_launch_dependents()  # before touching memory (its writes: q, the K/V cache, our ticket counters)
         gdc_wait()
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
-    b64 = b.to(tl.int64)
+    pid_s, pid_bh, b, b64, kvh = split_program(n_kv_heads)
     seq_len, n_blocks, start, end = split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N, HAS_SEQLENS)
     q, heads, row_ok, m_i, l_i, acc = group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM, BLOCK_M)
     if CHUNK_BLOCKS > 0:

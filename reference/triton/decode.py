@@ -155,6 +155,16 @@ def merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_h
 
 
 @triton.jit
+def split_program(n_kv_heads):
+    """Stage 1's program in the grid ``(num_splits, B * Hkv)``: its split, its (batch, kv head) pair, the batch
+    (and as int64, for offsets) and the kv head: one split of FA2 Algorithm 1's outer loop over ``Q_i`` (line 3)."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    return pid_s, pid_bh, b, b.to(tl.int64), pid_bh % n_kv_heads
+
+
+@triton.jit
 def split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N: tl.constexpr, HAS_SEQLENS: tl.constexpr):
     """Sequence ``b``'s key count, its key blocks and split ``pid_s``'s keys ``[start, end)``: the key blocks
     ``j = 1 .. T_c`` of FA2 Algorithm 1's loop (line 6), divided evenly over the splits; surplus splits get none."""
@@ -223,11 +233,7 @@ def _split_kv_kernel(
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
     """Stage 1: partial attention of one GQA group over one split of the keys (FA2 Alg. 1 lines 8-10)."""
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
-    b64 = b.to(tl.int64)
+    pid_s, pid_bh, b, b64, kvh = split_program(n_kv_heads)
     _, _, start, end = split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N, HAS_SEQLENS)
     q, heads, row_ok, m_i, l_i, acc = group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM, BLOCK_M)
     m_i, l_i, acc = key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
