@@ -108,6 +108,27 @@ def two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounte
 
 
 @triton.jit
+def _merge_splits(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
+                  n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
+                  MERGE_CHUNK_S: tl.constexpr, MERGE_GROUP: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                  FUSED: tl.constexpr, DIRECT_OUT: tl.constexpr):
+    """After the partial write, with the fused merge: in one level (``merge_if_last``; its merging program also
+    resets the chunk counter) or in two (``two_level_merge``)."""
+    if FUSED and not DIRECT_OUT:
+        tl.debug_barrier()  # every thread's partial stores before the ticket (acq_rel publishes them)
+        if MERGE_GROUP == 0:
+            last = merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits,
+                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
+            if CHUNK_BLOCKS > 0:
+                if last:  # every program of this kv head has left its chunk loop
+                    tl.atomic_xchg(ChunkCounters + pid_bh, 0)
+        else:
+            two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
+                            kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
+                            MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
+
+
+@triton.jit
 def _split_kv_variant_kernel(
     Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
@@ -144,19 +165,10 @@ def _split_kv_variant_kernel(
                                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
                                   n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
     store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
-                 stride_ob, stride_oh, HEAD_DIM, DIRECT_OUT)
-    if FUSED and not DIRECT_OUT:
-        tl.debug_barrier()  # every thread's partial stores before the ticket (acq_rel publishes them)
-        if MERGE_GROUP == 0:
-            last = merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits,
-                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
-            if CHUNK_BLOCKS > 0:
-                if last:  # every program of this kv head has left its chunk loop
-                    tl.atomic_xchg(ChunkCounters + pid_bh, 0)
-        else:
-            two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
-                            kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
-                            MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
+                stride_ob, stride_oh, HEAD_DIM, DIRECT_OUT)
+    _merge_splits(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
+                  n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S, MERGE_GROUP,
+                  CHUNK_BLOCKS, FUSED, DIRECT_OUT)
 
 
 #: the variant's ticket counters: per (batch, kv head), per merge group, and the chunk counters
