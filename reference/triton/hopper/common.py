@@ -75,6 +75,30 @@ def init_ring_barriers(k_bars, v_bars, STAGES: gl.constexpr, CONSUMERS: gl.const
 
 
 @gluon.jit
+def item_tile(item, sub, n_m, CAUSAL: gl.constexpr):
+    """Query tile ``sub`` of a persistent kernel's work item ``item``, with ``n_m`` query tiles per (batch, head)
+    -> ``(bh, pid_m, paired)``: the (batch, head) index, the query tile and whether the item runs it.
+
+    Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
+    time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
+    tile; measured at 0.54-0.59x cuDNN at N = 2k, notes/hopper.md section 1c.) Non-causal: one tile per item.
+    Causal: item ``i`` of a head pairs query block ``n_m - 1 - i`` (the most key blocks) with block ``i`` (the
+    fewest), so every item costs about ``n_m + 1`` key blocks and a static round-robin over items is balanced.
+    """
+    if CAUSAL:
+        per_head = (n_m + 1) // 2
+    else:
+        per_head = n_m
+    i = item % per_head
+    if CAUSAL:
+        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
+    else:
+        pid_m = i
+    # an odd n_m's middle block is sub 0 of its item only
+    return item // per_head, pid_m, (sub == 0) | (pid_m < n_m - 1 - pid_m)
+
+
+@gluon.jit
 def pingpong_buffers(desc_q, desc_k, desc_v, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     """A persistent ping-pong CTA's shared memory and barriers (FA3 Algorithm 1's circular buffers, the two

@@ -50,7 +50,7 @@ from .. import configs
 from .._checks import check_flag, check_gluon_device, check_gluon_inputs
 from ..configs import HOPPER_SMEM, GluonForwardConfig
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, load_q_halves, pingpong_buffers, store_output, tile_descriptor
+from .common import LOG2E_F, item_tile, load_q_halves, pingpong_buffers, store_output, tile_descriptor
 
 # The CTA tile is a ``configs.GluonForwardConfig`` (default ``configs.GLUON_FORWARD``: 128 query rows, two consumer
 # warpgroups of 64 with 4 warps each, 128-key K/V slots, 2 stages); ``check_gluon_config`` says which values the
@@ -274,25 +274,8 @@ def produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, 
 @gluon.jit
 def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as ``tile_origin`` of the
-    one-tile kernels in experiments/gluon_schedules.py).
-
-    Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
-    time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
-    tile; measured at 0.54-0.59x cuDNN at N = 2k, notes/hopper.md section 1c.) Non-causal: one tile per item.
-    Causal: item ``i`` of a head pairs query block ``n_m - 1 - i`` (the most key blocks) with block ``i`` (the
-    fewest), so every item costs about ``n_m + 1`` key blocks and a static round-robin over items is balanced.
-    """
-    if CAUSAL:
-        per_head = (n_m + 1) // 2
-    else:
-        per_head = n_m
-    bh = item // per_head
-    i = item % per_head
-    if CAUSAL:
-        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
-    else:
-        pid_m = i
-    valid = (sub == 0) | (pid_m < n_m - 1 - pid_m)  # an odd n_m's middle block is sub 0 of its item only
+    one-tile kernels in experiments/gluon_schedules.py), in ``common.item_tile``'s order."""
+    bh, pid_m, valid = item_tile(item, sub, n_m, CAUSAL)
     b = bh // H_Q
     h = bh % H_Q
     return valid, pid_m * BLOCK_M, bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K

@@ -46,7 +46,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ._aot import compile_gluon, descriptor_signature, resource_usage, sass_text
-from .common import LOG2E_F, pingpong_buffers, tile_descriptor
+from .common import LOG2E_F, item_tile, pingpong_buffers, tile_descriptor
 from .flash_gluon import (PINGPONG_MAXNREG, attend_overlapped, check_gluon_config, key_range, persistent_grid,
                           ws_constexprs)
 
@@ -90,26 +90,17 @@ def gluon_paged_ok(q, k_cache, config=None) -> str | None:
 def _paged_item(item, sub, n_m, H_Q, CU_Q, SEQ_LENS, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """Query tile ``sub`` of work item ``item`` -> ``(valid, b, h, start_m, q_start, n_q, n_k)``.
 
-    ``flash_gluon._work_item``'s order with a uniform ``n_m = cdiv(max_q, BLOCK_M)`` tiles per (request, head):
+    ``common.item_tile``'s order with a uniform ``n_m = cdiv(max_q, BLOCK_M)`` tiles per (request, head):
     head-major, a causal item pairs tile ``n_m - 1 - i`` with tile ``i``. A tile past its request's chunk
     (``start_m >= n_q``) is not valid."""
-    if CAUSAL:
-        per_head = (n_m + 1) // 2
-    else:
-        per_head = n_m
-    bh = item // per_head
-    i = item % per_head
-    if CAUSAL:
-        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
-    else:
-        pid_m = i
+    bh, pid_m, paired = item_tile(item, sub, n_m, CAUSAL)
     b = bh // H_Q
     h = bh % H_Q
     q_start = gl.load(CU_Q + b)
     n_q = gl.load(CU_Q + b + 1) - q_start
     n_k = gl.load(SEQ_LENS + b)
     start_m = pid_m * BLOCK_M
-    valid = ((sub == 0) | (pid_m < n_m - 1 - pid_m)) & (start_m < n_q)
+    valid = paired & (start_m < n_q)
     return valid, b, h, start_m, q_start, n_q, n_k
 
 
