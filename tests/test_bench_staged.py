@@ -10,6 +10,9 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+from benchmarks._staged import run_child, stage_parser
 from tests.common import run_smoke
 
 
@@ -73,3 +76,19 @@ def test_fp8_gluon_check_names_what_failed_and_the_bench_times_only_what_passed(
     assert not any(v["skip"] for v in got["all_pass"])
     # a variant is float64-checked only at the pinned ring depth with a schedule the check ran
     assert any(v["covered"] for v in plan) and not all(v["covered"] for v in plan)
+
+
+def test_stage_parser_and_run_child_hand_a_stage_its_result_line(capsys):
+    """A staged script's arguments (``stage_parser``) and a child's part (``run_child``): the parent (``all``) runs
+    nothing; a child runs its stage only and prints the ``RESULT`` line ``run_stage`` reads back."""
+    ap = stage_parser("Title line.\nmore", ["check", "bench"], "/tmp/r", 150, "seconds per stage (bench gets 2x)")
+    args = ap.parse_args([])
+    assert (args.out, args.stage, args.stages, args.timeout) == ("/tmp/r", "all", "check,bench", 150)
+    assert ap.description == "Title line."
+    ran = []
+    fns = {"check": lambda: ran.append("check") or {"n": 1}, "bench": lambda: ran.append("bench") or [2.5]}
+    assert run_child("all", fns) is False and ran == [] and capsys.readouterr().out == ""
+    assert run_child(ap.parse_args(["--stage", "bench"]).stage, fns) is True and ran == ["bench"]
+    assert capsys.readouterr().out.splitlines()[-1] == "RESULT [2.5]"
+    with pytest.raises(KeyError):
+        run_child("retime", fns)
