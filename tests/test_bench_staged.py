@@ -10,9 +10,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-from benchmarks._staged import run_child, stage_parser
 from tests.common import run_smoke
 
 
@@ -78,17 +75,34 @@ def test_fp8_gluon_check_names_what_failed_and_the_bench_times_only_what_passed(
     assert any(v["covered"] for v in plan) and not all(v["covered"] for v in plan)
 
 
-def test_stage_parser_and_run_child_hand_a_stage_its_result_line(capsys):
+STAGE_ARGS = """
+import json, sys
+from benchmarks._staged import run_child, stage_parser
+ap = stage_parser("Title line.\\nmore", ["check", "bench"], "/tmp/r", 150, "seconds per stage (bench gets 2x)")
+a = ap.parse_args(sys.argv[1:])
+ran = []
+fns = {"check": lambda: ran.append("check") or {"n": 1}, "bench": lambda: ran.append("bench") or [2.5]}
+try:
+    done = run_child(a.stage, fns)
+except KeyError as e:
+    done = "KeyError " + str(e)
+print("PARSED " + json.dumps([ap.description, a.out, a.stage, a.stages, a.timeout, done, ran]))
+"""
+
+
+def _stage_args(*argv):
+    out = subprocess.run([sys.executable, "-c", STAGE_ARGS, *argv], cwd=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()
+
+
+def test_stage_parser_and_run_child_hand_a_stage_its_result_line():
     """A staged script's arguments (``stage_parser``) and a child's part (``run_child``): the parent (``all``) runs
     nothing; a child runs its stage only and prints the ``RESULT`` line ``run_stage`` reads back."""
-    ap = stage_parser("Title line.\nmore", ["check", "bench"], "/tmp/r", 150, "seconds per stage (bench gets 2x)")
-    args = ap.parse_args([])
-    assert (args.out, args.stage, args.stages, args.timeout) == ("/tmp/r", "all", "check,bench", 150)
-    assert ap.description == "Title line."
-    ran = []
-    fns = {"check": lambda: ran.append("check") or {"n": 1}, "bench": lambda: ran.append("bench") or [2.5]}
-    assert run_child("all", fns) is False and ran == [] and capsys.readouterr().out == ""
-    assert run_child(ap.parse_args(["--stage", "bench"]).stage, fns) is True and ran == ["bench"]
-    assert capsys.readouterr().out.splitlines()[-1] == "RESULT [2.5]"
-    with pytest.raises(KeyError):
-        run_child("retime", fns)
+    lines = _stage_args()
+    assert lines == ["PARSED " + json.dumps(["Title line.", "/tmp/r", "all", "check,bench", 150, False, []])]
+    lines = _stage_args("--stage", "bench", "--timeout", "7")
+    assert lines[0] == "RESULT [2.5]"
+    assert json.loads(lines[1][len("PARSED "):])[2:] == ["bench", "check,bench", 7, True, ["bench"]]
+    assert json.loads(_stage_args("--stage", "retime")[-1][len("PARSED "):])[5] == "KeyError 'retime'"
