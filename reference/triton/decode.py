@@ -156,8 +156,9 @@ def merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_h
 
 @triton.jit
 def split_program(n_kv_heads):
-    """Stage 1's program in the grid ``(num_splits, B * Hkv)``: its split, its (batch, kv head) pair, the batch
-    (and as int64, for offsets) and the kv head: one split of FA2 Algorithm 1's outer loop over ``Q_i`` (line 3)."""
+    """Stage 1's program in the grid ``(num_splits, B * Hkv)`` -> ``(split, batch x kv head, batch, batch as int64
+    for offsets, kv head)``: the (batch, kv head) picks the query rows (FA2 Algorithm 1's outer loop, line 3, one
+    program per GQA group), the split a part of its key loop (line 6)."""
     pid_s = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = pid_bh // n_kv_heads
@@ -200,8 +201,8 @@ def group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM: tl.constexpr
 @triton.jit
 def store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
                 stride_ob, stride_oh, HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr):
-    """FA2 Algorithm 1, lines 12-13: ``o = acc / l`` and ``lse = m + log2 l``; one split writes the output,
-    several their partial ``(o_s, lse_s)`` (base 2) for the merge."""
+    """FA2 Algorithm 1, lines 12-15: ``o = acc / l`` and ``lse = m + log2 l``, written; one split writes the
+    output, several their partial ``(o_s, lse_s)`` (base 2) for the merge."""
     l_safe = tl.where(l_i > 0, l_i, 1.0)
     o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
     offs_d = tl.arange(0, HEAD_DIM)
