@@ -15,6 +15,7 @@ starts reports its compilations too if it calls ``mark_compiles`` (``marked_pyth
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -136,6 +137,27 @@ def run_stage(module: str, stage: str, limit: float, env: dict, cwd: str, stats:
     if not why:
         print(stderr[-4000:], flush=True)
     return out
+
+
+def stage_parser(doc: str, stages: list[str], results: str, timeout: int = 200,
+                 timeout_help: str = "seconds per stage") -> argparse.ArgumentParser:
+    """The arguments of a staged script (its docstring's first line as description): ``--out`` (``results``),
+    ``--stage`` (``all`` is the parent, a stage name a child), ``--stages`` (default ``stages``), ``--timeout``."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--out", default=str(results))
+    ap.add_argument("--stage", default="all", help=" | ".join(["all", *stages]))
+    ap.add_argument("--stages", default=",".join(stages))
+    ap.add_argument("--timeout", type=int, default=timeout, help=timeout_help)
+    return ap
+
+
+def run_child(stage: str, stage_fns: dict) -> bool:
+    """A child's part (``stage`` is not ``all``): run ``stage_fns[stage]()`` and print ``RESULT <json>`` last, the
+    line ``run_stage`` reads. Returns whether it ran (False in the parent)."""
+    if stage == "all":
+        return False
+    print("RESULT " + json.dumps(stage_fns[stage]()), flush=True)
+    return True
 
 
 def run_stages(module: str, stages: list[str], limit_of, res: dict, path: str, env_of=None) -> dict:

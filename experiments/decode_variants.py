@@ -15,10 +15,11 @@ were tried on it (notes/triton_decode.md, notes/serving_perf.md "Decode at 32k a
   does not matter), instead of one fixed contiguous range; fast programs take more chunks.
 
 ``_split_kv_variant_kernel`` is the course kernel's stage 1 (its key loop ``key_range`` and merges ``merge_if_last``,
-``fused_merge``, ``merge_states``; the split bounds, the query tile and the partial write as helpers here, which the
-course kernel keeps inline) with these three switches; ``flash_decode_variant`` runs it with
-``flash_decode``'s arguments and checks. The tests compare it with ``flash_decode`` and the float64 oracle
-(``tests/test_triton_decode_variants.py``). Nothing in ``reference/`` imports this module.
+``fused_merge``, ``merge_states``, and its program ids, split bounds, query tile and partial write
+``split_program``, ``split_bounds``, ``group_query``, ``store_split``) with these three switches;
+``flash_decode_variant`` runs it with ``flash_decode``'s arguments and checks. The tests compare it with
+``flash_decode`` and the float64 oracle (``tests/test_triton_decode_variants.py``). Nothing in ``reference/``
+imports this module.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from reference.triton import _device, decode
 from reference.triton._fastlaunch import TicketCounters
 from reference.triton.configs import DecodeConfig
-from reference.triton.decode import fused_merge, key_range, merge_if_last, merge_states
+from reference.triton.decode import (fused_merge, group_query, key_range, merge_if_last, merge_states, split_bounds,
+                                     split_program, store_split)
 
 __all__ = ["DecodeVariant", "flash_decode_variant", "compile_variant"]
 
@@ -63,56 +65,6 @@ class DecodeVariant(DecodeConfig):
         if c and not self.fuse_merge:
             raise ValueError("DecodeVariant.dynamic_chunk needs fuse_merge=True (the merging program resets the "
                              "chunk counter)")
-
-
-@triton.jit
-def _split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N: tl.constexpr, HAS_SEQLENS: tl.constexpr):
-    """Sequence ``b``'s key count, its key blocks and split ``pid_s``'s keys ``[start, end)``: each sequence
-    divides its own key blocks evenly over the splits; surplus splits get none."""
-    if HAS_SEQLENS:
-        seq_len = tl.load(SeqLens + b).to(tl.int32)
-        seq_len = tl.minimum(tl.maximum(seq_len, 0), n_max)  # memory safety; the wrapper validates values
-    else:
-        seq_len = n_max
-    n_blocks = tl.cdiv(seq_len, BLOCK_N)
-    blocks_per_split = tl.cdiv(n_blocks, num_splits)
-    start = pid_s * blocks_per_split * BLOCK_N
-    end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
-    return seq_len, n_blocks, start, end
-
-
-@triton.jit
-def _group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """The query heads of kv head ``kvh``'s group as the rows of one tile (GQA packing; rows past ``group`` read
-    as 0) and the empty online-softmax state ``m = -inf, l = 0, acc = 0`` (FA2 Algorithm 1, lines 4-5)."""
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < group
-    heads = kvh * group + offs_m  # the query heads of this kv head's group: GQA packing
-    q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 scores
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    return q, heads, row_ok, m_i, l_i, acc
-
-
-@triton.jit
-def _store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
-                 stride_ob, stride_oh, HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr):
-    """FA2 Algorithm 1, line 12: ``o = acc / l``; one split writes the output, several their partial ``(o_s,
-    lse_s)`` (base 2) for the merge."""
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
-    offs_d = tl.arange(0, HEAD_DIM)
-    if DIRECT_OUT:  # one split: this is the final output, no merge needed
-        tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 o.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))  # base 2; -inf: the split saw no key
-        row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
-        tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(LsePart + row, lse2, mask=row_ok)
 
 
 @triton.jit
@@ -156,6 +108,27 @@ def two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounte
 
 
 @triton.jit
+def _merge_splits(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
+                  n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM: tl.constexpr, MERGE_M: tl.constexpr,
+                  MERGE_CHUNK_S: tl.constexpr, MERGE_GROUP: tl.constexpr, CHUNK_BLOCKS: tl.constexpr,
+                  FUSED: tl.constexpr, DIRECT_OUT: tl.constexpr):
+    """After the partial write, with the fused merge: in one level (``merge_if_last``; its merging program also
+    resets the chunk counter) or in two (``two_level_merge``)."""
+    if FUSED and not DIRECT_OUT:
+        tl.debug_barrier()  # every thread's partial stores before the ticket (acq_rel publishes them)
+        if MERGE_GROUP == 0:
+            last = merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits,
+                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
+            if CHUNK_BLOCKS > 0:
+                if last:  # every program of this kv head has left its chunk loop
+                    tl.atomic_xchg(ChunkCounters + pid_bh, 0)
+        else:
+            two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
+                            kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
+                            MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
+
+
+@triton.jit
 def _split_kv_variant_kernel(
     Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
@@ -173,13 +146,9 @@ def _split_kv_variant_kernel(
     if PDL:  # programmatic dependent launch (Hopper): let the next kernel launch now; wait for the previous one
         gdc_launch_dependents()  # before touching memory (its writes: q, the K/V cache, our ticket counters)
         gdc_wait()
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
-    b64 = b.to(tl.int64)
-    seq_len, n_blocks, start, end = _split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N, HAS_SEQLENS)
-    q, heads, row_ok, m_i, l_i, acc = _group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM, BLOCK_M)
+    pid_s, pid_bh, b, b64, kvh = split_program(n_kv_heads)
+    seq_len, n_blocks, start, end = split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N, HAS_SEQLENS)
+    q, heads, row_ok, m_i, l_i, acc = group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM, BLOCK_M)
     if CHUNK_BLOCKS > 0:
         n_chunks = tl.cdiv(n_blocks, CHUNK_BLOCKS)
         c = tl.atomic_add(ChunkCounters + pid_bh, 1, sem="relaxed")
@@ -195,20 +164,11 @@ def _split_kv_variant_kernel(
         m_i, l_i, acc = key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
                                   stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
                                   n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
-    _store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
-                 stride_ob, stride_oh, HEAD_DIM, DIRECT_OUT)
-    if FUSED and not DIRECT_OUT:
-        tl.debug_barrier()  # every thread's partial stores before the ticket (acq_rel publishes them)
-        if MERGE_GROUP == 0:
-            last = merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_heads, num_splits,
-                                 stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S)
-            if CHUNK_BLOCKS > 0:
-                if last:  # every program of this kv head has left its chunk loop
-                    tl.atomic_xchg(ChunkCounters + pid_bh, 0)
-        else:
-            two_level_merge(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64,
-                            kvh, group, n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M,
-                            MERGE_CHUNK_S, MERGE_GROUP, CHUNK_BLOCKS)
+    store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
+                stride_ob, stride_oh, HEAD_DIM, DIRECT_OUT)
+    _merge_splits(OPart, LsePart, OPart2, LsePart2, Out, Counters, ChunkCounters, pid_s, pid_bh, b64, kvh, group,
+                  n_kv_heads, num_splits, stride_ob, stride_oh, HEAD_DIM, MERGE_M, MERGE_CHUNK_S, MERGE_GROUP,
+                  CHUNK_BLOCKS, FUSED, DIRECT_OUT)
 
 
 #: the variant's ticket counters: per (batch, kv head), per merge group, and the chunk counters

@@ -73,3 +73,36 @@ def test_fp8_gluon_check_names_what_failed_and_the_bench_times_only_what_passed(
     assert not any(v["skip"] for v in got["all_pass"])
     # a variant is float64-checked only at the pinned ring depth with a schedule the check ran
     assert any(v["covered"] for v in plan) and not all(v["covered"] for v in plan)
+
+
+STAGE_ARGS = """
+import json, sys
+from benchmarks._staged import run_child, stage_parser
+ap = stage_parser("Title line.\\nmore", ["check", "bench"], "/tmp/r", 150, "seconds per stage (bench gets 2x)")
+a = ap.parse_args(sys.argv[1:])
+ran = []
+fns = {"check": lambda: ran.append("check") or {"n": 1}, "bench": lambda: ran.append("bench") or [2.5]}
+try:
+    done = run_child(a.stage, fns)
+except KeyError as e:
+    done = "KeyError " + str(e)
+print("PARSED " + json.dumps([ap.description, a.out, a.stage, a.stages, a.timeout, done, ran]))
+"""
+
+
+def _stage_args(*argv):
+    out = subprocess.run([sys.executable, "-c", STAGE_ARGS, *argv], cwd=os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.splitlines()
+
+
+def test_stage_parser_and_run_child_hand_a_stage_its_result_line():
+    """A staged script's arguments (``stage_parser``) and a child's part (``run_child``): the parent (``all``) runs
+    nothing; a child runs its stage only and prints the ``RESULT`` line ``run_stage`` reads back."""
+    lines = _stage_args()
+    assert lines == ["PARSED " + json.dumps(["Title line.", "/tmp/r", "all", "check,bench", 150, False, []])]
+    lines = _stage_args("--stage", "bench", "--timeout", "7")
+    assert lines[0] == "RESULT [2.5]"
+    assert json.loads(lines[1][len("PARSED "):])[2:] == ["bench", "check,bench", 7, True, ["bench"]]
+    assert json.loads(_stage_args("--stage", "retime")[-1][len("PARSED "):])[5] == "KeyError 'retime'"

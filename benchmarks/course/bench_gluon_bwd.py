@@ -21,11 +21,10 @@ subprocess with a time limit (a wrong mbarrier phase hangs the GPU instead of fa
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 
 from benchmarks._common import RESULTS
+from benchmarks._staged import run_child, run_stages, stage_parser
 from benchmarks._gluon_cases import BWD_CASES as CASES, case_tensors, cudnn_attention, cudnn_bwd_timer  # noqa: F401
 
 TOKENS, HIDDEN = 16384, 2048
@@ -179,23 +178,16 @@ def _skip_after_hang(stage, res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--stage", default="all", help="all | check | bench")
-    ap.add_argument("--stages", default="check,bench")
-    ap.add_argument("--timeout", type=int, default=150, help="seconds per stage (bench gets 2x)")
+    ap = stage_parser(__doc__, ["check", "bench"], RESULTS, 150, "seconds per stage (bench gets 2x)")
     ap.add_argument("--set", default=None, choices=sorted(SETS), help="variants to check and time (default all)")
     ap.add_argument("--suffix", default="", help="appended to the JSON file name")
     args = ap.parse_args(argv)
     if args.set:
         os.environ["GLUON_BWD_SET"] = args.set  # the stage processes inherit it
-    if args.stage != "all":
-        result = _stage_bench() if args.stage == "bench" else _stage_check()
-        print("RESULT " + json.dumps(result), flush=True)
+    if run_child(args.stage, {"check": _stage_check, "bench": _stage_bench}):
         return
     import torch
     import triton
-    from benchmarks._staged import run_stages
     from benchmarks._common import gpu_tag
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

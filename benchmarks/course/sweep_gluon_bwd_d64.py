@@ -17,12 +17,12 @@ table and the predictions). One GPU call, each stage in a child process with a t
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 
 from benchmarks._common import RESULTS
+from benchmarks._staged import run_child, run_stages, stage_parser
 
 TOKENS, HIDDEN = 16384, 2048
 SEQLENS = [2048, 4096, 8192, 16384]
@@ -187,20 +187,12 @@ def _env(stage, res):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--stage", default="all", help="all | check | bench | retime")
-    ap.add_argument("--stages", default="check,bench,retime")
-    ap.add_argument("--timeout", type=int, default=200, help="seconds per stage")
-    args = ap.parse_args(argv)
-    if args.stage != "all":
-        result = {"check": _stage_check, "bench": _stage_bench, "retime": _stage_retime}[args.stage]()
-        print("RESULT " + json.dumps(result), flush=True)
+    args = stage_parser(__doc__, ["check", "bench", "retime"], RESULTS).parse_args(argv)
+    if run_child(args.stage, {"check": _stage_check, "bench": _stage_bench, "retime": _stage_retime}):
         return
     import torch
     import triton
     from benchmarks._common import gpu_tag
-    from benchmarks._staged import run_stages
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "convention": "bf16 backward, batch*seqlen=16384, hidden=2048; flops 2.5 x 4BHN^2d (x0.5 causal); "

@@ -19,12 +19,11 @@ One GPU call, each stage in a child process with a time limit (``benchmarks/_sta
 """
 from __future__ import annotations
 
-import argparse
 import importlib
-import json
 import os
 
 from benchmarks._common import RESULTS
+from benchmarks._staged import run_child, run_stages, stage_parser
 
 #: (d, causal, B, Hq, Hkv, N)
 SHAPES = [(128, True, 2, 16, 4, 8192), (128, True, 2, 32, 8, 8192), (128, True, 1, 32, 8, 16384),
@@ -131,19 +130,11 @@ def _stage_bench():
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(RESULTS))
-    ap.add_argument("--stage", default="all", help="all | check | bench")
-    ap.add_argument("--stages", default="check,bench")
-    ap.add_argument("--timeout", type=int, default=200, help="seconds per stage")
-    args = ap.parse_args(argv)
-    if args.stage != "all":
-        result = {"check": _stage_check, "bench": _stage_bench}[args.stage]()
-        print("RESULT " + json.dumps(result), flush=True)
+    args = stage_parser(__doc__, ["check", "bench"], RESULTS).parse_args(argv)
+    if run_child(args.stage, {"check": _stage_check, "bench": _stage_bench}):
         return
     import torch
     import triton
-    from benchmarks._staged import run_stages
     from benchmarks._common import gpu_tag
     os.makedirs(args.out, exist_ok=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

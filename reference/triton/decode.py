@@ -155,6 +155,68 @@ def merge_if_last(OPart, LsePart, Out, Counters, pid_bh, b64, kvh, group, n_kv_h
 
 
 @triton.jit
+def split_program(n_kv_heads):
+    """Stage 1's program in the grid ``(num_splits, B * Hkv)`` -> ``(split, batch x kv head, batch, batch as int64
+    for offsets, kv head)``: the (batch, kv head) picks the query rows (FA2 Algorithm 1's outer loop, line 3, one
+    program per GQA group), the split a part of its key loop (line 6)."""
+    pid_s = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = pid_bh // n_kv_heads
+    return pid_s, pid_bh, b, b.to(tl.int64), pid_bh % n_kv_heads
+
+
+@triton.jit
+def split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N: tl.constexpr, HAS_SEQLENS: tl.constexpr):
+    """Sequence ``b``'s key count, its key blocks and split ``pid_s``'s keys ``[start, end)``: the key blocks
+    ``j = 1 .. T_c`` of FA2 Algorithm 1's loop (line 6), divided evenly over the splits; surplus splits get none."""
+    if HAS_SEQLENS:
+        seq_len = tl.load(SeqLens + b).to(tl.int32)
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), n_max)  # memory safety; the wrapper validates values
+    else:
+        seq_len = n_max
+    n_blocks = tl.cdiv(seq_len, BLOCK_N)
+    blocks_per_split = tl.cdiv(n_blocks, num_splits)
+    start = pid_s * blocks_per_split * BLOCK_N
+    end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
+    return seq_len, n_blocks, start, end
+
+
+@triton.jit
+def group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The query heads of kv head ``kvh``'s group as the rows of one tile (GQA packing; rows past ``group`` read
+    as 0: FA2 Algorithm 1, line 4's ``Q_i``) and the empty online-softmax state ``m = -inf, l = 0, acc = 0``
+    (line 5)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < group
+    heads = kvh * group + offs_m  # the query heads of this kv head's group: GQA packing
+    q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 scores
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    return q, heads, row_ok, m_i, l_i, acc
+
+
+@triton.jit
+def store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
+                stride_ob, stride_oh, HEAD_DIM: tl.constexpr, DIRECT_OUT: tl.constexpr):
+    """FA2 Algorithm 1, lines 12-15: ``o = acc / l`` and ``lse = m + log2 l``, written; one split writes the
+    output, several their partial ``(o_s, lse_s)`` (base 2) for the merge."""
+    l_safe = tl.where(l_i > 0, l_i, 1.0)
+    o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
+    offs_d = tl.arange(0, HEAD_DIM)
+    if DIRECT_OUT:  # one split: this is the final output, no merge needed
+        tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
+                 o.to(Out.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))  # base 2; -inf: the split saw no key
+        row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
+        tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
+        tl.store(LsePart + row, lse2, mask=row_ok)
+
+
+@triton.jit
 def _split_kv_kernel(
     Q, K, V, SeqLens, BlockTables, Out, OPart, LsePart, Counters, DescK, DescV,
     stride_qb, stride_qh,
@@ -172,44 +234,14 @@ def _split_kv_kernel(
     # IEEE_DOT: dots in true fp32, for fp32 inputs (no TF32) and under the interpreter (Triton 3.6's interpreter
     # multiplies bf16 operands as their raw uint16 bits).
     """Stage 1: partial attention of one GQA group over one split of the keys (FA2 Alg. 1 lines 8-10)."""
-    pid_s = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // n_kv_heads
-    kvh = pid_bh % n_kv_heads
-    b64 = b.to(tl.int64)
-    if HAS_SEQLENS:
-        seq_len = tl.load(SeqLens + b).to(tl.int32)
-        seq_len = tl.minimum(tl.maximum(seq_len, 0), n_max)  # memory safety; the wrapper validates values
-    else:
-        seq_len = n_max
-    # Each sequence divides its own key blocks evenly over the splits; surplus splits get none.
-    n_blocks = tl.cdiv(seq_len, BLOCK_N)
-    blocks_per_split = tl.cdiv(n_blocks, num_splits)
-    start = pid_s * blocks_per_split * BLOCK_N
-    end = tl.minimum(start + blocks_per_split * BLOCK_N, seq_len)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < group
-    heads = kvh * group + offs_m  # the query heads of this kv head's group: GQA packing
-    q = tl.load(Q + b64 * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max of base-2 scores
-    l_i = tl.zeros([BLOCK_M], tl.float32)  # running sum of exp2(score - m_i)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    pid_s, pid_bh, b, b64, kvh = split_program(n_kv_heads)
+    _, _, start, end = split_bounds(SeqLens, b, pid_s, n_max, num_splits, BLOCK_N, HAS_SEQLENS)
+    q, heads, row_ok, m_i, l_i, acc = group_query(Q, b64, kvh, group, stride_qb, stride_qh, HEAD_DIM, BLOCK_M)
     m_i, l_i, acc = key_range(q, m_i, l_i, acc, start, end, pid_bh, b64, kvh, K, V, BlockTables, DescK, DescV,
                               stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn, stride_tb,
                               n_max, qk_scale, HEAD_DIM, BLOCK_N, PAGED, PAGE_SIZE, IEEE_DOT, USE_TMA)
-
-    l_safe = tl.where(l_i > 0, l_i, 1.0)
-    o = acc / l_safe[:, None]  # an empty split (or seq_len 0) leaves acc = 0: o = 0, lse = -inf
-    if DIRECT_OUT:  # one split: this is the final output, no merge needed
-        tl.store(Out + b64 * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
-                 o.to(Out.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        lse2 = tl.where(l_i > 0, m_i + tl.log2(l_safe), float("-inf"))  # base 2; -inf: the split saw no key
-        row = (b64 * n_kv_heads * group + heads) * num_splits + pid_s  # OPart (B, Hq, S, d), LsePart (B, Hq, S)
-        tl.store(OPart + row[:, None] * HEAD_DIM + offs_d[None, :], o, mask=row_ok[:, None])
-        tl.store(LsePart + row, lse2, mask=row_ok)
+    store_split(Out, OPart, LsePart, m_i, l_i, acc, b64, heads, row_ok, pid_s, n_kv_heads, group, num_splits,
+                stride_ob, stride_oh, HEAD_DIM, DIRECT_OUT)
     if FUSED and not DIRECT_OUT:
         # All threads' partial stores precede the ticket (barrier); the acq_rel atomic publishes them to
         # the program that draws the last ticket and makes the others' stores visible to it.

@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 LOG2E_F = 1.4426950408889634
@@ -72,6 +72,55 @@ def init_ring_barriers(k_bars, v_bars, STAGES: gl.constexpr, CONSUMERS: gl.const
         mbarrier.init(v_bars.index(i), count=1)
         mbarrier.init(k_bars.index(STAGES + i), count=CONSUMERS)
         mbarrier.init(v_bars.index(STAGES + i), count=CONSUMERS)
+
+
+@gluon.jit
+def item_tile(item, sub, n_m, CAUSAL: gl.constexpr):
+    """Query tile ``sub`` of a persistent kernel's work item ``item``, with ``n_m`` query tiles per (batch, head)
+    -> ``(bh, pid_m, paired)``: the (batch, head) index, the query tile and whether the item runs it.
+
+    Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
+    time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
+    tile; measured at 0.54-0.59x cuDNN at N = 2k, notes/hopper.md section 1c.) Non-causal: one tile per item.
+    Causal: item ``i`` of a head pairs query block ``n_m - 1 - i`` (the most key blocks) with block ``i`` (the
+    fewest), so every item costs about ``n_m + 1`` key blocks and a static round-robin over items is balanced.
+    """
+    if CAUSAL:
+        per_head = (n_m + 1) // 2
+    else:
+        per_head = n_m
+    i = item % per_head
+    if CAUSAL:
+        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
+    else:
+        pid_m = i
+    # an odd n_m's middle block is sub 0 of its item only
+    return item // per_head, pid_m, (sub == 0) | (pid_m < n_m - 1 - pid_m)
+
+
+@gluon.jit
+def pingpong_buffers(desc_q, desc_k, desc_v, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """A persistent ping-pong CTA's shared memory and barriers (FA3 Algorithm 1's circular buffers, the two
+    consumer warpgroups' turns of its Algorithm 2 schedule), initialised and fenced: two Q tiles of two
+    ``BLOCK_M // 2``-row halves (barriers: ready x4, then free x4), the K/V rings of ``STAGES`` slots
+    (``init_ring_barriers``, two consumers) and one turn barrier per consumer."""
+    HALF: gl.constexpr = BLOCK_M // 2
+    dtype: gl.constexpr = desc_q.dtype
+    q_smem = gl.allocate_shared_memory(dtype, [4, HALF, HEAD_DIM], desc_q.layout)  # 2 buffers x 2 halves
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())  # ready x4, then free x4
+    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
+    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(8):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(turn_bars.index(i), count=1)
+    init_ring_barriers(k_bars, v_bars, STAGES, 2)
+    fence_async_shared()
+    return q_smem, k_smem, v_smem, q_bars, turn_bars, k_bars, v_bars
 
 
 @gluon.jit

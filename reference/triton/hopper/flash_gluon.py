@@ -44,14 +44,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
 from .. import configs
 from .._checks import check_flag, check_gluon_device, check_gluon_inputs
 from ..configs import HOPPER_SMEM, GluonForwardConfig
 from ._aot import compile_gluon, descriptor_signature
-from .common import LOG2E_F, init_ring_barriers, load_q_halves, store_output, tile_descriptor
+from .common import LOG2E_F, item_tile, load_q_halves, pingpong_buffers, store_output, tile_descriptor
 
 # The CTA tile is a ``configs.GluonForwardConfig`` (default ``configs.GLUON_FORWARD``: 128 query rows, two consumer
 # warpgroups of 64 with 4 warps each, 128-key K/V slots, 2 stages); ``check_gluon_config`` says which values the
@@ -275,25 +274,8 @@ def produce_kv(desc_k, desc_v, k_smem, v_smem, k_bars, v_bars, kv_row0, hi, it, 
 @gluon.jit
 def _work_item(item, sub, n_m, H_Q, GROUP, N_Q, N_K, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """Query tile ``sub`` of work item ``item`` -> ``(valid, start_m, q_row0, kv_row0)`` (as ``tile_origin`` of the
-    one-tile kernels in experiments/gluon_schedules.py).
-
-    Items run head-major: the query tiles of one (batch, head) are neighbours, so the CTAs that run at the same
-    time share a few heads' K/V in L2. (Head-minor order re-reads each head's K/V from memory once per query
-    tile; measured at 0.54-0.59x cuDNN at N = 2k, notes/hopper.md section 1c.) Non-causal: one tile per item.
-    Causal: item ``i`` of a head pairs query block ``n_m - 1 - i`` (the most key blocks) with block ``i`` (the
-    fewest), so every item costs about ``n_m + 1`` key blocks and a static round-robin over items is balanced.
-    """
-    if CAUSAL:
-        per_head = (n_m + 1) // 2
-    else:
-        per_head = n_m
-    bh = item // per_head
-    i = item % per_head
-    if CAUSAL:
-        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
-    else:
-        pid_m = i
-    valid = (sub == 0) | (pid_m < n_m - 1 - pid_m)  # an odd n_m's middle block is sub 0 of its item only
+    one-tile kernels in experiments/gluon_schedules.py), in ``common.item_tile``'s order."""
+    bh, pid_m, valid = item_tile(item, sub, n_m, CAUSAL)
     b = bh // H_Q
     h = bh % H_Q
     return valid, pid_m * BLOCK_M, bh * N_Q, (b * (H_Q // GROUP) + h // GROUP) * N_K
@@ -374,26 +356,13 @@ def fwd_ws_persistent_kernel(desc_q, desc_k, desc_v, O, LSE, H_Q, GROUP, N_Q, N_
     """Grid = min(work items, SMs); CTA ``p`` takes items ``p, p + grid, ...`` (``_work_item``), each with the
     producer/consumer partitions of ``_fwd_ws_kernel`` and the K/V ring and turn phases carried across tiles.
     ``PEELED``, ``FENCE``: the consumers' key-loop options (``attend_overlapped``; ``key_loop_constexprs``)."""
-    HALF: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = desc_q.dtype
     n_m = gl.cdiv(N_Q, BLOCK_M)
     if CAUSAL:
         n_items = BH * ((n_m + 1) // 2)
     else:
         n_items = BH * n_m
-    q_smem = gl.allocate_shared_memory(dtype, [4, HALF, HEAD_DIM], desc_q.layout)  # 2 buffers x 2 halves
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())  # ready x4, then free x4
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
-    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(8):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn_bars.index(i), count=1)
-    init_ring_barriers(k_bars, v_bars, STAGES, 2)
-    fence_async_shared()
+    q_smem, k_smem, v_smem, q_bars, turn_bars, k_bars, v_bars = pingpong_buffers(desc_q, desc_k, desc_v, HEAD_DIM,
+                                                                                  BLOCK_M, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_ws_consumer_persistent, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, n_items, n_m,
                                    H_Q, GROUP, N_Q, N_K, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL,

@@ -43,10 +43,10 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma
 
 from ._aot import compile_gluon, descriptor_signature, resource_usage, sass_text
-from .common import LOG2E_F, init_ring_barriers, tile_descriptor
+from .common import LOG2E_F, item_tile, pingpong_buffers, tile_descriptor
 from .flash_gluon import (PINGPONG_MAXNREG, attend_overlapped, check_gluon_config, key_range, persistent_grid,
                           ws_constexprs)
 
@@ -90,26 +90,17 @@ def gluon_paged_ok(q, k_cache, config=None) -> str | None:
 def _paged_item(item, sub, n_m, H_Q, CU_Q, SEQ_LENS, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
     """Query tile ``sub`` of work item ``item`` -> ``(valid, b, h, start_m, q_start, n_q, n_k)``.
 
-    ``flash_gluon._work_item``'s order with a uniform ``n_m = cdiv(max_q, BLOCK_M)`` tiles per (request, head):
+    ``common.item_tile``'s order with a uniform ``n_m = cdiv(max_q, BLOCK_M)`` tiles per (request, head):
     head-major, a causal item pairs tile ``n_m - 1 - i`` with tile ``i``. A tile past its request's chunk
     (``start_m >= n_q``) is not valid."""
-    if CAUSAL:
-        per_head = (n_m + 1) // 2
-    else:
-        per_head = n_m
-    bh = item // per_head
-    i = item % per_head
-    if CAUSAL:
-        pid_m = gl.where(sub == 0, n_m - 1 - i, i)
-    else:
-        pid_m = i
+    bh, pid_m, paired = item_tile(item, sub, n_m, CAUSAL)
     b = bh // H_Q
     h = bh % H_Q
     q_start = gl.load(CU_Q + b)
     n_q = gl.load(CU_Q + b + 1) - q_start
     n_k = gl.load(SEQ_LENS + b)
     start_m = pid_m * BLOCK_M
-    valid = ((sub == 0) | (pid_m < n_m - 1 - pid_m)) & (start_m < n_q)
+    valid = paired & (start_m < n_q)
     return valid, b, h, start_m, q_start, n_q, n_k
 
 
@@ -261,25 +252,12 @@ def paged_prefill_ws_kernel(desc_q, desc_k, desc_v, O, LSE, CU_Q, SEQ_LENS, BT, 
                             num_warps: gl.constexpr):
     """Grid = min(work items, SMs), persistent (``flash_gluon.fwd_ws_persistent_kernel``'s partitions and rings;
     the producer reads the block table)."""
-    HALF: gl.constexpr = BLOCK_M // 2
-    dtype: gl.constexpr = desc_q.dtype
     if CAUSAL:
         n_items = B * H_Q * ((n_m + 1) // 2)
     else:
         n_items = B * H_Q * n_m
-    q_smem = gl.allocate_shared_memory(dtype, [4, HALF, HEAD_DIM], desc_q.layout)  # 2 buffers x 2 halves
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_k.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, HEAD_DIM], desc_v.layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [8, 1], mbarrier.MBarrierLayout())  # ready x4, then free x4
-    turn_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())  # ready, then empty
-    v_bars = gl.allocate_shared_memory(gl.int64, [2 * STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(8):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(turn_bars.index(i), count=1)
-    init_ring_barriers(k_bars, v_bars, STAGES, 2)
-    fence_async_shared()
+    q_smem, k_smem, v_smem, q_bars, turn_bars, k_bars, v_bars = pingpong_buffers(desc_q, desc_k, desc_v, HEAD_DIM,
+                                                                                  BLOCK_M, BLOCK_N, STAGES)
     gl.warp_specialize([
         (_paged_consumer, (q_smem, k_smem, v_smem, q_bars, k_bars, v_bars, turn_bars, O, LSE, CU_Q, SEQ_LENS,
                            n_items, n_m, H_Q, TOTAL_Q, qk_scale, 0, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
