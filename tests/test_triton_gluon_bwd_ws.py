@@ -138,8 +138,8 @@ def test_needs_a_hopper_gpu(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 # the default, the first TMA-reduce version (no DEFER, no LD_TMA) and dQ by vector atomics from registers
-@pytest.mark.parametrize("config", [None, (64, 2, True, False, False), (64, 2, False, False, False),
-                                    (64, 2, True, True, True)])
+@pytest.mark.parametrize("config", [None] + [GluonBackwardConfig.from_tuple(t) for t in (
+    (64, 2, True, False, False), (64, 2, False, False, False), (64, 2, True, True, True))])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", [
     (2, 4, 4, 256, 256, 128, False, torch.bfloat16), (1, 4, 2, 300, 1000, 128, True, torch.bfloat16),
     (1, 2, 2, 1000, 300, 128, True, torch.bfloat16), (1, 2, 2, 333, 333, 64, False, torch.float16),
