@@ -443,7 +443,16 @@ def test_compile_verdicts_are_shared_through_the_folder_and_only_there(tmp_path,
     the per-process memo emptied); the zeroing is the same either way. Without it nothing is written."""
     bad = {"t": "error", "exc": "CompilationError", "msg": "at 3:4:\nPython call in a kernel\n   ^"}
     key = "0123456789abcdef01234567"
-    monkeypatch.setattr(host_policy, "_COMPILED", {})
+    memo, saved = host_policy._COMPILED, dict(host_policy._COMPILED)      # this process's verdicts: put back after
+    try:
+        _verdicts_shared_through_the_folder(tmp_path, monkeypatch, bad, key, memo)
+    finally:
+        memo.clear()
+        memo.update(saved)
+
+
+def _verdicts_shared_through_the_folder(tmp_path, monkeypatch, bad, key, memo):
+    memo.clear()
     monkeypatch.delenv(host_policy.CACHE_ENV, raising=False)
     g = _FakeGrader(key, bad)
     host_policy.gpu_compile_check(g)
@@ -454,12 +463,12 @@ def test_compile_verdicts_are_shared_through_the_folder_and_only_there(tmp_path,
 
     monkeypatch.setenv(host_policy.CACHE_ENV, str(tmp_path))
     for answer, compiles in ((bad, 1), ({"t": "result"}, 0)):      # the second grader never asks its child
-        monkeypatch.setattr(host_policy, "_COMPILED", {})
+        memo.clear()
         g = _FakeGrader(key, answer)
         host_policy.gpu_compile_check(g)
         assert len(g.children) == compiles and g.zeroed == want
     assert [p.name for p in tmp_path.iterdir()] == [f"{key}.json"]
-    monkeypatch.setattr(host_policy, "_COMPILED", {})
+    memo.clear()
     g = _FakeGrader("f" * 24, {"t": "result"})                      # another kernel: compiled, compiles
     host_policy.gpu_compile_check(g)
     assert len(g.children) == 1 and g.zeroed == {}
