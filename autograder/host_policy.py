@@ -501,28 +501,30 @@ _COMPILED: dict = {}
 CACHE_ENV = "AUTOGRADER_COMPILE_CACHE"
 
 
-def _cached_verdict(key: str):
-    """``(True, verdict)`` from the shared folder (``CACHE_ENV``), ``(False, None)`` when it has none."""
+def shared_read(name: str):
+    """``(True, value)`` of the JSON file ``name`` in the run's shared folder (``CACHE_ENV``), ``(False, None)``
+    when there is none. Parent side only (the folder's name never reaches a child's environment)."""
     folder = os.environ.get(CACHE_ENV)
-    if not folder or not key.isalnum():
+    if not folder or not name.replace("-", "").isalnum():
         return False, None
     try:
-        with open(os.path.join(folder, key + ".json")) as f:
-            return True, json.load(f)["why"]
+        with open(os.path.join(folder, name + ".json")) as f:
+            return True, json.load(f)["value"]
     except (OSError, ValueError, KeyError):
         return False, None
 
 
-def _share_verdict(key: str, why) -> None:
+def shared_write(name: str, value) -> None:
+    """Store a JSON-able ``value`` as ``name`` in the run's shared folder, if there is one."""
     folder = os.environ.get(CACHE_ENV)
-    if not folder or not key.isalnum():
+    if not folder or not name.replace("-", "").isalnum():
         return
     with contextlib.suppress(OSError):
         os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f".{key}.{os.getpid()}")
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}")
         with open(tmp, "w") as f:
-            json.dump({"why": why}, f)
-        os.replace(tmp, os.path.join(folder, key + ".json"))        # atomic: a reader sees all of it or none
+            json.dump({"value": value}, f)
+        os.replace(tmp, os.path.join(folder, name + ".json"))        # atomic: a reader sees all of it or none
 
 
 def note_kernels(grader, task, h) -> None:
@@ -546,7 +548,7 @@ def gpu_compile_check(grader) -> None:
         return
     for key, (k, tasks) in sorted(kernels.items()):
         if key not in _COMPILED:
-            hit, why = _cached_verdict(key)
+            hit, why = shared_read(key)
             if hit:
                 _COMPILED[key] = why
         if key not in _COMPILED:
@@ -561,7 +563,7 @@ def gpu_compile_check(grader) -> None:
             lines = [ln.strip() for ln in str(h.get("msg", "")).splitlines() if ln.strip() and ln.strip() != "^"]
             _COMPILED[key] = None if h.get("t") == "result" else \
                 f"{h.get('exc')}: {(lines[-1] if lines else '')[:300]}"
-            _share_verdict(key, _COMPILED[key])
+            shared_write(key, _COMPILED[key])
         why = _COMPILED[key]
         if why is not None:
             for t in sorted(tasks):
