@@ -781,15 +781,19 @@ class ChildChecks:
 
 def _artifact_key(cells, name, signature, constexprs, num_warps, maxnreg) -> str:
     """A compile request on a submission's code, read by this process: every cell as Python's parser sees it
-    (comments, such as a mutant's header, and blank lines left out) and the request. Two submissions with one key
-    differ at most in comments and line numbers, which change the PTX's debug lines and nothing that is judged."""
+    (comments, such as a mutant's header, blank lines and cells of comments only left out) and the request. Two
+    submissions with one key differ at most in comments, line and cell numbers, which change the PTX's debug lines
+    and nothing that is judged."""
     import ast
     import hashlib
     import json
     h = hashlib.sha256(json.dumps([name, signature, constexprs, num_warps, maxnreg], sort_keys=True).encode())
     for c in cells:
         try:
-            h.update(ast.dump(ast.parse(c.source)).encode())
+            tree = ast.parse(c.source)
+            if not tree.body:
+                continue
+            h.update(ast.dump(tree).encode())
         except (SyntaxError, ValueError):
             h.update(c.source.encode())
         h.update(b"\0")

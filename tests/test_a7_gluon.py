@@ -207,11 +207,11 @@ class _FakeCompileChild:
 
 def test_compile_artifacts_are_shared_within_a_run_only_for_the_same_code(tmp_path, monkeypatch):
     """With the run's folder set, a compile request on code that parses the same (a comment added: a selftest
-    mutant's header) gets the first compile's artifacts without asking its child; other code, another request,
+    mutant's header, a cell of comments only) gets the first compile's artifacts without asking its child; other code, another request,
     or no folder asks the child; a grading that raised a flag leaves nothing behind for the others."""
     from autograder.submission import Cell
     cells = [Cell(0, "import triton\n"), Cell(1, "X = 1\n\n\ndef f():\n    return X\n")]
-    commented = [Cell(0, "# a header\nimport triton\n"), cells[1]]
+    commented = [Cell(0, "# a header\n"), Cell(1, "# more\nimport triton\n"), Cell(2, cells[1].source + "# end\n")]
     other = [cells[0], Cell(1, "X = 2\n\n\ndef f():\n    return X\n")]
 
     def compile_with(cs, flags=(), **request):
