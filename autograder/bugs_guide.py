@@ -246,17 +246,20 @@ def render(aid: str, syms: dict, sub: Path = SUB) -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(aids=None, check_only=False, log=print, sub: Path = SUB, out: Path = OUT) -> list:
+def generate(aids=None, check_only=False, log=print, sub: Path = SUB, out: Path = OUT,
+             recompute_numpy: bool | None = None) -> list:
     """Write (or, ``check_only``, compare) the guides of ``aids`` (default: every assignment); returns the paths
     that differ from what is on disk (written unless ``check_only``). ``sub``: the zoo's folder, ``out``: the
-    guide's (its symptom cache is ``out/symptoms.json``)."""
+    guide's (its symptom cache is ``out/symptoms.json``). ``recompute_numpy`` (default: ``check_only``): recompute
+    the symptoms of all-NumPy entries whose hash is cached too."""
+    recompute_numpy = check_only if recompute_numpy is None else recompute_numpy
     cache_path = Path(out) / CACHE.name
     aids = [specs.resolve(a) for a in aids] if aids else list(specs.ASSIGNMENTS)
     cache = json.loads(cache_path.read_text()) if cache_path.exists() else {}
     stale = []
     for aid in aids:
         log(f"{aid}:")
-        text = render(aid, symptoms(aid, cache, recompute_numpy=check_only, log=log, sub=sub), sub)
+        text = render(aid, symptoms(aid, cache, recompute_numpy=recompute_numpy, log=log, sub=sub), sub)
         path = Path(out) / f"{aid}.md"
         if not path.exists() or path.read_text() != text:
             stale.append(path)

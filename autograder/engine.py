@@ -9,6 +9,7 @@ needs positive evidence of a process trick (a flood, a process left behind, a tr
 """
 from __future__ import annotations
 
+import base64
 import contextlib
 import functools
 import os
@@ -758,14 +759,45 @@ class ChildChecks:
         return vals
 
     def compile(self, name: str, signature: dict, constexprs: dict, num_warps: int, maxnreg=None) -> dict:
-        """``name`` compiled for sm_90a in the child: ``{"ptx": str, "cubin": bytes, "shared": int, "name": str}``."""
+        """``name`` compiled for sm_90a in the child: ``{"ptx": str, "cubin": bytes, "shared": int, "name": str}``.
+        Within a run of the bundled submissions (``host_policy.CACHE_ENV``), a submission whose code is the same
+        as one compiled before (``_artifact_key``) gets that compile's artifacts; only a compile that raised no
+        flag in its grading is kept."""
+        key = _artifact_key(self.grader.cells, name, signature, constexprs, num_warps, maxnreg)
+        hit, art = host_policy.shared_read(key)
+        if hit:
+            return {**art, "cubin": base64.b64decode(art["cubin"])}
         h, arrs = self._ask({"t": "compile", "name": name, "signature": signature, "constexprs": constexprs,
                              "num_warps": num_warps, "maxnreg": maxnreg})
         ptx, cubin = arrs.get("ptx"), arrs.get("cubin")
         if ptx is None or cubin is None or ptx.dtype != np.uint8 or cubin.dtype != np.uint8 or ptx.ndim != 1:
             raise ChildError(f"{name}: the compile child sent back no PTX and cubin")
-        return {"ptx": ptx.tobytes().decode("utf-8", "replace"), "cubin": cubin.tobytes(),
-                "shared": int(h.get("shared", 0)), "name": str(h.get("name", ""))}
+        out = {"ptx": ptx.tobytes().decode("utf-8", "replace"), "cubin": cubin.tobytes(),
+               "shared": int(h.get("shared", 0)), "name": str(h.get("name", ""))}
+        if not self.grader.flags:
+            host_policy.shared_write(key, {**out, "cubin": base64.b64encode(out["cubin"]).decode()})
+        return out
+
+
+def _artifact_key(cells, name, signature, constexprs, num_warps, maxnreg) -> str:
+    """A compile request on a submission's code, read by this process: every cell as Python's parser sees it
+    (comments, such as a mutant's header, blank lines and cells of comments only left out) and the request. Two
+    submissions with one key differ at most in comments, line and cell numbers, which change the PTX's debug lines
+    and nothing that is judged."""
+    import ast
+    import hashlib
+    import json
+    h = hashlib.sha256(json.dumps([name, signature, constexprs, num_warps, maxnreg], sort_keys=True).encode())
+    for c in cells:
+        try:
+            tree = ast.parse(c.source)
+            if not tree.body:
+                continue
+            h.update(ast.dump(tree).encode())
+        except (SyntaxError, ValueError):
+            h.update(c.source.encode())
+        h.update(b"\0")
+    return "sm90a-" + h.hexdigest()[:32]
 
 
 def apply_gates(spec, results) -> None:

@@ -581,12 +581,27 @@ def _kernel_sources(fn, seen=None) -> list:
         out = [inspect.getsource(fn)]
     except (OSError, TypeError):
         out = [fn.__code__.co_code.hex()]
+    out.append(_constants_read(fn))
     for v in list(fn.__globals__.values()):
         inner = getattr(v, "fn", None)
         if type(v).__name__ in ("JITFunction", "InterpretedFunction") and inner is not None and inner is not fn:
             if getattr(inner, "__code__", None) is not None and inner.__code__.co_filename.startswith("<cell "):
                 out += _kernel_sources(inner, seen)
     return out
+
+
+def _constants_read(fn) -> str:
+    """The plain values (numbers, strings, ``tl.constexpr``, dtypes) of the globals a kernel's body reads: the
+    compiler folds them into the kernel, so two launches that differ only there must not share a verdict."""
+    import triton.language as tl
+    out = []
+    for n in sorted(set(fn.__code__.co_names) & set(fn.__globals__)):
+        v = fn.__globals__[n]
+        v = v.value if type(v) is tl.constexpr else v
+        v = v.name if type(v) is tl.dtype else v
+        if v is None or type(v) in (bool, int, float, str):      # exact types: their repr is the builtin one
+            out.append(f"{n}={v!r}")
+    return ";".join(out)
 
 
 def launch_signature(kernel, args, kwargs) -> dict | None:

@@ -7,8 +7,19 @@ import os
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import atexit  # noqa: E402
 import gc  # noqa: E402
+import shutil  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+# One folder of GPU-target (sm_90a) compile verdicts for every grading this run starts (the selftest items, the
+# CLI and Gradescope tests: ``host_policy.CACHE_ENV``): a kernel is put through Triton's frontend once per run,
+# not once per grading that launched it. Set before the xdist workers start, so they share it.
+if not os.environ.get("AUTOGRADER_COMPILE_CACHE"):
+    _verdicts = tempfile.mkdtemp(prefix="autograder-compiled-")
+    os.environ["AUTOGRADER_COMPILE_CACHE"] = _verdicts
+    atexit.register(shutil.rmtree, _verdicts, True)
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

@@ -188,3 +188,45 @@ def test_cheats_are_caught_in_the_compile_child(name, threat):
     res, rep = _cpu_tests(path)
     assert rep["score"] == 0, res
     assert any(f["id"] == threat and f["source"] == "runtime" for f in rep["flags"]), rep["flags"]
+
+
+class _FakeCompileChild:
+    """Answers a ``compile`` request with made-up PTX and cubin bytes, and counts the requests."""
+
+    def __init__(self):
+        self.asked = 0
+
+    def send(self, header):
+        assert header["t"] == "compile"
+        self.asked += 1
+
+    def recv(self, timeout, expect=None, on_trap=None):
+        arrs = {"ptx": np.frombuffer(b".entry k .target sm_90a", np.uint8), "cubin": np.arange(9, dtype=np.uint8)}
+        return {"t": "result", "shared": 1024, "name": "k"}, arrs
+
+
+def test_compile_artifacts_are_shared_within_a_run_only_for_the_same_code(tmp_path, monkeypatch):
+    """With the run's folder set, a compile request on code that parses the same (a comment added: a selftest
+    mutant's header, a cell of comments only) gets the first compile's artifacts without asking its child; other code, another request,
+    or no folder asks the child; a grading that raised a flag leaves nothing behind for the others."""
+    from autograder.submission import Cell
+    cells = [Cell(0, "import triton\n"), Cell(1, "X = 1\n\n\ndef f():\n    return X\n")]
+    commented = [Cell(0, "# a header\n"), Cell(1, "# more\nimport triton\n"), Cell(2, cells[1].source + "# end\n")]
+    other = [cells[0], Cell(1, "X = 2\n\n\ndef f():\n    return X\n")]
+
+    def compile_with(cs, flags=(), **request):
+        g = Grader("a7_gluon", device="cpu")
+        g.cells, g.flags = cs, list(flags)
+        child = _FakeCompileChild()
+        req = {"name": "k", "signature": {"O": "*bf16"}, "constexprs": {"TURNS": True}, "num_warps": 4, **request}
+        out = ChildChecks(g, child, g.spec.tasks[TID]).compile(**req)
+        assert out["cubin"] == bytes(range(9)) and out["shared"] == 1024 and ".target sm_90a" in out["ptx"]
+        return child.asked
+
+    monkeypatch.delenv("AUTOGRADER_COMPILE_CACHE", raising=False)
+    assert [compile_with(cells), compile_with(cells)] == [1, 1]
+    monkeypatch.setenv("AUTOGRADER_COMPILE_CACHE", str(tmp_path))
+    assert compile_with(cells, flags=[{"id": "T3"}]) == 1 and not list(tmp_path.iterdir())
+    assert [compile_with(cells), compile_with(commented), compile_with(cells)] == [1, 0, 0]
+    assert compile_with(other) == 1
+    assert compile_with(cells, constexprs={"TURNS": False}) == 1

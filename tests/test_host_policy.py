@@ -401,3 +401,92 @@ def test_check_leaves_closures_stored_in_the_namespace_alone(tmp_path):
     ns["helper"].__qualname__ = "helper"                     # a cell's own function with that body is refused
     with pytest.raises(PolicyError, match="dunder"):
         host_policy._shadow(ns)
+
+
+# ---- the GPU-target compile check's verdicts ---------------------------------------------------------------------
+class _FakeCompileChild:
+    def __init__(self, answer):
+        self.answer, self.sent = answer, []
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+    def recv(self, timeout, expect=None, on_trap=None):
+        return self.answer, None
+
+
+class _FakeGrader:
+    """What ``gpu_compile_check`` reads of a grader: one kernel launched by two tasks of a3."""
+    device = "cpu"
+
+    def __init__(self, key, answer):
+        from autograder import specs
+        self.spec = specs.load("a3_triton")
+        self.zeroed, self.logged, self.children = {}, [], []
+        self._policy_kernels = {key: ({"kernel": "k", "signature": {"x": "*fp32"}, "constexprs": {}},
+                                      {"a3.softmax", "a3.flash_attention_forward"})}
+        self.answer = answer
+
+    def compile_child(self):
+        self.children.append(_FakeCompileChild(self.answer))
+        return self.children[-1]
+
+    def log(self, m):
+        self.logged.append(m)
+
+    def _on_trap(self, h):
+        pass
+
+
+def test_compile_verdicts_are_shared_through_the_folder_and_only_there(tmp_path, monkeypatch):
+    """With ``CACHE_ENV`` set, a kernel's verdict is compiled once and read back by the next grader process (here:
+    the per-process memo emptied); the zeroing is the same either way. Without it nothing is written."""
+    bad = {"t": "error", "exc": "CompilationError", "msg": "at 3:4:\nPython call in a kernel\n   ^"}
+    key = "0123456789abcdef01234567"
+    memo, saved = host_policy._COMPILED, dict(host_policy._COMPILED)      # this process's verdicts: put back after
+    try:
+        _verdicts_shared_through_the_folder(tmp_path, monkeypatch, bad, key, memo)
+    finally:
+        memo.clear()
+        memo.update(saved)
+
+
+def _verdicts_shared_through_the_folder(tmp_path, monkeypatch, bad, key, memo):
+    memo.clear()
+    monkeypatch.delenv(host_policy.CACHE_ENV, raising=False)
+    g = _FakeGrader(key, bad)
+    host_policy.gpu_compile_check(g)
+    assert len(g.children) == 1 and not list(tmp_path.iterdir())
+    want = {t: "the kernel k does not compile for a GPU (sm_90a): CompilationError: Python call in a kernel"
+            for t in ("a3.softmax", "a3.flash_attention_forward")}
+    assert g.zeroed == want
+
+    monkeypatch.setenv(host_policy.CACHE_ENV, str(tmp_path))
+    for answer, compiles in ((bad, 1), ({"t": "result"}, 0)):      # the second grader never asks its child
+        memo.clear()
+        g = _FakeGrader(key, answer)
+        host_policy.gpu_compile_check(g)
+        assert len(g.children) == compiles and g.zeroed == want
+    assert [p.name for p in tmp_path.iterdir()] == [f"{key}.json"]
+    memo.clear()
+    g = _FakeGrader("f" * 24, {"t": "result"})                      # another kernel: compiled, compiles
+    host_policy.gpu_compile_check(g)
+    assert len(g.children) == 1 and g.zeroed == {}
+
+
+def test_a_kernels_compile_key_covers_the_constants_it_reads():
+    """Two launches of one kernel source that reads a global constant share a key only when the constant is the
+    same (the compiler folds it in); a global the kernel does not read changes nothing."""
+    from autograder.host_guard import launch_signature
+    src = """
+    @triton.jit
+    def k(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK) * SCALE
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+    """
+    keys = []
+    for scale, other in ((1, 0), (1, 5), (2, 0)):
+        ns, _, _ = _load(f"SCALE = {scale}\nOTHER = {other}\n" + textwrap.dedent(src))
+        rec = launch_signature(ns["k"], (torch.zeros(8), 8), {"BLOCK": 8})
+        keys.append(rec["key"])
+    assert keys[0] == keys[1] != keys[2]
