@@ -243,3 +243,16 @@ def test_solution_passes_visible_checks_and_student_notebook_reports_not_impleme
     assert len(results) == len(GRADED[aid]) + len(WARMUP.get(aid, ()))
     for shown, text in results:
         assert shown == "False" and ("not implemented" in text or "NotImplementedError" in text), text
+
+
+@pytest.mark.notebooks
+def test_the_second_notebook_does_not_see_the_first_ones_names():
+    """The pair shares a kernel, not a namespace: a name the student notebook uses but only the solution defined
+    (a variable, an imported module) is not there, as in a fresh kernel."""
+    def nb(code):
+        return nbformat.writes(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code)]))
+
+    a, b = _execute_in_one_kernel(nb("import math\nx = 1\nprint(sorted({'x', 'math'} & set(globals())))"),
+                                  nb("print(sorted({'x', 'math'} & set(globals())))"))
+    assert a.cells[0].outputs[0]["text"] == "['math', 'x']\n"
+    assert b.cells[0].outputs[0]["text"] == "[]\n"
