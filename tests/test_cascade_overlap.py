@@ -7,9 +7,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import json
-import os
-import subprocess
-import sys
 import weakref
 
 import pytest
@@ -20,8 +17,8 @@ from reference.triton.cascade import CascadeConfig
 from tests.common import cascade_case as _case
 from tests.common import cascade_oracle as _oracle
 from tests.oracle import lse_err, rel_err
+from tests import sm90_compile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and not INTERPRET and torch.cuda.get_device_capability() == (9, 0)
 
 _AOT_CHILD = """
@@ -47,9 +44,7 @@ def test_sm90_compile_of_the_overlap_kernels():
     wgmma, TMA, no spills; the plain one has no griddepcontrol); the suffix programs (1), suffix + wait + merge
     (2, with ``griddepcontrol.wait``) and merge-only (3) kernels have no wgmma, two of them fit an SM beside each
     other (registers x 128 threads, shared memory), and spill at most one word (2: 8 B of stack at 168 registers)."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _AOT_CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = sm90_compile.run(["-c", _AOT_CHILD], timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     u = json.loads(out.stdout.strip().splitlines()[-1])
     p = u["prefix"]

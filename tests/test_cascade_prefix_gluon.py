@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,8 +14,8 @@ from reference.triton.cascade import CascadeConfig
 from tests.common import cascade_case as _case
 from tests.common import cascade_oracle as _oracle
 from tests.oracle import lse_err, rel_err
+from tests import sm90_compile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and not INTERPRET and torch.cuda.get_device_capability() == (9, 0)
 
 _AOT_CHILD = """
@@ -43,9 +40,7 @@ def test_sm90_compile_runs_on_wgmma_tma_and_warp_specialised_without_spills():
     a thread kernel-wide), a named barrier of one warpgroup (128 threads) before its Q tile is read, no spills,
     shared memory within a CTA's 227 KiB (3 stages at d = 128 fit: 229,688 B). The Triton kernel's suffix-and-merge
     launch that follows (``PREFIX_DONE``) compiles without the prefix tiles."""
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _AOT_CHILD], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
+    out = sm90_compile.run(["-c", _AOT_CHILD], timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     u, t = json.loads(out.stdout.strip().splitlines()[-1])
     # the suffix-and-merge kernel after it: no prefix tiles compiled (no wgmma), mma.sync suffix tiles, no spills

@@ -25,6 +25,7 @@ from reference.triton.hopper import fp8_quant as fq
 from reference.triton.hopper.flash_fp8 import (Fp8KeyPermuted, attention_fp8, prepare_fp8, quantize_fp8_blocks,
                                                rotate)
 from tests.oracle import attention_ref, rel_err
+from tests import sm90_compile
 
 pytestmark = pytest.mark.triton_hopper
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -307,9 +308,7 @@ def test_compiles_for_hopper_without_spills():
     code = ("import json; from reference.triton.hopper import fp8_quant as fq; "
             "from reference.triton.hopper._aot import resource_usage; "
             "print(json.dumps([resource_usage(fq.compile_quant(128, hadamard=h)) for h in (False, True)]))")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = sm90_compile.run(["-c", code], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     plain, had = json.loads(out.stdout.strip().splitlines()[-1])
     for u in (plain, had):

@@ -7,9 +7,6 @@ GPU (H100/H200): against the float64 oracle on ragged requests (chunks of 0 and 
 the page or the tile), pages permuted through the pool, GQA, causal and not, 8- to 256-token pages.
 """
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -17,17 +14,15 @@ import torch
 
 from reference.triton import INTERPRET, paged_prefill
 from tests.common import FLASH_O_TOL, check_paged_prefill, make_paged_prefill
+from tests import sm90_compile
 
 pytestmark = pytest.mark.triton_serving
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
 
 
 def _aot(*args) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-m", "reference.triton.hopper.paged_prefill_gluon", *map(str, args)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = sm90_compile.run(["-m", "reference.triton.hopper.paged_prefill_gluon", *map(str, args)], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

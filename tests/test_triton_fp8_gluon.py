@@ -9,9 +9,6 @@ row ``oracle.fp8_lse_bound``), and the entry point with exact attention (o 0.1, 
 ``benchmarks/course/bench_fp8_gluon.py`` checks again at scale before timing.
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,10 +17,10 @@ from reference.triton import DEVICE
 from reference.triton.hopper import flash_fp8_gluon as fg
 from reference.triton.hopper.flash_fp8 import flash_attention_forward_fp8, prepare_fp8, quantize_fp8_blocks
 from reference.triton.configs import HOPPER_SMEM, Fp8GluonConfig, GluonForwardConfig
+from tests import sm90_compile
 from tests.oracle import FP8_MMA_BITS, attention_ref, fp8_lse_violation, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_gluon
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 O_TOL_FP8 = 6e-2  # tests/test_triton_hopper.py, GPU (P rounded to e4m3); lse: oracle.fp8_lse_bound per row
 
@@ -41,11 +38,7 @@ def t(rng, *shape, dtype=torch.bfloat16, spread=1.0):
 @pytest.mark.slow
 @pytest.mark.parametrize("args", [(), ("--causal",), ("--d", "64", "--causal")])
 def test_compiles_for_hopper(args):
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-m", "reference.triton.hopper.aot_report", "fp8g", *args], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    usage = json.loads(out.stdout.strip().splitlines()[-1])
+    usage = _pv_waits(*args)  # the same compile as test_pin_hoists_the_pv_wait_above_the_exps' (the waits added)
     assert usage["QGMMA"] > 0 and usage["HGMMA"] == 0 and usage["HMMA"] == 0, usage  # FP8 wgmma only
     assert usage["UTMALDG"] > 0 and usage["USETMAXREG"] > 0 and usage["registers"] == 168, usage
     assert usage["shared_bytes"] <= HOPPER_SMEM, usage
@@ -56,9 +49,7 @@ def test_compiles_for_hopper(args):
 
 
 def _pv_waits(*args):
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-m", "reference.triton.hopper.aot_report", "fp8g", "--waits", *args],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = sm90_compile.run(["-m", "reference.triton.hopper.aot_report", "fp8g", "--waits", *args], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -126,9 +117,7 @@ print(json.dumps({"usage": resource_usage(c), "sass": sass_text(c)}))
 
 
 def _compile_sass(d, causal, schedule):
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _KEY_LOOP_SASS, str(d), str(int(causal)), json.dumps(schedule)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = sm90_compile.run(["-c", _KEY_LOOP_SASS, str(d), str(int(causal)), json.dumps(schedule)], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -7,9 +7,6 @@ no HMMA), TMA loads and ``setmaxnreg``, and do not spill. The input checks run e
 outputs are compared with a float64 oracle (``benchmarks/course/bench_gluon.py`` does the same at scale and times it).
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -17,24 +14,23 @@ import torch
 from reference.triton import DEVICE
 from experiments import gluon_schedules
 from reference.triton.hopper.flash_gluon import flash_attention_forward_gluon
+from tests import sm90_compile
 from tests.oracle import attention_ref, lse_err, rel_err
 
 pytestmark = pytest.mark.triton_gluon
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 
 
 def _aot(module: str, *args) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=300)
+    out = sm90_compile.run(["-m", module, *args], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("module, args", [
-    ("reference.triton.hopper.aot_report", ("fwd",)),  # the production kernel (persistent ping-pong)
+    ("reference.triton.hopper.aot_report", ("fwd", "--waits")),  # the production kernel (persistent ping-pong;
+    # the same compile as test_fence_keeps_the_pv_wait_after_the_exps[args3])
     ("experiments.gluon_schedules", ("pingpong", "--causal", "--one-cta-per-tile")),
     ("experiments.gluon_schedules", ("overlap", "--d", "64"))])
 def test_compiles_for_hopper_without_spills(module, args):

@@ -7,9 +7,6 @@ step, and no spills. Bad arguments raise naming the argument. On an H100/H200 th
 float64 autograd (``benchmarks/course/bench_gluon_bwd.py --set ws`` does it at scale).
 """
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,9 +16,9 @@ from reference.triton.configs import GLUON_BACKWARD, GluonBackwardConfig
 from reference.triton.hopper.flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 from tests.oracle import attention_grads, attention_ref, rel_err
 from tests.common import gluon_bwd_inputs as _inputs
+from tests import sm90_compile
 
 pytestmark = pytest.mark.triton_gluon
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 G_TOL = 2e-2
 
@@ -39,9 +36,7 @@ for d, causal, config in json.loads(sys.argv[1]):
 def test_compiles_for_hopper_warp_specialised_without_spills():
     # the default config at d = 128 causal and non-causal, and d = 64
     cases = [[128, True, None], [128, False, None], [64, True, None]]
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(cases)], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=600)
+    out = sm90_compile.run(["-c", _CHILD, json.dumps(cases)], timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     usages = [json.loads(x) for x in out.stdout.strip().splitlines()]
     assert len(usages) == len(cases)

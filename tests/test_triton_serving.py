@@ -337,13 +337,8 @@ def test_sm90_compiles_wgmma_prefix_tiles_tma_and_pdl():
     wgmma (HGMMA; the 16-row suffix tiles on mma.sync), the TMA options issue bulk tensor copies (UTMALDG), PDL
     emits griddepcontrol, and nothing spills (notes/serving_perf.md, "Decode at 32k and the one-launch cascade")."""
     import json
-    import os
-    import subprocess
-    import sys
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {**os.environ, "TRITON_INTERPRET": "0", "CUDA_VISIBLE_DEVICES": ""}
-    out = subprocess.run([sys.executable, "-c", _AOT_CHILD], cwd=root, env=env, capture_output=True, text=True,
-                         timeout=900)
+    from tests import sm90_compile
+    out = sm90_compile.run(["-c", _AOT_CHILD], timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     u = json.loads(out.stdout.strip().splitlines()[-1])
     for name, usage in u.items():
