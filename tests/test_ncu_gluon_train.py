@@ -51,3 +51,9 @@ def test_a_bad_implementation_is_named():
     out = subprocess.run([sys.executable, "-m", "benchmarks.tuning.ncu_gluon_train", "--profile", "flash", "[]"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "--profile IMPL" in out.stderr
+
+
+def test_a_bad_row_set_is_named():
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tuning.ncu_gluon_train", "--rows", "slow"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--rows" in out.stderr and "below" in out.stderr

@@ -9,6 +9,7 @@ step it was profiled in; each step runs once to warm up (compilation outside the
 between ``cudaProfilerStart`` and ``cudaProfilerStop``.
 
     python3 -m benchmarks.tuning.ncu_gluon_train --out DIR     # DIR/<gpu>-gluon-train-ncu.json (+ raw CSVs)
+    python3 -m benchmarks.tuning.ncu_gluon_train --rows below --out DIR  # the rows below cuDNN (causal 2k MHA, GQA 8k)
     python3 -m benchmarks.tuning.ncu_gluon_train --summarize A.csv    # the per-kernel table of one ncu CSV
 """
 from __future__ import annotations
@@ -21,6 +22,9 @@ import sys
 
 #: (causal, N, B, Hq, Hkv): the GQA rows of ``bench_gluon_train`` (the training-step bar's rows), d = 128
 SHAPES = [(True, 8192, 2, 32, 8), (True, 32768, 1, 32, 8)]
+#: ``--rows``: which rows to profile. ``below``: the rows measured below cuDNN on an H200 (the causal 2k MHA
+#: training step, 0.78x, B = 8, H = 16; and causal GQA 32/8 at 8k, whose backward was 0.79-0.81x on an H100)
+ROWS = {"gqa": SHAPES, "below": [(True, 2048, 8, 16, 16), (True, 8192, 2, 32, 8)]}
 IMPLS = ("cudnn", "gluon")
 D = 128
 
@@ -89,6 +93,7 @@ def main(argv=None):
     ap.add_argument("--out", default="/tmp/ncu_train")
     ap.add_argument("--profile", nargs=2, metavar=("IMPL", "SHAPE_JSON"), help="(internal, under ncu)")
     ap.add_argument("--summarize", default=None, help="print the per-kernel summary of one ncu CSV")
+    ap.add_argument("--rows", choices=sorted(ROWS), default="gqa", help="which training-step rows to profile")
     args = ap.parse_args(argv)
     if args.profile:
         impl, shape = args.profile
@@ -107,7 +112,8 @@ def main(argv=None):
            "convention": "one training step (forward + backward via autograd) per ncu process, bf16; "
                          "--clock-control none; durations are ncu's (kernel replay), not do_bench's",
            "rows": []}
-    for shape in SHAPES:
+    res["rows_set"] = args.rows
+    for shape in ROWS[args.rows]:
         row = {"causal": shape[0], "N": shape[1], "B": shape[2], "H": shape[3], "H_kv": shape[4]}
         for impl in IMPLS:
             row[impl] = _ncu(impl, shape, args.out)
