@@ -73,6 +73,9 @@ class Child:
             LaunchHook.install()
             self.audit = OpAudit(h.get("given"))
             LaunchHook.audit = self.audit
+            if self.device == "cpu":             # the interpreter: an access outside the tensors is an error
+                from .interp_bounds import install
+                install()
         stub = types.ModuleType("autograder.check")
         stub.check = lambda *a, **k: True
         sys.modules["autograder.check"] = stub

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import re
 
+from .interp_bounds import MASK_HINT
+
 # a CUDA fault leaves the process's CUDA context unusable ("sticky"): the next task needs a fresh process
 CUDA_FAULT = re.compile(r"CUDA error|illegal memory access|illegal address|misaligned address|device-side assert|"
                         r"unspecified launch failure|CUDA_ERROR_|an illegal instruction", re.I)
@@ -49,6 +51,18 @@ def _what(reason: str) -> str:
     if "exit status 139" in reason:
         return SIGNALS["SIGSEGV"]
     return ""
+
+
+def out_of_bounds(fn: str, case: str, reason: str, tiled=(), params=None) -> str:
+    """The failed test's output for a load or store outside every tensor of its launch, caught by the
+    interpreter's bounds check (``interp_bounds``) before it could corrupt the process: ``reason`` is the
+    exception's message; when it is a tile running over an edge, the ragged axes of ``case`` join its hint."""
+    at = f" on {case}" if case else ""
+    if f": {MASK_HINT}" not in reason:
+        return f"{fn} failed{at}: {reason}"
+    axes = ragged_axes(tiled, params or {})
+    detail = reason.split(f": {MASK_HINT}")[0]
+    return f"{fn} failed{at}: {detail}" + (f"; {'; '.join(axes)}" if axes else "") + f": {MASK_HINT}"
 
 
 def crash(fn: str, case: str, kind: str, reason: str, triton: bool, tiled=(), params=None,

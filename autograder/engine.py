@@ -300,6 +300,9 @@ class Grader:
             self._after_call(task, h)
             if diagnose.is_cuda_fault(h.get("msg", "")):
                 msg = self._cuda_fault(task, h)
+            elif h["exc"] == "OutOfBoundsAccess":
+                # the case is named by the caller's "[case n: ...]"
+                msg = diagnose.out_of_bounds(task.name, "", h.get("msg", ""), task.tiled, self.case)
             return Verdict(False, float("inf"), msg)
         h["arrays"] = _host_arrays(h, arrs)
         v = evaluate(call, h, sent, self.device, memory_limit)

@@ -1,8 +1,9 @@
 """Visible cases run where a crash cannot take the caller down: ``check()`` in a notebook, ``make check`` in pytest
 (docs/design.md §6: a crash is a failed test with a diagnosis, never a flag).
 
-A student's kernel that writes past a tensor (an unmasked ``tl.store`` on a ragged tail) corrupts memory or kills
-the process in Triton's interpreter, and leaves a CUDA context broken on a GPU; one that never ends hangs. So the
+A student's kernel that writes past a tensor (an unmasked ``tl.store`` on a ragged tail) corrupts memory, kills or
+hangs the process in Triton's interpreter (unless ``interp_bounds``, installed in every worker, stops it first),
+and leaves a CUDA context broken on a GPU; one that never ends hangs. So the
 cases run in a *worker* process, reused while it is healthy: a case that kills it, or outlives its time limit,
 fails with a diagnosis (``diagnose.crash``), and the next case gets a fresh worker. After a CUDA fault the worker
 answers, then exits, so that the next case does not inherit the broken context. What the worker wrote to its
@@ -102,6 +103,9 @@ def serve(conn, lookup, device_of, run_case):
         if req[0] == "stop":
             return
         _, task_id, name, case = req
+        if "triton" in sys.modules:   # the interpreter: a load or store outside its tensors fails the case cleanly
+            from .interp_bounds import install
+            install()
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             if case.parent is not None:

@@ -166,7 +166,8 @@ def test_check_in_a_jupyter_kernel_survives_a_segfault():
 @pytest.mark.slow
 def test_make_check_on_an_unmasked_triton_store(tmp_path):
     """The bundled ``w_softmax_unmasked_store`` (a3's softmax without the ragged-tail store mask) through
-    ``make check``: non-zero exit, the mask diagnosis, none of the interpreter's raw crash output."""
+    ``make check``: non-zero exit, the bounds check's diagnosis naming the kernel's line, none of the interpreter's
+    raw crash output (the store is stopped before it lands)."""
     from autograder.selftest import SUB, materialise_mutant
     sub = materialise_mutant(SUB / "a3_triton/wrong/w_softmax_unmasked_store.mutant.json", tmp_path)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -174,7 +175,8 @@ def test_make_check_on_an_unmasked_triton_store(tmp_path):
                         "no:cacheprovider", "-p", "no:xdist", "--assignment", "a3", "--submission", str(sub),
                         "-m", "softmax"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
     out = p.stdout + p.stderr
-    assert p.returncode != 0 and "softmax crashed" in out and "tl.load/tl.store missing its mask" in out, out
+    assert p.returncode != 0 and "OutOfBoundsAccess: tl.store in `_softmax_kernel` wrote" in out, out
+    assert "past the end of `y_ptr`" in out and "tl.load/tl.store missing its mask" in out and ", in _softmax_kernel)" in out, out
     for raw in ("Fatal Python error", "free(): invalid", "Segmentation fault", "core dumped", "Traceback"):
         assert raw not in out, out
 
