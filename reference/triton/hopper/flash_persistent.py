@@ -44,16 +44,15 @@ CONFIG: dict = ({"BLOCK_M": 32, "BLOCK_N": 16, "num_warps": 4, "num_stages": 1, 
 
 
 @triton.jit
-def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items,
-                         stride_qb, stride_qh, stride_qm, stride_qd,
-                         stride_kb, stride_kh, stride_kn, stride_kd,
-                         stride_vb, stride_vh, stride_vn, stride_vd,
-                         stride_ob, stride_oh, stride_om, stride_od,
+def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items, stride_q, stride_k, stride_v, stride_o,
                          H_Q, GROUP, N_Q_MAX, N_K_MAX, qk_scale,
                          HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr,
                          DYNAMIC: tl.constexpr, INTERP: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """Loop: take work item ``ITEMS[2t], ITEMS[2t+1] = (b * H_Q + h, query block)``; run FA2 lines 4-15 on it."""
+    """Loop: take work item ``ITEMS[2t], ITEMS[2t+1] = (b * H_Q + h, query block)``; run FA2 lines 4-15 on it.
+
+    ``stride_q`` .. ``stride_o``: each tensor's ``(batch, head, row, column)`` strides as one tuple (``x.stride()``).
+    """
     if DYNAMIC:
         item = tl.atomic_add(COUNTER, 1)
     else:
@@ -75,10 +74,10 @@ def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items,
             N_K = N_K_MAX
         start_m = pid_m * BLOCK_M
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
-        k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
-        v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
-        q = load_tile(q_base, Q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_qm, stride_qd, N_Q, Q, 0,
+        q_base = Q + b64 * stride_q[0] + h.to(tl.int64) * stride_q[1]
+        k_base = K + b64 * stride_k[0] + hk.to(tl.int64) * stride_k[1]
+        v_base = V + b64 * stride_v[0] + hk.to(tl.int64) * stride_v[1]
+        q = load_tile(q_base, Q, b, h, start_m, tl.arange(0, BLOCK_M), offs_d, stride_q[2], stride_q[3], N_Q, Q, 0,
                        BLOCK_M, HEAD_DIM, False, True)
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -86,11 +85,11 @@ def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items,
         OFFSET = N_K - N_Q
         full_end, hi = causal_key_range(start_m, N_K, OFFSET, BLOCK_M, BLOCK_N, CAUSAL)
         acc, l_i, m_i = fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, K, V, b, hk, 0, full_end,
-                                        offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                        offs_m, offs_n, offs_d, stride_k[2], stride_k[3], stride_v[2], stride_v[3],
                                         N_K, OFFSET, qk_scale, Q, 0, 0, BLOCK_N, HEAD_DIM, CAUSAL, False, False,
                                         INTERP, 0)
         acc, l_i, m_i = fwd_key_blocks(acc, l_i, m_i, q, k_base, v_base, K, V, b, hk, full_end, hi,
-                                        offs_m, offs_n, offs_d, stride_kn, stride_kd, stride_vn, stride_vd,
+                                        offs_m, offs_n, offs_d, stride_k[2], stride_k[3], stride_v[2], stride_v[3],
                                         N_K, OFFSET, qk_scale, Q, 0, 0, BLOCK_N, HEAD_DIM, CAUSAL, True, False,
                                         INTERP, 0)
         empty = l_i == 0.0
@@ -98,8 +97,8 @@ def _attn_fwd_persistent(Q, K, V, O, LSE, ITEMS, COUNTER, SEQ_LENS, n_items,
         lse = tl.where(empty, float("-inf"), (m_i + tl.math.log2(l_safe)) * LN2)
         row_ok = offs_m < N_Q
         tl.store(LSE + pid_bh.to(tl.int64) * N_Q_MAX + offs_m, lse, mask=row_ok)
-        o_ptrs = (O + b64 * stride_ob + h.to(tl.int64) * stride_oh
-                  + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od)
+        o_ptrs = (O + b64 * stride_o[0] + h.to(tl.int64) * stride_o[1]
+                  + offs_m[:, None] * stride_o[2] + offs_d[None, :] * stride_o[3])
         tl.store(o_ptrs, (acc / l_safe[:, None]).to(O.dtype.element_ty), mask=row_ok[:, None])
         if DYNAMIC:
             item = tl.atomic_add(COUNTER, 1)
@@ -169,7 +168,8 @@ def compile_persistent(head_dim: int = 128, causal: bool = True):
     from ._aot import compile_triton
     kernel = _attn_fwd_persistent
     sig = {n: ("*bf16" if n in "QKVO" else "*fp32" if n == "LSE" else "*i32" if n in ("ITEMS", "COUNTER", "SEQ_LENS")
-               else "fp32" if n == "qk_scale" else "i32") for n in kernel.arg_names}
+               else "fp32" if n == "qk_scale" else ("i32",) * 4 if n.startswith("stride_") else "i32")
+           for n in kernel.arg_names}
     cx = dict(HEAD_DIM=head_dim, CAUSAL=causal, VARLEN=False, DYNAMIC=True, INTERP=False, BLOCK_M=128, BLOCK_N=64)
     return compile_triton(kernel, sig, cx, 8, 3)
 
@@ -203,7 +203,7 @@ def flash_attention_forward_persistent(q, k, v, causal=True, scale=None, seq_len
         lse = torch.full((B, Hq, Nq), float("-inf"), dtype=torch.float32, device=q.device)
     grid = (min(num_sms() * cfg["programs_per_sm"], n_items),) if persistent else (n_items,)
     _attn_fwd_persistent[grid](q, k, v, o, lse, items, counter, sl, n_items,
-                               *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+                               q.stride(), k.stride(), v.stride(), o.stride(),
                                Hq, group, Nq, Nk, scale * LOG2E.value,
                                HEAD_DIM=d, CAUSAL=causal, VARLEN=lens is not None, DYNAMIC=persistent,
                                INTERP=INTERPRET, BLOCK_M=bm, BLOCK_N=bn,
