@@ -74,8 +74,9 @@ class Child:
             self.audit = OpAudit(h.get("given"))
             LaunchHook.audit = self.audit
             if self.device == "cpu":             # the interpreter: an access outside the tensors is an error
-                from .interp_bounds import install
-                install()
+                from . import interp_bounds, interp_fast
+                interp_bounds.install()
+                interp_fast.install()
         stub = types.ModuleType("autograder.check")
         stub.check = lambda *a, **k: True
         sys.modules["autograder.check"] = stub

@@ -104,8 +104,9 @@ def serve(conn, lookup, device_of, run_case):
             return
         _, task_id, name, case = req
         if "triton" in sys.modules:   # the interpreter: a load or store outside its tensors fails the case cleanly
-            from .interp_bounds import install
-            install()
+            from . import interp_bounds, interp_fast
+            interp_bounds.install()
+            interp_fast.install()
         buf = io.StringIO()
         with contextlib.redirect_stdout(buf):
             if case.parent is not None:

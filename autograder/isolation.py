@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 REPO = str(HERE.parent)
 CHILD_MODULES = ("child.py", "runner.py", "protocol.py", "traps.py", "audit.py", "where.py", "gluon_child.py",
                  "host_policy.py", "host_guard.py", "host_rules.py", "threats.py", "specs/_base.py", "device_clock.py",
-                 "interp_bounds.py")
+                 "interp_bounds.py", "interp_fast.py")
 #: the parent's environment variables a grading child keeps (the sandbox's spawned children and the zygote's)
 KEEP_ENV = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME", "TRITON_PTXAS_PATH",
             "TRITON_LIBCUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "SYSTEMROOT")
