@@ -13,6 +13,7 @@ import operator
 import os
 import sys
 import types
+import weakref
 
 from .host_rules import ALLOWED_DUNDER_NAMES, ALLOWED_IMPORTS, DENIED_ATTRS, GUARD, KERNEL_BUILTINS, RULE, PolicyError
 from .threats import T10
@@ -572,22 +573,36 @@ def wrap_call(guard, fn, task_name, allow=(), mode="call"):
 # ------------------------------------------------------------------------------------------------ GPU target
 def _kernel_sources(fn, seen=None) -> list:
     """The source of a kernel and of every ``@triton.jit`` function it reaches through its globals."""
-    import inspect
     seen = set() if seen is None else seen
     if fn in seen:
         return []
     seen.add(fn)
-    try:
-        out = [inspect.getsource(fn)]
-    except (OSError, TypeError):
-        out = [fn.__code__.co_code.hex()]
-    out.append(_constants_read(fn))
+    out = [_source(fn), _constants_read(fn)]
     for v in list(fn.__globals__.values()):
         inner = getattr(v, "fn", None)
         if type(v).__name__ in ("JITFunction", "InterpretedFunction") and inner is not None and inner is not fn:
             if getattr(inner, "__code__", None) is not None and inner.__code__.co_filename.startswith("<cell "):
                 out += _kernel_sources(inner, seen)
     return out
+
+
+_SOURCES = weakref.WeakKeyDictionary()      # function -> (its code object, its source): ``_source``
+
+
+def _source(fn) -> str:
+    """``inspect.getsource(fn)`` (its code's bytes where there is no source), once per function and code object:
+    every launch keys its verdict on it, and tokenising the cell again per launch was a quarter of an
+    interpreted grading's launch time."""
+    import inspect
+    hit = _SOURCES.get(fn)
+    if hit is not None and hit[0] is fn.__code__:
+        return hit[1]
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = fn.__code__.co_code.hex()
+    _SOURCES[fn] = (fn.__code__, src)
+    return src
 
 
 def _constants_read(fn) -> str:
