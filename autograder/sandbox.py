@@ -177,10 +177,10 @@ class Sandbox:
         nproc = nproc_limit(self.limits.extra_tasks)
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
             self.proc = None
-            if self.zygote and self.device == "cpu" and not self.trusted and not self.compile_only:
+            if self.zygote and self.device == "cpu" and not self.trusted:
                 from . import zygote
                 self.proc = zygote.spawn(launch_cfg, env, self.tmp, rlimits(self.limits, nproc),
-                                         [r_req, w_resp, out.fileno(), err.fileno()])
+                                         [r_req, w_resp, out.fileno(), err.fileno()], self.compile_only)
             if self.proc is None:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", LAUNCH, json.dumps(launch_cfg)],

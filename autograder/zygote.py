@@ -7,8 +7,11 @@ sandbox spawns as before) when there is no zygote or it does not answer. ``Zygot
 ``Popen`` object: ``pid`` (L, the launcher: session leader of the child's processes), ``poll``, ``wait``
 (the exit status travels back from the zygote, which is L's parent), ``close``.
 
-Only CPU gradings use it (the GPU machine grades few submissions, and CUDA must not be initialised before a
-fork); ``AUTOGRADER_ZYGOTE=0`` in the selftest's environment switches it off.
+A second zygote (``AUTOGRADER_ZYGOTE_COMPILE``) forks the compile children (the sm_90a frontend compile of a
+submission's kernels), whose Triton must be imported with the interpreter off; spawned, each of them imported
+torch and Triton again (1.1 s of CPU per Triton grading). Only CPU gradings use them (the GPU machine grades few
+submissions, and CUDA must not be initialised before a fork); ``AUTOGRADER_ZYGOTE=0`` in the selftest's
+environment switches both off.
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import time
 from . import isolation
 
 ENV = "AUTOGRADER_ZYGOTE"
+ENV_COMPILE = "AUTOGRADER_ZYGOTE_COMPILE"
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_server.py")
 LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 ZBOOT = "import sys, json, runpy; runpy.run_path(json.loads(sys.argv[1])['server'], run_name='__main__')"
@@ -81,9 +85,11 @@ class ZygoteProc:
                 self.returncode = -9
 
 
-def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list) -> ZygoteProc | None:
-    """Ask the zygote named in ``AUTOGRADER_ZYGOTE`` for a child; None when there is none or it fails."""
-    addr = os.environ.get(ENV, "")
+def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list,
+          compile_only: bool = False) -> ZygoteProc | None:
+    """Ask the zygote named in ``AUTOGRADER_ZYGOTE`` (a compile child: ``AUTOGRADER_ZYGOTE_COMPILE``) for a
+    child; None when there is none or it fails."""
+    addr = os.environ.get(ENV_COMPILE if compile_only else ENV, "")
     if ":" not in addr:
         return None
     name, token = addr.split(":", 1)
@@ -101,57 +107,81 @@ def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list) -> Zy
         return None
 
 
-def _env(tmp):
+def _env(tmp, interpret: bool):
     env = {k: os.environ[k] for k in isolation.KEEP_ENV if k in os.environ}
     env.update({"HOME": os.path.join(tmp, "home"), "TMPDIR": os.path.join(tmp, "tmp"),
                 "TRITON_CACHE_DIR": os.path.join(tmp, "triton"), "PYTHONDONTWRITEBYTECODE": "1",
                 "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-                "LANG": env.get("LANG", "C.UTF-8"), "MPLBACKEND": "Agg", "TRITON_INTERPRET": "1",
+                "LANG": env.get("LANG", "C.UTF-8"), "MPLBACKEND": "Agg", "TRITON_INTERPRET": "1" if interpret else "0",
                 "CUDA_VISIBLE_DEVICES": ""})
     return env
 
 
+def _start(tmp: str, interpret: bool):
+    """One zygote server in ``tmp`` (Triton's interpreter on for the grading children, off for the compile
+    children: Triton decides it when it is imported): ``(process, "name:token" or None, why not)``."""
+    for sub in ("home", "tmp", "triton"):
+        os.makedirs(os.path.join(tmp, sub))
+    hide, keep = isolation.hidden_dirs(), isolation.kept_dirs()
+    path = [isolation.stage_child_code(os.path.join(tmp, "grader"))] + isolation.child_sys_path(hide, keep)
+    name, token = f"autograder-zygote-{secrets.token_hex(8)}", secrets.token_hex(16)
+    cfg = {"path": path, "launch": LAUNCH, "server": SERVER, "name": name}
+    with open(os.path.join(tmp, "stderr.txt"), "wb") as err:
+        proc = subprocess.Popen([isolation.child_python(), "-I", "-S", "-c", ZBOOT, json.dumps(cfg)],
+                                cwd=tmp, env=_env(tmp, interpret), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=err, start_new_session=True, close_fds=True)
+    proc.stdin.write(f"{token}\n".encode())
+    proc.stdin.flush()
+    return proc, name, token
+
+
+def _ready(proc) -> tuple[bool, str]:
+    r, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
+    line = proc.stdout.readline() if r else b""
+    ans = json.loads(line) if line.strip() else {"ready": False, "why": "no answer"}
+    return bool(ans.get("ready")), str(ans.get("why"))
+
+
+def _stop(proc):
+    with contextlib.suppress(OSError):
+        proc.stdin.close()             # the zygote kills its children and exits
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def running(device="cpu"):
-    """A zygote for the CPU gradings inside (``AUTOGRADER_ZYGOTE`` set for grader subprocesses); yields why
-    there is none, or None. Stopped (with every child it forked) on the way out."""
+    """Two zygotes for the CPU gradings inside (``AUTOGRADER_ZYGOTE`` and ``AUTOGRADER_ZYGOTE_COMPILE`` set for
+    grader subprocesses): one forks the grading children (interpreter on), one the compile children
+    (interpreter off, for the sm_90a frontend compile). Yields why there is none, or None; a compile zygote that
+    does not start leaves its children spawned as before. Stopped (with every child they forked) on the way out."""
     if device != "cpu" or os.environ.get(ENV) == "0" or not isolation.namespaces_enabled():
         yield "switched off"
         return
     tmp = tempfile.mkdtemp(prefix="autograder-zygote-")
-    proc, why, saved = None, None, os.environ.get(ENV)
+    procs, why, saved = [], None, {k: os.environ.get(k) for k in (ENV, ENV_COMPILE)}
     try:
-        for sub in ("home", "tmp", "triton"):
-            os.makedirs(os.path.join(tmp, sub))
-        hide, keep = isolation.hidden_dirs(), isolation.kept_dirs()
-        path = [isolation.stage_child_code(os.path.join(tmp, "grader"))] + isolation.child_sys_path(hide, keep)
-        name, token = f"autograder-zygote-{secrets.token_hex(8)}", secrets.token_hex(16)
-        cfg = {"path": path, "launch": LAUNCH, "server": SERVER, "name": name}
-        with open(os.path.join(tmp, "stderr.txt"), "wb") as err:
-            proc = subprocess.Popen([isolation.child_python(), "-I", "-S", "-c", ZBOOT, json.dumps(cfg)],
-                                    cwd=tmp, env=_env(tmp), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=err, start_new_session=True, close_fds=True)
-        proc.stdin.write(f"{token}\n".encode())
-        proc.stdin.flush()
-        r, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT)
-        line = proc.stdout.readline() if r else b""
-        ans = json.loads(line) if line.strip() else {"ready": False, "why": "no answer"}
-        if ans.get("ready"):
-            os.environ[ENV] = f"{name}:{token}"
-        else:
-            why = f"zygote not started: {ans.get('why')}"
+        started = []
+        for var, interpret in ((ENV, True), (ENV_COMPILE, False)):
+            proc, name, token = _start(os.path.join(tmp, var.lower()), interpret)
+            procs.append(proc)
+            started.append((var, proc, name, token))
+        for var, proc, name, token in started:
+            ok, reason = _ready(proc)
+            if ok:
+                os.environ[var] = f"{name}:{token}"
+            elif var == ENV:
+                why = f"zygote not started: {reason}"
         yield why
     finally:
-        if saved is None:
-            os.environ.pop(ENV, None)
-        else:
-            os.environ[ENV] = saved
-        if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()             # the zygote kills its children and exits
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+        for proc in procs:
+            _stop(proc)
         shutil.rmtree(tmp, ignore_errors=True)

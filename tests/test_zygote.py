@@ -130,3 +130,19 @@ def test_no_zygote_or_a_wrong_token_gets_nothing(zyg, monkeypatch):
         assert not isinstance(sb.proc, zygote.ZygoteProc)
     finally:
         sb.stop()
+
+
+def test_compile_children_come_from_a_zygote_with_the_interpreter_off(zyg):
+    """A compile child (``compile_only``: the sm_90a frontend compile) is forked by the second zygote, whose
+    Triton was imported with the interpreter off: a ``@triton.jit`` in it is a compilable ``JITFunction``, and a
+    grading child's is an ``InterpretedFunction``."""
+    src = "import triton\n@triton.jit\ndef k(x):\n    pass\nKIND = type(k).__name__\n"
+    look = src + "JIT = 1 if KIND == 'JITFunction' else None\nINTERPRETED = 1 if KIND == 'InterpretedFunction' else None\n"
+    for compile_only, want in ((True, "JIT"), (False, "INTERPRETED")):
+        sb = _child(compile_only=compile_only)
+        try:
+            h = _load(sb, look, ["JIT", "INTERPRETED"])
+            assert all(c["ok"] for c in h["cells"]), h["cells"]
+            assert h["names"][want] == "int", (compile_only, h["names"])
+        finally:
+            sb.stop()
