@@ -16,7 +16,8 @@ For each wrong entry (a ``*.mutant.json`` or a ``*.py``), in the order of the zo
 
 Running ``check`` on a Triton assignment's entry takes the interpreter seconds per case (a7: an sm_90a compile),
 so symptoms are cached in ``docs/common_bugs/symptoms.json`` under a hash of everything that makes them (the
-entry, a mutant's base, the assignment's spec, the checker's modules). ``--check`` (the test) recomputes the
+entry, a mutant's base, and every grader module that ``check()`` or the assignment's spec imports: the
+diagnosis words, the interpreter's bounds check, the case generators). ``--check`` (the test) recomputes the
 symptoms of every entry whose functions are all NumPy and of every entry whose hash changed, reuses the rest,
 and exits 1 when a guide on disk differs from the one it would write. A new zoo entry therefore shows up in the
 guide only through this script, and a stale guide fails the test.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -42,8 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "docs" / "common_bugs"
 CACHE = OUT / "symptoms.json"
 SEED = 0
-#: the modules whose code decides what check() prints (part of every entry's hash), and those of one assignment
-CHECKER = ("check.py", "visible.py", "evaluate.py", "compare.py", "runner.py", "where.py", "adapter.py")
+#: where what check() prints comes from: these modules and every grader module they import (``checker_modules``,
+#: part of every entry's hash), and those of one assignment
+CHECKER = ("check.py", "visible.py", "adapter.py", "isolated.py", "check_worker.py")
 CHECKER_OF = {"a5_paged": ("allocator_check.py",), "a7_gluon": ("local_checks.py", "gluon_compile.py")}
 
 
@@ -104,11 +107,37 @@ def entry_hash(aid: str, entry: dict) -> str:
     h.update(entry["path"].read_bytes())
     if entry["path"].name.endswith(".mutant.json"):
         h.update((REPO / json.loads(entry["path"].read_text())["base"]).read_bytes())
-    h.update((REPO / "autograder" / "specs" / f"{aid}.py").read_bytes())
     h.update(json.dumps(entry["expect"], sort_keys=True).encode())
-    for m in CHECKER + CHECKER_OF.get(aid, ()):
+    for m in checker_modules(CHECKER + CHECKER_OF.get(aid, ()) + (f"specs/{aid}.py",)):
+        h.update(m.encode())
         h.update((REPO / "autograder" / m).read_bytes())
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=None)
+def checker_modules(roots: tuple) -> tuple:
+    """``roots`` (files under ``autograder/``) and every ``autograder`` module they import, directly or not, at
+    the top or inside a function (relative imports, read from the source): a change to any of them may change a
+    symptom (the diagnosis words, the bounds check, the case generators), so it changes the hash."""
+    base = REPO / "autograder"
+    seen, todo = set(), list(roots)
+    while todo:
+        rel = todo.pop()
+        if rel in seen or not (base / rel).is_file():
+            continue
+        seen.add(rel)
+        pkg = Path(rel).parent
+        for node in ast.walk(ast.parse((base / rel).read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            here = pkg
+            for _ in range(node.level - 1):
+                here = here.parent
+            stem = here / node.module.replace(".", "/") if node.module else here
+            names = [stem / "__init__.py", stem.parent / f"{stem.name}.py"] if node.module else []
+            names += [stem / f"{a.name}.py" for a in node.names]
+            todo += [str(n) for n in names if (base / n).is_file()]
+    return tuple(sorted(seen))
 
 
 def _source(entry: dict, tmp: Path) -> Path:

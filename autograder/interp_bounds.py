@@ -105,8 +105,8 @@ def check(ptrs, mask, what: str) -> None:
     gap, where, name, size = near
     if gap <= size:      # within a tensor's length of its edge: a tile running over the end (or start)
         raise OutOfBoundsAccess(f"{head} (the first {_plural(gap, 'element')} {where} `{name}`): {MASK_HINT}")
-    raise OutOfBoundsAccess(f"{head} (the first lands {gap:.3g} elements {where} `{name}`, the nearest, which "
-                            f"holds {size}): {FAR_HINT}")
+    raise OutOfBoundsAccess(f"{head} (the first lands {gap:.2g} elements from the nearest of them, far more than "
+                            f"a tile): {FAR_HINT}")
 
 
 _SAVED: dict = {}

@@ -89,6 +89,15 @@ def test_a_read_before_the_start_names_the_argument(rng, checked):
     assert "tl.load in `_double` read 3 elements outside" in msg and "before the start of `x_ptr`" in msg, msg
 
 
+def test_a_wild_address_asks_for_the_offset_not_the_mask(rng, checked):
+    x, y = _data(rng, 40), torch.zeros(40)
+    with pytest.raises(Exception) as info:
+        _double[(1,)](x, y, 40, 1 << 40, BLOCK=32, MASK_LOAD=False, MASK_STORE=False)
+    msg = str(info.value.__cause__)
+    assert "tl.load in `_double` read 32 elements outside" in msg and "lands 1.1e+12 elements from the nearest" in msg
+    assert interp_bounds.FAR_HINT in msg and interp_bounds.MASK_HINT not in msg, msg
+
+
 def test_views_and_block_pointers_stay_inside_their_storage(rng, checked):
     m, n = int(rng.integers(5, 12)), int(rng.integers(5, 12))
     big = _data(rng, 4 * m * n)
