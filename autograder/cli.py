@@ -76,6 +76,8 @@ def _parser():
                    help="grade only the tests whose name contains NAME (repeatable; with --seed: the same cases)")
     g.add_argument("--seed", type=int, help="replay an earlier run's cases (its seed is in the result JSON and in the "
                                            "reproduction line under the table)")
+    g.add_argument("--case-timeout", type=float, metavar="S",
+                   help="stop any case after S seconds, where the spec allows more (a submission known to hang)")
 
     a = _command(sub, "grade-all", "grade a folder of submissions in parallel",
                  "Grade every .ipynb/.py submission in a folder into a roster CSV (one row per student) and one JSON "
@@ -126,7 +128,8 @@ def cmd_grade(args) -> int:
     if not args.quiet:
         print(f"grading {args.submission} for {aid} on {device} ...", flush=True)
         log = _progress(len(specs.load(aid).tests))
-    result = Grader(aid, device, seed=args.seed, log=log, only=args.test).grade(args.submission)
+    result = Grader(aid, device, seed=args.seed, log=log, only=args.test,
+                    case_timeout=args.case_timeout).grade(args.submission)
     if args.json:
         write_json(result, args.json)
     if args.gradescope:

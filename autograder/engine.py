@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import os
 import statistics
@@ -115,8 +116,14 @@ class Grader:
     grading learns (flags, zeroed tasks, children, crashes, load errors, results) is per run: ``grade()`` starts
     from a clean state (``_new_run``), so grading twice with one object gives the same result as two objects."""
 
-    def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None, only=None):
+    def __init__(self, assignment, device="cpu", seed=None, log=None, limits=None, only=None, case_timeout=None):
         self.spec = specs_mod.load(assignment)
+        if case_timeout is not None:     # a cap on every task's time limit per case (this grader's copy of the spec)
+            if not (isinstance(case_timeout, (int, float)) and case_timeout > 0):
+                raise ValueError(f"case_timeout must be a positive number of seconds, got {case_timeout!r}")
+            self.spec = dataclasses.replace(self.spec, tasks={
+                tid: dataclasses.replace(t, case_timeout=min(t.case_timeout, float(case_timeout)))
+                for tid, t in self.spec.tasks.items()})
         self.only = list(only or ())     # grade only the tests whose name contains one of these
         self.device = device
         self.seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)

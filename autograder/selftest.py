@@ -15,6 +15,8 @@ generated student notebooks (all stubs: must score 0 without breaking the grader
   texts some failed test's output must contain (a crash's diagnosis; a list of texts: any one of them, e.g. the
   interpreter's and a GPU's words for the same fault); ``zero_tasks``: task ids whose tests must
   all score 0;
+* ``case_timeout``: the grading's time limit per case, in seconds, where the spec's is longer (an entry that
+  hangs on purpose need not spin for the spec's whole limit);
 * ``lose``: task id -> the least percentage of that task's points (of the tests that ran) it must lose (a kernel
   right only within one tile: >= 70%);
 * ``min_ratio``: test-name substring -> the least student/reference time ratio its speed test may show (a
@@ -270,6 +272,8 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
                 name = f"{aid}__{p.parent.name}__{p.stem}"
                 keep = graded_tests(aid, exp)
                 extra = [a for n in keep for a in ("--test", n)] if keep is not None else []
+                if exp.get("case_timeout"):
+                    extra += ["--case-timeout", str(exp["case_timeout"])]
                 futs[pool.submit(grade_one, aid, p, os.path.join(out_dir, name + ".json"), device,
                                  extra=extra)] = (aid, p)
         for fut in as_completed(futs):

@@ -304,3 +304,20 @@ def test_scan_flags_the_courses_own_kernels(mod):
     ``experiments/`` (a7's ping-pong kernel is among them) or the benchmarks (which import both)."""
     found = _findings(f"import {mod}\n\ndef attention(q):\n    return q\n", extra=())
     assert found and found[0][0] == "T10" and mod.split(".")[0] in found[0][1], found
+
+
+def test_case_timeout_caps_this_graders_limits_only():
+    """``Grader(case_timeout=S)`` (``grade --case-timeout S``) lowers every task's time limit per case to at most
+    ``S`` in its own copy of the spec; the cached spec other graders load keeps the spec's limits; a limit that is
+    not a positive number is refused by name."""
+    from autograder import specs
+    from autograder.engine import Grader
+    spec = specs.load("a3_triton")
+    limits = {tid: t.case_timeout for tid, t in spec.tasks.items()}
+    g = Grader("a3_triton", case_timeout=90)
+    assert {tid: t.case_timeout for tid, t in g.spec.tasks.items()} == {tid: min(v, 90.0) for tid, v in limits.items()}
+    assert any(v > 90 for v in limits.values())                 # the cap bit somewhere
+    assert {tid: t.case_timeout for tid, t in specs.load("a3_triton").tasks.items()} == limits
+    for bad in (0, -1, "5"):
+        with pytest.raises(ValueError, match="case_timeout must be a positive number"):
+            Grader("a3_triton", case_timeout=bad)
