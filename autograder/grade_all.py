@@ -8,6 +8,7 @@ through ``CUDA_VISIBLE_DEVICES`` (the least busy when it starts), and the gradin
 timing lane (``gpu_lane.py``): their correctness calls run together, their speed cases one at a time."""
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -173,7 +174,7 @@ def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True,
         finally:
             if slots:
                 slots.give(gpu)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with _zygote(assignment, device, len(paths)), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futs = {pool.submit(one, p): p for p in paths}
         for fut in as_completed(futs):
             p = futs[fut]
@@ -188,6 +189,17 @@ def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True,
     if bar:
         bar.close()
     return results
+
+
+def _zygote(assignment, device, count):
+    """The selftest's zygotes (``zygote.running``) for several Triton gradings on a CPU: their grading and compile
+    children are forked with torch and Triton imported instead of importing both each (about 1.2 s of CPU per
+    child). Nothing for a NumPy assignment, a GPU, or a single submission."""
+    if count < 2 or not specs.load(assignment).needs_torch:
+        return contextlib.nullcontext()
+    from .engine import detect_device
+    from .zygote import running
+    return running("cpu") if detect_device(device) == "cpu" else contextlib.nullcontext()
 
 
 def unpicked(assignment, problems: dict) -> dict:

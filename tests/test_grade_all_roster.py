@@ -184,3 +184,21 @@ def test_grade_one_runs_the_grading_on_its_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     r = grade_all.grade_one("a1", OWN, tmp_path / "r.json", device="cpu")
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "0,1" and "gpu" not in r
+
+
+
+def test_grade_all_forks_triton_children_from_zygotes_on_a_cpu_only():
+    """Several Triton gradings on a CPU share the selftest's zygotes (children start with torch and Triton
+    imported); a NumPy assignment or a single submission starts none."""
+    import contextlib
+    import os
+
+    from autograder import grade_all
+    assert isinstance(grade_all._zygote("a3_triton", "cpu", 1), contextlib.nullcontext)
+    assert isinstance(grade_all._zygote("a1_attention", "cpu", 5), contextlib.nullcontext)
+    with grade_all._zygote("a3_triton", "cpu", 2) as why:     # None: both zygotes answered
+        if why is None:
+            assert os.environ.get("AUTOGRADER_ZYGOTE") and os.environ.get("AUTOGRADER_ZYGOTE_COMPILE")
+        else:
+            assert why == "switched off"                        # no namespaces here: the zygote is off
+    assert "AUTOGRADER_ZYGOTE" not in os.environ and "AUTOGRADER_ZYGOTE_COMPILE" not in os.environ
