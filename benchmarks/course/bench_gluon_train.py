@@ -15,7 +15,11 @@ showed two columns running identical kernels 25% apart: notes/hopper.md, "The tr
 quantisation, timed together").
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
+``--grid bar``: the training-step bar's whole table instead (N = 2k..16k, causal and not, MHA and GQA 32/8, d = 64
+and 128: 32 rows), cuDNN (GQA natively) against the Gluon op only, the same rounds.
+
     python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
+    python3 -m benchmarks.course.bench_gluon_train --grid bar --out DIR   # DIR/<gpu>-gluon-train-bar.json
 """
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ GQA_ROWS = [(True, 8192, 2), (True, 32768, 1), (False, 8192, 2)]
 #: the Gluon forward's key loop spelled out, timed beside its pin (``flash_gluon.key_loop_constexprs``,
 #: ``configs.GLUON_FWD_KEY_LOOP``: fence at d = 128)
 KEY_LOOPS = {"off": {"peeled": False, "fence": False}, "fence": {"peeled": False, "fence": True}}
+#: ``--grid bar``: (d, causal, N, B, Hq, Hkv), batch x seqlen = 16k; MHA has hidden 2048 (Hq = 2048 / d)
+BAR_ROWS = [(d, c, N, TOKENS // N, Hq, Hkv) for d in (64, 128) for Hq, Hkv in ((HIDDEN // d,) * 2, GQA_HEADS)
+            for c in (False, True) for N in SEQLENS]
 
 
 def _stage_bench():
@@ -41,6 +48,49 @@ def _stage_bench():
     from reference.triton import configs
     with configs.pinned(fwd=configs.FWD_PINS["hopper_bench"]):
         return _timings()
+
+
+def _stage_bar():
+    """The bar's table: cuDNN against the Gluon op, per row its gradients compared and ``ROUNDS`` rotated rounds."""
+    from benchmarks._common import rel_err as rel
+    from benchmarks._common import rotated_rounds
+    from benchmarks._gluon_cases import cudnn_attention, train_steps
+    from benchmarks._common import hopper_bench as bench
+    from reference.triton import flash_attention_gluon
+    from reference.triton.flash_fwd import forward_flops
+
+    impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"), "gluon": flash_attention_gluon}
+    out = []
+    for d in sorted({r[0] for r in BAR_ROWS}):
+        shapes = [r[1:] for r in BAR_ROWS if r[0] == d]
+        for causal, N, B, H, Hkv, leaves, step in train_steps(shapes, d):
+            flops = 3.5 * forward_flops(B, H, N, N, d, causal)
+            row = {"d": d, "N": N, "B": B, "H": H, "H_kv": Hkv, "causal": causal}
+            grads = {}
+            for name, fn in impls.items():
+                try:
+                    step(fn)
+                    grads[name] = [x.grad.clone() for x in leaves]
+                    row[name] = {"ms": bench(lambda: step(fn))}
+                except Exception as e:  # noqa: BLE001
+                    row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
+            if len(grads) == 2:
+                row["gluon"]["grad_rel_vs_cudnn"] = max(rel(g, r) for g, r in zip(grads["gluon"], grads["cudnn"]))
+            del grads
+            timed = {n: fn for n, fn in impls.items() if "ms" in row[n]}
+            more = rotated_rounds(timed, ROUNDS - 1, lambda fn: bench(lambda: step(fn)), first_shift=1)
+            for n, extra in more.items():
+                rounds = [row[n]["ms"], *extra]
+                row[n].update(rounds_ms=rounds, tflops_rounds_median=flops / statistics.median(rounds) / 1e9)
+            if len(timed) == 2:
+                row["ratio_rounds_median"] = (row["gluon"]["tflops_rounds_median"]
+                                              / row["cudnn"]["tflops_rounds_median"])
+            print(f"d={d} causal={causal!s:5} N={N:5} H={H}/{Hkv}: " + "; ".join(
+                f"{n} {row[n].get('tflops_rounds_median', float('nan')):4.0f} TFLOP/s" for n in impls)
+                + f"; gluon / cudnn {row.get('ratio_rounds_median', float('nan')):.3f}, grad err "
+                f"{row['gluon'].get('grad_rel_vs_cudnn', -1):.0e}", flush=True)
+            out.append(row)
+    return out
 
 
 def _print_row(row: dict, options) -> None:
@@ -104,11 +154,14 @@ def _timings():
 
 def main(argv=None):
     ap = results_parser(__doc__)
-    ap.add_argument("--stage", default="all", help="all | bench")
+    ap.add_argument("--stage", default="all", help="all | bench | bar")
+    ap.add_argument("--grid", default="main", choices=("main", "bar"),
+                    help="main: the MHA d = 128 rows + 3 GQA rows, every implementation; bar: the bar's 32 rows, "
+                         "cuDNN vs Gluon")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args(argv)
-    if args.stage == "bench":
-        print("RESULT " + json.dumps(_stage_bench()), flush=True)
+    if args.stage in ("bench", "bar"):
+        print("RESULT " + json.dumps(_stage_bench() if args.stage == "bench" else _stage_bar()), flush=True)
         return
     import torch
     import triton
@@ -119,8 +172,12 @@ def main(argv=None):
            "convention": "bf16 forward+backward via autograd, batch*seqlen=16384, hidden=2048, d=128; flops "
                          "3.5 x 4BHN^2d (x0.5 causal); do_bench(warmup=10 ms, rep=40 ms) medians; ratios from this "
                          "run only"}
-    path = os.path.join(args.out, f"{gpu_tag()}-gluon-train.json")
-    run_stages("benchmarks.course.bench_gluon_train", ["bench"], lambda st: args.timeout, res, path)
+    if args.grid == "bar":
+        res["convention"] = res["convention"].replace("d=128", "d=64 and 128 (MHA hidden 2048; GQA Hq=32, Hkv=8)")
+    suffix = "-bar" if args.grid == "bar" else ""
+    path = os.path.join(args.out, f"{gpu_tag()}-gluon-train{suffix}.json")
+    stage = "bar" if args.grid == "bar" else "bench"
+    run_stages("benchmarks.course.bench_gluon_train", [stage], lambda st: args.timeout, res, path)
 
 
 if __name__ == "__main__":
