@@ -83,3 +83,38 @@ def test_a_launch_hook_sees_tensors_and_metadata():
         assert args[0] is a and args[3] is b and args[2] is fixed and args[1:] == meta["args"][1:]
     rec({"A": a, "B": b}, stream=5)  # the hook removed: addresses again
     assert rec.kernel.run.calls[-1][0] == "launch"
+
+
+def test_drop_slots_keeps_no_reference_to_the_recorded_call():
+    """A recorded training step's launch must not keep its first call's q, k, v alive: with ``drop_slots`` the
+    recorded slot arguments (tensors, or descriptors holding tensors) are let go; the other arguments stay."""
+    import gc
+    import weakref
+    from reference.triton._fastlaunch import DescArg
+    fixed, old_a, old_b = torch.randn(3), torch.randn(2), torch.randn(4, 8)
+    args = [old_a, 7, fixed, DescArg(old_b), "const"]
+    refs = [weakref.ref(old_a), weakref.ref(old_b)]
+    rec = RecordedLaunch(_Kernel(), (1, 1, 1), args, {"A": 0, "D": 3}, drop_slots=True)
+    keep = RecordedLaunch(_Kernel(), (1, 1, 1), args, {"A": 0, "D": 3})
+    del args, old_a, old_b
+    gc.collect()
+    assert all(r() is not None for r in refs)  # ``keep`` still holds them
+    del keep
+    gc.collect()
+    assert [r() for r in refs] == [None, None]
+    a, b = torch.randn(5), DescArg(torch.randn(2, 8))
+    rec.launch((a, b), stream=3)
+    kind, got = rec.kernel.run.calls[-1]
+    assert kind == "launch" and got[13:] == (a.data_ptr(), 7, fixed.data_ptr(), b, "const")
+
+
+def test_a_descriptor_argument_reads_as_triton_reads_a_tensor_descriptor():
+    """``DescArg`` gives Triton 3.6's launcher (``make_tensordesc_arg``) what a Gluon ``TensorDescriptor`` of the
+    same 2-D view gives it."""
+    from triton.backends.nvidia.driver import make_tensordesc_arg
+    from reference.triton._fastlaunch import DescArg
+    from reference.triton.hopper.common import tile_descriptor
+    x = torch.randn(3, 64, 128).to(torch.bfloat16)[1:].reshape(-1, 128)
+    ours, theirs = make_tensordesc_arg(DescArg(x), None), make_tensordesc_arg(tile_descriptor(x, 64, 128), None)
+    assert ours[0] is theirs[0] is x and ours[1:] == theirs[1:]
+    assert ours[1:] == [128, 128, 128, 1, False, 128, 128, 128, 1]

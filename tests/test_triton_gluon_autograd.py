@@ -71,3 +71,30 @@ def test_agrees_with_the_triton_autograd_op(rng):
         grads.append([x.grad for x in leaves])
     for a, b in zip(*grads):
         assert rel_err(a, b) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("B,Hq,Hkv,N,d,causal", [(2, 4, 4, 384, 128, True), (1, 8, 2, 700, 64, False)])
+def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal):
+    """A training loop's second step with the same shapes repeats the recorded forward and backward launches
+    (``_fastlaunch``: no Triton launch path, no descriptor objects) on its own fresh tensors: its output and
+    gradients match float64 as the first step's do, and the caches hold no reference to the first step's tensors."""
+    import gc
+    import weakref
+    from reference.triton.hopper.flash_gluon_autograd import clear_recorded_launches, recorded_launches
+    clear_recorded_launches()
+    refs = []
+    for step in range(3):
+        q, k, v, do = _inputs(rng, B, Hq, Hkv, N, N, d)
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        o = flash_attention_gluon(*leaves, causal=causal)
+        o.backward(do)
+        assert recorded_launches() == (1, 1), step
+        assert rel_err(o, attention_ref(q, k, v, causal=causal)[0]) < 1e-2, step
+        for name, leaf, r in zip(("dq", "dk", "dv"), leaves, attention_grads(q, k, v, do, causal=causal)):
+            assert rel_err(leaf.grad, r) < 2e-2, (step, name, rel_err(leaf.grad, r))
+        refs += [weakref.ref(x) for x in (*leaves, o)]
+        del q, k, v, do, leaves, o
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)

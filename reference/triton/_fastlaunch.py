@@ -116,10 +116,13 @@ class RecordedLaunch:
 
     __slots__ = ("kernel", "run", "grid", "args", "slots", "slot_index", "ptr_args", "direct", "head")
 
-    def __init__(self, kernel, grid, args, slots):
-        self.kernel, self.run, self.grid, self.args, self.slots = kernel, kernel.run, grid, args, slots
+    def __init__(self, kernel, grid, args, slots, drop_slots: bool = False):
+        self.kernel, self.run, self.grid, self.slots = kernel, kernel.run, grid, slots
         self.slot_index = tuple(slots.values())
-        self.ptr_args = [a.data_ptr() if type(a) is torch.Tensor else a for a in args]
+        # ``drop_slots``: every call fills the slots, so the recorded call's slot arguments can be dropped and the
+        # cache holds no reference to its tensors (a recorded training step must not keep its first q, k, v alive)
+        self.args = [None if drop_slots and i in self.slot_index else a for i, a in enumerate(args)]
+        self.ptr_args = [a.data_ptr() if type(a) is torch.Tensor else a for a in self.args]
         self.direct = _direct_launch(self.run)
         if self.direct is not None:  # the launcher's fixed leading arguments, hooks and metadata left out
             self.head = (grid[0], grid[1], grid[2], 0, kernel.function, self.run.launch_cooperative_grid,
@@ -160,9 +163,22 @@ class RecordedLaunch:
                  *args)
 
 
-def launch_and_record(jit_fn, grid, args, kwargs, slot_names):
+class DescArg:
+    """A TMA descriptor argument of a recorded launch: what Triton 3.6's launcher reads of a ``TensorDescriptor``
+    (``make_tensordesc_arg``: the base tensor, shape, strides, padding). Building a ``TensorDescriptor`` validates
+    it and builds its shared-memory layout, about 10 us of host time each, which the first (recorded) call of a key
+    has done already; the block shape and layout are part of the compiled kernel."""
+
+    __slots__ = ("base", "shape", "strides", "padding")
+
+    def __init__(self, x2d: torch.Tensor):
+        self.base, self.shape, self.strides, self.padding = x2d, list(x2d.shape), list(x2d.stride()), "zero"
+
+
+def launch_and_record(jit_fn, grid, args, kwargs, slot_names, drop_slots: bool = False):
     """Launch ``jit_fn[grid](*args, **kwargs)``; return a :class:`RecordedLaunch` that repeats it (``None``
-    under the interpreter, during CUDA-graph capture, or if Triton returned no compiled kernel)."""
+    under the interpreter, during CUDA-graph capture, or if Triton returned no compiled kernel); ``drop_slots``:
+    keep no reference to this call's slot arguments."""
     compiled = jit_fn[grid](*args, **kwargs)
     if INTERPRET or compiled is None or not hasattr(compiled, "packed_metadata"):
         return None
@@ -173,7 +189,7 @@ def launch_and_record(jit_fn, grid, args, kwargs, slot_names):
     bound.apply_defaults()
     full = [bound.arguments[n] for n in names]
     grid = tuple(grid) + (1,) * (3 - len(grid))
-    return RecordedLaunch(compiled, grid, full, {n: names.index(n) for n in slot_names})
+    return RecordedLaunch(compiled, grid, full, {n: names.index(n) for n in slot_names}, drop_slots)
 
 
 class LaunchCache(dict):

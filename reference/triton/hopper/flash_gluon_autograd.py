@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_gluon_device, check_gluon_inputs
+from . import flash_gluon, flash_gluon_bwd_ws
 from .flash_gluon import flash_attention_forward_gluon, key_loop_constexprs
 from .flash_gluon_bwd_ws import flash_attention_backward_gluon_ws
 
@@ -47,4 +48,16 @@ def flash_attention_gluon(q, k, v, causal=False, scale=None, key_loop=None):
     return FlashAttentionGluonFunction.apply(q, k, v, causal, scale, key_loop)
 
 
-__all__ = ["flash_attention_gluon", "FlashAttentionGluonFunction"]
+def recorded_launches() -> tuple[int, int]:
+    """How many shapes the forward and the backward have recorded launches for (``_fastlaunch``: a repeat with the
+    same shapes, dtypes, options and alignment skips Triton's launch path)."""
+    return len(flash_gluon.FWD_LAUNCHES), len(flash_gluon_bwd_ws.BWD_LAUNCHES)
+
+
+def clear_recorded_launches() -> None:
+    """Forget the forward's and the backward's recorded launches."""
+    flash_gluon.clear_launches()
+    flash_gluon_bwd_ws.clear_launches()
+
+
+__all__ = ["flash_attention_gluon", "FlashAttentionGluonFunction", "recorded_launches", "clear_recorded_launches"]
