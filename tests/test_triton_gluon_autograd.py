@@ -84,8 +84,7 @@ def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal
     import weakref
     from reference.triton.hopper.flash_gluon_autograd import clear_recorded_launches, recorded_launches
     clear_recorded_launches()
-    refs = []
-    for step in range(3):
+    def step_refs(step):
         q, k, v, do = _inputs(rng, B, Hq, Hkv, N, N, d)
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
         o = flash_attention_gluon(*leaves, causal=causal)
@@ -94,7 +93,8 @@ def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal
         assert rel_err(o, attention_ref(q, k, v, causal=causal)[0]) < 1e-2, step
         for name, leaf, r in zip(("dq", "dk", "dv"), leaves, attention_grads(q, k, v, do, causal=causal)):
             assert rel_err(leaf.grad, r) < 2e-2, (step, name, rel_err(leaf.grad, r))
-        refs += [weakref.ref(x) for x in (*leaves, o)]
-        del q, k, v, do, leaves, o
+        return [weakref.ref(x) for x in (*leaves, o)]
+
+    refs = [r for step in range(3) for r in step_refs(step)]
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)

@@ -15,7 +15,8 @@ process:
 
 ``gluon`` repeats its recorded launches (``reference.triton._fastlaunch``) from the second step on; ``gluon_jit``
 forgets them before every step, so each launch takes Triton's own path (the op before the recorded launches),
-and its gradients must equal ``gluon``'s bit for bit.
+and its dK, dV must equal ``gluon``'s bit for bit (dQ is added with fp32 atomics in no fixed order: compared by its
+relative error).
 
     python3 -m benchmarks.tuning.probe_train_step --out DIR     # DIR/<gpu>-train-step-probe.json
 """
@@ -100,7 +101,10 @@ def probe() -> dict:
                 step(fn)  # the Gluon op's second call repeats its recorded launches
                 grads[name] = [x.grad.clone() for x in leaves]
             row["grad_rel_vs_cudnn"] = max(rel_err(g, r) for g, r in zip(grads["gluon"], grads["cudnn"]))
-            row["jit_vs_recorded_bitwise"] = all(torch.equal(a, b) for a, b in zip(grads["gluon"], grads["gluon_jit"]))
+            # dk, dv are deterministic; dq is added with fp32 atomics in no fixed order, so compared by its error
+            row["jit_vs_recorded_dkdv_bitwise"] = all(torch.equal(a, b) for a, b in
+                                                      zip(grads["gluon"][1:], grads["gluon_jit"][1:]))
+            row["jit_vs_recorded_dq_rel"] = rel_err(grads["gluon"][0], grads["gluon_jit"][0])
             del grads
             steps = {n: (lambda fn=fn: step(fn)) for n, fn in impls.items()}
             rounds = rotated_rounds(steps, ROUNDS, lambda s: bench(s))
@@ -115,7 +119,7 @@ def probe() -> dict:
             g, c = row["gluon"], row["cudnn"]
             print(f"d={d} causal={causal} N={N} H={H}/{Hkv}: step gluon {g['step_ms_median']:.3f} ms / cudnn "
                   f"{c['step_ms_median']:.3f} ms ({row['ratio']:.3f}x; Triton's launch path {row['ratio_jit']:.3f}x,"
-                  f" host us {row['gluon_jit']['host_us']}, bitwise {row['jit_vs_recorded_bitwise']}); "
+                  f" host us {row['gluon_jit']['host_us']}, dk dv bitwise {row['jit_vs_recorded_dkdv_bitwise']}, dq rel {row['jit_vs_recorded_dq_rel']:.0e}); "
                   f"host us gluon {g['host_us']} cudnn "
                   f"{c['host_us']}; GPU busy/span/idle per step gluon {g['kernels']['busy_us_per_step']}/"
                   f"{g['kernels']['span_us_per_step']}/{g['kernels']['idle_us_per_step']} cudnn "
