@@ -84,6 +84,7 @@ def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal
     import weakref
     from reference.triton.hopper.flash_gluon_autograd import clear_recorded_launches, recorded_launches
     clear_recorded_launches()
+
     def step_refs(step):
         q, k, v, do = _inputs(rng, B, Hq, Hkv, N, N, d)
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
