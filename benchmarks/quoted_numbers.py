@@ -604,6 +604,7 @@ def lecture06_quotes() -> list[str]:
                    f"{s4['o_ratio_max']:.1f}x at $N = 4096$** ({s4['draws']} random draws, mean "
                    f"{s4['o_ratio_mean']:.2f}x) and {s8['o_ratio_min']:.1f}–{s8['o_ratio_max']:.1f}x at $N = 8192$ "
                    f"(mean {s8['o_ratio_mean']:.2f}x)")
+    out += _train_step_host_quotes()
     aot = load("sm90a-gluon-aot.json")
     if aot:
         v = aot["variants"]
@@ -616,6 +617,32 @@ def lecture06_quotes() -> list[str]:
         if causal:
             out.append(f"spills: {causal['LDL']} `LDL` and {causal['STL']} `STL`")
     return out
+
+
+def _train_step_host_quotes() -> list[str]:
+    """Lecture 06's host-bound training step (causal 2k, d = 128, B = 8, H = 16, H200): the probe before and after
+    the recorded launches (``h200-train-step-probe-jit-launch.json``, ``h200-train-step-probe.json``), the bar
+    table before and after, and ncu's kernel sums (``h200-gluon-train-ncu.json``)."""
+    files = [load(f) for f in ("h200-train-step-probe-jit-launch.json", "h200-train-step-probe.json",
+                               "h200-gluon-train-bar-jit-launch.json", "h200-gluon-train-bar.json",
+                               "h200-gluon-train-ncu.json")]
+    if not all(files):
+        return []
+    cell = (128, True, 2048, 16, 16)
+    pick = lambda rows: next(x for x in rows if (x["d"], x["causal"], x["N"], x["H"], x["H_kv"]) == cell)  # noqa: E731
+    before, after = pick(files[0]["rows"]), pick(files[1]["rows"])
+    bar_before, bar_after = (pick(f["bar"])["ratio_rounds_median"] for f in files[2:4])
+    ncu = next(x for x in files[4]["rows"] if (x["causal"], x["N"], x["H"]) == cell[1:4])
+    kernels = ncu["cudnn"]["step"]["duration_us"] / ncu["gluon"]["step"]["duration_us"]
+    k = before["gluon"]["kernels"]
+    hb, ha = before["gluon"]["host_us"], after["gluon"]["host_us"]
+    return [f"runs the step's kernels in {k['busy_us_per_step'] / 1e3:.2f} ms, and issuing them through Triton's "
+            f"launch path took {min(hb) / 1e3:.1f}-{max(hb) / 1e3:.1f} ms of Python a step",
+            f"idle for {k['idle_us_per_step'] / k['span_us_per_step']:.0%} of back-to-back steps, and the step "
+            f"measured {bar_before:.2f}x cuDNN in one run, with kernels at {kernels:.2f}x (ncu). Another run of the "
+            f"same code read {before['ratio']:.2f}x",
+            f"the host time to {min(ha) / 1e3:.1f}-{max(ha) / 1e3:.1f} ms a step and the step to {bar_after:.2f}x "
+            f"cuDNN"]
 
 
 def _lecture06() -> dict:
