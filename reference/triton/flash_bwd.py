@@ -394,10 +394,12 @@ def _desc(t, d):  # block shape set per config by _set_block_shapes
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, 64, d])
 
 
-def preprocess(o, do, lse, delta, lse2, Nq: int, varlen: Varlen | None = None) -> None:
+def preprocess(o, do, lse, delta, lse2, Nq: int, varlen: Varlen | None = None, launch=None):
     """Algorithm 2 line 4 (``_bwd_preprocess``): write ``delta = rowsum(do * o)`` and ``lse2`` (``lse`` in base 2,
     ``+inf`` for rows that saw no key) for the first ``Nq`` rows of each head. ``delta``, ``lse2`` have ``lse``'s
-    layout: dense ``(B, Hq, rows >= Nq)``, or ``(Hq, total_q)`` with ``varlen`` (packed ``o``, ``do``)."""
+    layout: dense ``(B, Hq, rows >= Nq)``, or ``(Hq, total_q)`` with ``varlen`` (packed ``o``, ``do``).
+    ``launch(kernel, grid, args, kwargs)``: how the kernel is launched (None: ``kernel[grid](*args, **kwargs)``;
+    the Hopper training op records the launch and returns what ``launch`` returns)."""
     d = o.shape[-1]
     if varlen is None:
         B, Hq = lse.shape[:2]
@@ -406,9 +408,12 @@ def preprocess(o, do, lse, delta, lse2, Nq: int, varlen: Varlen | None = None) -
     else:
         B, Hq = varlen.batch, o.shape[1]
         st, lstr, cu_q, rows = packed_strides, (0, lse.stride(0)), varlen.cu_q, varlen.max_q
-    _bwd_preprocess[(triton.cdiv(rows, PRE_BLOCK), B * Hq)](
-        o, do, lse, delta, lse2, *st(o), *st(do), *lstr, Hq, Nq, cu_q, BLOCK_M=PRE_BLOCK, HEAD_DIM=d,
-        VARLEN=varlen is not None)
+    grid = (triton.cdiv(rows, PRE_BLOCK), B * Hq)
+    args = (o, do, lse, delta, lse2, *st(o), *st(do), *lstr, Hq, Nq, cu_q)
+    meta = dict(BLOCK_M=PRE_BLOCK, HEAD_DIM=d, VARLEN=varlen is not None)
+    if launch is not None:
+        return launch(_bwd_preprocess, grid, args, meta)
+    _bwd_preprocess[grid](*args, **meta)
 
 
 def launch_backward(q, k, v, o, lse, do, dq, dk, dv, causal: bool, scale: float, group: int,

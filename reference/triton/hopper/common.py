@@ -49,14 +49,20 @@ def _dq_convert(DQ_ACC, DQ, n, scale, BLOCK: tl.constexpr):
     tl.store(DQ + offs, (tl.load(DQ_ACC + offs, mask=ok, other=0.0) * scale).to(DQ.dtype.element_ty), mask=ok)
 
 
-def finish_dq(dq_acc, q, scale):
-    """``dq = scale * dq_acc`` in ``q``'s dtype; ``dq_acc (B, Hq, Nq_pad, d)`` fp32, padded to whole query blocks."""
+def finish_dq(dq_acc, q, scale, launch=None):
+    """``dq = scale * dq_acc`` in ``q``'s dtype; ``dq_acc (B, Hq, Nq_pad, d)`` fp32, padded to whole query blocks.
+    ``launch(kernel, grid, args, kwargs)``: how ``_dq_convert`` is launched (None: ``kernel[grid](...)``); its
+    return value comes back as ``(dq, launch's result)`` (``None`` for a padded ``dq_acc``, converted by torch)."""
     Nq = q.shape[2]
     if dq_acc.shape[2] != Nq:
-        return (dq_acc[:, :, :Nq] * scale).to(q.dtype)
+        dq = (dq_acc[:, :, :Nq] * scale).to(q.dtype)
+        return dq if launch is None else (dq, None)
     dq = torch.empty_like(q)
     n = dq.numel()
-    _dq_convert[(triton.cdiv(n, CONVERT_BLOCK),)](dq_acc, dq, n, scale, BLOCK=CONVERT_BLOCK)
+    grid, args, meta = (triton.cdiv(n, CONVERT_BLOCK),), (dq_acc, dq, n, scale), dict(BLOCK=CONVERT_BLOCK)
+    if launch is not None:
+        return dq, launch(_dq_convert, grid, args, meta)
+    _dq_convert[grid](*args, **meta)
     return dq
 
 

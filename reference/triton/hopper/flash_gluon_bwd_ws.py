@@ -481,26 +481,39 @@ def _sm_count(device):
     return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def backward_preprocess(o, do, lse, Nq, rows=None):
-    """FA2 Algorithm 2 line 4 (``flash_bwd.preprocess``, the portable kernel): ``(delta, lse2)``, ``D = rowsum(dO * O)`` and ``L`` in
-    base 2, both ``(B, Hq, rows)`` float32; ``rows >= Nq`` pads each head (``D = 0``, ``L = +inf``: no
-    probability mass) so that a TMA box of whole query blocks never crosses a head."""
+def preprocess_buffers(lse, Nq, rows=None):
+    """``(lse, delta, lse2)`` for FA2 Algorithm 2 line 4 (``flash_bwd.preprocess``, the portable kernel): ``D =
+    rowsum(dO * O)`` and ``L`` in base 2 go to ``delta, lse2``, both ``(B, Hq, rows)`` float32; ``rows >= Nq`` pads
+    each head (``D = 0``, ``L = +inf``: no probability mass; ``lse`` padded to match) so that a TMA box of whole query
+    blocks never crosses a head."""
     rows = rows or Nq
     if rows != Nq:
         lse = torch.nn.functional.pad(lse, (0, rows - Nq))
-        delta = torch.zeros_like(lse)
-        lse2 = torch.full_like(lse, float("inf"))
-    else:
-        delta = torch.empty_like(lse)
-        lse2 = torch.empty_like(lse)
+        return lse, torch.zeros_like(lse), torch.full_like(lse, float("inf"))
+    return lse, torch.empty_like(lse), torch.empty_like(lse)
+
+
+def backward_preprocess(o, do, lse, Nq, rows=None):
+    """``(delta, lse2)`` of ``preprocess_buffers``, written by ``flash_bwd.preprocess``."""
+    lse, delta, lse2 = preprocess_buffers(lse, Nq, rows)
     flash_bwd.preprocess(o, do, lse, delta, lse2, Nq)
     return delta, lse2
 
 
-#: the backward's recorded launches (``_fastlaunch``, as ``flash_gluon.FWD_LAUNCHES``)
+#: the backward's recorded launches (``_fastlaunch``, as ``flash_gluon.FWD_LAUNCHES``): per key the preprocess, the
+#: warp-specialised kernel and the dQ conversion (None where torch converts a padded dQ)
 BWD_LAUNCHES = _fastlaunch.LaunchCache()
+PRE_SLOTS = ("O", "DO", "LSE", "DELTA", "LSE2", "CU_Q")
 BWD_SLOTS = ("desc_q", "desc_k", "desc_v", "desc_do", "desc_dq", "desc_l", "desc_d", "DQ_ACC", "DK", "DV", "LSE2",
              "DELTA")
+CONVERT_SLOTS = ("DQ_ACC", "DQ")
+
+
+def _recorder(slots):
+    """``launch(kernel, grid, args, kwargs)`` that launches through Triton and returns the recorded launch (None
+    under the interpreter or a CUDA-graph capture), keeping no reference to this call's slot arguments."""
+    return lambda kernel, grid, args, meta: _fastlaunch.launch_and_record(kernel, grid, args, meta, slots,
+                                                                          drop_slots=True)
 
 
 def clear_launches() -> None:
@@ -537,22 +550,31 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
         share = longest_share(causal, Nq, Nk, bm, B * Hkv, _sm_count(q.device))
     order_heads = check_order_heads(order_heads, causal, B * Hkv, share)
     check_gluon_device(q.device, NAME)
-    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do))
+    q, k, v, o, do, lse = (x.contiguous() for x in (q, k, v, o, do, lse))
     nq_pad = triton.cdiv(Nq, bm) * bm
-    delta, lse2 = backward_preprocess(o, do, lse.contiguous(), Nq, rows=nq_pad if ld_tma else Nq)
-    dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
+    tk = _fastlaunch.tensor_key
+    aligned = tuple(x.data_ptr() % 16 == 0 for x in (o, do, lse))
+    key = (tk(q), tk(k), tk(v), aligned, causal, scale, cfg, order_heads, _ablate_dq_add)
+    lse_rows, delta, lse2 = preprocess_buffers(lse, Nq, rows=nq_pad if ld_tma else Nq)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     q2, k2, v2, do2 = (x.view(-1, d) for x in (q, k, v, do))
-    tk = _fastlaunch.tensor_key
-    key = (tk(q), tk(k), tk(v), do.data_ptr() % 16 == 0, causal, scale, cfg, order_heads, _ablate_dq_add)
-    rec = BWD_LAUNCHES.get(key)
-    if rec is not None:  # a repeat: the recorded launch on this call's tensors
+    recs = BWD_LAUNCHES.get(key)
+    if recs is not None:  # a repeat: the three recorded launches on this call's tensors
+        pre, main, conv = recs
+        pre.launch([o, do, lse_rows, delta, lse2, lse_rows])
+        dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
         desc = _fastlaunch.DescArg
         lsel, dl = (lse2.view(-1, nq_pad), delta.view(-1, nq_pad)) if ld_tma else (_unused_rows(q.device, bm),) * 2
-        rec.launch([desc(q2), desc(k2), desc(v2), desc(do2), desc(dq_acc.view(-1, d)), desc(lsel), desc(dl),
-                    dq_acc, dk, dv, lse2, delta])
-        return finish_dq(dq_acc, q, scale), dk, dv
+        main.launch([desc(q2), desc(k2), desc(v2), desc(do2), desc(dq_acc.view(-1, d)), desc(lsel), desc(dl),
+                     dq_acc, dk, dv, lse2, delta])
+        if conv is None:  # padded dq_acc: torch converts
+            return finish_dq(dq_acc, q, scale), dk, dv
+        dq = torch.empty_like(q)
+        conv.launch([dq_acc, dq])
+        return dq, dk, dv
+    pre = flash_bwd.preprocess(o, do, lse_rows, delta, lse2, Nq, launch=_recorder(PRE_SLOTS))
+    dq_acc = torch.zeros((B, Hq, nq_pad, d), dtype=torch.float32, device=q.device)
     # head-major at d = 128: the 2-D grid (in the order sweep the same order by the 1-D grid and _program_order
     # measured 2-7% slower on causal GQA, with the dQ wait after the dK/dV stores too: not separated); at d = 64
     # the 1-D grid measured with the late dQ wait (notes/hopper.md, "GQA backward schedule")
@@ -568,10 +590,11 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     meta = dict(ORDER_HEADS=order_heads, HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
                 DQ_TMA=2 if _ablate_dq_add else int(dq_tma), DEFER=defer, LD_TMA=ld_tma,
                 CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4, maxnreg=WS_MAXNREG)
-    rec = _fastlaunch.launch_and_record(_bwd_ws_kernel, grid, args, meta, BWD_SLOTS, drop_slots=True)
-    if rec is not None:
-        BWD_LAUNCHES.put(key, rec)
-    return finish_dq(dq_acc, q, scale), dk, dv
+    main = _recorder(BWD_SLOTS)(_bwd_ws_kernel, grid, args, meta)
+    dq, conv = finish_dq(dq_acc, q, scale, launch=_recorder(CONVERT_SLOTS))
+    if pre is not None and main is not None and (conv is not None or nq_pad != Nq):
+        BWD_LAUNCHES.put(key, (pre, main, conv))
+    return dq, dk, dv
 
 
 def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, dtype: str = "bf16",
