@@ -621,7 +621,7 @@ def lecture06_quotes() -> list[str]:
 
 def _train_step_host_quotes() -> list[str]:
     """Lecture 06's host-bound training step (causal 2k, d = 128, B = 8, H = 16, H200): the probe before and after
-    the recorded launches (``h200-train-step-probe-jit-launch.json``, ``h200-train-step-probe.json``), the bar
+    the recorded launches (all four of the step's Triton launches) (``h200-train-step-probe-jit-launch.json``, ``h200-train-step-probe.json``), the bar
     table before and after, and ncu's kernel sums (``h200-gluon-train-ncu.json``)."""
     files = [load(f) for f in ("h200-train-step-probe-jit-launch.json", "h200-train-step-probe.json",
                                "h200-gluon-train-bar-jit-launch.json", "h200-gluon-train-bar.json",

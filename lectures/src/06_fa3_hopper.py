@@ -784,14 +784,15 @@ for path, r in load_results("*-gluon-train.json"):
 # idle for 40% of back-to-back steps, and the step measured 0.69x cuDNN in one run, with kernels at 0.94x
 # (ncu). Another run of the same code read 0.95x: when host and GPU times are this close, whether the GPU waits
 # depends on how fast the CPU happens to be that minute, so the number jumps between runs. The op now records
-# its two Gluon launches the first time it sees a shape, and repeats them on later calls with the new tensors'
+# its launches the first time it sees a shape, and repeats them on later calls with the new tensors'
 # addresses (`reference/triton/_fastlaunch.py`). That brought the host time to 1.0-1.1 ms a step and the step to
-# 0.96x cuDNN. Measure the host time before tuning a kernel: the probe below issues steps while a sleep kernel
+# 0.95x cuDNN. Measure the host time before tuning a kernel: the probe below issues steps while a sleep kernel
 # holds the GPU, so the wall clock counts only the CPU (`benchmarks/tuning/probe_train_step.py`; the first file below
 # is the op before the change).
 
 # %%
-for path, r in load_results("*-train-step-probe*.json"):
+probes = load_results("*-train-step-probe-jit-launch.json") + load_results("*-train-step-probe.json")
+for path, r in probes:
     print(f"== {path.name}: {r.get('gpu')}")
     for row in r["rows"]:
         g, c = row["gluon"], row["cudnn"]
