@@ -280,9 +280,8 @@ def profile_once(runs) -> None:
             torch.cuda.cudart().cudaProfilerStop()
 
 
-def kernel_us(fn, reps: int = 20) -> dict:
-    """Per-kernel GPU time of ``fn`` (torch.profiler): ``{kernel name (60 chars): mean microseconds}`` over
-    ``reps`` eager calls after one warm-up call, kernels that took device time only."""
+def cuda_trace(fn, reps: int = 20):
+    """A ``torch.profiler`` trace (CUDA activity) of ``reps`` eager calls of ``fn`` after one warm-up call."""
     from torch.profiler import ProfilerActivity, profile
     fn()
     torch.cuda.synchronize()
@@ -290,8 +289,36 @@ def kernel_us(fn, reps: int = 20) -> dict:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    return {e.key[:60]: round(e.device_time_total / e.count, 2) for e in prof.key_averages()
+    return prof
+
+
+def kernel_us(fn, reps: int = 20) -> dict:
+    """Per-kernel GPU time of ``fn`` (``cuda_trace``): ``{kernel name (60 chars): mean microseconds}`` over
+    ``reps`` eager calls after one warm-up call, kernels that took device time only."""
+    return {e.key[:60]: round(e.device_time_total / e.count, 2) for e in cuda_trace(fn, reps).key_averages()
             if e.device_time_total > 0}
+
+
+def profile_top(fn, n: int = 300, top: int = 14) -> list:
+    """``cProfile`` over ``n`` calls of ``fn``: the ``top`` functions by own host time, per call (us; cProfile's
+    own overhead inflates functions with many small calls, so read it for the ranking)."""
+    import cProfile
+    import io
+    import os
+    import pstats
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    torch.cuda.synchronize()
+    st = pstats.Stats(pr, stream=io.StringIO())
+    rows = []
+    for (file, line, name), (cc, nc, tt, ct, _) in st.stats.items():
+        rows.append(dict(fn=f"{os.path.basename(file)}:{line}:{name}", calls_per_call=nc / n,
+                         own_us_per_call=tt / n * 1e6, cum_us_per_call=ct / n * 1e6))
+    rows.sort(key=lambda r: -r["own_us_per_call"])
+    return [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[:top]]
 
 
 def sdpa_bwd_timer(backend, q, k, v, do, causal):

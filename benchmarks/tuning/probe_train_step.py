@@ -23,11 +23,8 @@ relative error).
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
 import json
 import os
-import pstats
 import statistics
 
 #: (d, causal, N, B, Hq, Hkv): the row below its kernels, its d = 64 and GQA neighbours, and causal 4k as a control
@@ -39,16 +36,9 @@ ROUNDS = 6
 
 def _kernels(step, steps: int = STEPS) -> dict:
     """Per-kernel mean GPU time and the GPU's busy and idle time per step, from a ``torch.profiler`` trace."""
-    import torch
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    events = [e for e in prof.events() if e.device_type == DeviceType.CUDA]
+    from benchmarks._common import cuda_trace
+    events = [e for e in cuda_trace(step, steps).events() if e.device_type == DeviceType.CUDA]
     starts = [e.time_range.start for e in events]
     ends = [e.time_range.end for e in events]
     per = {}
@@ -61,26 +51,11 @@ def _kernels(step, steps: int = STEPS) -> dict:
             "span_us_per_step": round(span / steps, 1), "idle_us_per_step": round((span - busy) / steps, 1)}
 
 
-def _cprofile(step, n: int = 50, top: int = 16) -> list:
-    import torch
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(n):
-        step()
-    pr.disable()
-    torch.cuda.synchronize()
-    st = pstats.Stats(pr, stream=io.StringIO())
-    rows = [dict(fn=f"{os.path.basename(f)}:{line}:{name}", calls=nc / n, own_us=round(tt / n * 1e6, 1),
-                 cum_us=round(ct / n * 1e6, 1)) for (f, line, name), (cc, nc, tt, ct, _) in st.stats.items()]
-    rows.sort(key=lambda r: -r["own_us"])
-    return rows[:top]
-
-
 def probe() -> dict:
     import torch
     from benchmarks import _common
     from benchmarks._common import hopper_bench as bench
-    from benchmarks._common import rel_err, rotated_rounds
+    from benchmarks._common import profile_top, rel_err, rotated_rounds
     from benchmarks._gluon_cases import cudnn_attention, train_steps
     from reference.triton import flash_attention_gluon
 
@@ -113,7 +88,7 @@ def probe() -> dict:
                           "step_ms_median": round(statistics.median(rounds[n]), 4),
                           "host_us": [round(_common.host_us(s, 20), 1) for _ in range(3)],
                           "kernels": _kernels(s)}
-            row["gluon"]["cprofile"] = _cprofile(steps["gluon"])
+            row["gluon"]["cprofile"] = profile_top(steps["gluon"], 50, 16)
             row["ratio"] = row["cudnn"]["step_ms_median"] / row["gluon"]["step_ms_median"]
             row["ratio_jit"] = row["cudnn"]["step_ms_median"] / row["gluon_jit"]["step_ms_median"]
             g, c = row["gluon"], row["cudnn"]
@@ -138,8 +113,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     from benchmarks._common import gpu_tag
     os.makedirs(args.out, exist_ok=True)
-    res = probe()
     path = os.path.join(args.out, f"{gpu_tag()}-train-step-probe.json")
+    res = probe()
     with open(path, "w") as f:
         json.dump(res, f, indent=1)
     print(f"wrote {path}", flush=True)

@@ -24,12 +24,9 @@ pages, bf16, Hq = 32, Hkv = 8, d = 128):
 from __future__ import annotations
 
 import argparse
-import cProfile
 import dataclasses
-import io
 import json
 import os
-import pstats
 import statistics
 import time
 
@@ -38,6 +35,7 @@ import torch
 from benchmarks import _serving_cases as cases
 from benchmarks._common import rel_err
 from benchmarks import _common
+from benchmarks._common import profile_top
 from reference.triton import cascade_decode, flash_decode, paged_decode
 from reference.triton import cascade, configs
 
@@ -105,22 +103,6 @@ def cpu_us(fn, n: int = 2000) -> float:
 def spread(samples) -> dict:
     return dict(median=statistics.median(samples), min=min(samples), max=max(samples),
                 samples=[round(x, 2) for x in samples])
-
-
-def profile_top(fn, n: int = 300, top: int = 14) -> list:
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(n):
-        fn()
-    pr.disable()
-    torch.cuda.synchronize()
-    st = pstats.Stats(pr, stream=io.StringIO())
-    rows = []
-    for (file, line, name), (cc, nc, tt, ct, _) in st.stats.items():
-        rows.append(dict(fn=f"{os.path.basename(file)}:{line}:{name}", calls_per_call=nc / n,
-                         own_us_per_call=tt / n * 1e6, cum_us_per_call=ct / n * 1e6))
-    rows.sort(key=lambda r: -r["own_us_per_call"])
-    return [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()} for r in rows[:top]]
 
 
 # ------------------------------------------------------------------------------------------------------ the probe
