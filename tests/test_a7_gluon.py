@@ -96,6 +96,16 @@ def test_wrong_phase_mutant_fails_the_phase_check_and_the_order(tmp_path):
     assert ns["turn_order"](4)[0] == "WG1 r0"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _zygotes():
+    """The selftest's zygotes for this module's CPU gradings (``autograder.zygote.running``): their grading and
+    compile children are forked with torch and Triton imported, not started afresh (about 1.2 s of CPU each);
+    nothing changes where namespaces are off (the children are spawned as before)."""
+    from autograder.zygote import running
+    with running("cpu"):
+        yield
+
+
 def _cpu_tests(path):
     """``{test name prefix: (status, output)}`` of the two CPU tests, and the report's flags."""
     rep = Grader("a7_gluon", device="cpu", only=["parities and turn order", "compiles for sm_90a"]).grade(path)
