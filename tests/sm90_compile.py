@@ -41,6 +41,14 @@ class Result:
 _child: subprocess.Popen | None = None
 _child_err = None  # the child's own stderr (compiler warnings written to fd 2), read on a crash
 _memo: dict = {}
+_cpu = [0.0]  # CPU seconds the child reported for the commands of this test process (``cpu_seconds``)
+
+
+def cpu_seconds() -> float:
+    """CPU time the child spent on this process's commands so far (its own user + sys per command, sent back with
+    each result): the child is reaped only when the test process ends, so ``tests/cpu_report.py`` reads this to
+    charge each test its compiles."""
+    return _cpu[0]
 
 
 def _start() -> subprocess.Popen:
@@ -85,6 +93,7 @@ def run(argv, timeout: float = 300) -> Result:
         _stop()
         return Result(status or -1, "", err)
     out = json.loads(line)
+    _cpu[0] += out.get("cpu_s", 0.0)
     result = Result(out["returncode"], out["stdout"], out["stderr"])
     if result.returncode == 0:
         _memo[argv] = result
@@ -124,8 +133,18 @@ def _serve() -> None:
     os.dup2(2, 1)
     sys.stdout = os.fdopen(1, "w", closefd=False)
     for line in sys.stdin:
-        replies.write(json.dumps(_execute(json.loads(line))) + "\n")
+        t0 = _own_cpu()
+        reply = _execute(json.loads(line))
+        reply["cpu_s"] = _own_cpu() - t0
+        replies.write(json.dumps(reply) + "\n")
         replies.flush()
+
+
+def _own_cpu() -> float:
+    """This process's CPU and its finished children's (``ptxas``, ``cuobjdump``), user + sys."""
+    import resource
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
 if __name__ == "__main__":

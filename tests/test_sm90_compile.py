@@ -40,3 +40,17 @@ def test_failures_read_as_a_childs_and_only_successes_are_remembered(own_child):
     with pytest.raises(subprocess.TimeoutExpired):
         own_child.run(["-c", "import time; time.sleep(30)"], timeout=1)
     assert own_child.run(["-c", "print(2)"]).stdout == "2\n"
+
+
+def test_each_command_reports_the_cpu_it_cost(own_child):
+    """The child is reaped only when the test process ends, so it sends each command's CPU (its own and its
+    finished subprocesses') back with the result, for ``tests/cpu_report.py`` to charge to the test that asked."""
+    own_child.run(["-c", "pass"])  # the child's start (its imports) is not a command's cost
+    before = own_child.cpu_seconds()
+    own_child.run(["-c", "import subprocess, sys; x = sum(i * i for i in range(3_000_000)); "
+                         "subprocess.run([sys.executable, '-c', 'sum(i * i for i in range(3_000_000))'])"])
+    spent = own_child.cpu_seconds() - before
+    assert spent > 0.2, spent  # two loops of a few tenths of a second each, the second in a subprocess
+    again = own_child.cpu_seconds()
+    own_child.run(["-c", "pass"])
+    assert own_child.cpu_seconds() - again < spent / 2
