@@ -29,6 +29,10 @@ def test_bad_inputs_are_named(rng):
         flash_attention_gluon(q, k, v, scale=float("inf"))
     with pytest.raises(ValueError, match="key_loop"):
         flash_attention_gluon(q, k, v, key_loop={"fenced": True})
+    with pytest.raises(TypeError, match="config must be a reference.triton.configs.GluonBackwardConfig"):
+        flash_attention_gluon(q, k, v, bwd_config=(64, 2, True, True, True, True))
+    with pytest.raises(ValueError, match="order_heads must be an int >= 0"):
+        flash_attention_gluon(q, k, v, bwd_order_heads=-1)
 
 
 @pytest.mark.skipif(HOPPER, reason="checks the error raised where no Hopper GPU is present")
@@ -75,11 +79,16 @@ def test_agrees_with_the_triton_autograd_op(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("B,Hq,Hkv,N,d,causal", [(2, 4, 4, 384, 128, True), (1, 8, 2, 700, 64, False)])
-def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal):
+def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal, persistent):
     """A training loop's second step with the same shapes repeats the recorded forward and backward launches
     (``_fastlaunch``: no Triton launch path, no descriptor objects) on its own fresh tensors: its output and
-    gradients match float64 as the first step's do, and the caches hold no reference to the first step's tensors."""
+    gradients match float64 as the first step's do, and the caches hold no reference to the first step's tensors.
+    With the persistent backward the recorded launch keeps its schedule, not a step's tensors."""
+    import dataclasses
+    from reference.triton.configs import GLUON_BACKWARD
+    bwd_config = dataclasses.replace(GLUON_BACKWARD[d], persistent=persistent)
     import gc
     import weakref
     from reference.triton.hopper.flash_gluon_autograd import clear_recorded_launches, recorded_launches
@@ -88,7 +97,7 @@ def test_repeated_steps_take_the_recorded_launches(rng, B, Hq, Hkv, N, d, causal
     def step_refs(step):
         q, k, v, do = _inputs(rng, B, Hq, Hkv, N, N, d)
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
-        o = flash_attention_gluon(*leaves, causal=causal)
+        o = flash_attention_gluon(*leaves, causal=causal, bwd_config=bwd_config)
         o.backward(do)
         assert recorded_launches() == (1, 1), step
         assert rel_err(o, attention_ref(q, k, v, causal=causal)[0]) < 1e-2, step

@@ -6,6 +6,7 @@ warpgroups (``setmaxnreg``), TMA loads, the five wgmma products of FA2 Algorithm
 step, and no spills. Bad arguments raise naming the argument. On an H100/H200 the gradients are compared with
 float64 autograd (``benchmarks/course/bench_gluon_bwd.py --set ws`` does it at scale).
 """
+import dataclasses
 import json
 
 import pytest
@@ -24,24 +25,27 @@ G_TOL = 2e-2
 
 _CHILD = """
 import json, sys
+from reference.triton.configs import GluonBackwardConfig
 from reference.triton.hopper._aot import resource_usage
 from reference.triton.hopper.flash_gluon_bwd_ws import compile_backward_ws
 for d, causal, config in json.loads(sys.argv[1]):
-    print(json.dumps(resource_usage(compile_backward_ws(d, causal, tuple(config) if config else None))))
+    config = GluonBackwardConfig.from_tuple(config) if config else None
+    print(json.dumps(resource_usage(compile_backward_ws(d, causal, config))))
 """
 
 
 
 @pytest.mark.slow
 def test_compiles_for_hopper_warp_specialised_without_spills():
-    # the default config at d = 128 causal and non-causal, and d = 64
-    cases = [[128, True, None], [128, False, None], [64, True, None]]
+    # the default config at d = 128 causal and non-causal, and d = 64; the persistent schedule at d = 128 (its
+    # item loop around the same step: the same products, no spill)
+    cases = [[128, True, None], [128, False, None], [64, True, None], [128, True, [64, 2, True, True, True, True]]]
     out = sm90_compile.run(["-c", _CHILD, json.dumps(cases)], timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     usages = [json.loads(x) for x in out.stdout.strip().splitlines()]
     assert len(usages) == len(cases)
-    for (d, _, _), usage in zip(cases, usages):
-        bm = GLUON_BACKWARD[d].block_m
+    for (d, _, config), usage in zip(cases, usages):
+        bm = config[0] if config else GLUON_BACKWARD[d].block_m
         # per consumer and step: S^T, dP^T (d/16 k-steps each), dV, dK (BLOCK_M/16 each), dQ (BLOCK_M/64 x 2 x 4:
         # the consumer's column half over both consumers' keys), plus the deferred last dQ after the loop; two
         # consumers. A recomputing kernel has more.
@@ -109,6 +113,35 @@ def test_program_order_visits_every_block_once_longest_first():
     assert check_order_heads(0, True, 6) == 6 and check_order_heads(9, False, 6) == 6
 
 
+@pytest.mark.parametrize("causal,Nq,Nk,bm,n_heads,group,order,P", [
+    (True, 2048, 2048, 64, 128, 1, 1, 132), (True, 8192, 8192, 64, 16, 4, 2, 132), (False, 1000, 3000, 128, 5, 1, 0, 7),
+    (True, 300, 1000, 64, 3, 2, 1, 4), (True, 1, 5, 64, 1, 1, 1, 1), (True, 4096, 4096, 128, 32, 4, 0, 132)])
+def test_persistent_schedule_deals_every_block_once_and_balances(causal, Nq, Nk, bm, n_heads, group, order, P):
+    # the persistent launch's list: P + 1 run offsets, then every (key block, head) item exactly once, each run in
+    # program order (a program takes its items in the order the list deals them); the busiest program's work is
+    # within one longest item of the average (list scheduling's bound, Graham 1966), by the same cost model
+    from reference.triton.hopper.flash_gluon_bwd_ws import (ITEM_OVERHEAD_STEPS, block_costs, persistent_schedule,
+                                                            program_order)
+    costs = block_costs(causal, Nq, Nk, bm)
+    n_blocks = len(costs)
+    order = order or n_heads  # 0: all heads (check_order_heads)
+    sched = persistent_schedule(causal, Nq, Nk, bm, n_heads, group, order, P)
+    offsets, codes = sched[:P + 1], sched[P + 1:]
+    assert offsets[0] == 0 and offsets[-1] == len(codes) == n_blocks * n_heads
+    assert all(a <= b for a, b in zip(offsets, offsets[1:]))
+    assert sorted(codes) == list(range(n_blocks * n_heads))
+    rank = {h * n_blocks + j: i for i, (j, h) in enumerate(program_order(n_blocks, n_heads, order))}
+    cost = {c: costs[c % n_blocks] * group + ITEM_OVERHEAD_STEPS for c in codes}
+    loads = []
+    for p in range(P):
+        run = codes[offsets[p]:offsets[p + 1]]
+        assert [rank[c] for c in run] == sorted(rank[c] for c in run)
+        loads.append(sum(cost[c] for c in run))
+    assert max(loads) <= sum(loads) / P + max(cost.values()) + 1e-9
+    if causal and Nq == Nk:  # the causal mask: key block j sees the query blocks from its own diagonal on
+        assert costs == [-(-Nq // bm) - j * 128 // bm for j in range(n_blocks)]
+
+
 def test_the_pinned_order_interleaves_only_short_causal_launches():
     # the longest program's share of one SM's work on 132 SMs (an H100): GQA 4:1 at 8k-16k interleaves two heads,
     # MHA and 32k stay head-major; non-causal launches always do
@@ -134,7 +167,8 @@ def test_needs_a_hopper_gpu(rng):
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 # the default, the first TMA-reduce version (no DEFER, no LD_TMA) and dQ by vector atomics from registers
 @pytest.mark.parametrize("config", [None] + [GluonBackwardConfig.from_tuple(t) for t in (
-    (64, 2, True, False, False), (64, 2, False, False, False), (64, 2, True, True, True))])
+    (64, 2, True, False, False), (64, 2, False, False, False), (64, 2, True, True, True),
+    (64, 2, True, True, True, True), (64, 2, False, False, False, True))])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal,dtype", [
     (2, 4, 4, 256, 256, 128, False, torch.bfloat16), (1, 4, 2, 300, 1000, 128, True, torch.bfloat16),
     (1, 2, 2, 1000, 300, 128, True, torch.bfloat16), (1, 2, 2, 333, 333, 64, False, torch.float16),
@@ -152,15 +186,19 @@ def test_gradients_match_float64_autograd(rng, config, B, Hq, Hkv, Nq, Nk, d, ca
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 # the program order (head-major, groups of 3 of 4 heads: one short group, all heads) on GQA with many key blocks,
-# ragged N, causal Nq < Nk and not; d = 64's 128-row steps and d = 128
+# ragged N, causal Nq < Nk and not; d = 64's 128-row steps and d = 128; one program per key block and persistent
+# (several items a CTA: barrier phases carried from item to item)
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("order_heads", [1, 3, 0])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal", [
-    (2, 8, 2, 700, 900, 128, True), (2, 8, 2, 650, 650, 64, True), (1, 12, 4, 500, 500, 128, False)])
-def test_program_orders_match_float64_autograd(rng, order_heads, B, Hq, Hkv, Nq, Nk, d, causal):
+    (2, 8, 2, 700, 900, 128, True), (2, 8, 2, 650, 650, 64, True), (1, 12, 4, 500, 500, 128, False),
+    (4, 32, 8, 2048, 2048, 128, True)])
+def test_program_orders_match_float64_autograd(rng, persistent, order_heads, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v, do = _inputs(rng, B, Hq, Hkv, Nq, Nk, d, torch.bfloat16)
     o, lse, _ = attention_ref(q, k, v, causal=causal)
+    config = dataclasses.replace(GLUON_BACKWARD[d], persistent=persistent)
     got = flash_attention_backward_gluon_ws(q, k, v, o.to(DEVICE, q.dtype), lse.to(DEVICE, torch.float32), do,
-                                            causal=causal, order_heads=order_heads)
+                                            causal=causal, order_heads=order_heads, config=config)
     for name, a, r in zip(("dq", "dk", "dv"), got, attention_grads(q, k, v, do, causal=causal)):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, r) < G_TOL, (name, rel_err(a, r))

@@ -41,6 +41,10 @@ KEY_LOOPS = {"off": {"peeled": False, "fence": False}, "fence": {"peeled": False
 #: ``--grid bar``: (d, causal, N, B, Hq, Hkv), batch x seqlen = 16k; MHA has hidden 2048 (Hq = 2048 / d)
 BAR_ROWS = [(d, c, N, TOKENS // N, Hq, Hkv) for d in (64, 128) for Hq, Hkv in ((HIDDEN // d,) * 2, GQA_HEADS)
             for c in (False, True) for N in SEQLENS]
+#: ``--grid bar``: the backward's schedules timed beside the default op: name -> (``persistent``, ``order_heads``)
+#: (``configs.GluonBackwardConfig.persistent``; ``None``: the default order, ``0``: every head interleaved, i.e.
+#: the list longest-first under the causal mask)
+PERSISTENT_VARIANTS = {"gluon_persistent": (True, None), "gluon_persistent_lpt": (True, 0)}
 
 
 def _stage_bench():
@@ -51,7 +55,10 @@ def _stage_bench():
 
 
 def _stage_bar():
-    """The bar's table: cuDNN against the Gluon op, per row its gradients compared and ``ROUNDS`` rotated rounds."""
+    """The bar's table: cuDNN against the Gluon op (and its persistent-backward variants), per row their gradients
+    compared with cuDNN's and ``ROUNDS`` rotated rounds."""
+    import dataclasses
+    from reference.triton.configs import GLUON_BACKWARD
     from benchmarks._common import rel_err as rel
     from benchmarks._common import rotated_rounds
     from benchmarks._gluon_cases import cudnn_attention, train_steps
@@ -59,9 +66,13 @@ def _stage_bar():
     from reference.triton import flash_attention_gluon
     from reference.triton.flash_fwd import forward_flops
 
-    impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"), "gluon": flash_attention_gluon}
     out = []
     for d in sorted({r[0] for r in BAR_ROWS}):
+        impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"), "gluon": flash_attention_gluon}
+        for name, (persistent, order) in PERSISTENT_VARIANTS.items():
+            cfg = dataclasses.replace(GLUON_BACKWARD[d], persistent=persistent)
+            impls[name] = (lambda cfg, order: lambda q, k, v, c: flash_attention_gluon(
+                q, k, v, c, bwd_config=cfg, bwd_order_heads=order))(cfg, order)
         shapes = [r[1:] for r in BAR_ROWS if r[0] == d]
         for causal, N, B, H, Hkv, leaves, step in train_steps(shapes, d):
             flops = 3.5 * forward_flops(B, H, N, N, d, causal)
@@ -74,21 +85,26 @@ def _stage_bar():
                     row[name] = {"ms": bench(lambda: step(fn))}
                 except Exception as e:  # noqa: BLE001
                     row[name] = {"error": f"{type(e).__name__}: {str(e)[-300:]}"}
-            if len(grads) == 2:
-                row["gluon"]["grad_rel_vs_cudnn"] = max(rel(g, r) for g, r in zip(grads["gluon"], grads["cudnn"]))
+            for name in impls:
+                if name != "cudnn" and name in grads and "cudnn" in grads:
+                    row[name]["grad_rel_vs_cudnn"] = max(rel(g, r) for g, r in zip(grads[name], grads["cudnn"]))
             del grads
             timed = {n: fn for n, fn in impls.items() if "ms" in row[n]}
             more = rotated_rounds(timed, ROUNDS - 1, lambda fn: bench(lambda: step(fn)), first_shift=1)
             for n, extra in more.items():
                 rounds = [row[n]["ms"], *extra]
                 row[n].update(rounds_ms=rounds, tflops_rounds_median=flops / statistics.median(rounds) / 1e9)
-            if len(timed) == 2:
+            if "gluon" in timed and "cudnn" in timed:
                 row["ratio_rounds_median"] = (row["gluon"]["tflops_rounds_median"]
                                               / row["cudnn"]["tflops_rounds_median"])
+            if "cudnn" in timed:
+                row["ratios_rounds_median"] = {n: row[n]["tflops_rounds_median"] / row["cudnn"]["tflops_rounds_median"]
+                                               for n in timed if n != "cudnn"}
             print(f"d={d} causal={causal!s:5} N={N:5} H={H}/{Hkv}: " + "; ".join(
                 f"{n} {row[n].get('tflops_rounds_median', float('nan')):4.0f} TFLOP/s" for n in impls)
-                + f"; gluon / cudnn {row.get('ratio_rounds_median', float('nan')):.3f}, grad err "
-                f"{row['gluon'].get('grad_rel_vs_cudnn', -1):.0e}", flush=True)
+                + "; x cudnn " + " ".join(f"{n} {r:.3f}" for n, r in row.get("ratios_rounds_median", {}).items())
+                + f", grad err {max(row[n].get('grad_rel_vs_cudnn', -1) for n in impls if n != 'cudnn'):.0e}",
+                flush=True)
             out.append(row)
     return out
 

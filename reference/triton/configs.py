@@ -344,7 +344,8 @@ class GluonBackwardConfig(KeyBlockConfig):
     (64 per consumer warpgroup of ``num_warps = 4``), ``block_m`` query rows a step, ``num_stages`` Q/dO ring slots;
     ``dq_tma``: dQ added by the copy engine's reduce from shared memory (else vector atomics from registers);
     ``defer``: each step's dQ product issued one step late; ``ld_tma``: the producer copies ``L_i, D_i`` into the
-    ring (else the consumers load them). ``flash_gluon_bwd_ws.check_ws_config`` says which values fit."""
+    ring (else the consumers load them); ``persistent``: one CTA per SM looping over a host-made list schedule of
+    the key blocks (else one CTA per key block). ``flash_gluon_bwd_ws.check_ws_config`` says which values fit."""
     block_n: int = 128
     num_warps: int = 4
     num_stages: int = 2
@@ -352,27 +353,30 @@ class GluonBackwardConfig(KeyBlockConfig):
     dq_tma: bool = True
     defer: bool = True
     ld_tma: bool = True
+    persistent: bool = False
 
     def __post_init__(self):
         super().__post_init__()
         bm = self.block_m
         if type(bm) is not int or bm < 16 or bm & (bm - 1):
             raise ValueError(f"GluonBackwardConfig.block_m must be a power of two >= 16, got {bm!r}")
-        for field in ("dq_tma", "defer", "ld_tma"):
+        for field in ("dq_tma", "defer", "ld_tma", "persistent"):
             if type(getattr(self, field)) is not bool:
                 raise ValueError(f"GluonBackwardConfig.{field} must be a bool, got {getattr(self, field)!r}")
 
     @classmethod
     def from_tuple(cls, t) -> "GluonBackwardConfig":
-        """From ``(block_m, num_stages, dq_tma, defer, ld_tma)``, the order ``as_tuple`` gives (benchmark tables)."""
-        if not isinstance(t, (tuple, list)) or len(t) != 5:
-            raise ValueError(f"t must be (block_m, num_stages, dq_tma, defer, ld_tma), got {t!r}")
-        bm, stages, dq_tma, defer, ld_tma = t
-        return cls(block_m=bm, num_stages=stages, dq_tma=dq_tma, defer=defer, ld_tma=ld_tma)
+        """From ``(block_m, num_stages, dq_tma, defer, ld_tma[, persistent])``, the order ``as_tuple`` gives
+        (benchmark tables; results files written before ``persistent`` existed hold five)."""
+        if not isinstance(t, (tuple, list)) or len(t) not in (5, 6):
+            raise ValueError(f"t must be (block_m, num_stages, dq_tma, defer, ld_tma[, persistent]), got {t!r}")
+        bm, stages, dq_tma, defer, ld_tma, *rest = t
+        return cls(block_m=bm, num_stages=stages, dq_tma=dq_tma, defer=defer, ld_tma=ld_tma,
+                   persistent=rest[0] if rest else False)
 
     def as_tuple(self) -> tuple:
-        """``(block_m, num_stages, dq_tma, defer, ld_tma)``: how the results files record a configuration."""
-        return (self.block_m, self.num_stages, self.dq_tma, self.defer, self.ld_tma)
+        """``(block_m, num_stages, dq_tma, defer, ld_tma, persistent)``: how the results files record a configuration."""
+        return (self.block_m, self.num_stages, self.dq_tma, self.defer, self.ld_tma, self.persistent)
 
 
 @dataclass(frozen=True)

@@ -20,32 +20,39 @@ class FlashAttentionGluonFunction(torch.autograd.Function):
     """``o = softmax(scale * q k^T [+ causal mask]) v``; forward and backward by the Gluon kernels."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, key_loop=None):
+    def forward(ctx, q, k, v, causal, scale, key_loop=None, bwd_config=None, bwd_order_heads=None):
         o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, scale=scale, key_loop=key_loop)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale = causal, scale
+        ctx.causal, ctx.scale, ctx.bwd_config, ctx.bwd_order_heads = causal, scale, bwd_config, bwd_order_heads
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = flash_attention_backward_gluon_ws(q, k, v, o, lse, do.to(q.dtype), causal=ctx.causal,
-                                                       scale=ctx.scale)
-        return dq, dk, dv, None, None, None
+                                                       scale=ctx.scale, config=ctx.bwd_config,
+                                                       order_heads=ctx.bwd_order_heads)
+        return dq, dk, dv, None, None, None, None, None
 
 
-def flash_attention_gluon(q, k, v, causal=False, scale=None, key_loop=None):
+def flash_attention_gluon(q, k, v, causal=False, scale=None, key_loop=None, bwd_config=None, bwd_order_heads=None):
     """Differentiable attention on an H100/H200 with the Gluon forward and warp-specialised backward.
 
     ``q (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)``, bfloat16 or float16, ``d`` in {64, 128}, ``Hq % Hkv == 0``
     (GQA: ``k.grad``/``v.grad`` sum over each kv head's query heads), bottom-right causal. Returns ``o``;
     ``o.backward(do)`` fills ``q.grad``, ``k.grad``, ``v.grad``. ``key_loop``: the forward's key-loop options
     (``flash_gluon.key_loop_constexprs``; default the default ``configs.GLUON_FWD_KEY_LOOP`` of ``d``).
+    ``bwd_config``, ``bwd_order_heads``: the backward's ``config`` (a ``configs.GluonBackwardConfig``, e.g. with
+    ``persistent=True``) and ``order_heads`` (``flash_gluon_bwd_ws.flash_attention_backward_gluon_ws``); default
+    its defaults.
     """
     *_, causal, scale = check_gluon_inputs(q, k, v, causal, scale, "flash_attention_gluon")
     key_loop_constexprs(key_loop, q.shape[-1])  # a bad option is named before any launch
+    flash_gluon_bwd_ws.check_ws_config(bwd_config, q.shape[-1])  # and a bad backward config, before the forward
+    if bwd_order_heads is not None:
+        flash_gluon_bwd_ws.check_order_heads(bwd_order_heads, causal, 1)
     check_gluon_device(q.device, "flash_attention_gluon")
-    return FlashAttentionGluonFunction.apply(q, k, v, causal, scale, key_loop)
+    return FlashAttentionGluonFunction.apply(q, k, v, causal, scale, key_loop, bwd_config, bwd_order_heads)
 
 
 def recorded_launches() -> tuple[int, int]:

@@ -44,6 +44,7 @@ cannot run Gluon; ``tests/test_triton_gluon_bwd_ws.py`` compiles the kernel for 
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import namedtuple
 
 import torch
@@ -80,15 +81,19 @@ def _tma_reduce_add(tensor_desc, coord, src, _semantic=None):
 #: the CTA's shared-memory buffers (``k, v``: two 64-row halves, one per consumer; ``q, do, l, d``: the
 #: ``STAGES``-slot ring; ``ds``: ``dS^T`` pairs; ``dq``: this consumer's fp32 dQ staging tile)
 Smem = namedtuple("Smem", ["k", "v", "q", "do", "ds", "dq", "l", "d"])
-#: its mbarriers: ``kv`` (K_j, V_j arrived), ring ``ready`` / ``empty``, ``ds`` (both consumers' dS^T written)
-Bars = namedtuple("Bars", ["kv", "ready", "empty", "ds"])
+#: its mbarriers: ``kv`` (K_j, V_j arrived), ring ``ready`` / ``empty``, ``ds`` (both consumers' dS^T written),
+#: ``kv_free`` (both consumers done with K_j, V_j: a persistent CTA's producer may load the next item's)
+Bars = namedtuple("Bars", ["kv", "ready", "empty", "ds", "kv_free"])
 #: global memory the consumers write or read by pointer (dQ by ``desc_dq``)
 Out = namedtuple("Out", ["desc_dq", "dq_acc", "dk", "dv", "lse2", "delta"])
 #: the CTA's work: its key block's first row in the ``(B * H_KV * N_K, d)`` view and in its head, the query
 #: steps (``n_iter`` of them: ``per_head`` blocks from ``m_lo`` per query head of the group from ``q_head0``)
 Place = namedtuple("Place", ["kv_row0", "start_n", "n_iter", "per_head", "m_lo", "q_head0", "N_Q", "N_K"])
+#: the launch's runtime values every partition maps its work items with (``SCHED``: the persistent schedule)
+Launch = namedtuple("Launch", ["sched", "n_blocks", "H_KV", "GROUP", "N_Q", "N_K"])
 #: compile-time configuration (all ``constexpr``)
-Cfg = namedtuple("Cfg", ["HALF", "HEAD_DIM", "BLOCK_M", "STAGES", "CAUSAL", "DQ_TMA", "DEFER", "LD_TMA"])
+Cfg = namedtuple("Cfg", ["HALF", "HEAD_DIM", "BLOCK_M", "STAGES", "CAUSAL", "DQ_TMA", "DEFER", "LD_TMA",
+                         "ORDER_HEADS", "PERSISTENT"])
 
 
 @gluon.constexpr_function
@@ -140,35 +145,79 @@ def _program_order(pid, n_programs, n_blocks, ORDER_HEADS):
 
 
 @gluon.jit
-def _producer(descs, smem, bars, place, cfg):
-    """The producer warp: ``K_j, V_j`` (two 64-row halves each, one per consumer), then ``Q_i, dO_i`` (and with
-    ``LD_TMA`` the rows ``L_i, D_i``) of step ``t`` into slot ``t % STAGES`` once both consumers released it.
-    ``descs = (q, k, v, do, l, d)``."""
+def _items(launch, cfg):
+    """This program's work items ``[lo, hi)``: one (its own key block) in a launch of one program per key block;
+    in a persistent launch the run ``SCHED[pid] .. SCHED[pid + 1]`` of the schedule's item list
+    (``persistent_schedule``)."""
+    if cfg.PERSISTENT:
+        lo = gl.load(launch.sched + gl.program_id(0))
+        hi = gl.load(launch.sched + gl.program_id(0) + 1)
+    else:
+        lo = 0
+        hi = 1
+    return lo, hi
+
+
+@gluon.jit
+def _place(k, launch, cfg):
+    """Work item ``k`` -> its ``Place``: the key block and (batch, kv head) from the schedule's list (item code
+    ``bh * n_blocks + j``, after the ``n_programs + 1`` run offsets), from the 2-D grid (head-major at d = 128) or
+    from ``_program_order``."""
+    if cfg.PERSISTENT:
+        code = gl.load(launch.sched + gl.num_programs(0) + 1 + k)
+        pid_n = code % launch.n_blocks
+        pid_bh = code // launch.n_blocks
+    elif cfg.ORDER_HEADS == 1 and cfg.HEAD_DIM > 64:  # head-major, the 2-D grid (cdiv(N_K, 128), B * H_KV)
+        pid_n = gl.program_id(0)
+        pid_bh = gl.program_id(1)
+    else:
+        pid_n, pid_bh = _program_order(gl.program_id(0), gl.num_programs(0), launch.n_blocks, cfg.ORDER_HEADS)
+    start_n = pid_n * (2 * cfg.HALF)
+    q_head0 = (pid_bh // launch.H_KV) * launch.H_KV * launch.GROUP + (pid_bh % launch.H_KV) * launch.GROUP
+    m_lo, m_full, n_m = _query_blocks(start_n, launch.N_Q, launch.N_K, cfg.BLOCK_M, 2 * cfg.HALF, cfg.CAUSAL)
+    return Place(pid_bh * launch.N_K, start_n, (n_m - m_lo) * launch.GROUP, gl.maximum(n_m - m_lo, 1), m_lo, q_head0,
+                 launch.N_Q, launch.N_K)
+
+
+@gluon.jit
+def _producer(descs, smem, bars, launch, cfg):
+    """The producer warp, per work item: ``K_j, V_j`` (two 64-row halves each, one per consumer) once both
+    consumers are done with the previous item's, then ``Q_i, dO_i`` (and with ``LD_TMA`` the rows ``L_i, D_i``) of
+    step ``t`` into slot ``g % STAGES`` (``g``: the CTA's step count over its items) once both consumers released
+    it. ``descs = (q, k, v, do, l, d)``."""
     desc_q, desc_k, desc_v, desc_do, desc_l, desc_d = descs
     STAGES: gl.constexpr = cfg.STAGES
     BLOCK_M: gl.constexpr = cfg.BLOCK_M
-    mbarrier.expect(bars.kv, 2 * desc_k.block_type.nbytes + 2 * desc_v.block_type.nbytes)
-    for w in gl.static_range(2):
-        row = place.kv_row0 + place.start_n + w * cfg.HALF
-        tma.async_copy_global_to_shared(desc_k, [row, 0], bars.kv, smem.k.index(w))
-        tma.async_copy_global_to_shared(desc_v, [row, 0], bars.kv, smem.v.index(w))
-    for t in range(place.n_iter):
-        slot = t % STAGES
-        # a fresh barrier passes phase 1: the first round is free
-        mbarrier.wait(bars.empty.index(slot), ((t // STAGES) & 1) ^ 1)
-        bar = bars.ready.index(slot)
-        if cfg.LD_TMA:
-            mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes + 2 * desc_l.block_type.nbytes)
-        else:
-            mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
-        row = q_row(t, place.per_head, place.m_lo, place.q_head0, place.N_Q, BLOCK_M)
-        tma.async_copy_global_to_shared(desc_q, [row, 0], bar, smem.q.index(slot))
-        tma.async_copy_global_to_shared(desc_do, [row, 0], bar, smem.do.index(slot))
-        if cfg.LD_TMA:  # (B * Hq, N_Q_PAD) views: row = query head, column = the block's first query
-            head = place.q_head0 + t // place.per_head
-            col = (place.m_lo + t % place.per_head) * BLOCK_M
-            tma.async_copy_global_to_shared(desc_l, [head, col], bar, smem.l.index(slot))
-            tma.async_copy_global_to_shared(desc_d, [head, col], bar, smem.d.index(slot))
+    lo, hi = _items(launch, cfg)
+    it = 0
+    for k in range(lo, hi):
+        place = _place(k, launch, cfg)
+        # a fresh barrier passes phase 1: the first item's K, V slots are free
+        mbarrier.wait(bars.kv_free, ((k - lo) & 1) ^ 1)
+        mbarrier.expect(bars.kv, 2 * desc_k.block_type.nbytes + 2 * desc_v.block_type.nbytes)
+        for w in gl.static_range(2):
+            row = place.kv_row0 + place.start_n + w * cfg.HALF
+            tma.async_copy_global_to_shared(desc_k, [row, 0], bars.kv, smem.k.index(w))
+            tma.async_copy_global_to_shared(desc_v, [row, 0], bars.kv, smem.v.index(w))
+        for t in range(place.n_iter):
+            g = it + t
+            slot = g % STAGES
+            mbarrier.wait(bars.empty.index(slot), ((g // STAGES) & 1) ^ 1)
+            bar = bars.ready.index(slot)
+            if cfg.LD_TMA:
+                mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes
+                                + 2 * desc_l.block_type.nbytes)
+            else:
+                mbarrier.expect(bar, desc_q.block_type.nbytes + desc_do.block_type.nbytes)
+            row = q_row(t, place.per_head, place.m_lo, place.q_head0, place.N_Q, BLOCK_M)
+            tma.async_copy_global_to_shared(desc_q, [row, 0], bar, smem.q.index(slot))
+            tma.async_copy_global_to_shared(desc_do, [row, 0], bar, smem.do.index(slot))
+            if cfg.LD_TMA:  # (B * Hq, N_Q_PAD) views: row = query head, column = the block's first query
+                head = place.q_head0 + t // place.per_head
+                col = (place.m_lo + t % place.per_head) * BLOCK_M
+                tma.async_copy_global_to_shared(desc_l, [head, col], bar, smem.l.index(slot))
+                tma.async_copy_global_to_shared(desc_d, [head, col], bar, smem.d.index(slot))
+        it += place.n_iter
 
 
 @gluon.jit
@@ -246,31 +295,32 @@ def _scores_and_grads(k_w, v_w, qs, dos, l_rows, d_rows, dk, dv, keys, start_m, 
 
 
 @gluon.jit
-def _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, prev_row, cfg,
+def _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, g, slot, row, prev_row, cfg,
              WG: gl.constexpr):
     """Line 15, ``dQ_i += dS K`` for this step (A = the transposed view of ``dS^T`` in shared memory): store this
     consumer's ``dS^T``, meet the other consumer on ``bars.ds``, issue the product (``DEFER``: step ``t - 1``'s),
-    retire every wgmma of the step, release the ring slot, add dQ. Returns ``dk, dv``."""
+    retire every wgmma of the step, release the ring slot, add dQ. ``t``: the step in this work item, ``g``: in
+    the CTA (buffers and barrier phases run on across a persistent CTA's items). Returns ``dk, dv``."""
     HEAD_DIM: gl.constexpr = cfg.HEAD_DIM
     DQ_COLS: gl.constexpr = HEAD_DIM // 2
     NBUF: gl.constexpr = 3 if cfg.DEFER else 2  # dS^T buffer pairs
     dq_zero = gl.zeros([cfg.BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
-    buf = (t % NBUF) * 2
+    buf = (g % NBUF) * 2
     smem.ds.index(buf + WG).store(dsT)
     fence_async_shared()
     gl.thread_barrier()  # this warpgroup's dS^T is written (a barrier of the partition's 4 warps)
-    if cfg.DEFER:  # step t-1's dQ (at t = 0 the product of an unwritten buffer, never added)
-        prev = (t + NBUF - 1) % NBUF
-        mbarrier.wait(bars.ds.index(prev), ((t + NBUF - 1) // NBUF - 1) & 1, pred=t > 0)
+    if cfg.DEFER:  # step t-1's dQ (at t = 0 the product of a buffer not of this item, never added)
+        prev = (g + NBUF - 1) % NBUF
+        mbarrier.wait(bars.ds.index(prev), ((g + NBUF - 1) // NBUF - 1) & 1, pred=t > 0)
         dq = _dq_issue(smem, prev * 2, t, dq_zero, WG, DQ_COLS)
         dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
-        mbarrier.arrive(bars.ds.index(t % NBUF))  # dS^T(t) written and dQ(t-1) has read buffer prev
+        mbarrier.arrive(bars.ds.index(g % NBUF))  # dS^T(t) written and dQ(t-1) has read buffer prev
         mbarrier.arrive(bars.empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
         if t > 0:
             _dq_add(dq, smem, out, dq_offs, prev_row, WG * DQ_COLS, HEAD_DIM, cfg.DQ_TMA)
     else:
-        mbarrier.arrive(bars.ds.index(t % 2))
-        mbarrier.wait(bars.ds.index(t % 2), (t // 2) & 1)  # and the other consumer's
+        mbarrier.arrive(bars.ds.index(g % 2))
+        mbarrier.wait(bars.ds.index(g % 2), (g // 2) & 1)  # and the other consumer's
         dq = _dq_issue(smem, buf, t, dq_zero, WG, DQ_COLS)
         dv, dk, dq, p_op, ds_op = warpgroup_mma_wait(0, deps=(dv, dk, dq, p_op, ds_op))
         mbarrier.arrive(bars.empty.index(slot))  # Q_i, dO_i read: the producer may refill the slot
@@ -279,24 +329,26 @@ def _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, p
 
 
 @gluon.jit
-def _dq_last(smem, bars, out, dq_offs, prev_row, n_iter, cfg, WG: gl.constexpr):
+def _dq_last(smem, bars, out, dq_offs, prev_row, n_iter, it, cfg, WG: gl.constexpr):
     """``DEFER``'s epilogue: the last step's dQ product and add (the caller waits for the reduces to finish,
-    ``tma.store_wait(0)``, after its dK/dV stores, so those overlap the last reduce)."""
+    ``tma.store_wait(0)``, after its dK/dV stores, so those overlap the last reduce). ``it``: the CTA's step count
+    before this item."""
     DQ_COLS: gl.constexpr = cfg.HEAD_DIM // 2
     if cfg.DEFER:
         if n_iter > 0:
-            last = n_iter - 1
+            last = it + n_iter - 1
             mbarrier.wait(bars.ds.index(last % 3), (last // 3) & 1)
             dq_zero = gl.zeros([cfg.BLOCK_M, DQ_COLS], gl.float32, layout=_wgmma_layout(DQ_COLS))
-            dq = _dq_issue(smem, (last % 3) * 2, last, dq_zero, WG, DQ_COLS)
+            dq = _dq_issue(smem, (last % 3) * 2, n_iter, dq_zero, WG, DQ_COLS)
             dq = warpgroup_mma_wait(0, deps=(dq,))
             _dq_add(dq, smem, out, dq_offs, prev_row, WG * DQ_COLS, cfg.HEAD_DIM, cfg.DQ_TMA)
 
 
 @gluon.jit
-def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr):
-    """Consumer warpgroup ``WG``: key rows ``start_n + HALF * WG ..`` (Algorithm 2 lines 8-18 for them):
-    set-up, the loop over query steps (``_scores_and_grads``, then ``_dq_step``), ``_dq_last``, the dK/dV store.
+def _consumer_item(smem, bars, out, place, it, kv_phase, qk_scale, sm_scale, cfg, WG: gl.constexpr):
+    """Consumer warpgroup ``WG`` on one work item: key rows ``start_n + HALF * WG ..`` (Algorithm 2 lines 8-18
+    for them): set-up, the loop over query steps (``_scores_and_grads``, then ``_dq_step``), ``_dq_last``, the
+    release of K, V (``bars.kv_free``) and the dK/dV store. ``it``: the CTA's step count before this item.
 
     ``DEFER``: step ``t``'s dQ product is issued at the end of step ``t + 1`` (where the undeferred one issues step
     ``t + 1``'s), so a consumer waits for the other's ``dS^T`` one step late and the two need not run in
@@ -325,11 +377,12 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
         l2n, din = load_rows(out.lse2, out.delta, 0, place.n_iter, place.per_head, place.m_lo, place.q_head0,
                              place.N_Q, offs_lm, BLOCK_M)
     prev_row = place.q_head0 * N_Q_PAD
-    mbarrier.wait(bars.kv, 0)
+    mbarrier.wait(bars.kv, kv_phase)
     for t in range(place.n_iter):
+        g = it + t
         m = place.m_lo + t % place.per_head
         start_m = m * BLOCK_M
-        slot = t % cfg.STAGES
+        slot = g % cfg.STAGES
         # index 0 written so that the wgmma descriptors of K and V are not hoisted out of the loop (they spill
         # when held across it; notes/hopper.md section 1d, G4)
         k_w = smem.k.index(WG + (t >> 30))
@@ -342,7 +395,7 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
             d_rows = din
             l2n, din = load_rows(out.lse2, out.delta, t + 1, place.n_iter, place.per_head, place.m_lo,
                                  place.q_head0, place.N_Q, offs_lm, BLOCK_M)
-        mbarrier.wait(bars.ready.index(slot), (t // cfg.STAGES) & 1)
+        mbarrier.wait(bars.ready.index(slot), (g // cfg.STAGES) & 1)
         # dQ_i's first row in the padded (B * Hq * N_Q_PAD, d) buffer
         row = (place.q_head0 + t // place.per_head) * N_Q_PAD + start_m
         need_mask = key_ragged
@@ -351,9 +404,10 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
         dk, dv, dsT, p_op, ds_op = _scores_and_grads(k_w, v_w, smem.q.index(slot), smem.do.index(slot), l_rows,
                                                      d_rows, dk, dv, keys, start_m, need_mask, place, qk_scale,
                                                      cfg)
-        dk, dv = _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, slot, row, prev_row, cfg, WG)
+        dk, dv = _dq_step(dsT, dk, dv, p_op, ds_op, smem, bars, out, dq_offs, t, g, slot, row, prev_row, cfg, WG)
         prev_row = row
-    _dq_last(smem, bars, out, dq_offs, prev_row, place.n_iter, cfg, WG)
+    _dq_last(smem, bars, out, dq_offs, prev_row, place.n_iter, it, cfg, WG)
+    mbarrier.arrive(bars.kv_free)  # every product that reads K_j, V_j has retired
     # the copy engine must have read dq_smem before the CTA (and its shared memory) ends. At d = 64 (128-row
     # steps) waiting after the dK/dV stores overlaps them with the last reduce and leaves 7 spill instructions
     # instead of 12-13: 0.99-1.02x cuDNN against 0.85-0.87 at N = 2k-4k non-causal on an H100; at d = 128 the
@@ -366,29 +420,32 @@ def _consumer(smem, bars, out, place, qk_scale, sm_scale, cfg, WG: gl.constexpr)
 
 
 @gluon.jit
-def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, H_KV,
-                   GROUP, N_Q, N_K, qk_scale, sm_scale,
-                   ORDER_HEADS: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr,
-                   CAUSAL: gl.constexpr,
+def _consumer(smem, bars, out, launch, qk_scale, sm_scale, cfg, WG: gl.constexpr):
+    """Consumer warpgroup ``WG``: its share of each of the program's work items, in order (``_consumer_item``)."""
+    lo, hi = _items(launch, cfg)
+    it = 0
+    for k in range(lo, hi):
+        place = _place(k, launch, cfg)
+        _consumer_item(smem, bars, out, place, it, (k - lo) & 1, qk_scale, sm_scale, cfg, WG)
+        it += place.n_iter
+
+
+@gluon.jit
+def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_ACC, DK, DV, LSE2, DELTA, SCHED,
+                   H_KV, GROUP, N_Q, N_K, qk_scale, sm_scale,
+                   ORDER_HEADS: gl.constexpr, PERSISTENT: gl.constexpr, HEAD_DIM: gl.constexpr,
+                   BLOCK_M: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                    DQ_TMA: gl.constexpr, DEFER: gl.constexpr, LD_TMA: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                    PRODUCER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """One CTA = key block ``j`` (128 rows) of one (batch, kv head); grid ``(cdiv(N_K, 128), B * H_KV)``
-    (``ORDER_HEADS = 1`` at d = 128) or a 1-D grid of as many programs in the order ``_program_order`` gives; the default
-    partition is consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
+    """A work item = key block ``j`` (128 rows) of one (batch, kv head). One program per item: grid
+    ``(cdiv(N_K, 128), B * H_KV)`` (``ORDER_HEADS = 1`` at d = 128) or a 1-D grid of as many programs in the order
+    ``_program_order`` gives; ``PERSISTENT``: one program per SM, each looping over its run of the host's schedule
+    ``SCHED`` (``persistent_schedule``), its barriers' phases carried from item to item. The default partition is
+    consumer 0 (``num_warps = 4``), the workers consumer 1 and the producer."""
     HALF: gl.constexpr = 64
     dtype: gl.constexpr = desc_q.dtype
-    if ORDER_HEADS == 1 and HEAD_DIM > 64:  # head-major, the 2-D grid (cdiv(N_K, 128), B * H_KV) (see the launch)
-        pid_n = gl.program_id(0)
-        pid_bh = gl.program_id(1)
-    else:
-        pid_n, pid_bh = _program_order(gl.program_id(0), gl.num_programs(0), gl.cdiv(N_K, 2 * HALF), ORDER_HEADS)
-    b = pid_bh // H_KV
-    hk = pid_bh % H_KV
-    start_n = pid_n * (2 * HALF)
-    q_head0 = b * H_KV * GROUP + hk * GROUP  # first query head of the GQA group
-    m_lo, m_full, n_m = _query_blocks(start_n, N_Q, N_K, BLOCK_M, 2 * HALF, CAUSAL)
-    place = Place(pid_bh * N_K, start_n, (n_m - m_lo) * GROUP, gl.maximum(n_m - m_lo, 1), m_lo, q_head0, N_Q, N_K)
-    cfg: gl.constexpr = Cfg(HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, DQ_TMA, DEFER, LD_TMA)
+    launch = Launch(SCHED, gl.cdiv(N_K, 2 * HALF), H_KV, GROUP, N_Q, N_K)
+    cfg: gl.constexpr = Cfg(HALF, HEAD_DIM, BLOCK_M, STAGES, CAUSAL, DQ_TMA, DEFER, LD_TMA, ORDER_HEADS, PERSISTENT)
 
     k_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_k.layout)
     v_smem = gl.allocate_shared_memory(dtype, [2, HALF, HEAD_DIM], desc_v.layout)
@@ -405,8 +462,10 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     bars = Bars(gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()),
                 gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
                 gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout()),
-                gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout()))
+                gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout()),
+                gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout()))
     mbarrier.init(bars.kv, count=1)
+    mbarrier.init(bars.kv_free, count=2)
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.ready.index(i), count=1)
         mbarrier.init(bars.empty.index(i), count=2)
@@ -417,9 +476,9 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     smem0 = Smem(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(0), l_smem, d_smem)
     smem1 = Smem(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem.index(1), l_smem, d_smem)
     gl.warp_specialize([
-        (_consumer, (smem0, bars, out, place, qk_scale, sm_scale, cfg, 0)),
-        (_consumer, (smem1, bars, out, place, qk_scale, sm_scale, cfg, 1)),
-        (_producer, ((desc_q, desc_k, desc_v, desc_do, desc_l, desc_d), smem0, bars, place, cfg)),
+        (_consumer, (smem0, bars, out, launch, qk_scale, sm_scale, cfg, 0)),
+        (_consumer, (smem1, bars, out, launch, qk_scale, sm_scale, cfg, 1)),
+        (_producer, ((desc_q, desc_k, desc_v, desc_do, desc_l, desc_d), smem0, bars, launch, cfg)),
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -443,19 +502,63 @@ def check_ws_config(config, head_dim=None) -> configs.GluonBackwardConfig:
     return config
 
 
+def block_costs(causal, Nq, Nk, block_m):
+    """Query steps of each 128-row key block (``n_m - m_lo(j)``; every block ``n_m`` without the causal mask), per
+    query head of a GQA group."""
+    n_m = -(-Nq // block_m)
+    n_blocks = -(-Nk // BLOCK_N)
+    if not causal:
+        return [n_m] * n_blocks
+    return [n_m - min(max(j * BLOCK_N - (Nk - Nq), 0) // block_m, n_m) for j in range(n_blocks)]
+
+
 def longest_share(causal, Nq, Nk, block_m, n_heads, n_sms):
     """The longest program's work over one SM's share of the launch (``sum of all programs / n_sms``), programs
     = key blocks of 128 rows x ``n_heads`` (batch, kv head) pairs, each ``n_m - m_lo(j)`` query steps (times the
     GQA group, which cancels). Near or above ``1 / waves`` the head-major order's last heads start their longest
     blocks too late to finish with the rest (list scheduling's bound: makespan <= average + longest)."""
-    n_m = -(-Nq // block_m)
-    n_blocks = -(-Nk // BLOCK_N)
-    if causal:
-        costs = [n_m - min(max(j * BLOCK_N - (Nk - Nq), 0) // block_m, n_m) for j in range(n_blocks)]
-    else:
-        costs = [n_m] * n_blocks
+    costs = block_costs(causal, Nq, Nk, block_m)
     total = sum(costs) * n_heads
     return max(costs) * n_sms / total if total else 0.0
+
+
+def program_order(n_blocks, n_heads, order_heads):
+    """``_program_order`` on the host: the (key block, (batch, kv head)) pairs in program order, ``order_heads``
+    heads interleaved per group (key block the slow index inside a group)."""
+    out = []
+    for g0 in range(0, n_heads, order_heads):
+        heads = range(g0, min(g0 + order_heads, n_heads))
+        out += [(j, h) for j in range(n_blocks) for h in heads]
+    return out
+
+
+#: a work item's fixed cost in query steps for the persistent schedule (the K, V loads, the dK/dV store and the
+#: last dQ product, partly hidden under the neighbouring items): a model parameter, not measured per kernel
+ITEM_OVERHEAD_STEPS = 1.0
+
+
+def persistent_schedule(causal, Nq, Nk, block_m, n_heads, group, order_heads, n_programs):
+    """The persistent launch's schedule: ``program_order``'s items dealt out by list scheduling (each next item to
+    the program that frees up first, by the cost model ``group * block_costs + ITEM_OVERHEAD_STEPS``; Graham 1966,
+    what the hardware does with one CTA per item, here decided ahead of time). Returns the int32 list the kernel
+    reads: ``n_programs + 1`` run offsets, then the item codes ``bh * n_blocks + j`` program after program."""
+    costs = block_costs(causal, Nq, Nk, block_m)
+    n_blocks = len(costs)
+    heap = [(0.0, p) for p in range(n_programs)]
+    runs = [[] for _ in range(n_programs)]
+    for j, h in program_order(n_blocks, n_heads, order_heads):
+        busy, p = heapq.heappop(heap)
+        runs[p].append(h * n_blocks + j)
+        heapq.heappush(heap, (busy + costs[j] * group + ITEM_OVERHEAD_STEPS, p))
+    offsets = [0]
+    for run in runs:
+        offsets.append(offsets[-1] + len(run))
+    return offsets + [c for run in runs for c in run]
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule_tensor(device, *args) -> torch.Tensor:
+    return torch.tensor(persistent_schedule(*args), dtype=torch.int32, device=device)
 
 
 def check_order_heads(order_heads, causal, n_heads, share=0.0):
@@ -545,6 +648,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
     cfg = check_ws_config(config, d)
     bm, stages, dq_tma, defer, ld_tma = cfg.block_m, cfg.num_stages, cfg.dq_tma, cfg.defer, cfg.ld_tma
+    persistent = cfg.persistent
     share = 0.0
     if order_heads is None and causal:
         share = longest_share(causal, Nq, Nk, bm, B * Hkv, _sm_count(q.device))
@@ -579,15 +683,22 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     # measured 2-7% slower on causal GQA, with the dQ wait after the dK/dV stores too: not separated); at d = 64
     # the 1-D grid measured with the late dQ wait (notes/hopper.md, "GQA backward schedule")
     n_blocks = triton.cdiv(Nk, BLOCK_N)
-    grid = (n_blocks, B * Hkv) if order_heads == 1 and d > 64 else (n_blocks * B * Hkv,)
+    if persistent:
+        n_programs = min(_sm_count(q.device), n_blocks * B * Hkv)
+        grid = (n_programs,)
+        sched = _schedule_tensor(q.device, causal, Nq, Nk, bm, B * Hkv, group, order_heads, n_programs)
+    else:
+        grid = (n_blocks, B * Hkv) if order_heads == 1 and d > 64 else (n_blocks * B * Hkv,)
+        sched = _unused_rows(q.device, bm)  # unread
     if ld_tma:
         desc_l, desc_d = (tile_descriptor(x.view(-1, nq_pad), 1, bm) for x in (lse2, delta))
     else:  # unused by the kernel
         desc_l = desc_d = tile_descriptor(_unused_rows(q.device, bm), 1, bm)
     args = (tile_descriptor(q2, bm, d), tile_descriptor(k2, BLOCK_N // 2, d), tile_descriptor(v2, BLOCK_N // 2, d),
             tile_descriptor(do2, bm, d), tile_descriptor(dq_acc.view(-1, d), bm, d // 2),
-            desc_l, desc_d, dq_acc, dk, dv, lse2, delta, Hkv, group, Nq, Nk, scale * LOG2E_F, scale)
-    meta = dict(ORDER_HEADS=order_heads, HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
+            desc_l, desc_d, dq_acc, dk, dv, lse2, delta, sched, Hkv, group, Nq, Nk, scale * LOG2E_F, scale)
+    # a persistent launch reads its order from the schedule: one compiled kernel for every order
+    meta = dict(ORDER_HEADS=1 if persistent else order_heads, PERSISTENT=persistent, HEAD_DIM=d, BLOCK_M=bm, STAGES=stages, CAUSAL=causal,
                 DQ_TMA=2 if _ablate_dq_add else int(dq_tma), DEFER=defer, LD_TMA=ld_tma,
                 CONSUMER_REGS=WS_REGS[0], PRODUCER_REGS=WS_REGS[1], num_warps=4, maxnreg=WS_MAXNREG)
     main = _recorder(BWD_SLOTS)(_bwd_ws_kernel, grid, args, meta)
@@ -610,8 +721,8 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
            "desc_dq": descriptor_signature(bm, dq_cols, "fp32"), "desc_l": descriptor_signature(1, bm, "fp32"),
            "desc_d": descriptor_signature(1, bm, "fp32"),
            "DQ_ACC": "*fp32", "DK": f"*{dtype}", "DV": f"*{dtype}", "LSE2": "*fp32", "DELTA": "*fp32",
-           "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
-    cx = {"ORDER_HEADS": order_heads, "HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
+           "SCHED": "*i32" if cfg.persistent else "*fp32", "H_KV": "i32", "GROUP": "i32", "N_Q": "i32", "N_K": "i32", "qk_scale": "fp32", "sm_scale": "fp32"}
+    cx = {"ORDER_HEADS": order_heads, "PERSISTENT": cfg.persistent, "HEAD_DIM": head_dim, "BLOCK_M": bm, "STAGES": stages, "CAUSAL": causal,
           "DQ_TMA": int(dq_tma), "DEFER": defer, "LD_TMA": ld_tma, "CONSUMER_REGS": WS_REGS[0],
           "PRODUCER_REGS": WS_REGS[1],
           "num_warps": 4}
@@ -619,4 +730,4 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
 
 
 __all__ = ["flash_attention_backward_gluon_ws", "compile_backward_ws", "check_order_heads", "longest_share",
-           "check_ws_config"]
+           "check_ws_config", "block_costs", "program_order", "persistent_schedule"]
