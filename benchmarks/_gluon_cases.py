@@ -15,6 +15,10 @@ CASES = [(2, 4, 4, 1024, 1024, 128, False, "bf16"), (2, 4, 4, 1024, 1024, 128, T
          (4, 8, 8, 1000, 700, 128, False, "bf16")]
 # the forward's check shapes small enough for a CPU float64 autograd oracle (the backward's checks)
 BWD_CASES = [c for c in CASES if c[0] * c[1] * c[3] * c[4] <= 1 << 23] + [(1, 2, 2, 2048, 2048, 128, True, "bf16")]
+#: the training-step bar's table (``bench_gluon_train --grid bar``, ``probe_bwd_persistent``): (d, causal, N, B, Hq,
+#: Hkv), N = 2k..16k, batch x seqlen = 16k, causal and not, MHA with hidden 2048 (Hq = 2048 / d) and GQA 32/8
+BAR_ROWS = [(d, c, N, 16384 // N, Hq, Hkv) for d in (64, 128) for Hq, Hkv in ((2048 // d,) * 2, (32, 8))
+            for c in (False, True) for N in (2048, 4096, 8192, 16384)]
 
 
 def case_tensors(B, Hq, Hkv, Nq, Nk, d, dt, with_do=False):

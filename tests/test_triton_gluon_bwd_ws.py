@@ -186,19 +186,19 @@ def test_gradients_match_float64_autograd(rng, config, B, Hq, Hkv, Nq, Nk, d, ca
 @pytest.mark.gpu
 @pytest.mark.skipif(not HOPPER, reason="Gluon kernels need an H100/H200 (sm_90)")
 # the program order (head-major, groups of 3 of 4 heads: one short group, all heads) on GQA with many key blocks,
-# ragged N, causal Nq < Nk and not; d = 64's 128-row steps and d = 128; one program per key block and persistent
-# (several items a CTA: barrier phases carried from item to item)
+# ragged N, causal Nq < Nk and not; d = 64's 128-row steps and d = 128; one program per key block, and persistent
+# on 5 programs (several items a CTA, of different lengths: barrier phases and buffers carried from item to item)
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("order_heads", [1, 3, 0])
 @pytest.mark.parametrize("B,Hq,Hkv,Nq,Nk,d,causal", [
-    (2, 8, 2, 700, 900, 128, True), (2, 8, 2, 650, 650, 64, True), (1, 12, 4, 500, 500, 128, False),
-    (4, 32, 8, 2048, 2048, 128, True)])
+    (2, 8, 2, 700, 900, 128, True), (2, 8, 2, 650, 650, 64, True), (1, 12, 4, 500, 500, 128, False)])
 def test_program_orders_match_float64_autograd(rng, persistent, order_heads, B, Hq, Hkv, Nq, Nk, d, causal):
     q, k, v, do = _inputs(rng, B, Hq, Hkv, Nq, Nk, d, torch.bfloat16)
     o, lse, _ = attention_ref(q, k, v, causal=causal)
     config = dataclasses.replace(GLUON_BACKWARD[d], persistent=persistent)
     got = flash_attention_backward_gluon_ws(q, k, v, o.to(DEVICE, q.dtype), lse.to(DEVICE, torch.float32), do,
-                                            causal=causal, order_heads=order_heads, config=config)
+                                            causal=causal, order_heads=order_heads, config=config,
+                                            _programs=5 if persistent else None)
     for name, a, r in zip(("dq", "dk", "dv"), got, attention_grads(q, k, v, do, causal=causal)):
         assert torch.isfinite(a).all(), name
         assert rel_err(a, r) < G_TOL, (name, rel_err(a, r))

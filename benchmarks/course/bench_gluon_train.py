@@ -16,7 +16,8 @@ quantisation, timed together").
 The bench runs in a child process with a time limit (``benchmarks/_staged.py``).
 
 ``--grid bar``: the training-step bar's whole table instead (N = 2k..16k, causal and not, MHA and GQA 32/8, d = 64
-and 128: 32 rows), cuDNN (GQA natively) against the Gluon op only, the same rounds.
+and 128: 32 rows), cuDNN (GQA natively) against the Gluon op and the op with either backward schedule spelled out
+(``SCHEDULES``: one CTA per key block, persistent), the same rounds.
 
     python3 -m benchmarks.course.bench_gluon_train --out DIR      # writes DIR/<gpu>-gluon-train.json
     python3 -m benchmarks.course.bench_gluon_train --grid bar --out DIR   # DIR/<gpu>-gluon-train-bar.json
@@ -28,6 +29,7 @@ import os
 import statistics
 
 from benchmarks import results_parser
+from benchmarks._gluon_cases import BAR_ROWS
 
 SEQLENS = [2048, 4096, 8192, 16384]
 ROUNDS = 5  # timings per implementation: the fixed-order one, then rotated rounds (both directions)
@@ -38,13 +40,9 @@ GQA_ROWS = [(True, 8192, 2), (True, 32768, 1), (False, 8192, 2)]
 #: the Gluon forward's key loop spelled out, timed beside its pin (``flash_gluon.key_loop_constexprs``,
 #: ``configs.GLUON_FWD_KEY_LOOP``: fence at d = 128)
 KEY_LOOPS = {"off": {"peeled": False, "fence": False}, "fence": {"peeled": False, "fence": True}}
-#: ``--grid bar``: (d, causal, N, B, Hq, Hkv), batch x seqlen = 16k; MHA has hidden 2048 (Hq = 2048 / d)
-BAR_ROWS = [(d, c, N, TOKENS // N, Hq, Hkv) for d in (64, 128) for Hq, Hkv in ((HIDDEN // d,) * 2, GQA_HEADS)
-            for c in (False, True) for N in SEQLENS]
-#: ``--grid bar``: the backward's schedules timed beside the default op: name -> (``persistent``, ``order_heads``)
-#: (``configs.GluonBackwardConfig.persistent``; ``None``: the default order, ``0``: every head interleaved, i.e.
-#: the list longest-first under the causal mask)
-PERSISTENT_VARIANTS = {"gluon_persistent": (True, None), "gluon_persistent_lpt": (True, 0)}
+#: ``--grid bar``: the backward's two schedules spelled out beside the default op (persistent when causal,
+#: ``configs.GLUON_BACKWARD_CAUSAL``): name -> ``GluonBackwardConfig.persistent``
+SCHEDULES = {"gluon_blocks": False, "gluon_persistent": True}
 
 
 def _stage_bench():
@@ -55,7 +53,7 @@ def _stage_bench():
 
 
 def _stage_bar():
-    """The bar's table: cuDNN against the Gluon op (and its persistent-backward variants), per row their gradients
+    """The bar's table: cuDNN against the Gluon op (and the op on either backward schedule), per row their gradients
     compared with cuDNN's and ``ROUNDS`` rotated rounds."""
     import dataclasses
     from reference.triton.configs import GLUON_BACKWARD
@@ -69,10 +67,9 @@ def _stage_bar():
     out = []
     for d in sorted({r[0] for r in BAR_ROWS}):
         impls = {"cudnn": lambda q, k, v, c: cudnn_attention(q, k, v, c, "native"), "gluon": flash_attention_gluon}
-        for name, (persistent, order) in PERSISTENT_VARIANTS.items():
+        for name, persistent in SCHEDULES.items():
             cfg = dataclasses.replace(GLUON_BACKWARD[d], persistent=persistent)
-            impls[name] = (lambda cfg, order: lambda q, k, v, c: flash_attention_gluon(
-                q, k, v, c, bwd_config=cfg, bwd_order_heads=order))(cfg, order)
+            impls[name] = (lambda cfg: lambda q, k, v, c: flash_attention_gluon(q, k, v, c, bwd_config=cfg))(cfg)
         shapes = [r[1:] for r in BAR_ROWS if r[0] == d]
         for causal, N, B, H, Hkv, leaves, step in train_steps(shapes, d):
             flops = 3.5 * forward_flops(B, H, N, N, d, causal)

@@ -10,6 +10,7 @@ between ``cudaProfilerStart`` and ``cudaProfilerStop``.
 
     python3 -m benchmarks.tuning.ncu_gluon_train --out DIR     # DIR/<gpu>-gluon-train-ncu.json (+ raw CSVs)
     python3 -m benchmarks.tuning.ncu_gluon_train --rows below --out DIR  # the rows below cuDNN (causal 2k MHA, GQA 8k)
+    python3 -m benchmarks.tuning.ncu_gluon_train --rows short --out DIR  # 2k MHA, non-causal and causal
     python3 -m benchmarks.tuning.ncu_gluon_train --summarize A.csv    # the per-kernel table of one ncu CSV
 """
 from __future__ import annotations
@@ -24,7 +25,9 @@ import sys
 SHAPES = [(True, 8192, 2, 32, 8), (True, 32768, 1, 32, 8)]
 #: ``--rows``: which rows to profile. ``below``: the rows measured below cuDNN on an H200 (the causal 2k MHA
 #: training step, 0.78x, B = 8, H = 16; and causal GQA 32/8 at 8k, whose backward was 0.79-0.81x on an H100)
-ROWS = {"gqa": SHAPES, "below": [(True, 2048, 8, 16, 16), (True, 8192, 2, 32, 8)]}
+#: ``short``: the 2k MHA rows left below cuDNN with the persistent causal backward (non-causal and causal, B = 8, H = 16)
+ROWS = {"gqa": SHAPES, "below": [(True, 2048, 8, 16, 16), (True, 8192, 2, 32, 8)],
+        "short": [(False, 2048, 8, 16, 16), (True, 2048, 8, 16, 16)]}
 IMPLS = ("cudnn", "gluon")
 D = 128
 

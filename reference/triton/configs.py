@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -375,8 +376,9 @@ class GluonBackwardConfig(KeyBlockConfig):
                    persistent=rest[0] if rest else False)
 
     def as_tuple(self) -> tuple:
-        """``(block_m, num_stages, dq_tma, defer, ld_tma, persistent)``: how the results files record a configuration."""
-        return (self.block_m, self.num_stages, self.dq_tma, self.defer, self.ld_tma, self.persistent)
+        """``(block_m, num_stages, dq_tma, defer, ld_tma)``, and ``persistent`` after them where it is on: how the
+        results files record a configuration (those written before ``persistent`` existed stay readable)."""
+        return (self.block_m, self.num_stages, self.dq_tma, self.defer, self.ld_tma) + ((True,) if self.persistent else ())
 
 
 @dataclass(frozen=True)
@@ -404,6 +406,10 @@ GLUON_FORWARD = GluonForwardConfig()
 #: the warp-specialised Gluon backward per head dimension: 128 query rows a step at d = 64, 64 at d = 128
 #: (benchmarks/results/h100-gluon-bwd-d64-sweep.json; notes/pins.md "GLUON_BACKWARD")
 GLUON_BACKWARD = {64: GluonBackwardConfig(block_m=128), 128: GluonBackwardConfig(block_m=64)}
+#: causal launches: the same tiles on the persistent schedule, which was ahead of one CTA per key block in every
+#: causal row of the training-step bar on an H200 (benchmarks/results/h200-bwd-persistent-probe.json; notes/pins.md
+#: "GLUON_BACKWARD")
+GLUON_BACKWARD_CAUSAL = {d: dataclasses.replace(c, persistent=True) for d, c in GLUON_BACKWARD.items()}
 #: the Gluon FP8 forward: two 64-row consumers, 128-key blocks, 3 stages
 #: (benchmarks/results/h100-fp8-gluon.json; notes/pins.md "FP8_GLUON_CONFIG")
 FP8_GLUON_CONFIG = Fp8GluonConfig()
@@ -513,4 +519,5 @@ __all__ = ["FWD_PINS", "BWD_PINS", "HOPPER_BENCH_BWD", "GLUON_BWD_ORDER", "forwa
            "FP8_GLUON_SCHEDULE", "FP8_QUANT_CONFIG",
            "GLUON_FWD_KEY_LOOP", "CASCADE_OVERLAP", "KeyBlockConfig", "MixedConfig", "CascadeConfig", "PROGRAMS_PER_SM",
            "check_gluon_prefix_fields", "MIXED_DEFAULT", "CASCADE_DEFAULT", "GluonForwardConfig", "Fp8GluonConfig",
-           "GluonBackwardConfig", "Fp8QuantConfig", "GLUON_FORWARD", "GLUON_BACKWARD", "PAGED_PREFILL", "HOPPER_SMEM"]
+           "GluonBackwardConfig", "Fp8QuantConfig", "GLUON_FORWARD", "GLUON_BACKWARD", "GLUON_BACKWARD_CAUSAL",
+           "PAGED_PREFILL", "HOPPER_SMEM"]

@@ -24,8 +24,9 @@ numbers):
   over all 128 keys, ``sum_u dS_u K_u[:, half w]``: one reduction per dQ element per key block, as in FA3 (the
   "own" mode, each consumer ``dS_w K_w`` over its own keys, lost: notes/experiments_removed.md);
 
-* ``config``: a ``configs.GluonBackwardConfig`` (``block_m``, ``num_stages``, ``dq_tma``, ``defer``, ``ld_tma``),
-  default ``configs.GLUON_BACKWARD[d]``: 64 query rows a step at d = 128, 128 at d = 64, every flag on;
+* ``config``: a ``configs.GluonBackwardConfig`` (``block_m``, ``num_stages``, ``dq_tma``, ``defer``, ``ld_tma``,
+  ``persistent``), default ``configs.GLUON_BACKWARD[d]`` (``GLUON_BACKWARD_CAUSAL[d]`` when causal): 64 query rows a
+  step at d = 128, 128 at d = 64, every flag on, persistent when causal;
   ``DQ_TMA`` stages
   the dQ tile in shared memory and has the copy engine add it into the fp32 buffer (a TMA reduce,
   ``cp.reduce.async.bulk.tensor``), instead of ``red.global.add.v2.f32`` from the consumers' registers;
@@ -33,9 +34,16 @@ numbers):
   ``dS^T`` one step late; ``LD_TMA`` has the producer copy ``L_i, D_i`` (padded per head) into the ring,
   instead of the consumers loading and shuffling them. The non-default values are the measured attempts.
 
-Kernel structure: ``_bwd_ws_kernel`` allocates and groups (named tuples ``Smem``, ``Bars``, ``Out``, ``Place``,
-``Cfg``), then forks into ``_consumer`` x 2 and ``_producer``; ``_consumer`` is set-up, the query-step loop
-(``_scores_and_grads``: lines 10-14 and 16; ``_dq_step``: line 15), ``_dq_last`` and the dK/dV store.
+* the schedule: one CTA per work item (a key block of one (batch, kv head)), in ``_program_order``; or
+  ``persistent``: one CTA per SM walking its run of a list the host made by list scheduling the same sequence
+  (``persistent_schedule``), the ring's slots and phases, the ``dS^T`` buffers and ``bars.ds`` counted over the CTA's
+  steps (``g``) rather than the item's (``t``), and ``bars.kv_free`` releasing K, V to the producer for the next
+  item while the consumers store dK, dV (notes/hopper.md, "A persistent backward").
+
+Kernel structure: ``_bwd_ws_kernel`` allocates and groups (named tuples ``Smem``, ``Bars``, ``Out``, ``Launch``,
+``Cfg``), then forks into ``_consumer`` x 2 and ``_producer``, each looping over its items (``_items``, ``_place``);
+``_consumer_item`` is set-up, the query-step loop (``_scores_and_grads``: lines 10-14 and 16; ``_dq_step``: line
+15), ``_dq_last`` and the dK/dV store.
 
 Ragged ``N``: query rows past ``N_Q`` get ``L = +inf`` (``P = 0``) and land in the
 padded rows of the dQ buffer; key rows past ``N_K`` are masked to ``P = 0`` and never stored. The interpreter
@@ -482,16 +490,18 @@ def _bwd_ws_kernel(desc_q, desc_k, desc_v, desc_do, desc_dq, desc_l, desc_d, DQ_
     ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
-def check_ws_config(config, head_dim=None) -> configs.GluonBackwardConfig:
-    """``config``: a ``configs.GluonBackwardConfig`` (default ``configs.GLUON_BACKWARD[head_dim]``, d = 128's
-    without a head dimension); return it.
+def check_ws_config(config, head_dim=None, causal=False) -> configs.GluonBackwardConfig:
+    """``config``: a ``configs.GluonBackwardConfig`` (default ``configs.GLUON_BACKWARD[head_dim]``, or
+    ``GLUON_BACKWARD_CAUSAL[head_dim]`` for a causal launch: the persistent schedule; d = 128's without a head
+    dimension); return it.
 
     ``block_n = 128`` keys a CTA and ``num_warps = 4`` per consumer (the kernel's layouts); ``block_m = 128`` only at
     ``head_dim = 64``: the consumer's ``S^T, dP^T`` tiles (64 x block_m fp32) and its ``dK, dV`` (64 x d) must fit
     its 240 registers (at d = 128: 4 x 64 > 240); its shared memory fits only some flag combinations
     (``compile_backward_ws`` + ``_aot.resource_usage``; notes/hopper.md section 1g)."""
     if config is None:
-        return configs.GLUON_BACKWARD.get(head_dim, configs.GLUON_BACKWARD[128])
+        pins = configs.GLUON_BACKWARD_CAUSAL if causal else configs.GLUON_BACKWARD
+        return pins.get(head_dim, pins[128])
     if type(config) is not configs.GluonBackwardConfig:
         raise TypeError(f"config must be a reference.triton.configs.GluonBackwardConfig or None, got {config!r}")
     bm, stages = config.block_m, config.num_stages
@@ -632,7 +642,7 @@ def _unused_rows(device, bm: int) -> torch.Tensor:
 
 
 def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=None, config=None,
-                                      order_heads=None, _ablate_dq_add=False):
+                                      order_heads=None, _ablate_dq_add=False, _programs=None):
     """Gradients ``(dq, dk, dv)`` of ``sum(o * do)`` on Hopper, warp-specialised (module docstring).
 
     ``q, o, do (B, Hq, Nq, d)``, ``k, v (B, Hkv, Nk, d)`` bfloat16/float16, ``d`` in {64, 128}, ``lse (B, Hq, Nq)``
@@ -644,9 +654,11 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     ``order_heads``: the program order (``_program_order``): how many (batch, kv head) pairs interleave their key
     blocks longest-first; ``None`` the default (``check_order_heads``), ``0`` all of them, ``1`` the head-major order.
     ``_ablate_dq_add``: a timing ablation only, dQ products computed but never added (dq is wrong).
+    ``_programs``: a persistent launch's program count if below the SM count (tests: many items a program on small
+    shapes).
     """
     B, Hq, Hkv, Nq, Nk, d, group, causal, scale = check_backward_args(q, k, v, o, lse, do, causal, scale, NAME)
-    cfg = check_ws_config(config, d)
+    cfg = check_ws_config(config, d, causal)
     bm, stages, dq_tma, defer, ld_tma = cfg.block_m, cfg.num_stages, cfg.dq_tma, cfg.defer, cfg.ld_tma
     persistent = cfg.persistent
     share = 0.0
@@ -658,7 +670,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     nq_pad = triton.cdiv(Nq, bm) * bm
     tk = _fastlaunch.tensor_key
     aligned = tuple(x.data_ptr() % 16 == 0 for x in (o, do, lse))
-    key = (tk(q), tk(k), tk(v), aligned, causal, scale, cfg, order_heads, _ablate_dq_add)
+    key = (tk(q), tk(k), tk(v), aligned, causal, scale, cfg, order_heads, _ablate_dq_add, _programs)
     lse_rows, delta, lse2 = preprocess_buffers(lse, Nq, rows=nq_pad if ld_tma else Nq)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -684,7 +696,7 @@ def flash_attention_backward_gluon_ws(q, k, v, o, lse, do, causal=False, scale=N
     # the 1-D grid measured with the late dQ wait (notes/hopper.md, "GQA backward schedule")
     n_blocks = triton.cdiv(Nk, BLOCK_N)
     if persistent:
-        n_programs = min(_sm_count(q.device), n_blocks * B * Hkv)
+        n_programs = min(_programs or _sm_count(q.device), n_blocks * B * Hkv)
         grid = (n_programs,)
         sched = _schedule_tensor(q.device, causal, Nq, Nk, bm, B * Hkv, group, order_heads, n_programs)
     else:
@@ -712,7 +724,7 @@ def compile_backward_ws(head_dim: int = 128, causal: bool = False, config=None, 
                         order_heads: int = 1):
     """Compile the kernel for sm_90a ahead of time (no GPU needed; run with ``TRITON_INTERPRET=0``); return it for
     ``reference.triton.hopper._aot.resource_usage``."""
-    cfg = check_ws_config(config, head_dim)
+    cfg = check_ws_config(config, head_dim, causal)
     bm, stages, dq_tma, defer, ld_tma = cfg.block_m, cfg.num_stages, cfg.dq_tma, cfg.defer, cfg.ld_tma
     half = BLOCK_N // 2
     dq_cols = head_dim // 2
