@@ -23,15 +23,14 @@ class FlashAttentionGluonFunction(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, scale, key_loop=None, bwd_config=None, bwd_order_heads=None):
         o, lse = flash_attention_forward_gluon(q, k, v, causal=causal, scale=scale, key_loop=key_loop)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.scale, ctx.bwd_config, ctx.bwd_order_heads = causal, scale, bwd_config, bwd_order_heads
+        # the backward's keyword arguments
+        ctx.bwd = {"causal": causal, "scale": scale, "config": bwd_config, "order_heads": bwd_order_heads}
         return o
 
     @staticmethod
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = flash_attention_backward_gluon_ws(q, k, v, o, lse, do.to(q.dtype), causal=ctx.causal,
-                                                       scale=ctx.scale, config=ctx.bwd_config,
-                                                       order_heads=ctx.bwd_order_heads)
+        dq, dk, dv = flash_attention_backward_gluon_ws(q, k, v, o, lse, do.to(q.dtype), **ctx.bwd)
         return dq, dk, dv, None, None, None, None, None
 
 
