@@ -605,6 +605,7 @@ def lecture06_quotes() -> list[str]:
                    f"{s4['o_ratio_mean']:.2f}x) and {s8['o_ratio_min']:.1f}–{s8['o_ratio_max']:.1f}x at $N = 8192$ "
                    f"(mean {s8['o_ratio_mean']:.2f}x)")
     out += _train_step_host_quotes()
+    out += _persistent_bwd_quotes()
     aot = load("sm90a-gluon-aot.json")
     if aot:
         v = aot["variants"]
@@ -643,6 +644,23 @@ def _train_step_host_quotes() -> list[str]:
             f"same code read {before['ratio']:.2f}x",
             f"the host time to {min(ha) / 1e3:.1f}-{max(ha) / 1e3:.1f} ms a step and the step to {bar_after:.2f}x "
             f"cuDNN"]
+
+
+def _persistent_bwd_quotes() -> list[str]:
+    """Lecture 06's persistent backward (``h200-bwd-persistent-probe.json``: the backward alone, one CTA per key
+    block vs persistent, x cuDNN's backward, on the training-step bar's rows)."""
+    r = load("h200-bwd-persistent-probe.json")
+    if not r:
+        return []
+    rows = r["rows"]
+    causal = [x for x in rows if x["causal"]]
+    ahead = sum(x["x_cudnn"]["persistent"] > x["x_cudnn"]["blocks"] for x in causal)
+    pick = lambda d, c, n: next(x for x in rows if (x["d"], x["causal"], x["N"], x["H"] == x["H_kv"]) == (d, c, n, True))  # noqa: E731
+    c2 = pick(64, True, 2048)["x_cudnn"]
+    long_nc = [x["persistent_vs_blocks"] for x in rows if not x["causal"] and x["N"] >= 8192 and x["H"] == x["H_kv"]]
+    return [f"from {c2['blocks']:.2f}x to {c2['persistent']:.2f}x cuDNN at d = 64, causal N = 2k",
+            f"ahead in {ahead} of the {len(causal)} causal rows",
+            f"{1 - max(long_nc):.0%}-{1 - min(long_nc):.0%} slower on long non-causal MHA rows"]
 
 
 def _lecture06() -> dict:

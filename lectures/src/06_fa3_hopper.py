@@ -768,14 +768,16 @@ for path, r in load_results("*-gluon-wsbwd.json"):
                   f"{base:4.0f} TFLOP/s;  triton {row['triton']['tflops'] / base:.2f}x  gluon ws "
                   f"{row[key]['tflops'] / base:.2f}x")
 for path, r in load_results("*-gluon-train.json"):
+    # the median over rotated rounds where the run has them (one do_bench median per implementation otherwise)
+    tf = lambda x: x.get("tflops_rounds_median", x["tflops"])  # noqa: E731
     print(f"== {path.name}: {r.get('gpu')}: forward + backward through autograd")
     for row in r["bench"]:
-        base = row["cudnn"]["tflops"]
+        base = tf(row["cudnn"])
         heads = f"H={row['H']}/{row.get('H_kv', row['H'])}"
         print(f"  step {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d} {heads:8s}: cuDNN {base:4.0f} "
               f"TFLOP/s;"
-              f"  flash_attention (Triton) {row['triton']['tflops'] / base:.2f}x  flash_attention_gluon "
-              f"{row['gluon']['tflops'] / base:.2f}x")
+              f"  flash_attention (Triton) {tf(row['triton']) / base:.2f}x  flash_attention_gluon "
+              f"{tf(row['gluon']) / base:.2f}x")
 
 # %% [markdown]
 # A short training step can be limited by the CPU, not the GPU. At causal N = 2k, d = 128 (B = 8, H = 16) the H200
@@ -800,6 +802,33 @@ for path, r in probes:
               f"{min(g['host_us']) / 1e3:.2f}, cuDNN {min(c['host_us']) / 1e3:.2f}; GPU busy / span per step "
               f"{g['kernels']['busy_us_per_step'] / 1e3:.2f} / {g['kernels']['span_us_per_step'] / 1e3:.2f} ms; "
               f"step {row['ratio']:.2f}x cuDNN")
+
+# %% [markdown]
+# With the host out of the way, what is left is the backward kernel itself, and section 3's scheduling lesson
+# applies to it too. It launched one CTA per 128-key block: 2048 CTAs at that 2k shape, each paying its own
+# prologue (K, V loaded, nothing to compute yet) and epilogue (dK, dV stored), and under the causal mask the
+# blocks are unequal (key block $j$ sees $N/64 - 2j$ query steps), so the last wave is ragged. The persistent
+# backward (`GluonBackwardConfig(persistent=True)`, the default for causal launches) runs one CTA per SM. Each CTA
+# walks a list the host computes once per shape: the same blocks in the same order, dealt by list scheduling (each
+# next block to the CTA that frees up first under a cost model of query steps,
+# `flash_gluon_bwd_ws.persistent_schedule`). Two things change in the kernel. Its ring slots and barrier phases
+# count the CTA's steps across blocks, not one block's. And a `kv_free` barrier lets the producer warp load the
+# next block's K and V while the consumers are still storing dK and dV. dK and dV come out bit for bit the same.
+# Timed alone on the bar's rows, the backward went from 0.88x to 0.99x cuDNN at d = 64, causal N = 2k, and the
+# persistent schedule was ahead in 15 of the 16 causal rows. It was 1%-5% slower on long non-causal MHA rows,
+# where every block is the same length: there a static list cannot route around an SM that runs slow, and the
+# hardware's own dealing can. So non-causal launches keep one CTA per block. A list sorted longest-first over all
+# heads (LPT) balanced best on paper and lost in practice, because it keeps Q, dO and dQ of every head in flight
+# at once, far more than the L2 holds (`notes/hopper.md`, "A persistent backward").
+
+# %%
+for path, r in load_results("*-bwd-persistent-probe.json"):
+    print(f"== {path.name}: {r.get('gpu')}: the backward alone, x cuDNN's backward (one CTA per block -> persistent)")
+    for row in r["rows"]:
+        heads = f"H={row['H']}/{row['H_kv']}"
+        x = row["x_cudnn"]
+        print(f"  d={row['d']:3d} {'causal' if row['causal'] else 'non-causal':10s} N={row['N']:5d} {heads:8s}: "
+              f"{x['blocks']:.2f}x -> {x['persistent']:.2f}x  (dK, dV bitwise equal: {row['dkdv_bitwise_equal']})")
 
 # %% [markdown]
 # ### FP8 in the same ping-pong: the exponential's turn
