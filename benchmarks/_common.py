@@ -355,8 +355,13 @@ def timestamped_log(t0: float):
 def run_sections(sections: dict, names: str, out: dict, path: str, log, t0: float) -> dict:
     """Run ``sections[name]()`` for each comma-separated name in ``names`` into ``out[name]``, rewriting ``path``
     (JSON) after each, so a run cut short keeps what it measured. A section that raises is recorded in
-    ``out["failed"]`` and the others still run. Returns ``out``."""
+    ``out["failed"]`` and the others still run. A name that is no section raises before anything runs. Returns
+    ``out``."""
     import json
+    unknown = [n for n in names.split(",") if n not in sections]
+    if unknown:
+        raise ValueError(f"--sections: unknown section(s) {', '.join(unknown)}; expected a comma-separated list of "
+                         f"{', '.join(sections)}")
     for name in names.split(","):
         log(f"== {name}")
         try:

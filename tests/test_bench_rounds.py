@@ -84,3 +84,30 @@ def test_checked_rounds_errors_failures_and_medians(seed):
         assert abs(r["tflops"] - 6e9 / r["ms"] / 1e9) <= 1e-12 * r["tflops"]
     assert sorted(rows["exact"]["rounds_ms"] + rows["noisy"]["rounds_ms"]) == sorted(set(
         rows["exact"]["rounds_ms"] + rows["noisy"]["rounds_ms"]))
+
+
+SECTIONS = """
+import json, sys
+from benchmarks._common import run_sections
+ran = []
+sections = {"mixed": lambda: ran.append("mixed") or 1, "cascade": lambda: ran.append("cascade") or 2}
+try:
+    run_sections(sections, "copy,cascade", {}, sys.argv[1], lambda s: None, 0.0)
+except ValueError as e:
+    print(json.dumps({"error": str(e), "ran": ran}))
+out = run_sections(sections, "cascade,mixed", {}, sys.argv[1], lambda s: None, 0.0)
+print(json.dumps({"ran": ran, "out": {k: out[k] for k in ("cascade", "mixed")}}))
+"""
+
+
+def test_run_sections_names_an_unknown_section_before_running_any(tmp_path):
+    # a misspelt --sections name fails at once with the known names, instead of a run that records it as failed
+    path = tmp_path / "r.json"
+    p = subprocess.run([sys.executable, "-c", SECTIONS, str(path)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    refused, done = (json.loads(x) for x in p.stdout.strip().splitlines()[-2:])
+    assert refused == {"error": "--sections: unknown section(s) copy; expected a comma-separated list of mixed, "
+                                "cascade", "ran": []}
+    assert done == {"ran": ["cascade", "mixed"], "out": {"cascade": 2, "mixed": 1}}
+    assert json.loads(path.read_text())["mixed"] == 1

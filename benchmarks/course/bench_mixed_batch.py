@@ -1,11 +1,11 @@
 """Mixed prefill + decode launch, paged prefill and cascade decode against their baselines, in one run (GPU).
 
-    python -m benchmarks.course.bench_mixed_batch [--out DIR] [--sections copy,mixed,prefill,cascade] [--smoke]
+    python -m benchmarks.course.bench_mixed_batch [--out DIR] [--sections mixed,prefill,cascade] [--smoke]
         [--prefill-cases all|core]
 
 bf16, Hq=32, Hkv=8, d=128. Every section checks correctness on the GPU first, then times (``do_bench``
 medians with L2 flushed; ``graph``: CUDA-graph replay GPU time; ``loop``: wall time per call of back-to-back
-eager calls). Sections:
+eager calls); the copy bandwidth every fraction is taken against is measured first in every run. Sections:
 
 * mixed: a serving step of 4 prefill chunks of 512 tokens (after 2k cached tokens each) and 60 decode rows at
   1k-32k keys (log-uniform, fixed seed), 16-token pages: ``mixed_attention`` (one launch; also its first
