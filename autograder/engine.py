@@ -191,6 +191,14 @@ class Grader:
         if compile_only and limits.address_space is None:
             limits = Limits(**{**limits.__dict__, "address_space": self.spec.address_space})
         sb = Sandbox(device, limits, "student", zygote=self.spec.needs_torch, compile_only=compile_only)
+        try:
+            return self._load(sb, device, compile_only)
+        except BaseException:
+            sb.stop()          # a child that failed to start or to load is nobody's to stop later: its processes
+            raise              # and its folder (home, tmp, Triton cache) go now
+
+    def _load(self, sb, device, compile_only):
+        """Start ``sb`` and load the submission's cells in it; the checks on what loading did. Returns ``sb``."""
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
                  "device": device, "torch": self.spec.needs_torch, "compile_only": compile_only,

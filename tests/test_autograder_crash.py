@@ -2,6 +2,7 @@
 ``check()`` and in ``make check``; and a ``Grader`` carries nothing from one grading run to the next."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -196,3 +197,26 @@ def test_check_stops_a_hanging_function_once(capfd, monkeypatch):
     rows = [ln for ln in capfd.readouterr().out.splitlines() if " FAIL " in ln]
     assert "merge_states did not return within 2 s" in rows[0] and "loop" in rows[0]
     assert len(rows) > 1 and all("skipped: merge_states did not return" in r for r in rows[1:])
+
+
+LOAD_AND_REPORT = """
+import json, sys
+from autograder.engine import Grader
+r = Grader("a1_attention", device="cpu", seed=1, only=["safe_softmax: basic", "merge_states"]).grade(sys.argv[1])
+print(json.dumps({"score": r["score"], "outputs": [t["output"] for t in r["tests"]]}))
+"""
+
+
+def test_a_child_that_dies_while_loading_leaves_no_folder_behind(tmp_path):
+    """A submission whose cells end their process while loading fails its tests with the load error, and the
+    sandbox that failed to load is stopped: no process, and no folder (home, tmp, Triton cache) left in TMPDIR."""
+    sub = tmp_path / "exits_while_loading.py"
+    sub.write_text(OWN.read_text() + "\n\nimport os\nos._exit(3)\n")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.run([sys.executable, "-c", LOAD_AND_REPORT, str(sub)], cwd=ROOT, capture_output=True, text=True,
+                       env=dict(os.environ, TMPDIR=str(tmp)), timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["score"] == 0 and res["outputs"] and all("loading the submission" in o for o in res["outputs"]), res
+    assert sorted(x.name for x in tmp.iterdir()) == []
