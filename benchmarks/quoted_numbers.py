@@ -114,37 +114,45 @@ def serving_lines(r):
 def mixed_batch_quotes(r) -> list[str]:
     """The phrases ``docs/results.md`` and its long form ``notes/results_details.md`` quote from
     ``<gpu>-mixed-batch.json`` (``bench_mixed_batch``): the mixed step, the one-launch cascade (graph, eager,
-    fraction of copy, prefix pass alone) and paged prefill by page size. ``tests/test_quoted_numbers.py`` requires each verbatim."""
-    m, g = r["mixed"], r["mixed"]["ms_graph"]
+    fraction of copy, prefix pass alone) and paged prefill by page size, each where the run has its section (a run
+    of some sections has no phrases for the others). ``tests/test_quoted_numbers.py`` requires each verbatim."""
     bw = r["meta"]["copy_bw_bytes_per_s"]
-    tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
-    casc = r["cascade"]
     j = lambda xs, fmt="{:.2f}": " / ".join(fmt.format(x) for x in xs)  # noqa: E731
-    pages = r["prefill"]["pages"]
-    pg = lambda page, names: " / ".join(f"{pages[page]['vs_contiguous'][n]:.2f}x" for n in names)  # noqa: E731
-    eager = [c["eager_loop_over_graph"] for c in casc]
     met = lambda ok: "met" if ok else "missed"  # noqa: E731
-    tma = [pages[p]["vs_contiguous"].get("paged_prefill_gluon_tma") for p in ("16", "64")]
-    gluon = ([f"the Gluon paged kernel in the same run {tma[0]:.2f}x / {tma[1]:.2f}x"]
-             if None not in tma else [])  # Hopper runs with the Gluon paged kernel
-    return gluon + [
-        f"{g['mixed_one_launch'] * 1e3:.0f} us: {m['speedup_vs_separate_graph']:.2f}x / "
-        f"{m['speedup_vs_paged_prefill_graph']:.2f}x; K/V ({m['kv_bytes'] / 1e9:.2f} GB) at {tbs / 1e12:.2f} TB/s = "
-        f"{tbs / bw:.2f} of the copy bandwidth",
-        j([c["ms_graph"]["cascade"] * 1e3 for c in casc], "{:.0f}") + " us (three launches in the same run: "
-        + j([c["ms_graph"]["cascade_separate"] * 1e3 for c in casc], "{:.0f}") + " us)",
-        j([c["speedup_graph_vs_paged"] for c in casc], "{:.2f}x"),
-        j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + " (unrounded "
-        + j([c["fraction_of_copy_bw"]["cascade"] for c in casc], "{:.4f}") + ")",
-        "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
-        f"B = {casc[0]['batch']}: {eager[0]:.2f} ({met(eager[0] <= 1.2)}); B = {casc[0]['batch']}..{casc[-1]['batch']}: "
-        f"{min(eager):.2f}-{max(eager):.2f}; {casc[0]['eager_speedup_vs_paged']:.2f}x "
-        f"({met(casc[0]['eager_speedup_vs_paged'] >= 1.5)}",
-        pg("16", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_block64",
-                  "mixed_block64_first_version")) + "; "
-        + pg("64", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_tma", "mixed_tma_table_in_place")),
-        f"table entries looked up in place {g['mixed_one_launch_first_version'] * 1e3:.0f} us",
-    ]
+    out = []
+    if "prefill" in r:
+        pages = r["prefill"]["pages"]
+        tma = [pages[p]["vs_contiguous"].get("paged_prefill_gluon_tma") for p in ("16", "64")]
+        if None not in tma:  # Hopper runs with the Gluon paged kernel
+            out.append(f"the Gluon paged kernel in the same run {tma[0]:.2f}x / {tma[1]:.2f}x")
+    if "mixed" in r:
+        m, g = r["mixed"], r["mixed"]["ms_graph"]
+        tbs = m["kv_bytes"] / (g["mixed_one_launch"] * 1e-3)
+        out.append(f"{g['mixed_one_launch'] * 1e3:.0f} us: {m['speedup_vs_separate_graph']:.2f}x / "
+                   f"{m['speedup_vs_paged_prefill_graph']:.2f}x; K/V ({m['kv_bytes'] / 1e9:.2f} GB) at "
+                   f"{tbs / 1e12:.2f} TB/s = {tbs / bw:.2f} of the copy bandwidth")
+    if "cascade" in r:
+        casc = r["cascade"]
+        eager = [c["eager_loop_over_graph"] for c in casc]
+        out += [
+            j([c["ms_graph"]["cascade"] * 1e3 for c in casc], "{:.0f}") + " us (three launches in the same run: "
+            + j([c["ms_graph"]["cascade_separate"] * 1e3 for c in casc], "{:.0f}") + " us)",
+            j([c["speedup_graph_vs_paged"] for c in casc], "{:.2f}x"),
+            j([c["fraction_of_copy_bw"]["cascade"] for c in casc]) + " (unrounded "
+            + j([c["fraction_of_copy_bw"]["cascade"] for c in casc], "{:.4f}") + ")",
+            "the prefix pass alone: " + j([c["fraction_of_copy_bw"]["prefix_pass"] for c in casc]),
+            f"B = {casc[0]['batch']}: {eager[0]:.2f} ({met(eager[0] <= 1.2)}); B = {casc[0]['batch']}.."
+            f"{casc[-1]['batch']}: {min(eager):.2f}-{max(eager):.2f}; {casc[0]['eager_speedup_vs_paged']:.2f}x "
+            f"({met(casc[0]['eager_speedup_vs_paged'] >= 1.5)}"]
+    if "prefill" in r:
+        pg = lambda page, names: " / ".join(f"{pages[page]['vs_contiguous'][n]:.2f}x" for n in names)  # noqa: E731
+        out.append(pg("16", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_block64",
+                             "mixed_block64_first_version")) + "; "
+                   + pg("64", ("paged_prefill_page_tiles", "paged_prefill_row_gather", "mixed_tma",
+                               "mixed_tma_table_in_place")))
+    if "mixed" in r:
+        out.append(f"table entries looked up in place {r['mixed']['ms_graph']['mixed_one_launch_first_version'] * 1e3:.0f} us")
+    return out
 
 
 def decode_quotes(r) -> list[str]:

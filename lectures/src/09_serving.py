@@ -359,7 +359,8 @@ for res, rows in measured("cascade"):
     fig, ax = plt.subplots(figsize=(6, 3))
     bsz = [r["batch"] for r in rows]
     ax.plot(bsz, [r["speedup_graph"] for r in rows], "o-", label="three launches (GPU time, CUDA graph)")
-    one = [c for _, cs in measured_mixed("cascade") for c in cs]
+    # the one-launch run on the same GPU as this three-launch run
+    one = [c for r2, cs in measured_mixed("cascade") if r2["meta"]["gpu"] == res["meta"]["gpu"] for c in cs]
     if one:
         ax.plot([c["batch"] for c in one], [c["speedup_graph_vs_paged"] for c in one], "s-",
                 label="one launch (bench_mixed_batch, its own run)")
