@@ -29,9 +29,9 @@ def test_bad_inputs_are_named(rng):
         flash_attention_gluon(q, k, v, scale=float("inf"))
     with pytest.raises(ValueError, match="key_loop"):
         flash_attention_gluon(q, k, v, key_loop={"fenced": True})
-    with pytest.raises(TypeError, match="config must be a reference.triton.configs.GluonBackwardConfig"):
+    with pytest.raises(TypeError, match="bwd_config: config must be a reference.triton.configs.GluonBackwardConfig"):
         flash_attention_gluon(q, k, v, bwd_config=(64, 2, True, True, True, True))
-    with pytest.raises(ValueError, match="order_heads must be an int >= 0"):
+    with pytest.raises(ValueError, match="bwd_order_heads: order_heads must be an int >= 0"):
         flash_attention_gluon(q, k, v, bwd_order_heads=-1)
 
 

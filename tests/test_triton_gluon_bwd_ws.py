@@ -140,6 +140,8 @@ def test_persistent_schedule_deals_every_block_once_and_balances(causal, Nq, Nk,
     assert max(loads) <= sum(loads) / P + max(cost.values()) + 1e-9
     if causal and Nq == Nk:  # the causal mask: key block j sees the query blocks from its own diagonal on
         assert costs == [-(-Nq // bm) - j * 128 // bm for j in range(n_blocks)]
+    with pytest.raises(ValueError, match="persistent_schedule: order_heads must be a positive int, got 0"):
+        persistent_schedule(causal, Nq, Nk, bm, n_heads, group, 0, P)
 
 
 def test_the_pinned_order_interleaves_only_short_causal_launches():

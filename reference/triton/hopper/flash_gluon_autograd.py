@@ -47,9 +47,13 @@ def flash_attention_gluon(q, k, v, causal=False, scale=None, key_loop=None, bwd_
     """
     *_, causal, scale = check_gluon_inputs(q, k, v, causal, scale, "flash_attention_gluon")
     key_loop_constexprs(key_loop, q.shape[-1])  # a bad option is named before any launch
-    flash_gluon_bwd_ws.check_ws_config(bwd_config, q.shape[-1])  # and a bad backward config, before the forward
-    if bwd_order_heads is not None:
-        flash_gluon_bwd_ws.check_order_heads(bwd_order_heads, causal, 1)
+    try:  # a bad backward option is named before the forward runs
+        flash_gluon_bwd_ws.check_ws_config(bwd_config, q.shape[-1])
+        if bwd_order_heads is not None:
+            flash_gluon_bwd_ws.check_order_heads(bwd_order_heads, causal, 1)
+    except (TypeError, ValueError) as exc:
+        arg = "bwd_order_heads" if "order_heads" in str(exc) else "bwd_config"
+        raise type(exc)(f"flash_attention_gluon: {arg}: {exc}") from None
     check_gluon_device(q.device, "flash_attention_gluon")
     return FlashAttentionGluonFunction.apply(q, k, v, causal, scale, key_loop, bwd_config, bwd_order_heads)
 

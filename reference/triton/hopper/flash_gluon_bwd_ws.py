@@ -552,6 +552,10 @@ def persistent_schedule(causal, Nq, Nk, block_m, n_heads, group, order_heads, n_
     the program that frees up first, by the cost model ``group * block_costs + ITEM_OVERHEAD_STEPS``; Graham 1966,
     what the hardware does with one CTA per item, here decided ahead of time). Returns the int32 list the kernel
     reads: ``n_programs + 1`` run offsets, then the item codes ``bh * n_blocks + j`` program after program."""
+    for name, v in (("Nq", Nq), ("Nk", Nk), ("block_m", block_m), ("n_heads", n_heads), ("group", group),
+                    ("order_heads", order_heads), ("n_programs", n_programs)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"persistent_schedule: {name} must be a positive int, got {v!r}")
     costs = block_costs(causal, Nq, Nk, block_m)
     n_blocks = len(costs)
     heap = [(0.0, p) for p in range(n_programs)]
