@@ -144,6 +144,7 @@ class Grader:
         self.restarts = 0
         self.current_task = None
         self.cells = []
+        self._cells_msg = None           # (cells, the load message of those cells): ``_cells_message``
         self.names = {}
         self.load_info = {}
         self.load_failed = {}            # graded name -> "cell N failed while loading: ..."
@@ -200,10 +201,7 @@ class Grader:
     def _load(self, sb, device, compile_only):
         """Start ``sb`` and load the submission's cells in it; the checks on what loading did. Returns ``sb``."""
         sb.start(timeout=self.spec.load_timeout)
-        sb.send({"t": "load", "cells": [[c.index, c.source, c.name] for c in self.cells], "names": self._graded_names(),
-                 "device": device, "torch": self.spec.needs_torch, "compile_only": compile_only,
-                 "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells),
-                 "policy": host_policy.config(self.spec, self.cells)})
+        sb.send({"t": "load", **self._cells_message(), "device": device, "compile_only": compile_only})
         self._isolation = isolation.describe(sb.isolation)
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
@@ -229,6 +227,17 @@ class Grader:
             self.flag(threats.T13, list(self.spec.tasks), f"left {h['threads']} thread(s) running after loading",
                       "runtime")
         return sb
+
+    def _cells_message(self) -> dict:
+        """What every child of this run is sent to load the cells. The cells do not change within a run, and
+        the given-code passes over them (``given_ranges``, ``host_policy.config``: AST parses and dumps of every
+        cell) cost more than a child's start when a run restarts its child per task, so they run once."""
+        if self._cells_msg is None or self._cells_msg[0] is not self.cells:
+            self._cells_msg = self.cells, {"cells": [[c.index, c.source, c.name] for c in self.cells],
+                               "names": self._graded_names(), "torch": self.spec.needs_torch,
+                               "forbidden": list(self.spec.forbidden_imports), "given": given_ranges(self.cells),
+                               "policy": host_policy.config(self.spec, self.cells)}
+        return self._cells_msg[1]
 
     def student(self):
         if self.load_broken:

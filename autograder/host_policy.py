@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import functools
 import json
 import os
 import types
@@ -266,6 +267,7 @@ class _Rewrite(ast.NodeTransformer):
         return out
 
 
+@functools.lru_cache(maxsize=1)
 def given_cell_dumps() -> frozenset:
     """``ast.dump`` of every given file (a cell identical to one is the course's code: not transformed)."""
     try:

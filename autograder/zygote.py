@@ -153,35 +153,54 @@ def _stop(proc):
 
 
 @contextlib.contextmanager
+def started(device="cpu"):
+    """Start the two zygotes; yield ``(addresses, why)``: ``{ENV: "name:token", ENV_COMPILE: ...}`` of those that
+    answered (for a caller to put in the environment of the grader processes it starts; ``os.environ`` is left
+    alone) and why there is no grading zygote (None: there is). Stopped, with every child they forked, on the
+    way out."""
+    if device != "cpu" or os.environ.get(ENV) == "0" or not isolation.namespaces_enabled():
+        yield {}, "switched off"
+        return
+    tmp = tempfile.mkdtemp(prefix="autograder-zygote-")
+    procs, why, addresses = [], None, {}
+    try:
+        started_ = []
+        for var, interpret in ((ENV, True), (ENV_COMPILE, False)):
+            proc, name, token = _start(os.path.join(tmp, var.lower()), interpret)
+            procs.append(proc)
+            started_.append((var, proc, name, token))
+        for var, proc, name, token in started_:
+            ok, reason = _ready(proc)
+            if ok:
+                addresses[var] = f"{name}:{token}"
+            elif var == ENV:
+                why = f"zygote not started: {reason}"
+        yield addresses, why
+    finally:
+        for proc in procs:
+            _stop(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def running(device="cpu"):
     """Two zygotes for the CPU gradings inside (``AUTOGRADER_ZYGOTE`` and ``AUTOGRADER_ZYGOTE_COMPILE`` set for
     grader subprocesses): one forks the grading children (interpreter on), one the compile children
     (interpreter off, for the sm_90a frontend compile). Yields why there is none, or None; a compile zygote that
-    does not start leaves its children spawned as before. Stopped (with every child they forked) on the way out."""
-    if device != "cpu" or os.environ.get(ENV) == "0" or not isolation.namespaces_enabled():
-        yield "switched off"
+    does not start leaves its children spawned as before. Where the environment already names a grading zygote
+    (a caller's ``started``: the test suite starts one pair per worker for all its selftest runs), those serve
+    and none is started."""
+    if device == "cpu" and ":" in os.environ.get(ENV, ""):
+        yield None
         return
-    tmp = tempfile.mkdtemp(prefix="autograder-zygote-")
-    procs, why, saved = [], None, {k: os.environ.get(k) for k in (ENV, ENV_COMPILE)}
-    try:
-        started = []
-        for var, interpret in ((ENV, True), (ENV_COMPILE, False)):
-            proc, name, token = _start(os.path.join(tmp, var.lower()), interpret)
-            procs.append(proc)
-            started.append((var, proc, name, token))
-        for var, proc, name, token in started:
-            ok, reason = _ready(proc)
-            if ok:
-                os.environ[var] = f"{name}:{token}"
-            elif var == ENV:
-                why = f"zygote not started: {reason}"
-        yield why
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
-        for proc in procs:
-            _stop(proc)
-        shutil.rmtree(tmp, ignore_errors=True)
+    saved = {k: os.environ.get(k) for k in (ENV, ENV_COMPILE)}
+    with started(device) as (addresses, why):
+        os.environ.update(addresses)
+        try:
+            yield why
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value

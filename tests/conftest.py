@@ -49,6 +49,17 @@ def rng(request):
     return np.random.default_rng(seed)
 
 
+@pytest.fixture(scope="session")
+def zygote_env():
+    """``{AUTOGRADER_ZYGOTE: ..., AUTOGRADER_ZYGOTE_COMPILE: ...}`` of one pair of zygotes per test process
+    (``autograder.zygote.started``; empty where namespaces are off), for the environment of the gradings a test
+    starts: every selftest item and CPU grading of a worker forks its children from the same pair instead of
+    starting its own (3 CPU-s a pair). Not in ``os.environ``: a test that checks when zygotes start sees none."""
+    from autograder.zygote import started
+    with started("cpu") as (addresses, _why):
+        yield dict(addresses)
+
+
 def pytest_runtest_makereport(item, call):
     if call.when == "call" and call.excinfo is not None:
         for k, v in item.user_properties:

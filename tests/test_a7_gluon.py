@@ -97,12 +97,13 @@ def test_wrong_phase_mutant_fails_the_phase_check_and_the_order(tmp_path):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _zygotes():
-    """The selftest's zygotes for this module's CPU gradings (``autograder.zygote.running``): their grading and
-    compile children are forked with torch and Triton imported, not started afresh (about 1.2 s of CPU each);
-    nothing changes where namespaces are off (the children are spawned as before)."""
-    from autograder.zygote import running
-    with running("cpu"):
+def _zygotes(zygote_env):
+    """The worker's zygotes (``zygote_env``) for this module's CPU gradings: their grading and compile children
+    are forked with torch and Triton imported, not started afresh (about 1.2 s of CPU each); nothing changes
+    where namespaces are off (the children are spawned as before)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for var, value in zygote_env.items():
+            mp.setenv(var, value)
         yield
 
 
