@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import functools
 import json
 import os
 import types
@@ -267,7 +266,6 @@ class _Rewrite(ast.NodeTransformer):
         return out
 
 
-@functools.lru_cache(maxsize=1)
 def given_cell_dumps() -> frozenset:
     """``ast.dump`` of every given file (a cell identical to one is the course's code: not transformed)."""
     try:

@@ -257,7 +257,7 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
 
             def close(self):
                 pass
-    from .grade_all import grade_one
+    from .grade_all import forking, grade_one
     from .zygote import running
     bar = tqdm(total=len(paths), desc="selftest", unit="sub", disable=not verbose)
     # one zygote for the Triton gradings (zygote.py): their children start with torch and Triton imported; one
@@ -265,7 +265,8 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
     # (none where every grading is NumPy: its start imports torch and Triton for nothing)
     torch_gradings = any(specs.load(aid).needs_torch for aid in by_aid)
     with (running(device) if torch_gradings else contextlib.nullcontext("no torch grading")) as no_zygote, \
-            shared_compile_verdicts(), ThreadPoolExecutor(max_workers=jobs) as pool:
+            shared_compile_verdicts(), forking(device, len(paths)) as forks, \
+            ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {}
         for aid, lst in by_aid.items():
             for p, exp, _label in lst:
@@ -275,7 +276,7 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
                 if exp.get("case_timeout"):
                     extra += ["--case-timeout", str(exp["case_timeout"])]
                 futs[pool.submit(grade_one, aid, p, os.path.join(out_dir, name + ".json"), device,
-                                 extra=extra)] = (aid, p)
+                                 extra=extra, forks=forks)] = (aid, p)
         for fut in as_completed(futs):
             results[futs[fut]] = fut.result()
             bar.update(1)
@@ -310,5 +311,6 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
         print("\n".join(lines))
         print(f"selftest: {len(items) - bad}/{len(items)} as expected in {time.monotonic() - t0:.0f} s "
               f"(device {device}, -j {jobs}, {'zygote' if not no_zygote else no_zygote}"
+              f"{', forked graders' if forks is not None else ''}"
               f"{f', {len(skipped)} skipped: other device' if skipped else ''}); JSONs in {out_dir}")
     return 1 if bad else 0

@@ -151,7 +151,7 @@ def test_grade_many_spreads_gradings_over_the_gpus(tmp_path, monkeypatch):
     on 2 GPUs at most 2 gradings share a GPU at a time, never 3."""
     running, most, seen, lock = {"0": 0, "1": 0}, {"0": 0, "1": 0}, [], threading.Lock()
 
-    def fake(assignment, path, json_path, device="auto", timeout=None, extra=(), gpu=None):
+    def fake(assignment, path, json_path, device="auto", timeout=None, extra=(), gpu=None, forks=None):
         with lock:
             running[gpu] += 1
             most[gpu] = max(most[gpu], running[gpu])
