@@ -70,15 +70,19 @@ def _child(req, wake_fds) -> None:
         os._exit(rc & 0xFF)
 
 
-def serve() -> None:
-    """The fork server: import the grader, say ready (or why not), then fork one grading per request."""
+def serve(preload=()) -> None:
+    """The fork server: import the grader (and ``preload``: the assignments' ``Spec.parent_imports``), say ready
+    (or why not), then fork one grading per request."""
     import gc
+    import importlib
 
     import argparse  # noqa: F401
     import numpy  # noqa: F401
     from . import engine, report, specs  # noqa: F401 -- what ``grade`` imports
     for aid in specs.ASSIGNMENTS:
         specs.load(aid)
+    for name in preload:
+        importlib.import_module(name)
     out = sys.stdout
 
     def say(msg):
@@ -136,14 +140,15 @@ class Forks:
     cwd=..., env=..., capture_output=True, text=True, timeout=...)`` and is safe to call from several threads.
     Raises ``ForkError`` when the server does not start or has died."""
 
-    def __init__(self, repo):
+    def __init__(self, repo, preload=()):
         self._tmp = tempfile.mkdtemp(prefix="autograder-forks-")
         self._lock, self._next = threading.Lock(), 0
         self._waiting: dict[int, dict] = {}
         env = dict(os.environ, PYTHONPATH=repo, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    OPENBLAS_NUM_THREADS="1")
         with open(os.path.join(self._tmp, "server.err"), "wb") as err:
-            self._proc = subprocess.Popen([sys.executable, "-c", "from autograder.grade_forks import serve; serve()"],
+            boot = f"from autograder.grade_forks import serve; serve({tuple(preload)!r})"
+            self._proc = subprocess.Popen([sys.executable, "-c", boot],
                                           cwd=repo, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=err, start_new_session=True)
         r, _, _ = select.select([self._proc.stdout], [], [], START_TIMEOUT)
@@ -213,10 +218,10 @@ class Forks:
 
 
 @contextlib.contextmanager
-def forks(repo):
+def forks(repo, preload=()):
     """A fork server for the gradings inside, or None where it does not start (they run as subprocesses)."""
     try:
-        server = Forks(repo)
+        server = Forks(repo, preload)
     except (ForkError, OSError):
         yield None
         return

@@ -265,7 +265,7 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
     # (none where every grading is NumPy: its start imports torch and Triton for nothing)
     torch_gradings = any(specs.load(aid).needs_torch for aid in by_aid)
     with (running(device) if torch_gradings else contextlib.nullcontext("no torch grading")) as no_zygote, \
-            shared_compile_verdicts(), forking(device, len(paths)) as forks, \
+            shared_compile_verdicts(), forking(device, len(paths), by_aid) as forks, \
             ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {}
         for aid, lst in by_aid.items():

@@ -5,7 +5,8 @@ they are reaped; the long-lived sm_90a compile child reports its CPU per command
 test that sets it up). Wall time is noise on a shared 2-core machine; CPU time is what ``make test`` pays.
 
 ``CPU_REPORT=N`` shows the top N (default 25); ``CPU_REPORT_FILE=path`` also writes every test's CPU as
-JSON lines (``{"nodeid", "cpu_s", "self_s", "children_s"}``). Works with pytest-xdist: each worker measures its
+JSON lines (``{"nodeid", "cpu_s", "self_s", "children_s", "start", "end", "worker"}``: wall-clock span from
+setup to teardown, and the xdist worker that ran it). Works with pytest-xdist: each worker measures its
 own tests and the numbers travel to the controller in the reports' ``user_properties``.
 """
 import json
@@ -28,10 +29,12 @@ def _children_cpu():
 
 
 def _measure(item, when):
-    t0, c0 = time.process_time(), _children_cpu()
+    t0, c0, w0 = time.process_time(), _children_cpu(), time.time()
     yield
     spent = item.__dict__.setdefault("_cpu_report", {})
     spent[when] = (time.process_time() - t0, _children_cpu() - c0)
+    span = item.__dict__.setdefault("_cpu_report_span", [w0, w0])
+    span[1] = time.time()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -56,15 +59,21 @@ def pytest_runtest_makereport(item, call):
     spent = item.__dict__.get("_cpu_report", {}).get(call.when)
     if spent is not None:
         rep.user_properties.append((_KEY, [round(spent[0], 4), round(spent[1], 4)]))
+    if call.when == "teardown" and "_cpu_report_span" in item.__dict__:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        rep.user_properties.append((_KEY + "_span", [*item.__dict__["_cpu_report_span"], worker]))
 
 
 class _Collector:
     def __init__(self, top):
         self.top = top
         self.per_test = {}
+        self.spans = {}
 
     def pytest_runtest_logreport(self, report):
         for key, value in report.user_properties:
+            if key == _KEY + "_span":
+                self.spans[report.nodeid] = value
             if key == _KEY:
                 self_s, children_s = self.per_test.get(report.nodeid, (0.0, 0.0))
                 self.per_test[report.nodeid] = (self_s + value[0], children_s + value[1])
@@ -81,8 +90,10 @@ class _Collector:
         if out:
             with open(out, "w") as f:
                 for nodeid, (self_s, children_s) in rows:
+                    start, end, worker = self.spans.get(nodeid, (None, None, None))
                     f.write(json.dumps({"nodeid": nodeid, "cpu_s": round(self_s + children_s, 3),
-                                        "self_s": round(self_s, 3), "children_s": round(children_s, 3)}) + "\n")
+                                        "self_s": round(self_s, 3), "children_s": round(children_s, 3),
+                                        "start": start, "end": end, "worker": worker}) + "\n")
             tr.write_line(f"every test's CPU: {out}")
 
 

@@ -105,3 +105,23 @@ def test_forking_only_for_several_cpu_gradings():
     assert isinstance(grade_all.forking("cpu", 1), contextlib.nullcontext)
     with grade_all.forking("cpu", 2) as f:
         assert isinstance(f, Forks)
+
+
+def test_a_server_that_cannot_import_its_preload_is_not_used():
+    with forks(str(REPO), preload=("autograder.no_such_module",)) as f:
+        assert f is None
+
+
+def test_a7_parent_imports_cover_what_its_parent_check_imports():
+    """What a7's grading process imports for its sm_90a parent check (``gluon_compile.signature``) is already
+    imported once ``Spec.parent_imports`` are: a fork server that preloads them leaves the forks nothing heavy."""
+    code = ("import importlib, sys\n"
+            "from autograder import specs, gluon_compile\n"
+            "for m in specs.load('a7_gluon').parent_imports: importlib.import_module(m)\n"
+            "before = set(sys.modules)\n"
+            "gluon_compile.signature()\n"
+            "print(sorted(m for m in set(sys.modules) - before if m.split('.')[0] in ('torch', 'triton', 'reference')))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "[]"

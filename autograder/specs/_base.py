@@ -164,6 +164,9 @@ class Spec:
     total_timeout: float = 900.0
     address_space: int = 3 << 30     # RLIMIT_AS of the child when grading on CPU (NumPy children)
     rss_limit: int = 3 << 29         # the parent kills a child whose processes hold more resident memory
+    # modules the grading process itself (not its child) imports for a ``Test.parent_check`` (a7: the sm_90a
+    # skeleton's signature needs Gluon, hence torch): a fork server (``grade_forks``) imports them once
+    parent_imports: tuple = ()
     # ungraded warm-up functions: ``check()`` runs their visible cases (``warmup_tests``, 0 points, no hidden
     # cases), while the grader, which reads ``tasks`` and ``tests`` only, never sees them
     warmups: dict = field(default_factory=dict)

@@ -65,4 +65,5 @@ TASKS = {TID: Task(TID, "flash_attention_forward_pingpong", build_triton_forward
                    tiled=tiled_qk(MAX_TILE))}
 
 ASSIGNMENT = Spec("a7_gluon", SHORT, TASKS, TESTS, forbidden_imports=FORBIDDEN, needs_torch=True,
-                  address_space=8 << 30, rss_limit=4 << 30, load_timeout=120, total_timeout=1500)
+                  address_space=8 << 30, rss_limit=4 << 30, load_timeout=120, total_timeout=1500,
+                  parent_imports=("reference.triton.hopper._aot",))
