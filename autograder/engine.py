@@ -191,7 +191,8 @@ class Grader:
         limits = self.limits
         if compile_only and limits.address_space is None:
             limits = Limits(**{**limits.__dict__, "address_space": self.spec.address_space})
-        sb = Sandbox(device, limits, "student", zygote=self.spec.needs_torch, compile_only=compile_only)
+        sb = Sandbox(device, limits, "student", zygote="torch" if self.spec.needs_torch else "numpy",
+                     compile_only=compile_only)
         try:
             return self._load(sb, device, compile_only)
         except BaseException:

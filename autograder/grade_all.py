@@ -202,14 +202,15 @@ def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True,
 
 
 def _zygote(assignment, device, count):
-    """The selftest's zygotes (``zygote.running``) for several Triton gradings on a CPU: their grading and compile
-    children are forked with torch and Triton imported instead of importing both each (about 1.2 s of CPU per
-    child). Nothing for a NumPy assignment, a GPU, or a single submission."""
-    if count < 2 or not specs.load(assignment).needs_torch:
+    """The selftest's zygotes (``zygote.running``) for several gradings on a CPU: a Triton assignment's grading
+    and compile children are forked with torch and Triton imported instead of importing both each (about 1.2 s
+    of CPU per child), a NumPy assignment's with NumPy. Nothing for a GPU or a single submission."""
+    if count < 2 or device not in ("cpu", "auto"):
         return contextlib.nullcontext()
     from .engine import detect_device
     from .zygote import running
-    return running("cpu") if detect_device(device) == "cpu" else contextlib.nullcontext()
+    kinds = ("torch", "compile") if specs.load(assignment).needs_torch else ("numpy",)
+    return running("cpu", kinds) if detect_device(device) == "cpu" else contextlib.nullcontext()
 
 
 def forking(device, count, assignments=()):

@@ -127,7 +127,7 @@ class Sandbox:
     child_pid: int | None = None              # the child proper (PID 1 of its namespace when there is one)
     trusted: bool = False                     # the reference child: sees the checkout, no leftover check
     isolation: dict | None = None             # what the launcher achieved (launch.py ``status``)
-    zygote: bool = False                      # a torch child: forked by the zygote when one runs (zygote.py)
+    zygote: str = ""                          # "torch" / "numpy": forked by that zygote when one runs (zygote.py)
     # a compile child (``gluon_child``): on CPU with the Triton interpreter OFF and no GPU, so that Triton compiles
     # for sm_90a; every isolation layer of a student child, and the wheel's ptxas is the only program it may start
     compile_only: bool = False
@@ -180,7 +180,8 @@ class Sandbox:
             if self.zygote and self.device == "cpu" and not self.trusted:
                 from . import zygote
                 self.proc = zygote.spawn(launch_cfg, env, self.tmp, rlimits(self.limits, nproc),
-                                         [r_req, w_resp, out.fileno(), err.fileno()], self.compile_only)
+                                         [r_req, w_resp, out.fileno(), err.fileno()], self.compile_only,
+                                         kind=self.zygote)
             if self.proc is None:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", LAUNCH, json.dumps(launch_cfg)],

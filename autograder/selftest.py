@@ -260,11 +260,14 @@ def run(only=None, jobs=2, device="cpu", out_dir=None, verbose=True, match=None)
     from .grade_all import forking, grade_one
     from .zygote import running
     bar = tqdm(total=len(paths), desc="selftest", unit="sub", disable=not verbose)
-    # one zygote for the Triton gradings (zygote.py): their children start with torch and Triton imported; one
-    # folder of GPU-target compile verdicts (host_policy.CACHE_ENV): a kernel the zoo's entries share is compiled once
-    # (none where every grading is NumPy: its start imports torch and Triton for nothing)
+    # zygotes (zygote.py): the Triton gradings' children start with torch and Triton imported, the NumPy
+    # gradings' with NumPy (no torch zygote where every grading is NumPy: its start imports torch and Triton for
+    # nothing); one folder of GPU-target compile verdicts (host_policy.CACHE_ENV): a kernel the zoo's entries
+    # share is compiled once
     torch_gradings = any(specs.load(aid).needs_torch for aid in by_aid)
-    with (running(device) if torch_gradings else contextlib.nullcontext("no torch grading")) as no_zygote, \
+    numpy_gradings = any(not specs.load(aid).needs_torch for aid in by_aid)
+    kinds = ("torch", "compile") * torch_gradings + ("numpy",) * numpy_gradings
+    with running(device, kinds) as no_zygote, \
             shared_compile_verdicts(), forking(device, len(paths), by_aid) as forks, \
             ThreadPoolExecutor(max_workers=jobs) as pool:
         futs = {}

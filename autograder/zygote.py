@@ -11,7 +11,8 @@ A second zygote (``AUTOGRADER_ZYGOTE_COMPILE``) forks the compile children (the 
 submission's kernels), whose Triton must be imported with the interpreter off; spawned, each of them imported
 torch and Triton again (1.1 s of CPU per Triton grading). Only CPU gradings use them (the GPU machine grades few
 submissions, and CUDA must not be initialised before a fork); ``AUTOGRADER_ZYGOTE=0`` in the selftest's
-environment switches both off.
+environment switches them off. A third (``AUTOGRADER_ZYGOTE_NUMPY``) imports NumPy and the child modules only,
+and forks the children of NumPy assignments (0.15-0.2 s of CPU each spawned), which must not find torch imported.
 """
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ from . import isolation
 
 ENV = "AUTOGRADER_ZYGOTE"
 ENV_COMPILE = "AUTOGRADER_ZYGOTE_COMPILE"
+ENV_NUMPY = "AUTOGRADER_ZYGOTE_NUMPY"
+# kind -> (variable, Triton's interpreter on, torch imported)
+KINDS = {"torch": (ENV, True, True), "compile": (ENV_COMPILE, False, True), "numpy": (ENV_NUMPY, True, False)}
 SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "zygote_server.py")
 LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 ZBOOT = "import sys, json, runpy; runpy.run_path(json.loads(sys.argv[1])['server'], run_name='__main__')"
@@ -86,10 +90,10 @@ class ZygoteProc:
 
 
 def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list,
-          compile_only: bool = False) -> ZygoteProc | None:
-    """Ask the zygote named in ``AUTOGRADER_ZYGOTE`` (a compile child: ``AUTOGRADER_ZYGOTE_COMPILE``) for a
-    child; None when there is none or it fails."""
-    addr = os.environ.get(ENV_COMPILE if compile_only else ENV, "")
+          compile_only: bool = False, kind: str = "torch") -> ZygoteProc | None:
+    """Ask the zygote named in ``AUTOGRADER_ZYGOTE`` (a compile child: ``AUTOGRADER_ZYGOTE_COMPILE``; ``kind``
+    ``"numpy"``: ``AUTOGRADER_ZYGOTE_NUMPY``) for a child; None when there is none or it fails."""
+    addr = os.environ.get(KINDS["compile" if compile_only else kind][0], "")
     if ":" not in addr:
         return None
     name, token = addr.split(":", 1)
@@ -117,15 +121,16 @@ def _env(tmp, interpret: bool):
     return env
 
 
-def _start(tmp: str, interpret: bool):
+def _start(tmp: str, interpret: bool, torch: bool = True):
     """One zygote server in ``tmp`` (Triton's interpreter on for the grading children, off for the compile
-    children: Triton decides it when it is imported): ``(process, "name:token" or None, why not)``."""
+    children: Triton decides it when it is imported; ``torch``: whether it imports torch and Triton at all):
+    ``(process, name, token)``."""
     for sub in ("home", "tmp", "triton"):
         os.makedirs(os.path.join(tmp, sub))
     hide, keep = isolation.hidden_dirs(), isolation.kept_dirs()
     path = [isolation.stage_child_code(os.path.join(tmp, "grader"))] + isolation.child_sys_path(hide, keep)
     name, token = f"autograder-zygote-{secrets.token_hex(8)}", secrets.token_hex(16)
-    cfg = {"path": path, "launch": LAUNCH, "server": SERVER, "name": name}
+    cfg = {"path": path, "launch": LAUNCH, "server": SERVER, "name": name, "torch": torch}
     with open(os.path.join(tmp, "stderr.txt"), "wb") as err:
         proc = subprocess.Popen([isolation.child_python(), "-I", "-S", "-c", ZBOOT, json.dumps(cfg)],
                                 cwd=tmp, env=_env(tmp, interpret), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -153,11 +158,11 @@ def _stop(proc):
 
 
 @contextlib.contextmanager
-def started(device="cpu"):
-    """Start the two zygotes; yield ``(addresses, why)``: ``{ENV: "name:token", ENV_COMPILE: ...}`` of those that
-    answered (for a caller to put in the environment of the grader processes it starts; ``os.environ`` is left
-    alone) and why there is no grading zygote (None: there is). Stopped, with every child they forked, on the
-    way out."""
+def started(device="cpu", kinds=tuple(KINDS)):
+    """Start the zygotes of ``kinds`` (``KINDS``: torch grading children, compile children, NumPy children);
+    yield ``(addresses, why)``: ``{ENV: "name:token", ...}`` of those that answered (for a caller to put in the
+    environment of the grader processes it starts; ``os.environ`` is left alone) and why the first kind has no
+    zygote (None: it has). Stopped, with every child they forked, on the way out."""
     if device != "cpu" or os.environ.get(ENV) == "0" or not isolation.namespaces_enabled():
         yield {}, "switched off"
         return
@@ -165,15 +170,16 @@ def started(device="cpu"):
     procs, why, addresses = [], None, {}
     try:
         started_ = []
-        for var, interpret in ((ENV, True), (ENV_COMPILE, False)):
-            proc, name, token = _start(os.path.join(tmp, var.lower()), interpret)
+        for kind in kinds:
+            var, interpret, torch = KINDS[kind]
+            proc, name, token = _start(os.path.join(tmp, var.lower()), interpret, torch)
             procs.append(proc)
             started_.append((var, proc, name, token))
-        for var, proc, name, token in started_:
+        for i, (var, proc, name, token) in enumerate(started_):
             ok, reason = _ready(proc)
             if ok:
                 addresses[var] = f"{name}:{token}"
-            elif var == ENV:
+            elif i == 0:
                 why = f"zygote not started: {reason}"
         yield addresses, why
     finally:
@@ -183,18 +189,18 @@ def started(device="cpu"):
 
 
 @contextlib.contextmanager
-def running(device="cpu"):
-    """Two zygotes for the CPU gradings inside (``AUTOGRADER_ZYGOTE`` and ``AUTOGRADER_ZYGOTE_COMPILE`` set for
-    grader subprocesses): one forks the grading children (interpreter on), one the compile children
-    (interpreter off, for the sm_90a frontend compile). Yields why there is none, or None; a compile zygote that
-    does not start leaves its children spawned as before. Where the environment already names a grading zygote
-    (a caller's ``started``: the test suite starts one pair per worker for all its selftest runs), those serve
-    and none is started."""
-    if device == "cpu" and ":" in os.environ.get(ENV, ""):
+def running(device="cpu", kinds=("torch", "compile")):
+    """Zygotes for the CPU gradings inside, their variables set for grader subprocesses; by default the two of a
+    Triton assignment (``AUTOGRADER_ZYGOTE``: the grading children, interpreter on; ``AUTOGRADER_ZYGOTE_COMPILE``:
+    the compile children, interpreter off, for the sm_90a frontend compile), ``("numpy",)`` the one of a NumPy
+    assignment. Yields why the first has none, or None; a zygote that does not start leaves its children spawned
+    as before. Where the environment already names the first kind's zygote (a caller's ``started``: the test
+    suite starts one set per worker for all its selftest runs), those serve and none is started."""
+    if device == "cpu" and ":" in os.environ.get(KINDS[kinds[0]][0], ""):
         yield None
         return
-    saved = {k: os.environ.get(k) for k in (ENV, ENV_COMPILE)}
-    with started(device) as (addresses, why):
+    saved = {KINDS[k][0]: os.environ.get(KINDS[k][0]) for k in kinds}
+    with started(device, kinds) as (addresses, why):
         os.environ.update(addresses)
         try:
             yield why

@@ -1,6 +1,8 @@
 """The zygote: one process that imports torch, Triton and the child modules once, then forks a sandboxed child
 per grading (the grader's side is ``autograder.zygote``). A Triton grading's child spent about 1.8 s of CPU
-importing torch and Triton (notes/test_suite.md); forked from here it starts with both imported.
+importing torch and Triton (notes/test_suite.md); forked from here it starts with both imported. With
+``"torch": false`` in its config it imports NumPy and the child modules only and forks the children of NumPy
+assignments (a child of a NumPy assignment never finds torch already imported).
 
 Run as ``python -I -S -c ZBOOT CONFIG`` (``zygote.start``) with the scrubbed environment a child gets, cwd in
 its own temp dir, and the secret token on stdin. ``CONFIG``: ``path`` (a staged copy of the child modules and
@@ -200,14 +202,15 @@ def main():
     if not probe_namespaces(launch):
         return answer(False, "no user/mount/PID/network namespaces here")
     import numpy  # noqa: F401
-    import torch  # noqa: F401
-    import triton  # noqa: F401
-    import triton.language  # noqa: F401
-    # what a child's first launch imports (triton.runtime.jit.mangle_type -> gluon): 0.15 s of CPU per child
-    with contextlib.suppress(ImportError):
-        import triton.experimental.gluon  # noqa: F401
-    # what the first backward of an autograd grading imports (torch.autograd._make_grads): sympy, 1.7 s of CPU
-    import torch.fx.experimental.symbolic_shapes  # noqa: F401
+    if cfg.get("torch", True):          # the NumPy zygote (``"torch": false``) forks NumPy assignments' children
+        import torch  # noqa: F401
+        import triton  # noqa: F401
+        import triton.language  # noqa: F401
+        # what a child's first launch imports (triton.runtime.jit.mangle_type -> gluon): 0.15 s of CPU per child
+        with contextlib.suppress(ImportError):
+            import triton.experimental.gluon  # noqa: F401
+        # what the first backward of an autograd grading imports (torch.autograd._make_grads): sympy, 1.7 s of CPU
+        import torch.fx.experimental.symbolic_shapes  # noqa: F401
     for m in CHILD:
         importlib.import_module(f"autograder.{m}")
     threads = len(os.listdir("/proc/self/task"))

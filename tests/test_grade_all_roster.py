@@ -189,16 +189,19 @@ def test_grade_one_runs_the_grading_on_its_gpu(tmp_path, monkeypatch):
 
 def test_grade_all_forks_triton_children_from_zygotes_on_a_cpu_only():
     """Several Triton gradings on a CPU share the selftest's zygotes (children start with torch and Triton
-    imported); a NumPy assignment or a single submission starts none."""
+    imported), several NumPy gradings the NumPy zygote (children start with NumPy and no torch); a single
+    submission or a GPU starts none."""
     import contextlib
     import os
 
     from autograder import grade_all
+    names = ("AUTOGRADER_ZYGOTE", "AUTOGRADER_ZYGOTE_COMPILE", "AUTOGRADER_ZYGOTE_NUMPY")
     assert isinstance(grade_all._zygote("a3_triton", "cpu", 1), contextlib.nullcontext)
-    assert isinstance(grade_all._zygote("a1_attention", "cpu", 5), contextlib.nullcontext)
-    with grade_all._zygote("a3_triton", "cpu", 2) as why:     # None: both zygotes answered
-        if why is None:
-            assert os.environ.get("AUTOGRADER_ZYGOTE") and os.environ.get("AUTOGRADER_ZYGOTE_COMPILE")
-        else:
-            assert why == "switched off"                        # no namespaces here: the zygote is off
-    assert "AUTOGRADER_ZYGOTE" not in os.environ and "AUTOGRADER_ZYGOTE_COMPILE" not in os.environ
+    assert isinstance(grade_all._zygote("a1_attention", "cuda", 5), contextlib.nullcontext)
+    for aid, want in (("a3_triton", names[:2]), ("a1_attention", names[2:])):
+        with grade_all._zygote(aid, "cpu", 2) as why:          # None: the zygotes answered
+            if why is None:
+                assert [n for n in names if os.environ.get(n)] == list(want)
+            else:
+                assert why == "switched off"                    # no namespaces here: the zygote is off
+        assert not any(n in os.environ for n in names)

@@ -40,21 +40,21 @@ else:
 
 @pytest.fixture(scope="module")
 def zyg():
-    with zygote.running("cpu") as why:
+    with zygote.running("cpu", tuple(zygote.KINDS)) as why:
         if why:
             pytest.skip(f"no zygote here: {why}")
         yield
 
 
-def _child(**kw):
-    sb = Sandbox("cpu", Limits(address_space=None), "student", zygote=True, **kw)
+def _child(kind="torch", **kw):
+    sb = Sandbox("cpu", Limits(address_space=None), "student", zygote=kind, **kw)
     sb.start()
     assert isinstance(sb.proc, zygote.ZygoteProc), "the sandbox did not use the zygote"
     return sb
 
 
-def _load(sb, src, names=()):
-    sb.send({"t": "load", "cells": [[0, src]], "names": list(names), "torch": True, "device": "cpu"})
+def _load(sb, src, names=(), torch=True):
+    sb.send({"t": "load", "cells": [[0, src]], "names": list(names), "torch": torch, "device": "cpu"})
     h, _ = sb.recv(60, expect="loaded")
     return h
 
@@ -79,6 +79,32 @@ def test_forked_children_start_fresh_and_contained(zyg):
         assert second.network.startswith("off")
     finally:
         second.stop()
+
+
+def test_numpy_children_come_from_a_zygote_without_torch(zyg):
+    """A NumPy assignment's child is forked by the NumPy zygote: NumPy and the harness imported, torch and Triton
+    not (a NumPy submission never finds torch in ``sys.modules``), and what one child patches the next does not
+    see."""
+    src = ("import sys, numpy\nHEAVY = sorted(m for m in ('torch', 'triton') if m in sys.modules)\n"
+           "SEEN = hasattr(numpy, 'zygote_mark')\nnumpy.zygote_mark = 1\n")
+    for _ in range(2):
+        sb = _child("numpy")
+        try:
+            h = _load(sb, src, ["HEAVY", "SEEN"], torch=False)
+            assert all(c["ok"] for c in h["cells"]), h["cells"]
+            assert h["names"] == {"HEAVY": "list", "SEEN": "bool"}, h
+            ns = sb.isolation
+            assert ns["pidns"] and ns["netns"], ns
+        finally:
+            sb.stop()
+    probe = ("import sys\nif 'torch' in sys.modules or 'triton' in sys.modules:\n    HEAVY = 1\nelse:\n    LIGHT = 1\n"
+             "import numpy\nif hasattr(numpy, 'zygote_mark'):\n    SEEN = 1\n")
+    sb = _child("numpy")
+    try:
+        h = _load(sb, probe, ["HEAVY", "LIGHT", "SEEN"], torch=False)
+        assert h["names"] == {"HEAVY": None, "LIGHT": "int", "SEEN": None}, h
+    finally:
+        sb.stop()
 
 
 def test_forked_child_escapes_are_killed_and_time_out(zyg):
@@ -124,7 +150,7 @@ def test_no_zygote_or_a_wrong_token_gets_nothing(zyg, monkeypatch):
     finally:
         os.close(r)
         os.close(w)
-    sb = Sandbox("cpu", Limits(address_space=None), "student", zygote=True)   # falls back to spawning
+    sb = Sandbox("cpu", Limits(address_space=None), "student", zygote="torch")   # falls back to spawning
     sb.start()
     try:
         assert not isinstance(sb.proc, zygote.ZygoteProc)
