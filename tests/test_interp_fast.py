@@ -14,6 +14,20 @@ pytestmark = [pytest.mark.autograder,
               pytest.mark.skipif(not INTERPRET, reason="a change to the interpreter (CPU tensors)")]
 
 
+import triton  # noqa: E402
+
+
+@triton.jit
+def _int_mix(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    """int32 arithmetic that wraps (what the overflow sanitizer computes a verdict for) and mixed int/float."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0)
+    y = x * 65599 + offs * 40503 - 7
+    y = y * y + (x - offs) * 3
+    tl.store(y_ptr + offs, y + (x.to(tl.float32) * 0.5).to(tl.int32), mask=m)
+
+
 def _run_all(rng):
     from reference.triton import flash_attention_forward, flash_decode, softmax
     from tests.common import make_decode
@@ -21,7 +35,11 @@ def _run_all(rng):
     q, k, v = (torch.tensor(rng.standard_normal((1, 2, n, 16)), dtype=torch.float32) for n in (37, 45, 45))
     qd, kd, vd = make_decode(rng, 2, 4, 2, 53, 16, torch.float32)
     lens = torch.tensor([53, 20], dtype=torch.int32)
-    return [softmax(x), *flash_attention_forward(q, k, v, causal=True), flash_decode(qd, kd, vd, lens, num_splits=3)]
+    xi = torch.tensor(rng.integers(-(1 << 31), 1 << 31, 100), dtype=torch.int32)
+    yi = torch.empty_like(xi)
+    _int_mix[(4,)](xi, yi, 100, BLOCK=32)
+    return [softmax(x), *flash_attention_forward(q, k, v, causal=True), flash_decode(qd, kd, vd, lens, num_splits=3),
+            yi]
 
 
 @pytest.fixture
@@ -60,7 +78,32 @@ def test_language_is_unpatched_after_a_launch(rng, shipped):
 def test_uninstall_restores_the_interpreter(shipped):
     from triton.runtime import interpreter
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    options = interpreter.interpreter_builder.options
+    assert options.sanitize_overflow and not options.debug          # as shipped: checks computed, never read
     interp_fast.install()
     assert interpreter._patch_lang is not patch_lang and interpreter.GridExecutor.__call__ is not launch
+    assert not interpreter.interpreter_builder.options.sanitize_overflow
     interp_fast.uninstall()
     assert interpreter._patch_lang is patch_lang and interpreter.GridExecutor.__call__ is launch
+    assert interpreter.interpreter_builder.options is options
+
+
+def test_overflow_checks_are_never_read_by_the_shipped_interpreter(shipped):
+    """Why switching them off changes nothing: the shipped interpreter's ``debug`` is off, so a wrapping int32
+    product runs to the end (no assertion) and gives the wrapped value, with or without the checks."""
+    import numpy as np
+    xi = torch.tensor([1 << 30, -(1 << 30), 123456789, 7], dtype=torch.int32)
+    want = torch.tensor(np.array([
+        (int(x) * 65599 + i * 40503 - 7) for i, x in enumerate(xi.tolist())], dtype=np.int64).astype(np.int32))
+    want = want * want + (xi - torch.arange(4, dtype=torch.int32)) * 3 + (xi.to(torch.float32) * 0.5).to(torch.int32)
+    out = []
+    for fast in (False, True):
+        if fast:
+            interp_fast.install()
+        try:
+            yi = torch.empty_like(xi)
+            _int_mix[(1,)](xi, yi, 4, BLOCK=4)
+            out.append(yi)
+        finally:
+            interp_fast.uninstall()
+    assert torch.equal(out[0], out[1]) and torch.equal(out[0], want)
