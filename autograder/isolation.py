@@ -152,8 +152,51 @@ def proc_state(pid: int) -> str | None:
     return st[0] if st else None
 
 
+def _children_files() -> bool:
+    """Whether this kernel lists a task's children (``/proc/<pid>/task/<tid>/children``, CONFIG_PROC_CHILDREN)."""
+    global _CHILDREN_FILES
+    if _CHILDREN_FILES is None:
+        _CHILDREN_FILES = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+    return _CHILDREN_FILES
+
+
+_CHILDREN_FILES = None
+
+
 def subtree(root: int) -> dict[int, str]:
-    """pid -> state of ``root`` and all its descendants."""
+    """pid -> state of ``root`` and all its descendants.
+
+    Walked down from ``root`` through each task's ``children`` file: the grader asks after every answer of
+    every child, and the scan of every process's ``stat`` (the fallback, ``subtree_by_scan``) cost an a1
+    grading 6400 file reads with 60 processes on the machine, and more on a busy one. An orphan is found
+    either way: it is reparented inside the tree (to the PID namespace's init, or to the launcher, a child
+    subreaper)."""
+    if not _children_files():
+        return subtree_by_scan(root)
+    out, todo = {}, [root]
+    while todo:
+        p = todo.pop()
+        if p in out:
+            continue
+        st = _stat(str(p))
+        if st is None:
+            continue
+        out[p] = st[0]
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+def subtree_by_scan(root: int) -> dict[int, str]:
+    """``subtree`` from every process's parent link (one read of ``/proc/<pid>/stat`` per process)."""
     kids, state = {}, {}
     for d in os.listdir("/proc"):
         if d.isdigit():

@@ -321,3 +321,54 @@ def test_case_timeout_caps_this_graders_limits_only():
     for bad in (0, -1, "5"):
         with pytest.raises(ValueError, match="case_timeout must be a positive number"):
             Grader("a3_triton", case_timeout=bad)
+
+
+TREE = """
+import ctypes, os, sys, time
+ctypes.CDLL(None).prctl(36, 1)                 # PR_SET_CHILD_SUBREAPER: orphans come back to this process
+for _ in range(2):
+    if os.fork() == 0:
+        if os.fork() == 0:                     # a grandchild whose parent exits at once: an orphan
+            time.sleep(60)
+            os._exit(0)
+        os._exit(0)
+import threading
+done = threading.Event()
+def spawn():                                   # a child of a second, still running thread (listed under that task)
+    if os.fork() == 0:
+        time.sleep(60)
+        os._exit(0)
+    done.set()
+    time.sleep(60)
+threading.Thread(target=spawn, daemon=True).start()
+done.wait()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_subtree_walk_finds_what_the_scan_finds():
+    """``isolation.subtree`` walks the ``children`` files; it must list the same processes as the scan of every
+    process's parent link: children, orphans reparented to a subreaper, children of any thread, nothing else."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from autograder import isolation
+    p = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while True:                           # the two intermediate children exit and are reaped as zombies
+            walk, scan_ = isolation.subtree(p.pid), isolation.subtree_by_scan(p.pid)
+            live = {q for q, st in scan_.items() if st not in "ZX"}
+            if len(live) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert len(live) == 4, scan_           # the root, two orphans, the thread's child
+        assert walk == scan_
+        assert os.getpid() not in walk and p.pid in isolation.subtree(os.getpid())
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
