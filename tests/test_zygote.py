@@ -75,6 +75,7 @@ def test_forked_children_start_fresh_and_contained(zyg):
         assert second.child_pid != pid1
         iso = second.isolation
         assert iso["pidns"] and iso["mountns"] and iso["netns"] and iso["locked"], iso
+        assert second._pidns          # seen by the parent too: its member list is the launcher's subtree alone
         assert isolation.REPO in iso["hidden"] or any(isolation.inside(isolation.REPO, d) for d in iso["hidden"])
         assert second.network.startswith("off")
     finally:
