@@ -360,14 +360,15 @@ def test_subtree_walk_finds_what_the_scan_finds():
     try:
         assert p.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 10
-        while True:                           # the two intermediate children exit and are reaped as zombies
-            walk, scan_ = isolation.subtree(p.pid), isolation.subtree_by_scan(p.pid)
-            live = {q for q, st in scan_.items() if st not in "ZX"}
-            if len(live) == 4 or time.monotonic() > deadline:
+        while True:       # until the tree is still: the two intermediate children zombies, the rest asleep
+            scan_ = isolation.subtree_by_scan(p.pid)
+            states = sorted(scan_.values())
+            if states == ["S"] * 4 + ["Z"] * 2 or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        assert len(live) == 4, scan_           # the root, two orphans, the thread's child
-        assert walk == scan_
+        assert states == ["S"] * 4 + ["Z"] * 2, scan_    # the root, two orphans, the thread's child; two zombies
+        walk = isolation.subtree(p.pid)
+        assert walk == scan_ == isolation.subtree_by_scan(p.pid)
         assert os.getpid() not in walk and p.pid in isolation.subtree(os.getpid())
     finally:
         os.killpg(p.pid, signal.SIGKILL)
