@@ -1,13 +1,13 @@
 """Grade processes forked from one that has already imported the grader, for many gradings on a CPU.
 
-``python -m autograder grade`` spends about 0.25 s of CPU starting Python and importing NumPy and the grader
+``python -m autograder grade`` spends about 0.4 s of CPU starting Python and importing NumPy and the grader
 before it grades anything; the selftest and ``grade-all`` on a CPU start one such process per submission. A
 *fork server* (``serve``, started by ``Forks``) imports all that once; each grading is then a ``fork`` of it that
-runs the same command line (``python -m autograder``, through ``runpy``) with the same environment, working directory, output files and exit
-status as the subprocess it replaces. A grading is still a process of its own: a grader that crashes, or a
+runs the same command line (``python -m autograder``, through ``runpy``) with the same environment, working
+directory, output files and exit status as the subprocess it replaces. A grading is still a process of its own: a grader that crashes, or a
 submission that kills its grader, stops that grading only.
 
-CPU gradings only (``grade_all._forks``): the server holds one BLAS thread (no thread may run when it forks),
+CPU gradings only (``grade_all.forking``): the server holds one BLAS thread (no thread may run when it forks),
 which a grading process on a GPU machine, whose oracles run at the GPU's problem sizes, should not be limited to.
 
 Protocol, JSON lines: the client writes ``{"id", "argv", "env", "cwd", "stdout", "stderr"}`` on the server's

@@ -1,5 +1,6 @@
-"""Triton's interpreter without its repeated language patching and its unread overflow checks: the same results,
-less than half the CPU.
+"""Triton's interpreter without its repeated language patching and its unread overflow checks: the same results
+for less CPU (about a third less from the first; the second took an a3 + a5 selftest from 48.2 to 40.3 CPU-s,
+notes/test_suite.md).
 
 Triton 3.6's interpreter patches ``triton.language`` (every builtin of ``tl``, ``tl.tensor``, ``tl.math``,
 ``tl.core``, found with ``inspect.getmembers``) when a launch starts, and again on *every* call of a

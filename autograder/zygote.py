@@ -93,6 +93,8 @@ def spawn(launch_cfg: dict, env: dict, cwd: str, rlimits: list, fds: list,
           compile_only: bool = False, kind: str = "torch") -> ZygoteProc | None:
     """Ask the zygote named in ``AUTOGRADER_ZYGOTE`` (a compile child: ``AUTOGRADER_ZYGOTE_COMPILE``; ``kind``
     ``"numpy"``: ``AUTOGRADER_ZYGOTE_NUMPY``) for a child; None when there is none or it fails."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
     addr = os.environ.get(KINDS["compile" if compile_only else kind][0], "")
     if ":" not in addr:
         return None
@@ -163,6 +165,9 @@ def started(device="cpu", kinds=tuple(KINDS)):
     yield ``(addresses, why)``: ``{ENV: "name:token", ...}`` of those that answered (for a caller to put in the
     environment of the grader processes it starts; ``os.environ`` is left alone) and why the first kind has no
     zygote (None: it has). Stopped, with every child they forked, on the way out."""
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"kinds must be a non-empty list of {sorted(KINDS)}, got {list(kinds)!r}")
     if device != "cpu" or os.environ.get(ENV) == "0" or not isolation.namespaces_enabled():
         yield {}, "switched off"
         return
@@ -196,6 +201,11 @@ def running(device="cpu", kinds=("torch", "compile")):
     assignment. Yields why the first has none, or None; a zygote that does not start leaves its children spawned
     as before. Where the environment already names the first kind's zygote (a caller's ``started``: the test
     suite starts one set per worker for all its selftest runs), those serve and none is started."""
+    if not kinds:
+        yield "no zygote asked for"
+        return
+    if any(k not in KINDS for k in kinds):
+        raise ValueError(f"kinds must name zygotes of {sorted(KINDS)}, got {list(kinds)!r}")
     if device == "cpu" and ":" in os.environ.get(KINDS[kinds[0]][0], ""):
         yield None
         return

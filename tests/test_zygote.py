@@ -173,3 +173,26 @@ def test_compile_children_come_from_a_zygote_with_the_interpreter_off(zyg):
             assert h["names"][want] == "int", (compile_only, h["names"])
         finally:
             sb.stop()
+
+
+def test_unknown_kinds_are_named_and_no_kind_starts_nothing():
+    with pytest.raises(ValueError, match=r"^kinds must"):
+        with zygote.started("cpu", ("torch", "gpu")):
+            pass
+    with pytest.raises(ValueError, match=r"^kinds must"):
+        with zygote.running("cpu", ("numpy", "gpu")):
+            pass
+    with pytest.raises(ValueError, match=r"^kind must"):
+        zygote.spawn({"argv": []}, {}, "/", [], [], kind="gpu")
+    before = {k: os.environ.get(k) for k in (zygote.ENV, zygote.ENV_COMPILE, zygote.ENV_NUMPY)}
+    with zygote.running("cpu", ()) as why:          # a selftest whose filter matched nothing
+        assert why == "no zygote asked for"
+        assert {k: os.environ.get(k) for k in before} == before
+
+
+def test_a_selftest_that_matches_nothing_runs_nothing():
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "autograder", "selftest", "--match", "no-such-entry", "--device", "cpu"],
+                       cwd=isolation.REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "0/0 as expected" in p.stdout, p.stdout[-500:] + p.stderr[-1500:]
