@@ -209,6 +209,37 @@ def flash_decode(q, k, v, seq_lens=None, num_splits=None, scale=None):
 """
 
 
+def test_the_report_takes_its_sandbox_facts_from_the_student_child(monkeypatch):
+    """Network and isolation in the report come from the child that loaded the submission; a separate probe child
+    starts only when no student child ever did."""
+    from pathlib import Path
+    from autograder import engine
+    monkeypatch.setattr(engine, "_NET", {})
+    monkeypatch.setattr(engine, "_ISO", {})
+    started = []
+    real = engine.Sandbox
+
+    def counting(device, limits, label="student", **kw):
+        started.append(label)
+        return real(device, limits, label, **kw)
+    monkeypatch.setattr(engine, "Sandbox", counting)
+    g = engine.Grader("a1_attention", device="cpu", seed=1)
+    g.cells = load_cells(Path(__file__).resolve().parent.parent / "assignments/a1_attention/a1_attention_solution.py")
+    sb = g._start_student()
+    try:
+        network, isolation = sb.network, engine.isolation.describe(sb.isolation)
+    finally:
+        sb.stop()
+    assert g.sandbox_network() == network and network.startswith(("off", "on"))
+    assert g.sandbox_isolation() == isolation
+    assert started == ["student"]
+    fresh = engine.Grader("a1_attention", device="cpu", seed=1)
+    engine._NET.clear()
+    engine._ISO.clear()
+    assert fresh.sandbox_network() == network and fresh.sandbox_isolation() == isolation
+    assert started == ["student", "probe"]
+
+
 @pytest.mark.parametrize("cheat", [False, True])
 def test_timed_protocol_on_cpu_catches_cached_answers(tmp_path, cheat):
     """The GPU speed path (seeded inputs drawn in both children, bf16 outputs, whole + sampled re-checks against
