@@ -48,15 +48,17 @@ def to_notebook(src_path: Path) -> nbformat.NotebookNode:
     return nb
 
 
-def execute(nb: nbformat.NotebookNode, timeout: int = 600) -> nbformat.NotebookNode:
+def execute(nb: nbformat.NotebookNode, timeout: int = 600, kernel_manager_class=None) -> nbformat.NotebookNode:
     """Run every cell in a fresh ``python3`` kernel started as Jupyter starts it: in ``lectures/``, with
     ``PYTHONPATH`` unset, so ``import lectures, reference`` must work through the installed (editable) course
-    package and every data path through ``lectures._plots.ROOT``. Raises on the first cell error."""
+    package and every data path through ``lectures._plots.ROOT``. Raises on the first cell error.
+    ``kernel_manager_class``: nbclient's, when not its default (the tests fork their kernels: tests/kernel_forks.py)."""
     from nbclient import NotebookClient
 
     check_installed()
+    extra = {"kernel_manager_class": kernel_manager_class} if kernel_manager_class is not None else {}
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(LECTURES)}},
-                            record_timing=False, allow_errors=False)
+                            record_timing=False, allow_errors=False, **extra)
     with kernel_environment():
         client.execute()
     return coalesce_streams(nb)
@@ -121,8 +123,8 @@ def select(names) -> list[Path]:
     return chosen
 
 
-def build(src_path: Path, out_dir: Path = LECTURES, timeout: int = 600) -> Path:
-    nb = execute(to_notebook(src_path), timeout=timeout)
+def build(src_path: Path, out_dir: Path = LECTURES, timeout: int = 600, kernel_manager_class=None) -> Path:
+    nb = execute(to_notebook(src_path), timeout=timeout, kernel_manager_class=kernel_manager_class)
     out = Path(out_dir) / (Path(src_path).stem + ".ipynb")
     out.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, str(out))

@@ -20,6 +20,7 @@ import pytest
 
 from assignments import ASSIGNMENTS, GRADED, WARMUP, written
 from assignments import generate as gen
+from tests import kernel_forks
 from tests.common_numpy import load_solution as _load_solution
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -212,15 +213,15 @@ def _check_results(nb) -> list:
 
 def _execute_in_one_kernel(first: str, second: str, timeout: int = 300):
     """Both notebooks top to bottom in one kernel, the second after ``%reset -f`` (the first's names gone: a name
-    the second uses without defining is a NameError, as in a fresh kernel); the kernel's start and its imports of
-    torch and Triton (3-4 CPU-s) are paid once for the pair."""
+    the second uses without defining is a NameError, as in a fresh kernel); the kernel's start is paid once for the
+    pair, and the kernel is forked from a template that has imported torch and Triton (``tests/kernel_forks.py``)."""
     from nbclient import NotebookClient
 
     a, b = nbformat.reads(first, as_version=4), nbformat.reads(second, as_version=4)
     second = [nbformat.from_dict({**c, "id": f"second-{i}"}) for i, c in enumerate(b.cells)]  # ids unique
     reset = nbformat.v4.new_code_cell("%reset -f")
     both = nbformat.v4.new_notebook(metadata=a.metadata, cells=a.cells + [reset] + second)
-    NotebookClient(both, timeout=timeout, kernel_name="python3",
+    NotebookClient(both, timeout=timeout, kernel_name="python3", kernel_manager_class=kernel_forks.manager_class(),
                    resources={"metadata": {"path": str(ROOT)}}).execute()
     a.cells, b.cells = both.cells[:len(a.cells)], both.cells[len(a.cells) + 1:]
     return a, b

@@ -208,8 +208,11 @@ def private_imports(files, package: str = "reference") -> list[str]:
 #: ``reference.triton.configs.DecodeConfig``). ``INTERPRET``: these tests simulate a GPU on CPU (a test double of
 #: the runtime mode, which is read once at import, not a configuration; monkeypatch restores it).
 #: ``CELL_LABELS``: ``autograder.where``'s registry of notebook cell names (a table the grader fills at run time,
-#: not a configuration); these tests register a fake cell and remove it.
+#: not a configuration); these tests register a fake cell and remove it. ``_NET`` / ``_ISO``: the grader's per-process
+#: cache of what a sandbox child reported about the machine (facts, not a configuration); the test empties it to see
+#: which child fills it.
 ALLOWED = {
+    "tests/test_autograder_units.py": {"_NET", "_ISO"},
     "tests/test_any_gpu.py": {"INTERPRET"},
     "tests/test_triton_hopper.py": {"INTERPRET"},
     "tests/test_autograder_feedback.py": {"CELL_LABELS"},

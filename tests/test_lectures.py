@@ -12,6 +12,7 @@ import nbformat
 import pytest
 
 from lectures import build
+from tests import kernel_forks
 
 pytestmark = pytest.mark.notebooks
 
@@ -38,14 +39,14 @@ def test_lecture_executes(src, tmp_path):
     For lecture ``STABLE`` also: rebuilding gives the same bytes (seeded inputs, printed numbers that do not
     depend on timing, merged output streams). The check reuses this test's build instead of building the
     lecture twice more in a test of its own (one build of lecture 04 costs about 7 s of CPU)."""
-    out = build.build(src, tmp_path / "a", timeout=300)
+    out = build.build(src, tmp_path / "a", timeout=300, kernel_manager_class=kernel_forks.manager_class())
     nb = nbformat.read(str(out), as_version=4)
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
     assert not errors
     assert any("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs), \
         "every lecture has at least one embedded figure"
     if src.stem == STABLE:
-        again = build.build(src, tmp_path / "b", timeout=300)
+        again = build.build(src, tmp_path / "b", timeout=300, kernel_manager_class=kernel_forks.manager_class())
         assert out.read_bytes() == again.read_bytes(), f"two builds of {src.name} differ"
 
 
