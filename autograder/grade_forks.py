@@ -52,14 +52,14 @@ def _run_grading(req) -> int:
     return 0
 
 
-def _child(req, wake_fds) -> None:
+def _child(run, req, wake_fds) -> None:
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for fd in wake_fds:
         os.close(fd)
     rc = 1
     try:
-        rc = _run_grading(req)
+        rc = run(req)
     except BaseException:  # noqa: BLE001 -- the exit status says it failed; the traceback goes to its stderr
         import traceback
         traceback.print_exc()
@@ -73,7 +73,6 @@ def _child(req, wake_fds) -> None:
 def serve(preload=()) -> None:
     """The fork server: import the grader (and ``preload``: the assignments' ``Spec.parent_imports``), say ready
     (or why not), then fork one grading per request."""
-    import gc
     import importlib
 
     import argparse  # noqa: F401
@@ -83,12 +82,25 @@ def serve(preload=()) -> None:
         specs.load(aid)
     for name in preload:
         importlib.import_module(name)
-    out = sys.stdout
+    serve_forks(_run_grading, sys.stdout)
+
+
+def serve_forks(run, out, ready=None, kill=os.kill) -> None:
+    """The loop of a fork server, once its imports are done: say ``{"ready": true, **ready}`` on ``out`` (or
+    ``{"ready": false, "why"}`` where a thread runs, which a fork would not copy), then for each request line
+    ``{"id", ...}`` on stdin fork a process that returns ``run(request)`` as its exit status, answering
+    ``{"id", "pid"}`` and, when it has ended, ``{"id", "exit"}``. End of input: ``kill(pid, SIGKILL)`` what still
+    runs, and return. ``tests/kernel_forks.py`` forks notebook kernels with it."""
+    import gc
 
     def say(msg):
         out.write(json.dumps(msg) + "\n")
         out.flush()
 
+    pid = os.fork()          # OpenBLAS's fork handler stops its thread pool (the next BLAS call starts it again)
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         say({"ready": False, "why": f"{threads} threads after the imports (fork would not be safe)"})
@@ -99,12 +111,12 @@ def serve(preload=()) -> None:
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *a: None)
     signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    say({"ready": True})
+    say({"ready": True, **(ready or {})})
     running, buf = {}, b""
     stdin = sys.stdin.fileno()
     while True:
-        ready, _, _ = select.select([stdin, wake_r], [], [])
-        if wake_r in ready:
+        ready_fds, _, _ = select.select([stdin, wake_r], [], [])
+        if wake_r in ready_fds:
             os.read(wake_r, 4096)
         while running:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -112,7 +124,7 @@ def serve(preload=()) -> None:
                 break
             if pid in running:
                 say({"id": running.pop(pid), "exit": os.waitstatus_to_exitcode(status)})
-        if stdin in ready:
+        if stdin in ready_fds:
             data = os.read(stdin, 65536)
             if not data:
                 break
@@ -122,12 +134,12 @@ def serve(preload=()) -> None:
                 req = json.loads(line)
                 pid = os.fork()
                 if pid == 0:
-                    _child(req, (wake_r, wake_w))
+                    _child(run, req, (wake_r, wake_w))
                 running[pid] = req["id"]
                 say({"id": req["id"], "pid": pid})
     for pid in running:
         with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+            kill(pid, signal.SIGKILL)
 
 
 # -- the client ---------------------------------------------------------------------------------------------

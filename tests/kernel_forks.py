@@ -15,9 +15,9 @@ its environment equals the template's (``JPY_*`` variables aside) and its comman
 start or holds a thread, the kernel is started as Jupyter starts it. ``tests/test_kernel_forks.py`` compares a
 forked kernel with a started one.
 
-Template protocol, JSON lines: the client writes ``{"argv", "env", "cwd", "log"}`` on the template's stdin; the
-template answers ``{"pid"}`` when it has forked and ``{"exited": pid, "code"}`` when that kernel has ended. End of
-input: the template kills the kernels still running and exits.
+The template is a fork server (``autograder.grade_forks.serve_forks``): the client writes
+``{"id", "argv", "env", "cwd", "log"}`` on its stdin; it answers ``{"id", "pid"}`` when it has forked and
+``{"id", "exit"}`` when that kernel has ended. End of input: it kills the kernels still running and exits.
 """
 from __future__ import annotations
 
@@ -82,87 +82,35 @@ def _become_kernel(req) -> int:
 
 
 def serve() -> None:
-    import gc
-    import importlib
-    import select
-
     import ctypes
+    import importlib
+
+    from autograder.grade_forks import serve_forks
+
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    out = sys.stdout
-
-    def say(msg):
-        out.write(json.dumps(msg) + "\n")
-        out.flush()
-
     before = dict(os.environ)
     try:
         for name in PRELOAD:
             importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 -- the client starts kernels as Jupyter does
-        say({"ready": False, "why": f"importing the libraries failed: {exc!r}"})
+        print(json.dumps({"ready": False, "why": f"importing the libraries failed: {exc!r}"}), flush=True)
         return
     early = [m for m in PER_KERNEL_IMPORTS if m in sys.modules]
     if early:
-        say({"ready": False, "why": f"the imports also imported {early}, which must see each kernel's environment"})
-        return
-    pid = os.fork()          # OpenBLAS's fork handler stops its thread pool (the next BLAS call starts it again)
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
-    threads = len(os.listdir("/proc/self/task"))
-    if threads != 1:
-        say({"ready": False, "why": f"{threads} threads after the imports (a fork would not be safe)"})
+        print(json.dumps({"ready": False, "why": f"the imports also imported {early}, which must see each kernel's "
+                                                 "environment"}), flush=True)
         return
     _IMPORTS_SET.update({k: v for k, v in os.environ.items() if before.get(k) != v})
     _IMPORTS_UNSET.extend(k for k in before if k not in os.environ)
-    gc.collect()
-    gc.freeze()
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    signal.signal(signal.SIGCHLD, lambda *a: None)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    say({"ready": True, "env": before})
-    running, buf, stdin = set(), b"", sys.stdin.fileno()
-    while True:
-        ready, _, _ = select.select([stdin, wake_r], [], [])
-        if wake_r in ready:
-            os.read(wake_r, 4096)
-        while running:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            running.discard(pid)
-            say({"exited": pid, "code": os.waitstatus_to_exitcode(status)})
-        if stdin in ready:
-            data = os.read(stdin, 65536)
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                req = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    rc = 1
-                    try:
-                        rc = _become_kernel(req)
-                    except BaseException:  # noqa: BLE001 -- the exit status says it failed; the traceback goes to its log
-                        import traceback
-                        traceback.print_exc()
-                    finally:
-                        with contextlib.suppress(Exception):
-                            sys.stdout.flush()
-                            sys.stderr.flush()
-                        os._exit(rc & 0xFF)
-                running.add(pid)
-                say({"pid": pid})
-    for pid in running:
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
+    serve_forks(_become_kernel, sys.stdout, ready={"env": before}, kill=_kill_group)
+
+
+def _kill_group(pid, sig):
+    """A kernel's process group (it leads one, as a started kernel does), or the kernel alone if it is not yet."""
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        os.kill(pid, sig)
 
 
 # -- the client (the test process) ----------------------------------------------------------------------------
@@ -171,12 +119,12 @@ class ForkedKernel:
 
     stdin = stdout = stderr = None
 
-    def __init__(self, template: "Template", pid: int, log: str):
-        self.template, self.pid, self.log, self.returncode = template, pid, log, None
+    def __init__(self, template: "Template", rid: int, pid: int, log: str):
+        self.template, self.rid, self.pid, self.log, self.returncode = template, rid, pid, log, None
 
     def poll(self):
         if self.returncode is None:
-            self.returncode = self.template.exit_code(self.pid)
+            self.returncode = self.template.exit_code(self.rid)
         return self.returncode
 
     def wait(self, timeout=None):
@@ -216,8 +164,9 @@ class Template:
         self.proc = subprocess.Popen([sys.executable, __file__, "--serve"], env=env, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1)
         self.lock = threading.Lock()
-        self.exits: dict[int, int] = {}
-        self.pids: list[int] = []
+        self.requests = 0
+        self.exits: dict[int, int] = {}           # request id -> exit status
+        self.pids: dict[int, int] = {}            # request id -> pid
         self.cond = threading.Condition(self.lock)
         first = json.loads(self.proc.stdout.readline() or '{"ready": false, "why": "it exited"}')
         self.ready, self.why = first.get("ready", False), first.get("why", "")
@@ -233,31 +182,32 @@ class Template:
             msg = json.loads(line)
             with self.cond:
                 if "pid" in msg:
-                    self.pids.append(msg["pid"])
+                    self.pids[msg["id"]] = msg["pid"]
                 else:
-                    self.exits[msg["exited"]] = msg["code"]
+                    self.exits[msg["id"]] = msg["exit"]
                 self.cond.notify_all()
         with self.cond:                      # the template is gone, and its kernels with it
             self.ready = False
             self.cond.notify_all()
 
-    def fork(self, argv, env, cwd, log) -> int | None:
+    def fork(self, argv, env, cwd, log) -> tuple[int, int] | None:
+        """``(request id, pid)`` of a kernel forked with these arguments, or None."""
         with self.cond:
             if not self.ready:
                 return None
-            n = len(self.pids)
-            self.proc.stdin.write(json.dumps({"argv": argv, "env": env, "cwd": cwd, "log": log}) + "\n")
+            self.requests += 1
+            rid = self.requests
+            self.proc.stdin.write(json.dumps({"id": rid, "argv": argv, "env": env, "cwd": cwd, "log": log}) + "\n")
             self.proc.stdin.flush()
-            if not self.cond.wait_for(lambda: len(self.pids) > n or not self.ready, START_TIMEOUT):
-                return None
-            return self.pids[n] if len(self.pids) > n else None
+            self.cond.wait_for(lambda: rid in self.pids or not self.ready, START_TIMEOUT)
+            return (rid, self.pids[rid]) if rid in self.pids else None
 
-    def exit_code(self, pid):
+    def exit_code(self, rid):
         with self.lock:
-            if pid in self.exits:
-                return self.exits[pid]
+            if rid in self.exits:
+                return self.exits[rid]
             if not self.ready:                # its template died: the kernel was killed with it
-                return self.exits.setdefault(pid, -signal.SIGKILL)
+                return self.exits.setdefault(rid, -signal.SIGKILL)
         return None
 
     def close(self):
@@ -316,9 +266,10 @@ def manager_class():
             if template is not None:
                 fd, log = tempfile.mkstemp(prefix="kernel-", suffix=".log")
                 os.close(fd)
-                pid = template.fork(cmd[3:], env, cwd, log)
-                if pid is not None:
-                    self.process = ForkedKernel(template, pid, log)
+                forked = template.fork(cmd[3:], env, cwd, log)
+                if forked is not None:
+                    rid, pid = forked
+                    self.process = ForkedKernel(template, rid, pid, log)
                     self.pid = self.pgid = pid
                     self.cwd = cwd
                     return self.connection_info

@@ -101,8 +101,8 @@ def test_a_template_that_cannot_fork_safely_says_why(tmp_path):
 def test_the_template_kills_its_kernels_when_it_ends(tmp_path):
     t = kernel_forks.Template({k: v for k, v in os.environ.items() if not kernel_forks._per_kernel(k)})
     assert t.ready, t.why
-    pid = t.fork(["-f", str(tmp_path / "kernel.json")], dict(os.environ), str(tmp_path), str(tmp_path / "log"))
-    assert pid and _alive(pid)
+    _, pid = t.fork(["-f", str(tmp_path / "kernel.json")], dict(os.environ), str(tmp_path), str(tmp_path / "log"))
+    assert _alive(pid)
     t.close()
     deadline = time.monotonic() + 10
     while _alive(pid) and time.monotonic() < deadline:
