@@ -572,18 +572,34 @@ def wrap_call(guard, fn, task_name, allow=(), mode="call"):
 
 # ------------------------------------------------------------------------------------------------ GPU target
 def _kernel_sources(fn, seen=None) -> list:
-    """The source of a kernel and of every ``@triton.jit`` function it reaches through its globals."""
+    """The source of a kernel and of every ``@triton.jit`` function of the cells it reaches through the global
+    names its code reads (as Triton finds a kernel's dependencies: by the names it uses)."""
     seen = set() if seen is None else seen
     if fn in seen:
         return []
     seen.add(fn)
     out = [_source(fn), _constants_read(fn)]
-    for v in list(fn.__globals__.values()):
+    g = fn.__globals__
+    for n in _names(fn):
+        v = g.get(n)
         inner = getattr(v, "fn", None)
         if type(v).__name__ in ("JITFunction", "InterpretedFunction") and inner is not None and inner is not fn:
             if getattr(inner, "__code__", None) is not None and inner.__code__.co_filename.startswith("<cell "):
                 out += _kernel_sources(inner, seen)
     return out
+
+
+def _names(fn) -> list:
+    """The names ``fn``'s code reads (globals, attributes), sorted, once per code object."""
+    code = fn.__code__
+    hit = _NAMES.get(code)
+    if hit is None:
+        hit = _NAMES[code] = sorted(set(code.co_names))
+    return hit
+
+
+_NAMES: dict = {}                           # code object -> its sorted names: ``_names``
+_SIGNATURES = weakref.WeakKeyDictionary()   # function -> (its code object, ``inspect.signature``): ``launch_signature``
 
 
 _SOURCES = weakref.WeakKeyDictionary()      # function -> (its code object, its source): ``_source``
@@ -609,9 +625,11 @@ def _constants_read(fn) -> str:
     """The plain values (numbers, strings, ``tl.constexpr``, dtypes) of the globals a kernel's body reads: the
     compiler folds them into the kernel, so two launches that differ only there must not share a verdict."""
     import triton.language as tl
-    out = []
-    for n in sorted(set(fn.__code__.co_names) & set(fn.__globals__)):
-        v = fn.__globals__[n]
+    out, g = [], fn.__globals__
+    for n in _names(fn):
+        if n not in g:
+            continue
+        v = g[n]
         v = v.value if type(v) is tl.constexpr else v
         v = v.name if type(v) is tl.dtype else v
         if v is None or type(v) in (bool, int, float, str):      # exact types: their repr is the builtin one
@@ -633,7 +651,10 @@ def launch_signature(kernel, args, kwargs) -> dict | None:
     code = getattr(fn, "__code__", None)
     if code is None or not code.co_filename.startswith("<cell "):
         return None                                  # given code (compiled as written) or not a kernel
-    sig = inspect.signature(fn)
+    hit = _SIGNATURES.get(fn)
+    if hit is None or hit[0] is not code:
+        hit = _SIGNATURES[fn] = (code, inspect.signature(fn))
+    sig = hit[1]
     bound = sig.bind_partial(*args, **{k: v for k, v in kwargs.items() if k in sig.parameters})
     bound.apply_defaults()
     types_, consts = {}, {}

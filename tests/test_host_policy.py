@@ -490,3 +490,38 @@ def test_a_kernels_compile_key_covers_the_constants_it_reads():
         rec = launch_signature(ns["k"], (torch.zeros(8), 8), {"BLOCK": 8})
         keys.append(rec["key"])
     assert keys[0] == keys[1] != keys[2]
+
+
+def test_a_kernels_compile_key_covers_the_helpers_it_calls():
+    """A helper the kernel calls (and what that helper calls) is in its key; a kernel of the same cells that it
+    does not call is not."""
+    from autograder.host_guard import launch_signature
+    src = """
+    @triton.jit
+    def inner(x):
+        return x * {inner}
+
+    @triton.jit
+    def helper(x):
+        return inner(x) + 1
+
+    @triton.jit
+    def unrelated(x_ptr):
+        tl.store(x_ptr, {unrelated})
+
+    @triton.jit
+    def k(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, helper(tl.load(x_ptr + offs, mask=offs < n)), mask=offs < n)
+    """
+    import linecache
+    keys = []
+    try:
+        for inner, unrelated in ((2, 0), (2, 7), (3, 0)):
+            cell = textwrap.dedent(src).format(inner=inner, unrelated=unrelated)
+            ns, _, _ = _load(cell)
+            linecache.cache["<cell 2>"] = (len(cell), None, cell.splitlines(True), "<cell 2>")   # as the child does
+            keys.append(launch_signature(ns["k"], (torch.zeros(8), 8), {"BLOCK": 8})["key"])
+    finally:
+        linecache.cache.pop("<cell 2>", None)
+    assert keys[0] == keys[1] != keys[2]

@@ -1,6 +1,7 @@
-"""``autograder.interp_fast``: the interpreter without its per-helper-call re-patching gives bit-identical results
-(reference kernels built from ``@triton.jit`` helpers, ragged shapes), leaves ``triton.language`` unpatched after
-a launch as the shipped interpreter does, and ``uninstall`` restores the interpreter's own functions."""
+"""``autograder.interp_fast``: the interpreter without its per-helper-call re-patching, its unread overflow checks
+and its rebuilt type objects gives bit-identical results (reference kernels built from ``@triton.jit`` helpers,
+ragged shapes), leaves ``triton.language`` unpatched after a launch as the shipped interpreter does, shares block
+types that compare as the shipped ones, and ``uninstall`` restores the interpreter's own functions."""
 import pytest
 import torch
 
@@ -79,6 +80,7 @@ def test_uninstall_restores_the_interpreter(shipped):
     from triton.runtime import interpreter
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     options = interpreter.interpreter_builder.options
+    tensor_init, block_init = tl.core.tensor.__init__, tl.core.block_type.__init__
     assert options.sanitize_overflow and not options.debug          # as shipped: checks computed, never read
     interp_fast.install()
     assert interpreter._patch_lang is not patch_lang and interpreter.GridExecutor.__call__ is not launch
@@ -86,6 +88,42 @@ def test_uninstall_restores_the_interpreter(shipped):
     interp_fast.uninstall()
     assert interpreter._patch_lang is patch_lang and interpreter.GridExecutor.__call__ is launch
     assert interpreter.interpreter_builder.options is options
+    assert tl.block_type(tl.float32, [2, 4]) is not tl.block_type(tl.float32, [2, 4])        # built each time again
+    assert tl.core.tensor.__init__ is tensor_init and tl.core.block_type.__init__ is block_init
+
+
+def test_block_types_are_shared_and_behave_as_built(shipped):
+    """One object per element type and shape while installed, equal (and printing, hashing, comparing) as the
+    shipped interpreter's own; a bad shape raises as before; Gluon's subclass is built as before."""
+    from triton.experimental.gluon.language import _core as gl_core
+    from triton.experimental.gluon.language._layouts import BlockedLayout
+    ptr, cptr = tl.pointer_type(tl.float16), tl.pointer_type(tl.float16, const=True)
+    shipped_types = [tl.block_type(t, shape) for t in (tl.float32, tl.int32, ptr, cptr) for shape in ([4, 8], [8])]
+    interp_fast.install()
+    try:
+        made = [tl.block_type(t, shape) for t in (tl.float32, tl.int32, ptr, cptr) for shape in ([4, 8], [8])]
+        again = [tl.block_type(t, [tl.constexpr(n) for n in shape])
+                 for t in (tl.float32, tl.int32, tl.pointer_type(tl.float16), tl.pointer_type(tl.float16, const=True))
+                 for shape in ([4, 8], [8])]
+        assert all(a is b for a, b in zip(made, again))
+        assert len({id(t) for t in made}) == len(made)              # other element or shape: another object
+        for a, b in zip(shipped_types, made):
+            assert a == b and str(a) == str(b) and a.shape == b.shape and a.numel == b.numel and a.scalar == b.scalar
+        with pytest.raises(TypeError, match="0d block_type"):
+            tl.block_type(tl.float32, [])
+        layout = BlockedLayout([1, 1], [1, 32], [1, 1], [1, 0])
+        d1, d2 = gl_core.distributed_type(tl.float32, [4, 8], layout), gl_core.distributed_type(tl.float32, [4, 8], layout)
+        assert d1 is not d2 and d1 == d2 and d1.layout == layout and "BlockedLayout" in d1.name
+        x = tl.core.tensor(None, made[0])
+        y = tl.core.tensor(None, made[0])
+        assert [int(s) for s in x.shape] == [4, 8] and int(x.numel) == 32 and x.dtype == tl.float32 and y.shape == x.shape
+        shape = made[0].shape
+        assert bool(shape == [4, 8]) and not bool(shape == [4, 9]) and not bool(shape == (4,)) and shape != [8, 4]
+        assert bool(shape == tl.core.tuple([4, 8])) and bool(shape == tl.constexpr((4, 8)))
+        s = tl.core.tensor(None, tl.int32)
+        assert tuple(s.shape) == () and int(s.numel) == 1 and s.dtype == tl.int32
+    finally:
+        interp_fast.uninstall()
 
 
 def test_overflow_checks_are_never_read_by_the_shipped_interpreter(shipped):
