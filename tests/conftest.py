@@ -7,8 +7,11 @@ import os
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import atexit  # noqa: E402
 import gc  # noqa: E402
+
+gc.disable()        # until the tests are collected: ``pytest_configure``
+
+import atexit  # noqa: E402
 import shutil  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -31,6 +34,22 @@ import pytest  # noqa: E402
 # dozens of such calls. Frozen right after a full collection, so no garbage is frozen with them; objects made
 # later (each test's own) are collected as before. The grading children do the same (``autograder/child.py``).
 _FROZEN: set = set()
+
+
+def pytest_configure(config):
+    """Importing this file's and the test modules' imports (torch, Triton, every module of the course) makes about
+    a million objects and almost no garbage, and the collector walked them all some twenty times per worker while
+    it collected the tests (about 3 CPU-s a worker). Paused from this file's import until collection ends, when
+    what was imported is frozen out of its reach; in xdist's controller, which collects nothing, from here on."""
+    if not os.environ.get("PYTEST_XDIST_WORKER") and getattr(config.option, "numprocesses", None):
+        pytest_collection_finish(None)
+
+
+def pytest_collection_finish(session):
+    if not gc.isenabled():
+        gc.collect()
+        gc.freeze()
+        gc.enable()
 
 
 def pytest_runtest_setup(item):
