@@ -157,6 +157,36 @@ def test_thread_arrive_leaves_one_bar_sync_per_key_loop(d, causal):
     assert ta["usage"]["LDL"] <= pin["usage"]["LDL"] and ta["usage"]["QGMMA"] == pin["usage"]["QGMMA"], ta["usage"]
 
 
+_DUMP_ONCE = """
+import json, subprocess
+from reference.triton.hopper import _aot
+from reference.triton.hopper.flash_fp8_gluon import compile_fp8_gluon
+c = compile_fp8_gluon(64, True, schedule={"turns": False, "merged": False})
+_aot._DUMPS.clear()
+runs, real = [], subprocess.run
+def counting(cmd, **kw):
+    runs.append(cmd[1])
+    return real(cmd, **kw)
+subprocess.run = counting
+try:
+    usage, sass = _aot.resource_usage(c), _aot.sass_text(c)
+    again = _aot.sass_text(c) == sass and _aot.resource_usage(c) == usage
+finally:
+    subprocess.run = real
+print(json.dumps({"runs": runs, "again": again, "opcodes": usage["QGMMA"]}))
+"""
+
+
+@pytest.mark.slow
+def test_a_kernels_sass_is_disassembled_once():
+    """``resource_usage`` and ``sass_text`` of one compiled kernel share one ``cuobjdump -sass`` (nvdisasm, seconds
+    for this kernel) and one ``--dump-resource-usage``; asked again, they answer the same without a run."""
+    out = sm90_compile.run(["-c", _DUMP_ONCE], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(got["runs"]) == ["--dump-resource-usage", "-sass"] and got["again"] and got["opcodes"] > 0, got
+
+
 # ---------------------------------------------------------------- the key renumbering (torch, CPU)
 def test_permute_keys_leaves_p_v_unchanged_and_matches_the_kernel(rng):
     n, d, m = 256, 16, 8

@@ -85,13 +85,26 @@ def compile_triton(kernel, signature: dict, constexprs: dict, num_warps: int, nu
 
 
 def _cuobjdump(compiled, flag: str) -> str:
-    """``cuobjdump flag`` of a compiled kernel's cubin (``--dump-resource-usage`` or ``-sass``): its text."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        return subprocess.run([os.path.join(_BIN, "cuobjdump"), flag, path],
-                              capture_output=True, text=True, check=True).stdout
+    """``cuobjdump flag`` of a compiled kernel's cubin (``--dump-resource-usage`` or ``-sass``): its text, once
+    per cubin and flag in a process (``-sass`` runs nvdisasm, seconds for a large kernel, and one kernel's SASS is
+    read by several checks: ``resource_usage``, ``sass_text``, ``wgmma_wait_order``)."""
+    cubin = compiled.asm["cubin"]
+    key = (hashlib.sha256(cubin).hexdigest(), flag)
+    if key not in _DUMPS:
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.cubin")
+            with open(path, "wb") as f:
+                f.write(cubin)
+            out = subprocess.run([os.path.join(_BIN, "cuobjdump"), flag, path],
+                                 capture_output=True, text=True, check=True).stdout
+        if len(_DUMPS) >= _DUMPS_KEPT:
+            _DUMPS.pop(next(iter(_DUMPS)))
+        _DUMPS[key] = out
+    return _DUMPS[key]
+
+
+_DUMPS: dict = {}              # (sha256 of a cubin, flag) -> what cuobjdump printed: ``_cuobjdump``
+_DUMPS_KEPT = 64
 
 
 def sass_text(compiled) -> str:
