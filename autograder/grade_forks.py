@@ -73,8 +73,10 @@ def _child(run, req, wake_fds) -> None:
 def serve(preload=()) -> None:
     """The fork server: import the grader (and ``preload``: the assignments' ``Spec.parent_imports``), say ready
     (or why not), then fork one grading per request."""
+    import gc
     import importlib
 
+    gc.disable()             # the imports make objects, not garbage: collected once, then frozen (``serve_forks``)
     import argparse  # noqa: F401
     import numpy  # noqa: F401
     from . import engine, report, specs  # noqa: F401 -- what ``grade`` imports
@@ -107,6 +109,7 @@ def serve_forks(run, out, ready=None, kill=os.kill) -> None:
         return
     gc.collect()
     gc.freeze()              # the forks do not copy the imported modules' objects by collecting them
+    gc.enable()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.signal(signal.SIGCHLD, lambda *a: None)

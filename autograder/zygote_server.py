@@ -201,6 +201,8 @@ def main():
 
     if not probe_namespaces(launch):
         return answer(False, "no user/mount/PID/network namespaces here")
+    import gc
+    gc.disable()         # importing torch makes objects, not garbage: no collection walks them until the freeze
     import numpy  # noqa: F401
     if cfg.get("torch", True):          # the NumPy zygote (``"torch": false``) forks NumPy assignments' children
         import torch  # noqa: F401
@@ -216,9 +218,9 @@ def main():
     threads = len(os.listdir("/proc/self/task"))
     if threads != 1:
         return answer(False, f"{threads} threads after importing torch (fork would not be safe)")
-    import gc
     gc.collect()
     gc.freeze()          # no child's collector traverses (and copies on write) the imported modules' objects
+    gc.enable()
     lst = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     lst.bind("\0" + cfg["name"])
     lst.listen(64)

@@ -83,11 +83,13 @@ def _become_kernel(req) -> int:
 
 def serve() -> None:
     import ctypes
+    import gc
     import importlib
 
     from autograder.grade_forks import serve_forks
 
     ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    gc.disable()                                  # until ``serve_forks`` collects once and freezes the imports
     before = dict(os.environ)
     try:
         for name in PRELOAD:
