@@ -204,8 +204,9 @@ class Grader:
         sb.start(timeout=self.spec.load_timeout)
         sb.send({"t": "load", **self._cells_message(), "device": device, "compile_only": compile_only})
         self._isolation = isolation.describe(sb.isolation)
-        _NET.setdefault(device, sb.network)      # what a probe child would find: the report needs no second child
-        _ISO.setdefault(device, self._isolation)
+        if sb.limits.network_off:               # as the probe child's: its facts are what a probe would find
+            _NET.setdefault(device, sb.network)
+            _ISO.setdefault(device, self._isolation)
         try:
             h, _ = sb.recv(self.spec.load_timeout, expect="loaded", on_trap=self._on_trap)
         except SandboxDied as exc:

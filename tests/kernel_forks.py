@@ -26,6 +26,7 @@ import contextlib
 import functools
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -170,7 +171,8 @@ class Template:
         self.exits: dict[int, int] = {}           # request id -> exit status
         self.pids: dict[int, int] = {}            # request id -> pid
         self.cond = threading.Condition(self.lock)
-        first = json.loads(self.proc.stdout.readline() or '{"ready": false, "why": "it exited"}')
+        line = self.proc.stdout.readline() if select.select([self.proc.stdout], [], [], START_TIMEOUT)[0] else ""
+        first = json.loads(line or '{"ready": false, "why": "no answer (it exited, or its imports hung)"}')
         self.ready, self.why = first.get("ready", False), first.get("why", "")
         if self.ready and first.get("env") != env:
             self.ready, self.why = False, "its environment is not the one it was started with"
