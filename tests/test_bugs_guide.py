@@ -71,3 +71,18 @@ def test_a_new_zoo_entry_makes_the_guide_stale(tmp_path):
     (sub / "a1_attention" / "wrong" / "w_made_up.mutant.json").write_text(json.dumps(mutant))
     with pytest.raises(ValueError, match="must say what it does wrong"):
         bugs_guide.entries("a1_attention", sub)
+
+
+def test_a_relative_error_moved_by_the_cpus_blas_is_not_a_stale_guide():
+    """The float32 error of a case at the rounding level differs between AVX-512 and AVX2 OpenBLAS kernels; any
+    other change (a word, a shape, an error off by more than a factor 2, a sign) still makes the guide stale."""
+    row = "memory O(N d): no N x N matrix   FAIL    {}     2e-05   peak traced memory 12.2 MiB > limit 3.0 MiB"
+    old = row.format("2.9e-07")
+    assert bugs_guide.same_but_rounding(old, row.format("3.4e-07"))
+    assert bugs_guide.same_but_rounding(old, old)
+    assert not bugs_guide.same_but_rounding(old, row.format("6.1e-07"))
+    assert not bugs_guide.same_but_rounding(old, row.format("-2.9e-07"))
+    assert not bugs_guide.same_but_rounding(old, row.format("0.0"))
+    assert not bugs_guide.same_but_rounding(old, old.replace("12.2 MiB", "12.3 MiB"))
+    assert not bugs_guide.same_but_rounding(old, old.replace("FAIL", "ok"))
+    assert not bugs_guide.same_but_rounding(old, old.replace("2e-05", "3e-05"))  # a tolerance is not an error
