@@ -204,7 +204,8 @@ def grade_many(assignment, paths, out_dir, jobs=2, device="auto", progress=True,
 def _zygote(assignment, device, count):
     """The selftest's zygotes (``zygote.running``) for several gradings on a CPU: a Triton assignment's grading
     and compile children are forked with torch and Triton imported instead of importing both each (about 1.2 s
-    of CPU per child), a NumPy assignment's with NumPy. Nothing for a GPU or a single submission."""
+    of CPU per child), a NumPy assignment's with NumPy. Nothing for a GPU or a single submission (a torch
+    assignment's grading then starts its own: ``engine._own_zygotes``)."""
     if count < 2 or device not in ("cpu", "auto"):
         return contextlib.nullcontext()
     from .engine import detect_device

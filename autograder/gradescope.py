@@ -84,8 +84,10 @@ def setup_sh(assignment) -> str:
 PACKAGES = ("autograder", "reference")
 # what every grading imports: the CLI entry point run_autograder calls, the engine, the sandboxed child (staged
 # from isolation.CHILD_MODULES, started through launch.py, which runs as a script)
+# zygote_server: a torch assignment's grading on a CPU forks its children from zygotes (``engine._own_zygotes``),
+# started from that file by path (``zygote.SERVER``), as the launcher is
 ROOTS = ("autograder.gradescope", "autograder.engine", "autograder.child", "autograder.launch",
-         "autograder.isolation")
+         "autograder.isolation", "autograder.zygote_server")
 
 
 def _module_file(mod: str) -> Path | None:
