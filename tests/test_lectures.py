@@ -120,6 +120,15 @@ def test_lectures_package_is_installed_by_setup():
         assert any(pat in (pkg, pkg + "*") for pat in include), f"pyproject.toml does not install {pkg}: {include}"
 
 
+def test_setup_leaves_out_the_grammar_that_nbformat_would_compile_on_import():
+    """``make setup`` uninstalls rfc3987-syntax, which jsonschema (imported by nbformat) imports when it is there
+    and which compiles a grammar on import: 1.3 s more in every process that reads or builds a notebook."""
+    p = subprocess.run([sys.executable, "-c", "import sys, nbformat; print('rfc3987_syntax' in sys.modules)"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "False", "rfc3987-syntax is installed: run `make setup` (it uninstalls it)"
+
+
 def test_helpers_import_from_the_lectures_folder_without_pythonpath():
     """From ``lectures/`` with ``PYTHONPATH`` unset (a kernel of ``make lab``), ``lectures`` and ``reference``
     import from this checkout and the results folder the lectures read resolves to the repository's."""
