@@ -1,6 +1,7 @@
-"""Triton's interpreter without its repeated language patching, its unread overflow checks and its rebuilt type
-objects: the same results for less CPU (about a third less from the first; the second took an a3 + a5 selftest
-from 48.2 to 40.3 CPU-s; the third, a third less on an a3 solution's kernels; notes/test_suite.md).
+"""Triton's interpreter without its repeated language patching, its unread overflow checks, its rebuilt type
+objects and its rebuilt dtype table: the same results for less CPU (about a third less from the first; the second
+took an a3 + a5 selftest from 48.2 to 40.3 CPU-s; the third, a third less on an a3 solution's kernels; the fourth,
+0.45-0.62 -> 0.40 CPU-s on the reference kernels of tests/test_interp_fast.py; notes/test_suite.md).
 
 Triton 3.6's interpreter patches ``triton.language`` (every builtin of ``tl``, ``tl.tensor``, ``tl.math``,
 ``tl.core``, found with ``inspect.getmembers``) when a launch starts, and again on *every* call of a
@@ -26,6 +27,11 @@ makes ``tl.block_type(element, shape)`` return one object per element type and s
 changed once built), a tensor of such a type take its shape and ``numel`` from the first tensor of that type, and
 ``tl.tuple == list`` (each broadcast compares shapes so) compare the values without building a ``tl.tuple`` of the
 list first. The types compare, hash and print as before.
+
+Fourth: the interpreter's ``_get_np_dtype`` (the NumPy dtype that holds a Triton type's values, asked by every
+cast, splat, load, store and constant) builds a dictionary of all nineteen of them, hashing each Triton dtype in
+Python, on every call: 9% of the interpreter's time in the reference kernels' tests. ``install`` keeps its answer
+per type object (the types are fixed once built, and the answer depends on the type alone).
 
 Installed by the grading children, ``check()``'s workers and the test suite (``tests/conftest.py``) when kernels
 run in the interpreter; ``uninstall`` restores the interpreter's own functions.
@@ -86,6 +92,26 @@ def install() -> None:
         builder.options = dataclasses.replace(builder.options, sanitize_overflow=False)
     import triton.language.core as core
     _shared_types(core)
+    _numpy_dtypes(interpreter)
+
+
+def _numpy_dtypes(interpreter) -> None:
+    """The NumPy dtype of a Triton type, looked up once per type object (the module docstring, fourth)."""
+    shipped = interpreter._get_np_dtype
+    _SAVED[(interpreter, "_get_np_dtype")] = shipped
+    known: dict = {}        # id(type) -> (the type, its NumPy dtype); the type is kept, so its id is not reused
+
+    def _get_np_dtype(tt_dtype):
+        hit = known.get(id(tt_dtype))
+        if hit is not None and hit[0] is tt_dtype:
+            return hit[1]
+        out = shipped(tt_dtype)
+        if len(known) >= 4096:                  # types that are not shared (Gluon's layouts): never many
+            known.clear()
+        known[id(tt_dtype)] = (tt_dtype, out)
+        return out
+
+    interpreter._get_np_dtype = _get_np_dtype
 
 
 def _shared_types(core) -> None:

@@ -1,5 +1,5 @@
-"""``autograder.interp_fast``: the interpreter without its per-helper-call re-patching, its unread overflow checks
-and its rebuilt type objects gives bit-identical results (reference kernels built from ``@triton.jit`` helpers,
+"""``autograder.interp_fast``: the interpreter without its per-helper-call re-patching, its unread overflow checks,
+its rebuilt type objects and its rebuilt dtype table gives bit-identical results (reference kernels built from ``@triton.jit`` helpers,
 ragged shapes), leaves ``triton.language`` unpatched after a launch as the shipped interpreter does, shares block
 types that compare as the shipped ones, and ``uninstall`` restores the interpreter's own functions."""
 import pytest
@@ -81,15 +81,20 @@ def test_uninstall_restores_the_interpreter(shipped):
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     options = interpreter.interpreter_builder.options
     tensor_init, block_init = tl.core.tensor.__init__, tl.core.block_type.__init__
+    np_dtype = interpreter._get_np_dtype
     assert options.sanitize_overflow and not options.debug          # as shipped: checks computed, never read
     interp_fast.install()
     assert interpreter._patch_lang is not patch_lang and interpreter.GridExecutor.__call__ is not launch
+    assert interpreter._get_np_dtype is not np_dtype
+    for ty in (tl.float16, tl.bfloat16, tl.int1, tl.pointer_type(tl.float32), tl.block_type(tl.float8e4nv, [4])):
+        assert interpreter._get_np_dtype(ty) == np_dtype(ty) == interpreter._get_np_dtype(ty)   # asked, then kept
     assert not interpreter.interpreter_builder.options.sanitize_overflow
     interp_fast.uninstall()
     assert interpreter._patch_lang is patch_lang and interpreter.GridExecutor.__call__ is launch
     assert interpreter.interpreter_builder.options is options
     assert tl.block_type(tl.float32, [2, 4]) is not tl.block_type(tl.float32, [2, 4])        # built each time again
     assert tl.core.tensor.__init__ is tensor_init and tl.core.block_type.__init__ is block_init
+    assert interpreter._get_np_dtype is np_dtype
 
 
 def test_block_types_are_shared_and_behave_as_built(shipped):
