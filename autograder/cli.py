@@ -92,6 +92,9 @@ def _parser():
     a.add_argument("--gpus", default="all",
                    help="on cuda: the GPUs to grade on, 'all' visible ones (default), a count N, or a list "
                         "such as 0,2; each grading gets one, and speed tests take turns on each GPU")
+    a.add_argument("--case-timeout", type=float, metavar="S",
+                   help="stop any case after S seconds, where the spec allows more (a roster with a submission known "
+                        "to hang)")
 
     s = _command(sub, "selftest", "grade the bundled correct/wrong/cheating submissions",
                  "Grade the bundled correct, wrong and cheating submissions (and the solution sources and student "
@@ -175,7 +178,8 @@ def cmd_grade_all(args) -> int:
     gpus = choose_gpus(args.gpus, visible_gpus()) if device == "cuda" else None
     if gpus:
         print(f"grading on GPU(s) {', '.join(gpus)} (one timing lane each), {args.jobs} at a time", flush=True)
-    results = grade_many(aid, paths, out, args.jobs, device, names=names, gpus=gpus)
+    extra = ("--case-timeout", str(args.case_timeout)) if args.case_timeout else ()
+    results = grade_many(aid, paths, out, args.jobs, device, names=names, gpus=gpus, extra=extra)
     for name, r in unpicked(aid, problems).items():
         results[name] = r
         names[name] = name
