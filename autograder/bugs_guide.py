@@ -148,12 +148,33 @@ def _source(entry: dict, tmp: Path) -> Path:
     return entry["path"]
 
 
+@contextlib.contextmanager
+def _cells_put_back():
+    """``adapter.load`` registers each cell's source (``linecache``: a kernel's source is read from there) and
+    label (``where.CELL_LABELS``) under ``<cell N>`` for the rest of the process, as a notebook needs. The guide
+    loads its entries in the caller's process (the test suite's): what was registered under those names before is
+    put back afterwards, so a later test's own ``<cell 2>`` is not read as a zoo entry's."""
+    import linecache
+
+    from .where import CELL_LABELS
+    lines = {k: v for k, v in linecache.cache.items() if k.startswith("<cell ")}
+    labels = dict(CELL_LABELS)
+    try:
+        yield
+    finally:
+        for k in [k for k in linecache.cache if k.startswith("<cell ")]:
+            del linecache.cache[k]
+        linecache.cache.update(lines)
+        CELL_LABELS.clear()
+        CELL_LABELS.update(labels)
+
+
 def symptom(aid: str, entry: dict) -> str:
     """What ``check`` prints for the entry's functions (header, FAIL and NOT RUN rows, reproduce lines)."""
     from .adapter import load
     from .check import check
     spec = specs.load(aid)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _cells_put_back():
         loaded = load(_source(entry, Path(tmp)))
         blocks = []
         for tid in tasks_of(spec, entry["expect"]):

@@ -205,3 +205,24 @@ def test_grade_all_forks_triton_children_from_zygotes_on_a_cpu_only():
             else:
                 assert why == "switched off"                    # no namespaces here: the zygote is off
         assert not any(n in os.environ for n in names)
+
+
+def test_a_single_triton_grading_on_a_cpu_starts_its_own_zygotes():
+    """``Grader.grade`` of a torch assignment on a CPU forks its children from zygotes of its own (torch and
+    compile), unless a caller's are named in the environment; a NumPy assignment or a GPU grading starts none."""
+    import contextlib
+    import os
+
+    from autograder import engine, specs
+    names = ("AUTOGRADER_ZYGOTE", "AUTOGRADER_ZYGOTE_COMPILE", "AUTOGRADER_ZYGOTE_NUMPY")
+    assert isinstance(engine._own_zygotes(specs.load("a1_attention"), "cpu"), contextlib.nullcontext)
+    assert isinstance(engine._own_zygotes(specs.load("a3_triton"), "cuda"), contextlib.nullcontext)
+    with engine._own_zygotes(specs.load("a3_triton"), "cpu") as why:
+        if why is None:
+            assert [n for n in names if os.environ.get(n)] == list(names[:2])
+            named = os.environ["AUTOGRADER_ZYGOTE"]
+            with engine._own_zygotes(specs.load("a4_decoding"), "cpu") as inner:   # the caller's serve it
+                assert inner is None and os.environ["AUTOGRADER_ZYGOTE"] == named
+        else:
+            assert why == "switched off"                        # no namespaces here: the zygote is off
+    assert not any(n in os.environ for n in names)

@@ -27,11 +27,16 @@ PRELUDE = "import math\nimport numpy as np\nimport torch\nimport triton\nimport 
 def _load(src, allow=(), name="f"):
     """A namespace with ``src`` compiled under the policy (cell 2; cell 1 the imports); ``(ns, compiler,
     reports)``."""
+    import linecache
     reports = []
     ns = {"__name__": "__main__", "__builtins__": __builtins__}
     cc = CellCompiler(ns, {"tasks": {name: list(allow)}}, lambda t, w: reports.append((t, w)))
     for i, s in enumerate((PRELUDE, textwrap.dedent(src)), 1):
-        exec(cc.compile(i, s, f"<cell {i}>"), ns)  # noqa: S102
+        fname = f"<cell {i}>"
+        # as the grading child does: the interpreter reads a kernel's source by its file name, and another
+        # test of this process (a notebook loaded by ``adapter.load``) may have left its own "<cell 2>" there
+        linecache.cache[fname] = (len(s), None, s.splitlines(True), fname)
+        exec(cc.compile(i, s, fname), ns)  # noqa: S102
     return ns, cc, reports
 
 
