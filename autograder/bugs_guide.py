@@ -149,11 +149,12 @@ def _source(entry: dict, tmp: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _cells_put_back():
+def cells_put_back():
     """``adapter.load`` registers each cell's source (``linecache``: a kernel's source is read from there) and
     label (``where.CELL_LABELS``) under ``<cell N>`` for the rest of the process, as a notebook needs. The guide
     loads its entries in the caller's process (the test suite's): what was registered under those names before is
-    put back afterwards, so a later test's own ``<cell 2>`` is not read as a zoo entry's."""
+    put back afterwards, so a later test's own ``<cell 2>`` is not read as a zoo entry's (``tests/conftest.py``
+    does the same around every test)."""
     import linecache
 
     from .where import CELL_LABELS
@@ -174,7 +175,7 @@ def symptom(aid: str, entry: dict) -> str:
     from .adapter import load
     from .check import check
     spec = specs.load(aid)
-    with tempfile.TemporaryDirectory() as tmp, _cells_put_back():
+    with tempfile.TemporaryDirectory() as tmp, cells_put_back():
         loaded = load(_source(entry, Path(tmp)))
         blocks = []
         for tid in tasks_of(spec, entry["expect"]):

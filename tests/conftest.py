@@ -74,17 +74,9 @@ def _notebook_cells_put_back():
     a grading child) registers sources in ``linecache`` and labels in ``where.CELL_LABELS`` under ``<cell N>``, and
     the interpreter reads a kernel's source from there by that name: a later test's kernel in its own "<cell 2>"
     would be rewritten from another test's cell (an order-dependent ``KeyError`` in the interpreter)."""
-    import linecache
-
-    from autograder.where import CELL_LABELS
-    lines = {k: v for k, v in linecache.cache.items() if k.startswith("<cell ")}
-    labels = dict(CELL_LABELS)
-    yield
-    for k in [k for k in linecache.cache if k.startswith("<cell ")]:
-        del linecache.cache[k]
-    linecache.cache.update(lines)
-    CELL_LABELS.clear()
-    CELL_LABELS.update(labels)
+    from autograder.bugs_guide import cells_put_back
+    with cells_put_back():
+        yield
 
 
 @pytest.fixture(scope="session")
