@@ -308,10 +308,10 @@ _SCI = re.compile(r"(?<![\w.])[-+]?\d+\.\d+e[-+]?\d+(?![\w.])")
 
 def same_but_rounding(old: str, new: str, factor: float = 2.0) -> bool:
     """Whether two guides say the same thing: identical text except relative errors (printed with one decimal in
-    scientific notation) within ``factor`` of each other. A float32 case's error at the rounding level (1e-7) moves in its
-    second digit with the CPU's BLAS kernels (OpenBLAS picks AVX-512 or AVX2 code at run time: 3.4e-07 against
-    2.9e-07 for one a2 entry), so the guide committed from one machine is not stale on another; an error that
-    moves by more than ``factor``, or any other word or number, is a change."""
+    scientific notation) within ``factor`` of each other. A float32 case's error at the rounding level (1e-7)
+    moves in its second digit with the CPU's BLAS kernels (OpenBLAS picks AVX-512 or AVX2 code at run time:
+    3.4e-07 against 2.9e-07 for one a2 entry), so the guide committed from one machine is not stale on another;
+    an error that moves by more than ``factor``, or any other word or number, is a change."""
     a, b = _SCI.split(old), _SCI.split(new)
     if a != b:
         return False
@@ -325,8 +325,8 @@ def same_but_rounding(old: str, new: str, factor: float = 2.0) -> bool:
 def generate(aids=None, check_only=False, log=print, sub: Path = SUB, out: Path = OUT,
              recompute_numpy: bool | None = None) -> list:
     """Write (or, ``check_only``, compare) the guides of ``aids`` (default: every assignment); returns the paths
-    that differ from what is on disk beyond ``same_but_rounding`` (written unless ``check_only``). ``sub``: the zoo's folder, ``out``: the
-    guide's (its symptom cache is ``out/symptoms.json``). ``recompute_numpy`` (default: ``check_only``): recompute
+    that differ from what is on disk beyond ``same_but_rounding`` (written unless ``check_only``). ``sub``: the
+    zoo's folder, ``out``: the guide's (its symptom cache is ``out/symptoms.json``). ``recompute_numpy`` (default: ``check_only``): recompute
     the symptoms of all-NumPy entries whose hash is cached too."""
     recompute_numpy = check_only if recompute_numpy is None else recompute_numpy
     cache_path = Path(out) / CACHE.name

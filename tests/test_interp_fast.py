@@ -1,6 +1,6 @@
 """``autograder.interp_fast``: the interpreter without its per-helper-call re-patching, its unread overflow checks,
-its rebuilt type objects and its rebuilt dtype table gives bit-identical results (reference kernels built from ``@triton.jit`` helpers,
-ragged shapes), leaves ``triton.language`` unpatched after a launch as the shipped interpreter does, shares block
+its rebuilt type objects and its rebuilt dtype table gives bit-identical results (reference kernels built from
+``@triton.jit`` helpers, ragged shapes), leaves ``triton.language`` unpatched after a launch as the shipped interpreter does, shares block
 types that compare as the shipped ones, and ``uninstall`` restores the interpreter's own functions."""
 import pytest
 import torch
